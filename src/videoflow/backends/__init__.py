@@ -1,0 +1,1 @@
+"""Adapters the messaging layer composes: brokers and payload stores."""

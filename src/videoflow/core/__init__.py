@@ -1,0 +1,1 @@
+"""Flow-level building blocks: constants, policies."""

@@ -1,0 +1,1 @@
+"""The messaging layer: join assembly, broker backends, topology and the messenger."""

@@ -1,0 +1,1 @@
+"""Wire format of the envelopes that travel on every edge."""
