@@ -1,0 +1,2 @@
+# Placeholder: replaced by the compiled grouping core.
+CORE_KIND = "compiled"
