@@ -1,4 +1,4 @@
-"""Join and delivery policies of a node.
+"""Join and delivery policies of a node, and the errors node code raises to steer delivery.
 
 A policy is plain data: it validates itself on construction, round-trips through a
 dict (so it can sit in a flow description or a ledger) and knows nothing of brokers.
@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from videoflow.core.constants import BATCH, FLOW_TYPES, REALTIME
+from videoflow.errors import VideoflowError, WireError
 
 MAX_SYNC_PARENTS = 64
 """Sync parents per join: presence is a 64-bit mask in the compiled core."""
@@ -130,7 +131,9 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
             if key not in known:
                 raise ValueError(f"unknown JoinPolicy field {key!r}")
         fields = dict(data)
-        if "collect" in fields and fields["collect"] is not None:
+        # Only a mapping is copied: dict() of anything else raises a TypeError or an
+        # unrelated ValueError; passed through, __post_init__ names the field instead.
+        if isinstance(fields.get("collect"), Mapping):
             fields["collect"] = dict(fields["collect"])
         return cls(**fields)
 
@@ -176,3 +179,362 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
         sync = self.validate_for(parents)
         n_collect = len(parents) - len(sync)
         return (self.max_pending + 1) * len(sync) + self.max_pending * n_collect
+
+
+# --------------------------------------------------------------------------------------
+# Delivery: what happens to an input whose processing raised.
+# --------------------------------------------------------------------------------------
+
+
+class PoisonMessage(VideoflowError):
+    """Raised by node code when this input can never succeed: dead-letter it now.
+
+    No retry is attempted, whatever the delivery mode or the attempts left; retrying
+    a message that is wrong in itself only burns attempts on its way to the same place.
+    """
+
+    retryable = False
+
+
+class WorkerFatal(VideoflowError):
+    """Raised by node code when this worker is broken, not the message.
+
+    The message is handed back to the broker without counting an attempt, so another
+    (or a restarted) worker gets it with its retry budget intact.
+    """
+
+    retryable = True
+    """Trying again can succeed, elsewhere: the message itself is fine."""
+
+
+DELIVERY_MODES = ("at_least_once", "best_effort")
+
+RETRY = "retry"
+DEAD_LETTER = "dead_letter"
+NAK_UNCOUNTED = "nak_uncounted"
+DROP = "drop"
+ACTION_KINDS = (RETRY, DEAD_LETTER, NAK_UNCOUNTED, DROP)
+
+POISON = "poison"
+WORKER_FATAL = "worker_fatal"
+TRANSIENT = "transient"
+
+POISON_ERRORS: tuple[type[BaseException], ...] = (PoisonMessage, WireError, ValueError, TypeError)
+"""Errors that say the input itself is bad, so no retry can help.
+
+WireError (the envelope did not decode) is a ValueError; so are msgspec's DecodeError
+and ValidationError, json.JSONDecodeError and UnicodeDecodeError, which is why the
+builtin families cover them. KeyError, IndexError and AttributeError are deliberately
+not poison: they are as often a bug or a state lookup in node code as a bad input, and
+those deserve the retry budget.
+"""
+
+WORKER_FATAL_ERRORS: tuple[type[BaseException], ...] = (WorkerFatal, MemoryError)
+"""Errors that say the worker is broken, not the message.
+
+Beyond these, any BaseException that is not an Exception (KeyboardInterrupt,
+SystemExit, asyncio.CancelledError) is worker-fatal too: the worker is stopping, and
+the message did nothing wrong.
+"""
+
+_REASON_MAX_CHARS = 200
+"""Reasons can travel in dead-letter headers; a huge exception text must not."""
+
+
+def classify_error(error: BaseException) -> str:
+    """Classifies a processing error as POISON, WORKER_FATAL or TRANSIENT.
+
+    The first rule that matches wins:
+      1. worker-fatal: a WorkerFatal, a MemoryError, or a BaseException that is not an
+         Exception (the worker is stopping). First, because handing a message back loses
+         nothing, while dead-lettering it because of a broken worker would.
+      2. poison: a PoisonMessage (the user said so explicitly).
+      3. transient: a VideoflowError whose ``retryable`` is True, even if it is also a
+         ValueError: the error tree's own verdict beats its builtin base.
+      4. poison: WireError, ValueError, TypeError (POISON_ERRORS).
+      5. transient: anything else.
+
+    Arguments:
+        error (BaseException): the exception node code raised.
+
+    Returns:
+        One of POISON, WORKER_FATAL, TRANSIENT.
+
+    Raises:
+        TypeError: if error is not an exception instance.
+    """
+    if not isinstance(error, BaseException):
+        raise TypeError(f"error must be an exception instance, got {error!r}")
+    if isinstance(error, WORKER_FATAL_ERRORS) or not isinstance(error, Exception):
+        return WORKER_FATAL
+    if isinstance(error, PoisonMessage):
+        return POISON
+    if isinstance(error, VideoflowError) and error.retryable:
+        return TRANSIENT
+    if isinstance(error, POISON_ERRORS):
+        return POISON
+    return TRANSIENT
+
+
+def _describe(error: BaseException) -> str:
+    try:
+        text = str(error)
+    except Exception:  # a broken __str__ must not break the failure path
+        text = "<str() failed>"
+    if len(text) > _REASON_MAX_CHARS:
+        text = text[: _REASON_MAX_CHARS - 3] + "..."
+    name = type(error).__qualname__
+    return f"{name}: {text}" if text else name
+
+
+def _check_num_delivered(num_delivered: Any) -> None:
+    if isinstance(num_delivered, bool) or not isinstance(num_delivered, int) or num_delivered < 1:
+        raise ValueError(f"num_delivered must be an int >= 1 (1-based), got {num_delivered!r}")
+
+
+class DeliveryAction(msgspec.Struct, frozen=True, kw_only=True):
+    """The verdict DeliveryPolicy.action_for returns; the messenger only executes it.
+
+    Attributes:
+        kind: 'retry' (nak with ``delay``; the attempt counts), 'dead_letter' (publish a
+            dead letter, then terminate), 'nak_uncounted' (hand the message back now
+            without burning an attempt), 'drop' (terminate without a dead letter; the
+            messenger counts the loss).
+        delay: seconds to wait before redelivery; > 0 only for 'retry' with a non-zero
+            backoff, 0.0 for every other kind.
+        reason: a short human-readable cause, e.g. 'poison: WireError: truncated'.
+    """
+
+    kind: str
+    delay: float = 0.0
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ACTION_KINDS:
+            raise ValueError(f"kind must be one of {ACTION_KINDS}, got {self.kind!r}")
+        _finite_nonneg("delay", self.delay)
+        if self.delay and self.kind != RETRY:
+            raise ValueError(f"delay applies to 'retry' only, got {self.delay!r} for {self.kind!r}")
+        if not isinstance(self.reason, str):
+            raise ValueError(f"reason must be a str, got {self.reason!r}")
+
+
+class Backoff(msgspec.Struct, frozen=True, kw_only=True):
+    """Capped exponential backoff between redeliveries, without jitter.
+
+    The delay after the n-th delivery failed (n = the broker's 1-based num_delivered) is
+    ``min(max_ms, base_ms * factor ** (n - 1))`` milliseconds: base_ms after the first
+    failure, growing by ``factor`` per delivery, never above max_ms. No jitter, so a
+    verdict is a pure function of its inputs; competing consumers already spread retries.
+
+    Attributes:
+        base_ms: delay after the first failed delivery (>= 0; 0 disables waiting).
+        factor: growth per further delivery (>= 1; 1 is a constant delay).
+        max_ms: the cap (>= base_ms).
+    """
+
+    base_ms: float = 1000.0
+    factor: float = 2.0
+    max_ms: float = 60_000.0
+
+    def __post_init__(self) -> None:
+        _finite_nonneg("backoff.base_ms", self.base_ms)
+        if isinstance(self.factor, bool) or not isinstance(self.factor, (int, float)):
+            raise ValueError(f"backoff.factor must be a number, got {self.factor!r}")
+        if not math.isfinite(self.factor) or self.factor < 1:
+            raise ValueError(f"backoff.factor must be finite and >= 1, got {self.factor!r}")
+        _finite_nonneg("backoff.max_ms", self.max_ms)
+        if self.max_ms < self.base_ms:
+            raise ValueError(
+                f"backoff.max_ms must be >= backoff.base_ms ({self.base_ms!r}), "
+                f"got {self.max_ms!r}"
+            )
+
+    def delay_for(self, num_delivered: int) -> float:
+        """The wait before redelivering a message whose num_delivered-th delivery failed.
+
+        Arguments:
+            num_delivered (int): the broker's 1-based delivery count of the failed attempt.
+
+        Returns:
+            Seconds (float): ``min(max_ms, base_ms * factor ** (num_delivered - 1)) / 1000``.
+
+        Raises:
+            ValueError: if num_delivered is not an int >= 1.
+        """
+        _check_num_delivered(num_delivered)
+        try:
+            raw = self.base_ms * self.factor ** (num_delivered - 1)
+        except OverflowError:
+            # A huge delivery count (an uncapped durable) saturates rather than crashes.
+            raw = math.inf
+        return min(raw, self.max_ms) / 1000.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the backoff as a plain dict that from_dict turns back into an equal one."""
+        return {"base_ms": self.base_ms, "factor": self.factor, "max_ms": self.max_ms}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Backoff:
+        """Builds a backoff from a dict such as to_dict returns; absent keys take defaults.
+
+        Arguments:
+            data (Mapping): base_ms, factor, max_ms, each optional.
+
+        Returns:
+            The Backoff.
+
+        Raises:
+            ValueError: naming the first unknown key or invalid field.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"backoff must be a dict of base_ms/factor/max_ms, got {data!r}")
+        known = set(cls.__struct_fields__)
+        for key in data:
+            if key not in known:
+                raise ValueError(f"unknown backoff field {key!r}")
+        return cls(**dict(data))
+
+
+class DeliveryPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """What a node does with an input whose processing raised.
+
+    Attributes:
+        mode: 'at_least_once' retries transient failures with backoff, then dead-letters;
+            'best_effort' never retries a transient failure: it drops it (counted).
+        max_retries: redeliveries after the first delivery, at_least_once only. A message
+            is tried at most 1 + max_retries times: with max_retries=3, deliveries 1, 2
+            and 3 may fail and be retried, and a failure of delivery 4 dead-letters it.
+            Ignored by best_effort (kept so that switching mode alone restores a budget).
+        backoff: the delay before each retry (see Backoff).
+    """
+
+    mode: str = "at_least_once"
+    max_retries: int = 3
+    backoff: Backoff = msgspec.field(default_factory=Backoff)
+
+    def __post_init__(self) -> None:
+        if self.mode not in DELIVERY_MODES:
+            raise ValueError(f"mode must be one of {DELIVERY_MODES}, got {self.mode!r}")
+        if (
+            isinstance(self.max_retries, bool)
+            or not isinstance(self.max_retries, int)
+            or self.max_retries < 0
+        ):
+            raise ValueError(f"max_retries must be an int >= 0, got {self.max_retries!r}")
+        if not isinstance(self.backoff, Backoff):
+            raise ValueError(f"backoff must be a Backoff, got {self.backoff!r}")
+
+    @classmethod
+    def default_for(cls, flow_type: str) -> DeliveryPolicy:
+        """The delivery policy a node of this flow type gets when it names none.
+
+        Arguments:
+            flow_type (str): REALTIME or BATCH.
+
+        Returns:
+            REALTIME: best_effort (freshness: a failed frame is dropped, not replayed
+                late); max_retries 3 and a 100 ms..2 s backoff apply if a node overrides
+                the mode to at_least_once.
+            BATCH: at_least_once, max_retries 3, backoff 1 s doubling up to 60 s
+                (completeness).
+
+        Raises:
+            ValueError: for an unknown flow type.
+        """
+        if flow_type == REALTIME:
+            return cls(
+                mode="best_effort",
+                max_retries=3,
+                backoff=Backoff(base_ms=100.0, factor=2.0, max_ms=2000.0),
+            )
+        if flow_type == BATCH:
+            return cls(
+                mode="at_least_once",
+                max_retries=3,
+                backoff=Backoff(base_ms=1000.0, factor=2.0, max_ms=60_000.0),
+            )
+        raise ValueError(f"flow_type must be one of {FLOW_TYPES}, got {flow_type!r}")
+
+    @property
+    def max_deliveries(self) -> int:
+        """How many times the broker may deliver one message: 1 + max_retries, or 1 for
+        best_effort. A broker cap below this makes retries silently impossible."""
+        return 1 + self.max_retries if self.mode == "at_least_once" else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the policy as a plain dict that from_dict turns back into an equal policy."""
+        return {
+            "mode": self.mode,
+            "max_retries": self.max_retries,
+            "backoff": self.backoff.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DeliveryPolicy:
+        """Builds a policy from a dict such as to_dict returns; absent keys take defaults.
+
+        Arguments:
+            data (Mapping): mode, max_retries, backoff (a dict, see Backoff.from_dict),
+                each optional.
+
+        Returns:
+            The DeliveryPolicy.
+
+        Raises:
+            ValueError: naming the first unknown key (backoff keys as 'backoff field')
+                or invalid field.
+        """
+        known = set(cls.__struct_fields__)
+        for key in data:
+            if key not in known:
+                raise ValueError(f"unknown DeliveryPolicy field {key!r}")
+        fields = dict(data)
+        if "backoff" in fields and not isinstance(fields["backoff"], Backoff):
+            fields["backoff"] = Backoff.from_dict(fields["backoff"])
+        return cls(**fields)
+
+    def action_for(self, error: BaseException, num_delivered: int) -> DeliveryAction:
+        """Decides what to do with a delivery whose processing raised ``error``.
+
+        The error is classified by classify_error, then:
+          - poison -> 'dead_letter' now, in either mode and on any attempt;
+          - worker-fatal -> 'nak_uncounted', in either mode: the message goes back without
+            burning an attempt (where the broker caps deliveries, only the durable's
+            cap decides whether it can come back);
+          - transient, at_least_once -> 'retry' with ``backoff.delay_for(num_delivered)``
+            while num_delivered <= max_retries, 'dead_letter' once num_delivered >
+            max_retries (1 + max_retries tries in all);
+          - transient, best_effort -> 'drop' (never retried; the messenger counts it).
+
+        Arguments:
+            error (BaseException): what node code raised.
+            num_delivered (int): the broker's 1-based delivery count of this attempt
+                (JetStream's metadata.num_delivered): 1 on the first delivery.
+
+        Returns:
+            The DeliveryAction to execute.
+
+        Raises:
+            ValueError: if num_delivered is not an int >= 1.
+            TypeError: if error is not an exception instance.
+        """
+        _check_num_delivered(num_delivered)
+        category = classify_error(error)
+        cause = _describe(error)
+        if category == POISON:
+            return DeliveryAction(kind=DEAD_LETTER, reason=f"poison: {cause}")
+        if category == WORKER_FATAL:
+            return DeliveryAction(kind=NAK_UNCOUNTED, reason=f"worker fatal: {cause}")
+        if self.mode == "best_effort":
+            return DeliveryAction(kind=DROP, reason=f"best effort, not retried: {cause}")
+        if num_delivered > self.max_retries:
+            return DeliveryAction(
+                kind=DEAD_LETTER,
+                reason=f"retries exhausted after {num_delivered} deliveries: {cause}",
+            )
+        return DeliveryAction(
+            kind=RETRY,
+            delay=self.backoff.delay_for(num_delivered),
+            reason=f"transient, delivery {num_delivered} of {self.max_deliveries}: {cause}",
+        )
