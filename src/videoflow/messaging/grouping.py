@@ -1,0 +1,331 @@
+"""Input-group assembly for multi-parent (join) nodes.
+
+Two strategies, testable without a broker:
+
+- ``TraceGroupAssembler`` groups by exact trace_id: inputs that descend from the
+  same originating message of one upstream producer (diamond topologies).
+- ``TimeGroupAssembler`` groups by event time: inputs whose event_ts fall within a
+  tolerance of each other, regardless of lineage, with optional quorum emission
+  and per-parent collect windows for high-rate sensors joined many-to-one.
+
+An assembler is fed decoded envelope entries paired with their broker ack handles.
+It owns the pending buffers and resolves the handles of anything it discards
+(``handle.discard(reason)`` with reason 'evicted', 'expired' or 'flushed') and
+supersedes (``handle.supersede()``: retired locally, no broker settlement);
+handles of everything it emits travel out unresolved inside the ReadyGroup for the
+task loop to ack/fail after processing. Handle methods must not raise.
+
+The bookkeeping lives in a core with two implementations behind one interface:
+the compiled ``_grouping_core`` (csrc/) and the pure-Python reference
+``_grouping_ref`` whose docstring states every rule both keep (timeouts, quorum,
+eviction, redelivery, and when a collect sample's handle is released).
+``VIDEOFLOW_PURE_PYTHON=1`` selects the reference; otherwise the compiled core is
+required and its absence is an ImportError, never a silent slow fallback. The core
+holds entries and handles as opaque objects next to its numeric tables: a
+Python-side slot table would cost more per message than the whole compiled path.
+
+Clock: ``now`` arguments and the optional ``clock`` are wall-clock seconds
+(``time.time`` by default), the same scale as producer-stamped event_ts, which is
+also in seconds. All methods are called from the single task thread; no locking
+is needed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from videoflow.core.policies import JoinPolicy
+
+
+def _load_core() -> ModuleType:
+    if os.environ.get("VIDEOFLOW_PURE_PYTHON") == "1":
+        from videoflow.messaging import _grouping_ref
+
+        return _grouping_ref
+    try:
+        from videoflow.messaging import _grouping_core
+    except ImportError as exc:
+        raise ImportError(
+            "videoflow's compiled grouping core is not built: install the package with "
+            "`pip install .` (or build in place with `python setup.py build_ext --inplace`), "
+            "or set VIDEOFLOW_PURE_PYTHON=1 to run the slow pure-Python reference"
+        ) from exc
+    return _grouping_core
+
+
+_core: ModuleType = _load_core()
+CORE_KIND: str = _core.CORE_KIND
+"""Which core this process loaded: 'compiled' or 'reference'."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnvelopeEntry:
+    """One decoded envelope as the messaging layer carries it: the field set
+    videoflow.wire.serialization.decode_envelope returns, as attributes.
+
+    Built at the messenger's receive boundary via from_decoded and never mutated
+    afterwards — an assembler that supersedes a redelivery swaps the whole entry.
+    """
+
+    trace_id: str
+    seq: int
+    event_ts: float | None
+    message: Any
+    metadata: dict | None
+    is_stop_signal: bool
+    type: str = ""
+    producer_name: str = ""
+    flow_id: str = ""
+    run_id: str = ""
+    span_id: Any = None
+    parent_span_id: Any = None
+    replica_id: int = 0
+    blob_ref: str | None = None
+
+    @classmethod
+    def from_decoded(cls, decoded: dict[str, Any]) -> EnvelopeEntry:
+        """Adapts a decode_envelope result to an EnvelopeEntry.
+
+        Arguments:
+            decoded (dict): the envelope dict from decode_envelope. Keys the entry
+                does not carry (partition_key, abort fields) are ignored.
+
+        Returns:
+            The equivalent EnvelopeEntry. Only trace_id and seq are required; other
+            fields absent from the dict carry their declared default.
+
+        Raises:
+            KeyError: if trace_id or seq is missing — without them a group has no
+                identity to assemble on.
+        """
+        get = decoded.get
+        return cls(
+            decoded["trace_id"],
+            decoded["seq"],
+            get("event_ts"),
+            get("message"),
+            get("metadata"),
+            bool(get("is_stop_signal", False)),
+            get("type") or "",
+            get("producer_name") or "",
+            get("flow_id") or "",
+            get("run_id") or "",
+            get("span_id"),
+            get("parent_span_id"),
+            get("replica_id") or 0,
+            get("blob_ref"),
+        )
+
+
+@dataclass(slots=True)
+class CollectEntry:
+    """The window of samples a collect parent contributes to one time group: every
+    sample within that parent's window of the group's time, oldest first.
+
+    Deliberately not an EnvelopeEntry — message, metadata and event_ts are lists
+    here, and the window has no single trace id or seq of its own.
+    """
+
+    message: list = field(default_factory=list)
+    metadata: list = field(default_factory=list)
+    event_ts: list = field(default_factory=list)
+    is_stop_signal: bool = False
+
+
+GroupEntry = EnvelopeEntry | CollectEntry | None
+"""What one parent contributes to a ReadyGroup: a normal entry, a collected window,
+or None for a parent missing from a quorum emission."""
+
+
+@dataclass(slots=True)
+class ReadyGroup:
+    """A fully assembled input group, ready to hand to the node.
+
+    Attributes:
+        trace_id: identity the node's output carries forward: the parents' trace id
+            for trace groups; for time groups an id minted from the member set
+            ('tg-' + 16 hex digits), the same for the same members in any order.
+        seq: deterministic representative sequence number, the smallest member seq
+            (stable across redelivery of the same group, for output dedup).
+        event_ts: the group's event time: min over its sync members' event_ts
+            (collect samples are attachments, not members); None for a trace group
+            whose members carry no event time.
+        entries: {parent_name: entry}: an EnvelopeEntry, None for a parent missing
+            from a quorum emission, or a CollectEntry for a collect parent's window.
+        handles: every unresolved ack handle backing this group, in no particular
+            order (members, plus collect samples this group is the last to use).
+    """
+
+    trace_id: str
+    seq: int
+    event_ts: float | None
+    entries: dict[str, EnvelopeEntry | CollectEntry | None]
+    handles: list
+
+
+class GroupAssembler:
+    """Base interface: feed entries with add, expire with sweep, drain with pop_ready.
+
+    Arguments:
+        node_name (str): the join node, for messages.
+        parent_names (list[str]): the node's parents.
+        policy (JoinPolicy): validated against parent_names.
+        clock (callable): wall-clock seconds, ``time.time`` by default; tests pass
+            a fake one.
+        core (module): the core implementation, the process-wide one (CORE_KIND)
+            by default; tests pass each in turn.
+
+    Raises:
+        ValueError: when the policy does not fit the parents (see JoinPolicy.validate_for).
+    """
+
+    def __init__(
+        self,
+        node_name: str,
+        parent_names: list[str],
+        policy: JoinPolicy,
+        *,
+        clock: Callable[[], float] = time.time,
+        core: ModuleType | None = None,
+    ) -> None:
+        self.node_name = node_name
+        self.parent_names = list(parent_names)
+        self.policy = policy
+        self.clock = clock
+        self.sync_parents = policy.validate_for(self.parent_names)
+        quorum = len(self.sync_parents) if policy.quorum is None else policy.quorum
+        self._core = self._make_core(_core if core is None else core, quorum)
+
+    def _make_core(self, impl: ModuleType, quorum: int) -> Any:
+        raise NotImplementedError
+
+    def _timeout_s(self) -> float:
+        timeout = self.policy.timeout_ms
+        return -1.0 if timeout is None else timeout / 1000.0
+
+    def add(self, parent_name: str, entry: EnvelopeEntry, handle: Any) -> None:
+        """Feeds one entry and its ack handle.
+
+        Raises:
+            KeyError: if parent_name is not a parent of this node.
+        """
+        self._core.add(parent_name, entry, handle)
+
+    @property
+    def evictions(self) -> int:
+        """Groups discarded (evicted or expired) so far — read by the messenger's
+        drop accounting."""
+        return int(self._core.evictions)
+
+    def has_pending_from(self, parent_name: str) -> bool:
+        """Whether any buffered state still holds a message from this parent (EOS
+        drain check)."""
+        return bool(self._core.has_pending_from(parent_name))
+
+    def oldest_wait_seconds(self, now: float | None = None) -> float:
+        """How long the oldest incomplete group has waited (0 when none)."""
+        return float(self._core.oldest_wait(now))
+
+    def pending_count(self) -> int:
+        """Incomplete groups held right now."""
+        return int(self._core.pending_count())
+
+    def pop_ready(self, now: float | None = None) -> ReadyGroup | None:
+        """Returns the next ready group, or None. Applies the timeout first (sweep),
+        so a caller that only pops still sees quorum emissions and expiries."""
+        group: ReadyGroup | None = self._core.pop(now)
+        return group
+
+    def flush(self, now: float | None = None) -> list[ReadyGroup]:
+        """Ends the input: emits every pending group that holds a quorum (windows
+        closed as they stand), discards the rest ('flushed'), and releases every
+        buffered collect sample: one a returned group used travels in the last
+        returned group's handles, an unused one is discarded ('flushed'). Called by
+        the end-of-stream drain so a group pending when its parents end is never hung.
+
+        Returns:
+            The emitted groups in the order they became ready; the assembler holds
+            nothing afterwards.
+        """
+        groups: list[ReadyGroup] = self._core.flush(now)
+        return groups
+
+    def sweep(self, now: float | None = None) -> None:
+        """Apply the policy's timeout to pending groups (evict or stage for quorum
+        emission)."""
+        self._core.sweep(now)
+
+
+class TraceGroupAssembler(GroupAssembler):
+    """Groups by exact trace_id. A group is ready when every parent's half with the
+    same trace id has arrived; a group that outlives the policy timeout is evicted
+    per the missing policy (or emitted with None for missing parents when it holds
+    a quorum), and the oldest group is evicted (as drop) beyond max_pending.
+
+    A second message from a parent whose half of that trace is already held (same
+    trace id, another seq) starts a second group for the trace rather than
+    replacing the first; a redelivery (same seq) supersedes.
+    """
+
+    def _make_core(self, impl: ModuleType, quorum: int) -> Any:
+        if self.policy.collect:
+            raise ValueError("collect windows need mode='time'")
+        return impl.TraceCore(
+            self.parent_names,
+            self._timeout_s(),
+            quorum,
+            self.policy.max_pending,
+            self.policy.missing == "wait",
+            self.clock,
+            ReadyGroup,
+        )
+
+
+class TimeGroupAssembler(GroupAssembler):
+    """Groups by event time. A message from a synchronized parent joins the pending
+    group whose time is nearest to its event_ts (and within tolerance_ms) among
+    groups not already holding that parent; otherwise it seeds a new group whose
+    time is its event_ts. Messages from collect parents are buffered per parent and
+    attached as a CollectEntry at emission time (every sample within that parent's
+    window of the group's time).
+
+    A group is ready when every sync parent is present and every collect window has
+    closed: as soon as a sample beyond group time + window arrives from that parent
+    (event-time watermark), or once the window has elapsed in wall time since the
+    group completed, whichever comes first. When the policy timeout expires, a group
+    with at least quorum sync parents is emitted (missing parents as None); below
+    quorum it is evicted per the missing policy.
+
+    Messages without an event_ts (pre-v3 upstream) fall back to their arrival time.
+    """
+
+    def _make_core(self, impl: ModuleType, quorum: int) -> Any:
+        policy = self.policy
+        if policy.tolerance_ms is None:  # pragma: no cover - JoinPolicy enforces it
+            raise ValueError("tolerance_ms is required in time mode")
+        collect = [p for p in self.parent_names if p in policy.collect]
+        return impl.TimeCore(
+            self.sync_parents,
+            collect,
+            [policy.collect[p] / 1000.0 for p in collect],
+            policy.tolerance_ms / 1000.0,
+            self._timeout_s(),
+            quorum,
+            policy.max_pending,
+            policy.missing == "wait",
+            self.clock,
+            ReadyGroup,
+            CollectEntry,
+        )
+
+
+def make_assembler(node_name: str, parent_names: list[str], policy: JoinPolicy) -> GroupAssembler:
+    """Returns the assembler the policy's mode asks for ('trace' or 'time')."""
+    if policy.mode == "time":
+        return TimeGroupAssembler(node_name, parent_names, policy)
+    return TraceGroupAssembler(node_name, parent_names, policy)

@@ -1,0 +1,264 @@
+"""Packaging checks: what the sdist and wheel contain, and that an installed wheel imports
+the compiled grouping core.
+
+The tests marked ``slow`` build distributions and a virtual environment. They run by
+default. cibuildwheel's test command leaves them out with ``-m "not slow"``, because it
+already runs against a built wheel.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import venv
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CORE_MODULE = "videoflow.messaging._grouping_core"
+CORE_PYX = "csrc/videoflow/messaging/_grouping_core.pyx"
+CORE_STUB = "videoflow/messaging/_grouping_core.pyi"
+TYPED_MARKER = "videoflow/py.typed"
+COMPILED_SUFFIXES = (".so", ".pyd")
+SUPPORTED_PYTHONS = {"cp310", "cp311", "cp312", "cp313"}
+
+# These paths never reach a distribution. Copying the tree without them keeps the
+# build off the working tree, which other people may be building in at the same time.
+_NOT_SOURCE = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    "venv",
+    "build",
+    "dist",
+    "wheelhouse",
+    "*.egg-info",
+    "__pycache__",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".hypothesis",
+    ".benchmarks",
+    "*.so",
+    "*.pyd",
+    "*.c",
+    "*.html",
+)
+
+
+@dataclass(frozen=True)
+class Dists:
+    sdist: Path
+    wheel: Path
+
+
+def _run(
+    cmd: Sequence[str | os.PathLike[str]],
+    *,
+    cwd: Path,
+    timeout: float,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run a command and fail the test with its output if it times out or exits non-zero.
+
+    Arguments:
+        cmd: the command and its arguments.
+        cwd: the working directory.
+        timeout: seconds before the command is killed and the test fails.
+        env: the environment, or None for this process's environment.
+
+    Returns:
+        The completed process, with stdout and stderr captured as text.
+    """
+    shown = " ".join(str(part) for part in cmd)
+    try:
+        proc = subprocess.run(
+            [str(part) for part in cmd],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(
+            f"timed out after {timeout:.0f}s: {shown}\n"
+            f"--- stdout ---\n{_text(exc.stdout)}\n--- stderr ---\n{_text(exc.stderr)}"
+        )
+    assert proc.returncode == 0, (
+        f"exit code {proc.returncode}: {shown}\n"
+        f"--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+    )
+    return proc
+
+
+def _text(stream: str | bytes | None) -> str:
+    if stream is None:
+        return ""
+    return stream.decode(errors="replace") if isinstance(stream, bytes) else stream
+
+
+def _clean_env(*drop_prefixes: str) -> dict[str, str]:
+    """Return this process's environment minus variables that would steer the child.
+
+    Arguments:
+        drop_prefixes: further prefixes of variable names to remove.
+
+    Returns:
+        A copy of os.environ without PYTHONPATH, PYTHONHOME, VIDEOFLOW_PURE_PYTHON,
+        or any variable that starts with one of drop_prefixes.
+    """
+    dropped = {"PYTHONPATH", "PYTHONHOME", "VIDEOFLOW_PURE_PYTHON", "VIRTUAL_ENV"}
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in dropped and not key.startswith(drop_prefixes)
+    }
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
+def _venv_python(env_dir: Path) -> Path:
+    if os.name == "nt":
+        return env_dir / "Scripts" / "python.exe"
+    return env_dir / "bin" / "python"
+
+
+def _single(directory: Path, pattern: str) -> Path:
+    matches = sorted(directory.glob(pattern))
+    assert len(matches) == 1, f"expected one {pattern} in {directory}, found {matches}"
+    return matches[0]
+
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
+    """Build the sdist and, from it, the wheel, the way `python -m build` does by default."""
+    work = tmp_path_factory.mktemp("packaging")
+    source = work / "source"
+    out = work / "dist"
+    shutil.copytree(REPO_ROOT, source, ignore=_NOT_SOURCE)
+    _run([sys.executable, "-m", "build", "--outdir", out, source], cwd=work, timeout=420)
+    return Dists(sdist=_single(out, "*.tar.gz"), wheel=_single(out, "*.whl"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sdist_ships_cython_source_stub_and_marker_but_no_generated_c(dists: Dists) -> None:
+    with tarfile.open(dists.sdist) as archive:
+        # Strip the leading "videoflow-<version>/" directory.
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    listing = "\n".join(sorted(names))
+
+    for required in (
+        CORE_PYX,
+        f"src/{CORE_STUB}",
+        f"src/{TYPED_MARKER}",
+        "setup.py",
+        "pyproject.toml",
+        "README.md",
+    ):
+        assert required in names, f"sdist lacks {required}; it holds:\n{listing}"
+    generated = sorted(name for name in names if name.endswith((".c", ".html", *COMPILED_SUFFIXES)))
+    assert not generated, f"sdist carries build output {generated}; it holds:\n{listing}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_wheel_ships_compiled_core_stub_and_marker_but_no_sources(dists: Dists) -> None:
+    with zipfile.ZipFile(dists.wheel) as archive:
+        names = set(archive.namelist())
+    listing = "\n".join(sorted(names))
+
+    core_prefix = CORE_MODULE.replace(".", "/") + "."
+    compiled = [n for n in names if n.startswith(core_prefix) and n.endswith(COMPILED_SUFFIXES)]
+    assert len(compiled) == 1, f"wheel lacks the compiled {CORE_MODULE}; it holds:\n{listing}"
+    for required in (CORE_STUB, TYPED_MARKER):
+        assert required in names, f"wheel lacks {required}; it holds:\n{listing}"
+    sources = sorted(name for name in names if name.endswith((".c", ".pyx", ".pxd")))
+    assert not sources, f"wheel carries Cython/C sources {sources}; it holds:\n{listing}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_wheel_installed_in_fresh_venv_imports_the_compiled_core(
+    dists: Dists, tmp_path: Path
+) -> None:
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
+    python = _venv_python(env_dir)
+    env = _clean_env()
+    # Dependencies of the wheel come from the package index.
+    _run([python, "-m", "pip", "install", dists.wheel], cwd=tmp_path, env=env, timeout=300)
+
+    # Run from a directory outside the repository, in isolated mode (-I: no cwd or
+    # PYTHON* variables on sys.path), so the source tree cannot shadow the install.
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    probe = (
+        "import importlib, videoflow; "
+        f"core = importlib.import_module({CORE_MODULE!r}); "
+        "print(videoflow.__file__); print(core.__file__)"
+    )
+    proc = _run([python, "-I", "-c", probe], cwd=outside, env=env, timeout=60)
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 2, f"unexpected probe output:\n{proc.stdout}\n{proc.stderr}"
+    package_file, core_file = (Path(line) for line in lines)
+
+    assert core_file.name.endswith(COMPILED_SUFFIXES), (
+        f"{CORE_MODULE} loaded from {core_file}, which is not a compiled extension"
+    )
+    for loaded in (package_file, core_file):
+        assert loaded.resolve().is_relative_to(env_dir.resolve()), (
+            f"{loaded} was imported from outside the fresh venv {env_dir}"
+        )
+
+
+def _cibuildwheel_executable() -> Path:
+    """Find the cibuildwheel that the dev extra installed beside this interpreter."""
+    name = "cibuildwheel.exe" if os.name == "nt" else "cibuildwheel"
+    candidates = [Path(sys.executable).parent / name, Path(sysconfig.get_path("scripts")) / name]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    pytest.fail(f"cibuildwheel not found at {candidates}; install the dev extra '.[dev]'")
+
+
+def test_cibuildwheel_selects_cpython_310_to_313_manylinux_wheels() -> None:
+    # CIBW_* variables (set by the wheels workflow, say) would override pyproject.toml.
+    env = _clean_env("CIBW_")
+    proc = _run(
+        [_cibuildwheel_executable(), "--print-build-identifiers", "--platform", "linux"],
+        cwd=REPO_ROOT,
+        env=env,
+        timeout=120,
+    )
+    identifiers = proc.stdout.split()
+    shown = f"identifiers:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+
+    pythons = {identifier.split("-", 1)[0] for identifier in identifiers}
+    assert pythons == SUPPORTED_PYTHONS, f"expected exactly {sorted(SUPPORTED_PYTHONS)}; {shown}"
+    for python in SUPPORTED_PYTHONS:
+        for arch in ("x86_64", "aarch64"):
+            wanted = f"{python}-manylinux_{arch}"
+            assert wanted in identifiers, f"{wanted} is not built; {shown}"
+    unwanted = [i for i in identifiers if re.search(r"i686|win32|pypy|^pp", i)]
+    assert not unwanted, f"32-bit or PyPy builds selected: {unwanted}; {shown}"
+
+
+def test_ci_script_runs_the_readme_test_command_verbatim() -> None:
+    script = (REPO_ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    commands = [line for line in script.splitlines() if line.startswith("python3 -m venv .venv")]
+    assert len(commands) == 1, f".ci/run should hold one README command, found {commands}"
+    # The script appends `|| status=$?` to capture the exit code; the rest is the README's.
+    command = commands[0].split(" || ", 1)[0]
+    readme_lines = {line.strip() for line in readme.splitlines()}
+    assert command in readme_lines, f"README.md no longer shows the command CI runs:\n{command}"
