@@ -31,4 +31,7 @@ extensions = [
     )
 ]
 
-setup(ext_modules=cythonize(extensions, compiler_directives=DIRECTIVES))
+# force: pip builds in the source tree, and cythonize/build_ext judge staleness by
+# timestamps alone, so switching VIDEOFLOW_DEBUG would otherwise reuse the other mode's
+# generated C and compiled module. Regenerating the C makes build_ext recompile too.
+setup(ext_modules=cythonize(extensions, compiler_directives=DIRECTIVES, force=True))
