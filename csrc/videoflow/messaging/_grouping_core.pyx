@@ -1,2 +1,961 @@
-# Placeholder: replaced by the compiled grouping core.
+# cython: language_level=3
+"""Compiled grouping core: the twin of ``videoflow.messaging._grouping_ref``.
+
+Same interface, same rules (stated in the reference's docstring), C types in the
+hot loops: event times in sorted double arrays with a head offset and tombstones,
+presence as 64-bit masks, creation order and the ready queue as int64 rings. The
+kernels trust their inputs: ``grouping.py`` validates the policy and parents
+before a core exists. Entries and handles are opaque objects in list slot tables.
+"""
+
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from libc.math cimport INFINITY, NAN, fabs
+from libc.stdint cimport int64_t, uint64_t
+from libc.string cimport memmove
+
+import hashlib
+
 CORE_KIND = "compiled"
+
+cdef enum:
+    FREE = 0
+    ASSEMBLING = 1
+    CLOSING = 2
+    READY = 3
+    COMPACT_SLACK = 32
+
+
+def group_identity(list keys):
+    """Returns the minted trace id of a time group from its members' canonical keys."""
+    digest = hashlib.blake2b("".join(keys).encode("utf-8", "surrogatepass"), digest_size=8)
+    return "tg-" + digest.hexdigest()
+
+
+cdef int _grow(void** ptr, Py_ssize_t* cap, Py_ssize_t need, size_t item) except -1:
+    """Grows a PyMem buffer to hold at least need items (doubling)."""
+    cdef Py_ssize_t new_cap = cap[0] if cap[0] > 0 else 16
+    cdef void* p
+    if need <= cap[0]:
+        return 0
+    while new_cap < need:
+        new_cap *= 2
+    p = PyMem_Realloc(ptr[0], <size_t>new_cap * item)
+    if p == NULL:
+        raise MemoryError()
+    ptr[0] = p
+    cap[0] = new_cap
+    return 0
+
+
+cdef class SortedTimes:
+    """Event times kept sorted, each tagged with a slot; removal leaves a tombstone
+    (slot -1). A head offset makes removing the oldest free of moves."""
+
+    cdef double* t
+    cdef int64_t* s
+    cdef Py_ssize_t cap, n, lo, dead
+
+    def __cinit__(self):
+        self.t = NULL
+        self.s = NULL
+        self.cap = 0
+        self.n = 0
+        self.lo = 0
+        self.dead = 0
+
+    def __dealloc__(self):
+        PyMem_Free(self.t)
+        PyMem_Free(self.s)
+
+    cdef inline Py_ssize_t lower(self, double a) noexcept:
+        cdef Py_ssize_t lo = self.lo, hi = self.n, mid
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if self.t[mid] < a:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    cdef inline Py_ssize_t upper(self, double b) noexcept:
+        cdef Py_ssize_t lo = self.lo, hi = self.n, mid
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if b < self.t[mid]:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    cdef int insert(self, double t, int64_t slot) except -1:
+        cdef Py_ssize_t i = self.upper(t)
+        cdef Py_ssize_t cap = self.cap
+        if self.n + 1 > cap:
+            _grow(<void**>&self.t, &cap, self.n + 1, sizeof(double))
+            cap = self.cap
+            _grow(<void**>&self.s, &cap, self.n + 1, sizeof(int64_t))
+            self.cap = cap
+        if i < self.n:
+            memmove(&self.t[i + 1], &self.t[i], <size_t>(self.n - i) * sizeof(double))
+            memmove(&self.s[i + 1], &self.s[i], <size_t>(self.n - i) * sizeof(int64_t))
+        self.t[i] = t
+        self.s[i] = slot
+        self.n += 1
+        return 0
+
+    cdef void remove(self, double t, int64_t slot) noexcept:
+        cdef Py_ssize_t i = self.lower(t)
+        while self.s[i] != slot:
+            i += 1
+        self.s[i] = -1
+        self.dead += 1
+        self._trim()
+
+    cdef void _trim(self) noexcept:
+        cdef Py_ssize_t i, j, live
+        while self.lo < self.n and self.s[self.lo] == -1:
+            self.lo += 1
+            self.dead -= 1
+        while self.n > self.lo and self.s[self.n - 1] == -1:
+            self.n -= 1
+            self.dead -= 1
+        live = self.n - self.lo - self.dead
+        if self.dead > live + COMPACT_SLACK:
+            j = 0
+            for i in range(self.lo, self.n):
+                if self.s[i] != -1:
+                    self.t[j] = self.t[i]
+                    self.s[j] = self.s[i]
+                    j += 1
+            self.n = j
+            self.lo = 0
+            self.dead = 0
+        elif self.lo > COMPACT_SLACK and self.lo * 2 > self.n:
+            memmove(self.t, &self.t[self.lo], <size_t>(self.n - self.lo) * sizeof(double))
+            memmove(self.s, &self.s[self.lo], <size_t>(self.n - self.lo) * sizeof(int64_t))
+            self.n -= self.lo
+            self.lo = 0
+
+
+cdef class _Queue:
+    """Append-only (slot, serial) sequence with consumer heads; compacted in place."""
+
+    cdef int64_t* slot
+    cdef int64_t* serial
+    cdef Py_ssize_t cap, n
+
+    def __cinit__(self):
+        self.slot = NULL
+        self.serial = NULL
+        self.cap = 0
+        self.n = 0
+
+    def __dealloc__(self):
+        PyMem_Free(self.slot)
+        PyMem_Free(self.serial)
+
+    cdef int push(self, int64_t slot, int64_t serial) except -1:
+        cdef Py_ssize_t cap = self.cap
+        if self.n + 1 > cap:
+            _grow(<void**>&self.slot, &cap, self.n + 1, sizeof(int64_t))
+            cap = self.cap
+            _grow(<void**>&self.serial, &cap, self.n + 1, sizeof(int64_t))
+            self.cap = cap
+        self.slot[self.n] = slot
+        self.serial[self.n] = serial
+        self.n += 1
+        return 0
+
+    cdef void drop_prefix(self, Py_ssize_t k) noexcept:
+        memmove(self.slot, &self.slot[k], <size_t>(self.n - k) * sizeof(int64_t))
+        memmove(self.serial, &self.serial[k], <size_t>(self.n - k) * sizeof(int64_t))
+        self.n -= k
+
+
+cdef class _Core:
+    """Slot tables, creation order, ready queue and counters both cores share."""
+
+    cdef readonly list names
+    cdef Py_ssize_t n
+    cdef dict index
+    cdef double timeout
+    cdef Py_ssize_t quorum, max_pending
+    cdef bint missing_wait
+    cdef object clock, ready_factory
+    cdef readonly long long evictions
+    # slot tables
+    cdef Py_ssize_t g_cap, n_slots
+    cdef char* g_state
+    cdef uint64_t* g_mask
+    cdef Py_ssize_t* g_count
+    cdef double* g_created
+    cdef int64_t* g_serial
+    cdef char* g_expired
+    cdef Py_ssize_t m_cap
+    cdef int64_t* m_seq
+    cdef double* m_ts
+    cdef list m_entry, m_handle
+    cdef Py_ssize_t free_cap, n_free
+    cdef int64_t* free
+    cdef int64_t serial
+    cdef _Queue fifo, ready
+    cdef Py_ssize_t dl_head, age_head, ready_head
+    cdef Py_ssize_t assembling
+    cdef Py_ssize_t* held
+
+    def __cinit__(self, *args, **kwargs):
+        self.g_state = NULL
+        self.g_mask = NULL
+        self.g_count = NULL
+        self.g_created = NULL
+        self.g_serial = NULL
+        self.g_expired = NULL
+        self.m_seq = NULL
+        self.m_ts = NULL
+        self.free = NULL
+        self.held = NULL
+        self.g_cap = self.m_cap = self.free_cap = 0
+
+    def __dealloc__(self):
+        PyMem_Free(self.g_state)
+        PyMem_Free(self.g_mask)
+        PyMem_Free(self.g_count)
+        PyMem_Free(self.g_created)
+        PyMem_Free(self.g_serial)
+        PyMem_Free(self.g_expired)
+        PyMem_Free(self.m_seq)
+        PyMem_Free(self.m_ts)
+        PyMem_Free(self.free)
+        PyMem_Free(self.held)
+
+    cdef int _setup(self, list parent_names, double timeout_s, Py_ssize_t quorum,
+                    Py_ssize_t max_pending, bint missing_wait, object clock,
+                    object ready_factory) except -1:
+        cdef Py_ssize_t i
+        self.names = list(parent_names)
+        self.n = len(self.names)
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.timeout = timeout_s
+        self.quorum = quorum
+        self.max_pending = max_pending
+        self.missing_wait = missing_wait
+        self.clock = clock
+        self.ready_factory = ready_factory
+        self.evictions = 0
+        self.n_slots = 0
+        self.n_free = 0
+        self.serial = 0
+        self.m_entry = []
+        self.m_handle = []
+        self.fifo = _Queue()
+        self.ready = _Queue()
+        self.dl_head = self.age_head = self.ready_head = 0
+        self.assembling = 0
+        self.held = <Py_ssize_t*>PyMem_Malloc(<size_t>max(self.n, 1) * sizeof(Py_ssize_t))
+        if self.held == NULL:
+            raise MemoryError()
+        for i in range(self.n):
+            self.held[i] = 0
+        return 0
+
+    # -- slots -----------------------------------------------------------------
+
+    cdef int _grow_slots(self) except -1:
+        cdef Py_ssize_t need = self.n_slots + 1, cap
+        if need > self.g_cap:
+            cap = self.g_cap
+            _grow(<void**>&self.g_state, &cap, need, sizeof(char))
+            cap = self.g_cap
+            _grow(<void**>&self.g_mask, &cap, need, sizeof(uint64_t))
+            cap = self.g_cap
+            _grow(<void**>&self.g_count, &cap, need, sizeof(Py_ssize_t))
+            cap = self.g_cap
+            _grow(<void**>&self.g_created, &cap, need, sizeof(double))
+            cap = self.g_cap
+            _grow(<void**>&self.g_serial, &cap, need, sizeof(int64_t))
+            cap = self.g_cap
+            _grow(<void**>&self.g_expired, &cap, need, sizeof(char))
+            self._grow_extra(cap)
+            self.g_cap = cap
+            need = cap * self.n
+            cap = self.m_cap
+            _grow(<void**>&self.m_seq, &cap, need, sizeof(int64_t))
+            cap = self.m_cap
+            _grow(<void**>&self.m_ts, &cap, need, sizeof(double))
+            self.m_cap = cap
+        self.m_entry.extend([None] * self.n)
+        self.m_handle.extend([None] * self.n)
+        self.n_slots += 1
+        return 0
+
+    cdef int _grow_extra(self, Py_ssize_t cap) except -1:
+        return 0
+
+    cdef Py_ssize_t _alloc(self, double now) except -1:
+        cdef Py_ssize_t slot
+        if self.n_free > 0:
+            self.n_free -= 1
+            slot = self.free[self.n_free]
+        else:
+            slot = self.n_slots
+            self._grow_slots()
+        self.serial += 1
+        self.g_state[slot] = ASSEMBLING
+        self.g_mask[slot] = 0
+        self.g_count[slot] = 0
+        self.g_created[slot] = now
+        self.g_serial[slot] = self.serial
+        self.g_expired[slot] = 0
+        self.fifo.push(slot, self.serial)
+        self.assembling += 1
+        return slot
+
+    cdef list _release_slot(self, Py_ssize_t slot):
+        """Frees a slot and returns the handles of its members."""
+        cdef list handles = []
+        cdef Py_ssize_t base = slot * self.n, p, cap
+        cdef uint64_t mask = self.g_mask[slot]
+        for p in range(self.n):
+            if (mask >> p) & 1:
+                handles.append(self.m_handle[base + p])
+                self.m_entry[base + p] = None
+                self.m_handle[base + p] = None
+                self.held[p] -= 1
+        if self.g_state[slot] == ASSEMBLING:
+            self.assembling -= 1
+        self.g_state[slot] = FREE
+        self.g_mask[slot] = 0
+        if self.n_free + 1 > self.free_cap:
+            cap = self.free_cap
+            _grow(<void**>&self.free, &cap, self.n_free + 1, sizeof(int64_t))
+            self.free_cap = cap
+        self.free[self.n_free] = slot
+        self.n_free += 1
+        return handles
+
+    cdef inline bint _valid(self, _Queue q, Py_ssize_t k) noexcept:
+        cdef int64_t slot = q.slot[k]
+        return self.g_serial[slot] == q.serial[k] and self.g_state[slot] != FREE
+
+    cdef void _compact_fifo(self) noexcept:
+        cdef Py_ssize_t head = min(self.dl_head, self.age_head)
+        if head > COMPACT_SLACK and head * 2 > self.fifo.n:
+            self.fifo.drop_prefix(head)
+            self.dl_head -= head
+            self.age_head -= head
+        if self.ready_head > COMPACT_SLACK and self.ready_head * 2 > self.ready.n:
+            self.ready.drop_prefix(self.ready_head)
+            self.ready_head = 0
+
+    # -- group life ------------------------------------------------------------
+
+    cdef int _join(self, Py_ssize_t slot, Py_ssize_t p, double ts, object entry,
+                   object handle, int64_t seq) except -1:
+        cdef Py_ssize_t i = slot * self.n + p
+        self.m_entry[i] = entry
+        self.m_handle[i] = handle
+        self.m_seq[i] = seq
+        self.m_ts[i] = ts
+        self.g_mask[slot] |= (<uint64_t>1) << p
+        self.g_count[slot] += 1
+        self.held[p] += 1
+        if self.g_count[slot] == self.n:
+            self._complete(slot)
+        elif self.g_expired[slot] and self.g_count[slot] >= self.quorum:
+            self._stage(slot)
+        return 0
+
+    cdef int _complete(self, Py_ssize_t slot) except -1:
+        return self._stage(slot)
+
+    cdef int _stage(self, Py_ssize_t slot) except -1:
+        if self.g_state[slot] == ASSEMBLING:
+            self.assembling -= 1
+        self.g_state[slot] = READY
+        self.ready.push(slot, self.g_serial[slot])
+        return 0
+
+    cdef int _supersede(self, Py_ssize_t i, object entry, object handle) except -1:
+        old = self.m_handle[i]
+        self.m_entry[i] = entry
+        self.m_handle[i] = handle
+        old.supersede()
+        return 0
+
+    cdef int _discard_group(self, Py_ssize_t slot, str reason) except -1:
+        self._forget(slot)
+        cdef list handles = self._release_slot(slot)
+        self.evictions += 1
+        for h in handles:
+            h.discard(reason)
+        return 0
+
+    cdef int _forget(self, Py_ssize_t slot) except -1:
+        return 0
+
+    cdef int _evict_over_capacity(self) except -1:
+        cdef Py_ssize_t slot
+        while self.assembling > self.max_pending:
+            while True:
+                slot = self.fifo.slot[self.age_head]
+                if self._valid(self.fifo, self.age_head) and self.g_state[slot] == ASSEMBLING:
+                    break
+                self.age_head += 1
+            self._discard_group(slot, "evicted")
+        self._compact_fifo()
+        return 0
+
+    # -- public ----------------------------------------------------------------
+
+    cpdef sweep(self, now=None):
+        cdef double t_now = self.clock() if now is None else now
+        cdef Py_ssize_t slot
+        if self.timeout >= 0:
+            while self.dl_head < self.fifo.n:
+                slot = self.fifo.slot[self.dl_head]
+                if (not self._valid(self.fifo, self.dl_head)
+                        or self.g_state[slot] != ASSEMBLING or self.g_expired[slot]):
+                    self.dl_head += 1
+                    continue
+                if self.g_created[slot] + self.timeout > t_now:
+                    break
+                self.dl_head += 1
+                if self.g_count[slot] >= self.quorum:
+                    self._stage(slot)
+                elif self.missing_wait:
+                    self.g_expired[slot] = 1
+                else:
+                    self._discard_group(slot, "expired")
+            self._compact_fifo()
+        self._sweep_extra(t_now)
+
+    cdef int _sweep_extra(self, double now) except -1:
+        return 0
+
+    def pop(self, now=None):
+        cdef double t_now = self.clock() if now is None else now
+        self._promote(t_now)
+        self.sweep(t_now)
+        return self._drain_one()
+
+    cdef object _drain_one(self):
+        cdef Py_ssize_t k
+        while self.ready_head < self.ready.n:
+            k = self.ready_head
+            self.ready_head += 1
+            if self._valid(self.ready, k):
+                return self._emit(self.ready.slot[k])
+        return None
+
+    cdef int _promote(self, double now) except -1:
+        return 0
+
+    def flush(self, now=None):
+        cdef double t_now = self.clock() if now is None else now
+        return self._flush(t_now)
+
+    cdef list _flush(self, double now):
+        cdef Py_ssize_t k, slot
+        cdef char state
+        for k in range(min(self.dl_head, self.age_head), self.fifo.n):
+            if not self._valid(self.fifo, k):
+                continue
+            slot = self.fifo.slot[k]
+            state = self.g_state[slot]
+            if state == CLOSING or (state == ASSEMBLING and self.g_count[slot] >= self.quorum):
+                self._stage(slot)
+            elif state == ASSEMBLING:
+                self._discard_group(slot, "flushed")
+        self.dl_head = self.age_head = self.fifo.n
+        self._compact_fifo()
+        cdef list groups = []
+        while True:
+            group = self._drain_one()
+            if group is None:
+                break
+            groups.append(group)
+        self._release_all(groups)
+        return groups
+
+    cdef int _release_all(self, list groups) except -1:
+        return 0
+
+    def pending_count(self):
+        return self.assembling
+
+    def oldest_wait(self, now=None):
+        cdef double t_now
+        cdef Py_ssize_t slot
+        if self.assembling == 0:
+            return 0.0
+        t_now = self.clock() if now is None else now
+        while True:
+            slot = self.fifo.slot[self.age_head]
+            if self._valid(self.fifo, self.age_head) and self.g_state[slot] == ASSEMBLING:
+                return max(0.0, t_now - self.g_created[slot])
+            self.age_head += 1
+
+    def has_pending_from(self, parent_name):
+        return self.held[<Py_ssize_t>self.index[parent_name]] > 0
+
+    cdef tuple _members(self, Py_ssize_t slot):
+        cdef dict entries = {}
+        cdef list handles = []
+        cdef Py_ssize_t base = slot * self.n, p
+        cdef uint64_t mask = self.g_mask[slot]
+        cdef double event_ts = NAN, ts
+        cdef int64_t seq = 0, s
+        cdef bint first = True
+        for p in range(self.n):
+            if (mask >> p) & 1:
+                entries[self.names[p]] = self.m_entry[base + p]
+                handles.append(self.m_handle[base + p])
+                ts = self.m_ts[base + p]
+                if ts == ts and (event_ts != event_ts or ts < event_ts):
+                    event_ts = ts
+                s = self.m_seq[base + p]
+                if first or s < seq:
+                    seq = s
+                    first = False
+            else:
+                entries[self.names[p]] = None
+        return entries, handles, (None if event_ts != event_ts else event_ts), seq
+
+    cdef object _emit(self, Py_ssize_t slot):
+        raise NotImplementedError
+
+
+cdef class TraceCore(_Core):
+    """Groups by exact trace id; rules as in the reference core."""
+
+    cdef dict by_trace
+
+    def __init__(self, list parent_names, double timeout_s, Py_ssize_t quorum,
+                 Py_ssize_t max_pending, bint missing_wait, object clock, object ready_factory):
+        self._setup(parent_names, timeout_s, quorum, max_pending, missing_wait, clock,
+                    ready_factory)
+        self.by_trace = {}
+
+    def add(self, parent_name, entry, handle):
+        cdef Py_ssize_t p = self.index[parent_name]
+        cdef Py_ssize_t target = -1, slot, i
+        cdef uint64_t bit = (<uint64_t>1) << p
+        cdef int64_t seq = entry.seq
+        trace_id = entry.trace_id
+        cdef list slots = self.by_trace.get(trace_id)
+        if slots is not None:
+            for o in slots:
+                slot = o
+                if self.g_mask[slot] & bit:
+                    i = slot * self.n + p
+                    if self.m_seq[i] == seq:
+                        self._supersede(i, entry, handle)
+                        return
+                elif target < 0 and self.g_state[slot] == ASSEMBLING:
+                    target = slot
+        if target < 0:
+            target = self._alloc(self.clock())
+            if slots is None:
+                self.by_trace[trace_id] = [target]
+            else:
+                slots.append(target)
+            self._evict_over_capacity()
+        ts = entry.event_ts
+        # NaN marks "no event time": a trace group of such halves has event_ts None.
+        self._join(target, p, NAN if ts is None else <double>ts, entry, handle, seq)
+
+    cdef int _forget(self, Py_ssize_t slot) except -1:
+        cdef Py_ssize_t base = slot * self.n, p
+        cdef uint64_t mask = self.g_mask[slot]
+        trace_id = None
+        for p in range(self.n):
+            if (mask >> p) & 1:
+                trace_id = self.m_entry[base + p].trace_id
+                break
+        cdef list slots = self.by_trace[trace_id]
+        slots.remove(slot)
+        if not slots:
+            del self.by_trace[trace_id]
+        return 0
+
+    cdef object _emit(self, Py_ssize_t slot):
+        entries, handles, event_ts, seq = self._members(slot)
+        trace_id = None
+        for e in (<dict>entries).values():
+            if e is not None:
+                trace_id = e.trace_id
+                break
+        self._forget(slot)
+        self._release_slot(slot)
+        return self.ready_factory(trace_id, seq, event_ts, entries, handles)
+
+
+cdef class TimeCore(_Core):
+    """Groups by event time with collect windows; rules as in the reference core."""
+
+    cdef double tol
+    cdef double* g_time
+    cdef double* g_completed
+    cdef SortedTimes order
+    cdef _Queue closing
+    cdef double* wm
+    cdef double* wm_sorted
+    cdef double horizon
+    cdef list c_names
+    cdef Py_ssize_t nc
+    cdef dict c_index
+    cdef double* c_window
+    cdef double* c_wm
+    cdef list c_buf
+    cdef Py_ssize_t* c_live
+    cdef Py_ssize_t* carry_from
+    cdef list x_entry, x_handle, x_free
+    cdef bytearray x_taken
+    cdef list carry, carry_c
+    cdef object collect_factory
+
+    def __cinit__(self, *args, **kwargs):
+        self.g_time = NULL
+        self.g_completed = NULL
+        self.wm = NULL
+        self.wm_sorted = NULL
+        self.c_window = NULL
+        self.c_wm = NULL
+        self.c_live = NULL
+        self.carry_from = NULL
+
+    def __dealloc__(self):
+        PyMem_Free(self.g_time)
+        PyMem_Free(self.g_completed)
+        PyMem_Free(self.wm)
+        PyMem_Free(self.wm_sorted)
+        PyMem_Free(self.c_window)
+        PyMem_Free(self.c_wm)
+        PyMem_Free(self.c_live)
+        PyMem_Free(self.carry_from)
+
+    def __init__(self, list parent_names, list collect_names, list windows_s,
+                 double tolerance_s, double timeout_s, Py_ssize_t quorum,
+                 Py_ssize_t max_pending, bint missing_wait, object clock,
+                 object ready_factory, object collect_factory):
+        cdef Py_ssize_t i, m
+        self._setup(parent_names, timeout_s, quorum, max_pending, missing_wait, clock,
+                    ready_factory)
+        self.tol = tolerance_s
+        self.order = SortedTimes()
+        self.closing = _Queue()
+        self.horizon = -INFINITY
+        self.c_names = list(collect_names)
+        self.nc = len(self.c_names)
+        self.c_index = {name: i for i, name in enumerate(self.c_names)}
+        m = max(self.n, 1)
+        self.wm = <double*>PyMem_Malloc(<size_t>m * sizeof(double))
+        self.wm_sorted = <double*>PyMem_Malloc(<size_t>m * sizeof(double))
+        m = max(self.nc, 1)
+        self.c_window = <double*>PyMem_Malloc(<size_t>m * sizeof(double))
+        self.c_wm = <double*>PyMem_Malloc(<size_t>m * sizeof(double))
+        self.c_live = <Py_ssize_t*>PyMem_Malloc(<size_t>m * sizeof(Py_ssize_t))
+        self.carry_from = <Py_ssize_t*>PyMem_Malloc(<size_t>m * sizeof(Py_ssize_t))
+        if (self.wm == NULL or self.wm_sorted == NULL or self.c_window == NULL
+                or self.c_wm == NULL or self.c_live == NULL or self.carry_from == NULL):
+            raise MemoryError()
+        for i in range(self.n):
+            self.wm[i] = -INFINITY
+        for i in range(self.nc):
+            self.c_window[i] = windows_s[i]
+            self.c_wm[i] = -INFINITY
+            self.c_live[i] = 0
+            self.carry_from[i] = 0
+        self.c_buf = [SortedTimes() for _ in range(self.nc)]
+        self.x_entry = []
+        self.x_handle = []
+        self.x_free = []
+        self.x_taken = bytearray()
+        self.carry = []
+        self.carry_c = []
+        self.collect_factory = collect_factory
+
+    cdef int _grow_extra(self, Py_ssize_t cap) except -1:
+        cdef Py_ssize_t c = self.g_cap
+        _grow(<void**>&self.g_time, &c, cap, sizeof(double))
+        c = self.g_cap
+        _grow(<void**>&self.g_completed, &c, cap, sizeof(double))
+        return 0
+
+    def has_pending_from(self, parent_name):
+        c = self.c_index.get(parent_name)
+        if c is not None:
+            return self.c_live[<Py_ssize_t>c] > 0 or self.carry_from[<Py_ssize_t>c] > 0
+        return self.held[<Py_ssize_t>self.index[parent_name]] > 0
+
+    cdef void _update_horizon(self) noexcept:
+        # quorum-th lowest watermark: insertion sort of at most 64 doubles
+        cdef Py_ssize_t i, j
+        cdef double v
+        for i in range(self.n):
+            v = self.wm[i]
+            j = i
+            while j > 0 and self.wm_sorted[j - 1] > v:
+                self.wm_sorted[j] = self.wm_sorted[j - 1]
+                j -= 1
+            self.wm_sorted[j] = v
+        self.horizon = self.wm_sorted[self.quorum - 1]
+
+    def add(self, parent_name, entry, handle):
+        cdef object po = self.index.get(parent_name)
+        if po is None:
+            co = self.c_index.get(parent_name)
+            if co is None:
+                raise KeyError(parent_name)
+            self._add_sample(co, entry, handle)
+            return
+        cdef Py_ssize_t p = po
+        cdef object tso = entry.event_ts
+        cdef double ts = self.clock() if tso is None else tso
+        cdef int64_t seq = entry.seq
+        cdef SortedTimes order = self.order
+        cdef double tol = self.tol, d, best_d = 0.0
+        cdef uint64_t bit = (<uint64_t>1) << p
+        cdef Py_ssize_t best = -1, i, j, k, slot, m
+        if ts > self.wm[p]:
+            self.wm[p] = ts
+            if self.nc:
+                self._update_horizon()
+        i = order.lower(ts - tol)
+        j = order.upper(ts + tol)
+        for k in range(i, j):
+            slot = order.s[k]
+            if slot < 0:
+                continue
+            if self.g_mask[slot] & bit:
+                m = slot * self.n + p
+                if self.m_seq[m] == seq and self.m_entry[m].trace_id == entry.trace_id:
+                    self._supersede(m, entry, handle)
+                    return
+            elif self.g_state[slot] == ASSEMBLING:
+                d = fabs(order.t[k] - ts)
+                if d <= tol and (best < 0 or d < best_d):
+                    best = slot
+                    best_d = d
+        if best < 0:
+            best = self._alloc(self.clock())
+            self.g_time[best] = ts
+            order.insert(ts, best)
+            self._evict_over_capacity()
+        self._join(best, p, ts, entry, handle, seq)
+
+    cdef int _complete(self, Py_ssize_t slot) except -1:
+        if self.nc == 0:
+            return self._stage(slot)
+        self.assembling -= 1
+        self.g_state[slot] = CLOSING
+        self.g_completed[slot] = self.clock()
+        self.closing.push(slot, self.g_serial[slot])
+        return 0
+
+    cdef int _forget(self, Py_ssize_t slot) except -1:
+        self.order.remove(self.g_time[slot], slot)
+        return 0
+
+    cdef int _promote(self, double now) except -1:
+        cdef Py_ssize_t k, keep = 0, slot, c
+        cdef double t, done, w
+        cdef bint open_
+        if self.closing.n == 0:
+            return 0
+        for k in range(self.closing.n):
+            if not self._valid(self.closing, k):
+                continue
+            slot = self.closing.slot[k]
+            if self.g_state[slot] != CLOSING:
+                continue
+            t = self.g_time[slot]
+            done = self.g_completed[slot]
+            open_ = False
+            for c in range(self.nc):
+                w = self.c_window[c]
+                if not (self.c_wm[c] > t + w or now >= done + w):
+                    open_ = True
+                    break
+            if open_:
+                self.closing.slot[keep] = slot
+                self.closing.serial[keep] = self.closing.serial[k]
+                keep += 1
+            else:
+                self._stage(slot)
+        self.closing.n = keep
+        return 0
+
+    # -- collect samples ---------------------------------------------------------
+
+    cdef bint _covered(self, double s, double w) noexcept:
+        cdef SortedTimes order = self.order
+        cdef Py_ssize_t i = order.lower(s - w), j = order.upper(s + w), k
+        for k in range(i, j):
+            if order.s[k] >= 0 and fabs(order.t[k] - s) <= w:
+                return True
+        return False
+
+    cdef inline bint _settled(self, double s, double w) noexcept:
+        return s + w < self.horizon - self.tol and not self._covered(s, w)
+
+    cdef int _add_sample(self, Py_ssize_t c, object entry, object handle) except -1:
+        cdef object tso = entry.event_ts
+        cdef double ts = self.clock() if tso is None else tso
+        cdef SortedTimes buf = <SortedTimes>self.c_buf[c]
+        cdef Py_ssize_t i, j, k, x
+        if ts > self.c_wm[c]:
+            self.c_wm[c] = ts
+        i = buf.lower(ts)
+        j = buf.upper(ts)
+        for k in range(i, j):
+            x = buf.s[k]
+            if x >= 0:
+                old = self.x_entry[x]
+                if old.seq == entry.seq and old.trace_id == entry.trace_id:
+                    old_handle = self.x_handle[x]
+                    self.x_entry[x] = entry
+                    self.x_handle[x] = handle
+                    old_handle.supersede()
+                    return 0
+        if self._settled(ts, self.c_window[c]):
+            handle.discard("expired")
+            return 0
+        if self.x_free:
+            x = self.x_free.pop()
+            self.x_entry[x] = entry
+            self.x_handle[x] = handle
+            self.x_taken[x] = 0
+        else:
+            x = len(self.x_entry)
+            self.x_entry.append(entry)
+            self.x_handle.append(handle)
+            self.x_taken.append(0)
+        buf.insert(ts, x)
+        self.c_live[c] += 1
+        if self.c_live[c] > self.max_pending:
+            k = buf.lo
+            self._drop_sample(c, buf.t[k], buf.s[k], "evicted")
+        return 0
+
+    cdef int _drop_sample(self, Py_ssize_t c, double ts, Py_ssize_t x, str reason) except -1:
+        (<SortedTimes>self.c_buf[c]).remove(ts, x)
+        self.c_live[c] -= 1
+        handle = self.x_handle[x]
+        cdef bint taken = self.x_taken[x]
+        self.x_entry[x] = None
+        self.x_handle[x] = None
+        self.x_free.append(x)
+        if taken:
+            self.carry.append(handle)
+            self.carry_c.append(c)
+            self.carry_from[c] += 1
+        else:
+            handle.discard(reason)
+        return 0
+
+    cdef int _settle(self) except -1:
+        cdef Py_ssize_t c, k
+        cdef SortedTimes buf
+        cdef double w
+        for c in range(self.nc):
+            buf = <SortedTimes>self.c_buf[c]
+            w = self.c_window[c]
+            while buf.lo < buf.n:
+                k = buf.lo
+                if not self._settled(buf.t[k], w):
+                    break
+                self._drop_sample(c, buf.t[k], buf.s[k], "expired")
+        return 0
+
+    cdef int _sweep_extra(self, double now) except -1:
+        if self.nc:
+            self._settle()
+        return 0
+
+    def flush(self, now=None):
+        cdef double t_now = self.clock() if now is None else now
+        cdef double horizon = self.horizon
+        cdef Py_ssize_t k
+        # Complete groups still waiting on a window go first, windows closed as they stand.
+        for k in range(self.closing.n):
+            if self._valid(self.closing, k) and self.g_state[self.closing.slot[k]] == CLOSING:
+                self._stage(self.closing.slot[k])
+        self.closing.n = 0
+        # No group can follow the end of input, so every sample settles once the
+        # groups that cover it are out.
+        self.horizon = INFINITY
+        try:
+            return self._flush(t_now)
+        finally:
+            self.horizon = horizon
+
+    cdef int _release_all(self, list groups) except -1:
+        cdef Py_ssize_t c, k
+        cdef SortedTimes buf
+        for c in range(self.nc):
+            buf = <SortedTimes>self.c_buf[c]
+            while buf.lo < buf.n:
+                k = buf.lo
+                self._drop_sample(c, buf.t[k], buf.s[k], "flushed")
+        if self.carry:
+            if groups:
+                handles = groups[len(groups) - 1].handles
+                for k in range(len(self.carry)):
+                    handles.append(self.carry[k])
+                    self.carry_from[<Py_ssize_t>self.carry_c[k]] -= 1
+            else:
+                for k in range(len(self.carry)):
+                    self.carry_from[<Py_ssize_t>self.carry_c[k]] -= 1
+                    self.carry[k].discard("flushed")
+            self.carry = []
+            self.carry_c = []
+        return 0
+
+    cdef object _emit(self, Py_ssize_t slot):
+        cdef dict entries
+        cdef list handles, keys = [], messages, metadata, times, settled
+        cdef Py_ssize_t base = slot * self.n, p, c, i, j, k, x
+        cdef uint64_t mask = self.g_mask[slot]
+        cdef double t = self.g_time[slot], w, s
+        cdef SortedTimes buf
+        entries, handles, event_ts, seq = self._members(slot)
+        for p in range(self.n):
+            if (mask >> p) & 1:
+                e = self.m_entry[base + p]
+                keys.append(f"{self.names[p]}\x00{e.trace_id}\x00{self.m_seq[base + p]}\x00")
+        self._forget(slot)
+        self._release_slot(slot)
+        for c in range(self.nc):
+            w = self.c_window[c]
+            buf = <SortedTimes>self.c_buf[c]
+            messages = []
+            metadata = []
+            times = []
+            settled = []
+            i = buf.lower(t - w)
+            j = buf.upper(t + w)
+            for k in range(i, j):
+                x = buf.s[k]
+                if x < 0:
+                    continue
+                s = buf.t[k]
+                if fabs(s - t) > w:
+                    continue
+                e = self.x_entry[x]
+                messages.append(e.message)
+                metadata.append(e.metadata)
+                times.append(s)
+                self.x_taken[x] = 1
+                if self._settled(s, w):
+                    settled.append((s, x))
+            for s, x in settled:
+                self._drop_sample(c, s, x, "expired")
+            entries[self.c_names[c]] = self.collect_factory(messages, metadata, times)
+        if self.carry:
+            for k in range(len(self.carry)):
+                handles.append(self.carry[k])
+                self.carry_from[<Py_ssize_t>self.carry_c[k]] -= 1
+            self.carry = []
+            self.carry_c = []
+        return self.ready_factory(group_identity(keys), seq, event_ts, entries, handles)
