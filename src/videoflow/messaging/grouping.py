@@ -200,6 +200,10 @@ class GroupAssembler:
         self.sync_parents = policy.validate_for(self.parent_names)
         quorum = len(self.sync_parents) if policy.quorum is None else policy.quorum
         self._core = self._make_core(_core if core is None else core, quorum)
+        # The per-message calls go straight to the core: a Python frame in between
+        # would cost about as much as the compiled work itself.
+        self.add = self._core.add  # type: ignore[method-assign]
+        self.pop_ready = self._core.pop  # type: ignore[method-assign]
 
     def _make_core(self, impl: ModuleType, quorum: int) -> Any:
         raise NotImplementedError
