@@ -1,0 +1,442 @@
+"""Semantics of videoflow.messaging.grouping, run against both cores."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+from grouping_helpers import Clock, Handle, entry
+
+from videoflow.core.policies import JoinPolicy
+from videoflow.messaging import _grouping_ref, grouping
+from videoflow.messaging.grouping import (
+    CollectEntry,
+    EnvelopeEntry,
+    ReadyGroup,
+    TimeGroupAssembler,
+    TraceGroupAssembler,
+    make_assembler,
+)
+
+CORES = {
+    "compiled": importlib.import_module("videoflow.messaging._grouping_core"),
+    "reference": _grouping_ref,
+}
+
+
+@pytest.fixture(params=sorted(CORES))
+def core(request: pytest.FixtureRequest):
+    return CORES[request.param]
+
+
+def drain(assembler, now=None) -> list[ReadyGroup]:
+    out = []
+    while (group := assembler.pop_ready(now)) is not None:
+        out.append(group)
+    return out
+
+
+def members(group: ReadyGroup) -> dict:
+    return {p: (None if e is None else (e.trace_id, e.seq)) for p, e in group.entries.items()}
+
+
+# -- core selection ---------------------------------------------------------------
+
+
+def test_compiled_core_is_a_compiled_extension():
+    assert CORES["compiled"].CORE_KIND == "compiled"
+    assert CORES["compiled"].__file__.endswith((".so", ".pyd"))
+
+
+@pytest.mark.parametrize("flag, expected", [("1", "reference"), ("0", "compiled")])
+def test_environment_switch_selects_the_core(flag, expected):
+    env = dict(os.environ, VIDEOFLOW_PURE_PYTHON=flag)
+    out = subprocess.run(
+        [sys.executable, "-c", "from videoflow.messaging import grouping; print(grouping.CORE_KIND)"],
+        env=env, capture_output=True, text=True, timeout=60, check=True,
+    )
+    assert out.stdout.strip() == expected
+
+
+# -- records ------------------------------------------------------------------------
+
+
+def test_from_decoded_adapts_a_full_envelope_dict():
+    decoded = {
+        "trace_id": "t1", "seq": 7, "event_ts": 12.5, "message": {"x": 1}, "metadata": {"m": 2},
+        "is_stop_signal": False, "type": "data", "producer_name": "cam0", "flow_id": "f",
+        "run_id": "r", "span_id": 3, "parent_span_id": 2, "replica_id": 1, "blob_ref": None,
+        "partition_key": "k", "is_abort": False, "abort_origin": None, "abort_error": None,
+    }
+    e = EnvelopeEntry.from_decoded(decoded)
+    fields = {f.name for f in dataclasses.fields(EnvelopeEntry)}
+    assert {k: getattr(e, k) for k in fields} == {k: decoded[k] for k in fields}
+
+
+def test_from_decoded_fills_defaults_for_a_partial_envelope():
+    e = EnvelopeEntry.from_decoded({"trace_id": "t", "seq": 1})
+    assert (e.event_ts, e.message, e.metadata, e.is_stop_signal) == (None, None, None, False)
+    assert (e.type, e.producer_name, e.replica_id, e.blob_ref) == ("", "", 0, None)
+
+
+@pytest.mark.parametrize("missing", ["trace_id", "seq"])
+def test_from_decoded_without_identity_raises_key_error(missing):
+    decoded = {"trace_id": "t", "seq": 1, "message": None}
+    del decoded[missing]
+    with pytest.raises(KeyError, match=missing):
+        EnvelopeEntry.from_decoded(decoded)
+
+
+def test_envelope_entry_is_never_mutated():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        entry("t", 1).seq = 2  # type: ignore[misc]
+
+
+def test_collect_entry_defaults_to_empty_lists():
+    c = CollectEntry()
+    assert (c.message, c.metadata, c.event_ts, c.is_stop_signal) == ([], [], [], False)
+    assert CollectEntry().message is not c.message
+
+
+def test_make_assembler_follows_the_policy_mode(core):
+    assert type(make_assembler("j", ["a", "b"], JoinPolicy())) is TraceGroupAssembler
+    time_policy = JoinPolicy(mode="time", tolerance_ms=5)
+    assert type(make_assembler("j", ["a", "b"], time_policy)) is TimeGroupAssembler
+
+
+def test_assembler_refuses_a_policy_that_does_not_fit_its_parents(core):
+    with pytest.raises(ValueError, match="quorum 3 exceeds"):
+        TraceGroupAssembler("j", ["a", "b"], JoinPolicy(quorum=3), core=core)
+    policy = JoinPolicy(mode="time", tolerance_ms=5)
+    with pytest.raises(ValueError, match="65 sync parents exceed the maximum of 64"):
+        TimeGroupAssembler("j", [f"p{i}" for i in range(65)], policy, core=core)
+
+
+def test_sixty_four_sync_parents_use_every_presence_bit(core):
+    parents = [f"p{i}" for i in range(64)]
+    a = TimeGroupAssembler("j", parents, JoinPolicy(mode="time", tolerance_ms=1), core=core)
+    for i, p in enumerate(parents):
+        a.add(p, entry(f"{p}-0", i, 5.0), Handle(p))
+        if i < 63:
+            assert a.pop_ready(0.0) is None
+    (group,) = drain(a, 0.0)
+    assert set(group.entries) == set(parents) and len(group.handles) == 64
+
+
+# -- trace groups ----------------------------------------------------------------------
+
+
+def trace(core, parents=("a", "b"), clock=None, **policy) -> TraceGroupAssembler:
+    return TraceGroupAssembler(
+        "join", list(parents), JoinPolicy(**policy), clock=clock or Clock(), core=core
+    )
+
+
+def test_trace_group_emits_when_every_half_arrived(core):
+    a = trace(core)
+    ha, hb = Handle("a"), Handle("b")
+    a.add("a", entry("t1", 5, 1.5), ha)
+    assert a.pop_ready() is None and a.pending_count() == 1
+    a.add("b", entry("t1", 3, 1.25), hb)
+    group = a.pop_ready()
+    assert group.trace_id == "t1" and group.seq == 3 and group.event_ts == 1.25
+    assert members(group) == {"a": ("t1", 5), "b": ("t1", 3)}
+    assert set(group.handles) == {ha, hb} and ha.events == hb.events == []
+    assert a.pending_count() == 0 and a.pop_ready() is None
+
+
+def test_trace_groups_come_out_in_order_of_completion(core):
+    a = trace(core)
+    for t in ("t1", "t2", "t3"):
+        a.add("a", entry(t, 1), Handle(t))
+    for t in ("t2", "t3", "t1"):
+        a.add("b", entry(t, 2), Handle(t))
+    assert [g.trace_id for g in drain(a)] == ["t2", "t3", "t1"]
+
+
+def test_trace_group_without_event_times_has_none(core):
+    a = trace(core)
+    a.add("a", entry("t", 1), Handle("a"))
+    a.add("b", entry("t", 2), Handle("b"))
+    assert a.pop_ready().event_ts is None
+
+
+def test_trace_redelivery_supersedes_the_held_half(core):
+    a = trace(core)
+    old, new = Handle("old"), Handle("new")
+    a.add("a", entry("t", 1, message="first"), old)
+    a.add("a", entry("t", 1, message="again"), new)
+    assert old.events == ["superseded"] and a.pending_count() == 1
+    a.add("b", entry("t", 2), Handle("b"))
+    group = a.pop_ready()
+    assert group.entries["a"].message == "again" and new in group.handles
+    assert old not in group.handles
+
+
+def test_trace_second_message_with_the_same_trace_starts_a_second_group(core):
+    a = trace(core)
+    a.add("a", entry("t", 1), Handle("a1"))
+    a.add("a", entry("t", 2), Handle("a2"))
+    assert a.pending_count() == 2
+    a.add("b", entry("t", 9), Handle("b1"))
+    a.add("b", entry("t", 10), Handle("b2"))
+    assert [members(g) for g in drain(a)] == [
+        {"a": ("t", 1), "b": ("t", 9)},
+        {"a": ("t", 2), "b": ("t", 10)},
+    ]
+
+
+def test_trace_timeout_below_quorum_expires_the_group(core):
+    clock = Clock(100.0)
+    a = trace(core, clock=clock, timeout_ms=500)
+    h = Handle("a")
+    a.add("a", entry("t", 1), h)
+    a.sweep(100.49)
+    assert h.events == [] and a.evictions == 0
+    assert a.oldest_wait_seconds(100.25) == pytest.approx(0.25)
+    a.sweep(100.5)
+    assert h.events == ["expired"] and a.evictions == 1 and a.pending_count() == 0
+    assert not a.has_pending_from("a") and a.oldest_wait_seconds(101.0) == 0.0
+
+
+def test_trace_timeout_with_quorum_emits_missing_parents_as_none(core):
+    clock = Clock(0.0)
+    a = trace(core, parents=("a", "b", "c"), clock=clock, timeout_ms=100, quorum=2)
+    a.add("a", entry("t", 1), Handle("a"))
+    a.add("b", entry("t", 2), Handle("b"))
+    assert a.pop_ready(0.05) is None
+    group = a.pop_ready(0.1)
+    assert members(group) == {"a": ("t", 1), "b": ("t", 2), "c": None}
+
+
+def test_trace_missing_wait_never_gives_up_and_emits_at_quorum(core):
+    clock = Clock(0.0)
+    a = trace(core, parents=("a", "b", "c"), clock=clock, timeout_ms=100, quorum=2, missing="wait")
+    h = Handle("a")
+    a.add("a", entry("t", 1), h)
+    a.sweep(1000.0)
+    assert h.events == [] and a.pending_count() == 1 and a.evictions == 0
+    a.add("b", entry("t", 2), Handle("b"))
+    assert members(a.pop_ready(1000.0)) == {"a": ("t", 1), "b": ("t", 2), "c": None}
+
+
+def test_trace_beyond_max_pending_evicts_the_oldest(core):
+    a = trace(core, max_pending=2, timeout_ms=None)
+    handles = [Handle(f"t{i}") for i in range(3)]
+    for i, h in enumerate(handles):
+        a.add("a", entry(f"t{i}", i), h)
+    assert handles[0].events == ["evicted"] and a.evictions == 1
+    assert handles[1].events == handles[2].events == [] and a.pending_count() == 2
+
+
+def test_trace_unknown_parent_is_a_key_error(core):
+    with pytest.raises(KeyError, match="zed"):
+        trace(core).add("zed", entry("t", 1), Handle("z"))
+
+
+def test_trace_flush_emits_quorum_groups_and_flushes_the_rest(core):
+    a = trace(core, parents=("a", "b", "c"), quorum=2)
+    a.add("a", entry("t1", 1), Handle("a1"))
+    a.add("b", entry("t1", 2), Handle("b1"))
+    lonely = Handle("a2")
+    a.add("a", entry("t2", 3), lonely)
+    (group,) = a.flush(0.0)
+    assert members(group) == {"a": ("t1", 1), "b": ("t1", 2), "c": None}
+    assert lonely.events == ["flushed"] and a.pending_count() == 0
+    assert not any(a.has_pending_from(p) for p in "abc")
+
+
+# -- time groups ------------------------------------------------------------------------
+
+
+def timed(core, parents=("a", "b"), clock=None, **policy) -> TimeGroupAssembler:
+    policy.setdefault("tolerance_ms", 5)
+    return TimeGroupAssembler(
+        "fuse", list(parents), JoinPolicy(mode="time", **policy), clock=clock or Clock(), core=core
+    )
+
+
+def test_time_message_joins_the_nearest_group_within_tolerance(core):
+    a = timed(core, parents=("a", "b"), timeout_ms=None)
+    a.add("a", entry("a1", 1, 10.000), Handle("a1"))
+    a.add("a", entry("a2", 2, 10.008), Handle("a2"))
+    a.add("b", entry("b1", 1, 10.005), Handle("b1"))  # 5 ms from a1, 3 ms from a2
+    assert members(a.pop_ready(0.0)) == {"a": ("a2", 2), "b": ("b1", 1)}
+    assert a.pending_count() == 1
+
+
+def test_time_message_beyond_tolerance_seeds_its_own_group(core):
+    a = timed(core, timeout_ms=None)
+    a.add("a", entry("a1", 1, 10.0), Handle("a1"))
+    a.add("b", entry("b1", 1, 10.0051), Handle("b1"))
+    assert a.pop_ready(0.0) is None and a.pending_count() == 2
+
+
+def test_time_message_skips_groups_already_holding_its_parent(core):
+    a = timed(core, timeout_ms=None)
+    a.add("a", entry("a1", 1, 10.0), Handle("a1"))
+    a.add("a", entry("a2", 2, 10.001), Handle("a2"))
+    assert a.pending_count() == 2
+
+
+def test_time_group_identity_does_not_depend_on_arrival_order(core):
+    def run(order):
+        a = timed(core, parents=("a", "b", "c"), timeout_ms=None)
+        for p in order:
+            a.add(p, entry(f"{p}-7", 7 + ord(p), 20.0 + 0.001 * (ord(p) - 97)), Handle(p))
+        return a.pop_ready(0.0)
+
+    first, second = run("abc"), run("cab")
+    assert (first.trace_id, first.seq, first.event_ts) == (second.trace_id, second.seq, second.event_ts)
+    assert first.trace_id.startswith("tg-") and first.seq == 7 + 97 and first.event_ts == 20.0
+    other = timed(core, parents=("a", "b", "c"), timeout_ms=None)
+    for p in "abc":
+        other.add(p, entry(f"{p}-8", 7 + ord(p), 20.0), Handle(p))
+    assert other.pop_ready(0.0).trace_id != first.trace_id
+
+
+def test_time_quorum_emission_at_timeout_fills_missing_with_none(core):
+    clock = Clock(50.0)
+    a = timed(core, parents=("c1", "c2", "c3", "c4"), clock=clock, timeout_ms=100, quorum=3)
+    for p in ("c1", "c2", "c4"):
+        a.add(p, entry(p, 1, 7.0), Handle(p))
+    assert a.pop_ready(50.099) is None
+    group = a.pop_ready(50.1)
+    assert members(group) == {"c1": ("c1", 1), "c2": ("c2", 1), "c3": None, "c4": ("c4", 1)}
+
+
+def test_time_below_quorum_at_timeout_expires_per_missing_policy(core):
+    clock = Clock(0.0)
+    a = timed(core, parents=("c1", "c2", "c3"), clock=clock, timeout_ms=100, quorum=3)
+    h = Handle("c1")
+    a.add("c1", entry("c1", 1, 7.0), h)
+    assert a.pop_ready(0.2) is None
+    assert h.events == ["expired"] and a.evictions == 1
+
+
+def test_time_redelivery_supersedes_and_keeps_one_group(core):
+    a = timed(core, timeout_ms=None)
+    old, new = Handle("old"), Handle("new")
+    a.add("a", entry("a1", 1, 3.0, "x"), old)
+    a.add("a", entry("a1", 1, 3.0, "y"), new)
+    assert old.events == ["superseded"] and a.pending_count() == 1
+    a.add("b", entry("b1", 1, 3.001), Handle("b"))
+    group = a.pop_ready(0.0)
+    assert group.entries["a"].message == "y" and new in group.handles and old not in group.handles
+
+
+def test_time_entry_without_event_ts_falls_back_to_arrival_time(core):
+    clock = Clock(1000.0)
+    a = timed(core, clock=clock, timeout_ms=None)
+    a.add("a", entry("a1", 1, None), Handle("a"))
+    a.add("b", entry("b1", 1, 1000.002), Handle("b"))
+    group = a.pop_ready(1000.0)
+    assert group is not None and group.event_ts == 1000.0
+
+
+def test_time_beyond_max_pending_evicts_the_oldest_group(core):
+    a = timed(core, max_pending=3, timeout_ms=None)
+    handles = [Handle(f"a{i}") for i in range(5)]
+    for i, h in enumerate(handles):
+        a.add("a", entry(f"a{i}", i, float(i)), h)
+    assert [h.events for h in handles] == [["evicted"], ["evicted"], [], [], []]
+    assert a.evictions == 2 and a.pending_count() == 3
+
+
+# -- collect windows ----------------------------------------------------------------------
+
+
+def fused(core, clock, window_ms=20, **policy) -> TimeGroupAssembler:
+    return timed(
+        core, parents=("cam", "imu"), clock=clock, collect={"imu": window_ms}, **policy
+    )
+
+
+def feed_imu(a, start, stop, step=0.001, log=None):
+    handles = {}
+    for k in range(round((stop - start) / step) + 1):
+        ts = round(start + k * step, 6)
+        h = Handle(f"imu@{ts}", log)
+        handles[ts] = h
+        a.add("imu", entry(f"imu{k}", k, ts), h)
+    return handles
+
+
+def test_collect_window_closes_on_the_event_time_watermark(core):
+    clock = Clock(0.0)
+    a = fused(core, clock, timeout_ms=None)
+    a.add("cam", entry("f0", 0, 10.0), Handle("f0"))
+    feed_imu(a, 9.98, 10.02)
+    assert a.pop_ready(0.0) is None  # the window is open until a sample beyond 10.02
+    a.add("imu", entry("late", 99, 10.0201), Handle("late"))
+    group = a.pop_ready(0.0)
+    window = group.entries["imu"]
+    assert isinstance(window, CollectEntry)
+    assert len(window.event_ts) == 41 and window.event_ts == sorted(window.event_ts)
+    assert min(window.event_ts) == pytest.approx(9.98) and max(window.event_ts) == pytest.approx(10.02)
+
+
+def test_collect_window_closes_after_the_window_in_wall_time(core):
+    clock = Clock(500.0)
+    a = fused(core, clock, timeout_ms=None)
+    feed_imu(a, 9.99, 10.0)
+    a.add("cam", entry("f0", 0, 10.0), Handle("f0"))
+    assert a.pop_ready(500.019) is None
+    group = a.pop_ready(500.02)
+    assert len(group.entries["imu"].event_ts) == 11
+
+
+def test_collect_sample_in_two_windows_travels_once_in_the_last_group(core):
+    clock = Clock(0.0)
+    log: list = []
+    a = fused(core, clock, timeout_ms=None)
+    imu = feed_imu(a, 9.97, 10.09, log=log)
+    a.add("cam", entry("f0", 0, 10.0), Handle("f0"))
+    a.add("cam", entry("f1", 1, 10.03), Handle("f1"))
+    groups = drain(a, 0.0)
+    assert len(groups) == 2
+    shared = imu[10.015]  # within 20 ms of both 10.00 and 10.03
+    assert 10.015 in [round(t, 6) for t in groups[0].entries["imu"].event_ts]
+    assert 10.015 in [round(t, 6) for t in groups[1].entries["imu"].event_ts]
+    # Once both groups are out and the watermark rules out any later group near it,
+    # the handle has travelled in exactly one ReadyGroup.
+    a.add("cam", entry("f3", 3, 10.2), Handle("f3"))
+    later = drain(a, 0.0) + a.flush(0.0)
+    carriers = [g for g in groups + later if shared in g.handles]
+    assert len(carriers) == 1 and shared.events == []
+    for ts, h in imu.items():
+        in_groups = sum(h in g.handles for g in groups + later)
+        assert in_groups + len(h.events) == 1, ts
+
+
+def test_collect_sample_no_group_takes_expires(core):
+    clock = Clock(0.0)
+    a = fused(core, clock, window_ms=5, timeout_ms=None)
+    a.add("cam", entry("f0", 0, 10.0), Handle("f0"))
+    early = Handle("early")
+    a.add("imu", entry("s", 1, 10.05), early)
+    assert early.events == []
+    a.add("imu", entry("s2", 2, 10.2), Handle("s2"))
+    a.add("cam", entry("f1", 1, 10.5), Handle("f1"))  # watermark moves past 10.05 + window
+    drain(a, 0.0)
+    assert early.events == ["expired"]
+
+
+def test_collect_buffer_beyond_max_pending_evicts_the_oldest_sample(core):
+    clock = Clock(0.0)
+    a = fused(core, clock, timeout_ms=None, max_pending=4)
+    handles = feed_imu(a, 1.0, 1.005)
+    assert [h.events for h in handles.values()] == [["evicted"], ["evicted"], [], [], [], []]
+
+
+def test_collect_parent_pending_until_its_samples_are_released(core):
+    clock = Clock(0.0)
+    a = fused(core, clock, timeout_ms=None)
+    feed_imu(a, 1.0, 1.01)
+    assert a.has_pending_from("imu") and not a.has_pending_from("cam")
+    assert a.flush(0.0) == []
+    assert not a.has_pending_from("imu")
