@@ -11,9 +11,11 @@ before a core exists. Entries and handles are opaque objects in list slot tables
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.math cimport INFINITY, NAN, fabs
 from libc.stdint cimport int64_t, uint64_t
-from libc.string cimport memmove
+from libc.string cimport memcpy, memmove
 
 import hashlib
+
+import numpy as np
 
 CORE_KIND = "compiled"
 
@@ -47,54 +49,89 @@ cdef int _grow(void** ptr, Py_ssize_t* cap, Py_ssize_t need, size_t item) except
     return 0
 
 
-cdef class SortedTimes:
-    """Event times kept sorted, each tagged with a slot; removal leaves a tombstone
-    (slot -1). A head offset makes removing the oldest free of moves."""
+cdef inline Py_ssize_t _lower(const double* t, Py_ssize_t lo, Py_ssize_t hi, double a) noexcept nogil:
+    """First index in [lo, hi) whose time is >= a (hi when none)."""
+    cdef Py_ssize_t mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if t[mid] < a:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
+
+cdef inline Py_ssize_t _upper(const double* t, Py_ssize_t lo, Py_ssize_t hi, double b) noexcept nogil:
+    """First index in [lo, hi) whose time is > b (hi when none)."""
+    cdef Py_ssize_t mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if b < t[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def search_window(const double[::1] times, double a, double b):
+    """Index range [i, j) of the entries of a sorted time array with a <= t <= b.
+
+    The kernel trusts its input: times must be sorted ascending (NaN-free). Read-only
+    arrays (made from received bytes) are accepted.
+
+    Returns:
+        (i, j), with i == j when nothing falls in the window.
+    """
+    cdef Py_ssize_t n = times.shape[0]
+    if n == 0:
+        return 0, 0
+    return _lower(&times[0], 0, n, a), _upper(&times[0], 0, n, b)
+
+
+cdef class SortedTimes:
+    """Event times kept sorted in a numpy float64 array, each tagged with a slot in a
+    parallel int64 array; removal leaves a tombstone (slot -1). A head offset makes
+    removing the oldest free of moves; tombstones are compacted once they outnumber
+    the live entries."""
+
+    cdef object t_arr, s_arr
     cdef double* t
     cdef int64_t* s
     cdef Py_ssize_t cap, n, lo, dead
 
     def __cinit__(self):
-        self.t = NULL
-        self.s = NULL
         self.cap = 0
         self.n = 0
         self.lo = 0
         self.dead = 0
+        self._reserve(16)
 
-    def __dealloc__(self):
-        PyMem_Free(self.t)
-        PyMem_Free(self.s)
+    cdef int _reserve(self, Py_ssize_t cap) except -1:
+        t_arr = np.empty(cap, dtype=np.float64)
+        s_arr = np.empty(cap, dtype=np.int64)
+        cdef double[::1] tv = t_arr
+        cdef int64_t[::1] sv = s_arr
+        if self.n:
+            memcpy(&tv[0], self.t, <size_t>self.n * sizeof(double))
+            memcpy(&sv[0], self.s, <size_t>self.n * sizeof(int64_t))
+        # The arrays own the memory; the raw pointers are the hot loops' view of it.
+        self.t_arr = t_arr
+        self.s_arr = s_arr
+        self.t = &tv[0]
+        self.s = &sv[0]
+        self.cap = cap
+        return 0
 
     cdef inline Py_ssize_t lower(self, double a) noexcept:
-        cdef Py_ssize_t lo = self.lo, hi = self.n, mid
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if self.t[mid] < a:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return _lower(self.t, self.lo, self.n, a)
 
     cdef inline Py_ssize_t upper(self, double b) noexcept:
-        cdef Py_ssize_t lo = self.lo, hi = self.n, mid
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if b < self.t[mid]:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
+        return _upper(self.t, self.lo, self.n, b)
 
     cdef int insert(self, double t, int64_t slot) except -1:
         cdef Py_ssize_t i = self.upper(t)
-        cdef Py_ssize_t cap = self.cap
-        if self.n + 1 > cap:
-            _grow(<void**>&self.t, &cap, self.n + 1, sizeof(double))
-            cap = self.cap
-            _grow(<void**>&self.s, &cap, self.n + 1, sizeof(int64_t))
-            self.cap = cap
+        if self.n == self.cap:
+            self._reserve(2 * self.cap)
         if i < self.n:
             memmove(&self.t[i + 1], &self.t[i], <size_t>(self.n - i) * sizeof(double))
             memmove(&self.s[i + 1], &self.s[i], <size_t>(self.n - i) * sizeof(int64_t))
@@ -135,6 +172,24 @@ cdef class SortedTimes:
             memmove(self.s, &self.s[self.lo], <size_t>(self.n - self.lo) * sizeof(int64_t))
             self.n -= self.lo
             self.lo = 0
+
+    # Python-level access, for tests against a brute-force oracle.
+
+    def py_insert(self, double t, int64_t slot):
+        self.insert(t, slot)
+
+    def py_remove(self, double t, int64_t slot):
+        self.remove(t, slot)
+
+    def py_bounds(self, double a, double b):
+        return self.lower(a), self.upper(b)
+
+    def live(self):
+        """(times, slots) of the live entries, in order, as numpy arrays."""
+        t = self.t_arr[self.lo:self.n]
+        s = self.s_arr[self.lo:self.n]
+        keep = s >= 0
+        return t[keep].copy(), s[keep].copy()
 
 
 cdef class _Queue:

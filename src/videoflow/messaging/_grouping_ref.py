@@ -42,6 +42,8 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 CORE_KIND = "reference"
 
 _FREE, _ASSEMBLING, _CLOSING, _READY = 0, 1, 2, 3
@@ -55,6 +57,11 @@ def group_identity(keys: list[str]) -> str:
     """Returns the minted trace id of a time group from its members' canonical keys."""
     digest = hashlib.blake2b("".join(keys).encode("utf-8", "surrogatepass"), digest_size=8)
     return "tg-" + digest.hexdigest()
+
+
+def search_window(times: Any, a: float, b: float) -> tuple[int, int]:
+    """Index range [i, j) of the entries of a sorted time array with a <= t <= b."""
+    return bisect_left(times, a), bisect_right(times, b)
 
 
 class SortedTimes:
@@ -86,6 +93,25 @@ class SortedTimes:
         self.s[i] = -1
         self.dead += 1
         self._trim()
+
+    # Python-level access, as the compiled twin offers it to the oracle tests.
+
+    def py_insert(self, t: float, slot: int) -> None:
+        self.insert(t, slot)
+
+    def py_remove(self, t: float, slot: int) -> None:
+        self.remove(t, slot)
+
+    def py_bounds(self, a: float, b: float) -> tuple[int, int]:
+        return self.bounds(a, b)
+
+    def live(self) -> tuple[np.ndarray, np.ndarray]:
+        """(times, slots) of the live entries, in order, as numpy arrays."""
+        keep = [i for i in range(self.lo, len(self.s)) if self.s[i] >= 0]
+        return (
+            np.array([self.t[i] for i in keep], dtype=np.float64),
+            np.array([self.s[i] for i in keep], dtype=np.int64),
+        )
 
     def _trim(self) -> None:
         t, s = self.t, self.s
