@@ -8,14 +8,20 @@ kernels trust their inputs: ``grouping.py`` validates the policy and parents
 before a core exists. Entries and handles are opaque objects in list slot tables.
 """
 
-from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.math cimport INFINITY, NAN, fabs
 from libc.stdint cimport int64_t, uint64_t
-from libc.string cimport memcpy, memmove
+
+from videoflow.messaging._timeline cimport (
+    COMPACT_SLACK,
+    SlotQueue,
+    SortedTimes,
+    grow_buffer,
+    lower_bound,
+    upper_bound,
+)
 
 import hashlib
-
-import numpy as np
 
 CORE_KIND = "compiled"
 
@@ -24,207 +30,12 @@ cdef enum:
     ASSEMBLING = 1
     CLOSING = 2
     READY = 3
-    COMPACT_SLACK = 32
 
 
 def group_identity(list keys):
     """Returns the minted trace id of a time group from its members' canonical keys."""
     digest = hashlib.blake2b("".join(keys).encode("utf-8", "surrogatepass"), digest_size=8)
     return "tg-" + digest.hexdigest()
-
-
-cdef int _grow(void** ptr, Py_ssize_t* cap, Py_ssize_t need, size_t item) except -1:
-    """Grows a PyMem buffer to hold at least need items (doubling)."""
-    cdef Py_ssize_t new_cap = cap[0] if cap[0] > 0 else 16
-    cdef void* p
-    if need <= cap[0]:
-        return 0
-    while new_cap < need:
-        new_cap *= 2
-    p = PyMem_Realloc(ptr[0], <size_t>new_cap * item)
-    if p == NULL:
-        raise MemoryError()
-    ptr[0] = p
-    cap[0] = new_cap
-    return 0
-
-
-cdef inline Py_ssize_t _lower(const double* t, Py_ssize_t lo, Py_ssize_t hi, double a) noexcept nogil:
-    """First index in [lo, hi) whose time is >= a (hi when none)."""
-    cdef Py_ssize_t mid
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if t[mid] < a:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-cdef inline Py_ssize_t _upper(const double* t, Py_ssize_t lo, Py_ssize_t hi, double b) noexcept nogil:
-    """First index in [lo, hi) whose time is > b (hi when none)."""
-    cdef Py_ssize_t mid
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if b < t[mid]:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-def search_window(const double[::1] times, double a, double b):
-    """Index range [i, j) of the entries of a sorted time array with a <= t <= b.
-
-    The kernel trusts its input: times must be sorted ascending (NaN-free). Read-only
-    arrays (made from received bytes) are accepted.
-
-    Returns:
-        (i, j), with i == j when nothing falls in the window.
-    """
-    cdef Py_ssize_t n = times.shape[0]
-    if n == 0:
-        return 0, 0
-    return _lower(&times[0], 0, n, a), _upper(&times[0], 0, n, b)
-
-
-cdef class SortedTimes:
-    """Event times kept sorted in a numpy float64 array, each tagged with a slot in a
-    parallel int64 array; removal leaves a tombstone (slot -1). A head offset makes
-    removing the oldest free of moves; tombstones are compacted once they outnumber
-    the live entries."""
-
-    cdef object t_arr, s_arr
-    cdef double* t
-    cdef int64_t* s
-    cdef Py_ssize_t cap, n, lo, dead
-
-    def __cinit__(self):
-        self.cap = 0
-        self.n = 0
-        self.lo = 0
-        self.dead = 0
-        self._reserve(16)
-
-    cdef int _reserve(self, Py_ssize_t cap) except -1:
-        t_arr = np.empty(cap, dtype=np.float64)
-        s_arr = np.empty(cap, dtype=np.int64)
-        cdef double[::1] tv = t_arr
-        cdef int64_t[::1] sv = s_arr
-        if self.n:
-            memcpy(&tv[0], self.t, <size_t>self.n * sizeof(double))
-            memcpy(&sv[0], self.s, <size_t>self.n * sizeof(int64_t))
-        # The arrays own the memory; the raw pointers are the hot loops' view of it.
-        self.t_arr = t_arr
-        self.s_arr = s_arr
-        self.t = &tv[0]
-        self.s = &sv[0]
-        self.cap = cap
-        return 0
-
-    cdef inline Py_ssize_t lower(self, double a) noexcept:
-        return _lower(self.t, self.lo, self.n, a)
-
-    cdef inline Py_ssize_t upper(self, double b) noexcept:
-        return _upper(self.t, self.lo, self.n, b)
-
-    cdef int insert(self, double t, int64_t slot) except -1:
-        cdef Py_ssize_t i = self.upper(t)
-        if self.n == self.cap:
-            self._reserve(2 * self.cap)
-        if i < self.n:
-            memmove(&self.t[i + 1], &self.t[i], <size_t>(self.n - i) * sizeof(double))
-            memmove(&self.s[i + 1], &self.s[i], <size_t>(self.n - i) * sizeof(int64_t))
-        self.t[i] = t
-        self.s[i] = slot
-        self.n += 1
-        return 0
-
-    cdef void remove(self, double t, int64_t slot) noexcept:
-        cdef Py_ssize_t i = self.lower(t)
-        while self.s[i] != slot:
-            i += 1
-        self.s[i] = -1
-        self.dead += 1
-        self._trim()
-
-    cdef void _trim(self) noexcept:
-        cdef Py_ssize_t i, j, live
-        while self.lo < self.n and self.s[self.lo] == -1:
-            self.lo += 1
-            self.dead -= 1
-        while self.n > self.lo and self.s[self.n - 1] == -1:
-            self.n -= 1
-            self.dead -= 1
-        live = self.n - self.lo - self.dead
-        if self.dead > live + COMPACT_SLACK:
-            j = 0
-            for i in range(self.lo, self.n):
-                if self.s[i] != -1:
-                    self.t[j] = self.t[i]
-                    self.s[j] = self.s[i]
-                    j += 1
-            self.n = j
-            self.lo = 0
-            self.dead = 0
-        elif self.lo > COMPACT_SLACK and self.lo * 2 > self.n:
-            memmove(self.t, &self.t[self.lo], <size_t>(self.n - self.lo) * sizeof(double))
-            memmove(self.s, &self.s[self.lo], <size_t>(self.n - self.lo) * sizeof(int64_t))
-            self.n -= self.lo
-            self.lo = 0
-
-    # Python-level access, for tests against a brute-force oracle.
-
-    def py_insert(self, double t, int64_t slot):
-        self.insert(t, slot)
-
-    def py_remove(self, double t, int64_t slot):
-        self.remove(t, slot)
-
-    def py_bounds(self, double a, double b):
-        return self.lower(a), self.upper(b)
-
-    def live(self):
-        """(times, slots) of the live entries, in order, as numpy arrays."""
-        t = self.t_arr[self.lo:self.n]
-        s = self.s_arr[self.lo:self.n]
-        keep = s >= 0
-        return t[keep].copy(), s[keep].copy()
-
-
-cdef class _Queue:
-    """Append-only (slot, serial) sequence with consumer heads; compacted in place."""
-
-    cdef int64_t* slot
-    cdef int64_t* serial
-    cdef Py_ssize_t cap, n
-
-    def __cinit__(self):
-        self.slot = NULL
-        self.serial = NULL
-        self.cap = 0
-        self.n = 0
-
-    def __dealloc__(self):
-        PyMem_Free(self.slot)
-        PyMem_Free(self.serial)
-
-    cdef int push(self, int64_t slot, int64_t serial) except -1:
-        cdef Py_ssize_t cap = self.cap
-        if self.n + 1 > cap:
-            _grow(<void**>&self.slot, &cap, self.n + 1, sizeof(int64_t))
-            cap = self.cap
-            _grow(<void**>&self.serial, &cap, self.n + 1, sizeof(int64_t))
-            self.cap = cap
-        self.slot[self.n] = slot
-        self.serial[self.n] = serial
-        self.n += 1
-        return 0
-
-    cdef void drop_prefix(self, Py_ssize_t k) noexcept:
-        memmove(self.slot, &self.slot[k], <size_t>(self.n - k) * sizeof(int64_t))
-        memmove(self.serial, &self.serial[k], <size_t>(self.n - k) * sizeof(int64_t))
-        self.n -= k
 
 
 cdef class _Core:
@@ -253,7 +64,7 @@ cdef class _Core:
     cdef Py_ssize_t free_cap, n_free
     cdef int64_t* free
     cdef int64_t serial
-    cdef _Queue fifo, ready
+    cdef SlotQueue fifo, ready
     cdef Py_ssize_t dl_head, age_head, ready_head
     cdef Py_ssize_t assembling
     cdef Py_ssize_t* held
@@ -302,8 +113,8 @@ cdef class _Core:
         self.serial = 0
         self.m_entry = []
         self.m_handle = []
-        self.fifo = _Queue()
-        self.ready = _Queue()
+        self.fifo = SlotQueue()
+        self.ready = SlotQueue()
         self.dl_head = self.age_head = self.ready_head = 0
         self.assembling = 0
         self.held = <Py_ssize_t*>PyMem_Malloc(<size_t>max(self.n, 1) * sizeof(Py_ssize_t))
@@ -319,24 +130,24 @@ cdef class _Core:
         cdef Py_ssize_t need = self.n_slots + 1, cap
         if need > self.g_cap:
             cap = self.g_cap
-            _grow(<void**>&self.g_state, &cap, need, sizeof(char))
+            grow_buffer(<void**>&self.g_state, &cap, need, sizeof(char))
             cap = self.g_cap
-            _grow(<void**>&self.g_mask, &cap, need, sizeof(uint64_t))
+            grow_buffer(<void**>&self.g_mask, &cap, need, sizeof(uint64_t))
             cap = self.g_cap
-            _grow(<void**>&self.g_count, &cap, need, sizeof(Py_ssize_t))
+            grow_buffer(<void**>&self.g_count, &cap, need, sizeof(Py_ssize_t))
             cap = self.g_cap
-            _grow(<void**>&self.g_created, &cap, need, sizeof(double))
+            grow_buffer(<void**>&self.g_created, &cap, need, sizeof(double))
             cap = self.g_cap
-            _grow(<void**>&self.g_serial, &cap, need, sizeof(int64_t))
+            grow_buffer(<void**>&self.g_serial, &cap, need, sizeof(int64_t))
             cap = self.g_cap
-            _grow(<void**>&self.g_expired, &cap, need, sizeof(char))
+            grow_buffer(<void**>&self.g_expired, &cap, need, sizeof(char))
             self._grow_extra(cap)
             self.g_cap = cap
             need = cap * self.n
             cap = self.m_cap
-            _grow(<void**>&self.m_seq, &cap, need, sizeof(int64_t))
+            grow_buffer(<void**>&self.m_seq, &cap, need, sizeof(int64_t))
             cap = self.m_cap
-            _grow(<void**>&self.m_ts, &cap, need, sizeof(double))
+            grow_buffer(<void**>&self.m_ts, &cap, need, sizeof(double))
             self.m_cap = cap
         self.m_entry.extend([None] * self.n)
         self.m_handle.extend([None] * self.n)
@@ -382,13 +193,13 @@ cdef class _Core:
         self.g_mask[slot] = 0
         if self.n_free + 1 > self.free_cap:
             cap = self.free_cap
-            _grow(<void**>&self.free, &cap, self.n_free + 1, sizeof(int64_t))
+            grow_buffer(<void**>&self.free, &cap, self.n_free + 1, sizeof(int64_t))
             self.free_cap = cap
         self.free[self.n_free] = slot
         self.n_free += 1
         return handles
 
-    cdef inline bint _valid(self, _Queue q, Py_ssize_t k) noexcept:
+    cdef inline bint _valid(self, SlotQueue q, Py_ssize_t k) noexcept:
         cdef int64_t slot = q.slot[k]
         return self.g_serial[slot] == q.serial[k] and self.g_state[slot] != FREE
 
@@ -652,7 +463,7 @@ cdef class TimeCore(_Core):
     cdef double* g_time
     cdef double* g_completed
     cdef SortedTimes order
-    cdef _Queue closing
+    cdef SlotQueue closing
     cdef double* wm
     cdef double* wm_sorted
     cdef double horizon
@@ -698,7 +509,7 @@ cdef class TimeCore(_Core):
                     ready_factory)
         self.tol = tolerance_s
         self.order = SortedTimes()
-        self.closing = _Queue()
+        self.closing = SlotQueue()
         self.horizon = -INFINITY
         self.c_names = list(collect_names)
         self.nc = len(self.c_names)
@@ -732,9 +543,9 @@ cdef class TimeCore(_Core):
 
     cdef int _grow_extra(self, Py_ssize_t cap) except -1:
         cdef Py_ssize_t c = self.g_cap
-        _grow(<void**>&self.g_time, &c, cap, sizeof(double))
+        grow_buffer(<void**>&self.g_time, &c, cap, sizeof(double))
         c = self.g_cap
-        _grow(<void**>&self.g_completed, &c, cap, sizeof(double))
+        grow_buffer(<void**>&self.g_completed, &c, cap, sizeof(double))
         return 0
 
     def has_pending_from(self, parent_name):
@@ -776,8 +587,8 @@ cdef class TimeCore(_Core):
             self.wm[p] = ts
             if self.nc:
                 self._update_horizon()
-        i = order.lower(ts - tol)
-        j = order.upper(ts + tol)
+        i = lower_bound(order.t, order.lo, order.n, ts - tol)
+        j = upper_bound(order.t, order.lo, order.n, ts + tol)
         for k in range(i, j):
             slot = order.s[k]
             if slot < 0:
@@ -845,7 +656,8 @@ cdef class TimeCore(_Core):
 
     cdef bint _covered(self, double s, double w) noexcept:
         cdef SortedTimes order = self.order
-        cdef Py_ssize_t i = order.lower(s - w), j = order.upper(s + w), k
+        cdef Py_ssize_t i = lower_bound(order.t, order.lo, order.n, s - w)
+        cdef Py_ssize_t j = upper_bound(order.t, order.lo, order.n, s + w), k
         for k in range(i, j):
             if order.s[k] >= 0 and fabs(order.t[k] - s) <= w:
                 return True
@@ -861,8 +673,8 @@ cdef class TimeCore(_Core):
         cdef Py_ssize_t i, j, k, x
         if ts > self.c_wm[c]:
             self.c_wm[c] = ts
-        i = buf.lower(ts)
-        j = buf.upper(ts)
+        i = lower_bound(buf.t, buf.lo, buf.n, ts)
+        j = upper_bound(buf.t, buf.lo, buf.n, ts)
         for k in range(i, j):
             x = buf.s[k]
             if x >= 0:
@@ -988,8 +800,8 @@ cdef class TimeCore(_Core):
             metadata = []
             times = []
             settled = []
-            i = buf.lower(t - w)
-            j = buf.upper(t + w)
+            i = lower_bound(buf.t, buf.lo, buf.n, t - w)
+            j = upper_bound(buf.t, buf.lo, buf.n, t + w)
             for k in range(i, j):
                 x = buf.s[k]
                 if x < 0:
