@@ -39,5 +39,7 @@ class Handle:
         return f"Handle({self.name})"
 
 
-def entry(trace_id: str, seq: int, event_ts: float | None = None, message: Any = None) -> EnvelopeEntry:
+def entry(
+    trace_id: str, seq: int, event_ts: float | None = None, message: Any = None
+) -> EnvelopeEntry:
     return EnvelopeEntry(trace_id, seq, event_ts, message, None, False)

@@ -12,7 +12,7 @@ import pytest
 from grouping_helpers import Clock, Handle, entry
 
 from videoflow.core.policies import JoinPolicy
-from videoflow.messaging import _grouping_ref, grouping
+from videoflow.messaging import _grouping_ref
 from videoflow.messaging.grouping import (
     CollectEntry,
     EnvelopeEntry,
@@ -56,7 +56,7 @@ def test_compiled_core_is_a_compiled_extension():
 def test_environment_switch_selects_the_core(flag, expected):
     env = dict(os.environ, VIDEOFLOW_PURE_PYTHON=flag)
     out = subprocess.run(
-        [sys.executable, "-c", "from videoflow.messaging import grouping; print(grouping.CORE_KIND)"],
+        [sys.executable, "-c", "from videoflow.messaging import grouping as g; print(g.CORE_KIND)"],
         env=env, capture_output=True, text=True, timeout=60, check=True,
     )
     assert out.stdout.strip() == expected
@@ -291,7 +291,8 @@ def test_time_group_identity_does_not_depend_on_arrival_order(core):
         return a.pop_ready(0.0)
 
     first, second = run("abc"), run("cab")
-    assert (first.trace_id, first.seq, first.event_ts) == (second.trace_id, second.seq, second.event_ts)
+    identity = (first.trace_id, first.seq, first.event_ts)
+    assert identity == (second.trace_id, second.seq, second.event_ts)
     assert first.trace_id.startswith("tg-") and first.seq == 7 + 97 and first.event_ts == 20.0
     other = timed(core, parents=("a", "b", "c"), timeout_ms=None)
     for p in "abc":
@@ -377,7 +378,8 @@ def test_collect_window_closes_on_the_event_time_watermark(core):
     window = group.entries["imu"]
     assert isinstance(window, CollectEntry)
     assert len(window.event_ts) == 41 and window.event_ts == sorted(window.event_ts)
-    assert min(window.event_ts) == pytest.approx(9.98) and max(window.event_ts) == pytest.approx(10.02)
+    assert min(window.event_ts) == pytest.approx(9.98)
+    assert max(window.event_ts) == pytest.approx(10.02)
 
 
 def test_collect_window_closes_after_the_window_in_wall_time(core):

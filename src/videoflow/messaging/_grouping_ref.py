@@ -187,11 +187,12 @@ class _Core:
             slot = self.free.pop()
         else:
             slot = len(self.g_state)
-            for table, v in (
-                (self.g_state, _FREE), (self.g_mask, 0), (self.g_count, 0),
-                (self.g_created, 0.0), (self.g_serial, 0), (self.g_expired, False),
-            ):
-                table.append(v)
+            self.g_state.append(_FREE)
+            self.g_mask.append(0)
+            self.g_count.append(0)
+            self.g_created.append(0.0)
+            self.g_serial.append(0)
+            self.g_expired.append(False)
             self.m_entry.extend([None] * self.n)
             self.m_handle.extend([None] * self.n)
             self.m_seq.extend([0] * self.n)
