@@ -176,10 +176,23 @@ def test_wheel_ships_compiled_core_stub_and_marker_but_no_sources(dists: Dists) 
     with zipfile.ZipFile(dists.wheel) as archive:
         names = set(archive.namelist())
     listing = "\n".join(sorted(names))
+    with tarfile.open(dists.sdist) as archive:
+        pyx_sources = [
+            name.split("/csrc/", 1)[1] for name in archive.getnames() if "/csrc/" in name
+        ]
+    # Every Cython module in the sdist, not only the grouping core, is compiled into the
+    # wheel with a .pyi stub beside it (STYLE.md habit 4).
+    modules = sorted(name[: -len(".pyx")] for name in pyx_sources if name.endswith(".pyx"))
+    assert CORE_MODULE.replace(".", "/") in modules, f"sdist lacks {CORE_PYX}: {pyx_sources}"
 
-    core_prefix = CORE_MODULE.replace(".", "/") + "."
-    compiled = [n for n in names if n.startswith(core_prefix) and n.endswith(COMPILED_SUFFIXES)]
-    assert len(compiled) == 1, f"wheel lacks the compiled {CORE_MODULE}; it holds:\n{listing}"
+    for module in modules:
+        compiled = [
+            name
+            for name in names
+            if name.startswith(f"{module}.") and name.endswith(COMPILED_SUFFIXES)
+        ]
+        assert len(compiled) == 1, f"wheel lacks the compiled {module}; it holds:\n{listing}"
+        assert f"{module}.pyi" in names, f"wheel lacks the stub {module}.pyi; it holds:\n{listing}"
     for required in (CORE_STUB, TYPED_MARKER):
         assert required in names, f"wheel lacks {required}; it holds:\n{listing}"
     sources = sorted(name for name in names if name.endswith((".c", ".pyx", ".pxd")))
