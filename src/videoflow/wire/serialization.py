@@ -369,7 +369,7 @@ def _unpack_array(data: memoryview) -> np.ndarray[Any, Any]:
         )
     try:
         header = _header_decoder.decode(data[4:start])
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise WireError(f"array extension: bad header: {exc}") from exc
     dtype = _dtype_from_descr(header.descr)
     if dtype.subdtype is not None:
@@ -417,12 +417,16 @@ _envelope_decoder = msgspec.msgpack.Decoder(
     Union[_EnvelopeV1, _EnvelopeV2, _EnvelopeV3],  # noqa: UP007 -- a runtime type value
     ext_hook=_ext_hook,
 )
+_decode_struct = _envelope_decoder.decode  # bound once: decode_envelope is the hot path
 _payload_decoder = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
 # Used only to explain a rejected envelope; without ext_hook so it cannot fail on an
 # array the typed decode never reached.
 _raw_decoder = msgspec.msgpack.Decoder()
 _asdict = msgspec.structs.asdict
+# msgspec names a position, not a field; these recover which one for the message.
 _FIELD_AT = re.compile(r"at `\$\[(\d+)\]")
+_TOO_SHORT = re.compile(r"Expected `array` of at least length \d+, got (\d+)")
+_TOO_LONG = re.compile(r"Expected `array` of at most length \d+")
 
 
 # --- envelopes -------------------------------------------------------------------
@@ -448,6 +452,8 @@ def encode_envelope(message: Any, *, trace_id: str, seq: int, **fields: Any) -> 
         TypeError: if a field name is unknown or a field has the wrong type, or if
             the message holds something msgpack cannot carry (object arrays,
             masked arrays, arbitrary objects) -- caller bugs, not wire errors.
+        OverflowError: if an int in the envelope is outside msgpack's range
+            (-2**63 to 2**64 - 1).
     """
     if trace_id.__class__ is not str:
         raise TypeError(f"envelope field 'trace_id' must be str, got {type(trace_id).__name__}")
@@ -460,18 +466,12 @@ def encode_envelope(message: Any, *, trace_id: str, seq: int, **fields: Any) -> 
             raise TypeError(f"unknown envelope field {name!r}") from None
         if accepted is None:
             continue
-        if not isinstance(value, accepted) or (
-            value.__class__ is bool and name in _NUMBER_ONLY
-        ):
+        if not isinstance(value, accepted) or (value.__class__ is bool and name in _NUMBER_ONLY):
             wanted = " | ".join("None" if t is _NONE else t.__name__ for t in accepted)
-            raise TypeError(
-                f"envelope field {name!r} must be {wanted}, got {type(value).__name__}"
-            )
+            raise TypeError(f"envelope field {name!r} must be {wanted}, got {type(value).__name__}")
     metadata = fields.pop("metadata", None)
     is_stop_signal = fields.pop("is_stop_signal", False)
-    return _encoder.encode(
-        _EnvelopeV3(trace_id, seq, message, metadata, is_stop_signal, **fields)
-    )
+    return _encoder.encode(_EnvelopeV3(trace_id, seq, message, metadata, is_stop_signal, **fields))
 
 
 def decode_envelope(data: bytes | bytearray | memoryview) -> dict[str, Any]:
@@ -493,9 +493,12 @@ def decode_envelope(data: bytes | bytearray | memoryview) -> dict[str, Any]:
         TypeError: if data is not a bytes-like object.
     """
     try:
-        envelope = _envelope_decoder.decode(data)
+        envelope = _decode_struct(data)
     except msgspec.DecodeError as exc:
         raise WireError(_explain(data, exc)) from exc
+    except UnicodeDecodeError as exc:
+        # msgspec reports a str that is not UTF-8 this way, not as a DecodeError.
+        raise WireError(f"undecodable envelope: a string is not UTF-8: {exc}") from exc
     except (TypeError, RecursionError) as exc:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(
@@ -521,11 +524,12 @@ def _explain(data: bytes | bytearray | memoryview, exc: msgspec.DecodeError) -> 
     """
     detail = str(exc)
     if not isinstance(exc, msgspec.ValidationError):
-        return f"undecodable envelope (not complete msgpack): {detail}"
+        return f"undecodable envelope: {detail}"
     try:
         raw = _raw_decoder.decode(data)
-    except (msgspec.DecodeError, TypeError, RecursionError):
-        return f"invalid envelope: {detail}"
+    except (msgspec.DecodeError, UnicodeDecodeError, TypeError, RecursionError) as raw_exc:
+        # Not even msgpack (e.g. trailing bytes the typed decode never reached).
+        return f"undecodable envelope: {raw_exc}"
     if not isinstance(raw, list) or not raw:
         return f"envelope must be a non-empty msgpack array, got {type(raw).__name__}: {detail}"
     version = raw[0]
@@ -533,6 +537,14 @@ def _explain(data: bytes | bytearray | memoryview, exc: msgspec.DecodeError) -> 
         known = ", ".join(str(v) for v in _VERSIONS)
         return f"unknown envelope version {version!r} (this reader knows {known})"
     names = _VERSIONS[version].__struct_fields__
+    short = _TOO_SHORT.search(detail)
+    if short is not None:
+        missing = names[int(short.group(1)) - 1 : len(_V1_FIELDS)]
+        return f"envelope v{version} is missing required field(s) {', '.join(missing)}"
+    if _TOO_LONG.search(detail) is not None:
+        return (
+            f"envelope v{version} has {len(raw)} elements; its layout has at most {len(names) + 1}"
+        )
     where = _FIELD_AT.search(detail)
     if where is not None and 1 <= int(where.group(1)) <= len(names):
         return f"invalid envelope v{version} field {names[int(where.group(1)) - 1]!r}: {detail}"
@@ -671,6 +683,6 @@ def restore_message(ref: str, store: BlobStore) -> Any:
     data = store.get(ref)
     try:
         return _payload_decoder.decode(data)
-    except (msgspec.DecodeError, TypeError, RecursionError) as exc:
-        # TypeError: msgpack map keys Python cannot hash.
+    except (msgspec.DecodeError, UnicodeDecodeError, TypeError, RecursionError) as exc:
+        # UnicodeDecodeError: a str that is not UTF-8; TypeError: an unhashable map key.
         raise WireError(f"undecodable offloaded payload {ref!r}: {exc}") from exc
