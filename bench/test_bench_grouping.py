@@ -1,0 +1,306 @@
+"""Throughput of the input-group assemblers, through the public API only.
+
+Every case runs on the compiled core and on the pure-Python reference in the same
+run (the ``grouping_core`` fixture), one benchmark group per case: read the
+compiled/reference ratio, never an absolute time. Each round feeds a pre-built
+stream to a fresh assembler: ``add(parent, entry, handle)`` per entry, then
+``pop_ready(now)`` until None, and a last drain at a time past every timeout and
+window so the round ends with nothing pending. ``extra_info`` carries entries per
+round and entries/s; the run ends with a summary table (bench/conftest.py).
+
+Streams are deterministic (seeded) and checked against counts derived from the
+stream itself, so a broken assembler fails the run even with --benchmark-disable.
+
+Camera timing: each camera stamps a frame at the capture instant plus uniform
+jitter of +-3 ms, so two cameras of one instant can be up to 6 ms apart. A time
+group's time is its first member's event time, so the tolerance has to cover the
+whole 6 ms spread: at 5 ms about 40% of 8-camera instants split into two groups
+that each wait out the timeout short of a member. The benchmarks use 6 ms.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from videoflow.core.policies import JoinPolicy
+from videoflow.messaging.grouping import (
+    CollectEntry,
+    EnvelopeEntry,
+    TimeGroupAssembler,
+    TraceGroupAssembler,
+)
+
+FPS = 30.0
+JITTER_S = 0.003
+TOLERANCE_MS = 6.0
+TIMEOUT_MS = 100.0
+CAMERAS = [f"cam{i}" for i in range(8)]
+IMU_HZ = 1000.0
+IMU_WINDOW_MS = 20.0
+DROP_RATE = 0.05
+QUORUM = 6
+
+# Rounds per core: the reference is ~6-10x slower, so it gets fewer.
+ROUNDS = {"compiled": 40, "reference": 8}
+
+
+class Handle:
+    """An ack handle that does nothing: the benchmark measures the assembler."""
+
+    __slots__ = ()
+
+    def discard(self, reason: str) -> None:
+        pass
+
+    def supersede(self) -> None:
+        pass
+
+
+# (parent, entry, handle, arrival time in seconds)
+Stream = list[tuple[str, EnvelopeEntry, Handle, float]]
+
+
+def _entry(trace_id: str, seq: int, event_ts: float | None) -> EnvelopeEntry:
+    return EnvelopeEntry(trace_id, seq, event_ts, None, None, False)
+
+
+def feed(assembler: Any, stream: Stream, now_cell: list[float], end: float) -> tuple[int, Any]:
+    """Feeds the stream, draining after each entry, then drains at ``end``.
+
+    Returns:
+        (groups popped, the last group).
+    """
+    add = assembler.add
+    pop = assembler.pop_ready
+    groups = 0
+    last = None
+    for parent, entry, handle, now in stream:
+        now_cell[0] = now
+        add(parent, entry, handle)
+        group = pop(now)
+        while group is not None:
+            groups += 1
+            last = group
+            group = pop(now)
+    now_cell[0] = end
+    group = pop(end)
+    while group is not None:
+        groups += 1
+        last = group
+        group = pop(end)
+    return groups, last
+
+
+def run_case(
+    benchmark: Any,
+    make: Callable[[Callable[[], float]], Any],
+    stream: Stream,
+    kind: str,
+    end: float,
+) -> tuple[int, Any, Any]:
+    """Times feed over fresh assemblers; returns (groups, last group, assembler) of the
+    last round."""
+    holder: list[Any] = []
+
+    def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+        cell = [0.0]
+        assembler = make(lambda: cell[0])
+        holder[:] = [assembler]
+        return (assembler, stream, cell, end), {}
+
+    groups, last = benchmark.pedantic(feed, setup=setup, rounds=ROUNDS[kind], warmup_rounds=1)
+    return groups, last, holder[0]
+
+
+# -- streams ---------------------------------------------------------------------
+
+
+@cache
+def trace_stream(n_parents: int, traces: int) -> Stream:
+    """Diamond halves: parent p's half of trace i arrives at step i + p, so up to
+    n_parents - 1 groups are assembling at once."""
+    steps = []
+    for i in range(traces):
+        for p in range(n_parents):
+            steps.append((i + p, p, i))
+    steps.sort()
+    return [(f"p{p}", _entry(f"t{i}", i, i / FPS), Handle(), step / FPS) for step, p, i in steps]
+
+
+@cache
+def camera_stream(frames: int, drop: float, imu: bool, t0: float = 0.0) -> tuple[Stream, list[int]]:
+    """8 cameras at 30 fps (+-3 ms jitter, a frame dropped with probability ``drop``),
+    optionally an IMU at 1 kHz, merged in event-time order; the clock follows event time.
+
+    Returns:
+        (stream, cameras present per capture instant).
+    """
+    rng = random.Random(20240611)
+    timed: list[tuple[float, str, EnvelopeEntry]] = []
+    present = []
+    for k in range(frames):
+        instant = t0 + k / FPS
+        count = 0
+        for name in CAMERAS:
+            if drop and rng.random() < drop:
+                continue
+            ts = instant + rng.uniform(-JITTER_S, JITTER_S)
+            timed.append((ts, name, _entry(f"{name}-{k}", k, ts)))
+            count += 1
+        present.append(count)
+    if imu:
+        for j in range(int(frames / FPS * IMU_HZ)):
+            ts = t0 + j / IMU_HZ
+            timed.append((ts, "imu", _entry(f"imu-{j}", j, ts)))
+    timed.sort(key=lambda x: x[0])
+    return [(name, e, Handle(), ts) for ts, name, e in timed], present
+
+
+def _time_policy(quorum: int | None, imu: bool, **kw: Any) -> JoinPolicy:
+    return JoinPolicy(
+        mode="time",
+        tolerance_ms=TOLERANCE_MS,
+        timeout_ms=TIMEOUT_MS,
+        quorum=quorum,
+        collect={"imu": IMU_WINDOW_MS} if imu else {},
+        **kw,
+    )
+
+
+# -- cases -----------------------------------------------------------------------
+
+# On top of each case, so the compiled and reference runs of one case are adjacent.
+each_core = pytest.mark.parametrize("grouping_core", ["compiled", "reference"], indirect=True)
+
+
+@each_core
+@pytest.mark.parametrize("n_parents", [2, 8])
+def test_trace_join(
+    benchmark, record_throughput, grouping_core: ModuleType, n_parents: int
+) -> None:
+    benchmark.group = f"trace-{n_parents}"
+    traces = 20_000 // n_parents
+    stream = trace_stream(n_parents, traces)
+    parents = [f"p{p}" for p in range(n_parents)]
+    policy = JoinPolicy(mode="trace", timeout_ms=TIMEOUT_MS * 10)
+
+    def make(clock: Callable[[], float]) -> TraceGroupAssembler:
+        return TraceGroupAssembler("join", parents, policy, clock=clock, core=grouping_core)
+
+    groups, last, assembler = run_case(benchmark, make, stream, grouping_core.CORE_KIND, 1e9)
+    record_throughput(len(stream), grouping_core.CORE_KIND)
+    # No drops: exactly one group per trace, the last trace last.
+    assert groups == traces
+    assert assembler.evictions == 0
+    assert assembler.pending_count() == 0
+    assert last.trace_id == f"t{traces - 1}" and set(last.entries) == set(parents)
+
+
+@each_core
+@pytest.mark.parametrize(
+    "case",
+    ["8cam", "8cam-drops", "8cam-drops-imu"],
+)
+def test_time_join(benchmark, record_throughput, grouping_core: ModuleType, case: str) -> None:
+    benchmark.group = f"time-{case}"
+    drop = DROP_RATE if "drops" in case else 0.0
+    imu = case.endswith("imu")
+    quorum = QUORUM if drop else None
+    stream, present = camera_stream(1500 if imu else 2500, drop, imu)
+    policy = _time_policy(quorum, imu)
+    parents = CAMERAS + (["imu"] if imu else [])
+
+    def make(clock: Callable[[], float]) -> TimeGroupAssembler:
+        return TimeGroupAssembler("fuse", parents, policy, clock=clock, core=grouping_core)
+
+    end = stream[-1][3] + 10.0
+    groups, last, assembler = run_case(benchmark, make, stream, grouping_core.CORE_KIND, end)
+    record_throughput(len(stream), grouping_core.CORE_KIND)
+    # Instants are 33 ms apart and the tolerance covers the jitter, so each instant
+    # makes one group if it reaches the quorum, and one expired group otherwise.
+    need = len(CAMERAS) if quorum is None else quorum
+    assert groups == sum(1 for c in present if c >= need)
+    assert assembler.evictions == sum(1 for c in present if 0 < c < need)
+    assert assembler.pending_count() == 0
+    if imu:
+        window = last.entries["imu"]
+        assert isinstance(window, CollectEntry)
+        # 1 kHz over a +-20 ms window around the group time.
+        assert 39 <= len(window.event_ts) <= 41
+        assert all(abs(s - last.event_ts) <= IMU_WINDOW_MS / 1000 for s in window.event_ts)
+
+
+PENDING = [100, 10_000, 100_000]
+BATCH_INSTANTS = 1000
+
+
+@each_core
+@pytest.mark.parametrize("pending", PENDING)
+def test_pending_scale_time(
+    benchmark, record_throughput, grouping_core: ModuleType, pending: int
+) -> None:
+    """Per-entry cost of complete 8-camera groups while ``pending`` incomplete groups
+    (cam0 only, at old event times 10 ms apart, never timing out) sit in the assembler.
+
+    The assembler is filled once; each round feeds the same batch of complete groups
+    at later times, which leaves it holding the same pending groups again.
+    """
+    benchmark.group = "pending-time"
+    cell = [0.0]
+    policy = JoinPolicy(
+        mode="time", tolerance_ms=TOLERANCE_MS, timeout_ms=None, max_pending=1_000_000
+    )
+    assembler = TimeGroupAssembler(
+        "fuse", CAMERAS, policy, clock=lambda: cell[0], core=grouping_core
+    )
+    for i in range(pending):
+        assembler.add("cam0", _entry(f"old-{i}", i, i * 0.01), Handle())
+    base = pending * 0.01 + 1.0
+    batch, _ = camera_stream(BATCH_INSTANTS, 0.0, False, base)
+    assert assembler.pending_count() == pending
+
+    groups, _ = benchmark.pedantic(
+        feed,
+        args=(assembler, batch, cell, batch[-1][3]),
+        rounds=ROUNDS[grouping_core.CORE_KIND] * 2,
+        warmup_rounds=1,
+    )
+    record_throughput(len(batch), grouping_core.CORE_KIND, pending)
+    assert groups == BATCH_INSTANTS
+    assert assembler.pending_count() == pending
+    assert assembler.evictions == 0
+
+
+@each_core
+@pytest.mark.parametrize("pending", PENDING)
+def test_pending_scale_trace(
+    benchmark, record_throughput, grouping_core: ModuleType, pending: int
+) -> None:
+    """The same with 2-parent trace groups: ``pending`` half-groups (parent p0 only)
+    held while a batch of complete traces goes through."""
+    benchmark.group = "pending-trace"
+    cell = [0.0]
+    policy = JoinPolicy(mode="trace", timeout_ms=None, max_pending=1_000_000)
+    assembler = TraceGroupAssembler(
+        "join", ["p0", "p1"], policy, clock=lambda: cell[0], core=grouping_core
+    )
+    for i in range(pending):
+        assembler.add("p0", _entry(f"old-{i}", i, None), Handle())
+    batch = trace_stream(2, 4 * BATCH_INSTANTS)
+
+    groups, _ = benchmark.pedantic(
+        feed,
+        args=(assembler, batch, cell, batch[-1][3]),
+        rounds=ROUNDS[grouping_core.CORE_KIND] * 2,
+        warmup_rounds=1,
+    )
+    record_throughput(len(batch), grouping_core.CORE_KIND, pending)
+    assert groups == 4 * BATCH_INSTANTS
+    assert assembler.pending_count() == pending
+    assert assembler.evictions == 0
