@@ -442,3 +442,19 @@ def test_collect_parent_pending_until_its_samples_are_released(core):
     assert a.has_pending_from("imu") and not a.has_pending_from("cam")
     assert a.flush(0.0) == []
     assert not a.has_pending_from("imu")
+
+
+@pytest.mark.parametrize("timeout_ms", [None, 100.0])
+@pytest.mark.parametrize("mode", ["trace", "time"])
+def test_steady_stream_keeps_bookkeeping_bounded(core, mode, timeout_ms):
+    policy = {"timeout_ms": timeout_ms}
+    if mode == "time":
+        a = timed(core, **policy)
+    else:
+        a = trace(core, **policy)
+    for i in range(5000):
+        a.add("a", entry(f"t{i}", i, float(i)), Handle("a"))
+        a.add("b", entry(f"t{i}", i, float(i)), Handle("b"))
+        assert a.pop_ready(0.0) is not None
+    fifo, ready = a._core.queue_lengths()
+    assert fifo <= 100 and ready <= 100, (fifo, ready)

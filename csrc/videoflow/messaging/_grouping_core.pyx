@@ -204,9 +204,24 @@ cdef class _Core:
         return self.g_serial[slot] == q.serial[k] and self.g_state[slot] != FREE
 
     cdef void _compact_fifo(self) noexcept:
-        cdef Py_ssize_t head = min(self.dl_head, self.age_head)
-        if head > COMPACT_SLACK and head * 2 > self.fifo.n:
-            self.fifo.drop_prefix(head)
+        """Moves both creation-order heads past groups that left assembly, then drops
+        the prefix behind them, so the order queue stays as long as what is pending."""
+        cdef SlotQueue fifo = self.fifo
+        cdef Py_ssize_t head
+        while self.age_head < fifo.n and not (
+                self._valid(fifo, self.age_head)
+                and self.g_state[fifo.slot[self.age_head]] == ASSEMBLING):
+            self.age_head += 1
+        if self.timeout < 0:
+            self.dl_head = self.age_head
+        while self.dl_head < fifo.n and not (
+                self._valid(fifo, self.dl_head)
+                and self.g_state[fifo.slot[self.dl_head]] == ASSEMBLING
+                and not self.g_expired[fifo.slot[self.dl_head]]):
+            self.dl_head += 1
+        head = min(self.dl_head, self.age_head)
+        if head > COMPACT_SLACK and head * 2 > fifo.n:
+            fifo.drop_prefix(head)
             self.dl_head -= head
             self.age_head -= head
         if self.ready_head > COMPACT_SLACK and self.ready_head * 2 > self.ready.n:
@@ -292,7 +307,7 @@ cdef class _Core:
                     self.g_expired[slot] = 1
                 else:
                     self._discard_group(slot, "expired")
-            self._compact_fifo()
+        self._compact_fifo()
         self._sweep_extra(t_now)
 
     cdef int _sweep_extra(self, double now) except -1:
@@ -363,6 +378,10 @@ cdef class _Core:
 
     def has_pending_from(self, parent_name):
         return self.held[<Py_ssize_t>self.index[parent_name]] > 0
+
+    def queue_lengths(self):
+        """(creation-order entries, ready-queue entries) held, for memory-bound tests."""
+        return self.fifo.n, self.ready.n
 
     cdef tuple _members(self, Py_ssize_t slot):
         cdef dict entries = {}

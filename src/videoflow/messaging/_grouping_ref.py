@@ -230,9 +230,24 @@ class _Core:
         return self.g_serial[item[0]] == item[1] and self.g_state[item[0]] != _FREE
 
     def _compact_fifo(self) -> None:
+        """Moves both creation-order heads past groups that left assembly, then drops
+        the prefix behind them, so the order list stays as long as what is pending."""
+        fifo = self.fifo
+        while self.age_head < len(fifo) and not (
+            self._valid(fifo[self.age_head]) and self.g_state[fifo[self.age_head][0]] == _ASSEMBLING
+        ):
+            self.age_head += 1
+        if self.timeout < 0:
+            self.dl_head = self.age_head
+        while self.dl_head < len(fifo) and not (
+            self._valid(fifo[self.dl_head])
+            and self.g_state[fifo[self.dl_head][0]] == _ASSEMBLING
+            and not self.g_expired[fifo[self.dl_head][0]]
+        ):
+            self.dl_head += 1
         head = min(self.dl_head, self.age_head)
-        if head > _COMPACT_SLACK and head * 2 > len(self.fifo):
-            del self.fifo[:head]
+        if head > _COMPACT_SLACK and head * 2 > len(fifo):
+            del fifo[:head]
             self.dl_head -= head
             self.age_head -= head
         if self.ready_head > _COMPACT_SLACK and self.ready_head * 2 > len(self.ready):
@@ -316,7 +331,7 @@ class _Core:
                     self.g_expired[slot] = True
                 else:
                     self._discard_group(slot, "expired")
-            self._compact_fifo()
+        self._compact_fifo()
         self._sweep_extra(now)
 
     def _sweep_extra(self, now: float) -> None:
@@ -387,6 +402,10 @@ class _Core:
 
     def has_pending_from(self, parent_name: str) -> bool:
         return self.held[self.index[parent_name]] > 0
+
+    def queue_lengths(self) -> tuple[int, int]:
+        """(creation-order entries, ready-queue entries) held, for memory-bound tests."""
+        return len(self.fifo), len(self.ready)
 
     def _members(self, slot: int) -> tuple[dict[str, Any], list[Any], float | None, int]:
         entries: dict[str, Any] = {}
