@@ -2,7 +2,15 @@
 
 import os
 
+from hypothesis import settings
+
 from videoflow.messaging import grouping
+
+# CI replays the same examples on every run, so a red build is reproducible from its
+# log; local runs keep exploring new ones.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 EXPECTED_CORE = "reference" if os.environ.get("VIDEOFLOW_PURE_PYTHON") == "1" else "compiled"
 
