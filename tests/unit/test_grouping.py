@@ -458,3 +458,28 @@ def test_steady_stream_keeps_bookkeeping_bounded(core, mode, timeout_ms):
         assert a.pop_ready(0.0) is not None
     fifo, ready = a._core.queue_lengths()
     assert fifo <= 100 and ready <= 100, (fifo, ready)
+
+
+def test_integer_event_times_come_out_as_floats(core):
+    a = timed(core, timeout_ms=None)
+    a.add("a", entry("a1", 1, 100), Handle("a"))
+    a.add("b", entry("b1", 1, 100), Handle("b"))
+    group = a.pop_ready(0.0)
+    assert type(group.event_ts) is float and group.event_ts == 100.0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_time_join_refuses_a_non_finite_event_time(core, bad):
+    a = timed(core, parents=("a", "imu"), collect={"imu": 5}, timeout_ms=None)
+    for parent in ("a", "imu"):
+        with pytest.raises(ValueError, match="is not a finite time"):
+            a.add(parent, entry("x", 1, bad), Handle("x"))
+    assert a.pending_count() == 0 and not a.has_pending_from("imu")
+
+
+@pytest.mark.parametrize("mode", ["trace", "time"])
+def test_seq_beyond_64_bits_is_an_overflow_error(core, mode):
+    a = timed(core, timeout_ms=None) if mode == "time" else trace(core)
+    with pytest.raises(OverflowError, match="outside the signed 64-bit range"):
+        a.add("a", entry("big", 2**63, 1.0), Handle("big"))
+    assert a.pending_count() == 0

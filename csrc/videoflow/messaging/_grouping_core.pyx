@@ -9,7 +9,7 @@ before a core exists. Entries and handles are opaque objects in list slot tables
 """
 
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from libc.math cimport INFINITY, NAN, fabs
+from libc.math cimport INFINITY, NAN, fabs, isfinite
 from libc.stdint cimport int64_t, uint64_t
 
 from videoflow.messaging._timeline cimport (
@@ -30,6 +30,23 @@ cdef enum:
     ASSEMBLING = 1
     CLOSING = 2
     READY = 3
+
+
+cdef int64_t _seq_of(object entry) except? -1:
+    """An entry's seq as a signed 64-bit integer."""
+    try:
+        return entry.seq
+    except OverflowError:
+        raise OverflowError(f"seq {entry.seq} is outside the signed 64-bit range") from None
+
+
+cdef double _event_time(object entry, object clock) except? -1.0:
+    """An entry's event time in seconds, or the clock's time for one without."""
+    cdef object tso = entry.event_ts
+    cdef double ts = clock() if tso is None else tso
+    if not isfinite(ts):
+        raise ValueError(f"event_ts {tso!r} is not a finite time")
+    return ts
 
 
 def group_identity(list keys):
@@ -425,7 +442,7 @@ cdef class TraceCore(_Core):
         cdef Py_ssize_t p = self.index[parent_name]
         cdef Py_ssize_t target = -1, slot, i
         cdef uint64_t bit = (<uint64_t>1) << p
-        cdef int64_t seq = entry.seq
+        cdef int64_t seq = _seq_of(entry)
         trace_id = entry.trace_id
         cdef list slots = self.by_trace.get(trace_id)
         if slots is not None:
@@ -595,9 +612,8 @@ cdef class TimeCore(_Core):
             self._add_sample(co, entry, handle)
             return
         cdef Py_ssize_t p = po
-        cdef object tso = entry.event_ts
-        cdef double ts = self.clock() if tso is None else tso
-        cdef int64_t seq = entry.seq
+        cdef double ts = _event_time(entry, self.clock)
+        cdef int64_t seq = _seq_of(entry)
         cdef SortedTimes order = self.order
         cdef double tol = self.tol, d, best_d = 0.0
         cdef uint64_t bit = (<uint64_t>1) << p
@@ -686,8 +702,7 @@ cdef class TimeCore(_Core):
         return s + w < self.horizon - self.tol and not self._covered(s, w)
 
     cdef int _add_sample(self, Py_ssize_t c, object entry, object handle) except -1:
-        cdef object tso = entry.event_ts
-        cdef double ts = self.clock() if tso is None else tso
+        cdef double ts = _event_time(entry, self.clock)
         cdef SortedTimes buf = <SortedTimes>self.c_buf[c]
         cdef Py_ssize_t i, j, k, x
         if ts > self.c_wm[c]:

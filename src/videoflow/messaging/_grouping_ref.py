@@ -38,6 +38,7 @@ buffered samples per collect parent the oldest leaves early the same way, with
 from __future__ import annotations
 
 import hashlib
+import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +52,30 @@ _NEG_INF = float("-inf")
 _NAN = float("nan")
 _POS_INF = float("inf")
 _COMPACT_SLACK = 32
+
+
+_SEQ_MIN, _SEQ_MAX = -(2**63), 2**63 - 1
+
+
+def seq_of(entry: Any) -> int:
+    """An entry's seq, which the compiled twin keeps as a signed 64-bit integer."""
+    seq: int = entry.seq
+    if not _SEQ_MIN <= seq <= _SEQ_MAX:
+        raise OverflowError(f"seq {seq} is outside the signed 64-bit range")
+    return seq
+
+
+def event_time(entry: Any, clock: Callable[[], float]) -> float:
+    """An entry's event time in seconds, or the clock's time for one without.
+
+    Raises:
+        ValueError: for a NaN or infinite event time, which no tolerance can match.
+    """
+    ts = entry.event_ts
+    ts = float(clock() if ts is None else ts)
+    if not math.isfinite(ts):
+        raise ValueError(f"event_ts {entry.event_ts!r} is not a finite time")
+    return ts
 
 
 def group_identity(keys: list[str]) -> str:
@@ -256,11 +281,11 @@ class _Core:
 
     # -- group life ------------------------------------------------------------
 
-    def _join(self, slot: int, p: int, ts: float, entry: Any, handle: Any) -> None:
+    def _join(self, slot: int, p: int, ts: float, entry: Any, handle: Any, seq: int) -> None:
         i = slot * self.n + p
         self.m_entry[i] = entry
         self.m_handle[i] = handle
-        self.m_seq[i] = entry.seq
+        self.m_seq[i] = seq
         self.m_ts[i] = ts
         self.g_mask[slot] |= 1 << p
         self.g_count[slot] += 1
@@ -443,7 +468,7 @@ class TraceCore(_Core):
     def add(self, parent_name: str, entry: Any, handle: Any) -> None:
         p = self.index[parent_name]
         trace_id = entry.trace_id
-        seq = entry.seq
+        seq = seq_of(entry)
         slots = self.by_trace.get(trace_id)
         target = -1
         if slots is not None:
@@ -465,7 +490,7 @@ class TraceCore(_Core):
             self._evict_over_capacity()
         ts = entry.event_ts
         # NaN marks "no event time": a trace group of such halves has event_ts None.
-        self._join(target, p, _NAN if ts is None else ts, entry, handle)
+        self._join(target, p, _NAN if ts is None else float(ts), entry, handle, seq)
 
     def _forget(self, slot: int) -> None:
         base = slot * self.n
@@ -555,10 +580,8 @@ class TimeCore(_Core):
                 raise KeyError(parent_name)
             self._add_sample(c, entry, handle)
             return
-        ts = entry.event_ts
-        if ts is None:
-            ts = self.clock()
-        seq = entry.seq
+        ts = event_time(entry, self.clock)
+        seq = seq_of(entry)
         if ts > self.wm[p]:
             self.wm[p] = ts
             if self.nc:
@@ -588,7 +611,7 @@ class TimeCore(_Core):
             self.g_time[best] = ts
             order.insert(ts, best)
             self._evict_over_capacity()
-        self._join(best, p, ts, entry, handle)
+        self._join(best, p, ts, entry, handle, seq)
 
     def _complete(self, slot: int) -> None:
         if self.nc == 0:
@@ -635,9 +658,7 @@ class TimeCore(_Core):
         return s + w < self.horizon - self.tol and not self._covered(s, w)
 
     def _add_sample(self, c: int, entry: Any, handle: Any) -> None:
-        ts = entry.event_ts
-        if ts is None:
-            ts = self.clock()
+        ts = event_time(entry, self.clock)
         if ts > self.c_wm[c]:
             self.c_wm[c] = ts
         buf = self.c_buf[c]

@@ -217,6 +217,8 @@ class GroupAssembler:
 
         Raises:
             KeyError: if parent_name is not a parent of this node.
+            ValueError: in time mode, for a NaN or infinite event_ts.
+            OverflowError: for a sync parent's seq outside the signed 64-bit range.
         """
         self._core.add(parent_name, entry, handle)
 
@@ -248,9 +250,12 @@ class GroupAssembler:
     def flush(self, now: float | None = None) -> list[ReadyGroup]:
         """Ends the input: emits every pending group that holds a quorum (windows
         closed as they stand), discards the rest ('flushed'), and releases every
-        buffered collect sample: one a returned group used travels in the last
-        returned group's handles, an unused one is discarded ('flushed'). Called by
-        the end-of-stream drain so a group pending when its parents end is never hung.
+        buffered collect sample. A sample some group used (a returned one, or one
+        popped earlier) travels in the last returned group's handles, or is
+        discarded ('flushed') when flush returns no group; an unused sample is
+        discarded ('flushed'). The messenger settles 'flushed' handles as done, not
+        as failures. Called by the end-of-stream drain so a group pending when its
+        parents end is never hung.
 
         Returns:
             The emitted groups in the order they became ready; the assembler holds
