@@ -584,7 +584,7 @@ def test_more_elements_than_the_version_defines_raises_wire_error() -> None:
         (msgspec.msgpack.encode([]), "must be a non-empty msgpack array"),
         (msgspec.msgpack.encode(7), "must be a non-empty msgpack array, got int"),
         (encode_envelope(None, trace_id="t", seq=1) + b"\x00", "trailing characters"),
-        (b"\x96\x01\xa2\xff\xfe\x00\xc0\xc0\xc2", "a string is not UTF-8"),
+        (b"\x96\x01\xa2\xff\xfe\x00\xc0\xc0\xc2", "UTF-8"),  # msgspec >= 0.23 says it itself
         (b"\x96\x01\xa1t\x00\x81\x80\x01\xc0\xc2", "map keys must be hashable"),
         (b"\x96\x01\xa1t\x00" + b"\x91" * 100_000 + b"\xc0\xc0\xc2", "recursion depth"),
     ],
