@@ -20,3 +20,65 @@ class WireError(VideoflowError, ValueError):
 class EmbeddedServerError(VideoflowError, RuntimeError):
     """The embedded nats-server could not be found or did not start. The message
     quotes the server's own fatal log lines when it wrote any."""
+
+
+class BrokerUnavailable(VideoflowError, ConnectionError):
+    """The broker cannot serve what was asked: it did not answer, or a resource the
+    caller needs (a run's stream) does not exist there. Retryable: the remedy is
+    usually to wait for the broker, or for provisioning, and try again.
+
+    Attributes:
+        code: the broker's own error code when it gave one (a JetStream err_code),
+            else None.
+    """
+
+    retryable = True
+
+    def __init__(self, message: str, *, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class IncompatibleProfile(VideoflowError, ValueError):
+    """A channel definitely does not carry the messaging profile asked of it: its
+    effective configuration contradicts the profile (an immutable mismatch such as
+    retention or replicas), or the profile is not one this broker can promise.
+    Not retryable: waiting does not change a stream's retention.
+
+    Attributes:
+        channel: the channel (node name) the request was for, or "" when unknown.
+        profile: the profile that was requested.
+        findings: each way the effective configuration contradicts the profile.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        channel: str = "",
+        profile: str = "",
+        findings: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.channel = channel
+        self.profile = profile
+        self.findings = tuple(findings)
+
+
+class UnobservableState(VideoflowError, RuntimeError):
+    """Something that had to be observed could not be: the broker did not answer, or
+    answered with something unreadable, so no guarantee can be claimed. Retryable:
+    a later read may succeed.
+
+    Attributes:
+        reason: the Unknown vocabulary's reason (timeout, auth, unreachable, api,
+            malformed, unread, missing).
+        detail: what the failed read reported.
+    """
+
+    retryable = True
+
+    def __init__(self, message: str, *, reason: str = "", detail: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.detail = detail

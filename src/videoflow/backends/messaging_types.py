@@ -1,0 +1,483 @@
+"""The values the messaging contract trades in: ids, specs, traffic, outcomes, observations.
+
+Everything here is a frozen, slotted dataclass validated at construction, so a value
+that exists is a value that makes sense; nothing here talks to a broker. Import them
+from ``videoflow.backends.messaging``, which re-exports this module beside the
+abstract ``MessagingBackend``.
+
+Outcomes and observations are closed unions of distinct types, never flags or
+sentinels: callers match on the type (``isinstance`` or ``match``). In particular
+``Known(0)`` and ``Unknown(...)`` are different types, and neither may be
+truth-tested, so "zero pending" can never be confused with "could not read" (MSG-012).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeAlias, TypeVar
+
+T = TypeVar("T")
+
+# ---------------------------------------------------------------------------- profiles
+
+RELIABLE_WORK = "reliable_work"
+"""Keep every message until it is acknowledged (INTEREST or WORK_QUEUE retention) and
+refuse new messages at the limit (DiscardPolicy.NEW): a full stream never evicts
+unacknowledged work. A stream-level promise on JetStream."""
+
+LIVE_LATEST = "live_latest"
+"""The freshest message wins: LIMITS retention, DiscardPolicy.OLD and a bounded backlog
+(max_msgs, max_bytes or max_age). A stream-level promise on JetStream."""
+
+DURABLE_CONTROL = "durable_control"
+"""Control traffic that must survive a restart. Not a stream-level promise on
+JetStream: the planner rejects it before a stream exists."""
+
+REPLAY_ARCHIVE = "replay_archive"
+"""An archive a run can be replayed from. Not a stream-level promise on JetStream:
+the planner rejects it before a stream exists."""
+
+PROFILES: frozenset[str] = frozenset({RELIABLE_WORK, LIVE_LATEST, DURABLE_CONTROL, REPLAY_ARCHIVE})
+"""Every messaging profile name."""
+
+STREAM_PROFILES: frozenset[str] = frozenset({RELIABLE_WORK, LIVE_LATEST})
+"""The profiles a JetStream stream's configuration can carry (and profile_mismatches
+judges); the others have no stream-level meaning there."""
+
+Kind = Literal["data", "eos"]
+KINDS: frozenset[str] = frozenset({"data", "eos"})
+
+UnknownReason = Literal["missing", "timeout", "auth", "unreachable", "api", "malformed", "unread"]
+UNKNOWN_REASONS: frozenset[str] = frozenset(
+    {"missing", "timeout", "auth", "unreachable", "api", "malformed", "unread"}
+)
+"""Why an observation is Unknown: missing (the thing does not exist — a definite
+observation, kept apart from the rest), timeout (the server is there and slow), auth
+(credentials or permissions refused), unreachable (no server answered), api (the
+server answered with an error), malformed (an answer that could not be interpreted),
+unread (nothing has been read yet)."""
+
+
+def _require_text(owner: str, name: str, value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{owner}.{name} must be a non-empty string, got {value!r}")
+
+
+def _require_int(owner: str, name: str, value: object, minimum: int) -> None:
+    # bool is an int subclass; True as a sequence number is a bug, not a 1.
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{owner}.{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _require_seconds(owner: str, name: str, value: object, *, positive: bool) -> None:
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > 0 if positive else value >= 0)
+    )
+    if not ok:
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{owner}.{name} must be a finite number {bound}, got {value!r}")
+
+
+def _require_profile(owner: str, profile: object) -> None:
+    if profile not in PROFILES:
+        raise ValueError(f"{owner}.profile must be one of {sorted(PROFILES)}, got {profile!r}")
+
+
+# ------------------------------------------------------------------------------- ids
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelId:
+    """One node's output channel within one run.
+
+    Arguments:
+        flow / run / node: the flow id, run id and producing node's name.
+    """
+
+    flow: str
+    run: str
+    node: str
+
+    def __post_init__(self) -> None:
+        for name in ("flow", "run", "node"):
+            _require_text("ChannelId", name, getattr(self, name))
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionId:
+    """One consumer's subscription to a parent channel.
+
+    Arguments:
+        consumer: the consuming node's name.
+        channel: the parent channel it reads.
+        kind: 'data' or 'eos' (end-of-stream markers travel on their own subject).
+        replica: the replica a partitioned durable belongs to; None for a shared
+            (competing-consumer) durable.
+    """
+
+    consumer: str
+    channel: ChannelId
+    kind: Kind = "data"
+    replica: int | None = None
+
+    def __post_init__(self) -> None:
+        _require_text("SubscriptionId", "consumer", self.consumer)
+        if not isinstance(self.channel, ChannelId):
+            raise ValueError(f"SubscriptionId.channel must be a ChannelId, got {self.channel!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"SubscriptionId.kind must be 'data' or 'eos', got {self.kind!r}")
+        if self.replica is not None:
+            _require_int("SubscriptionId", "replica", self.replica, 0)
+
+
+# ----------------------------------------------------------------------------- specs
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelSpec:
+    """What a node's output channel must provide.
+
+    Arguments:
+        channel: the channel.
+        profile: one of PROFILES.
+        required: subscriptions that must exist before anything is published (under
+            INTEREST retention a message nobody is subscribed to is discarded).
+        realtime_buffer: backlog bound of a REALTIME channel, in messages.
+        batch_max_msgs: message limit of a BATCH channel.
+        replicas: copies a replicated broker keeps (STREAM-14).
+        max_bytes: storage cap, or None for none.
+    """
+
+    channel: ChannelId
+    profile: str
+    required: tuple[SubscriptionId, ...] = ()
+    realtime_buffer: int = 1
+    batch_max_msgs: int = 10000
+    replicas: int = 1
+    max_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.channel, ChannelId):
+            raise ValueError(f"ChannelSpec.channel must be a ChannelId, got {self.channel!r}")
+        _require_profile("ChannelSpec", self.profile)
+        required = tuple(self.required)
+        for sub in required:
+            if not isinstance(sub, SubscriptionId) or sub.channel != self.channel:
+                raise ValueError(f"ChannelSpec.required: {sub!r} does not read {self.channel!r}")
+        object.__setattr__(self, "required", required)
+        _require_int("ChannelSpec", "realtime_buffer", self.realtime_buffer, 1)
+        _require_int("ChannelSpec", "batch_max_msgs", self.batch_max_msgs, 1)
+        _require_int("ChannelSpec", "replicas", self.replicas, 1)
+        if self.max_bytes is not None:
+            _require_int("ChannelSpec", "max_bytes", self.max_bytes, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionSpec:
+    """How a subscription is bound.
+
+    Arguments:
+        id: the subscription.
+        ack_wait_seconds: the lease a delivery holds before the broker redelivers it.
+        max_deliver: the broker's delivery cap; -1 when the runtime ledger enforces
+            the retry budget instead (the broker then never strands a message).
+        credit: broker-side max_ack_pending (STREAM-15; MSG-017: provisioned credit
+            equals bound credit).
+        byte_credit: the most unsettled bytes, 0 for no byte bound (RUN-025).
+    """
+
+    id: SubscriptionId
+    ack_wait_seconds: float
+    max_deliver: int
+    credit: int
+    byte_credit: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, SubscriptionId):
+            raise ValueError(f"SubscriptionSpec.id must be a SubscriptionId, got {self.id!r}")
+        _require_seconds("SubscriptionSpec", "ack_wait_seconds", self.ack_wait_seconds,
+                         positive=True)
+        if self.max_deliver != -1:
+            _require_int("SubscriptionSpec", "max_deliver (or -1)", self.max_deliver, 1)
+        _require_int("SubscriptionSpec", "credit", self.credit, 1)
+        _require_int("SubscriptionSpec", "byte_credit", self.byte_credit, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileRequest:
+    """An explicit request that a channel carry a messaging profile, judged against
+    what the broker actually holds (topology.verify_channel_profiles).
+
+    Arguments:
+        channel: the producing node's name — the key its stream is read back under.
+        profile: one of PROFILES.
+        requested_by: who asked (a node name, 'provision'), for the error message;
+            optional.
+    """
+
+    channel: str
+    profile: str
+    requested_by: str = ""
+
+    def __post_init__(self) -> None:
+        _require_text("ProfileRequest", "channel", self.channel)
+        _require_profile("ProfileRequest", self.profile)
+        if not isinstance(self.requested_by, str):
+            raise ValueError(f"ProfileRequest.requested_by must be a string, got "
+                             f"{self.requested_by!r}")
+
+    @property
+    def stream_level(self) -> bool:
+        """Whether a JetStream stream's configuration can carry this profile at all."""
+        return self.profile in STREAM_PROFILES
+
+
+# --------------------------------------------------------------------------- traffic
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One message to publish: encoded envelope bytes bound for a channel's subject.
+
+    Arguments:
+        channel: where it goes.
+        kind: 'data' or 'eos'.
+        data: the encoded envelope (named ``data``, not ``bytes``, so no builtin is
+            shadowed).
+        msg_id: the broker's deduplication id (Nats-Msg-Id; MSGID-5/6), or None.
+    """
+
+    channel: ChannelId
+    kind: Kind
+    data: bytes
+    msg_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.channel, ChannelId):
+            raise ValueError(f"Envelope.channel must be a ChannelId, got {self.channel!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"Envelope.kind must be 'data' or 'eos', got {self.kind!r}")
+        if not isinstance(self.data, bytes):
+            raise ValueError(f"Envelope.data must be bytes, got {type(self.data).__name__}")
+        if self.msg_id is not None:
+            _require_text("Envelope", "msg_id", self.msg_id)
+
+    @property
+    def size(self) -> int:
+        """Envelope bytes, as counted against byte credit."""
+        return len(self.data)
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryToken:
+    """The handle a receiver settles a delivery by. Equal tokens name the same attempt
+    of the same message on the same binding; a redelivery (higher attempt) or a rebind
+    (higher generation) makes an earlier token stale (MSG-011).
+
+    Arguments:
+        subscription: the subscription it came through.
+        stream_seq: the message's stream sequence.
+        attempt: the broker's delivery count for this attempt (1 for the first).
+        generation: which binding of the subscription handed it out.
+    """
+
+    subscription: SubscriptionId
+    stream_seq: int
+    attempt: int
+    generation: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.subscription, SubscriptionId):
+            raise ValueError(f"DeliveryToken.subscription must be a SubscriptionId, got "
+                             f"{self.subscription!r}")
+        _require_int("DeliveryToken", "stream_seq", self.stream_seq, 1)
+        _require_int("DeliveryToken", "attempt", self.attempt, 1)
+        _require_int("DeliveryToken", "generation", self.generation, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One received message.
+
+    Arguments:
+        token: what to settle it by.
+        data: the encoded envelope.
+        num_delivered: the broker's delivery count (equals token.attempt).
+        stream_seq: the message's stream sequence (equals token.stream_seq).
+    """
+
+    token: DeliveryToken
+    data: bytes
+    num_delivered: int
+    stream_seq: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.token, DeliveryToken):
+            raise ValueError(f"Delivery.token must be a DeliveryToken, got {self.token!r}")
+        if not isinstance(self.data, bytes):
+            raise ValueError(f"Delivery.data must be bytes, got {type(self.data).__name__}")
+        if self.num_delivered != self.token.attempt or self.stream_seq != self.token.stream_seq:
+            raise ValueError("Delivery.num_delivered/stream_seq must agree with its token")
+
+    @property
+    def size(self) -> int:
+        """Envelope bytes, as counted against byte credit (RUN-025)."""
+        return len(self.data)
+
+
+# ------------------------------------------------------------------ publish outcomes
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """The broker stored the message (or already had it: duplicate)."""
+
+    stream_seq: int
+    duplicate: bool = False
+
+    def __post_init__(self) -> None:
+        _require_int("Accepted", "stream_seq", self.stream_seq, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The broker definitely refused the message. retryable says whether waiting can
+    help (a full BATCH stream) or not (no stream captures the subject)."""
+
+    reason: str
+    retryable: bool
+
+    def __post_init__(self) -> None:
+        _require_text("Rejected", "reason", self.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class PublicationUnknown:
+    """The send happened but no receipt arrived in time: stored or not, nobody knows
+    (MSG-014: a lost receipt is never a rejection). Resolve with observe_publication."""
+
+    reason: str
+
+    def __post_init__(self) -> None:
+        _require_text("PublicationUnknown", "reason", self.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class PublicationUnresolvable:
+    """An unknown publication can no longer be resolved (outside the broker's duplicate
+    window): whether it was stored will never be known."""
+
+    reason: str = ""
+
+
+PublishOutcome: TypeAlias = Accepted | Rejected | PublicationUnknown | PublicationUnresolvable
+
+# ------------------------------------------------------------------ settle outcomes
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """The delivery was processed: acknowledge it (and confirm the acknowledgement)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Hand the delivery back for another attempt after delay seconds."""
+
+    delay: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require_seconds("Retry", "delay", self.delay, positive=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Terminal:
+    """Never deliver again. Only against a durable record of the message — a dead
+    letter's reference — so nothing is terminated without a trace (DELIV-15)."""
+
+    record_ref: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.record_ref, str) or not self.record_ref.strip():
+            raise ValueError(
+                "Terminal requires a non-empty record_ref: a delivery is terminated only "
+                f"against a durable record (DELIV-15), got {self.record_ref!r}"
+            )
+
+
+SettleOutcome: TypeAlias = Completed | Retry | Terminal
+
+
+@dataclass(frozen=True, slots=True)
+class SettleConfirmed:
+    """The broker confirmed the settlement."""
+
+
+@dataclass(frozen=True, slots=True)
+class SettleUnknown:
+    """The settlement was sent but not confirmed; a payload obligation must not be
+    released on it (PAY-004)."""
+
+    reason: str
+
+    def __post_init__(self) -> None:
+        _require_text("SettleUnknown", "reason", self.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class SettleStale:
+    """The token was superseded (a newer attempt or binding exists); nothing was sent
+    to the broker (MSG-011)."""
+
+    reason: str = ""
+
+
+SettleResult: TypeAlias = SettleConfirmed | SettleUnknown | SettleStale
+
+# ----------------------------------------------------------------------- observations
+
+
+class _NotTruthTestable:
+    """Mixin: refuse ``bool()`` so ``if observation:`` cannot stand in for a type match.
+
+    Known(0) would be falsy and Unknown truthy (or the reverse) under any convention,
+    and either way a zero and an unread value would take the same branch (MSG-012).
+    """
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        raise TypeError(
+            f"{type(self).__name__} is not truth-testable: match on Known / Unknown"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Known(_NotTruthTestable, Generic[T]):
+    """A value read from the broker. Known(0) means zero was observed."""
+
+    value: T
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown(_NotTruthTestable):
+    """Nothing could be observed, and why (one of UNKNOWN_REASONS)."""
+
+    reason: UnknownReason
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if self.reason not in UNKNOWN_REASONS:
+            raise ValueError(
+                f"Unknown.reason must be one of {sorted(UNKNOWN_REASONS)}, got {self.reason!r}"
+            )
+        if not isinstance(self.detail, str):
+            raise ValueError(f"Unknown.detail must be a string, got {self.detail!r}")
+
+
+Observation: TypeAlias = Known[T] | Unknown
+"""``Observation[int]`` is ``Known[int] | Unknown``."""

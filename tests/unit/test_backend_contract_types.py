@@ -1,0 +1,213 @@
+"""The messaging contract's value types: validation, identity, and the distinctions
+the contract exists to keep (zero vs unknown, terminal only against a record)."""
+
+from __future__ import annotations
+
+import pytest
+
+from videoflow.backends.messaging import (
+    DURABLE_CONTROL,
+    LIVE_LATEST,
+    PROFILES,
+    RELIABLE_WORK,
+    REPLAY_ARCHIVE,
+    STREAM_PROFILES,
+    UNKNOWN_REASONS,
+    Accepted,
+    ChannelId,
+    ChannelSpec,
+    Completed,
+    Delivery,
+    DeliveryToken,
+    Envelope,
+    Known,
+    ProfileRequest,
+    PublicationUnknown,
+    PublicationUnresolvable,
+    Rejected,
+    Retry,
+    SettleConfirmed,
+    SettleStale,
+    SettleUnknown,
+    SubscriptionId,
+    SubscriptionSpec,
+    Terminal,
+    Unknown,
+)
+
+CH = ChannelId("f", "r", "camera")
+SUB = SubscriptionId("detector", CH, "data")
+
+
+def test_profile_names_and_stream_level_subset() -> None:
+    assert PROFILES == {"reliable_work", "live_latest", "durable_control", "replay_archive"}
+    assert STREAM_PROFILES == {RELIABLE_WORK, LIVE_LATEST}
+    assert DURABLE_CONTROL not in STREAM_PROFILES and REPLAY_ARCHIVE not in STREAM_PROFILES
+
+
+def test_channel_id_refuses_empty_parts() -> None:
+    with pytest.raises(ValueError, match="ChannelId.run"):
+        ChannelId("f", "", "n")
+
+
+def test_subscription_id_validates_kind_and_replica() -> None:
+    with pytest.raises(ValueError, match="kind"):
+        SubscriptionId("c", CH, "control")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="replica"):
+        SubscriptionId("c", CH, "data", replica=-1)
+    with pytest.raises(ValueError, match="ChannelId"):
+        SubscriptionId("c", "f.r.camera", "data")  # type: ignore[arg-type]
+
+
+def test_ids_are_hashable_and_equal_by_value() -> None:
+    assert ChannelId("f", "r", "camera") == CH
+    assert hash(ChannelId("f", "r", "camera")) == hash(CH)
+    a = SubscriptionId("detector", ChannelId("f", "r", "camera"), "data", replica=2)
+    b = SubscriptionId("detector", CH, "data", replica=2)
+    assert a == b and len({a, b}) == 1
+    assert a != SubscriptionId("detector", CH, "eos", replica=2)
+    assert a != SubscriptionId("detector", CH, "data", replica=3)
+
+
+def test_ids_are_frozen() -> None:
+    with pytest.raises(AttributeError):
+        CH.node = "other"  # type: ignore[misc]
+
+
+def test_profile_request_validates_profile_and_knows_stream_level() -> None:
+    assert ProfileRequest("camera", RELIABLE_WORK).stream_level
+    assert not ProfileRequest("camera", REPLAY_ARCHIVE, requested_by="provision").stream_level
+    with pytest.raises(ValueError, match="profile must be one of"):
+        ProfileRequest("camera", "best_guess")
+    with pytest.raises(ValueError, match="channel"):
+        ProfileRequest("", RELIABLE_WORK)
+
+
+def test_known_zero_and_unknown_are_different_types() -> None:
+    zero: Known[int] | Unknown = Known(0)
+    unread: Known[int] | Unknown = Unknown("unread")
+    assert zero != unread
+    assert isinstance(zero, Known) and not isinstance(zero, Unknown)
+    assert isinstance(unread, Unknown) and not isinstance(unread, Known)
+    assert Known(0) == Known(0) and hash(Known(0)) == hash(Known(0))
+
+
+@pytest.mark.parametrize("observation", [Known(0), Known(5), Unknown("timeout", "slow")])
+def test_observations_refuse_truth_testing(observation: Known[int] | Unknown) -> None:
+    with pytest.raises(TypeError, match="not truth-testable"):
+        bool(observation)
+
+
+def test_unknown_reason_vocabulary() -> None:
+    assert UNKNOWN_REASONS == {
+        "missing", "timeout", "auth", "unreachable", "api", "malformed", "unread"
+    }
+    for reason in UNKNOWN_REASONS:
+        assert Unknown(reason).reason == reason  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Unknown.reason"):
+        Unknown("zero")  # type: ignore[arg-type]
+
+
+def test_terminal_requires_a_record_ref() -> None:
+    assert Terminal("dlq/f/r/camera/7").record_ref == "dlq/f/r/camera/7"
+    for bad in ("", "   "):
+        with pytest.raises(ValueError, match="DELIV-15"):
+            Terminal(bad)
+    with pytest.raises(TypeError):
+        Terminal()  # type: ignore[call-arg]
+
+
+def test_channel_spec_defaults_and_validation() -> None:
+    spec = ChannelSpec(CH, RELIABLE_WORK, required=[SUB])  # type: ignore[arg-type]
+    assert spec.required == (SUB,) and spec.replicas == 1 and spec.max_bytes is None
+    assert hash(spec) == hash(ChannelSpec(CH, RELIABLE_WORK, required=(SUB,)))
+    with pytest.raises(ValueError, match="profile"):
+        ChannelSpec(CH, "fast")
+    with pytest.raises(ValueError, match="replicas"):
+        ChannelSpec(CH, LIVE_LATEST, replicas=0)
+    with pytest.raises(ValueError, match="max_bytes"):
+        ChannelSpec(CH, LIVE_LATEST, max_bytes=0)
+    other = SubscriptionId("detector", ChannelId("f", "r", "lidar"))
+    with pytest.raises(ValueError, match="does not read"):
+        ChannelSpec(CH, RELIABLE_WORK, required=(other,))
+
+
+def test_subscription_spec_validation() -> None:
+    assert SubscriptionSpec(SUB, 60, -1, 5).byte_credit == 0
+    with pytest.raises(ValueError, match="ack_wait_seconds"):
+        SubscriptionSpec(SUB, 0, 3, 5)
+    with pytest.raises(ValueError, match="ack_wait_seconds"):
+        SubscriptionSpec(SUB, float("inf"), 3, 5)
+    with pytest.raises(ValueError, match="max_deliver"):
+        SubscriptionSpec(SUB, 60, 0, 5)
+    with pytest.raises(ValueError, match="credit"):
+        SubscriptionSpec(SUB, 60, 3, 0)
+    with pytest.raises(ValueError, match="byte_credit"):
+        SubscriptionSpec(SUB, 60, 3, 1, byte_credit=-1)
+
+
+def test_envelope_size_and_validation() -> None:
+    env = Envelope(CH, "data", b"abc", msg_id="camera:0:1")
+    assert env.size == 3
+    with pytest.raises(ValueError, match="kind"):
+        Envelope(CH, "ctl", b"")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="bytes"):
+        Envelope(CH, "data", "abc")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="msg_id"):
+        Envelope(CH, "data", b"", msg_id="")
+
+
+def test_delivery_tokens_equal_only_for_the_same_attempt_and_generation() -> None:
+    token = DeliveryToken(SUB, stream_seq=7, attempt=1, generation=0)
+    same = DeliveryToken(SubscriptionId("detector", ChannelId("f", "r", "camera")), 7, 1, 0)
+    assert token == same and hash(token) == hash(same) and len({token, same}) == 1
+    assert token != DeliveryToken(SUB, 7, 2, 0)  # a redelivery (MSG-011)
+    assert token != DeliveryToken(SUB, 7, 1, 1)  # a rebind
+    assert token != DeliveryToken(SUB, 8, 1, 0)
+    with pytest.raises(AttributeError):
+        token.attempt = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"stream_seq": 0}, "stream_seq"), ({"attempt": 0}, "attempt"),
+     ({"generation": -1}, "generation"), ({"stream_seq": True}, "stream_seq")],
+)
+def test_delivery_token_validation(kwargs: dict[str, int], field: str) -> None:
+    args = {"stream_seq": 1, "attempt": 1, "generation": 0} | kwargs
+    with pytest.raises(ValueError, match=field):
+        DeliveryToken(SUB, **args)
+
+
+def test_delivery_agrees_with_its_token() -> None:
+    token = DeliveryToken(SUB, 7, 2)
+    delivery = Delivery(token, b"xyz", num_delivered=2, stream_seq=7)
+    assert delivery.size == 3
+    with pytest.raises(ValueError, match="agree"):
+        Delivery(token, b"xyz", num_delivered=1, stream_seq=7)
+
+
+def test_publish_outcomes_are_distinct_types() -> None:
+    outcomes = [Accepted(3), Accepted(3, duplicate=True), Rejected("no stream", False),
+                PublicationUnknown("timeout"), PublicationUnresolvable()]
+    assert len({type(o) for o in outcomes}) == 4
+    assert Accepted(3) != Accepted(3, duplicate=True)
+    with pytest.raises(ValueError, match="stream_seq"):
+        Accepted(0)
+    with pytest.raises(ValueError, match="reason"):
+        Rejected("", True)
+    with pytest.raises(ValueError, match="reason"):
+        PublicationUnknown("")
+
+
+def test_settle_outcomes_and_results() -> None:
+    assert Completed() == Completed()
+    assert Retry().delay == 0.0 and Retry(1.5).delay == 1.5
+    with pytest.raises(ValueError, match="delay"):
+        Retry(-1)
+    with pytest.raises(ValueError, match="delay"):
+        Retry(float("nan"))
+    results = [SettleConfirmed(), SettleUnknown("no ack reply"), SettleStale()]
+    assert len({type(r) for r in results}) == 3
+    with pytest.raises(ValueError, match="reason"):
+        SettleUnknown("")
