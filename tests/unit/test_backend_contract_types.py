@@ -15,12 +15,16 @@ from videoflow.backends.messaging import (
     UNKNOWN_REASONS,
     Accepted,
     ChannelId,
+    ChannelObservation,
     ChannelSpec,
+    CleanupObservation,
     Completed,
     Delivery,
     DeliveryToken,
     Envelope,
     Known,
+    LeaseObservation,
+    MessagingCapabilities,
     ProfileRequest,
     PublicationUnknown,
     PublicationUnresolvable,
@@ -30,9 +34,12 @@ from videoflow.backends.messaging import (
     SettleStale,
     SettleUnknown,
     SubscriptionId,
+    SubscriptionObservation,
     SubscriptionSpec,
     Terminal,
     Unknown,
+    VerifiedChannel,
+    VerifiedSubscription,
 )
 
 CH = ChannelId("f", "r", "camera")
@@ -211,3 +218,61 @@ def test_settle_outcomes_and_results() -> None:
     assert len({type(r) for r in results}) == 3
     with pytest.raises(ValueError, match="reason"):
         SettleUnknown("")
+
+
+def test_capabilities_default_to_unread_observations() -> None:
+    caps = MessagingCapabilities("jetstream", frozenset(STREAM_PROFILES), durable=True)
+    assert caps.max_payload == Unknown("unread") and caps.storage == Unknown("unread")
+    read = MessagingCapabilities("jetstream", STREAM_PROFILES, True, max_payload=Known(1 << 20))
+    assert read.max_payload == Known(1048576)
+    with pytest.raises(ValueError, match="profile"):
+        MessagingCapabilities("memory", frozenset({"fast"}), durable=False)
+    with pytest.raises(ValueError, match="Known or Unknown"):
+        MessagingCapabilities("memory", PROFILES, False, max_payload=1024)  # type: ignore[arg-type]
+
+
+def test_verified_channel_and_subscription_report_mismatches() -> None:
+    spec = ChannelSpec(CH, RELIABLE_WORK, replicas=3)
+    assert VerifiedChannel(spec, "vf-f-r-camera", created=True).honoured
+    clamped = VerifiedChannel(spec, "vf-f-r-camera", mismatches=["num_replicas: 1 < 3"])  # type: ignore[arg-type]
+    assert clamped.mismatches == ("num_replicas: 1 < 3",) and not clamped.honoured
+    with pytest.raises(ValueError, match="sequence of names"):
+        VerifiedChannel(spec, "vf-f-r-camera", mismatches="num_replicas")  # type: ignore[arg-type]
+    sub = VerifiedSubscription(SubscriptionSpec(SUB, 60, 3, 4), "detector-camera", generation=2)
+    assert sub.honoured and sub.generation == 2
+    with pytest.raises(ValueError, match="generation"):
+        VerifiedSubscription(SubscriptionSpec(SUB, 60, 3, 4), "d", generation=-1)
+
+
+def test_channel_observation_validation() -> None:
+    assert ChannelObservation(1, 0, 0, "interest").messages == 0
+    with pytest.raises(ValueError, match="messages"):
+        ChannelObservation(1, 5, -1, "limits")
+    with pytest.raises(ValueError, match="retention"):
+        ChannelObservation(1, 5, 5, "")
+
+
+def test_unresolved_work_is_never_nothing_pending() -> None:
+    assert SubscriptionObservation(0, 0, 0, dropped=4).nothing_pending
+    assert not SubscriptionObservation(0, 0, 1).nothing_pending  # MSG-012
+    assert not SubscriptionObservation(0, 2, 0).nothing_pending
+    assert not SubscriptionObservation(1, 0, 0).nothing_pending
+    with pytest.raises(ValueError, match="unresolved"):
+        SubscriptionObservation(0, 0, -1)
+
+
+def test_lease_observation_states() -> None:
+    assert LeaseObservation("extended").reason == ""
+    assert LeaseObservation("stale").state == "stale"
+    with pytest.raises(ValueError, match="reason"):
+        LeaseObservation("unknown")
+    with pytest.raises(ValueError, match="state"):
+        LeaseObservation("renewed")  # type: ignore[arg-type]
+
+
+def test_cleanup_cannot_be_complete_with_remainders() -> None:
+    done = CleanupObservation(["a", "b"], [], complete=True)  # type: ignore[arg-type]
+    assert done.removed == ("a", "b") and done.remaining == ()
+    assert not CleanupObservation((), (), complete=False).complete  # unreadable inventory
+    with pytest.raises(ValueError, match="complete"):
+        CleanupObservation(("a",), ("b",), complete=True)

@@ -14,6 +14,7 @@ truth-tested, so "zero pending" can never be confused with "could not read" (MSG
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeAlias, TypeVar
 
@@ -481,3 +482,200 @@ class Unknown(_NotTruthTestable):
 
 Observation: TypeAlias = Known[T] | Unknown
 """``Observation[int]`` is ``Known[int] | Unknown``."""
+
+LeaseState = Literal["extended", "stale", "unknown"]
+
+
+def _require_counts(owner: str, value: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        _require_int(owner, name, getattr(value, name), 0)
+
+
+def _require_names(owner: str, name: str, value: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, str):  # a lone name would otherwise become its characters
+        raise ValueError(f"{owner}.{name} must be a sequence of names, got {value!r}")
+    names = tuple(value)
+    for item in names:
+        _require_text(owner, name, item)
+    return names
+
+
+@dataclass(frozen=True, slots=True)
+class MessagingCapabilities:
+    """What a broker offers. Parts that need a read-back are observations: Unknown
+    ('unread') until the backend has read them.
+
+    Arguments:
+        backend: the adapter's name ('memory', 'jetstream').
+        profiles: the profiles a channel of this backend can promise.
+        durable: whether messages outlive the process (False for memory).
+        max_payload: the largest message the broker takes, in bytes.
+        replicas: copies the broker keeps of a channel.
+        storage: 'file' or 'memory'.
+    """
+
+    backend: str
+    profiles: frozenset[str]
+    durable: bool
+    max_payload: Known[int] | Unknown = Unknown("unread")
+    replicas: Known[int] | Unknown = Unknown("unread")
+    storage: Known[str] | Unknown = Unknown("unread")
+
+    def __post_init__(self) -> None:
+        _require_text("MessagingCapabilities", "backend", self.backend)
+        profiles = frozenset(self.profiles)
+        for profile in profiles:
+            _require_profile("MessagingCapabilities", profile)
+        object.__setattr__(self, "profiles", profiles)
+        for name in ("max_payload", "replicas", "storage"):
+            if not isinstance(getattr(self, name), (Known, Unknown)):
+                raise ValueError(f"MessagingCapabilities.{name} must be Known or Unknown")
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedChannel:
+    """A channel as read back after ensure_channel — never "already exists" on trust.
+
+    Arguments:
+        spec: what was asked for.
+        name: the broker's name for it (the stream).
+        created: whether this call created it (False: it existed and was inspected).
+        mismatches: requested fields the broker does not honour, each
+            '<field>: <effective> ...'; empty when every field is honoured.
+    """
+
+    spec: ChannelSpec
+    name: str
+    created: bool = False
+    mismatches: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _require_text("VerifiedChannel", "name", self.name)
+        object.__setattr__(self, "mismatches",
+                           _require_names("VerifiedChannel", "mismatches", self.mismatches))
+
+    @property
+    def honoured(self) -> bool:
+        """Whether the broker honours every requested field."""
+        return not self.mismatches
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedSubscription:
+    """A subscription as read back after ensure_subscription.
+
+    Arguments:
+        spec: what was asked for.
+        name: the broker's name for it (the durable).
+        generation: this binding's generation; tokens it hands out carry it.
+        created: whether this call created the durable.
+        mismatches: requested fields the broker does not honour (a credit other than
+            the one provisioned is one: MSG-017).
+    """
+
+    spec: SubscriptionSpec
+    name: str
+    generation: int = 0
+    created: bool = False
+    mismatches: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _require_text("VerifiedSubscription", "name", self.name)
+        _require_int("VerifiedSubscription", "generation", self.generation, 0)
+        object.__setattr__(self, "mismatches",
+                           _require_names("VerifiedSubscription", "mismatches", self.mismatches))
+
+    @property
+    def honoured(self) -> bool:
+        """Whether the broker honours every requested field."""
+        return not self.mismatches
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelObservation:
+    """A channel's state: its first and last stream sequence, how many messages it
+    holds, and its retention ('limits', 'interest', 'workqueue', ...)."""
+
+    first_seq: int
+    last_seq: int
+    messages: int
+    retention: str
+
+    def __post_init__(self) -> None:
+        _require_counts("ChannelObservation", self, ("first_seq", "last_seq", "messages"))
+        _require_text("ChannelObservation", "retention", self.retention)
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionObservation:
+    """A subscription's work as the broker (and the ledger, via mark_exhausted) sees it.
+
+    Arguments:
+        available: messages not yet delivered.
+        leased: delivered and not yet settled.
+        unresolved: retained but exhausted — the broker will not redeliver them and
+            nothing has terminated them (MSG-012).
+        dropped: messages this subscription will never see (evicted, or refused by
+            its admission filter).
+    """
+
+    available: int
+    leased: int
+    unresolved: int
+    dropped: int = 0
+
+    def __post_init__(self) -> None:
+        _require_counts("SubscriptionObservation", self,
+                        ("available", "leased", "unresolved", "dropped"))
+
+    @property
+    def nothing_pending(self) -> bool:
+        """True only when nothing is available, leased or unresolved: unresolved work is
+        never "nothing pending" (MSG-012)."""
+        return self.available == 0 and self.leased == 0 and self.unresolved == 0
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseObservation:
+    """What renewing a delivery's lease achieved.
+
+    Arguments:
+        state: 'extended' (the broker was asked to extend it), 'stale' (the token is
+            superseded; nothing sent — MSG-011) or 'unknown' (the request failed).
+        reason: why, for 'stale' and 'unknown'; required for 'unknown'.
+    """
+
+    state: LeaseState
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.state not in ("extended", "stale", "unknown"):
+            raise ValueError(f"LeaseObservation.state must be extended, stale or unknown, "
+                             f"got {self.state!r}")
+        if self.state == "unknown":
+            _require_text("LeaseObservation", "reason", self.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupObservation:
+    """What a cleanup removed.
+
+    Arguments:
+        removed: confirmed gone (one that was already gone counts).
+        remaining: owned resources whose removal failed.
+        complete: False whenever anything remains or the inventory could not be read
+            — a failed listing removes nothing and is not "nothing to remove".
+    """
+
+    removed: tuple[str, ...]
+    remaining: tuple[str, ...]
+    complete: bool
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "removed",
+                           _require_names("CleanupObservation", "removed", self.removed))
+        object.__setattr__(self, "remaining",
+                           _require_names("CleanupObservation", "remaining", self.remaining))
+        if self.complete and self.remaining:
+            raise ValueError("CleanupObservation cannot be complete while resources remain: "
+                             f"{self.remaining!r}")
