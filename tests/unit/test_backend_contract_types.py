@@ -3,6 +3,13 @@ the contract exists to keep (zero vs unknown, terminal only against a record).""
 
 from __future__ import annotations
 
+import inspect
+import re
+from asyncio import AbstractEventLoop
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from videoflow.backends.messaging import (
@@ -24,6 +31,7 @@ from videoflow.backends.messaging import (
     Envelope,
     Known,
     LeaseObservation,
+    MessagingBackend,
     MessagingCapabilities,
     ProfileRequest,
     PublicationUnknown,
@@ -276,3 +284,141 @@ def test_cleanup_cannot_be_complete_with_remainders() -> None:
     assert not CleanupObservation((), (), complete=False).complete  # unreadable inventory
     with pytest.raises(ValueError, match="complete"):
         CleanupObservation(("a",), ("b",), complete=True)
+
+
+# --------------------------------------------------------------- the abstract contract
+
+# Every public member the reference documents for JetStreamMessagingBackend
+# (messaging-api-reference, videoflow.messaging.jetstream_backend), constructor aside.
+REFERENCE_MEMBERS = {
+    "budget_waits", "capabilities", "close", "connected", "ensure_channel",
+    "ensure_subscription", "loop", "mark_exhausted", "observe_ack_floor", "observe_channel",
+    "observe_publication", "observe_subscription", "prefetched", "publish", "receive",
+    "receive_any", "renew", "resident_bytes", "set_admission", "settle", "shutdown",
+    "skipped", "start", "stop_receiving", "subject_for", "subscribe_control", "supersede",
+}
+# Members the reference gives a default behaviour for ("0 when the backend keeps none",
+# "Returns False when the backend keeps no such filter", "The default is a no-op").
+DEFAULTED = {"budget_waits", "prefetched", "set_admission", "skipped", "supersede"}
+
+REFERENCE = Path("/work/shared/spec/messaging-api-reference.txt")
+
+
+def _declared_members() -> set[str]:
+    return {name for name in vars(MessagingBackend) if not name.startswith("_")}
+
+
+def test_backend_declares_exactly_the_reference_members() -> None:
+    assert _declared_members() == REFERENCE_MEMBERS
+
+
+def test_backend_abstract_members_are_all_but_the_documented_defaults() -> None:
+    assert MessagingBackend.__abstractmethods__ == REFERENCE_MEMBERS - DEFAULTED
+
+
+def test_backend_cannot_be_instantiated() -> None:
+    with pytest.raises(TypeError, match="abstract"):
+        MessagingBackend()  # type: ignore[abstract]
+
+
+def test_backend_members_all_carry_a_promise() -> None:
+    for name in REFERENCE_MEMBERS:
+        member = vars(MessagingBackend)[name]
+        doc = (member.fget if isinstance(member, property) else member).__doc__
+        assert doc and doc.strip(), name
+
+
+def _split_params(text: str) -> list[str]:
+    """Top-level comma split, so Callable[[Delivery], bool] stays one parameter."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += char in "[("
+        depth -= char in "])"
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return [p.strip() for p in parts + [current] if p.strip()]
+
+
+def _reference_signatures() -> dict[str, list[tuple[str, str | None]] | None]:
+    """name -> [(parameter, default text or None)], or None for a property."""
+    text = REFERENCE.read_text(encoding="utf-8")
+    start = text.index("class videoflow.messaging.jetstream_backend.JetStreamMessagingBackend(")
+    end = text.index("videoflow.messaging.jetstream_backend.channel_spec_for(", start)
+    found: dict[str, list[tuple[str, str | None]] | None] = {}
+    for line in text[start:end].splitlines()[1:]:
+        if match := re.match(r"^property (\w+): ", line):
+            found[match.group(1)] = None
+        elif match := re.match(r"^(\w+)\((.*)\) \u2192 ", line):
+            params = []
+            for param in _split_params(match.group(2)):
+                head, _, default = param.partition(" = ")
+                params.append((head.split(":")[0].strip(), default or None))
+            found[match.group(1)] = params
+    return found
+
+
+@pytest.mark.skipif(not REFERENCE.exists(), reason="the shared API reference is not present")
+def test_backend_matches_the_reference_signatures() -> None:
+    reference = _reference_signatures()
+    assert set(reference) == REFERENCE_MEMBERS
+    for name, params in reference.items():
+        member = vars(MessagingBackend)[name]
+        if params is None:
+            assert isinstance(member, property), name
+            continue
+        declared = [
+            (p.name, None if p.default is inspect.Parameter.empty else repr(p.default))
+            for p in list(inspect.signature(member).parameters.values())[1:]  # without self
+        ]
+        assert declared == params, name
+
+
+class _Minimal(MessagingBackend):
+    """Implements only the abstract members, to exercise the defaults."""
+
+    def start(self) -> None: ...
+    @property
+    def connected(self) -> bool:
+        return False
+    @property
+    def loop(self) -> AbstractEventLoop:
+        raise RuntimeError("no loop")
+    def stop_receiving(self) -> int:
+        return 0
+    def shutdown(self, hand_back: bool = True) -> None: ...
+    def close(self, owned: Sequence[ChannelId], expected_generation: str) -> Any: ...
+    def capabilities(self) -> Any: ...
+    def subject_for(self, channel: ChannelId, kind: str) -> str:
+        return ""
+    def ensure_channel(self, spec: ChannelSpec, operation_id: str) -> Any: ...
+    def ensure_subscription(self, spec: SubscriptionSpec, operation_id: str) -> Any: ...
+    def subscribe_control(self, callback: Callable[[], None]) -> None: ...
+    def publish(self, envelope: Envelope, deadline: float) -> Any: ...
+    def observe_publication(self, envelope: Envelope) -> Any: ...
+    def receive(self, subscription: SubscriptionId, item_credit: int, byte_credit: int,
+                deadline: float) -> list[Delivery]:
+        return []
+    def receive_any(self, subscriptions: Sequence[SubscriptionId], item_credit: int,
+                    byte_credit: int, deadline: float) -> list[tuple[SubscriptionId, Delivery]]:
+        return []
+    def resident_bytes(self) -> int:
+        return 0
+    def settle(self, token: DeliveryToken, outcome: Any, settlement_id: str) -> Any: ...
+    def renew(self, token: DeliveryToken) -> Any: ...
+    def mark_exhausted(self, subscription: SubscriptionId, stream_sequence: int | None) -> None:
+        ...
+    def observe_channel(self, channel: ChannelId) -> Any: ...
+    def observe_subscription(self, subscription: SubscriptionId) -> Any: ...
+    def observe_ack_floor(self, subscription: SubscriptionId) -> Any: ...
+
+
+def test_defaults_report_no_local_machinery() -> None:
+    backend = _Minimal()
+    token = DeliveryToken(SUB, 1, 1)
+    assert backend.set_admission(SUB, lambda _d: True) is False
+    assert backend.prefetched(SUB) == 0 and backend.skipped(SUB) == 0
+    assert backend.budget_waits() == 0
+    assert backend.supersede(token) is False

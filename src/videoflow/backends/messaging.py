@@ -1,11 +1,22 @@
 """The messaging contract both adapters (memory, JetStream) implement.
 
+A ``MessagingBackend`` owns the transport: the connection, the channels and
+subscriptions it provisions, prefetch, leases, the settlement of every delivery token
+it hands out, and publication outcomes. It knows nothing about joining inputs,
+dead-letter policy, payload bytes or end-of-stream drains — those stay in the
+messenger, which composes a backend with a payload store.
+
 The values it trades in live in ``messaging_types`` and are re-exported here, so
 ``from videoflow.backends.messaging import Known, Unknown, ProfileRequest`` is the one
-import path callers use.
+import path callers use. Every method is synchronous: an adapter that needs an event
+loop runs its own (``loop``). Deadlines are absolute ``time.monotonic()`` values.
 """
 
 from __future__ import annotations
+
+import abc
+from asyncio import AbstractEventLoop
+from collections.abc import Callable, Sequence
 
 from videoflow.backends.messaging_types import (
     DURABLE_CONTROL,
@@ -77,6 +88,7 @@ __all__ = [
     "Known",
     "LeaseObservation",
     "LeaseState",
+    "MessagingBackend",
     "MessagingCapabilities",
     "Observation",
     "ProfileRequest",
@@ -100,3 +112,263 @@ __all__ = [
     "VerifiedChannel",
     "VerifiedSubscription",
 ]
+
+
+class MessagingBackend(abc.ABC):
+    """The transport half of a messenger: what any broker adapter must promise.
+
+    Methods with a body are defaults for adapters that keep no such machinery (no
+    local prefetch, no admission filter, tokens already fenced by attempt and
+    generation); every abstract method is a promise each adapter keeps itself.
+    """
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Connect (an adapter with I/O does so on a fresh loop thread of its own).
+
+        Raises:
+            BrokerUnavailable: the broker cannot be reached.
+        """
+
+    @property
+    @abc.abstractmethod
+    def connected(self) -> bool:
+        """Whether the backend currently holds a live connection to its broker."""
+
+    @property
+    @abc.abstractmethod
+    def loop(self) -> AbstractEventLoop:
+        """The event loop the adapter's broker I/O and callbacks run on."""
+
+    @abc.abstractmethod
+    def stop_receiving(self) -> int:
+        """Stop admitting input on every bound subscription — the quiesce half of a
+        graceful retirement (RUN-030).
+
+        Nothing more is fetched, and every delivery parked locally (fetched, never
+        handed to a receiver) is handed back to the broker at once, so a survivor
+        picks it up now rather than after ack_wait. Deliveries already handed out stay
+        the receiver's to settle. Idempotent: a second call hands back nothing more.
+
+        Returns:
+            how many parked deliveries were handed back.
+        """
+
+    @abc.abstractmethod
+    def shutdown(self, hand_back: bool = True) -> None:
+        """Stop receiving, hand back every delivery this receiver still holds (parked
+        or handed out and unsettled; an already settled one is left alone), flush
+        pending publishes and release the connection.
+
+        Arguments:
+            hand_back: False closes without handing anything back — what a crashed
+                process looks like to the broker (its leases lapse on their own).
+                Crash simulations pass it; a worker never does.
+        """
+
+    @abc.abstractmethod
+    def close(self, owned: Sequence[ChannelId], expected_generation: str) -> CleanupObservation:
+        """Delete exactly the owned channels, by ownership, never by name prefix.
+
+        Arguments:
+            owned: the channels to remove.
+            expected_generation: the provisioning generation they must carry; a
+                channel of another generation is not removed.
+
+        Returns:
+            removed (confirmed gone; already gone counts), remaining (owned, delete
+            failed) and complete — False whenever anything remains or the inventory
+            could not be read. Re-running is safe, and is the remedy.
+        """
+
+    @abc.abstractmethod
+    def capabilities(self) -> MessagingCapabilities:
+        """What this broker offers. Parts that need a read-back (max_payload,
+        replication, storage) are Unknown('unread') until they have been read."""
+
+    # ---------------------------------------------------------------- provisioning
+
+    @abc.abstractmethod
+    def subject_for(self, channel: ChannelId, kind: str) -> str:
+        """The subject (address) a channel's messages of kind ('data' | 'eos') use."""
+
+    @abc.abstractmethod
+    def ensure_channel(self, spec: ChannelSpec, operation_id: str) -> VerifiedChannel:
+        """Create or reconcile the channel and read back its effective configuration.
+
+        "Already exists" is never accepted without inspection; a field the broker does
+        not honour is reported in VerifiedChannel.mismatches, never trusted.
+
+        Arguments:
+            spec: what the channel must provide.
+            operation_id: names this provisioning step, so a retry is idempotent.
+
+        Raises:
+            IncompatibleProfile: an immutable mismatch (retention, replicas), or a
+                profile the broker cannot promise.
+            BrokerUnavailable: the broker did not answer.
+        """
+
+    @abc.abstractmethod
+    def ensure_subscription(
+        self, spec: SubscriptionSpec, operation_id: str
+    ) -> VerifiedSubscription:
+        """Bind the subscription (creating it when absent), read it back, and start
+        receiving for it. Its credit is the provisioned credit (MSG-017); a data
+        subscription also starts counting exhausted messages as unresolved (MSG-012).
+
+        Arguments:
+            spec: how to bind it.
+            operation_id: names this step, so a retry is idempotent.
+
+        Raises:
+            BrokerUnavailable: the broker did not answer.
+        """
+
+    @abc.abstractmethod
+    def subscribe_control(self, callback: Callable[[], None]) -> None:
+        """Invoke callback (on the backend's loop) when the run's flow-wide stop is
+        published."""
+
+    # ------------------------------------------------------------------ publishing
+
+    @abc.abstractmethod
+    def publish(self, envelope: Envelope, deadline: float) -> PublishOutcome:
+        """Publish before a monotonic deadline; the outcome is typed, never guessed.
+
+        Returns:
+            Accepted (stored, or a duplicate of a stored msg_id); Rejected when the
+            broker definitely refused, retryable saying whether waiting helps;
+            PublicationUnknown when the deadline expired after the send — a lost
+            receipt is never a rejection (MSG-013, MSG-014).
+        """
+
+    @abc.abstractmethod
+    def observe_publication(self, envelope: Envelope) -> PublishOutcome:
+        """Resolve an earlier PublicationUnknown by an idempotent re-publish of the same
+        msg_id: inside the broker's duplicate window exactly one accepted copy results
+        (duplicate when the first send was stored); beyond it nothing can be known and
+        the answer is PublicationUnresolvable (MSG-014)."""
+
+    # ------------------------------------------------------------------- receiving
+
+    @abc.abstractmethod
+    def receive(
+        self, subscription: SubscriptionId, item_credit: int, byte_credit: int, deadline: float
+    ) -> list[Delivery]:
+        """Up to item_credit deliveries (and about byte_credit bytes; 0 = unbounded) from
+        one subscription, waiting until the monotonic deadline for the first. Each
+        carries a fresh DeliveryToken this backend must later honour or call stale."""
+
+    @abc.abstractmethod
+    def receive_any(
+        self,
+        subscriptions: Sequence[SubscriptionId],
+        item_credit: int,
+        byte_credit: int,
+        deadline: float,
+    ) -> list[tuple[SubscriptionId, Delivery]]:
+        """Wait until the monotonic deadline for any subscription to hold a delivery and
+        return everything that became ready in that wait: a delivery already dequeued
+        is always returned, never dropped."""
+
+    def set_admission(
+        self,
+        subscription: SubscriptionId,
+        admit: Callable[[Delivery], bool],
+        on_skip: Callable[[Delivery], None] | None = None,
+    ) -> bool:
+        """Run admit on every delivery of subscription before it is parked; a refused
+        delivery is settled Completed by the backend at once and, once that is
+        confirmed, handed to on_skip off the backend's threads. admit must be cheap
+        and must not block.
+
+        Returns:
+            whether the backend keeps such a filter. The default keeps none and
+            returns False: the caller then decides on the receiving side.
+        """
+        return False
+
+    def prefetched(self, subscription: SubscriptionId) -> int:
+        """Deliveries fetched and parked locally for subscription (default: 0, for a
+        backend that keeps none)."""
+        return 0
+
+    def skipped(self, subscription: SubscriptionId) -> int:
+        """Deliveries the admission filter refused and the backend acked on the
+        consumer's behalf (default: 0, no filter)."""
+        return 0
+
+    @abc.abstractmethod
+    def resident_bytes(self) -> int:
+        """Envelope bytes this receiver holds unsettled right now, parked or handed out
+        — what the prefetch byte budget is measured against (RUN-025)."""
+
+    def budget_waits(self) -> int:
+        """How many times receiving paused because the byte budget was full (RUN-025;
+        default: 0, for a backend without a budget)."""
+        return 0
+
+    # ------------------------------------------------------------------ settlement
+
+    @abc.abstractmethod
+    def settle(
+        self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
+    ) -> SettleResult:
+        """Settle one delivery: Completed, Retry(delay) or Terminal(record_ref).
+
+        A token superseded by a newer attempt or binding is SettleStale without any
+        broker call, so a stale handle never terminates the delivery that replaced it
+        (MSG-011). SettleConfirmed only once the broker confirmed; otherwise
+        SettleUnknown, on which no payload obligation may be released (PAY-004).
+        Terminal carries the durable record it is settled against (DELIV-15).
+
+        Arguments:
+            settlement_id: names this settlement, so a retried call is idempotent.
+        """
+
+    @abc.abstractmethod
+    def renew(self, token: DeliveryToken) -> LeaseObservation:
+        """Extend the lease of an unsettled delivery; a stale token is reported stale
+        and nothing is sent (MSG-011)."""
+
+    def supersede(self, token: DeliveryToken) -> bool:
+        """Retire a token locally — the receiver holds a newer attempt of the same
+        message — without any broker settlement; a later settle of it is SettleStale.
+
+        Returns:
+            whether the token was live. The default is a no-op returning False, for
+            adapters whose tokens are already fenced by attempt and generation.
+        """
+        return False
+
+    @abc.abstractmethod
+    def mark_exhausted(self, subscription: SubscriptionId, stream_sequence: int | None) -> None:
+        """Count a retained message as unresolved in observe_subscription: the
+        messenger's ledger found its retry budget exhausted and could not record its
+        dead letter (DELIV-15's pending handoff), so nothing will resolve it until the
+        record exists (MSG-012). Cleared by the settlement that terminates it, or by
+        the message leaving the channel."""
+
+    # ---------------------------------------------------------------- observations
+
+    @abc.abstractmethod
+    def observe_channel(self, channel: ChannelId) -> Known[ChannelObservation] | Unknown:
+        """The channel's state (first/last sequence, message count, retention), or
+        Unknown saying why it could not be read — missing when it does not exist."""
+
+    @abc.abstractmethod
+    def observe_subscription(
+        self, subscription: SubscriptionId
+    ) -> Known[SubscriptionObservation] | Unknown:
+        """Available, leased, unresolved and dropped counts, or Unknown when they could
+        not be read. Unresolved includes exhausted messages the broker retains but
+        will never resolve, so such work is never "nothing pending" (MSG-012)."""
+
+    @abc.abstractmethod
+    def observe_ack_floor(self, subscription: SubscriptionId) -> Known[int] | Unknown:
+        """The stream sequence at or below which every message is settled for any data
+        subscription of the run, bound here or not, or Unknown. An unobservable floor
+        releases nothing (PAY-006)."""
