@@ -18,8 +18,10 @@ from nats.js.api import (
     StreamConfig,
 )
 
+from videoflow.backends.messaging import UNKNOWN_REASONS, ProfileRequest, Unknown
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.core.policies import JoinPolicy
+from videoflow.errors import BrokerUnavailable, IncompatibleProfile, UnobservableState
 from videoflow.messaging import topology as t
 
 # --------------------------------------------------------------------------------------
@@ -694,6 +696,7 @@ def test_profile_mismatches_unknown_profile():
 def test_observation_failure(error, reported, reason):
     got, detail = t.observation_failure(error, reported)
     assert got == reason
+    assert got in UNKNOWN_REASONS
     assert type(error).__name__ in detail
 
 
@@ -701,3 +704,110 @@ def test_observation_failure_detail_includes_reports():
     reason, detail = t.observation_failure(asyncio.TimeoutError(), ("first", "second"))
     assert reason == "timeout"
     assert "first" in detail and "second" in detail
+
+
+# --------------------------------------------------------------------------------------
+# verify_channel_profiles
+# --------------------------------------------------------------------------------------
+
+
+def _verified(flow_type: str, node: str = "n", **overrides) -> t.VerifiedStream:
+    req = t.stream_config_for("f", "r", node, flow_type, replicas=3)
+    eff = _read_back(req, **overrides)
+    return t.VerifiedStream(req, eff, t.stream_mismatches(req, eff))
+
+
+def test_verify_passes_when_streams_carry_their_profiles():
+    read_back = {"a": _verified(BATCH, "a"), "b": _verified(REALTIME, "b")}
+    requests = [ProfileRequest("a", "reliable_work"), ProfileRequest("b", "live_latest")]
+    t.verify_channel_profiles(read_back, requests, unknown_is_fatal=True, where="provision")
+    t.verify_channel_profiles(
+        read_back, requests, unknown_is_fatal=True, where="provision", config_mismatches=True
+    )
+
+
+def test_verify_rejects_a_stream_without_the_profile():
+    read_back = {"a": _verified(REALTIME, "a")}
+    with pytest.raises(IncompatibleProfile) as info:
+        t.verify_channel_profiles(
+            read_back,
+            [ProfileRequest("a", "reliable_work", requested_by="fuse")],
+            unknown_is_fatal=False,
+            where="worker fuse",
+        )
+    err = info.value
+    assert (err.channel, err.profile) == ("a", "reliable_work")
+    assert [f.split(":")[0] for f in err.findings] == ["retention", "discard"]
+    assert "worker fuse" in str(err) and "requested by fuse" in str(err)
+
+
+def test_verify_config_mismatches_only_when_asked():
+    read_back = {"a": _verified(BATCH, "a", num_replicas=1)}
+    assert read_back["a"].mismatches == ("num_replicas: requested 3, effective 1",)
+    requests = [ProfileRequest("a", "reliable_work")]
+    t.verify_channel_profiles(read_back, requests, unknown_is_fatal=True, where="worker a")
+    with pytest.raises(IncompatibleProfile) as info:
+        t.verify_channel_profiles(
+            read_back, requests, unknown_is_fatal=True, where="provision", config_mismatches=True
+        )
+    assert info.value.findings == ("num_replicas: requested 3, effective 1",)
+
+
+def test_verify_missing_stream_is_broker_unavailable():
+    read_back = {"a": Unknown("missing", "stream not found")}
+    for fatal in (True, False):
+        with pytest.raises(BrokerUnavailable):
+            t.verify_channel_profiles(
+                read_back, [ProfileRequest("a", "live_latest")], unknown_is_fatal=fatal,
+                where="provision",
+            )
+
+
+def test_verify_unobservable_is_fatal_only_when_asked(caplog):
+    read_back = {"a": Unknown("timeout", "no answer in 30 s")}
+    requests = [ProfileRequest("a", "reliable_work")]
+    with pytest.raises(UnobservableState) as info:
+        t.verify_channel_profiles(read_back, requests, unknown_is_fatal=True, where="provision")
+    assert (info.value.reason, info.value.detail) == ("timeout", "no answer in 30 s")
+    with caplog.at_level("WARNING"):
+        t.verify_channel_profiles(read_back, requests, unknown_is_fatal=False, where="worker a")
+    assert "could not be read back" in caplog.text
+
+
+def test_verify_failed_read_back_counts_as_unobserved():
+    req = t.stream_config_for("f", "r", "a", BATCH)
+    read_back = {"a": t.VerifiedStream(req, None, ("read-back failed",))}
+    requests = [ProfileRequest("a", "reliable_work")]
+    with pytest.raises(UnobservableState):
+        t.verify_channel_profiles(read_back, requests, unknown_is_fatal=True, where="provision")
+    t.verify_channel_profiles(read_back, requests, unknown_is_fatal=False, where="provision")
+
+
+def test_verify_skips_channels_not_read_back():
+    t.verify_channel_profiles(
+        {}, [ProfileRequest("elsewhere", "reliable_work")], unknown_is_fatal=True, where="w"
+    )
+
+
+def test_verify_most_definite_verdict_wins():
+    read_back = {
+        "gone": Unknown("missing"),
+        "slow": Unknown("timeout"),
+        "wrong": _verified(REALTIME, "wrong"),
+    }
+    requests = [
+        ProfileRequest("slow", "reliable_work"),
+        ProfileRequest("gone", "reliable_work"),
+        ProfileRequest("wrong", "reliable_work"),
+    ]
+    with pytest.raises(IncompatibleProfile):
+        t.verify_channel_profiles(read_back, requests, unknown_is_fatal=True, where="p")
+    with pytest.raises(BrokerUnavailable):
+        t.verify_channel_profiles(read_back, requests[:2], unknown_is_fatal=True, where="p")
+
+
+def test_verify_non_stream_profiles_have_no_profile_findings():
+    read_back = {"a": _verified(REALTIME, "a")}
+    t.verify_channel_profiles(
+        read_back, [ProfileRequest("a", "durable_control")], unknown_is_fatal=True, where="p"
+    )

@@ -27,6 +27,7 @@ it needs a broker.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -45,8 +46,18 @@ from nats.js.api import (
     StreamConfig,
 )
 
+from videoflow.backends.messaging import (
+    LIVE_LATEST,
+    PROFILES,
+    RELIABLE_WORK,
+    ProfileRequest,
+    Unknown,
+)
 from videoflow.core.constants import FLOW_TYPES, REALTIME
 from videoflow.core.policies import DeliveryPolicy, JoinPolicy
+from videoflow.errors import BrokerUnavailable, IncompatibleProfile, UnobservableState
+
+logger = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------------------
 # Constants
@@ -121,12 +132,6 @@ SERVER_METADATA_PREFIX: Final = "_nats."
 """Metadata keys nats-server adds on its own (_nats.level, _nats.req.level, _nats.ver);
 never part of a comparison (NATS_FACTS S7)."""
 
-# Messaging profiles (the values of backends.messaging's profile names).
-_RELIABLE_WORK = "reliable_work"
-_LIVE_LATEST = "live_latest"
-_DURABLE_CONTROL = "durable_control"
-_REPLAY_ARCHIVE = "replay_archive"
-PROFILES: Final = (_RELIABLE_WORK, _LIVE_LATEST, _DURABLE_CONTROL, _REPLAY_ARCHIVE)
 
 # --------------------------------------------------------------------------------------
 # Naming
@@ -976,7 +981,7 @@ def profile_mismatches(profile: str, effective: StreamConfig) -> tuple[str, ...]
     have no findings here.
 
     Arguments:
-        profile (str): one of PROFILES.
+        profile (str): one of backends.messaging.PROFILES.
         effective (StreamConfig): the configuration read back from the broker.
 
     Returns:
@@ -986,11 +991,11 @@ def profile_mismatches(profile: str, effective: StreamConfig) -> tuple[str, ...]
         ValueError: for an unknown profile.
     """
     if profile not in PROFILES:
-        raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+        raise ValueError(f"profile must be one of {sorted(PROFILES)}, got {profile!r}")
     retention = _enum_value(effective.retention) or RetentionPolicy.LIMITS.value
     discard = _enum_value(effective.discard) or DiscardPolicy.OLD.value
     found: list[str] = []
-    if profile == _RELIABLE_WORK:
+    if profile == RELIABLE_WORK:
         if retention not in (RetentionPolicy.INTEREST.value, RetentionPolicy.WORK_QUEUE.value):
             found.append(
                 f"retention: {retention} does not keep a message until it is acknowledged"
@@ -999,7 +1004,7 @@ def profile_mismatches(profile: str, effective: StreamConfig) -> tuple[str, ...]
             found.append(
                 f"discard: {discard} evicts an unacknowledged message when the stream is full"
             )
-    elif profile == _LIVE_LATEST:
+    elif profile == LIVE_LATEST:
         if retention != RetentionPolicy.LIMITS.value:
             found.append(
                 f"retention: {retention} holds messages for consumers instead of keeping "
@@ -1104,3 +1109,98 @@ def observation_failure(
     ):
         return "malformed", detail
     return "api", detail
+
+
+# --------------------------------------------------------------------------------------
+# Profile verification
+# --------------------------------------------------------------------------------------
+
+
+def _who(request: ProfileRequest) -> str:
+    return f" (requested by {request.requested_by})" if request.requested_by else ""
+
+
+def verify_channel_profiles(
+    read_back: Mapping[str, VerifiedStream | Unknown],
+    requests: Sequence[ProfileRequest],
+    *,
+    unknown_is_fatal: bool,
+    where: str,
+    config_mismatches: bool = False,
+) -> None:
+    """Bind explicit profile requests to what the broker actually holds.
+
+    For every request whose channel was read back: a stream whose effective
+    configuration contradicts the profile (profile_mismatches) is a definite rejection;
+    a stream that does not exist is a broker problem (provisioning has not run, or ran
+    against another run id); a stream that could not be observed is fatal only when
+    unknown_is_fatal — an explicit request must not pass on an unread guarantee — and a
+    logged warning otherwise. Requests for channels the caller did not read back are not
+    this caller's to judge.
+
+    Every request is judged before anything is raised; when several fail, the most
+    definite verdict wins (IncompatibleProfile, then BrokerUnavailable, then
+    UnobservableState), for the first request in order that earned it. A VerifiedStream
+    whose read-back failed (effective None) counts as unobserved.
+
+    Arguments:
+        read_back: node name -> VerifiedStream or Unknown (read_back_streams).
+        requests: the explicit profile requests.
+        unknown_is_fatal: whether an unobservable stream fails the check.
+        where: provision / worker <node>, for the message.
+        config_mismatches: also count the field-level VerifiedStream.mismatches (a
+            num_replicas below the requested count, a clamped limit). The provision
+            entrypoint knows the full request and passes True; a worker, which does not
+            know the replica count asked for, judges the profile only.
+
+    Raises:
+        IncompatibleProfile: a stream definitely does not carry its requested profile.
+        BrokerUnavailable: a requested channel's stream does not exist.
+        UnobservableState: a requested channel could not be read back and
+            unknown_is_fatal.
+    """
+    incompatible: IncompatibleProfile | None = None
+    missing: BrokerUnavailable | None = None
+    unobservable: UnobservableState | None = None
+    for request in requests:
+        if request.channel not in read_back:
+            continue  # not this caller's to judge
+        entry = read_back[request.channel]
+        subject = (
+            f"{where}: channel {request.channel!r}, profile {request.profile!r}{_who(request)}"
+        )
+        if isinstance(entry, Unknown) and entry.reason == "missing":
+            if missing is None:
+                missing = BrokerUnavailable(
+                    f"{subject}: its stream does not exist ({entry.detail or 'missing'}); "
+                    "provisioning has not run, or ran against another run id"
+                )
+            continue
+        if isinstance(entry, Unknown) or entry.effective is None:
+            if isinstance(entry, Unknown):
+                reason, detail = entry.reason, entry.detail
+            else:
+                reason, detail = "unread", "; ".join(entry.mismatches)
+            text = f"{subject}: the stream could not be read back ({reason}: {detail})"
+            if not unknown_is_fatal:
+                logger.warning("%s; the profile is not verified", text)
+            elif unobservable is None:
+                unobservable = UnobservableState(
+                    f"{text}; an explicit profile request cannot pass on an unread guarantee",
+                    reason=reason,
+                    detail=detail,
+                )
+            continue
+        findings = list(profile_mismatches(request.profile, entry.effective))
+        if config_mismatches:
+            findings.extend(entry.mismatches)
+        if findings and incompatible is None:
+            incompatible = IncompatibleProfile(
+                f"{subject}: the stream does not carry the profile: {'; '.join(findings)}",
+                channel=request.channel,
+                profile=request.profile,
+                findings=tuple(findings),
+            )
+    for verdict in (incompatible, missing, unobservable):
+        if verdict is not None:
+            raise verdict
