@@ -1,5 +1,7 @@
 """The error tree: one root, a few families, codes carried as data."""
 
+from collections.abc import Iterable
+
 
 class VideoflowError(Exception):
     """Root of every error videoflow raises on purpose.
@@ -57,7 +59,7 @@ class IncompatibleProfile(VideoflowError, ValueError):
         *,
         channel: str = "",
         profile: str = "",
-        findings: tuple[str, ...] = (),
+        findings: Iterable[str] = (),
     ) -> None:
         super().__init__(message)
         self.channel = channel

@@ -21,6 +21,7 @@ from videoflow.backends.messaging import (
     STREAM_PROFILES,
     UNKNOWN_REASONS,
     Accepted,
+    BrokerUnavailable,
     ChannelId,
     ChannelObservation,
     ChannelSpec,
@@ -29,6 +30,7 @@ from videoflow.backends.messaging import (
     Delivery,
     DeliveryToken,
     Envelope,
+    IncompatibleProfile,
     Known,
     LeaseObservation,
     MessagingBackend,
@@ -46,9 +48,11 @@ from videoflow.backends.messaging import (
     SubscriptionSpec,
     Terminal,
     Unknown,
+    UnobservableState,
     VerifiedChannel,
     VerifiedSubscription,
 )
+from videoflow.errors import VideoflowError
 
 CH = ChannelId("f", "r", "camera")
 SUB = SubscriptionId("detector", CH, "data")
@@ -422,3 +426,18 @@ def test_defaults_report_no_local_machinery() -> None:
     assert backend.prefetched(SUB) == 0 and backend.skipped(SUB) == 0
     assert backend.budget_waits() == 0
     assert backend.supersede(token) is False
+
+
+def test_errors_are_families_under_the_root_with_codes_as_data() -> None:
+    unavailable = BrokerUnavailable("stream vf-f-r-camera not found", code=10059)
+    assert isinstance(unavailable, VideoflowError) and isinstance(unavailable, ConnectionError)
+    assert unavailable.code == 10059 and unavailable.retryable
+    incompatible = IncompatibleProfile("camera is not reliable_work", channel="camera",
+                                       profile=RELIABLE_WORK, findings=["discard: old"])
+    assert isinstance(incompatible, ValueError) and not incompatible.retryable
+    assert incompatible.findings == ("discard: old",)
+    unobservable = UnobservableState("camera unread", reason="timeout", detail="30 s")
+    assert isinstance(unobservable, VideoflowError) and unobservable.retryable
+    assert (unobservable.reason, unobservable.detail) == ("timeout", "30 s")
+    with pytest.raises(VideoflowError, match="camera unread"):
+        raise unobservable
