@@ -305,7 +305,8 @@ REFERENCE_MEMBERS = {
 # "Returns False when the backend keeps no such filter", "The default is a no-op").
 DEFAULTED = {"budget_waits", "prefetched", "set_admission", "skipped", "supersede"}
 
-REFERENCE = Path("/work/shared/spec/messaging-api-reference.txt")
+# The shared design folder sits beside the repository (in every session and in CI).
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "spec" / "messaging-api-reference.txt"
 
 
 def _declared_members() -> set[str]:
