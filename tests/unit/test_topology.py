@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sys
 from dataclasses import FrozenInstanceError
 
@@ -811,3 +812,50 @@ def test_verify_non_stream_profiles_have_no_profile_findings():
     t.verify_channel_profiles(
         read_back, [ProfileRequest("a", "durable_control")], unknown_is_fatal=True, where="p"
     )
+
+
+# --------------------------------------------------------------------------------------
+# The documented signatures and defaults
+# --------------------------------------------------------------------------------------
+
+_DOCUMENTED_DEFAULTS = {
+    "consumer_config_for": {"ack_wait": 60, "max_deliver": 1, "max_ack_pending": 8,
+                            "generation": None},
+    "consumer_credit": {"item_credit": 1, "prefetch": 4},
+    "credit_admits": {"item_credit": 1, "prefetch": 4},
+    "dlq_stream_config": {"replicas": 1},
+    "dlq_subject_filter": {"run_id": None, "node_name": None},
+    "eos_anchor_config": {"generation": None},
+    "eos_consumer_config": {"inactive_threshold": 3600, "generation": None},
+    "max_deliver_for": {"max_retries": 3, "delivery": None, "ledger_budget": False},
+    "observation_failure": {"reported": ()},
+    "stream_config_for": {"subjects": None, "realtime_buffer": 1, "batch_max_msgs": 10000,
+                          "generation": None, "replicas": 1},
+    "verify_channel_profiles": {"config_mismatches": False},
+}
+
+
+@pytest.mark.parametrize("name", sorted(_DOCUMENTED_DEFAULTS))
+def test_documented_defaults(name):
+    params = inspect.signature(getattr(t, name)).parameters
+    defaults = {
+        k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty
+    }
+    assert defaults == _DOCUMENTED_DEFAULTS[name]
+
+
+def test_verify_channel_profiles_flags_are_keyword_only():
+    params = inspect.signature(t.verify_channel_profiles).parameters
+    for name in ("unknown_is_fatal", "where", "config_mismatches"):
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_consumer_configs_are_fresh_objects():
+    # pull_subscribe mutates the config it is given (NATS_FACTS S18).
+    for build in (
+        lambda: t.consumer_config_for("f", "r", "c", "p"),
+        lambda: t.eos_consumer_config("f", "r", "c", "p", "i"),
+        lambda: t.eos_anchor_config("f", "r", "n"),
+    ):
+        a, b = build(), build()
+        assert a == b and a is not b and a.metadata is not b.metadata
