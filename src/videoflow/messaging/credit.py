@@ -1,0 +1,193 @@
+"""Broker credit per replica plan (STREAM-15, RUN-005, RUN-024) and delivery caps.
+
+Part of videoflow.messaging.topology, which re-exports every public name here."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from videoflow.core.policies import DeliveryPolicy, JoinPolicy
+from videoflow.messaging.stream_configs import (
+    _check_flow_type,
+    _positive_int,
+)
+
+DEFAULT_ITEM_CREDIT: Final = 1
+"""Inputs one replica holds in processing at a time."""
+
+DEFAULT_PREFETCH: Final = 4
+"""Deliveries a worker parks locally per subscription beyond the one it is processing,
+so the next input is already in hand when the current one settles."""
+
+LEGACY_BIND_CREDIT: Final = DEFAULT_PREFETCH + 2
+"""The max_ack_pending a worker bound its durable with before RFC 0006 (its local queue
+depth plus two); kept for the same reason."""
+
+# --------------------------------------------------------------------------------------
+# Credit (STREAM-15, RUN-005, RUN-024) and delivery caps
+# --------------------------------------------------------------------------------------
+
+
+def _nonneg_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return value
+
+
+def consumer_credit(
+    nb_tasks: int,
+    partitioned: bool,
+    item_credit: int = DEFAULT_ITEM_CREDIT,
+    prefetch: int = DEFAULT_PREFETCH,
+) -> int:
+    """STREAM-15: the broker-side max_ack_pending a subscription needs so every replica
+    can hold item_credit inputs in processing plus prefetch parked, without one replica's
+    un-acked work starving another's — a shared (competing) durable multiplies by the
+    replica count, a per-replica (partitioned) durable does not. Provisioning and the
+    worker call this so the durable created and the durable bound agree (MSG-017).
+
+    Arguments:
+        nb_tasks (int): replicas of the consuming node (>= 1).
+        partitioned (bool): one durable per replica rather than one shared durable.
+        item_credit (int): inputs one replica processes at once (>= 1; a join's working
+            set, join_item_credit).
+        prefetch (int): deliveries parked locally per replica (>= 0).
+
+    Returns:
+        (item_credit + prefetch), times nb_tasks unless partitioned.
+
+    Raises:
+        ValueError: for an argument out of range.
+    """
+    _positive_int("nb_tasks", nb_tasks)
+    per_replica = _positive_int("item_credit", item_credit) + _nonneg_int("prefetch", prefetch)
+    return per_replica if partitioned else nb_tasks * per_replica
+
+
+def credit_admits(
+    effective_credit: int,
+    partitioned: bool,
+    item_credit: int = DEFAULT_ITEM_CREDIT,
+    prefetch: int = DEFAULT_PREFETCH,
+) -> int:
+    """The inverse of consumer_credit: how many replicas an effective max_ack_pending
+    (read back from the broker) lets hold item_credit inputs in processing plus prefetch
+    parked at the same time.
+
+    A plan that admits more replicas than this is incompatible with the durable as it
+    stands — the surplus replicas start but never hold an input (RUN-024): the credit
+    must be re-derived and updated, not the replicas added. A per-replica (partitioned)
+    durable serves one replica whatever its credit.
+
+    Arguments:
+        effective_credit (int): the durable's max_ack_pending as read back; a negative
+            value is JetStream's "unlimited".
+        partitioned (bool): a per-replica durable.
+        item_credit / prefetch: as consumer_credit.
+
+    Returns:
+        1 for a partitioned durable; otherwise effective_credit // (item_credit +
+        prefetch) (0 when it cannot feed even one replica), or sys.maxsize for an
+        unlimited credit.
+
+    Raises:
+        ValueError: for an item_credit or prefetch out of range, or a non-int credit.
+    """
+    per_replica = _positive_int("item_credit", item_credit) + _nonneg_int("prefetch", prefetch)
+    if isinstance(effective_credit, bool) or not isinstance(effective_credit, int):
+        raise ValueError(f"effective_credit must be an int, got {effective_credit!r}")
+    if partitioned:
+        return 1
+    if effective_credit < 0:
+        return sys.maxsize
+    return effective_credit // per_replica
+
+
+def _flow_default_overlay(default: Mapping[str, Any], override: Any, what: str) -> dict[str, Any]:
+    merged = dict(default)
+    if override is None:
+        return merged
+    if isinstance(override, (JoinPolicy, DeliveryPolicy)):
+        return override.to_dict()
+    if not isinstance(override, Mapping):
+        raise ValueError(f"{what} must be a dict or None, got {override!r}")
+    merged.update(override)
+    return merged
+
+
+def join_item_credit(
+    parents: Sequence[str], join_policy: dict | None, flow_type: str
+) -> int:
+    """The per-replica processing credit a node needs: one input group for a
+    single-parent node; for a join, its policy's working set — every half of every
+    pending group plus the group being assembled (JoinPolicy.working_set) — because a
+    credit smaller than that lets an adversarial parent ordering fill the durables with
+    halves that can never complete (RUN-005). Provisioning and the bind derive it
+    identically.
+
+    Arguments:
+        parents (Sequence[str]): the node's parents.
+        join_policy (dict | None): the node's join override (NodeSpec.join); its keys
+            overlay the flow type's default policy (JoinPolicy.default_for).
+        flow_type (str): REALTIME or BATCH.
+
+    Returns:
+        DEFAULT_ITEM_CREDIT for zero or one parent, else the working set.
+
+    Raises:
+        ValueError: an unknown flow type, or a policy invalid for these parents.
+    """
+    _check_flow_type(flow_type)
+    parents = list(parents)
+    if len(parents) <= 1:
+        return DEFAULT_ITEM_CREDIT
+    fields_ = _flow_default_overlay(
+        JoinPolicy.default_for(flow_type).to_dict(), join_policy, "join_policy"
+    )
+    return JoinPolicy.from_dict(fields_).working_set(parents)  # RUN-005
+
+
+def max_deliver_for(
+    flow_type: str,
+    max_retries: int = 3,
+    delivery: dict | None = None,
+    ledger_budget: bool = False,
+) -> int:
+    """Broker-side delivery cap for one node's durables.
+
+    Derived from the node's effective DeliveryPolicy rather than from the flow type
+    alone, because delivery is overridable per node: an at-least-once sink in a REALTIME
+    flow needs a cap above 1 or its retries would be silently impossible, and a
+    best-effort node in a BATCH flow should not be retried at all. Provisioning and the
+    messenger both call this so the durable they create and the durable they bind agree.
+
+    Arguments:
+        flow_type: supplies the preset (DeliveryPolicy.default_for).
+        max_retries: deployment-level retry count (VF_MAX_RETRIES); replaces the
+            preset's, and is itself replaced by a max_retries in delivery.
+        delivery: the node's own override, as a dict (NodeSpec.delivery).
+        ledger_budget: the retry budget is enforced by the runtime ledger's attempt
+            counts (RFC 0006 STREAM-15, decision D11: only with a durable, shared
+            runtime store), so an at-least-once durable is provisioned with
+            max_deliver = -1 — the broker never strands a message; a worker-fatal
+            redelivery never counts. Best-effort durables keep their cap of 1 either
+            way.
+
+    Returns:
+        DeliveryPolicy.max_deliveries of the effective policy (1 + max_retries for
+        at_least_once, 1 for best_effort), or -1 as above.
+
+    Raises:
+        ValueError: an unknown flow type or an invalid override.
+    """
+    _check_flow_type(flow_type)
+    preset = DeliveryPolicy.default_for(flow_type).to_dict()
+    preset["max_retries"] = max_retries
+    policy = DeliveryPolicy.from_dict(_flow_default_overlay(preset, delivery, "delivery"))
+    if ledger_budget and policy.mode == "at_least_once":
+        return -1  # STREAM-15 / D11: the ledger counts attempts, not the broker
+    return policy.max_deliveries
+
+
