@@ -21,7 +21,8 @@ vf.f.r-x.n are distinct strings — teardown reads the run out of the subject to
 never out of a name prefix.
 
 The pure half lives in submodules this one re-exports: naming, stream_configs, credit
-and verification; nothing in them needs a broker.
+and verification; nothing in them needs a broker. The broker half (read-back, teardown,
+idempotent create) lives in provisioning, re-exported here too.
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ from videoflow.messaging.naming import (
     subject_for,
     subject_owner,
     user_metadata,
+)
+from videoflow.messaging.provisioning import (
+    delete_run_streams,
+    read_back_streams,
+    read_back_streams_async,
 )
 from videoflow.messaging.stream_configs import (
     DEFAULT_BATCH_MAX_MSGS,
@@ -151,6 +157,7 @@ __all__ = [
     "consumer_mismatches",
     "control_subject_for",
     "credit_admits",
+    "delete_run_streams",
     "dlq_stream_config",
     "dlq_stream_name",
     "dlq_subject_filter",
@@ -168,6 +175,8 @@ __all__ = [
     "partitioned_durable_name_for",
     "profile_mismatches",
     "quiet_error_cb",
+    "read_back_streams",
+    "read_back_streams_async",
     "sanitize",
     "stream_config_for",
     "stream_label_selector",
