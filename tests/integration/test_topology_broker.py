@@ -104,20 +104,6 @@ async def test_read_back_keeps_an_unobservable_stream_apart_from_a_missing_one(n
         assert entry.reason == "unreachable"
 
 
-@pytest.mark.asyncio
-async def test_read_back_classifies_a_reported_permissions_violation_as_auth(jetstream):
-    class Slow:
-        async def stream_info(self, name: str) -> None:
-            raise asyncio.TimeoutError()
-
-    got = await t.read_back_streams_async(
-        Slow(), FLOW, RUN, ["a"], BATCH,  # type: ignore[arg-type]
-        reported=['nats: permissions violation for publish to "$JS.API.STREAM.INFO.x"'],
-    )
-    assert isinstance(got["a"], Unknown)
-    assert got["a"].reason == "auth"
-
-
 def test_read_back_streams_over_its_own_connection(nats_server):
     async def setup() -> None:
         nc = await nats.connect(nats_server.url)
@@ -366,6 +352,17 @@ async def test_ensure_stream_updates_a_changed_stream_without_wiping_it(jetstrea
     # S6: a full replace would have reset the subjects to the stream name.
     assert verified.effective.subjects == [t.subject_for(FLOW, RUN, "a"),
                                            t.eos_subject_for(FLOW, RUN, "a")]
+
+
+@pytest.mark.asyncio
+async def test_ensure_stream_update_keeps_settings_the_request_does_not_name(jetstream):
+    # deny_purge cannot be cancelled by an update; laying the dataclass default (False)
+    # over it would make the broker refuse the whole update.
+    await _add(jetstream, t.stream_config_for(FLOW, RUN, "a", BATCH).evolve(
+        max_msgs=5, deny_purge=True))
+    verified = await p._ensure_stream(jetstream, t.stream_config_for(FLOW, RUN, "a", BATCH))
+    assert verified.mismatches == ()
+    assert verified.effective is not None and verified.effective.deny_purge is True
 
 
 @pytest.mark.asyncio

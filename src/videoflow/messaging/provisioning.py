@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any, Final, cast
@@ -36,6 +37,7 @@ from videoflow.messaging.naming import (
 )
 from videoflow.messaging.stream_configs import connect_options_for, stream_config_for
 from videoflow.messaging.verification import (
+    STREAM_FIELDS,
     VerifiedConsumer,
     VerifiedStream,
     consumer_mismatches,
@@ -400,9 +402,16 @@ def _merged_stream_config(requested: StreamConfig, existing: StreamConfig) -> St
     """The full replacement update_stream needs (S6): the existing config with every
     field the request set laid over it, and user metadata merged rather than wiped."""
     changes: dict[str, Any] = {}
-    for name, value in vars(requested).items():
-        if value is not None:
-            changes[name] = value
+    for field in dataclasses.fields(requested):
+        value = getattr(requested, field.name)
+        # A dataclass default (discard OLD, deny_delete False, ...) is not a request
+        # unless the read-back compares the field; laying it over would undo settings
+        # the stream was given on purpose.
+        if value is None or (
+            field.name not in STREAM_FIELDS and value == field.default
+        ):
+            continue
+        changes[field.name] = value
     metadata = user_metadata(existing.metadata)
     metadata.update(user_metadata(requested.metadata))
     changes["metadata"] = metadata
