@@ -396,3 +396,30 @@ async def test_ensure_consumer_on_a_missing_stream_raises_not_found(jetstream):
     config = t.consumer_config_for(FLOW, RUN, "c", "p")
     with pytest.raises(nats.js.errors.NotFoundError):
         await p._ensure_consumer(jetstream, t.stream_name_for(FLOW, RUN, "p"), config)
+
+
+@pytest.mark.asyncio
+async def test_ensure_consumer_reports_a_refused_update_as_mismatches(jetstream):
+    from nats.js.api import DeliverPolicy
+
+    await _add(jetstream, t.stream_config_for(FLOW, RUN, "p", BATCH))
+    stream = t.stream_name_for(FLOW, RUN, "p")
+    await p._ensure_consumer(jetstream, stream, t.consumer_config_for(FLOW, RUN, "c", "p"))
+    # deliver_policy is not editable: the broker refuses, the read-back says so.
+    changed = t.consumer_config_for(FLOW, RUN, "c", "p").evolve(
+        deliver_policy=DeliverPolicy.NEW)
+    verified = await p._ensure_consumer(jetstream, stream, changed)
+    assert verified.effective is not None
+    assert any(m.startswith("deliver_policy:") for m in verified.mismatches)
+
+
+@pytest.mark.asyncio
+async def test_ensure_consumer_creates_the_eos_anchor_exactly(jetstream):
+    await _add(jetstream, t.stream_config_for(FLOW, RUN, "p", BATCH, generation="g1"))
+    verified = await p._ensure_consumer(
+        jetstream, t.stream_name_for(FLOW, RUN, "p"),
+        t.eos_anchor_config(FLOW, RUN, "p", generation="g1"),
+    )
+    assert verified.mismatches == ()
+    assert verified.effective is not None
+    assert verified.effective.durable_name == t.eos_anchor_durable_name_for("p")
