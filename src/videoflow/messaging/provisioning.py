@@ -21,7 +21,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, StreamConfig, StreamInfo, StreamsListIterator
 from nats.js.manager import JetStreamManager
 
-from videoflow.backends.messaging import CleanupObservation, Unknown
+from videoflow.backends.messaging import CleanupObservation, Unknown, UnknownReason
 from videoflow.messaging.naming import (
     KIND_DLQ,
     LABEL_FLOW_ID,
@@ -66,7 +66,8 @@ def _stream_missing(error: BaseException) -> bool:
 
 def _failure(error: BaseException, reported: Sequence[Any]) -> Unknown:
     reason, detail = observation_failure(error, [*reported])
-    return Unknown(reason, detail)  # type: ignore[arg-type]
+    # observation_failure answers in the Unknown vocabulary (UNKNOWN_REASONS).
+    return Unknown(cast(UnknownReason, reason), detail)
 
 
 # --------------------------------------------------------------------------------------
