@@ -47,6 +47,10 @@ from videoflow.messaging.verification import (
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_READ_BACK_TIMEOUT_SECONDS: Final = 30.0
+"""How long read_back_streams gives the broker, connect included, before every stream it
+was asked about is reported Unknown('timeout')."""
+
 STREAM_NOT_FOUND: Final = 10059
 """err_code of the NotFoundError for a stream that does not exist (NATS_FACTS §7)."""
 
@@ -189,7 +193,7 @@ def read_back_streams(
     run_id: str,
     node_names: Sequence[str],
     flow_type: str,
-    timeout: float = 30.0,  # DEFAULT_READ_BACK_TIMEOUT_SECONDS
+    timeout: float = DEFAULT_READ_BACK_TIMEOUT_SECONDS,
     replicas: int = 1,
     generation: str | None = None,
     fail_fast: bool = True,

@@ -27,8 +27,6 @@ idempotent create) lives in provisioning, re-exported here too.
 
 from __future__ import annotations
 
-from typing import Final
-
 from videoflow.messaging.credit import (
     DEFAULT_ITEM_CREDIT,
     DEFAULT_PREFETCH,
@@ -74,6 +72,7 @@ from videoflow.messaging.naming import (
     user_metadata,
 )
 from videoflow.messaging.provisioning import (
+    DEFAULT_READ_BACK_TIMEOUT_SECONDS,
     delete_run_streams,
     read_back_streams,
     read_back_streams_async,
@@ -109,10 +108,6 @@ from videoflow.messaging.verification import (
     stream_mismatches,
     verify_channel_profiles,
 )
-
-DEFAULT_READ_BACK_TIMEOUT_SECONDS: Final = 30.0
-"""How long read_back_streams gives the broker, connect included, before every stream it
-was asked about is reported Unknown('timeout')."""
 
 __all__ = [
     "CONSUMER_FIELDS",
