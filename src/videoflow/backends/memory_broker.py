@@ -1,0 +1,495 @@
+"""The shared in-process broker behind ``videoflow.backends.memory``.
+
+One ``MemoryBroker`` plays the server: it holds the channels (streams), their durables
+(subscriptions), every lease and the duplicate windows, and it is shared by every
+``MemoryMessagingBackend`` that stands for one process of a run — so competing
+receivers, a crash and a hand-back to a survivor can all be played in one test. It
+knows nothing of tokens, prefetch or admission filters: those are each receiver's and
+live in ``memory``.
+
+Everything is measured on one injectable clock (``clock``, default ``time.monotonic``)
+so a test advances time by hand. Every method takes the broker's lock; a receiver that
+waits uses ``condition``, which a publish or a hand-back notifies.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from videoflow.backends.messaging_types import (
+    LIVE_LATEST,
+    RELIABLE_WORK,
+    Accepted,
+    ChannelId,
+    ChannelObservation,
+    ChannelSpec,
+    Envelope,
+    Rejected,
+    SubscriptionId,
+    SubscriptionObservation,
+    SubscriptionSpec,
+)
+from videoflow.errors import IncompatibleProfile
+
+DEFAULT_DUPLICATE_WINDOW_SECONDS = 120.0
+"""How long a msg_id is remembered for deduplication — JetStream's window as this
+project provisions it (stream_configs.DUPLICATE_WINDOW_SECONDS)."""
+
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+"""The largest envelope the broker takes, in bytes (nats-server's default max_payload)."""
+
+BrokerAnswer = Literal["ok", "stale", "gone"]
+"""What a settlement at the broker did: ok (applied), stale (a newer attempt exists or
+it was settled already), gone (the message left the channel)."""
+
+PendingState = Literal["leased", "ready", "exhausted"]
+
+
+@dataclass(slots=True)
+class _Message:
+    seq: int
+    kind: str
+    data: bytes
+
+
+@dataclass(slots=True)
+class _Pending:
+    """One delivered, unsettled message of a durable."""
+
+    attempt: int
+    state: PendingState
+    due: float
+    """leased: when the lease lapses; ready: not before when it may be redelivered."""
+
+
+@dataclass(slots=True)
+class _Durable:
+    sub: SubscriptionId
+    spec: SubscriptionSpec | None = None
+    cursor: int = 0
+    """The highest stream sequence delivered for the first time."""
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    settled: set[int] = field(default_factory=set)
+    marked: set[int] = field(default_factory=set)
+    marked_anonymous: int = 0
+    dropped: int = 0
+
+
+@dataclass(slots=True)
+class _Stream:
+    spec: ChannelSpec
+    generation: str
+    retention: Literal["interest", "limits"]
+    discard: Literal["new", "old"]
+    max_msgs: int
+    max_bytes: int | None
+    messages: dict[int, _Message] = field(default_factory=dict)
+    last_seq: int = 0
+    size: int = 0
+    durables: dict[SubscriptionId, _Durable] = field(default_factory=dict)
+    dedup: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+
+def _limits_for(spec: ChannelSpec) -> tuple[Literal["interest", "limits"],
+                                             Literal["new", "old"], int]:
+    if spec.profile == RELIABLE_WORK:
+        return "interest", "new", spec.batch_max_msgs
+    if spec.profile == LIVE_LATEST:
+        return "limits", "old", spec.realtime_buffer
+    raise IncompatibleProfile(
+        f"the memory broker cannot promise {spec.profile!r} for {spec.channel.node!r}: "
+        "only reliable_work and live_latest are channel-level profiles",
+        channel=spec.channel.node, profile=spec.profile,
+        findings=(f"profile: {spec.profile} is not a stream-level profile",),
+    )
+
+
+class MemoryBroker:
+    """The in-process server every memory backend of one test (or one process) shares.
+
+    Arguments:
+        clock: the monotonic clock leases, retry delays and duplicate windows are
+            measured on.
+        duplicate_window: seconds a msg_id is remembered.
+        max_payload: the largest envelope accepted, in bytes.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        duplicate_window: float = DEFAULT_DUPLICATE_WINDOW_SECONDS,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+    ) -> None:
+        self.clock = clock
+        self.duplicate_window = duplicate_window
+        self.max_payload = max_payload
+        self.lock = threading.RLock()
+        self.condition = threading.Condition(self.lock)
+        self._streams: dict[ChannelId, _Stream] = {}
+        self._control: dict[tuple[str, str], list[Callable[[], None]]] = {}
+
+    # ------------------------------------------------------------------ channels
+
+    def ensure_stream(self, spec: ChannelSpec, generation: str) -> tuple[bool, tuple[str, ...]]:
+        """Create or reconcile a channel; returns (created, mismatches).
+
+        Raises:
+            IncompatibleProfile: the profile is not a channel-level one, or the channel
+                exists with another retention (immutable, as on JetStream).
+        """
+        retention, discard, max_msgs = _limits_for(spec)
+        mismatches: list[str] = []
+        if spec.replicas > 1:
+            mismatches.append(f"replicas: 1 (the memory broker keeps one copy; "
+                              f"requested {spec.replicas})")
+        with self.lock:
+            stream = self._streams.get(spec.channel)
+            if stream is None:
+                stream = _Stream(spec, generation, retention, discard, max_msgs, spec.max_bytes)
+                self._streams[spec.channel] = stream
+                created = True
+            else:
+                if stream.retention != retention:
+                    raise IncompatibleProfile(
+                        f"channel {spec.channel.node!r} exists with {stream.retention} "
+                        f"retention; {spec.profile} needs {retention}",
+                        channel=spec.channel.node, profile=spec.profile,
+                        findings=(f"retention: {stream.retention} (requested {retention})",),
+                    )
+                # Limits are mutable: the request is laid over the existing channel.
+                stream.spec, stream.discard = spec, discard
+                stream.max_msgs, stream.max_bytes = max_msgs, spec.max_bytes
+                self._enforce_limits(stream)
+                created = False
+            # Required subscriptions exist before anything is published, so INTEREST
+            # retention keeps what they have not yet read.
+            for sub in spec.required:
+                stream.durables.setdefault(sub, _Durable(sub))
+            return created, tuple(mismatches)
+
+    def delete_stream(self, channel: ChannelId, generation: str) -> Literal["removed", "gone",
+                                                                          "foreign"]:
+        """Delete a channel of the given generation (with its durables)."""
+        with self.lock:
+            stream = self._streams.get(channel)
+            if stream is None:
+                return "gone"
+            if stream.generation != generation:
+                return "foreign"
+            del self._streams[channel]
+            self.condition.notify_all()
+            return "removed"
+
+    def has_stream(self, channel: ChannelId) -> bool:
+        with self.lock:
+            return channel in self._streams
+
+    # ----------------------------------------------------------------- durables
+
+    def ensure_durable(self, spec: SubscriptionSpec) -> tuple[bool, tuple[str, ...]] | None:
+        """Create or read back a durable; returns (created, mismatches), or None when its
+        channel does not exist. A durable keeps the configuration it was created with;
+        a request that differs is reported, never silently applied (MSG-017)."""
+        with self.lock:
+            stream = self._streams.get(spec.id.channel)
+            if stream is None:
+                return None
+            durable = stream.durables.get(spec.id)
+            created = durable is None
+            if durable is None:
+                durable = _Durable(spec.id)
+                stream.durables[spec.id] = durable
+            if durable.spec is None:
+                durable.spec = spec
+                return created, ()
+            have, mismatches = durable.spec, []
+            for name in ("ack_wait_seconds", "max_deliver", "credit", "byte_credit"):
+                if getattr(have, name) != getattr(spec, name):
+                    mismatches.append(f"{name}: {getattr(have, name)} "
+                                      f"(requested {getattr(spec, name)})")
+            return False, tuple(mismatches)
+
+    def _durable(self, sub: SubscriptionId) -> tuple[_Stream, _Durable] | None:
+        stream = self._streams.get(sub.channel)
+        if stream is None or sub not in stream.durables:
+            return None
+        return stream, stream.durables[sub]
+
+    # --------------------------------------------------------------- publishing
+
+    def publish(self, envelope: Envelope) -> Accepted | Rejected:
+        """Store an envelope (or recognise a duplicate msg_id inside the window)."""
+        with self.lock:
+            now = self.clock()
+            stream = self._streams.get(envelope.channel)
+            if stream is None:
+                return Rejected(f"no channel captures {envelope.channel!r}", retryable=False)
+            if envelope.size > self.max_payload:
+                return Rejected(f"maximum payload exceeded ({envelope.size} > "
+                                f"{self.max_payload})", retryable=False)
+            self._prune_dedup(stream, now)
+            if envelope.msg_id is not None and envelope.msg_id in stream.dedup:
+                return Accepted(stream.dedup[envelope.msg_id][0], duplicate=True)
+            if stream.max_bytes is not None and envelope.size > stream.max_bytes:
+                return Rejected("message larger than the channel's max_bytes", retryable=False)
+            if stream.discard == "new" and self._full(stream, envelope.size):
+                return Rejected("channel full: maximum messages or bytes exceeded",
+                                retryable=True)
+            stream.last_seq += 1
+            seq = stream.last_seq
+            if envelope.msg_id is not None:
+                stream.dedup[envelope.msg_id] = (seq, now)
+            interested = [d for d in stream.durables.values() if d.sub.kind == envelope.kind]
+            if stream.retention == "limits" or interested:
+                # INTEREST: a message nobody is subscribed to is accepted and discarded.
+                stream.messages[seq] = _Message(seq, envelope.kind, envelope.data)
+                stream.size += envelope.size
+                self._enforce_limits(stream)
+            self.condition.notify_all()
+            return Accepted(seq)
+
+    def in_duplicate_window(self, channel: ChannelId, msg_id: str) -> bool:
+        with self.lock:
+            stream = self._streams.get(channel)
+            if stream is None:
+                return False
+            self._prune_dedup(stream, self.clock())
+            return msg_id in stream.dedup
+
+    def _prune_dedup(self, stream: _Stream, now: float) -> None:
+        expired = [k for k, (_, at) in stream.dedup.items() if now - at >= self.duplicate_window]
+        for key in expired:
+            del stream.dedup[key]
+
+    def _full(self, stream: _Stream, incoming: int) -> bool:
+        if len(stream.messages) + 1 > stream.max_msgs:
+            return True
+        return stream.max_bytes is not None and stream.size + incoming > stream.max_bytes
+
+    def _enforce_limits(self, stream: _Stream) -> None:
+        # DiscardPolicy.OLD: evict the oldest until the channel fits its limits.
+        while stream.messages and (
+            len(stream.messages) > stream.max_msgs
+            or (stream.max_bytes is not None and stream.size > stream.max_bytes)
+        ):
+            self._remove(stream, min(stream.messages), evicted=True)
+
+    def _remove(self, stream: _Stream, seq: int, evicted: bool) -> None:
+        message = stream.messages.pop(seq)
+        stream.size -= len(message.data)
+        for durable in stream.durables.values():
+            if durable.sub.kind != message.kind:
+                continue
+            if evicted and seq not in durable.settled:
+                durable.dropped += 1
+            durable.pending.pop(seq, None)
+            durable.settled.discard(seq)
+            durable.marked.discard(seq)
+
+    # ---------------------------------------------------------------- delivering
+
+    def expire(self, sub: SubscriptionId) -> None:
+        """Apply the clock to a durable's leases: a lapsed lease makes its message ready
+        for redelivery, or exhausted once max_deliver attempts were made (MSG-012)."""
+        with self.lock:
+            found = self._durable(sub)
+            if found is None or found[1].spec is None:
+                return
+            _, durable = found
+            now = self.clock()
+            for pending in durable.pending.values():
+                if pending.state == "leased" and pending.due <= now:
+                    self._hand_back(durable, pending, now)
+
+    def _hand_back(self, durable: _Durable, pending: _Pending, not_before: float) -> None:
+        assert durable.spec is not None
+        max_deliver = durable.spec.max_deliver
+        if max_deliver != -1 and pending.attempt >= max_deliver:
+            pending.state = "exhausted"
+        else:
+            pending.state, pending.due = "ready", not_before
+        self.condition.notify_all()
+
+    def fetch(self, sub: SubscriptionId) -> tuple[int, int, bytes] | None:
+        """Lease the next deliverable message of a durable: (seq, attempt, data), or None
+        when nothing is deliverable now or the durable's credit (max_ack_pending) is
+        spent. Redeliveries come before new messages, lowest sequence first."""
+        with self.lock:
+            self.expire(sub)
+            found = self._durable(sub)
+            if found is None or found[1].spec is None:
+                return None
+            stream, durable = found
+            spec = durable.spec
+            assert spec is not None
+            leased = sum(1 for p in durable.pending.values() if p.state == "leased")
+            if leased >= spec.credit:
+                return None
+            now = self.clock()
+            ready = [s for s, p in durable.pending.items() if p.state == "ready" and p.due <= now]
+            if ready:
+                seq = min(ready)
+                pending = durable.pending[seq]
+                pending.attempt += 1
+            else:
+                fresh = [s for s, m in stream.messages.items()
+                         if s > durable.cursor and m.kind == sub.kind
+                         and s not in durable.settled]
+                if not fresh:
+                    return None
+                seq = min(fresh)
+                durable.cursor = seq
+                pending = _Pending(attempt=1, state="leased", due=0.0)
+                durable.pending[seq] = pending
+            pending.state, pending.due = "leased", now + spec.ack_wait_seconds
+            return seq, pending.attempt, stream.messages[seq].data
+
+    # ---------------------------------------------------------------- settlement
+
+    def _current(self, sub: SubscriptionId, seq: int, attempt: int
+                 ) -> tuple[BrokerAnswer, _Stream | None, _Durable | None, _Pending | None]:
+        found = self._durable(sub)
+        if found is None:
+            return "gone", None, None, None
+        stream, durable = found
+        if seq not in stream.messages:
+            return "gone", stream, durable, None
+        pending = durable.pending.get(seq)
+        if pending is None or pending.attempt != attempt:
+            return "stale", stream, durable, None
+        return "ok", stream, durable, pending
+
+    def ack(self, sub: SubscriptionId, seq: int, attempt: int, terminal: bool) -> BrokerAnswer:
+        """Acknowledge (or terminate) one attempt; the message is settled for good."""
+        with self.lock:
+            answer, stream, durable, pending = self._current(sub, seq, attempt)
+            if answer != "ok":
+                return answer
+            assert stream is not None and durable is not None
+            del durable.pending[seq]
+            durable.settled.add(seq)
+            if seq in durable.marked:
+                durable.marked.discard(seq)
+            elif terminal and durable.marked_anonymous:
+                durable.marked_anonymous -= 1
+            if stream.retention == "interest" and all(
+                seq in d.settled for d in stream.durables.values() if d.sub.kind == sub.kind
+            ):
+                self._remove(stream, seq, evicted=False)
+            self.condition.notify_all()
+            return "ok"
+
+    def nak(self, sub: SubscriptionId, seq: int, attempt: int, delay: float) -> BrokerAnswer:
+        """Hand one attempt back for redelivery no earlier than delay seconds from now."""
+        with self.lock:
+            answer, _, durable, pending = self._current(sub, seq, attempt)
+            if answer != "ok":
+                return answer
+            assert durable is not None and pending is not None
+            if pending.state == "leased":
+                self._hand_back(durable, pending, self.clock() + delay)
+            return "ok"
+
+    def renew(self, sub: SubscriptionId, seq: int, attempt: int) -> BrokerAnswer:
+        """Restart the lease of one attempt (a lapsed one not yet redelivered too)."""
+        with self.lock:
+            answer, _, durable, pending = self._current(sub, seq, attempt)
+            if answer != "ok":
+                return answer
+            assert durable is not None and pending is not None and durable.spec is not None
+            if pending.state == "exhausted":
+                return "stale"
+            pending.state = "leased"
+            pending.due = self.clock() + durable.spec.ack_wait_seconds
+            return "ok"
+
+    def mark_exhausted(self, sub: SubscriptionId, seq: int | None) -> bool:
+        """Count a retained message unresolved; False when the durable does not exist."""
+        with self.lock:
+            found = self._durable(sub)
+            if found is None:
+                return False
+            stream, durable = found
+            if seq is None:
+                durable.marked_anonymous += 1
+            elif seq in stream.messages and seq not in durable.settled:
+                durable.marked.add(seq)
+            return True
+
+    # -------------------------------------------------------------- observations
+
+    def observe_channel(self, channel: ChannelId) -> ChannelObservation | None:
+        with self.lock:
+            stream = self._streams.get(channel)
+            if stream is None:
+                return None
+            first = min(stream.messages) if stream.messages else stream.last_seq + 1
+            return ChannelObservation(first_seq=first, last_seq=stream.last_seq,
+                                      messages=len(stream.messages),
+                                      retention=stream.retention)
+
+    def observe_durable(self, sub: SubscriptionId) -> SubscriptionObservation | None:
+        """available: never delivered plus due for redelivery (a Retry's delay still
+        running counts, since it will come back); leased: under a running lease;
+        unresolved: exhausted by max_deliver, plus those the ledger marked (which the
+        broker still redelivers, so they may also count as available or leased)."""
+        with self.lock:
+            self.expire(sub)
+            found = self._durable(sub)
+            if found is None:
+                return None
+            stream, durable = found
+            fresh = sum(1 for s, m in stream.messages.items()
+                        if s > durable.cursor and m.kind == sub.kind
+                        and s not in durable.settled)
+            states = [p.state for p in durable.pending.values()]
+            exhausted = {s for s, p in durable.pending.items() if p.state == "exhausted"}
+            unresolved = len(exhausted | durable.marked) + durable.marked_anonymous
+            return SubscriptionObservation(
+                available=fresh + states.count("ready"),
+                leased=states.count("leased"),
+                unresolved=unresolved,
+                dropped=durable.dropped,
+            )
+
+    def add_dropped(self, sub: SubscriptionId) -> None:
+        with self.lock:
+            found = self._durable(sub)
+            if found is not None:
+                found[1].dropped += 1
+
+    def ack_floor(self, sub: SubscriptionId) -> int | None:
+        """The highest sequence at or below which every message of the durable's kind is
+        settled (a message that left the channel counts as settled)."""
+        with self.lock:
+            found = self._durable(sub)
+            if found is None:
+                return None
+            stream, durable = found
+            open_seqs = [s for s, m in stream.messages.items()
+                         if m.kind == sub.kind and s not in durable.settled]
+            return min(open_seqs) - 1 if open_seqs else stream.last_seq
+
+    # ------------------------------------------------------------------- control
+
+    def subscribe_control(self, flow: str, run: str, notify: Callable[[], None]) -> None:
+        with self.lock:
+            self._control.setdefault((flow, run), []).append(notify)
+
+    def unsubscribe_control(self, flow: str, run: str, notify: Callable[[], None]) -> None:
+        with self.lock:
+            callbacks = self._control.get((flow, run), [])
+            if notify in callbacks:
+                callbacks.remove(notify)
+
+    def publish_stop(self, flow: str, run: str) -> int:
+        """Publish the run's flow-wide stop; returns how many subscribers were told."""
+        with self.lock:
+            callbacks = list(self._control.get((flow, run), []))
+        for notify in callbacks:
+            notify()
+        return len(callbacks)
