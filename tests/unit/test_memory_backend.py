@@ -751,3 +751,49 @@ def test_close_removes_owned_channels_of_its_generation_only(
     assert isinstance(ours.observe_channel(CHANNEL), Unknown)
     assert isinstance(ours.observe_channel(other), Known)
     assert ours.close([CHANNEL], "g1").removed == ("vf-flow-run-source",)  # already gone
+
+
+def test_a_parked_delivery_redelivered_elsewhere_is_never_handed_out(
+    make_receiver: Callable[..., MemoryMessagingBackend], peer: MemoryMessagingBackend,
+    clock: FakeClock,
+) -> None:
+    slow = make_receiver(prefetch=2)
+    provision(slow)
+    bind(peer)
+    publish(slow, b"a", b"b")
+    (first,) = receive(slow, 1)  # b is parked under a running lease
+    clock.advance(ACK_WAIT + 1)
+    taken = receive(peer, 5)
+    assert sorted(d.data for d in taken) == [b"a", b"b"]
+    assert receive(slow, 5) == []  # the stale parked b is dropped, not handed out
+    assert slow.resident_bytes() == len(first.data)
+
+
+def test_rebinding_releases_what_the_earlier_binding_held(
+    backend: MemoryMessagingBackend,
+) -> None:
+    provision(backend)
+    publish(backend, b"abc")
+    receive(backend)
+    backend.ensure_subscription(sub_spec(), "rebind")
+    assert backend.resident_bytes() == 0
+
+
+def test_a_shut_down_backend_refuses_to_publish_retryably(
+    backend: MemoryMessagingBackend,
+) -> None:
+    provision(backend)
+    backend.shutdown()
+    assert not backend.connected
+    for outcome in (backend.publish(data(b"a", "m-1"), now() + 1.0),
+                    backend.observe_publication(data(b"a", "m-1"))):
+        assert isinstance(outcome, Rejected) and outcome.retryable is True
+
+
+def test_a_payload_above_max_payload_is_rejected_for_good(
+    make_receiver: Callable[..., MemoryMessagingBackend], broker: MemoryBroker,
+) -> None:
+    receiver = make_receiver()
+    provision(receiver)
+    outcome = receiver.publish(data(b"x" * (broker.max_payload + 1)), now() + 1.0)
+    assert isinstance(outcome, Rejected) and outcome.retryable is False

@@ -11,6 +11,11 @@ leases and max_deliver, INTEREST/LIMITS retention, DiscardPolicy NEW/OLD, a msg_
 duplicate window, local prefetch, an admission filter, a byte budget, tokens fenced by
 attempt and binding generation) so the messenger can be tested without a server. It is
 not evidence of how JetStream behaves.
+
+One deliberate difference: there is no keepalive. The JetStream adapter renews every
+unsettled lease periodically; here a lease lasts ack_wait on the broker's clock unless
+renew is called, so a test plays a lapse by advancing the clock. A parked delivery
+whose lease lapsed and was redelivered elsewhere is discarded rather than handed out.
 """
 
 from __future__ import annotations
@@ -74,6 +79,11 @@ DEFAULT_PREFETCH = 4
 _WAIT_SLICE_SECONDS = 0.05
 """How long one wait for a delivery sleeps before re-applying the clock to the leases
 (a lease lapse notifies nobody, so a waiting receiver looks again)."""
+
+
+_PUBLISH_TIMES_PRUNE_AT = 4096
+"""Remembered first-send times (for observe_publication) beyond which those outside the
+duplicate window are forgotten."""
 
 
 @dataclass(slots=True)
@@ -283,8 +293,13 @@ class MemoryMessagingBackend(MessagingBackend):
         if binding is not None:
             with self.broker.lock:
                 for delivery in binding.parked:
-                    self._held.pop(delivery.token, None)
                     self.broker.nak(spec.id, delivery.stream_seq, delivery.num_delivered, 0.0)
+                # Handed-out deliveries of the old binding are stale from here on
+                # (MSG-011): nothing of theirs can be settled, so none is held; their
+                # leases lapse at the broker as they would for a rebound JetStream
+                # consumer.
+                for token in [t for t in self._held if t.subscription == spec.id]:
+                    del self._held[token]
         generation = self._generations.get(spec.id, -1) + 1
         self._generations[spec.id] = generation
         verified = VerifiedSubscription(
@@ -335,8 +350,12 @@ class MemoryMessagingBackend(MessagingBackend):
         if not self._connected:
             return Rejected("the memory backend is not connected", retryable=True)
         if envelope.msg_id is not None:
-            self._publish_times.setdefault((envelope.channel, envelope.msg_id),
-                                           self.broker.clock())
+            sent_at = self.broker.clock()
+            if len(self._publish_times) > _PUBLISH_TIMES_PRUNE_AT:
+                window = self.broker.duplicate_window
+                self._publish_times = {k: t for k, t in self._publish_times.items()
+                                       if sent_at - t < window}
+            self._publish_times.setdefault((envelope.channel, envelope.msg_id), sent_at)
         if self._drop_sends:
             self._drop_sends -= 1
             return PublicationUnknown("receipt lost (injected); the send never arrived")
@@ -351,6 +370,8 @@ class MemoryMessagingBackend(MessagingBackend):
         one, the re-publish is idempotent while the first send is inside the window."""
         if envelope.msg_id is None:
             return PublicationUnresolvable("no msg_id: a re-publish could duplicate")
+        if not self._connected:
+            return Rejected("the memory backend is not connected", retryable=True)
         first = self._publish_times.get((envelope.channel, envelope.msg_id))
         now = self.broker.clock()
         if first is not None and now - first >= self.broker.duplicate_window:
@@ -414,6 +435,14 @@ class MemoryMessagingBackend(MessagingBackend):
                     if binding is None or not binding.parked or len(taken) >= item_credit:
                         continue
                     nxt = binding.parked[0]
+                    if not self.broker.is_current(sub, nxt.stream_seq, nxt.num_delivered):
+                        # Its lease lapsed while parked and the broker redelivered it
+                        # (or it left the channel): handing it out would be a stale
+                        # token for work that is someone else's now (MSG-011).
+                        binding.parked.popleft()
+                        self._held.pop(nxt.token, None)
+                        progress = True
+                        continue
                     if taken and byte_credit and size + nxt.size > byte_credit:
                         continue
                     binding.parked.popleft()
@@ -475,7 +504,8 @@ class MemoryMessagingBackend(MessagingBackend):
         return 0 if binding is None else binding.skipped
 
     def resident_bytes(self) -> int:
-        return sum(d.size for d in self._held.values())
+        with self.broker.lock:
+            return sum(d.size for d in self._held.values())
 
     def budget_waits(self) -> int:
         return self._budget_waits

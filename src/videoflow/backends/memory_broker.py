@@ -276,7 +276,7 @@ class MemoryBroker:
             len(stream.messages) > stream.max_msgs
             or (stream.max_bytes is not None and stream.size > stream.max_bytes)
         ):
-            self._remove(stream, min(stream.messages), evicted=True)
+            self._remove(stream, next(iter(stream.messages)), evicted=True)
 
     def _remove(self, stream: _Stream, seq: int, evicted: bool) -> None:
         message = stream.messages.pop(seq)
@@ -336,17 +336,34 @@ class MemoryBroker:
                 pending = durable.pending[seq]
                 pending.attempt += 1
             else:
-                fresh = [s for s, m in stream.messages.items()
-                         if s > durable.cursor and m.kind == sub.kind
-                         and s not in durable.settled]
-                if not fresh:
+                found_seq = self._next_fresh(stream, durable)
+                if found_seq is None:
                     return None
-                seq = min(fresh)
+                seq = found_seq
                 durable.cursor = seq
                 pending = _Pending(attempt=1, state="leased", due=0.0)
                 durable.pending[seq] = pending
             pending.state, pending.due = "leased", now + spec.ack_wait_seconds
             return seq, pending.attempt, stream.messages[seq].data
+
+    @staticmethod
+    def _next_fresh(stream: _Stream, durable: _Durable) -> int | None:
+        # Sequences only grow and removal keeps dict order, so the first key is the
+        # channel's first sequence; scan forward from the cursor, not the whole channel.
+        if not stream.messages:
+            return None
+        start = max(durable.cursor + 1, next(iter(stream.messages)))
+        for seq in range(start, stream.last_seq + 1):
+            message = stream.messages.get(seq)
+            if message is not None and message.kind == durable.sub.kind \
+                    and seq not in durable.settled:
+                return seq
+        return None
+
+    def is_current(self, sub: SubscriptionId, seq: int, attempt: int) -> bool:
+        """Whether attempt is still the latest, unsettled attempt of the message."""
+        with self.lock:
+            return self._current(sub, seq, attempt)[0] == "ok"
 
     # ---------------------------------------------------------------- settlement
 
@@ -427,7 +444,7 @@ class MemoryBroker:
             stream = self._streams.get(channel)
             if stream is None:
                 return None
-            first = min(stream.messages) if stream.messages else stream.last_seq + 1
+            first = next(iter(stream.messages)) if stream.messages else stream.last_seq + 1
             return ChannelObservation(first_seq=first, last_seq=stream.last_seq,
                                       messages=len(stream.messages),
                                       retention=stream.retention)
