@@ -5,13 +5,26 @@ and receiving with fenced settlement (MSG-011). Never a mock broker."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from nats.aio.client import Client
+from nats.js import JetStreamContext
 
 from videoflow import server as embedded
+from videoflow.backends.messaging import (
+    Accepted,
+    ChannelId,
+    Envelope,
+    PublicationUnknown,
+    PublicationUnresolvable,
+    Rejected,
+)
+from videoflow.core.constants import BATCH
 from videoflow.errors import BrokerUnavailable
 from videoflow.messaging.jetstream_loop import (
     ErrorLog,
@@ -19,8 +32,58 @@ from videoflow.messaging.jetstream_loop import (
     close_client,
     connect_fail_fast,
 )
+from videoflow.messaging.jetstream_outcomes import (
+    PublicationLedger,
+    observe_by_republish,
+    publish_once,
+)
+from videoflow.messaging.naming import stream_name_for, subject_for
+from videoflow.messaging.provisioning import _ensure_consumer, _ensure_stream
+from videoflow.messaging.stream_configs import consumer_config_for, stream_config_for
 
 pytestmark = pytest.mark.timeout(60)
+
+FLOW, RUN = "flow", "run"
+
+
+class Wired:
+    """A runner with a connected client and its JetStream context, all on the
+    runner's loop — how the backend holds them."""
+
+    def __init__(self, url: str) -> None:
+        self.runner = LoopRunner()
+        self.runner.start()
+        self.errors = ErrorLog()
+        self.client: Client = self.runner.run(connect_fail_fast(url, 5.0, self.errors), 10)
+        self.js: JetStreamContext = self.client.jetstream()
+
+    def run(self, coro, timeout: float = 20.0):  # type: ignore[no-untyped-def]
+        return self.runner.run(coro, timeout)
+
+    def close(self) -> None:
+        self.runner.run(close_client(self.client), 10)
+        self.runner.stop()
+
+
+@pytest.fixture
+def wired(nats_server: embedded.EmbeddedServer):  # type: ignore[no-untyped-def]
+    w = Wired(nats_server.url)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def batch_channel(wired: Wired, node: str, max_msgs: int = 10_000) -> tuple[str, str]:
+    """A BATCH (INTEREST, DiscardPolicy.NEW) stream for node with one data durable
+    reading it, so published messages are retained. Returns (stream, subject)."""
+    stream = stream_name_for(FLOW, RUN, node)
+    config = stream_config_for(FLOW, RUN, node, BATCH, batch_max_msgs=max_msgs)
+    verified = wired.run(_ensure_stream(wired.js, config))
+    assert verified.mismatches == ()
+    durable = consumer_config_for(FLOW, RUN, "child", node, ack_wait=30, max_deliver=5)
+    wired.run(_ensure_consumer(wired.js, stream, durable))
+    return stream, subject_for(FLOW, RUN, node)
 
 
 # ------------------------------------------------------------------ layer 1: the loop
@@ -90,3 +153,83 @@ def test_runner_keeps_a_timeout_the_coroutine_raised_itself() -> None:
             runner.run(own_timeout(), timeout=5)
     finally:
         runner.stop()
+
+
+# ------------------------------------------------- layer 2: publication outcomes
+
+
+def envelope(node: str, data: bytes = b"payload", msg_id: str | None = None) -> Envelope:
+    return Envelope(ChannelId(FLOW, RUN, node), "data", data, msg_id)
+
+
+def test_publish_is_accepted_once_and_a_repeated_msg_id_is_a_duplicate(wired: Wired) -> None:
+    _, subject = batch_channel(wired, "src")
+    first = wired.run(publish_once(wired.js, subject, envelope("src", msg_id="m-1"), 5))
+    again = wired.run(publish_once(wired.js, subject, envelope("src", msg_id="m-1"), 5))
+    other = wired.run(publish_once(wired.js, subject, envelope("src", msg_id="m-2"), 5))
+    assert first == Accepted(stream_seq=1, duplicate=False)
+    assert again == Accepted(stream_seq=1, duplicate=True)
+    assert other == Accepted(stream_seq=2, duplicate=False)
+
+
+def test_a_subject_no_stream_captures_is_rejected_not_retryable(wired: Wired) -> None:
+    outcome = wired.run(publish_once(wired.js, "vf.flow.run.nobody", envelope("nobody"), 5))
+    assert isinstance(outcome, Rejected)
+    assert outcome.retryable is False
+    assert "no stream captures" in outcome.reason
+
+
+def test_a_full_discard_new_stream_is_rejected_retryable(wired: Wired) -> None:
+    _, subject = batch_channel(wired, "full", max_msgs=1)
+    assert isinstance(wired.run(publish_once(wired.js, subject, envelope("full"), 5)), Accepted)
+    outcome = wired.run(publish_once(wired.js, subject, envelope("full"), 5))
+    assert isinstance(outcome, Rejected)
+    assert outcome.retryable is True  # S8: 503 / 10077, acks free room
+    assert "10077" in outcome.reason
+
+
+def test_an_expired_deadline_sends_nothing(wired: Wired) -> None:
+    stream, subject = batch_channel(wired, "late")
+    outcome = wired.run(publish_once(wired.js, subject, envelope("late"), 0.0))
+    assert isinstance(outcome, Rejected) and outcome.retryable is True
+    info = wired.run(wired.js.stream_info(stream))
+    assert info.state.messages == 0
+
+
+def test_a_lost_puback_is_unknown_and_observe_publication_resolves_it(
+    wired: Wired, nats_server: embedded.EmbeddedServer
+) -> None:
+    stream, subject = batch_channel(wired, "frozen")
+    ledger = PublicationLedger()
+    sent = envelope("frozen", msg_id="m-frozen")
+    assert nats_server.process is not None
+    pid = nats_server.process.pid
+    os.kill(pid, signal.SIGSTOP)  # only this test's own server
+    try:
+        ledger.sent(sent, horizon=120.0)
+        outcome = wired.run(publish_once(wired.js, subject, sent, 0.5))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert isinstance(outcome, PublicationUnknown)  # MSG-014: never Rejected
+    resolved = wired.run(observe_by_republish(wired.js, stream, subject, sent, ledger, 5))
+    # S3: the frozen server stored it once it resumed; the re-publish is a duplicate.
+    assert resolved == Accepted(stream_seq=1, duplicate=True)
+    assert wired.run(wired.js.stream_info(stream)).state.messages == 1
+    assert ledger.first_sent(sent) is None
+
+
+def test_observe_publication_outside_the_window_or_without_msg_id_is_unresolvable(
+    wired: Wired,
+) -> None:
+    stream, subject = batch_channel(wired, "old")
+    now = [1000.0]
+    ledger = PublicationLedger(clock=lambda: now[0])
+    sent = envelope("old", msg_id="m-old")
+    ledger.sent(sent, horizon=120.0)
+    now[0] += 121.0  # past stream_config_for's 120 s duplicate_window
+    outcome = wired.run(observe_by_republish(wired.js, stream, subject, sent, ledger, 5))
+    assert isinstance(outcome, PublicationUnresolvable)
+    bare = wired.run(observe_by_republish(wired.js, stream, subject, envelope("old"),
+                                          ledger, 5))
+    assert isinstance(bare, PublicationUnresolvable)
+    assert wired.run(wired.js.stream_info(stream)).state.messages == 0

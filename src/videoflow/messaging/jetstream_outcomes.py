@@ -1,0 +1,199 @@
+"""Publication outcomes on JetStream: one publish, typed as the contract says
+(MSG-013, MSG-014), and the idempotent re-publish that resolves an unknown one.
+
+Part of videoflow.messaging.jetstream_backend. These are coroutines for the adapter's
+own loop; they never raise for anything the broker answered or failed to answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Final
+
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext
+
+from videoflow.backends.messaging import (
+    Accepted,
+    ChannelId,
+    Envelope,
+    PublicationUnknown,
+    PublicationUnresolvable,
+    PublishOutcome,
+    Rejected,
+)
+
+MSG_ID_HEADER: Final = "Nats-Msg-Id"
+"""The header JetStream deduplicates on inside the stream's duplicate_window."""
+
+STORE_FAILED: Final = 10077
+"""err_code of a full DiscardPolicy.NEW stream (JSStreamStoreFailedF, 503; NATS_FACTS
+S8): waiting for acknowledgements to free room can help."""
+
+MESSAGE_TOO_LARGE: Final = 10054
+"""err_code of a message over max_msg_size (headers count, S9): waiting never helps."""
+
+_SENT_PRUNE_AT: Final = 4096
+"""Remembered first-send times beyond which those outside every window are dropped."""
+
+
+def rejection_for(error: nats.js.errors.APIError) -> Rejected:
+    """A JetStream API refusal of a publish as Rejected, retryable when waiting helps.
+
+    A full DiscardPolicy.NEW stream answers 503 with err_code 10077 (S8) — acks free
+    room, so retryable; any other 503 is the server being unable right now, also
+    retryable. Everything else (400 size or expected-stream refusals, 10054/10060, a
+    500) refuses this message as it is: not retryable.
+    """
+    retryable = error.err_code == STORE_FAILED or error.code == 503
+    text = error.description or str(error)
+    return Rejected(f"refused by the stream ({error.code}/{error.err_code}): {text}",
+                    retryable=retryable)
+
+
+async def publish_once(
+    js: JetStreamContext, subject: str, envelope: Envelope, timeout: float
+) -> PublishOutcome:
+    """Publish one envelope with JetStreamContext.publish and type the answer.
+
+    The synchronous publish is used, never publish_async: a stream's API refusal never
+    reaches a publish_async future and the future has no timeout (NATS_FACTS S1, S2).
+
+    Arguments:
+        js: a JetStream context on the adapter's loop.
+        subject: the envelope's subject.
+        envelope: what to send; its msg_id becomes the Nats-Msg-Id header, so a retry
+            of the same msg_id inside the duplicate window is answered duplicate.
+        timeout: seconds to wait for the PubAck; <= 0 sends nothing.
+
+    Returns:
+        Accepted(seq, duplicate) for a PubAck (duplicate is None on a first store,
+        NATS_FACTS §2, hence bool()); Rejected(retryable=False) when no stream captures
+        the subject (NoStreamResponseError, 503 no responders) or the payload exceeds
+        max_payload client-side; Rejected per rejection_for for an APIError;
+        Rejected(retryable=True) when nothing was sent (the deadline had already passed,
+        or the connection was closed or draining before the send); PublicationUnknown
+        when no PubAck arrived in time — the message is often stored anyway (S3), so a
+        lost receipt is never a rejection (MSG-014) — or for any other failure after
+        the send began.
+    """
+    if timeout <= 0:
+        return Rejected("the deadline passed before the send; nothing was sent",
+                        retryable=True)
+    headers = None if envelope.msg_id is None else {MSG_ID_HEADER: envelope.msg_id}
+    try:
+        ack = await js.publish(subject, envelope.data, timeout=timeout, headers=headers)
+    except nats.js.errors.NoStreamResponseError:
+        # MSG-013: no stream captures the subject — waiting does not create one.
+        return Rejected(f"no stream captures {subject}", retryable=False)
+    except nats.js.errors.APIError as error:
+        return rejection_for(error)
+    except nats.errors.MaxPayloadError as error:
+        return Rejected(f"larger than the server's max_payload: {error}", retryable=False)
+    except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError) as error:
+        # Raised by the client before anything is written (aio/client.py publish).
+        return Rejected(f"not connected; nothing was sent ({type(error).__name__})",
+                        retryable=True)
+    except (asyncio.TimeoutError, nats.errors.TimeoutError):
+        # MSG-014 / S3: the send is on the wire; stored or not, nobody knows.
+        return PublicationUnknown(f"no PubAck within {timeout:.3f}s")
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:  # after the send began nothing can be concluded
+        return PublicationUnknown(f"publish failed after the send: "
+                                  f"{type(error).__name__}: {error}")
+    return Accepted(stream_seq=ack.seq, duplicate=bool(ack.duplicate))
+
+
+class PublicationLedger:
+    """First-send times of msg_ids whose outcome may have to be resolved later, so
+    observe_publication can tell whether a re-publish still falls inside the stream's
+    duplicate window (MSG-014).
+
+    Arguments:
+        clock: a monotonic clock (time.monotonic).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._first: dict[tuple[ChannelId, str], float] = {}
+
+    def sent(self, envelope: Envelope, horizon: float) -> None:
+        """Record the first send of envelope's msg_id (a later send keeps the first
+        time: the window runs from the first copy the broker may hold). Entries older
+        than horizon seconds are pruned once the ledger grows large."""
+        if envelope.msg_id is None:
+            return
+        now = self.clock()
+        if len(self._first) > _SENT_PRUNE_AT:
+            self._first = {k: t for k, t in self._first.items() if now - t < horizon}
+        self._first.setdefault((envelope.channel, envelope.msg_id), now)
+
+    def first_sent(self, envelope: Envelope) -> float | None:
+        if envelope.msg_id is None:
+            return None
+        return self._first.get((envelope.channel, envelope.msg_id))
+
+    def resolved(self, envelope: Envelope) -> None:
+        if envelope.msg_id is not None:
+            self._first.pop((envelope.channel, envelope.msg_id), None)
+
+
+async def observe_by_republish(
+    js: JetStreamContext,
+    stream: str,
+    subject: str,
+    envelope: Envelope,
+    ledger: PublicationLedger,
+    timeout: float,
+) -> PublishOutcome:
+    """Resolve an earlier PublicationUnknown by re-publishing the same msg_id.
+
+    Inside the stream's duplicate_window (read back from stream_info, never assumed)
+    the broker answers duplicate=True with the original seq when the first send was
+    stored, and stores it now when it was not — one accepted copy either way (NATS_FACTS
+    §2 (d), S3). Outside it a re-publish could store a second copy, so nothing is sent.
+
+    Arguments:
+        js: a JetStream context.
+        stream: the channel's stream (its duplicate_window bounds the answer).
+        subject / envelope: as publish_once.
+        ledger: where the first send was recorded; an envelope it does not know is
+            treated as sent now (the caller asks right after an unknown outcome).
+        timeout: bound for the stream read and the re-publish each.
+
+    Returns:
+        PublicationUnresolvable without a msg_id or beyond the window;
+        PublicationUnknown when the window could not be read or the re-publish got no
+        answer either (ask again); otherwise publish_once's outcome.
+    """
+    if envelope.msg_id is None:
+        return PublicationUnresolvable("no msg_id: a re-publish could store a duplicate")
+    first = ledger.first_sent(envelope)
+    try:
+        info = await asyncio.wait_for(js.stream_info(stream), timeout)
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:
+        return PublicationUnknown(f"the duplicate window of {stream} could not be read: "
+                                  f"{type(error).__name__}: {error}")
+    window = info.config.duplicate_window or 0.0
+    if first is not None and ledger.clock() - first >= window:
+        return PublicationUnresolvable(
+            f"the first send is outside {stream}'s duplicate window ({window:g}s)")
+    outcome = await publish_once(js, subject, envelope, timeout)
+    if isinstance(outcome, Accepted):
+        ledger.resolved(envelope)
+    return outcome
+
+
+__all__ = [
+    "MSG_ID_HEADER",
+    "PublicationLedger",
+    "observe_by_republish",
+    "publish_once",
+    "rejection_for",
+]
