@@ -19,10 +19,18 @@ from videoflow import server as embedded
 from videoflow.backends.messaging import (
     Accepted,
     ChannelId,
+    Completed,
+    DeliveryToken,
     Envelope,
     PublicationUnknown,
     PublicationUnresolvable,
     Rejected,
+    Retry,
+    SettleConfirmed,
+    SettleStale,
+    SettleUnknown,
+    SubscriptionId,
+    Terminal,
 )
 from videoflow.core.constants import BATCH
 from videoflow.errors import BrokerUnavailable
@@ -37,6 +45,7 @@ from videoflow.messaging.jetstream_outcomes import (
     observe_by_republish,
     publish_once,
 )
+from videoflow.messaging.jetstream_receive import SubscriptionReceiver, bind_receiver
 from videoflow.messaging.naming import stream_name_for, subject_for
 from videoflow.messaging.provisioning import _ensure_consumer, _ensure_stream
 from videoflow.messaging.stream_configs import consumer_config_for, stream_config_for
@@ -74,14 +83,17 @@ def wired(nats_server: embedded.EmbeddedServer):  # type: ignore[no-untyped-def]
         w.close()
 
 
-def batch_channel(wired: Wired, node: str, max_msgs: int = 10_000) -> tuple[str, str]:
+def batch_channel(
+    wired: Wired, node: str, max_msgs: int = 10_000, ack_wait: int = 30, max_deliver: int = 5
+) -> tuple[str, str]:
     """A BATCH (INTEREST, DiscardPolicy.NEW) stream for node with one data durable
     reading it, so published messages are retained. Returns (stream, subject)."""
     stream = stream_name_for(FLOW, RUN, node)
     config = stream_config_for(FLOW, RUN, node, BATCH, batch_max_msgs=max_msgs)
     verified = wired.run(_ensure_stream(wired.js, config))
     assert verified.mismatches == ()
-    durable = consumer_config_for(FLOW, RUN, "child", node, ack_wait=30, max_deliver=5)
+    durable = consumer_config_for(FLOW, RUN, "child", node, ack_wait=ack_wait,
+                                  max_deliver=max_deliver)
     wired.run(_ensure_consumer(wired.js, stream, durable))
     return stream, subject_for(FLOW, RUN, node)
 
@@ -233,3 +245,146 @@ def test_observe_publication_outside_the_window_or_without_msg_id_is_unresolvabl
                                           ledger, 5))
     assert isinstance(bare, PublicationUnresolvable)
     assert wired.run(wired.js.stream_info(stream)).state.messages == 0
+
+
+# ------------------------------------------------ layer 3: receiving and settlement
+
+
+def bound(wired: Wired, node: str, generation: int = 0, prefetch: int = 4,
+          ack_confirm: float = 2.0) -> SubscriptionReceiver:
+    sub = SubscriptionId("child", ChannelId(FLOW, RUN, node))
+
+    async def bind() -> SubscriptionReceiver:
+        return await bind_receiver(wired.js, wired.client, sub, stream_name_for(FLOW, RUN, node),
+                                   "child--from--" + node, generation, prefetch=prefetch,
+                                   fetch_timeout=0.5, ack_confirm_seconds=ack_confirm)
+
+    return wired.run(bind())
+
+
+def publish(wired: Wired, node: str, count: int) -> None:
+    subject = subject_for(FLOW, RUN, node)
+    for i in range(count):
+        outcome = wired.run(publish_once(wired.js, subject, envelope(node, b"m%d" % i), 5))
+        assert isinstance(outcome, Accepted)
+
+
+def take(wired: Wired, receiver: SubscriptionReceiver, credit: int = 1, wait: float = 5.0):  # type: ignore[no-untyped-def]
+    async def go():  # type: ignore[no-untyped-def]
+        return await receiver.take(credit, 0, time.monotonic() + wait)
+
+    return wired.run(go())
+
+
+def ack_floor(wired: Wired, node: str) -> int:
+    info = wired.run(wired.js.consumer_info(stream_name_for(FLOW, RUN, node),
+                                            "child--from--" + node))
+    return info.ack_floor.stream_seq
+
+
+def test_completed_is_confirmed_by_the_server_and_moves_the_ack_floor(wired: Wired) -> None:
+    batch_channel(wired, "acked")
+    publish(wired, "acked", 2)
+    receiver = bound(wired, "acked")
+    first, second = take(wired, receiver, credit=2)
+    assert (first.stream_seq, first.num_delivered, first.data) == (1, 1, b"m0")
+    assert first.token.generation == 0
+    assert wired.run(receiver.settle(first.token, Completed(), "s-1")) == SettleConfirmed()
+    assert wired.run(receiver.settle(second.token, Completed(), "s-2")) == SettleConfirmed()
+    assert ack_floor(wired, "acked") == 2
+    # The same settlement id again is the first answer, not a second ack.
+    assert wired.run(receiver.settle(first.token, Completed(), "s-1")) == SettleConfirmed()
+    wired.run(receiver.stop())
+
+
+def test_a_stale_token_is_settle_stale_and_sends_nothing(wired: Wired) -> None:
+    batch_channel(wired, "stale")
+    publish(wired, "stale", 1)
+    receiver = bound(wired, "stale", generation=3)
+    (delivery,) = take(wired, receiver)
+    older_binding = DeliveryToken(delivery.token.subscription, delivery.stream_seq,
+                                  delivery.num_delivered, generation=2)
+    assert isinstance(wired.run(receiver.settle(older_binding, Terminal("dlq:1"), "x")),
+                      SettleStale)
+    assert wired.run(receiver.settle(delivery.token, Completed(), "a")) == SettleConfirmed()
+    # Settled: a second, different settlement of the same token sends nothing.
+    assert isinstance(wired.run(receiver.settle(delivery.token, Retry(0.0), "b")), SettleStale)
+    assert wired.run(receiver.renew(delivery.token)).state == "stale"
+    wired.run(receiver.stop())
+
+
+def test_redelivery_after_ack_wait_increments_num_delivered_and_fences_the_first_token(
+    wired: Wired,
+) -> None:
+    batch_channel(wired, "lapse", ack_wait=1)
+    publish(wired, "lapse", 1)
+    receiver = bound(wired, "lapse")
+    (first,) = take(wired, receiver)
+    (again,) = take(wired, receiver, wait=10.0)  # the lease lapses after ack_wait=1s
+    assert again.stream_seq == first.stream_seq
+    assert again.num_delivered == first.num_delivered + 1
+    assert isinstance(wired.run(receiver.settle(first.token, Completed(), "old")), SettleStale)
+    assert wired.run(receiver.settle(again.token, Completed(), "new")) == SettleConfirmed()
+    assert ack_floor(wired, "lapse") == 1
+    wired.run(receiver.stop())
+
+
+def test_retry_with_delay_and_terminal_are_confirmed(wired: Wired) -> None:
+    batch_channel(wired, "retry")
+    publish(wired, "retry", 2)
+    receiver = bound(wired, "retry")
+    retried, terminated = take(wired, receiver, credit=2)
+    started = time.monotonic()
+    assert wired.run(receiver.settle(retried.token, Retry(0.5), "r")) == SettleConfirmed()
+    assert wired.run(receiver.settle(terminated.token, Terminal("dlq:seq-2"), "t")) == (
+        SettleConfirmed())
+    (redelivered,) = take(wired, receiver, wait=5.0)
+    assert time.monotonic() - started >= 0.4  # the NAK's delay was honoured
+    assert (redelivered.stream_seq, redelivered.num_delivered) == (1, 2)
+    assert wired.run(receiver.settle(redelivered.token, Completed(), "c")) == SettleConfirmed()
+    assert ack_floor(wired, "retry") == 2  # the terminated message never comes back
+    assert take(wired, receiver, wait=1.0) == []
+    wired.run(receiver.stop())
+
+
+def test_an_unconfirmed_ack_is_settle_unknown_and_may_be_retried(
+    wired: Wired, nats_server: embedded.EmbeddedServer
+) -> None:
+    batch_channel(wired, "unconfirmed")
+    publish(wired, "unconfirmed", 1)
+    receiver = bound(wired, "unconfirmed", ack_confirm=0.5)
+    (delivery,) = take(wired, receiver)
+    assert nats_server.process is not None
+    pid = nats_server.process.pid
+    os.kill(pid, signal.SIGSTOP)  # only this test's own server
+    try:
+        outcome = wired.run(receiver.settle(delivery.token, Completed(), "u"))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert isinstance(outcome, SettleUnknown)  # PAY-004: never assumed
+    assert receiver.live(delivery.token)
+    assert wired.run(receiver.settle(delivery.token, Completed(), "u")) == SettleConfirmed()
+    wired.run(receiver.stop())
+
+
+def test_hand_back_returns_parked_deliveries_to_a_survivor_at_once(wired: Wired) -> None:
+    batch_channel(wired, "quiesce")
+    publish(wired, "quiesce", 3)
+    leaving = bound(wired, "quiesce", prefetch=4)
+    (in_hand,) = take(wired, leaving)
+
+    async def parked_all() -> int:
+        while leaving.parked < 2:
+            await asyncio.sleep(0.05)
+        await leaving.stop()
+        return await leaving.hand_back(parked_only=True)
+
+    assert wired.run(parked_all()) == 2  # RUN-030
+    survivor = bound(wired, "quiesce", generation=1)
+    got = take(wired, survivor, credit=2, wait=5.0)
+    while len(got) < 2:
+        got += take(wired, survivor, credit=2, wait=5.0)
+    assert sorted(d.stream_seq for d in got) == [2, 3]
+    # What was handed out stays the leaving receiver's to settle.
+    assert wired.run(leaving.settle(in_hand.token, Completed(), "kept")) == SettleConfirmed()
+    wired.run(survivor.stop())

@@ -1,0 +1,408 @@
+"""Receiving and settlement on JetStream: one bound subscription's pull loop, its
+bounded local prefetch queue, and the fenced settlement of every token it hands out
+(MSG-011, PAY-004, DELIV-15).
+
+Part of videoflow.messaging.jetstream_backend. Everything here runs on the adapter's
+own loop; a SubscriptionReceiver is created, driven and stopped there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Final
+
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from videoflow.backends.messaging import (
+    Completed,
+    Delivery,
+    DeliveryToken,
+    LeaseObservation,
+    Retry,
+    SettleConfirmed,
+    SettleOutcome,
+    SettleResult,
+    SettleStale,
+    SettleUnknown,
+    SubscriptionId,
+    Terminal,
+)
+
+logger = logging.getLogger(__name__)
+
+ACK_CONFIRM_SECONDS: Final = 2.0
+"""How long a Completed settlement waits for the server's ack reply before it is
+reported SettleUnknown (Msg.ack_sync(timeout), nats-py 2.15.0)."""
+
+FETCH_TIMEOUT_SECONDS: Final = 1.0
+"""How long one pull request waits for a message before the loop re-checks whether it
+should stop. Also the unit receive_any waits in."""
+
+NAK: Final = b"-NAK"
+TERM: Final = b"+TERM"
+"""The acknowledgement verbs as nats-py's Msg.nak / Msg.term write them
+(nats/aio/msg.py Msg.Ack)."""
+
+_SETTLEMENTS_KEPT: Final = 4096
+"""Settlement ids remembered for idempotent retries."""
+
+
+def nak_payload(delay: float) -> bytes:
+    """-NAK with the delay in nanoseconds, byte for byte as Msg.nak(delay) sends it;
+    a zero delay is no delay, as there (`if delay:`; NATS_FACTS §1)."""
+    if not delay:
+        return NAK
+    return NAK + b" " + json.dumps({"delay": int(delay * 10**9)}).encode()
+
+
+def term_payload(record_ref: str) -> bytes:
+    """+TERM with the dead letter's reference as the reason, which the server carries
+    into the MSG_TERMINATED advisory. nats-py's Msg.term takes no reason (NATS_FACTS
+    S12); a line break would end the protocol message, so it becomes a space."""
+    reason = " ".join(record_ref.split())
+    return TERM + b" " + reason.encode()
+
+
+@dataclass(slots=True)
+class _Held:
+    delivery: Delivery
+    msg: Msg
+    parked: bool = True
+
+
+class SubscriptionReceiver:
+    """One binding of a subscription: a pull loop that prefetches into a bounded local
+    queue, and the live deliveries it has fetched.
+
+    A delivery is live while its token is the newest attempt of its stream sequence
+    this binding fetched; a redelivery, a rebind (a new generation) or a settlement
+    makes it stale, and settling or renewing a stale token sends nothing (MSG-011).
+
+    Arguments:
+        subscription: which subscription this binds.
+        client / psub: the connection and the pull subscription bound to the durable
+            (pull_subscribe_bind: never pull_subscribe, which would ignore a config,
+            NATS_FACTS S5).
+        generation: this binding's generation; every token carries it.
+        prefetch: the most deliveries parked locally (fetched, not handed out).
+        fetch_timeout: seconds one pull request waits.
+        ack_confirm_seconds: how long a settlement waits for the server's reply.
+    """
+
+    def __init__(
+        self,
+        subscription: SubscriptionId,
+        client: Client,
+        psub: JetStreamContext.PullSubscription,
+        generation: int,
+        prefetch: int = 4,
+        fetch_timeout: float = FETCH_TIMEOUT_SECONDS,
+        ack_confirm_seconds: float = ACK_CONFIRM_SECONDS,
+    ) -> None:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
+        self.subscription = subscription
+        self.client, self.psub = client, psub
+        self.generation = generation
+        self.prefetch = prefetch
+        self.fetch_timeout = fetch_timeout
+        self.ack_confirm_seconds = ack_confirm_seconds
+        self._parked: deque[Delivery] = deque()
+        self._current: dict[int, _Held] = {}
+        self._settled: dict[str, tuple[DeliveryToken, SettleResult]] = {}
+        self._ready = asyncio.Event()
+        self._space = asyncio.Event()
+        self._space.set()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.last_error: BaseException | None = None
+
+    # ------------------------------------------------------------------ pull loop
+
+    def start(self) -> None:
+        """Start the pull loop (on the running loop). Idempotent."""
+        if self._task is None and not self._stopping:
+            self._task = asyncio.get_running_loop().create_task(
+                self._pull_loop(), name=f"videoflow-pull-{self.subscription.consumer}")
+
+    @property
+    def receiving(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def _pull_loop(self) -> None:
+        while not self._stopping:
+            free = self.prefetch - len(self._parked)
+            if free <= 0:
+                self._space.clear()
+                await self._space.wait()
+                continue
+            try:
+                # S10: fetch returns as soon as one message is ready, with what is ready.
+                msgs = await self.psub.fetch(free, timeout=self.fetch_timeout)
+            except nats.errors.TimeoutError:  # FetchTimeoutError is a subclass
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                # S14: a deleted consumer is ServiceUnavailableError(code=None) here;
+                # keep the error for observation and do not spin.
+                self.last_error = error
+                await asyncio.sleep(self.fetch_timeout)
+                continue
+            for msg in msgs:
+                self._park(msg)
+
+    def _park(self, msg: Msg) -> None:
+        meta = msg.metadata  # sequence.stream and num_delivered (nats/aio/msg.py)
+        seq, attempt = meta.sequence.stream, meta.num_delivered
+        token = DeliveryToken(self.subscription, seq, attempt, self.generation)
+        delivery = Delivery(token=token, data=msg.data, num_delivered=attempt, stream_seq=seq)
+        old = self._current.get(seq)
+        if old is not None and old.parked:
+            # MSG-011: a redelivery supersedes the earlier attempt parked here.
+            with contextlib.suppress(ValueError):
+                self._parked.remove(old.delivery)
+        self._current[seq] = _Held(delivery, msg)
+        self._parked.append(delivery)
+        self._ready.set()
+
+    async def stop(self) -> None:
+        """Stop the pull loop; parked deliveries stay parked (hand_back returns them).
+
+        The loop is asked to stop and given the pull request in flight to finish (at
+        most fetch_timeout), never cancelled mid-fetch: a cancelled fetch leaves its
+        pull request open on the server, which then delivers into an inbox nobody reads
+        — including the very messages a hand-back NAKs — and they sit leased until
+        ack_wait lapses (RUN-030). Only a loop that overstays is cancelled.
+        """
+        task, self._task = self._task, None
+        self._stopping = True
+        self._space.set()
+        if task is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), self.fetch_timeout + 1.0)
+        except (asyncio.TimeoutError, TimeoutError):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        except Exception as error:  # the loop itself failed; nothing more to stop
+            self.last_error = error
+
+    # ------------------------------------------------------------------- handing out
+
+    @property
+    def parked(self) -> int:
+        """Deliveries fetched and parked, not yet handed out."""
+        return len(self._parked)
+
+    def resident_bytes(self) -> int:
+        """Envelope bytes held live here, parked or handed out."""
+        return sum(h.delivery.size for h in self._current.values())
+
+    def take_ready(self, item_credit: int, byte_credit: int = 0) -> list[Delivery]:
+        """Hand out up to item_credit parked deliveries without waiting (and about
+        byte_credit bytes, 0 = unbounded: the first always goes)."""
+        taken: list[Delivery] = []
+        size = 0
+        while self._parked and len(taken) < item_credit:
+            delivery = self._parked[0]
+            if byte_credit and taken and size + delivery.size > byte_credit:
+                break
+            self._parked.popleft()
+            held = self._current.get(delivery.stream_seq)
+            if held is None or held.delivery.token != delivery.token:
+                continue  # superseded while parked
+            held.parked = False
+            taken.append(delivery)
+            size += delivery.size
+        if not self._parked:
+            self._ready.clear()
+        self._space.set()
+        return taken
+
+    async def take(self, item_credit: int, byte_credit: int, deadline: float) -> list[Delivery]:
+        """take_ready, waiting until the monotonic deadline for the first delivery."""
+        while True:
+            taken = self.take_ready(item_credit, byte_credit)
+            remaining = deadline - time.monotonic()
+            if taken or remaining <= 0:
+                return taken
+            try:
+                await asyncio.wait_for(self._ready.wait(), remaining)
+            except (asyncio.TimeoutError, TimeoutError):
+                return self.take_ready(item_credit, byte_credit)
+
+    async def wait_ready(self) -> None:
+        """Return once a delivery is parked here."""
+        await self._ready.wait()
+
+    # ------------------------------------------------------------------ settlement
+
+    def live(self, token: DeliveryToken) -> bool:
+        """Whether token is the newest attempt of its message this binding handed out
+        and has not settled (MSG-011)."""
+        held = self._current.get(token.stream_seq)
+        return (token.subscription == self.subscription and token.generation == self.generation
+                and held is not None and not held.parked and held.delivery.token == token)
+
+    async def settle(
+        self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
+    ) -> SettleResult:
+        """Settle one delivery and confirm it with the server.
+
+        Completed is Msg.ack_sync, which marks the message acked only once the server
+        replied (nats/aio/msg.py); Retry(delay) and Terminal(record_ref) send the very
+        -NAK / +TERM that Msg.nak(delay) / Msg.term write, as a request, so the server's
+        reply confirms them too (NATS_FACTS §1: there is no nak_sync/term_sync, and the
+        server answers a request b''). Terminal carries its record_ref as the TERM
+        reason (S12, DELIV-15).
+
+        Returns:
+            SettleStale when the token is not live — nothing is sent (MSG-011);
+            SettleConfirmed once the server replied; SettleUnknown when it did not
+            within ack_confirm_seconds or could not be asked (a timed-out ack may
+            still have been applied: no payload obligation may be released on it,
+            PAY-004). An unknown settlement leaves the token live, so a retry with the
+            same settlement_id asks again; a repeated settlement_id of a settled token
+            returns the first result.
+        """
+        previous = self._settled.get(settlement_id)
+        if previous is not None and previous[0] == token:
+            return previous[1]
+        if not self.live(token):
+            return SettleStale("not a live delivery of this binding (superseded, "
+                               "settled, handed back or from an earlier generation)")
+        held = self._current[token.stream_seq]
+        msg = held.msg
+        try:
+            if isinstance(outcome, Completed):
+                await msg.ack_sync(timeout=self.ack_confirm_seconds)
+            elif isinstance(outcome, Retry):
+                await self.client.request(msg.reply, nak_payload(outcome.delay),
+                                          timeout=self.ack_confirm_seconds)
+            elif isinstance(outcome, Terminal):
+                await self.client.request(msg.reply, term_payload(outcome.record_ref),
+                                          timeout=self.ack_confirm_seconds)
+            else:
+                raise TypeError(f"not a settle outcome: {outcome!r}")
+        except nats.errors.MsgAlreadyAckdError:
+            self._forget(token)
+            return SettleStale("already settled on this connection")
+        except (asyncio.TimeoutError, nats.errors.TimeoutError):
+            return SettleUnknown(f"no reply within {self.ack_confirm_seconds:g}s; "
+                                 "the settlement may or may not have been applied")
+        except nats.errors.NoRespondersError:
+            # S14: the consumer no longer exists; nothing confirmed the settlement.
+            return SettleUnknown("no responders: the durable is gone")
+        except asyncio.CancelledError:
+            raise
+        except nats.errors.Error as error:
+            return SettleUnknown(f"{type(error).__name__}: {error}")
+        self._forget(token)
+        result = SettleConfirmed()
+        self._settled[settlement_id] = (token, result)
+        if len(self._settled) > _SETTLEMENTS_KEPT:
+            del self._settled[next(iter(self._settled))]
+        return result
+
+    def _forget(self, token: DeliveryToken) -> None:
+        held = self._current.get(token.stream_seq)
+        if held is not None and held.delivery.token == token:
+            del self._current[token.stream_seq]
+
+    def supersede(self, token: DeliveryToken) -> bool:
+        """Retire token locally with no broker call; a later settle is SettleStale."""
+        live = self.live(token)
+        if live:
+            self._forget(token)
+        return live
+
+    async def renew(self, token: DeliveryToken) -> LeaseObservation:
+        """Extend a live delivery's lease with Msg.in_progress (+WPI, fire-and-forget:
+        'extended' means asked, NATS_FACTS §1); a stale token sends nothing."""
+        if not self.live(token):
+            return LeaseObservation("stale", "not a live delivery of this binding")
+        try:
+            await self._current[token.stream_seq].msg.in_progress()
+        except nats.errors.Error as error:
+            return LeaseObservation("unknown", f"{type(error).__name__}: {error}")
+        return LeaseObservation("extended")
+
+    async def renew_all(self) -> int:
+        """in_progress for every live delivery, parked or handed out (the keepalive);
+        returns how many were asked."""
+        asked = 0
+        for held in list(self._current.values()):
+            with contextlib.suppress(nats.errors.Error):
+                await held.msg.in_progress()
+                asked += 1
+        return asked
+
+    # ------------------------------------------------------------------- hand-back
+
+    async def hand_back(self, parked_only: bool) -> int:
+        """NAK deliveries back to the broker at once (RUN-030) so a survivor gets them
+        now, not after ack_wait: the parked ones, or every live one. A fire-and-forget
+        nak (Msg.nak) is enough — the worst case is the lease lapsing as it would have.
+
+        Returns:
+            how many were handed back.
+        """
+        handed = 0
+        for seq, held in list(self._current.items()):
+            if parked_only and not held.parked:
+                continue
+            del self._current[seq]
+            with contextlib.suppress(nats.errors.Error):
+                await held.msg.nak()  # MsgAlreadyAckdError: settled elsewhere; leave it
+                handed += 1
+        self._parked.clear()  # whatever stayed parked was superseded
+        self._ready.clear()
+        self._space.set()
+        return handed
+
+    async def unsubscribe(self) -> None:
+        """Drop the pull subscription's inbox (the durable stays)."""
+        with contextlib.suppress(Exception):
+            await self.psub.unsubscribe()
+
+
+async def bind_receiver(
+    js: JetStreamContext,
+    client: Client,
+    subscription: SubscriptionId,
+    stream: str,
+    durable: str,
+    generation: int,
+    prefetch: int = 4,
+    fetch_timeout: float = FETCH_TIMEOUT_SECONDS,
+    ack_confirm_seconds: float = ACK_CONFIRM_SECONDS,
+) -> SubscriptionReceiver:
+    """Bind an existing durable (provisioned with _ensure_consumer) and start its pull
+    loop. pull_subscribe_bind never creates or alters the durable, unlike
+    pull_subscribe, which silently ignores a config when the durable exists (S5)."""
+    psub = await js.pull_subscribe_bind(durable=durable, stream=stream)
+    receiver = SubscriptionReceiver(subscription, client, psub, generation, prefetch,
+                                    fetch_timeout, ack_confirm_seconds)
+    receiver.start()
+    return receiver
+
+
+__all__ = [
+    "ACK_CONFIRM_SECONDS",
+    "FETCH_TIMEOUT_SECONDS",
+    "SubscriptionReceiver",
+    "bind_receiver",
+    "nak_payload",
+    "term_payload",
+]
