@@ -5,6 +5,7 @@ and receiving with fenced settlement (MSG-011). Never a mock broker."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import threading
@@ -17,11 +18,15 @@ from nats.js import JetStreamContext
 
 from videoflow import server as embedded
 from videoflow.backends.messaging import (
+    RELIABLE_WORK,
     Accepted,
     ChannelId,
     Completed,
+    Delivery,
     DeliveryToken,
     Envelope,
+    IncompatibleProfile,
+    Known,
     PublicationUnknown,
     PublicationUnresolvable,
     Rejected,
@@ -31,9 +36,18 @@ from videoflow.backends.messaging import (
     SettleUnknown,
     SubscriptionId,
     Terminal,
+    Unknown,
 )
 from videoflow.core.constants import BATCH
 from videoflow.errors import BrokerUnavailable
+from videoflow.messaging.jetstream_backend import (
+    ACK_CONFIRM_SECONDS,
+    FETCH_TIMEOUT_SECONDS,
+    JetStreamMessagingBackend,
+    channel_spec_for,
+    consumer_credit,
+    subscription_spec_for,
+)
 from videoflow.messaging.jetstream_loop import (
     ErrorLog,
     LoopRunner,
@@ -46,7 +60,7 @@ from videoflow.messaging.jetstream_outcomes import (
     publish_once,
 )
 from videoflow.messaging.jetstream_receive import SubscriptionReceiver, bind_receiver
-from videoflow.messaging.naming import stream_name_for, subject_for
+from videoflow.messaging.naming import control_subject_for, stream_name_for, subject_for
 from videoflow.messaging.provisioning import _ensure_consumer, _ensure_stream
 from videoflow.messaging.stream_configs import consumer_config_for, stream_config_for
 
@@ -388,3 +402,282 @@ def test_hand_back_returns_parked_deliveries_to_a_survivor_at_once(wired: Wired)
     # What was handed out stays the leaving receiver's to settle.
     assert wired.run(leaving.settle(in_hand.token, Completed(), "kept")) == SettleConfirmed()
     wired.run(survivor.stop())
+
+
+# ------------------------------------------------- the assembled backend
+
+
+def test_the_constructor_signature_is_the_reference_one() -> None:
+    params = [
+        (p.name, None if p.default is inspect.Parameter.empty else p.default)
+        for p in inspect.signature(JetStreamMessagingBackend).parameters.values()
+    ]
+    assert params == [
+        ("nats_url", None), ("flow_id", None), ("run_id", None), ("flow_type", None),
+        ("prefetch", 4), ("fetch_timeout", 1.0), ("ack_confirm_seconds", 2.0),
+        ("keepalive", True), ("connect_timeout", 30.0), ("byte_budget", None),
+    ]
+    assert (ACK_CONFIRM_SECONDS, FETCH_TIMEOUT_SECONDS) == (2.0, 1.0)
+
+
+@pytest.fixture
+def backends(nats_server: embedded.EmbeddedServer):  # type: ignore[no-untyped-def]
+    made: list[JetStreamMessagingBackend] = []
+
+    def make(**options: object) -> JetStreamMessagingBackend:
+        options.setdefault("fetch_timeout", 0.5)
+        backend = JetStreamMessagingBackend(nats_server.url, FLOW, RUN, BATCH,
+                                            **options)  # type: ignore[arg-type]
+        backend.start()
+        made.append(backend)
+        return backend
+
+    try:
+        yield make
+    finally:
+        for backend in made:
+            backend.shutdown(hand_back=False)
+
+
+def data_sub(node: str, consumer: str = "child") -> SubscriptionId:
+    return SubscriptionId(consumer, ChannelId(FLOW, RUN, node))
+
+
+def provisioned(backend: JetStreamMessagingBackend, node: str, ack_wait: float = 30.0,
+                max_deliver: int = 5, op: str = "op-1", consumer: str = "child",
+                byte_credit: int = 0) -> SubscriptionId:
+    sub = data_sub(node, consumer)
+    backend.ensure_channel(channel_spec_for(FLOW, RUN, node, BATCH, RELIABLE_WORK,
+                                            required=[sub]), "chan")
+    backend.ensure_subscription(
+        subscription_spec_for(sub, ack_wait, max_deliver, consumer_credit(1, False),
+                              byte_credit), op)
+    return sub
+
+
+def send(backend: JetStreamMessagingBackend, node: str, count: int, start: int = 0) -> None:
+    for i in range(start, start + count):
+        outcome = backend.publish(envelope(node, b"m%d" % i, msg_id=f"{node}-{i}"),
+                                  time.monotonic() + 5)
+        assert isinstance(outcome, Accepted), outcome
+
+
+def receive_n(backend: JetStreamMessagingBackend, sub: SubscriptionId, n: int,
+              wait: float = 5.0) -> list[Delivery]:
+    got: list[Delivery] = []
+    deadline = time.monotonic() + wait
+    while len(got) < n and time.monotonic() < deadline:
+        got += backend.receive(sub, n - len(got), 0, min(deadline, time.monotonic() + 1))
+    return got
+
+
+def test_start_capabilities_and_shutdown(backends, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    backend = backends()
+    assert backend.connected
+    caps = backend.capabilities()
+    assert caps.backend == "jetstream" and caps.durable is True
+    assert isinstance(caps.max_payload, Known) and caps.max_payload.value > 0
+    assert caps.replicas == Unknown("unread")
+    provisioned(backend, "caps")
+    caps = backend.capabilities()
+    assert (caps.replicas, caps.storage) == (Known(1), Known("file"))
+    backend.shutdown()
+    assert not backend.connected
+    with embedded.start(tmp_path / "gone") as server:
+        url = server.url
+    refused = JetStreamMessagingBackend(url, FLOW, RUN, BATCH, connect_timeout=5.0)
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailable, match="unreachable"):
+        refused.start()
+    assert time.monotonic() - started < 5.0
+    assert not refused.connected
+
+
+def test_publish_receive_settle_and_observe_end_to_end(backends) -> None:  # type: ignore[no-untyped-def]
+    backend = backends()
+    spec = channel_spec_for(FLOW, RUN, "e2e", BATCH, RELIABLE_WORK)
+    first = backend.ensure_channel(spec, "c-1")
+    assert (first.created, first.name, first.mismatches) == (True, "vf-flow-run-e2e", ())
+    assert backend.ensure_channel(spec, "c-2").created is False
+    sub = data_sub("e2e")
+    verified = backend.ensure_subscription(subscription_spec_for(sub, 30.0, 5, 5), "s-1")
+    assert (verified.created, verified.generation, verified.name) == (
+        True, 0, "child--from--e2e")
+    assert backend.ensure_subscription(subscription_spec_for(sub, 30.0, 5, 5), "s-1") == (
+        verified)
+    send(backend, "e2e", 3)
+    got = receive_n(backend, sub, 3)
+    assert [(d.stream_seq, d.data) for d in got] == [(1, b"m0"), (2, b"m1"), (3, b"m2")]
+    assert backend.resident_bytes() == 6
+    observed = backend.observe_subscription(sub)
+    assert isinstance(observed, Known)
+    assert (observed.value.available, observed.value.leased) == (0, 3)
+    for i, delivery in enumerate(got):
+        assert backend.settle(delivery.token, Completed(), f"done-{i}") == SettleConfirmed()
+    assert backend.observe_ack_floor(sub) == Known(3)
+    channel = backend.observe_channel(ChannelId(FLOW, RUN, "e2e"))
+    assert isinstance(channel, Known) and channel.value.last_seq == 3
+    assert channel.value.retention == "interest"
+    assert backend.observe_channel(ChannelId(FLOW, RUN, "nothing")) == Unknown(
+        "missing", "stream not found")
+    assert backend.observe_subscription(data_sub("nothing")).reason == "missing"  # type: ignore[union-attr]
+
+
+def test_a_replica_count_the_server_cannot_keep_is_incompatible(backends) -> None:  # type: ignore[no-untyped-def]
+    backend = backends()
+    spec = channel_spec_for(FLOW, RUN, "r3", BATCH, RELIABLE_WORK, replicas=3)
+    with pytest.raises(IncompatibleProfile, match="replicas"):
+        backend.ensure_channel(spec, "c")
+    with pytest.raises(IncompatibleProfile, match="only reliable_work and live_latest"):
+        backend.ensure_channel(channel_spec_for(FLOW, RUN, "ctl", BATCH, "durable_control"),
+                               "c")
+
+
+def test_a_rebind_raises_the_generation_and_fences_earlier_tokens(backends) -> None:  # type: ignore[no-untyped-def]
+    backend = backends()
+    sub = provisioned(backend, "rebind")
+    send(backend, "rebind", 1)
+    (held,) = receive_n(backend, sub, 1)
+    again = backend.ensure_subscription(subscription_spec_for(sub, 30.0, 5, 5), "op-2")
+    assert again.generation == 1 and again.created is False
+    assert isinstance(backend.settle(held.token, Completed(), "old"), SettleStale)
+    assert backend.supersede(held.token) is False
+
+
+def test_stop_receiving_hands_parked_work_to_a_survivor_at_once(backends) -> None:  # type: ignore[no-untyped-def]
+    leaving, survivor = backends(), backends()
+    sub = provisioned(leaving, "quiet")
+    send(leaving, "quiet", 4)
+    (in_hand,) = receive_n(leaving, sub, 1)
+    deadline = time.monotonic() + 5
+    while leaving.prefetched(sub) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert leaving.stop_receiving() == 3  # RUN-030
+    assert leaving.stop_receiving() == 0
+    provisioned(survivor, "quiet")
+    got = receive_n(survivor, sub, 3, wait=5.0)
+    assert sorted(d.stream_seq for d in got) == [2, 3, 4]
+    assert leaving.settle(in_hand.token, Completed(), "kept") == SettleConfirmed()
+
+
+def test_shutdown_hands_back_what_was_handed_out(backends) -> None:  # type: ignore[no-untyped-def]
+    leaving, survivor = backends(), backends()
+    sub = provisioned(leaving, "bye")
+    send(leaving, "bye", 1)
+    (in_hand,) = receive_n(leaving, sub, 1)
+    leaving.shutdown()
+    provisioned(survivor, "bye")
+    (redelivered,) = receive_n(survivor, sub, 1, wait=5.0)
+    assert (redelivered.stream_seq, redelivered.num_delivered) == (1, 2)
+
+
+def test_admission_skips_are_acked_and_reported_off_the_loop(backends) -> None:  # type: ignore[no-untyped-def]
+    backend = backends()
+    sub = data_sub("admit")
+    skipped: list[tuple[int, bool]] = []
+    assert backend.set_admission(
+        sub, lambda d: d.data != b"m1",
+        lambda d: skipped.append((d.stream_seq, threading.current_thread().daemon)))
+    provisioned(backend, "admit")
+    send(backend, "admit", 3)
+    got = receive_n(backend, sub, 2)
+    assert [d.data for d in got] == [b"m0", b"m2"]
+    deadline = time.monotonic() + 5
+    while not skipped and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert backend.skipped(sub) == 1
+    assert [seq for seq, _ in skipped] == [2]
+    observed = backend.observe_subscription(sub)
+    assert isinstance(observed, Known) and observed.value.dropped == 1
+
+
+def test_max_deliveries_advisory_and_mark_exhausted_count_as_unresolved(backends) -> None:  # type: ignore[no-untyped-def]
+    backend = backends(keepalive=False)
+    sub = provisioned(backend, "exhaust", ack_wait=1.0, max_deliver=1)
+    send(backend, "exhaust", 1)
+    (only,) = receive_n(backend, sub, 1)
+    deadline = time.monotonic() + 10
+    unresolved = 0
+    while time.monotonic() < deadline:  # S11: fires on a later pull after the lapse
+        observed = backend.observe_subscription(sub)
+        assert isinstance(observed, Known)
+        unresolved = observed.value.unresolved
+        if unresolved:
+            break
+        time.sleep(0.2)
+    assert unresolved == 1  # MSG-012: never "nothing pending"
+    assert not observed.value.nothing_pending
+    backend.mark_exhausted(sub, None)
+    observed = backend.observe_subscription(sub)
+    assert isinstance(observed, Known) and observed.value.unresolved == 2
+
+
+def test_a_settled_terminal_clears_a_ledger_mark(backends) -> None:  # type: ignore[no-untyped-def]
+    backend = backends()
+    sub = provisioned(backend, "marked")
+    send(backend, "marked", 1)
+    (delivery,) = receive_n(backend, sub, 1)
+    backend.mark_exhausted(sub, delivery.stream_seq)
+    observed = backend.observe_subscription(sub)
+    assert isinstance(observed, Known) and observed.value.unresolved == 1
+    assert backend.settle(delivery.token, Terminal("dlq:1"), "t") == SettleConfirmed()
+    observed = backend.observe_subscription(sub)
+    assert isinstance(observed, Known) and observed.value.unresolved == 0
+
+
+def test_the_byte_budget_pauses_the_pull_loops(backends) -> None:  # type: ignore[no-untyped-def]
+    backend = backends(byte_budget=2)
+    sub = provisioned(backend, "budget")
+    send(backend, "budget", 4)
+    deadline = time.monotonic() + 5
+    while backend.budget_waits() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert backend.budget_waits() >= 1  # RUN-025
+    assert backend.prefetched(sub) < 4
+    got = receive_n(backend, sub, 4, wait=0.5)
+    assert backend.resident_bytes() == sum(d.size for d in got)
+    for i, delivery in enumerate(got):
+        backend.settle(delivery.token, Completed(), f"b-{i}")
+    rest = receive_n(backend, sub, 4 - len(got), wait=5.0)
+    assert sorted(d.stream_seq for d in got + rest) == [1, 2, 3, 4]
+
+
+def test_receive_any_gathers_from_several_subscriptions(backends) -> None:  # type: ignore[no-untyped-def]
+    backend = backends()
+    left, right = provisioned(backend, "left"), provisioned(backend, "right")
+    started = time.monotonic()
+    assert backend.receive_any([left, right], 4, 0, time.monotonic() + 0.3) == []
+    assert time.monotonic() - started >= 0.25
+    send(backend, "left", 1)
+    send(backend, "right", 1)
+    got: list[tuple[SubscriptionId, Delivery]] = []
+    deadline = time.monotonic() + 5
+    while len(got) < 2 and time.monotonic() < deadline:
+        got += backend.receive_any([left, right], 4, 0, time.monotonic() + 1)
+    assert sorted(s.channel.node for s, _ in got) == ["left", "right"]
+
+
+def test_control_stop_and_close_by_ownership(backends, wired: Wired) -> None:  # type: ignore[no-untyped-def]
+    backend = backends()
+    heard = threading.Event()
+    backend.subscribe_control(heard.set)
+    wired.run(wired.client.publish(control_subject_for(FLOW, RUN), b""))
+    assert heard.wait(5)
+    config = stream_config_for(FLOW, RUN, "owned", BATCH, generation="g1")
+    wired.run(_ensure_stream(wired.js, config))
+    owned = ChannelId(FLOW, RUN, "owned")
+    assert backend.close([owned], "g2").removed == ()
+    cleaned = backend.close([owned], "g1")
+    assert (cleaned.removed, cleaned.complete) == (("vf-flow-run-owned",), True)
+    assert backend.observe_channel(owned) == Unknown("missing", "stream not found")
+
+
+def test_publish_and_observe_publication_through_the_backend(backends) -> None:  # type: ignore[no-untyped-def]
+    backend = backends()
+    provisioned(backend, "pub")
+    sent = envelope("pub", msg_id="only-once")
+    assert backend.publish(sent, time.monotonic() + 5) == Accepted(1)
+    assert backend.observe_publication(sent) == Accepted(1, duplicate=True)
+    assert isinstance(backend.observe_publication(envelope("pub")), PublicationUnresolvable)
+    refused = backend.publish(envelope("unprovisioned"), time.monotonic() + 5)
+    assert isinstance(refused, Rejected) and refused.retryable is False

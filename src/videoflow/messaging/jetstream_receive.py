@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -96,6 +97,11 @@ class SubscriptionReceiver:
         prefetch: the most deliveries parked locally (fetched, not handed out).
         fetch_timeout: seconds one pull request waits.
         ack_confirm_seconds: how long a settlement waits for the server's reply.
+        byte_credit: the most unsettled envelope bytes this binding holds before its
+            loop pauses (the subscription's byte_credit; 0: unbounded).
+        may_fetch: the backend-wide byte budget's gate (RUN-025): while it answers
+            False the loop pauses, counting each pause in budget_waits. A fetch already
+            in flight still lands, so the budget may be exceeded by what it brings.
     """
 
     def __init__(
@@ -107,6 +113,8 @@ class SubscriptionReceiver:
         prefetch: int = 4,
         fetch_timeout: float = FETCH_TIMEOUT_SECONDS,
         ack_confirm_seconds: float = ACK_CONFIRM_SECONDS,
+        byte_credit: int = 0,
+        may_fetch: Callable[[], bool] | None = None,
     ) -> None:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
@@ -124,6 +132,14 @@ class SubscriptionReceiver:
         self._space.set()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._keepalive: asyncio.Task[None] | None = None
+        self.byte_credit = byte_credit
+        self.may_fetch = may_fetch
+        self.budget_waits = 0
+        self.admit: Callable[[Delivery], bool] | None = None
+        self.on_skip: Callable[[Delivery], None] | None = None
+        self.skipped = 0
+        self._skips: set[asyncio.Task[None]] = set()
         self.last_error: BaseException | None = None
 
     # ------------------------------------------------------------------ pull loop
@@ -145,6 +161,13 @@ class SubscriptionReceiver:
                 self._space.clear()
                 await self._space.wait()
                 continue
+            if not self._budget_admits():
+                # RUN-025: hold off until settlements free bytes; looked at again every
+                # tenth of a fetch, since a settlement elsewhere notifies nobody here.
+                self.budget_waits += 1
+                while not self._stopping and not self._budget_admits():
+                    await asyncio.sleep(self.fetch_timeout / 10)
+                continue
             try:
                 # S10: fetch returns as soon as one message is ready, with what is ready.
                 msgs = await self.psub.fetch(free, timeout=self.fetch_timeout)
@@ -161,19 +184,45 @@ class SubscriptionReceiver:
             for msg in msgs:
                 self._park(msg)
 
+    def _budget_admits(self) -> bool:
+        if self.byte_credit and self.resident_bytes() >= self.byte_credit:
+            return False
+        return self.may_fetch is None or self.may_fetch()
+
     def _park(self, msg: Msg) -> None:
         meta = msg.metadata  # sequence.stream and num_delivered (nats/aio/msg.py)
         seq, attempt = meta.sequence.stream, meta.num_delivered
         token = DeliveryToken(self.subscription, seq, attempt, self.generation)
         delivery = Delivery(token=token, data=msg.data, num_delivered=attempt, stream_seq=seq)
-        old = self._current.get(seq)
+        old = self._current.pop(seq, None)
         if old is not None and old.parked:
             # MSG-011: a redelivery supersedes the earlier attempt parked here.
             with contextlib.suppress(ValueError):
                 self._parked.remove(old.delivery)
+        if self.admit is not None and not self.admit(delivery):
+            task = asyncio.get_running_loop().create_task(self._skip(delivery, msg))
+            self._skips.add(task)
+            task.add_done_callback(self._skips.discard)
+            return
         self._current[seq] = _Held(delivery, msg)
         self._parked.append(delivery)
         self._ready.set()
+
+    async def _skip(self, delivery: Delivery, msg: Msg) -> None:
+        """Settle a delivery the admission filter refused Completed on the consumer's
+        behalf and, once the server confirmed it, hand it to on_skip on a worker thread
+        (never the loop: on_skip may block). An unconfirmed ack is left to ack_wait."""
+        try:
+            await msg.ack_sync(timeout=self.ack_confirm_seconds)
+        except asyncio.CancelledError:
+            raise
+        except nats.errors.Error as error:
+            logger.warning("admission skip of seq %d on %s not confirmed: %s",
+                           delivery.stream_seq, self.subscription.consumer, error)
+            return
+        self.skipped += 1
+        if self.on_skip is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.on_skip, delivery)
 
     async def stop(self) -> None:
         """Stop the pull loop; parked deliveries stay parked (hand_back returns them).
@@ -197,6 +246,11 @@ class SubscriptionReceiver:
                 await task
         except Exception as error:  # the loop itself failed; nothing more to stop
             self.last_error = error
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._keepalive
+            self._keepalive = None
 
     # ------------------------------------------------------------------- handing out
 
@@ -338,6 +392,17 @@ class SubscriptionReceiver:
             return LeaseObservation("unknown", f"{type(error).__name__}: {error}")
         return LeaseObservation("extended")
 
+    def keep_alive(self, interval: float) -> None:
+        """Renew every live lease each interval seconds (ack_wait / 3, as the messenger
+        always has) until stop."""
+        async def renewing() -> None:
+            while not self._stopping:
+                await asyncio.sleep(interval)
+                await self.renew_all()
+
+        if self._keepalive is None and not self._stopping:
+            self._keepalive = asyncio.get_running_loop().create_task(renewing())
+
     async def renew_all(self) -> int:
         """in_progress for every live delivery, parked or handed out (the keepalive);
         returns how many were asked."""
@@ -387,13 +452,18 @@ async def bind_receiver(
     prefetch: int = 4,
     fetch_timeout: float = FETCH_TIMEOUT_SECONDS,
     ack_confirm_seconds: float = ACK_CONFIRM_SECONDS,
+    byte_credit: int = 0,
+    may_fetch: Callable[[], bool] | None = None,
+    admit: Callable[[Delivery], bool] | None = None,
+    on_skip: Callable[[Delivery], None] | None = None,
 ) -> SubscriptionReceiver:
     """Bind an existing durable (provisioned with _ensure_consumer) and start its pull
     loop. pull_subscribe_bind never creates or alters the durable, unlike
     pull_subscribe, which silently ignores a config when the durable exists (S5)."""
     psub = await js.pull_subscribe_bind(durable=durable, stream=stream)
     receiver = SubscriptionReceiver(subscription, client, psub, generation, prefetch,
-                                    fetch_timeout, ack_confirm_seconds)
+                                    fetch_timeout, ack_confirm_seconds, byte_credit, may_fetch)
+    receiver.admit, receiver.on_skip = admit, on_skip
     receiver.start()
     return receiver
 

@@ -1,0 +1,779 @@
+"""NATS JetStream as a MessagingBackend — the transport half of what NATSMessenger used
+to be all of.
+
+The split follows the contract in videoflow.backends.messaging: this adapter owns the
+connection, its asyncio loop thread, the streams and durables it provisions, the pull
+loops that prefetch deliveries into bounded per-subscription queues, the leases it
+keeps alive, and the settlement of every delivery token it hands out. It knows nothing
+about joining inputs, dead-letter policy, payload bytes or end-of-stream drains — those
+stay in the messenger, which composes this with a payload store.
+
+What the contract buys, concretely:
+
+- A delivery token names the subscription, the message, the broker's attempt count and
+  the subscription generation. A redelivery of the same message makes the earlier
+  token stale: settling it returns SettleStale without a broker call (MSG-011).
+- Settlement is confirmed or unknown, never assumed. Completed uses ack_sync and
+  reports SettleUnknown when the acknowledgement is not confirmed within the timeout
+  (PAY-004). Terminal requires a durable record reference (DELIV-15).
+- Publication outcomes are typed (MSG-013, MSG-014); observe_publication resolves an
+  unknown send by an idempotent re-publish inside the stream's duplicate window.
+- Observations distinguish zero from unknown, and unresolved counts the server's
+  MAX_DELIVERIES advisories and mark_exhausted (MSG-012).
+- Stop-receive is separate from shutdown (RUN-030).
+
+The pieces live beside this module: jetstream_loop (the loop thread and the fail-fast
+connect), jetstream_outcomes (publication outcomes), jetstream_receive (pull loops and
+settlement), jetstream_specs (specs to configs, answers to observations). Every NATS
+behaviour relied on is cited against nats-py 2.15.0 and /work/shared/design/NATS_FACTS.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from asyncio import AbstractEventLoop
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeVar
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from videoflow.backends.messaging import (
+    LIVE_LATEST,
+    RELIABLE_WORK,
+    BrokerUnavailable,
+    ChannelId,
+    ChannelObservation,
+    ChannelSpec,
+    CleanupObservation,
+    Delivery,
+    DeliveryToken,
+    Envelope,
+    IncompatibleProfile,
+    Known,
+    LeaseObservation,
+    MessagingBackend,
+    MessagingCapabilities,
+    PublicationUnknown,
+    PublishOutcome,
+    Rejected,
+    SettleOutcome,
+    SettleResult,
+    SettleStale,
+    SettleUnknown,
+    SubscriptionId,
+    SubscriptionObservation,
+    SubscriptionSpec,
+    Terminal,
+    Unknown,
+    UnobservableState,
+    VerifiedChannel,
+    VerifiedSubscription,
+)
+from videoflow.messaging.jetstream_loop import (
+    ErrorLog,
+    LoopRunner,
+    close_client,
+    connect_fail_fast,
+)
+from videoflow.messaging.jetstream_outcomes import (
+    PublicationLedger,
+    observe_by_republish,
+    publish_once,
+)
+from videoflow.messaging.jetstream_receive import (
+    ACK_CONFIRM_SECONDS,
+    FETCH_TIMEOUT_SECONDS,
+    SubscriptionReceiver,
+    bind_receiver,
+)
+from videoflow.messaging.jetstream_specs import (
+    ADVISORY_MAX_DELIVERIES,
+    channel_observation,
+    channel_spec_for,
+    consumer_config_for_spec,
+    consumer_credit,
+    durable_of,
+    enum_text,
+    stream_config_for_spec,
+    stream_of,
+    subscription_spec_for,
+)
+from videoflow.messaging.naming import control_subject_for, eos_subject_for, subject_for
+from videoflow.messaging.provisioning import (
+    STREAM_NOT_FOUND,
+    _ensure_consumer,
+    _ensure_stream,
+    delete_run_streams,
+)
+from videoflow.messaging.verification import observation_failure, profile_mismatches
+
+__all__ = [
+    "ACK_CONFIRM_SECONDS",
+    "FETCH_TIMEOUT_SECONDS",
+    "JetStreamMessagingBackend",
+    "channel_spec_for",
+    "consumer_credit",
+    "stream_config_for_spec",
+    "subscription_spec_for",
+]
+
+T = TypeVar("T")
+
+CALL_MARGIN_SECONDS: Final = 2.0
+"""Added to a call's own bound when the caller's thread waits for the loop: the inner
+bound answers first, and the outer one only catches a loop that is not running."""
+
+BROKER_CALL_SECONDS: Final = 10.0
+"""Bound of one provisioning or observation request."""
+
+CONSUMER_NOT_FOUND: Final = 10014
+"""err_code of consumer_info for a durable that does not exist (NATS_FACTS §7)."""
+
+REPLICAS_UNSUPPORTED: Final = 10074
+"""err_code of replicas > 1 on a standalone server (NATS_FACTS §4)."""
+
+
+class _Binding:
+    """One bound subscription: its spec, read-back, receiver and exhausted marks."""
+
+    def __init__(self, spec: SubscriptionSpec, verified: VerifiedSubscription,
+                 operation_id: str, stream: str, receiver: SubscriptionReceiver) -> None:
+        self.spec, self.verified, self.operation_id = spec, verified, operation_id
+        self.stream, self.receiver = stream, receiver
+        self.advisory: Any = None
+
+
+class JetStreamMessagingBackend(MessagingBackend):
+    """One receiver (one process of a run) on a NATS JetStream server.
+
+    Arguments:
+        nats_url: the server, e.g. nats://localhost:4222.
+        flow_id / run_id / flow_type: the run this backend serves; every channel and
+            subscription it touches belongs to it.
+        prefetch: per-subscription local prefetch depth (DEFAULT_PREFETCH).
+        fetch_timeout: seconds one pull request waits (FETCH_TIMEOUT_SECONDS).
+        ack_confirm_seconds: how long Completed waits for the broker's reply.
+        keepalive: whether to extend the lease of every unsettled delivery
+            periodically (ack_wait / 3), as the messenger always has.
+        connect_timeout: the overall bound of start's connect, in seconds.
+        byte_budget: the most envelope bytes this receiver holds unsettled — parked or
+            handed out — before its pull loops pause (RUN-025; VF_PREFETCH_BYTES). A
+            fetch already in flight when the budget fills still lands, so the resident
+            total may exceed it by what that fetch brings. None: unbounded.
+    """
+
+    def __init__(
+        self,
+        nats_url: str,
+        flow_id: str,
+        run_id: str,
+        flow_type: str,
+        prefetch: int = 4,
+        fetch_timeout: float = 1.0,
+        ack_confirm_seconds: float = 2.0,
+        keepalive: bool = True,
+        connect_timeout: float = 30.0,
+        byte_budget: int | None = None,
+    ) -> None:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
+        if byte_budget is not None and (isinstance(byte_budget, bool) or byte_budget < 1):
+            raise ValueError(f"byte_budget must be None or an int >= 1, got {byte_budget!r}")
+        channel_spec_for(flow_id, run_id, "node", flow_type, RELIABLE_WORK)  # validates
+        self.nats_url, self.flow_id, self.run_id = nats_url, flow_id, run_id
+        self.flow_type = flow_type
+        self.prefetch, self.fetch_timeout = prefetch, fetch_timeout
+        self.ack_confirm_seconds, self.keepalive = ack_confirm_seconds, keepalive
+        self.connect_timeout, self.byte_budget = connect_timeout, byte_budget
+        self.instance_id = uuid.uuid4().hex[:12]  # names this process's EOS durables
+        self.errors = ErrorLog()
+        self._runner = LoopRunner()
+        self._client: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._bindings: dict[SubscriptionId, _Binding] = {}
+        self._generations: dict[SubscriptionId, int] = {}
+        self._admission: dict[SubscriptionId, tuple[Callable[[Delivery], bool],
+                                                    Callable[[Delivery], None] | None]] = {}
+        self._exhausted: dict[SubscriptionId, set[int]] = {}
+        self._anonymous_exhausted: dict[SubscriptionId, int] = {}
+        self._ledger = PublicationLedger()
+        self._first_stream: Any = None
+        self._stopped_receiving = False
+        self._retired_budget_waits = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _call(self, coro: Any, timeout: float) -> Any:
+        return self._runner.run(coro, timeout + CALL_MARGIN_SECONDS)
+
+    def _require(self) -> tuple[Client, JetStreamContext]:
+        if self._client is None or self._js is None or not self._client.is_connected:
+            raise BrokerUnavailable("the JetStream backend is not connected")
+        return self._client, self._js
+
+    def start(self) -> None:
+        """Connect on a fresh loop thread. Idempotent.
+
+        Raises:
+            BrokerUnavailable: the server cannot be reached within connect_timeout
+                (fail-fast options, NATS_FACTS S4).
+        """
+        if self._client is not None:
+            return
+        self._runner.start()
+        try:
+            client = self._call(
+                connect_fail_fast(self.nats_url, self.connect_timeout, self.errors),
+                self.connect_timeout)
+        except BaseException:
+            self._runner.stop()
+            raise
+        self._client, self._js = client, client.jetstream()
+        self._stopped_receiving = False
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None and self._client.is_connected
+
+    @property
+    def loop(self) -> AbstractEventLoop:
+        return self._runner.loop
+
+    def stop_receiving(self) -> int:
+        """Stop admitting input on every bound subscription — the quiesce half of a
+        graceful retirement (RUN-030): the pull loops fetch nothing more, and every
+        delivery parked in a prefetch queue is NAKed back to the broker at once. The
+        deliveries already handed out stay this receiver's to settle. Idempotent; a
+        second call hands back nothing more.
+
+        Returns:
+            how many parked deliveries were handed back.
+        """
+        self._stopped_receiving = True
+        if not self._runner.running or not self._bindings:
+            return 0
+
+        async def quiesce() -> int:
+            handed = 0
+            for binding in list(self._bindings.values()):
+                await binding.receiver.stop()
+                handed += await binding.receiver.hand_back(parked_only=True)
+            return handed
+
+        return int(self._call(quiesce(), self.fetch_timeout + BROKER_CALL_SECONDS))
+
+    def shutdown(self, hand_back: bool = True) -> None:
+        """Stop the pull loops, hand back every delivery this receiver still holds,
+        flush pending publishes, close the connection and the loop thread.
+
+        Arguments:
+            hand_back: False closes without the NAKs — what a crashed process looks
+                like to the broker (its leases lapse on their own).
+        """
+        if not self._runner.running:
+            return
+
+        async def wind_down() -> None:
+            for binding in list(self._bindings.values()):
+                await binding.receiver.stop()
+                if hand_back:
+                    await binding.receiver.hand_back(parked_only=False)
+                await binding.receiver.unsubscribe()
+            if self._client is not None:
+                await close_client(self._client)  # flushes what is still buffered
+
+        try:
+            self._call(wind_down(), self.fetch_timeout + BROKER_CALL_SECONDS)
+        except Exception:
+            pass  # the loop is stopped below whatever the close managed
+        finally:
+            self._bindings.clear()
+            self._client, self._js = None, None
+            self._runner.stop()
+
+    def close(self, owned: Sequence[ChannelId], expected_generation: str) -> CleanupObservation:
+        """Delete exactly the owned channels' streams by ownership
+        (topology.delete_run_streams): a stream is removed only when its owner labels
+        name its run and carry expected_generation, never by name prefix. A stream
+        without a generation label (as ensure_channel creates them) is not of any
+        generation and is left standing."""
+        client, _ = self._require()
+        runs: dict[tuple[str, str], list[str]] = {}
+        for channel in owned:
+            runs.setdefault((channel.flow, channel.run), []).append(channel.node)
+        removed: list[str] = []
+        remaining: list[str] = []
+        complete = True
+        for (flow, run), nodes in runs.items():
+            try:
+                result = self._call(
+                    delete_run_streams(client, flow, run, nodes, expected_generation),
+                    BROKER_CALL_SECONDS)
+            except (TimeoutError, BrokerUnavailable):
+                complete = False
+                continue
+            removed.extend(result.removed)
+            remaining.extend(result.remaining)
+            complete = complete and result.complete
+        return CleanupObservation(removed=tuple(removed), remaining=tuple(remaining),
+                                  complete=complete and not remaining)
+
+    def capabilities(self) -> MessagingCapabilities:
+        """What this broker offers, with the parts that need a read-back reported as
+        observed: max_payload from the connection, replication and storage from the
+        first stream this backend provisioned (ensure_channel), and Unknown('unread')
+        for either until then."""
+        max_payload: Known[int] | Unknown = Unknown("unread")
+        if self.connected and self._client is not None:
+            max_payload = Known(self._client.max_payload)
+        replicas: Known[int] | Unknown = Unknown("unread")
+        storage: Known[str] | Unknown = Unknown("unread")
+        if self._first_stream is not None:
+            replicas = Known(self._first_stream.num_replicas or 1)
+            storage = Known(enum_text(self._first_stream.storage or "file"))
+        return MessagingCapabilities(
+            backend="jetstream", profiles=frozenset({RELIABLE_WORK, LIVE_LATEST}),
+            durable=True, max_payload=max_payload, replicas=replicas, storage=storage)
+
+    # ---------------------------------------------------------------- provisioning
+
+    def subject_for(self, channel: ChannelId, kind: str) -> str:
+        if kind == "data":
+            return subject_for(channel.flow, channel.run, channel.node)
+        if kind == "eos":
+            return eos_subject_for(channel.flow, channel.run, channel.node)
+        raise ValueError(f"kind must be 'data' or 'eos', got {kind!r}")
+
+    def ensure_channel(self, spec: ChannelSpec, operation_id: str) -> VerifiedChannel:
+        """Create or reconcile the channel and read back its effective configuration.
+        An immutable mismatch (retention, replicas) raises IncompatibleProfile;
+        "already exists" is never accepted without inspection. Naturally idempotent
+        (add_stream of an identical config is a no-op), so operation_id needs no
+        bookkeeping.
+
+        Raises:
+            IncompatibleProfile: a profile JetStream cannot promise, replicas the server
+                cannot keep (10074), or a stream whose retention or replicas contradict
+                the spec.
+            BrokerUnavailable: not connected, or the broker did not answer.
+        """
+        _, js = self._require()
+        config = stream_config_for_spec(spec)
+        name = stream_of(spec.channel)
+
+        async def ensure() -> tuple[bool, Any]:
+            try:
+                await js.stream_info(name)
+                existed = True
+            except nats.js.errors.NotFoundError as error:
+                if error.err_code != STREAM_NOT_FOUND:
+                    raise
+                existed = False
+            return not existed, await _ensure_stream(js, config)
+
+        try:
+            created, verified = self._call(ensure(), BROKER_CALL_SECONDS)
+        except nats.js.errors.APIError as error:
+            if error.err_code == REPLICAS_UNSUPPORTED:
+                raise IncompatibleProfile(
+                    f"{name}: {error.description}", channel=spec.channel.node,
+                    profile=spec.profile, findings=(f"num_replicas: {spec.replicas}",),
+                ) from error
+            raise BrokerUnavailable(f"ensure_channel {name}: {error}",
+                                    code=error.err_code) from error
+        except (TimeoutError, nats.errors.Error) as error:
+            raise BrokerUnavailable(f"ensure_channel {name}: {error}") from error
+        effective = verified.effective
+        if effective is None:
+            raise BrokerUnavailable(f"ensure_channel {name}: {verified.mismatches[0]}")
+        findings = list(profile_mismatches(spec.profile, effective))
+        if (effective.num_replicas or 1) != spec.replicas:
+            findings.append(f"num_replicas: {effective.num_replicas} (requested "
+                            f"{spec.replicas})")
+        if findings:
+            raise IncompatibleProfile(
+                f"{name} does not carry {spec.profile}: {'; '.join(findings)}",
+                channel=spec.channel.node, profile=spec.profile, findings=findings)
+        if self._first_stream is None:
+            self._first_stream = effective
+        return VerifiedChannel(spec=spec, name=name, created=created,
+                               mismatches=verified.mismatches)
+
+    def ensure_subscription(
+        self, spec: SubscriptionSpec, operation_id: str
+    ) -> VerifiedSubscription:
+        """Bind the subscription's durable (creating it when absent, from a config that
+        reproduces today's bytes), read it back, and start prefetching into its queue.
+        A data subscription also subscribes to the broker's MAX_DELIVERIES advisory for
+        its durable, which feeds unresolved (MSG-012). Repeating the same operation_id
+        returns the same binding; a new one rebinds with the next generation, handing
+        the old binding's parked deliveries back and making its tokens stale (MSG-011).
+
+        Raises:
+            UnobservableState: the channel's stream does not exist (reason 'missing').
+            BrokerUnavailable: not connected, or the broker did not answer.
+        """
+        client, js = self._require()
+        old = self._bindings.get(spec.id)
+        if old is not None and old.operation_id == operation_id:
+            return old.verified
+        stream = stream_of(spec.id.channel)
+        durable = durable_of(spec.id, self.instance_id)
+        config = consumer_config_for_spec(spec, self.instance_id)
+        generation = self._generations.get(spec.id, -1) + 1
+        admit, on_skip = self._admission.get(spec.id, (None, None))
+
+        async def bind() -> tuple[bool, Any, SubscriptionReceiver, Any]:
+            if old is not None:
+                await old.receiver.stop()
+                await old.receiver.hand_back(parked_only=True)
+                await old.receiver.unsubscribe()
+                if old.advisory is not None:
+                    await old.advisory.unsubscribe()
+            try:
+                await js.consumer_info(stream, durable)
+                created = False
+            except nats.js.errors.NotFoundError as error:
+                if error.err_code == STREAM_NOT_FOUND:
+                    raise
+                created = True
+            verified = await _ensure_consumer(js, stream, config)
+            receiver = await bind_receiver(
+                js, client, spec.id, stream, durable, generation, prefetch=self.prefetch,
+                fetch_timeout=self.fetch_timeout,
+                ack_confirm_seconds=self.ack_confirm_seconds, byte_credit=spec.byte_credit,
+                may_fetch=self._budget_admits, admit=admit, on_skip=on_skip)
+            if self.keepalive:
+                receiver.keep_alive(spec.ack_wait_seconds / 3)
+            advisory = None
+            if spec.id.kind == "data":
+                advisory = await client.subscribe(
+                    f"{ADVISORY_MAX_DELIVERIES}.{stream}.{durable}",
+                    cb=self._advisory_handler(spec.id))
+            return created, verified, receiver, advisory
+
+        try:
+            created, verified, receiver, advisory = self._call(bind(), BROKER_CALL_SECONDS)
+        except nats.js.errors.NotFoundError as error:
+            raise UnobservableState(f"no stream {stream} to bind {durable} to",
+                                    reason="missing", detail=str(error)) from error
+        except (TimeoutError, nats.errors.Error) as error:
+            raise BrokerUnavailable(f"ensure_subscription {durable}: {error}") from error
+        if old is not None:
+            self._retired_budget_waits += old.receiver.budget_waits
+        self._generations[spec.id] = generation
+        result = VerifiedSubscription(spec=spec, name=durable, generation=generation,
+                                      created=created, mismatches=verified.mismatches)
+        binding = _Binding(spec, result, operation_id, stream, receiver)
+        binding.advisory = advisory
+        self._bindings[spec.id] = binding
+        if self._stopped_receiving:
+            self._call(receiver.stop(), self.fetch_timeout + BROKER_CALL_SECONDS)
+        return result
+
+    def _advisory_handler(self, subscription: SubscriptionId) -> Callable[[Msg], Any]:
+        async def on_advisory(msg: Msg) -> None:
+            # S11: fires on the next pull after the last delivery, carrying stream_seq.
+            try:
+                seq = int(json.loads(msg.data)["stream_seq"])
+            except (ValueError, KeyError, TypeError):
+                return
+            self._exhausted.setdefault(subscription, set()).add(seq)
+
+        return on_advisory
+
+    def subscribe_control(self, callback: Callable[[], None]) -> None:
+        """Invoke callback (on the loop thread) when the run's flow-wide stop is
+        published (core NATS, vf.{flow}.{run}._control.stop)."""
+        client, _ = self._require()
+
+        async def on_stop(_msg: Msg) -> None:
+            callback()
+
+        self._call(client.subscribe(control_subject_for(self.flow_id, self.run_id),
+                                    cb=on_stop), BROKER_CALL_SECONDS)
+
+    # ------------------------------------------------------------------ publishing
+
+    def publish(self, envelope: Envelope, deadline: float) -> PublishOutcome:
+        """Publish with a monotonic deadline; on expiry the outcome is
+        PublicationUnknown, never a guess (MSG-013, MSG-014; publish_once).
+
+        Returns:
+            as publish_once; Rejected(retryable=True) when not connected (nothing sent).
+        """
+        if self._js is None or not self.connected:
+            return Rejected("the JetStream backend is not connected; nothing was sent",
+                            retryable=True)
+        subject = self.subject_for(envelope.channel, envelope.kind)
+        timeout = deadline - time.monotonic()
+        self._ledger.sent(envelope, horizon=BROKER_CALL_SECONDS * 60)
+        try:
+            outcome: PublishOutcome = self._call(
+                publish_once(self._js, subject, envelope, timeout), max(timeout, 0.0))
+        except TimeoutError:
+            return PublicationUnknown("the backend's loop did not answer before the deadline")
+        return outcome
+
+    def observe_publication(self, envelope: Envelope) -> PublishOutcome:
+        """Resolve an earlier PublicationUnknown by an idempotent re-publish: inside the
+        stream's duplicate window the broker answers duplicate when the first send was
+        stored and stores it now when it was not — either way one accepted copy.
+        Outside the window nothing can be known: Unresolvable."""
+        if self._js is None or not self.connected:
+            return Rejected("the JetStream backend is not connected; nothing was sent",
+                            retryable=True)
+        subject = self.subject_for(envelope.channel, envelope.kind)
+        try:
+            outcome: PublishOutcome = self._call(
+                observe_by_republish(self._js, stream_of(envelope.channel), subject,
+                                     envelope, self._ledger, BROKER_CALL_SECONDS),
+                2 * BROKER_CALL_SECONDS)
+        except TimeoutError:
+            return PublicationUnknown("the backend's loop did not answer")
+        return outcome
+
+    # ------------------------------------------------------------------- receiving
+
+    def _budget_admits(self) -> bool:
+        return self.byte_budget is None or self._resident() < self.byte_budget
+
+    def _resident(self) -> int:
+        return sum(b.receiver.resident_bytes() for b in self._bindings.values())
+
+    def receive(
+        self, subscription: SubscriptionId, item_credit: int, byte_credit: int, deadline: float
+    ) -> list[Delivery]:
+        return [d for _, d in self.receive_any([subscription], item_credit, byte_credit,
+                                               deadline)]
+
+    def receive_any(
+        self,
+        subscriptions: Sequence[SubscriptionId],
+        item_credit: int,
+        byte_credit: int,
+        deadline: float,
+    ) -> list[tuple[SubscriptionId, Delivery]]:
+        """Waits until deadline (monotonic) for any of the subscriptions' queues to hold
+        a delivery and returns everything that became ready in that wait — nothing is
+        dequeued that is not returned. Subscriptions not bound here contribute
+        nothing."""
+        receivers = [(s, self._bindings[s].receiver) for s in subscriptions
+                     if s in self._bindings]
+        if item_credit < 1 or not receivers:
+            return []
+
+        def take_round_robin() -> list[tuple[SubscriptionId, Delivery]]:
+            taken: list[tuple[SubscriptionId, Delivery]] = []
+            size, progress = 0, True
+            while progress and len(taken) < item_credit:
+                progress = False
+                for sub, receiver in receivers:  # one each per round: nobody starves
+                    if len(taken) >= item_credit:
+                        break
+                    room = byte_credit - size if byte_credit else 0
+                    if byte_credit and taken and room <= 0:
+                        return taken
+                    got = receiver.take_ready(1, room if taken else 0)
+                    for delivery in got:
+                        taken.append((sub, delivery))
+                        size += delivery.size
+                        progress = True
+            return taken
+
+        async def wait_and_take() -> list[tuple[SubscriptionId, Delivery]]:
+            while True:
+                taken = take_round_robin()
+                remaining = deadline - time.monotonic()
+                if taken or remaining <= 0:
+                    return taken
+                waits = [asyncio.ensure_future(r.wait_ready()) for _, r in receivers]
+                try:
+                    await asyncio.wait(waits, timeout=remaining,
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for waiter in waits:
+                        waiter.cancel()
+
+        wait = max(deadline - time.monotonic(), 0.0)
+        try:
+            result: list[tuple[SubscriptionId, Delivery]] = self._call(wait_and_take(), wait)
+        except TimeoutError:
+            return []
+        return result
+
+    def set_admission(
+        self,
+        subscription: SubscriptionId,
+        admit: Callable[[Delivery], bool],
+        on_skip: Callable[[Delivery], None] | None = None,
+    ) -> bool:
+        """Run admit (on the loop thread: cheap, non-blocking) on every delivery of
+        subscription before it is parked; a refused one is acked by the backend and,
+        once confirmed, handed to on_skip off the loop's thread. Kept across rebinds.
+
+        Returns:
+            True: this backend keeps the filter.
+        """
+        self._admission[subscription] = (admit, on_skip)
+        binding = self._bindings.get(subscription)
+        if binding is not None:
+            binding.receiver.admit, binding.receiver.on_skip = admit, on_skip
+        return True
+
+    def prefetched(self, subscription: SubscriptionId) -> int:
+        binding = self._bindings.get(subscription)
+        return 0 if binding is None else binding.receiver.parked
+
+    def skipped(self, subscription: SubscriptionId) -> int:
+        binding = self._bindings.get(subscription)
+        return 0 if binding is None else binding.receiver.skipped
+
+    def resident_bytes(self) -> int:
+        """Envelope bytes this receiver holds unsettled right now (parked or handed
+        out)."""
+        return self._resident()
+
+    def budget_waits(self) -> int:
+        """How many times a pull loop paused because the byte budget was full."""
+        return self._retired_budget_waits + sum(
+            b.receiver.budget_waits for b in self._bindings.values())
+
+    # ------------------------------------------------------------------ settlement
+
+    def settle(
+        self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
+    ) -> SettleResult:
+        """Settle one delivery (SubscriptionReceiver.settle): SettleStale for a token
+        this binding does not hold live — nothing is sent (MSG-011); SettleConfirmed
+        once the server replied; SettleUnknown otherwise (PAY-004). A confirmed
+        Terminal clears that message's exhausted mark (MSG-012)."""
+        binding = self._bindings.get(token.subscription)
+        if binding is None:
+            return SettleStale("the subscription is not bound here")
+        try:
+            result: SettleResult = self._call(
+                binding.receiver.settle(token, outcome, settlement_id),
+                self.ack_confirm_seconds)
+        except (TimeoutError, BrokerUnavailable) as error:
+            return SettleUnknown(f"the backend's loop did not answer: {error}")
+        if isinstance(outcome, Terminal) and not isinstance(result, (SettleStale,
+                                                                     SettleUnknown)):
+            self._clear_exhausted(token.subscription, token.stream_seq)
+        return result
+
+    def renew(self, token: DeliveryToken) -> LeaseObservation:
+        binding = self._bindings.get(token.subscription)
+        if binding is None:
+            return LeaseObservation("stale", "the subscription is not bound here")
+        try:
+            observed: LeaseObservation = self._call(binding.receiver.renew(token),
+                                                    self.ack_confirm_seconds)
+        except (TimeoutError, BrokerUnavailable) as error:
+            return LeaseObservation("unknown", f"the backend's loop did not answer: {error}")
+        return observed
+
+    def supersede(self, token: DeliveryToken) -> bool:
+        binding = self._bindings.get(token.subscription)
+        if binding is None:
+            return False
+
+        async def retire() -> bool:
+            return binding.receiver.supersede(token)
+
+        return bool(self._call(retire(), self.ack_confirm_seconds))
+
+    def mark_exhausted(self, subscription: SubscriptionId, stream_sequence: int | None) -> None:
+        """Count a retained message as unresolved work in observe_subscription without a
+        broker advisory (DELIV-15's pending handoff; MSG-012). stream_sequence None
+        counts one anonymous message, cleared by the next Terminal of the subscription
+        that matches no marked sequence. Cleared by the Terminal settlement of that
+        message, or by the message leaving the stream."""
+        if stream_sequence is None:
+            self._anonymous_exhausted[subscription] = (
+                self._anonymous_exhausted.get(subscription, 0) + 1)
+        else:
+            self._exhausted.setdefault(subscription, set()).add(stream_sequence)
+
+    def _clear_exhausted(self, subscription: SubscriptionId, seq: int) -> None:
+        marked = self._exhausted.get(subscription, set())
+        if seq in marked:
+            marked.discard(seq)
+        elif self._anonymous_exhausted.get(subscription, 0) > 0:
+            self._anonymous_exhausted[subscription] -= 1
+
+    # ---------------------------------------------------------------- observations
+
+    def _observe(self, request: Any) -> Any:
+        """Run one observation request; an Unknown (never an exception) when it fails."""
+        try:
+            return self._call(request, BROKER_CALL_SECONDS)
+        except nats.js.errors.NotFoundError as error:
+            return Unknown("missing", f"{error.description or error}")
+        except Exception as error:
+            reason, detail = observation_failure(error, self.errors.texts())
+            return Unknown(reason, detail)  # type: ignore[arg-type]
+
+    def observe_channel(self, channel: ChannelId) -> Known[ChannelObservation] | Unknown:
+        """stream_info().state of the channel's stream: first/last sequence, message
+        count, retention."""
+        if self._js is None:
+            return Unknown("unreachable", "the JetStream backend is not connected")
+        info = self._observe(self._js.stream_info(stream_of(channel)))
+        if isinstance(info, Unknown):
+            return info
+        try:
+            return Known(channel_observation(info))
+        except (ValueError, AttributeError) as error:
+            return Unknown("malformed", str(error))
+
+    def observe_subscription(
+        self, subscription: SubscriptionId
+    ) -> Known[SubscriptionObservation] | Unknown:
+        """consumer_info of the subscription's durable: available (num_pending), leased
+        (num_ack_pending), unresolved (MAX_DELIVERIES advisories and mark_exhausted
+        for messages still in the stream) and dropped (admission skips). Unknown when
+        either the durable or its stream could not be read."""
+        if self._js is None:
+            return Unknown("unreachable", "the JetStream backend is not connected")
+        js, stream = self._js, stream_of(subscription.channel)
+        durable = durable_of(subscription, self.instance_id)
+
+        async def read() -> tuple[Any, Any]:
+            return (await js.consumer_info(stream, durable), await js.stream_info(stream))
+
+        answer = self._observe(read())
+        if isinstance(answer, Unknown):
+            return answer
+        info, stream_info = answer
+        first_seq = stream_info.state.first_seq
+        marked = {s for s in self._exhausted.get(subscription, set()) if s >= first_seq}
+        self._exhausted[subscription] = marked  # a message that left the stream is done
+        unresolved = len(marked) + self._anonymous_exhausted.get(subscription, 0)
+        try:
+            return Known(SubscriptionObservation(
+                available=info.num_pending or 0, leased=info.num_ack_pending or 0,
+                unresolved=unresolved, dropped=self.skipped(subscription)))
+        except ValueError as error:
+            return Unknown("malformed", str(error))
+
+    def observe_ack_floor(self, subscription: SubscriptionId) -> Known[int] | Unknown:
+        """consumer_info().ack_floor.stream_seq of any data durable of the run, bound
+        here or not."""
+        if self._js is None:
+            return Unknown("unreachable", "the JetStream backend is not connected")
+        info = self._observe(self._js.consumer_info(
+            stream_of(subscription.channel), durable_of(subscription, self.instance_id)))
+        if isinstance(info, Unknown):
+            return info
+        floor = getattr(info.ack_floor, "stream_seq", None)
+        if not isinstance(floor, int):
+            return Unknown("malformed", f"ack_floor {info.ack_floor!r}")
+        return Known(floor)

@@ -1,0 +1,183 @@
+"""From the contract's specs to JetStream configurations and names, and back from
+JetStream's answers to the contract's observations.
+
+Part of videoflow.messaging.jetstream_backend, which re-exports channel_spec_for,
+stream_config_for_spec, subscription_spec_for and consumer_credit. Nothing here talks
+to a broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import Enum
+from typing import Any, Final
+
+from nats.js.api import ConsumerConfig, StreamConfig
+
+from videoflow.backends.messaging import (
+    LIVE_LATEST,
+    RELIABLE_WORK,
+    ChannelId,
+    ChannelObservation,
+    ChannelSpec,
+    IncompatibleProfile,
+    SubscriptionId,
+    SubscriptionSpec,
+)
+from videoflow.core.constants import BATCH, REALTIME
+from videoflow.messaging.credit import consumer_credit
+from videoflow.messaging.naming import (
+    eos_durable_name_for,
+    partitioned_durable_name_for,
+    stream_name_for,
+)
+from videoflow.messaging.stream_configs import (
+    _check_flow_type,
+    consumer_config_for,
+    eos_consumer_config,
+    stream_config_for,
+)
+
+ADVISORY_MAX_DELIVERIES: Final = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
+"""Prefix of the server's max-deliveries advisory, completed by .<stream>.<durable>
+(NATS_FACTS §6)."""
+
+
+def channel_spec_for(
+    flow_id: str,
+    run_id: str,
+    node: str,
+    flow_type: str,
+    profile: str,
+    required: Sequence[SubscriptionId] = (),
+    realtime_buffer: int = 1,
+    batch_max_msgs: int = 10000,
+    replicas: int = 1,
+    max_bytes: int | None = None,
+) -> ChannelSpec:
+    """The channel a node's output stream must provide, from the flow type — today's
+    stream settings, as a spec. replicas is the copies a replicated broker keeps
+    (STREAM-14); max_bytes caps the stream's storage (a capacity fixture); both default
+    to today's unset values.
+
+    Raises:
+        ValueError: an unknown flow type, or a field ChannelSpec refuses.
+    """
+    _check_flow_type(flow_type)
+    return ChannelSpec(
+        channel=ChannelId(flow_id, run_id, node), profile=profile, required=tuple(required),
+        realtime_buffer=realtime_buffer, batch_max_msgs=batch_max_msgs, replicas=replicas,
+        max_bytes=max_bytes,
+    )
+
+
+def _flow_type_of(spec: ChannelSpec) -> str:
+    if spec.profile == RELIABLE_WORK:
+        return BATCH
+    if spec.profile == LIVE_LATEST:
+        return REALTIME
+    raise IncompatibleProfile(
+        f"JetStream cannot promise {spec.profile!r} for {spec.channel.node!r}: only "
+        "reliable_work and live_latest are stream-level profiles",
+        channel=spec.channel.node, profile=spec.profile,
+        findings=(f"profile: {spec.profile} is not a stream-level profile",),
+    )
+
+
+def stream_config_for_spec(spec: ChannelSpec, generation: str | None = None) -> StreamConfig:
+    """The JetStream StreamConfig a channel spec means — byte-identical to today's for a
+    default spec: reliable_work is the BATCH stream (INTEREST, DiscardPolicy.NEW at
+    batch_max_msgs), live_latest the REALTIME one (LIMITS, DiscardPolicy.OLD at
+    realtime_buffer); max_bytes, when set, is added to either.
+
+    Raises:
+        IncompatibleProfile: a profile that is not a stream-level promise.
+    """
+    channel = spec.channel
+    config = stream_config_for(
+        channel.flow, channel.run, channel.node, _flow_type_of(spec),
+        realtime_buffer=spec.realtime_buffer, batch_max_msgs=spec.batch_max_msgs,
+        generation=generation, replicas=spec.replicas,
+    )
+    if spec.max_bytes is not None:
+        config = config.evolve(max_bytes=spec.max_bytes)
+    return config
+
+
+def subscription_spec_for(
+    subscription: SubscriptionId,
+    ack_wait_seconds: float,
+    max_deliver: int,
+    credit: int,
+    byte_credit: int = 0,
+) -> SubscriptionSpec:
+    """A subscription spec: credit is the broker-side max_ack_pending this subscription
+    is bound with."""
+    return SubscriptionSpec(id=subscription, ack_wait_seconds=ack_wait_seconds,
+                            max_deliver=max_deliver, credit=credit, byte_credit=byte_credit)
+
+
+def stream_of(channel: ChannelId) -> str:
+    """The stream holding a channel."""
+    return stream_name_for(channel.flow, channel.run, channel.node)
+
+
+def durable_of(subscription: SubscriptionId, instance_id: str) -> str:
+    """The durable a subscription binds: the shared data durable, a partitioned
+    replica's own, or this process's EOS durable (one per consuming replica)."""
+    parent = subscription.channel.node
+    if subscription.kind == "eos":
+        return eos_durable_name_for(subscription.consumer, parent, instance_id)
+    config = consumer_config_for(subscription.channel.flow, subscription.channel.run,
+                                 subscription.consumer, parent)
+    assert config.durable_name is not None
+    if subscription.replica is None:
+        return config.durable_name
+    return partitioned_durable_name_for(subscription.consumer, parent, subscription.replica)
+
+
+def consumer_config_for_spec(spec: SubscriptionSpec, instance_id: str) -> ConsumerConfig:
+    """The durable a subscription spec means, reproducing today's bytes: a data durable
+    is consumer_config_for with the spec's ack_wait, max_deliver and credit as
+    max_ack_pending (MSG-017); an EOS durable is today's eos_consumer_config as it is
+    (its ack_wait and unbounded credit are fixed by design)."""
+    sub, channel = spec.id, spec.id.channel
+    if sub.kind == "eos":
+        return eos_consumer_config(channel.flow, channel.run, sub.consumer, channel.node,
+                                   instance_id)
+    config = consumer_config_for(
+        channel.flow, channel.run, sub.consumer, channel.node,
+        ack_wait=spec.ack_wait_seconds,  # type: ignore[arg-type]  # seconds; ns on the wire
+        max_deliver=spec.max_deliver, max_ack_pending=spec.credit,
+    )
+    if sub.replica is not None:
+        name = durable_of(sub, instance_id)
+        config = config.evolve(durable_name=name)
+    return config
+
+
+def enum_text(value: Any) -> str:
+    """A config enum as its wire text: stream_info answers plain str (NATS_FACTS S17)."""
+    return str(value.value if isinstance(value, Enum) else value)
+
+
+def channel_observation(info: Any) -> ChannelObservation:
+    """stream_info's state as a ChannelObservation."""
+    state = info.state
+    return ChannelObservation(first_seq=state.first_seq, last_seq=state.last_seq,
+                              messages=state.messages,
+                              retention=enum_text(info.config.retention or "limits"))
+
+
+__all__ = [
+    "ADVISORY_MAX_DELIVERIES",
+    "channel_observation",
+    "channel_spec_for",
+    "consumer_config_for_spec",
+    "consumer_credit",
+    "durable_of",
+    "enum_text",
+    "stream_config_for_spec",
+    "stream_of",
+    "subscription_spec_for",
+]
