@@ -681,3 +681,31 @@ def test_publish_and_observe_publication_through_the_backend(backends) -> None: 
     assert isinstance(backend.observe_publication(envelope("pub")), PublicationUnresolvable)
     refused = backend.publish(envelope("unprovisioned"), time.monotonic() + 5)
     assert isinstance(refused, Rejected) and refused.retryable is False
+
+
+def test_an_eos_subscription_binds_this_process_durable_and_sees_the_marker(backends) -> None:  # type: ignore[no-untyped-def]
+    backend = backends()
+    provisioned(backend, "ended")
+    eos = SubscriptionId("child", ChannelId(FLOW, RUN, "ended"), kind="eos")
+    verified = backend.ensure_subscription(subscription_spec_for(eos, 30.0, 5, 1), "eos")
+    assert verified.name == f"child--eos--ended--{backend.instance_id}"
+    marker = Envelope(ChannelId(FLOW, RUN, "ended"), "eos", b"EOS", "eos-1")
+    assert isinstance(backend.publish(marker, time.monotonic() + 5), Accepted)
+    (seen,) = receive_n(backend, eos, 1)
+    assert seen.data == b"EOS"
+    assert backend.settle(seen.token, Completed(), "eos-ack") == SettleConfirmed()
+    # The data durable filters to the data subject and never sees the marker.
+    assert backend.receive(data_sub("ended"), 1, 0, time.monotonic() + 0.5) == []
+
+
+def test_receive_respects_byte_credit_and_loses_nothing(backends) -> None:  # type: ignore[no-untyped-def]
+    backend = backends()
+    sub = provisioned(backend, "bytes")
+    send(backend, "bytes", 3)  # 2 bytes each
+    deadline = time.monotonic() + 5
+    while backend.prefetched(sub) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first = backend.receive(sub, 3, 3, time.monotonic() + 1)
+    assert [d.stream_seq for d in first] == [1]  # a second would pass 3 bytes
+    rest = receive_n(backend, sub, 2)
+    assert [d.stream_seq for d in rest] == [2, 3]

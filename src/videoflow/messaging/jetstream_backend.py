@@ -30,13 +30,11 @@ behaviour relied on is cited against nats-py 2.15.0 and /work/shared/design/NATS
 
 from __future__ import annotations
 
-import asyncio
-import json
 import time
 import uuid
 from asyncio import AbstractEventLoop
 from collections.abc import Callable, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import nats.errors
 import nats.js.errors
@@ -55,7 +53,6 @@ from videoflow.backends.messaging import (
     Delivery,
     DeliveryToken,
     Envelope,
-    IncompatibleProfile,
     Known,
     LeaseObservation,
     MessagingBackend,
@@ -87,14 +84,17 @@ from videoflow.messaging.jetstream_outcomes import (
     observe_by_republish,
     publish_once,
 )
+from videoflow.messaging.jetstream_provision import ensure_channel_stream, ensure_durable
 from videoflow.messaging.jetstream_receive import (
     ACK_CONFIRM_SECONDS,
     FETCH_TIMEOUT_SECONDS,
     SubscriptionReceiver,
     bind_receiver,
+    take_any,
 )
 from videoflow.messaging.jetstream_specs import (
     ADVISORY_MAX_DELIVERIES,
+    ExhaustedMarks,
     channel_observation,
     channel_spec_for,
     consumer_config_for_spec,
@@ -104,15 +104,13 @@ from videoflow.messaging.jetstream_specs import (
     stream_config_for_spec,
     stream_of,
     subscription_spec_for,
+    unknown_from,
 )
 from videoflow.messaging.naming import control_subject_for, eos_subject_for, subject_for
 from videoflow.messaging.provisioning import (
-    STREAM_NOT_FOUND,
-    _ensure_consumer,
-    _ensure_stream,
     delete_run_streams,
 )
-from videoflow.messaging.verification import observation_failure, profile_mismatches
+from videoflow.messaging.stream_configs import DUPLICATE_WINDOW_SECONDS
 
 __all__ = [
     "ACK_CONFIRM_SECONDS",
@@ -124,20 +122,12 @@ __all__ = [
     "subscription_spec_for",
 ]
 
-T = TypeVar("T")
-
 CALL_MARGIN_SECONDS: Final = 2.0
 """Added to a call's own bound when the caller's thread waits for the loop: the inner
 bound answers first, and the outer one only catches a loop that is not running."""
 
 BROKER_CALL_SECONDS: Final = 10.0
 """Bound of one provisioning or observation request."""
-
-CONSUMER_NOT_FOUND: Final = 10014
-"""err_code of consumer_info for a durable that does not exist (NATS_FACTS §7)."""
-
-REPLICAS_UNSUPPORTED: Final = 10074
-"""err_code of replicas > 1 on a standalone server (NATS_FACTS §4)."""
 
 
 class _Binding:
@@ -201,8 +191,7 @@ class JetStreamMessagingBackend(MessagingBackend):
         self._generations: dict[SubscriptionId, int] = {}
         self._admission: dict[SubscriptionId, tuple[Callable[[Delivery], bool],
                                                     Callable[[Delivery], None] | None]] = {}
-        self._exhausted: dict[SubscriptionId, set[int]] = {}
-        self._anonymous_exhausted: dict[SubscriptionId, int] = {}
+        self._exhausted = ExhaustedMarks()
         self._ledger = PublicationLedger()
         self._first_stream: Any = None
         self._stopped_receiving = False
@@ -365,44 +354,19 @@ class JetStreamMessagingBackend(MessagingBackend):
             BrokerUnavailable: not connected, or the broker did not answer.
         """
         _, js = self._require()
-        config = stream_config_for_spec(spec)
         name = stream_of(spec.channel)
-
-        async def ensure() -> tuple[bool, Any]:
-            try:
-                await js.stream_info(name)
-                existed = True
-            except nats.js.errors.NotFoundError as error:
-                if error.err_code != STREAM_NOT_FOUND:
-                    raise
-                existed = False
-            return not existed, await _ensure_stream(js, config)
-
         try:
-            created, verified = self._call(ensure(), BROKER_CALL_SECONDS)
+            created, verified = self._call(ensure_channel_stream(js, spec),
+                                           BROKER_CALL_SECONDS)
         except nats.js.errors.APIError as error:
-            if error.err_code == REPLICAS_UNSUPPORTED:
-                raise IncompatibleProfile(
-                    f"{name}: {error.description}", channel=spec.channel.node,
-                    profile=spec.profile, findings=(f"num_replicas: {spec.replicas}",),
-                ) from error
             raise BrokerUnavailable(f"ensure_channel {name}: {error}",
                                     code=error.err_code) from error
         except (TimeoutError, nats.errors.Error) as error:
             raise BrokerUnavailable(f"ensure_channel {name}: {error}") from error
-        effective = verified.effective
-        if effective is None:
+        if verified.effective is None:
             raise BrokerUnavailable(f"ensure_channel {name}: {verified.mismatches[0]}")
-        findings = list(profile_mismatches(spec.profile, effective))
-        if (effective.num_replicas or 1) != spec.replicas:
-            findings.append(f"num_replicas: {effective.num_replicas} (requested "
-                            f"{spec.replicas})")
-        if findings:
-            raise IncompatibleProfile(
-                f"{name} does not carry {spec.profile}: {'; '.join(findings)}",
-                channel=spec.channel.node, profile=spec.profile, findings=findings)
         if self._first_stream is None:
-            self._first_stream = effective
+            self._first_stream = verified.effective
         return VerifiedChannel(spec=spec, name=name, created=created,
                                mismatches=verified.mismatches)
 
@@ -437,14 +401,7 @@ class JetStreamMessagingBackend(MessagingBackend):
                 await old.receiver.unsubscribe()
                 if old.advisory is not None:
                     await old.advisory.unsubscribe()
-            try:
-                await js.consumer_info(stream, durable)
-                created = False
-            except nats.js.errors.NotFoundError as error:
-                if error.err_code == STREAM_NOT_FOUND:
-                    raise
-                created = True
-            verified = await _ensure_consumer(js, stream, config)
+            created, verified = await ensure_durable(js, stream, durable, config)
             receiver = await bind_receiver(
                 js, client, spec.id, stream, durable, generation, prefetch=self.prefetch,
                 fetch_timeout=self.fetch_timeout,
@@ -481,11 +438,7 @@ class JetStreamMessagingBackend(MessagingBackend):
     def _advisory_handler(self, subscription: SubscriptionId) -> Callable[[Msg], Any]:
         async def on_advisory(msg: Msg) -> None:
             # S11: fires on the next pull after the last delivery, carrying stream_seq.
-            try:
-                seq = int(json.loads(msg.data)["stream_seq"])
-            except (ValueError, KeyError, TypeError):
-                return
-            self._exhausted.setdefault(subscription, set()).add(seq)
+            self._exhausted.mark_advisory(subscription, msg.data)
 
         return on_advisory
 
@@ -514,7 +467,7 @@ class JetStreamMessagingBackend(MessagingBackend):
                             retryable=True)
         subject = self.subject_for(envelope.channel, envelope.kind)
         timeout = deadline - time.monotonic()
-        self._ledger.sent(envelope, horizon=BROKER_CALL_SECONDS * 60)
+        self._ledger.sent(envelope, horizon=DUPLICATE_WINDOW_SECONDS)
         try:
             outcome: PublishOutcome = self._call(
                 publish_once(self._js, subject, envelope, timeout), max(timeout, 0.0))
@@ -546,7 +499,8 @@ class JetStreamMessagingBackend(MessagingBackend):
         return self.byte_budget is None or self._resident() < self.byte_budget
 
     def _resident(self) -> int:
-        return sum(b.receiver.resident_bytes() for b in self._bindings.values())
+        # Called from the loop thread (the pull loops' gate) and the caller's: copy first.
+        return sum(b.receiver.resident_bytes() for b in list(self._bindings.values()))
 
     def receive(
         self, subscription: SubscriptionId, item_credit: int, byte_credit: int, deadline: float
@@ -569,45 +523,13 @@ class JetStreamMessagingBackend(MessagingBackend):
                      if s in self._bindings]
         if item_credit < 1 or not receivers:
             return []
-
-        def take_round_robin() -> list[tuple[SubscriptionId, Delivery]]:
-            taken: list[tuple[SubscriptionId, Delivery]] = []
-            size, progress = 0, True
-            while progress and len(taken) < item_credit:
-                progress = False
-                for sub, receiver in receivers:  # one each per round: nobody starves
-                    if len(taken) >= item_credit:
-                        break
-                    room = byte_credit - size if byte_credit else 0
-                    if byte_credit and taken and room <= 0:
-                        return taken
-                    got = receiver.take_ready(1, room if taken else 0)
-                    for delivery in got:
-                        taken.append((sub, delivery))
-                        size += delivery.size
-                        progress = True
-            return taken
-
-        async def wait_and_take() -> list[tuple[SubscriptionId, Delivery]]:
-            while True:
-                taken = take_round_robin()
-                remaining = deadline - time.monotonic()
-                if taken or remaining <= 0:
-                    return taken
-                waits = [asyncio.ensure_future(r.wait_ready()) for _, r in receivers]
-                try:
-                    await asyncio.wait(waits, timeout=remaining,
-                                       return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for waiter in waits:
-                        waiter.cancel()
-
         wait = max(deadline - time.monotonic(), 0.0)
         try:
-            result: list[tuple[SubscriptionId, Delivery]] = self._call(wait_and_take(), wait)
+            taken: list[tuple[SubscriptionId, Delivery]] = self._call(
+                take_any(receivers, item_credit, byte_credit, deadline), wait)
         except TimeoutError:
             return []
-        return result
+        return taken
 
     def set_admission(
         self,
@@ -644,7 +566,7 @@ class JetStreamMessagingBackend(MessagingBackend):
     def budget_waits(self) -> int:
         """How many times a pull loop paused because the byte budget was full."""
         return self._retired_budget_waits + sum(
-            b.receiver.budget_waits for b in self._bindings.values())
+            b.receiver.budget_waits for b in list(self._bindings.values()))
 
     # ------------------------------------------------------------------ settlement
 
@@ -666,7 +588,7 @@ class JetStreamMessagingBackend(MessagingBackend):
             return SettleUnknown(f"the backend's loop did not answer: {error}")
         if isinstance(outcome, Terminal) and not isinstance(result, (SettleStale,
                                                                      SettleUnknown)):
-            self._clear_exhausted(token.subscription, token.stream_seq)
+            self._exhausted.clear(token.subscription, token.stream_seq)
         return result
 
     def renew(self, token: DeliveryToken) -> LeaseObservation:
@@ -696,18 +618,7 @@ class JetStreamMessagingBackend(MessagingBackend):
         counts one anonymous message, cleared by the next Terminal of the subscription
         that matches no marked sequence. Cleared by the Terminal settlement of that
         message, or by the message leaving the stream."""
-        if stream_sequence is None:
-            self._anonymous_exhausted[subscription] = (
-                self._anonymous_exhausted.get(subscription, 0) + 1)
-        else:
-            self._exhausted.setdefault(subscription, set()).add(stream_sequence)
-
-    def _clear_exhausted(self, subscription: SubscriptionId, seq: int) -> None:
-        marked = self._exhausted.get(subscription, set())
-        if seq in marked:
-            marked.discard(seq)
-        elif self._anonymous_exhausted.get(subscription, 0) > 0:
-            self._anonymous_exhausted[subscription] -= 1
+        self._exhausted.mark(subscription, stream_sequence)
 
     # ---------------------------------------------------------------- observations
 
@@ -715,11 +626,8 @@ class JetStreamMessagingBackend(MessagingBackend):
         """Run one observation request; an Unknown (never an exception) when it fails."""
         try:
             return self._call(request, BROKER_CALL_SECONDS)
-        except nats.js.errors.NotFoundError as error:
-            return Unknown("missing", f"{error.description or error}")
         except Exception as error:
-            reason, detail = observation_failure(error, self.errors.texts())
-            return Unknown(reason, detail)  # type: ignore[arg-type]
+            return unknown_from(error, self.errors.texts())
 
     def observe_channel(self, channel: ChannelId) -> Known[ChannelObservation] | Unknown:
         """stream_info().state of the channel's stream: first/last sequence, message
@@ -753,10 +661,7 @@ class JetStreamMessagingBackend(MessagingBackend):
         if isinstance(answer, Unknown):
             return answer
         info, stream_info = answer
-        first_seq = stream_info.state.first_seq
-        marked = {s for s in self._exhausted.get(subscription, set()) if s >= first_seq}
-        self._exhausted[subscription] = marked  # a message that left the stream is done
-        unresolved = len(marked) + self._anonymous_exhausted.get(subscription, 0)
+        unresolved = self._exhausted.count(subscription, stream_info.state.first_seq)
         try:
             return Known(SubscriptionObservation(
                 available=info.num_pending or 0, leased=info.num_ack_pending or 0,

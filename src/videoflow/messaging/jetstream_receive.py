@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -261,7 +261,9 @@ class SubscriptionReceiver:
 
     def resident_bytes(self) -> int:
         """Envelope bytes held live here, parked or handed out."""
-        return sum(h.delivery.size for h in self._current.values())
+        # Read from the caller's thread too: copy the values first (atomic under the
+        # GIL) so the loop thread's inserts cannot break the iteration.
+        return sum(h.delivery.size for h in list(self._current.values()))
 
     def take_ready(self, item_credit: int, byte_credit: int = 0) -> list[Delivery]:
         """Hand out up to item_credit parked deliveries without waiting (and about
@@ -283,6 +285,14 @@ class SubscriptionReceiver:
             self._ready.clear()
         self._space.set()
         return taken
+
+    def put_back(self, delivery: Delivery) -> None:
+        """Return a delivery just taken (and not handed to anyone) to the queue's head."""
+        held = self._current.get(delivery.stream_seq)
+        if held is not None and held.delivery.token == delivery.token:
+            held.parked = True
+            self._parked.appendleft(delivery)
+            self._ready.set()
 
     async def take(self, item_credit: int, byte_credit: int, deadline: float) -> list[Delivery]:
         """take_ready, waiting until the monotonic deadline for the first delivery."""
@@ -442,6 +452,53 @@ class SubscriptionReceiver:
             await self.psub.unsubscribe()
 
 
+async def take_any(
+    receivers: Sequence[tuple[SubscriptionId, SubscriptionReceiver]],
+    item_credit: int,
+    byte_credit: int,
+    deadline: float,
+) -> list[tuple[SubscriptionId, Delivery]]:
+    """Wait until the monotonic deadline for any receiver to hold a delivery, then hand
+    out up to item_credit (and about byte_credit bytes, 0 = unbounded; the first always
+    goes) round robin, one per receiver per round, so no subscription starves.
+    Everything dequeued is returned: the wait is on readiness, never on a dequeue.
+    """
+    def round_robin() -> list[tuple[SubscriptionId, Delivery]]:
+        taken: list[tuple[SubscriptionId, Delivery]] = []
+        size, progress = 0, True
+        while progress and len(taken) < item_credit:
+            progress = False
+            for sub, receiver in receivers:
+                if len(taken) >= item_credit:
+                    break
+                if byte_credit and taken and size >= byte_credit:
+                    return taken
+                room = byte_credit - size if byte_credit and taken else 0
+                for delivery in receiver.take_ready(1, room):
+                    if taken and byte_credit and size + delivery.size > byte_credit:
+                        # take_ready hands out a first delivery regardless of room.
+                        receiver.put_back(delivery)
+                        return taken
+                    taken.append((sub, delivery))
+                    size += delivery.size
+                    progress = True
+        return taken
+
+    if item_credit < 1 or not receivers:
+        return []
+    while True:
+        taken = round_robin()
+        remaining = deadline - time.monotonic()
+        if taken or remaining <= 0:
+            return taken
+        waits = [asyncio.ensure_future(r.wait_ready()) for _, r in receivers]
+        try:
+            await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waits:
+                waiter.cancel()
+
+
 async def bind_receiver(
     js: JetStreamContext,
     client: Client,
@@ -473,6 +530,7 @@ __all__ = [
     "FETCH_TIMEOUT_SECONDS",
     "SubscriptionReceiver",
     "bind_receiver",
+    "take_any",
     "nak_payload",
     "term_payload",
 ]

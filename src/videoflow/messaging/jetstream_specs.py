@@ -1,5 +1,6 @@
 """From the contract's specs to JetStream configurations and names, and back from
-JetStream's answers to the contract's observations.
+JetStream's answers (and failures, and MAX_DELIVERIES advisories) to the contract's
+observations.
 
 Part of videoflow.messaging.jetstream_backend, which re-exports channel_spec_for,
 stream_config_for_spec, subscription_spec_for and consumer_credit. Nothing here talks
@@ -8,10 +9,13 @@ to a broker.
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Sequence
 from enum import Enum
-from typing import Any, Final
+from typing import Any, Final, cast
 
+import nats.js.errors
 from nats.js.api import ConsumerConfig, StreamConfig
 
 from videoflow.backends.messaging import (
@@ -23,6 +27,8 @@ from videoflow.backends.messaging import (
     IncompatibleProfile,
     SubscriptionId,
     SubscriptionSpec,
+    Unknown,
+    UnknownReason,
 )
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.messaging.credit import consumer_credit
@@ -37,6 +43,7 @@ from videoflow.messaging.stream_configs import (
     eos_consumer_config,
     stream_config_for,
 )
+from videoflow.messaging.verification import observation_failure
 
 ADVISORY_MAX_DELIVERIES: Final = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 """Prefix of the server's max-deliveries advisory, completed by .<stream>.<durable>
@@ -169,7 +176,63 @@ def channel_observation(info: Any) -> ChannelObservation:
                               retention=enum_text(info.config.retention or "limits"))
 
 
+def unknown_from(error: BaseException, reported: Sequence[str] = ()) -> Unknown:
+    """A failed observation as Unknown: missing for a NotFoundError (a stream or
+    consumer that does not exist, 10059/10014), else observation_failure's reason."""
+    if isinstance(error, nats.js.errors.NotFoundError):
+        return Unknown("missing", f"{error.description or error}")
+    reason, detail = observation_failure(error, reported)
+    return Unknown(cast(UnknownReason, reason), detail)
+
+
+class ExhaustedMarks:
+    """Messages a subscription's broker retains but will never resolve (MSG-012): the
+    stream sequences its MAX_DELIVERIES advisories named, those mark_exhausted named,
+    and a count of anonymous marks (the ledger did not know the sequence). Written from
+    the loop thread (advisories) and the caller's (marks, settlements), hence the lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seqs: dict[SubscriptionId, set[int]] = {}
+        self._anonymous: dict[SubscriptionId, int] = {}
+
+    def mark(self, subscription: SubscriptionId, seq: int | None) -> None:
+        with self._lock:
+            if seq is None:
+                self._anonymous[subscription] = self._anonymous.get(subscription, 0) + 1
+            else:
+                self._seqs.setdefault(subscription, set()).add(seq)
+
+    def mark_advisory(self, subscription: SubscriptionId, data: bytes) -> None:
+        """Record a MAX_DELIVERIES advisory's stream_seq (NATS_FACTS §6); an advisory
+        that cannot be read is ignored."""
+        try:
+            seq = int(json.loads(data)["stream_seq"])
+        except (ValueError, KeyError, TypeError):
+            return
+        self.mark(subscription, seq)
+
+    def clear(self, subscription: SubscriptionId, seq: int) -> None:
+        """A Terminal settlement of seq: its mark, or else one anonymous mark, goes."""
+        with self._lock:
+            marked = self._seqs.get(subscription, set())
+            if seq in marked:
+                marked.discard(seq)
+            elif self._anonymous.get(subscription, 0) > 0:
+                self._anonymous[subscription] -= 1
+
+    def count(self, subscription: SubscriptionId, first_seq: int) -> int:
+        """Marks still unresolved; a marked message below the stream's first_seq left
+        the stream and is forgotten."""
+        with self._lock:
+            kept = {s for s in self._seqs.get(subscription, set()) if s >= first_seq}
+            self._seqs[subscription] = kept
+            return len(kept) + self._anonymous.get(subscription, 0)
+
+
 __all__ = [
+    "ExhaustedMarks",
     "ADVISORY_MAX_DELIVERIES",
     "channel_observation",
     "channel_spec_for",
@@ -180,4 +243,5 @@ __all__ = [
     "stream_config_for_spec",
     "stream_of",
     "subscription_spec_for",
+    "unknown_from",
 ]
