@@ -483,6 +483,13 @@ def test_start_capabilities_and_shutdown(backends, tmp_path: Path) -> None:  # t
     assert (caps.replicas, caps.storage) == (Known(1), Known("file"))
     backend.shutdown()
     assert not backend.connected
+    # Shut down: nothing is sent, nothing is claimed.
+    late = backend.publish(envelope("caps"), time.monotonic() + 5)
+    assert isinstance(late, Rejected) and late.retryable is True
+    assert backend.observe_channel(ChannelId(FLOW, RUN, "caps")).reason == "unreachable"  # type: ignore[union-attr]
+    assert backend.close([ChannelId(FLOW, RUN, "caps")], "g").complete is False
+    assert backend.stop_receiving() == 0
+    backend.shutdown()  # idempotent
     with embedded.start(tmp_path / "gone") as server:
         url = server.url
     refused = JetStreamMessagingBackend(url, FLOW, RUN, BATCH, connect_timeout=5.0)

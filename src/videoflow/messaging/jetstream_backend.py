@@ -292,8 +292,11 @@ class JetStreamMessagingBackend(MessagingBackend):
         (topology.delete_run_streams): a stream is removed only when its owner labels
         name its run and carry expected_generation, never by name prefix. A stream
         without a generation label (as ensure_channel creates them) is not of any
-        generation and is left standing."""
-        client, _ = self._require()
+        generation and is left standing. Not connected: nothing is removed and the
+        observation is incomplete (re-running once connected is the remedy)."""
+        if self._client is None or not self.connected:
+            return CleanupObservation(removed=(), remaining=(), complete=False)
+        client = self._client
         runs: dict[tuple[str, str], list[str]] = {}
         for channel in owned:
             runs.setdefault((channel.flow, channel.run), []).append(channel.node)
