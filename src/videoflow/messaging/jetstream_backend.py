@@ -131,7 +131,8 @@ BROKER_CALL_SECONDS: Final = 10.0
 
 
 class _Binding:
-    """One bound subscription: its spec, read-back, receiver and exhausted marks."""
+    """One bound subscription: its spec, read-back, operation id, stream, receiver and
+    MAX_DELIVERIES advisory subscription."""
 
     def __init__(self, spec: SubscriptionSpec, verified: VerifiedSubscription,
                  operation_id: str, stream: str, receiver: SubscriptionReceiver) -> None:
