@@ -30,6 +30,7 @@ behaviour relied on is cited against nats-py 2.15.0 and /work/shared/design/NATS
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from asyncio import AbstractEventLoop
@@ -128,6 +129,8 @@ bound answers first, and the outer one only catches a loop that is not running."
 
 BROKER_CALL_SECONDS: Final = 10.0
 """Bound of one provisioning or observation request."""
+
+logger = logging.getLogger(__name__)
 
 
 class _Binding:
@@ -281,8 +284,9 @@ class JetStreamMessagingBackend(MessagingBackend):
 
         try:
             self._call(wind_down(), self.fetch_timeout + BROKER_CALL_SECONDS)
-        except Exception:
-            pass  # the loop is stopped below whatever the close managed
+        except Exception as error:
+            # The loop is stopped below whatever the close managed; say what it did not.
+            logger.warning("jetstream backend shutdown did not complete cleanly: %r", error)
         finally:
             self._bindings.clear()
             self._client, self._js = None, None
