@@ -28,6 +28,7 @@ were stored or settled, so a broken backend fails the run even with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterator
@@ -112,17 +113,22 @@ def summary(request: pytest.FixtureRequest) -> Iterator[None]:
     """Prints the messages/s and backend/raw ratios of this module's cases at its end,
     through the terminal reporter (output capture would swallow a plain print)."""
     yield
-    reporter = request.config.pluginmanager.getplugin("terminalreporter")
+    plugins = request.config.pluginmanager
+    reporter, capture = plugins.getplugin("terminalreporter"), plugins.getplugin("capturemanager")
     if not _RESULTS or reporter is None:
         return
-    write = reporter.write_line
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        write_summary(reporter.write_line)
+
+
+def write_summary(write: Callable[[str], None]) -> None:
     write("")
     write("backend vs raw nats-py (ratio = backend msg/s over raw msg/s; the fastest round"
           " is the least disturbed, the median shows state that builds up over rounds)")
     best = {(g, s): n / t for g, s, n, t, _ in _RESULTS}
-    for group, side, n, fastest, median in _RESULTS:
+    for group, side, n, fastest, middle in _RESULTS:
         write(f"  {group:<24}{side:<30}{n / fastest:>10,.0f} msg/s best"
-              f"{n / median:>10,.0f} median")
+              f"{n / middle:>10,.0f} median")
     median = {(g, s): n / t for g, s, n, _, t in _RESULTS}
     for group in dict.fromkeys(g for g, *_ in _RESULTS):
         raws = [s for g, s in best if g == group and s.startswith("raw")]
