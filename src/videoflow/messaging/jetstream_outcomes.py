@@ -8,7 +8,9 @@ own loop; they never raise for anything the broker answered or failed to answer.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Final
 
@@ -35,9 +37,6 @@ S8): waiting for acknowledgements to free room can help."""
 
 MESSAGE_TOO_LARGE: Final = 10054
 """err_code of a message over max_msg_size (headers count, S9): waiting never helps."""
-
-_SENT_PRUNE_AT: Final = 4096
-"""Remembered first-send times beyond which those outside every window are dropped."""
 
 
 def rejection_for(error: nats.js.errors.APIError) -> Rejected:
@@ -120,26 +119,42 @@ class PublicationLedger:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._first: dict[tuple[ChannelId, str], float] = {}
+        # First sends in time order, so pruning costs what it removes, not the ledger's
+        # size; publishers on several threads share the ledger, hence the lock.
+        self._order: deque[tuple[float, tuple[ChannelId, str]]] = deque()
+        self._lock = threading.Lock()
 
     def sent(self, envelope: Envelope, horizon: float) -> None:
         """Record the first send of envelope's msg_id (a later send keeps the first
-        time: the window runs from the first copy the broker may hold). Entries older
-        than horizon seconds are pruned once the ledger grows large."""
+        time: the window runs from the first copy the broker may hold) and forget the
+        ones sent more than horizon seconds ago."""
         if envelope.msg_id is None:
             return
+        key = (envelope.channel, envelope.msg_id)
         now = self.clock()
-        if len(self._first) > _SENT_PRUNE_AT:
-            self._first = {k: t for k, t in self._first.items() if now - t < horizon}
-        self._first.setdefault((envelope.channel, envelope.msg_id), now)
+        with self._lock:
+            order, first = self._order, self._first
+            while order and now - order[0][0] >= horizon:
+                t, old = order.popleft()
+                if first.get(old) == t:
+                    del first[old]
+            if key not in first:
+                first[key] = now
+                order.append((now, key))
 
     def first_sent(self, envelope: Envelope) -> float | None:
         if envelope.msg_id is None:
             return None
-        return self._first.get((envelope.channel, envelope.msg_id))
+        with self._lock:
+            return self._first.get((envelope.channel, envelope.msg_id))
 
     def resolved(self, envelope: Envelope) -> None:
         if envelope.msg_id is not None:
-            self._first.pop((envelope.channel, envelope.msg_id), None)
+            with self._lock:
+                self._first.pop((envelope.channel, envelope.msg_id), None)
+
+    def __len__(self) -> int:
+        return len(self._first)
 
 
 async def observe_by_republish(
