@@ -224,14 +224,7 @@ def run_rounds(benchmark: Any, target: Callable[[], Any], setup: Callable[[], No
 
 # ------------------------------------------------------------------ publish
 
-PUBLISH_SIDES = [
-    "raw_publish_async", "raw_publish_seq", "backend",
-    pytest.param("backend_threads", marks=pytest.mark.xfail(
-        raises=RuntimeError, strict=False,
-        reason="racy: PublicationLedger.sent rebuilds its dict while other caller "
-               "threads insert once it holds over 4096 msg_ids (jetstream_outcomes): "
-               "'dictionary changed size during iteration'")),
-]
+PUBLISH_SIDES = ["raw_publish_async", "raw_publish_seq", "backend", "backend_threads"]
 
 
 async def raw_publish_async(js: JetStreamContext, subject: str, ids: list[str]) -> list[Any]:
