@@ -5,7 +5,8 @@ harness (receivers of one run, receive with a timeout, let time pass for leases)
 an adapter that fails here breaks a promise, not a test detail.
 
 Covered: the publish / receive / settle Completed round trip; Retry redelivers;
-Terminal needs a record ref (DELIV-15); a duplicate msg_id is Accepted(duplicate=True)
+Terminal needs a record ref (DELIV-15); a message out of deliveries is unresolved,
+never "nothing pending" (MSG-012); a duplicate msg_id is Accepted(duplicate=True)
 with the original sequence; a channel nobody provisioned is Rejected(retryable=False);
 observations are Known for what exists and Unknown('missing') — never zero — for what
 does not (MSG-012). And the negative controls: a stale token settles Stale (MSG-011);
@@ -202,6 +203,26 @@ def test_observations_are_known_when_present_and_missing_never_zero_when_absent(
     assert isinstance(channel, Unknown) and channel.reason == "missing"
     floor = backend.observe_ack_floor(ghost)
     assert isinstance(floor, Unknown) and floor.reason == "missing"
+
+
+def test_a_message_out_of_deliveries_is_unresolved_never_nothing_pending(
+    harness: Harness,
+) -> None:
+    backend = harness.receiver()
+    harness.provision(backend, SHORT_ACK_WAIT, max_deliver=1)
+    publish(harness, backend, b"a")
+    (delivery,) = harness.receive(backend, harness.wait)
+
+    harness.let_pass(SHORT_ACK_WAIT + 0.5)  # its only attempt lapses
+    assert harness.receive(backend, harness.quiet) == []
+    deadline = time.monotonic() + harness.wait
+    while observed(backend, harness.sub).unresolved == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # JetStream learns it from an advisory, asynchronously
+
+    after = observed(backend, harness.sub)
+    assert after.unresolved == 1 and not after.nothing_pending  # MSG-012
+    assert stored(harness, backend) == 1  # retained, not silently gone
+    assert delivery.num_delivered == 1
 
 
 # ----------------------------------------------------------- negative controls
