@@ -87,8 +87,11 @@ class Harness:
         self._made.append(backend)
         return backend
 
-    def let_pass(self, seconds: float) -> None:
-        """Let seconds pass for leases and retry delays."""
+    def let_pass(self, seconds: float, since: float | None = None) -> None:
+        """Let seconds pass for leases and retry delays, counted from since (a
+        time.monotonic() reading, e.g. when the delivery arrived) or else from now.
+        Counting from the delivery keeps a slow step in between (a rebind, a quiesce)
+        from pushing the next receive past the redelivery's own lease."""
         raise NotImplementedError
 
     def provision(
@@ -146,7 +149,8 @@ class MemoryHarness(Harness):
     def _new(self) -> MessagingBackend:
         return MemoryMessagingBackend(self.broker, flow_id=FLOW, run_id=RUN)
 
-    def let_pass(self, seconds: float) -> None:
+    def let_pass(self, seconds: float, since: float | None = None) -> None:
+        # The broker's clock moves only here, so seconds since anything is seconds.
         self.clock.advance(seconds)
 
 
@@ -164,8 +168,9 @@ class JetStreamHarness(Harness):
             self.url, FLOW, RUN, BATCH, fetch_timeout=JETSTREAM_FETCH_TIMEOUT,
             keepalive=False, connect_timeout=5.0)
 
-    def let_pass(self, seconds: float) -> None:
-        time.sleep(seconds)
+    def let_pass(self, seconds: float, since: float | None = None) -> None:
+        start = time.monotonic() if since is None else since
+        time.sleep(max(0.0, start + seconds - time.monotonic()))
 
 
 @pytest.fixture(params=["memory", "jetstream"])

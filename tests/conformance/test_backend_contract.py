@@ -50,6 +50,12 @@ SHORT_ACK_WAIT = 2.0
 LONG_ACK_WAIT = 30.0
 """A lease no test waits out: whatever comes back before it was handed back."""
 
+CRASH_ACK_WAIT = 3.0
+"""The crash test's lease: it must outlast a shutdown, a bind and a quiet receive."""
+
+LAPSE = SHORT_ACK_WAIT + 0.5
+"""Long enough after a delivery for its lease to have lapsed."""
+
 HAND_BACK_SECONDS = 1.0
 """RUN-030: parked work reaches a survivor within this, not after ack_wait."""
 
@@ -92,12 +98,13 @@ def test_publish_receive_settle_completed_round_trip(harness: Harness) -> None:
     (seq,) = publish(harness, backend, b"frame-1")
 
     (delivery,) = harness.receive(backend, harness.wait)
+    received_at = time.monotonic()
     assert (delivery.data, delivery.stream_seq, delivery.num_delivered) == (b"frame-1", seq, 1)
     assert (delivery.token.subscription, delivery.token.attempt) == (harness.sub, 1)
     assert backend.settle(delivery.token, Completed(), "s-1") == SettleConfirmed()
 
     # Settled for good: not redelivered once its lease would have lapsed.
-    harness.let_pass(SHORT_ACK_WAIT + 0.5)
+    harness.let_pass(LAPSE, since=received_at)
     assert harness.receive(backend, harness.quiet) == []
     assert observed(backend, harness.sub).nothing_pending
     assert stored(harness, backend) == 0  # reliable_work: acked by every reader, gone
@@ -140,10 +147,11 @@ def test_terminal_needs_a_record_ref_and_then_never_redelivers(harness: Harness)
     harness.provision(backend, SHORT_ACK_WAIT)
     publish(harness, backend, b"poison")
     (delivery,) = harness.receive(backend, harness.wait)
+    received_at = time.monotonic()
 
     assert backend.settle(delivery.token, Terminal("dlq://flow/run/1"), "s-1") == \
         SettleConfirmed()
-    harness.let_pass(SHORT_ACK_WAIT + 0.5)
+    harness.let_pass(LAPSE, since=received_at)
     assert harness.receive(backend, harness.quiet) == []
     assert observed(backend, harness.sub).nothing_pending
 
@@ -212,8 +220,9 @@ def test_a_message_out_of_deliveries_is_unresolved_never_nothing_pending(
     harness.provision(backend, SHORT_ACK_WAIT, max_deliver=1)
     publish(harness, backend, b"a")
     (delivery,) = harness.receive(backend, harness.wait)
+    received_at = time.monotonic()
 
-    harness.let_pass(SHORT_ACK_WAIT + 0.5)  # its only attempt lapses
+    harness.let_pass(LAPSE, since=received_at)  # its only attempt lapses
     assert harness.receive(backend, harness.quiet) == []
     deadline = time.monotonic() + harness.wait
     while observed(backend, harness.sub).unresolved == 0 and time.monotonic() < deadline:
@@ -248,6 +257,7 @@ def test_a_token_of_another_receiver_or_an_earlier_binding_is_stale(harness: Har
     spec = harness.provision(backend, SHORT_ACK_WAIT)
     (seq,) = publish(harness, backend, b"a")
     (delivery,) = harness.receive(backend, harness.wait)
+    received_at = time.monotonic()
     old = delivery.token
 
     other = harness.receiver()
@@ -263,7 +273,7 @@ def test_a_token_of_another_receiver_or_an_earlier_binding_is_stale(harness: Har
     # Nothing reached the broker for those: the message's lease lapses and it comes
     # back, to whichever receiver is fetching, as the next attempt.
     other.stop_receiving()
-    harness.let_pass(SHORT_ACK_WAIT + 0.5)
+    harness.let_pass(LAPSE, since=received_at)
     (again,) = harness.receive(backend, harness.wait)
     assert (again.stream_seq, again.num_delivered) == (seq, 2)
     assert again.token.generation == rebound.generation
@@ -275,8 +285,9 @@ def test_a_redelivery_supersedes_the_earlier_token(harness: Harness) -> None:
     harness.provision(backend, SHORT_ACK_WAIT)
     (seq,) = publish(harness, backend, b"a")
     (first,) = harness.receive(backend, harness.wait)
+    received_at = time.monotonic()
 
-    harness.let_pass(SHORT_ACK_WAIT + 0.5)  # the lease lapses unsettled
+    harness.let_pass(LAPSE, since=received_at)  # the lease lapses unsettled
     (second,) = harness.receive(backend, harness.wait)
     assert (second.stream_seq, second.num_delivered) == (seq, first.num_delivered + 1)
 
@@ -291,17 +302,21 @@ def test_a_crash_lets_leases_lapse_and_the_message_returns_with_the_next_attempt
     harness: Harness,
 ) -> None:
     crashing = harness.receiver()
-    spec = harness.provision(crashing, SHORT_ACK_WAIT)
+    # A lease with room for the crash, the survivor's bind and a quiet receive inside it.
+    spec = harness.provision(crashing, CRASH_ACK_WAIT)
     (seq,) = publish(harness, crashing, b"a")
     (held,) = harness.receive(crashing, harness.wait)
+    received_at = time.monotonic()
 
     crashing.shutdown(hand_back=False)
     survivor = harness.receiver()
     harness.bind(survivor, spec)
     # Nothing was handed back: the lease still holds the message.
-    assert harness.receive(survivor, harness.quiet) == []
+    quiet = harness.receive(survivor, harness.quiet)
+    assert time.monotonic() - received_at < CRASH_ACK_WAIT, "the quiet check outlasted the lease"
+    assert quiet == []
 
-    harness.let_pass(SHORT_ACK_WAIT + 0.5)
+    harness.let_pass(CRASH_ACK_WAIT + 0.5, since=received_at)
     (back,) = harness.receive(survivor, harness.wait)
     assert (back.stream_seq, back.data, back.num_delivered) == (seq, b"a",
                                                                  held.num_delivered + 1)
