@@ -458,8 +458,13 @@ class JetStreamMessagingBackend(MessagingBackend):
         async def on_stop(_msg: Msg) -> None:
             callback()
 
-        self._call(client.subscribe(control_subject_for(self.flow_id, self.run_id),
-                                    cb=on_stop), BROKER_CALL_SECONDS)
+        async def subscribe() -> None:
+            await client.subscribe(control_subject_for(self.flow_id, self.run_id), cb=on_stop)
+            # SUB is fire-and-forget; the PING/PONG of a flush proves the server has
+            # registered it, so a stop published after this returns is never missed.
+            await client.flush(timeout=int(BROKER_CALL_SECONDS))
+
+        self._call(subscribe(), BROKER_CALL_SECONDS)
 
     # ------------------------------------------------------------------ publishing
 
