@@ -303,7 +303,7 @@ REFERENCE_MEMBERS = {
 }
 # Members the reference gives a default behaviour for ("0 when the backend keeps none",
 # "Returns False when the backend keeps no such filter", "The default is a no-op").
-DEFAULTED = {"budget_waits", "prefetched", "set_admission", "skipped", "supersede"}
+DEFAULTED = {"budget_waits", "prefetched", "receive", "set_admission", "skipped", "supersede"}
 
 # The shared design folder sits beside the repository (in every session and in CI).
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "spec" / "messaging-api-reference.txt"

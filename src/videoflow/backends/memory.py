@@ -455,12 +455,6 @@ class MemoryMessagingBackend(MessagingBackend):
             on_skip(delivery)
         return taken
 
-    def receive(
-        self, subscription: SubscriptionId, item_credit: int, byte_credit: int, deadline: float
-    ) -> list[Delivery]:
-        return [d for _, d in self.receive_any([subscription], item_credit, byte_credit,
-                                               deadline)]
-
     def receive_any(
         self,
         subscriptions: Sequence[SubscriptionId],

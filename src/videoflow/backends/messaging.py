@@ -254,13 +254,15 @@ class MessagingBackend(abc.ABC):
 
     # ------------------------------------------------------------------- receiving
 
-    @abc.abstractmethod
     def receive(
         self, subscription: SubscriptionId, item_credit: int, byte_credit: int, deadline: float
     ) -> list[Delivery]:
         """Up to item_credit deliveries (and about byte_credit bytes; 0 = unbounded) from
         one subscription, waiting until the monotonic deadline for the first. Each
-        carries a fresh DeliveryToken this backend must later honour or call stale."""
+        carries a fresh DeliveryToken this backend must later honour or call stale.
+        The default is receive_any over that one subscription."""
+        taken = self.receive_any([subscription], item_credit, byte_credit, deadline)
+        return [delivery for _, delivery in taken]
 
     @abc.abstractmethod
     def receive_any(

@@ -515,12 +515,6 @@ class JetStreamMessagingBackend(MessagingBackend):
         # Called from the loop thread (the pull loops' gate) and the caller's: copy first.
         return sum(b.receiver.resident_bytes() for b in list(self._bindings.values()))
 
-    def receive(
-        self, subscription: SubscriptionId, item_credit: int, byte_credit: int, deadline: float
-    ) -> list[Delivery]:
-        return [d for _, d in self.receive_any([subscription], item_credit, byte_credit,
-                                               deadline)]
-
     def receive_any(
         self,
         subscriptions: Sequence[SubscriptionId],
