@@ -3,6 +3,7 @@ client -> jetstream (STYLE.md). Never a mock broker."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -40,3 +41,15 @@ async def nats_client(nats_server: embedded.EmbeddedServer) -> AsyncIterator[nat
 @pytest.fixture
 def jetstream(nats_client: nats.NATS) -> JetStreamContext:
     return nats_client.jetstream()
+
+
+@pytest.fixture
+def closed_port_url() -> Iterator[str]:
+    """A URL whose port refuses connections: a socket bound but never listening, held for
+    the whole test so nothing else can take the port (no bind-then-reuse race)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    try:
+        yield f"nats://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        sock.close()

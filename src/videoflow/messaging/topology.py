@@ -22,7 +22,8 @@ never out of a name prefix.
 
 The pure half lives in submodules this one re-exports: naming, stream_configs, credit
 and verification; nothing in them needs a broker. The broker half (read-back, teardown,
-idempotent create) lives in provisioning, re-exported here too.
+idempotent create, provisioning a whole flow) lives in provisioning, re-exported
+here too.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ from videoflow.messaging.naming import (
 from videoflow.messaging.provisioning import (
     DEFAULT_READ_BACK_TIMEOUT_SECONDS,
     delete_run_streams,
+    provision_flow,
+    provision_flow_connect,
+    provision_flow_sync,
     read_back_streams,
     read_back_streams_async,
 )
@@ -169,6 +173,9 @@ __all__ = [
     "owner_labels",
     "partitioned_durable_name_for",
     "profile_mismatches",
+    "provision_flow",
+    "provision_flow_connect",
+    "provision_flow_sync",
     "quiet_error_cb",
     "read_back_streams",
     "read_back_streams_async",
