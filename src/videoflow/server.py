@@ -84,7 +84,15 @@ class EmbeddedServer:
         host: the address to listen on.
         startup_timeout: seconds to wait for readiness.
         stop_grace: seconds between SIGTERM and SIGKILL at stop.
-        extra_args: further nats-server command-line arguments.
+        extra_args: further nats-server command-line arguments, appended after
+            videoflow's own: e.g. ``("--user", "u", "--pass", "p")`` to require
+            credentials, or ``("-c", path)`` for a config file with accounts and
+            permissions (nats-server lets command-line flags win over a config file, so
+            the file cannot move the host, port or store).
+        jetstream: run with JetStream (``-js``, the default). False starts a plain NATS
+            server — no ``-js``, no store directory, store_dir ignored — on which every
+            JetStream API request finds no responder: what a broker deployed without
+            JetStream looks like to videoflow.
 
     Attributes:
         host, port, url: where clients connect, known once started.
@@ -100,6 +108,7 @@ class EmbeddedServer:
         startup_timeout: float = STARTUP_TIMEOUT_SECONDS,
         stop_grace: float = STOP_GRACE_SECONDS,
         extra_args: tuple[str, ...] = (),
+        jetstream: bool = True,
     ) -> None:
         self.store_dir = None if store_dir is None else Path(store_dir)
         self.binary = binary
@@ -108,6 +117,7 @@ class EmbeddedServer:
         self.startup_timeout = startup_timeout
         self.stop_grace = stop_grace
         self.extra_args = tuple(extra_args)
+        self.jetstream = jetstream
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path: Path | None = None
         self._owned_store = False
@@ -134,17 +144,19 @@ class EmbeddedServer:
         if self.process is not None:
             raise EmbeddedServerError("the server is already started")
         binary = self.binary or find_binary()
-        if self.store_dir is None:
-            self.store_dir = Path(tempfile.mkdtemp(prefix="videoflow-nats-"))
-            self._owned_store = True
-        elif not self.store_dir.exists():
-            # Anything else at that path is left for the server to diagnose in its log.
-            self.store_dir.mkdir(parents=True)
+        args = [binary, "-a", self.host, "-p", "-1"]
+        if self.jetstream:  # a plain NATS server keeps nothing on disk
+            if self.store_dir is None:
+                self.store_dir = Path(tempfile.mkdtemp(prefix="videoflow-nats-"))
+                self._owned_store = True
+            elif not self.store_dir.exists():
+                # Anything else at that path is left for the server to diagnose in its log.
+                self.store_dir.mkdir(parents=True)
+            args += ["-js", "-sd", str(self.store_dir)]
         # The log lives apart from the store, so a given store holds only JetStream data.
         self._log_dir = tempfile.mkdtemp(prefix="videoflow-nats-log-")
         self.log_path = Path(self._log_dir) / "nats-server.log"
         self._log = open(self.log_path, "wb")  # closed in stop()
-        args = [binary, "-js", "-a", self.host, "-p", "-1", "-sd", str(self.store_dir)]
         try:
             self.process = subprocess.Popen(
                 [*args, *self.extra_args], stdout=self._log, stderr=subprocess.STDOUT

@@ -4,8 +4,9 @@ client -> jetstream (STYLE.md). Never a mock broker."""
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -53,3 +54,21 @@ def closed_port_url() -> Iterator[str]:
         yield f"nats://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         sock.close()
+
+
+@pytest.fixture
+def start_server() -> Iterator[Callable[..., embedded.EmbeddedServer]]:
+    """Starts extra servers with EmbeddedServer's options (extra_args for credentials or
+    a config file, jetstream=False); every one is stopped at teardown."""
+    started: list[embedded.EmbeddedServer] = []
+
+    def start(**options: Any) -> embedded.EmbeddedServer:
+        server = embedded.start(**options)
+        started.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
