@@ -14,23 +14,22 @@ bounded window (publish_async_max_pending) and every future bounded by a timeout
 (fire-and-forget), the ceiling; ``raw_fetch_ack_sync``: fetch + Msg.ack_sync() one at
 a time, confirmed acknowledgement at one round trip per message;
 ``raw_fetch_ack_sync_gathered``: fetch + every ack_sync of the batch in flight at
-once, confirmed and pipelined; ``backend``: receive(credit=PREFETCH) + settle(Completed)
-one at a time from the caller's thread, with a PREFETCH-deep prefetch;
-``backend_threads``: the same with the settlements of each batch spread over
-SETTLE_THREADS threads.
+once, confirmed and pipelined; ``backend``: receive(credit=PREFETCH) and a settle_async
+per delivery as a worker settles each input once it is done, the settlements in flight
+while the next batch is taken, with a PREFETCH-deep prefetch; ``backend_many``: one
+settle_many per received batch; ``backend_sync``: settle() one at a time, waiting for
+each; ``backend_threads``: the same sync settles spread over SETTLE_THREADS threads.
 
 Read the backend/raw ratios printed at the end of the run (and messages/s in
 extra_info), never an absolute time across runs. Every case checks how many messages
 were stored or settled, so a broken backend fails the run even with
 --benchmark-disable (one round per case, a few seconds in all).
 
-What the figures showed when this was written (2 vCPU, server on the same box):
-backend.publish and backend.settle each cost one hop into the backend's loop thread
-(~0.12 ms) plus one broker round trip, serially per caller, so one receiver settles at
-about 0.1x of fetch+ack() and 0.2x of pipelined ack_sync. backend.publish also slows
-down once its PublicationLedger holds more than 4096 msg_ids sent within the duplicate
-window: every publish then rebuilds that dict (quadratic), which is why its median
-round is far below its fastest one.
+What the figures showed (2 vCPU, server on the same box): a settle() that waits costs
+one hop into the backend's loop thread plus one broker round trip, so one receiver
+settling that way reached about 0.1x of fetch+ack(). Settlement is therefore pipelined:
+settle_async queues and returns, everything queued goes out on one loop wake-up, and
+per durable one request confirms the whole run of acks before it (jetstream_settle).
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +56,7 @@ from videoflow.backends.messaging import (
     Delivery,
     Envelope,
     SettleConfirmed,
+    SettleResult,
     SubscriptionId,
 )
 from videoflow.core.constants import BATCH
@@ -290,7 +290,7 @@ def test_publish_throughput(benchmark: Any, summary: None, raw: Raw,
 # ------------------------------------------------------------- receive + settle
 
 RECEIVE_SIDES = ["raw_fetch_ack", "raw_fetch_ack_sync", "raw_fetch_ack_sync_gathered",
-                 "backend", "backend_threads"]
+                 "backend", "backend_many", "backend_sync", "backend_threads"]
 
 
 async def raw_receive(js: JetStreamContext, client: Client, stream: str, durable: str,
@@ -317,27 +317,41 @@ async def raw_receive(js: JetStreamContext, client: Client, stream: str, durable
     return settled
 
 
-def backend_receive(backend: JetStreamMessagingBackend, sub: SubscriptionId,
+def backend_receive(backend: JetStreamMessagingBackend, sub: SubscriptionId, how: str,
                     pool: ThreadPoolExecutor | None) -> int:
-    """A worker's loop: take up to PREFETCH ready deliveries, settle each Completed
-    (confirmed, PAY-004), until every message is settled."""
+    """A worker's loop: take up to PREFETCH ready deliveries and settle each Completed
+    (confirmed, PAY-004), until every message is settled. ``backend`` starts each
+    settlement as its input is done (settle_async) and takes the next batch while they
+    are in flight, checking every result before the round ends; ``backend_many``
+    settles each batch in one settle_many call; ``backend_sync`` waits for each
+    settle in turn; ``backend_threads`` spreads the sync settles over a pool."""
     settled = 0
     deadline = time.monotonic() + 6 * CALL_SECONDS
     ids = itertools.count()
+    in_flight: list[Future[SettleResult]] = []
 
-    def complete(delivery: Delivery) -> Any:
+    def complete(delivery: Delivery) -> SettleResult:
         return backend.settle(delivery.token, Completed(), f"s-{next(ids)}")
 
     while settled < MESSAGES:
         assert time.monotonic() < deadline, f"settled {settled} of {MESSAGES}"
         got = backend.receive(sub, min(PREFETCH, MESSAGES - settled), 0,
                               time.monotonic() + 1.0)
-        if pool is None:
+        if how == "backend":
+            in_flight += [backend.settle_async(d.token, Completed(), f"s-{next(ids)}")
+                          for d in got]
+            results: list[SettleResult] = []
+        elif how == "backend_many":
+            results = backend.settle_many([(d.token, Completed(), f"s-{next(ids)}")
+                                           for d in got])
+        elif pool is None:
             results = [complete(d) for d in got]
         else:
             results = list(pool.map(complete, got))
         assert all(r == SettleConfirmed() for r in results), results
-        settled += len(results)
+        settled += len(got)
+    results = [f.result(timeout=CALL_SECONDS) for f in in_flight]
+    assert all(r == SettleConfirmed() for r in results), results
     return settled
 
 
@@ -364,7 +378,7 @@ def test_receive_settle_throughput(benchmark: Any, summary: None, raw: Raw,
         if side.startswith("raw"):
             settled.append(raw.run(raw_receive(raw.js, raw.client, stream, durable, side)))
         else:
-            settled.append(backend_receive(backend, sub, pool))
+            settled.append(backend_receive(backend, sub, side, pool))
 
     try:
         run_rounds(benchmark, target, setup)

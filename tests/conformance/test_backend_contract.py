@@ -4,7 +4,8 @@ against the memory adapter and against JetStream on a real nats-server (conftest
 harness (receivers of one run, receive with a timeout, let time pass for leases), so
 an adapter that fails here breaks a promise, not a test detail.
 
-Covered: the publish / receive / settle Completed round trip; Retry redelivers;
+Covered: the publish / receive / settle Completed round trip; a batch of
+settlements (settle_many, settle_async) gives each its own result; Retry redelivers;
 Terminal needs a record ref (DELIV-15); a message out of deliveries is unresolved,
 never "nothing pending" (MSG-012); a duplicate msg_id is Accepted(duplicate=True)
 with the original sequence; a channel nobody provisioned is Rejected(retryable=False);
@@ -235,6 +236,35 @@ def test_a_message_out_of_deliveries_is_unresolved_never_nothing_pending(
 
 
 # ----------------------------------------------------------- negative controls
+
+
+def test_a_batch_of_settlements_gives_each_its_own_result(harness: Harness) -> None:
+    backend = harness.receiver()
+    harness.provision(backend, LONG_ACK_WAIT)
+    seqs = publish(harness, backend, b"a", b"b", b"c", b"d")
+    got = harness.receive_all(backend, 4, harness.wait)
+    assert sorted(d.stream_seq for d in got) == seqs
+    a, b, c, d = sorted(got, key=lambda delivery: delivery.stream_seq)
+    assert backend.settle(b.token, Completed(), "s-b") == SettleConfirmed()
+
+    # One stale settlement in a batch says nothing about the others, and a Retry in
+    # the middle of Completed ones is applied as itself.
+    results = backend.settle_many([(a.token, Completed(), "m-a"), (b.token, Completed(), "m-b"),
+                                   (c.token, Retry(), "m-c")])
+    assert [type(r) for r in results] == [SettleConfirmed, SettleStale, SettleConfirmed]
+    (again,) = harness.receive(backend, harness.wait)
+    assert (again.stream_seq, again.num_delivered) == (c.stream_seq, 2)
+
+    # settle_async resolves to what settle would return, in order of submission.
+    futures = [backend.settle_async(again.token, Completed(), "x-c"),
+               backend.settle_async(d.token, Completed(), "x-d"),
+               backend.settle_async(d.token, Completed(), "x-d-again")]
+    assert [type(f.result(timeout=10)) for f in futures] == [SettleConfirmed, SettleConfirmed,
+                                                             SettleStale]
+    with pytest.raises(TypeError, match="not a settle outcome"):
+        backend.settle_async(d.token, "done", "x")  # type: ignore[arg-type]
+    assert observed(backend, harness.sub).nothing_pending
+    assert stored(harness, backend) == 0
 
 
 def test_a_settled_token_is_stale_and_a_retried_settlement_is_idempotent(

@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from videoflow.backends.messaging import (
     Rejected,
     Retry,
     SettleConfirmed,
+    SettleResult,
     SettleStale,
     SettleUnknown,
     SubscriptionId,
@@ -98,7 +100,8 @@ def wired(nats_server: embedded.EmbeddedServer):  # type: ignore[no-untyped-def]
 
 
 def batch_channel(
-    wired: Wired, node: str, max_msgs: int = 10_000, ack_wait: int = 30, max_deliver: int = 5
+    wired: Wired, node: str, max_msgs: int = 10_000, ack_wait: int = 30, max_deliver: int = 5,
+    max_ack_pending: int | None = None,
 ) -> tuple[str, str]:
     """A BATCH (INTEREST, DiscardPolicy.NEW) stream for node with one data durable
     reading it, so published messages are retained. Returns (stream, subject)."""
@@ -108,6 +111,8 @@ def batch_channel(
     assert verified.mismatches == ()
     durable = consumer_config_for(FLOW, RUN, "child", node, ack_wait=ack_wait,
                                   max_deliver=max_deliver)
+    if max_ack_pending is not None:
+        durable.max_ack_pending = max_ack_pending
     wired.run(_ensure_consumer(wired.js, stream, durable))
     return stream, subject_for(FLOW, RUN, node)
 
@@ -445,12 +450,13 @@ def data_sub(node: str, consumer: str = "child") -> SubscriptionId:
 
 def provisioned(backend: JetStreamMessagingBackend, node: str, ack_wait: float = 30.0,
                 max_deliver: int = 5, op: str = "op-1", consumer: str = "child",
-                byte_credit: int = 0) -> SubscriptionId:
+                byte_credit: int = 0, credit: int | None = None) -> SubscriptionId:
     sub = data_sub(node, consumer)
     backend.ensure_channel(channel_spec_for(FLOW, RUN, node, BATCH, RELIABLE_WORK,
                                             required=[sub]), "chan")
     backend.ensure_subscription(
-        subscription_spec_for(sub, ack_wait, max_deliver, consumer_credit(1, False),
+        subscription_spec_for(sub, ack_wait, max_deliver,
+                              consumer_credit(1, False) if credit is None else credit,
                               byte_credit), op)
     return sub
 
@@ -716,3 +722,146 @@ def test_receive_respects_byte_credit_and_loses_nothing(backends) -> None:  # ty
     assert [d.stream_seq for d in first] == [1]  # a second would pass 3 bytes
     rest = receive_n(backend, sub, 2)
     assert [d.stream_seq for d in rest] == [2, 3]
+
+
+# ------------------------------------------------- layer 5: pipelined settlement
+
+
+def consumer_state(wired: Wired, node: str) -> tuple[int, int, int]:
+    """(ack floor stream seq, num_ack_pending, num_pending) of node's durable."""
+    info = wired.run(wired.js.consumer_info(stream_name_for(FLOW, RUN, node),
+                                            "child--from--" + node))
+    return info.ack_floor.stream_seq, info.num_ack_pending, info.num_pending
+
+
+def test_a_confirmed_batch_means_every_ack_in_it_was_applied(wired: Wired) -> None:
+    # The soundness of confirming a run of plain +ACKs by the reply to the request
+    # after them (jetstream_settle): the moment settle_batch returns, the server must
+    # hold every one of them as acknowledged — checked with nothing else in between,
+    # on batches as large as a prefetch gets, several times over.
+    batch_channel(wired, "pipelined", max_ack_pending=200)
+    receiver = bound(wired, "pipelined", prefetch=200)
+    settled = 0
+    for round_no in range(5):
+        publish(wired, "pipelined", 200)
+        got: list[Delivery] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 200 and time.monotonic() < deadline:
+            got += take(wired, receiver, credit=200 - len(got))
+        assert len(got) == 200
+        results = wired.run(receiver.settle_batch(
+            [(d.token, Completed(), f"r{round_no}-{d.stream_seq}") for d in got]))
+        assert results == [SettleConfirmed()] * 200
+        settled += 200
+        assert consumer_state(wired, "pipelined") == (settled, 0, 0)
+    wired.run(receiver.stop())
+
+
+def test_a_batch_keeps_each_settlement_s_own_result_and_outcome(wired: Wired) -> None:
+    batch_channel(wired, "mixed")
+    publish(wired, "mixed", 5)
+    receiver = bound(wired, "mixed", prefetch=5)
+    got = take(wired, receiver, credit=5)
+    assert len(got) == 5
+    stale = got[1].token
+    assert receiver.supersede(stale)  # retired locally: must not be sent
+    results = wired.run(receiver.settle_batch([
+        (got[0].token, Completed(), "a"),
+        (stale, Completed(), "b"),
+        (got[2].token, Retry(0.0), "c"),
+        (got[3].token, Terminal("dlq:mixed-4"), "d"),
+        (got[4].token, Completed(), "e"),
+    ]))
+    assert [type(r) for r in results] == [SettleConfirmed, SettleStale, SettleConfirmed,
+                                          SettleConfirmed, SettleConfirmed]
+    # The retried one comes back as attempt 2; the superseded one was never settled,
+    # so it comes back once its lease lapses, not now; the terminated one never.
+    (again,) = take(wired, receiver)
+    assert (again.stream_seq, again.num_delivered) == (got[2].stream_seq, 2)
+    assert wired.run(receiver.settle(again.token, Completed(), "f")) == SettleConfirmed()
+    # A repeated settlement id of a settled token gives its first result, sending nothing.
+    assert wired.run(receiver.settle_batch([(got[0].token, Completed(), "a")])) == [
+        SettleConfirmed()]
+    floor, ack_pending, pending = consumer_state(wired, "mixed")
+    assert (floor, ack_pending, pending) == (1, 1, 0)  # seq 2 still leased to nobody
+    wired.run(receiver.stop())
+
+
+def test_a_batch_to_a_vanished_durable_is_unknown_even_for_its_plain_acks(wired: Wired) -> None:
+    # Negative control for the run rule: the +ACKs before the request are silently
+    # lost when the durable is gone (S14), and only the request's no-responders reply
+    # says so -- every settlement of the run must be unknown, none confirmed.
+    stream, _ = batch_channel(wired, "vanished")
+    publish(wired, "vanished", 4)
+    receiver = bound(wired, "vanished", prefetch=4)
+    got = take(wired, receiver, credit=4)
+    assert len(got) == 4
+    wired.run(receiver.stop())
+    wired.run(wired.js.delete_consumer(stream, "child--from--vanished"))
+    results = wired.run(receiver.settle_batch(
+        [(d.token, Completed(), f"v-{d.stream_seq}") for d in got]))
+    assert all(isinstance(r, SettleUnknown) and "durable is gone" in r.reason
+               for r in results), results
+    assert all(receiver.live(d.token) for d in got)  # PAY-004: nothing released
+
+
+def test_a_batch_to_a_frozen_server_is_unknown_and_asks_again_after(
+    wired: Wired, nats_server: embedded.EmbeddedServer
+) -> None:
+    batch_channel(wired, "frozen-batch")
+    publish(wired, "frozen-batch", 3)
+    receiver = bound(wired, "frozen-batch", prefetch=3, ack_confirm=0.5)
+    got = take(wired, receiver, credit=3)
+    assert len(got) == 3
+    items = [(d.token, Completed(), f"f-{d.stream_seq}") for d in got]
+    assert nats_server.process is not None
+    pid = nats_server.process.pid
+    os.kill(pid, signal.SIGSTOP)  # only this test's own server
+    try:
+        frozen = wired.run(receiver.settle_batch(items))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert all(isinstance(r, SettleUnknown) for r in frozen), frozen
+    assert wired.run(receiver.settle_batch(items)) == [SettleConfirmed()] * 3
+    assert consumer_state(wired, "frozen-batch") == (3, 0, 0)
+    wired.run(receiver.stop())
+
+
+def test_settle_async_from_many_threads_confirms_every_delivery(backends) -> None:  # type: ignore[no-untyped-def]
+    backend = backends(prefetch=120)
+    sub = provisioned(backend, "async", credit=120)
+    send(backend, "async", 120)
+    got = receive_n(backend, sub, 120)
+    assert len(got) == 120
+
+    def settle_share(share: list[Delivery]) -> list[SettleResult]:
+        futures = [backend.settle_async(d.token, Completed(), f"a-{d.stream_seq}")
+                   for d in share]
+        return [f.result(timeout=10) for f in futures]
+
+    with ThreadPoolExecutor(4) as pool:
+        results = [r for part in pool.map(settle_share, [got[i::4] for i in range(4)])
+                   for r in part]
+    assert results == [SettleConfirmed()] * 120
+    assert backend.observe_ack_floor(sub) == Known(120)
+    repeated = backend.settle_many([(got[0].token, Completed(), "a-1"),
+                                    (got[1].token, Completed(), "other-id")])
+    assert repeated[0] == SettleConfirmed() and isinstance(repeated[1], SettleStale)
+    with pytest.raises(TypeError, match="not a settle outcome"):
+        backend.settle_async(got[0].token, "done", "x")  # type: ignore[arg-type]
+
+
+def test_settlements_queued_at_shutdown_resolve_unknown_never_hang(backends) -> None:  # type: ignore[no-untyped-def]
+    backend = backends(prefetch=8)
+    sub = provisioned(backend, "late-settle", credit=8)
+    send(backend, "late-settle", 8)
+    got = receive_n(backend, sub, 8)
+    assert len(got) == 8
+    futures = [backend.settle_async(d.token, Completed(), f"l-{d.stream_seq}") for d in got]
+    backend.shutdown(hand_back=False)
+    results = [f.result(timeout=10) for f in futures]
+    # Each is either confirmed (it went out before the close) or unknown -- never stale,
+    # never missing, never an exception.
+    assert all(isinstance(r, (SettleConfirmed, SettleUnknown)) for r in results), results
+    late = backend.settle_async(got[0].token, Completed(), "after")
+    assert isinstance(late.result(timeout=1), SettleStale)

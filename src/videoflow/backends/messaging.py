@@ -15,6 +15,7 @@ loop runs its own (``loop``). Deadlines are absolute ``time.monotonic()`` values
 from __future__ import annotations
 
 import abc
+import concurrent.futures
 from asyncio import AbstractEventLoop
 from collections.abc import Callable, Sequence
 
@@ -330,6 +331,40 @@ class MessagingBackend(abc.ABC):
         Arguments:
             settlement_id: names this settlement, so a retried call is idempotent.
         """
+
+    def settle_many(
+        self, settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]]
+    ) -> list[SettleResult]:
+        """Settle several deliveries — every input of a group, say — with one wait.
+
+        Each (token, outcome, settlement_id) gets exactly the result settle would give
+        it, in order; one stale or unconfirmed settlement says nothing about the others.
+        An adapter that talks to a broker pipelines them, so a batch costs about one
+        round trip rather than one per delivery. The default settles each in turn.
+        """
+        return [self.settle(*settlement) for settlement in settlements]
+
+    def settle_async(
+        self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
+    ) -> concurrent.futures.Future[SettleResult]:
+        """Start a settlement and return without waiting for the broker, so a receiver
+        can go on to its next input while the acknowledgement is in flight: one
+        receiver is then not held to one round trip per message.
+
+        The future always resolves — it never raises and never hangs past the
+        adapter's confirmation bound — to what settle would have returned: a payload
+        obligation is released only once it holds SettleConfirmed (PAY-004). Queued
+        settlements of one caller are sent in the order they were made. The default
+        settles now and returns a future that is already done.
+
+        Raises:
+            TypeError: outcome is not Completed, Retry or Terminal.
+        """
+        if not isinstance(outcome, (Completed, Retry, Terminal)):
+            raise TypeError(f"not a settle outcome: {outcome!r}")
+        future: concurrent.futures.Future[SettleResult] = concurrent.futures.Future()
+        future.set_result(self.settle(token, outcome, settlement_id))
+        return future
 
     @abc.abstractmethod
     def renew(self, token: DeliveryToken) -> LeaseObservation:

@@ -30,11 +30,16 @@ behaviour relied on is cited against nats-py 2.15.0 and /work/shared/design/NATS
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
+import threading
 import time
 import uuid
 from asyncio import AbstractEventLoop
+from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import nats.errors
@@ -51,6 +56,7 @@ from videoflow.backends.messaging import (
     ChannelObservation,
     ChannelSpec,
     CleanupObservation,
+    Completed,
     Delivery,
     DeliveryToken,
     Envelope,
@@ -61,6 +67,8 @@ from videoflow.backends.messaging import (
     PublicationUnknown,
     PublishOutcome,
     Rejected,
+    Retry,
+    SettleConfirmed,
     SettleOutcome,
     SettleResult,
     SettleStale,
@@ -93,6 +101,7 @@ from videoflow.messaging.jetstream_receive import (
     bind_receiver,
     take_any,
 )
+from videoflow.messaging.jetstream_settle import ReplyMux
 from videoflow.messaging.jetstream_specs import (
     ADVISORY_MAX_DELIVERIES,
     ExhaustedMarks,
@@ -131,6 +140,30 @@ BROKER_CALL_SECONDS: Final = 10.0
 """Bound of one provisioning or observation request."""
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _QueuedSettlement:
+    receiver: SubscriptionReceiver
+    token: DeliveryToken
+    outcome: SettleOutcome
+    settlement_id: str
+    future: concurrent.futures.Future[SettleResult]
+
+
+def _resolve(items: Sequence[_QueuedSettlement], result: SettleResult) -> None:
+    for item in items:
+        if not item.future.done():
+            item.future.set_result(result)
+
+
+def _result_by(future: concurrent.futures.Future[SettleResult], deadline: float) -> SettleResult:
+    """A settlement's result, or SettleUnknown when the loop has not answered by the
+    monotonic deadline (its own bound answers first; this only catches a stuck loop)."""
+    try:
+        return future.result(timeout=max(deadline - time.monotonic(), 0.0))
+    except concurrent.futures.TimeoutError:
+        return SettleUnknown("the backend's loop did not answer in time")
 
 
 class _Binding:
@@ -200,6 +233,11 @@ class JetStreamMessagingBackend(MessagingBackend):
         self._first_stream: Any = None
         self._stopped_receiving = False
         self._retired_budget_waits = 0
+        self._settle_lock = threading.Lock()
+        self._settle_queue: deque[_QueuedSettlement] = deque()
+        self._settle_scheduled = False
+        self._settling: set[asyncio.Task[None]] = set()
+        self._replies: ReplyMux | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -229,6 +267,7 @@ class JetStreamMessagingBackend(MessagingBackend):
             self._runner.stop()
             raise
         self._client, self._js = client, client.jetstream()
+        self._replies = ReplyMux(client)  # one settlement inbox for every binding
         self._stopped_receiving = False
 
     @property
@@ -291,6 +330,7 @@ class JetStreamMessagingBackend(MessagingBackend):
             self._bindings.clear()
             self._client, self._js = None, None
             self._runner.stop()
+            self._fail_queued("the backend shut down before the settlement was sent")
 
     def close(self, owned: Sequence[ChannelId], expected_generation: str) -> CleanupObservation:
         """Delete exactly the owned channels' streams by ownership
@@ -414,7 +454,8 @@ class JetStreamMessagingBackend(MessagingBackend):
                 js, client, spec.id, stream, durable, generation, prefetch=self.prefetch,
                 fetch_timeout=self.fetch_timeout,
                 ack_confirm_seconds=self.ack_confirm_seconds, byte_credit=spec.byte_credit,
-                may_fetch=self._budget_admits, admit=admit, on_skip=on_skip)
+                may_fetch=self._budget_admits, admit=admit, on_skip=on_skip,
+                replies=self._replies)
             if self.keepalive:
                 receiver.keep_alive(spec.ack_wait_seconds / 3)
             advisory = None
@@ -577,26 +618,97 @@ class JetStreamMessagingBackend(MessagingBackend):
 
     # ------------------------------------------------------------------ settlement
 
+    def settle_async(
+        self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
+    ) -> concurrent.futures.Future[SettleResult]:
+        """Queue one settlement and return at once. Settlements queued while the loop is
+        busy go out together: one wake-up of the loop for the lot, and per durable one
+        write of every acknowledgement with one round trip to confirm them
+        (SubscriptionReceiver.settle_batch). The future always resolves, to what
+        settle would return — SettleUnknown if the backend shuts down first.
+
+        Raises:
+            TypeError: outcome is not Completed, Retry or Terminal.
+        """
+        if not isinstance(outcome, (Completed, Retry, Terminal)):
+            raise TypeError(f"not a settle outcome: {outcome!r}")
+        future: concurrent.futures.Future[SettleResult] = concurrent.futures.Future()
+        binding = self._bindings.get(token.subscription)
+        if binding is None:
+            future.set_result(SettleStale("the subscription is not bound here"))
+            return future
+        with self._settle_lock:
+            self._settle_queue.append(
+                _QueuedSettlement(binding.receiver, token, outcome, settlement_id, future))
+            wake = not self._settle_scheduled
+            self._settle_scheduled = True
+        if wake:
+            try:
+                self._runner.loop.call_soon_threadsafe(self._drain_settlements)
+            except (BrokerUnavailable, RuntimeError) as error:  # no loop, or a closed one
+                self._fail_queued(f"the backend's loop is not running: {error}")
+        return future
+
+    def settle_many(
+        self, settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]]
+    ) -> list[SettleResult]:
+        """Settle several deliveries with one wait (settle_async for each, then wait for
+        all): per durable one round trip for the whole batch."""
+        futures = [self.settle_async(*settlement) for settlement in settlements]
+        deadline = time.monotonic() + self.ack_confirm_seconds + CALL_MARGIN_SECONDS
+        return [_result_by(future, deadline) for future in futures]
+
     def settle(
         self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
     ) -> SettleResult:
-        """Settle one delivery (SubscriptionReceiver.settle): SettleStale for a token
-        this binding does not hold live — nothing is sent (MSG-011); SettleConfirmed
-        once the server replied; SettleUnknown otherwise (PAY-004). A confirmed
-        Terminal clears that message's exhausted mark (MSG-012)."""
-        binding = self._bindings.get(token.subscription)
-        if binding is None:
-            return SettleStale("the subscription is not bound here")
+        """Settle one delivery (settle_async, waited for): SettleStale for a token this
+        binding does not hold live — nothing is sent (MSG-011); SettleConfirmed once
+        the server replied; SettleUnknown otherwise (PAY-004). A confirmed Terminal
+        clears that message's exhausted mark (MSG-012)."""
+        future = self.settle_async(token, outcome, settlement_id)
+        return _result_by(future, time.monotonic() + self.ack_confirm_seconds
+                          + CALL_MARGIN_SECONDS)
+
+    def _drain_settlements(self) -> None:
+        """On the loop: take everything queued and settle it, one batch per binding."""
+        with self._settle_lock:
+            queued = list(self._settle_queue)
+            self._settle_queue.clear()
+            self._settle_scheduled = False
+        batches: dict[SubscriptionReceiver, list[_QueuedSettlement]] = {}
+        for item in queued:
+            batches.setdefault(item.receiver, []).append(item)
+        for receiver, batch in batches.items():
+            task = asyncio.get_running_loop().create_task(self._settle_batch(receiver, batch))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+
+    async def _settle_batch(self, receiver: SubscriptionReceiver,
+                            batch: list[_QueuedSettlement]) -> None:
         try:
-            result: SettleResult = self._call(
-                binding.receiver.settle(token, outcome, settlement_id),
-                self.ack_confirm_seconds)
-        except (TimeoutError, BrokerUnavailable) as error:
-            return SettleUnknown(f"the backend's loop did not answer: {error}")
-        if isinstance(outcome, Terminal) and not isinstance(result, (SettleStale,
-                                                                     SettleUnknown)):
-            self._exhausted.clear(token.subscription, token.stream_seq)
-        return result
+            results = await receiver.settle_batch(
+                [(item.token, item.outcome, item.settlement_id) for item in batch])
+        except asyncio.CancelledError:
+            _resolve(batch, SettleUnknown("the backend shut down before the broker "
+                                          "confirmed the settlement"))
+            raise
+        except Exception as error:
+            # A bug here must not leave a caller waiting forever; say what happened.
+            logger.exception("settlement batch failed")
+            _resolve(batch, SettleUnknown(f"the settlement failed: {error!r}"))
+            return
+        for item, result in zip(batch, results, strict=True):
+            if isinstance(item.outcome, Terminal) and isinstance(result, SettleConfirmed):
+                self._exhausted.clear(item.token.subscription, item.token.stream_seq)
+            if not item.future.done():
+                item.future.set_result(result)
+
+    def _fail_queued(self, reason: str) -> None:
+        with self._settle_lock:
+            queued = list(self._settle_queue)
+            self._settle_queue.clear()
+            self._settle_scheduled = False
+        _resolve(queued, SettleUnknown(reason))
 
     def renew(self, token: DeliveryToken) -> LeaseObservation:
         binding = self._bindings.get(token.subscription)

@@ -37,6 +37,7 @@ from videoflow.backends.messaging import (
     SubscriptionId,
     Terminal,
 )
+from videoflow.messaging.jetstream_settle import ReplyMux, Send, no_responders, plan_sends
 
 logger = logging.getLogger(__name__)
 
@@ -48,13 +49,17 @@ FETCH_TIMEOUT_SECONDS: Final = 1.0
 """How long one pull request waits for a message before the loop re-checks whether it
 should stop. Also the unit receive_any waits in."""
 
+ACK: Final = b"+ACK"
 NAK: Final = b"-NAK"
 TERM: Final = b"+TERM"
-"""The acknowledgement verbs as nats-py's Msg.nak / Msg.term write them
+"""The acknowledgement verbs as nats-py's Msg.ack / Msg.nak / Msg.term write them
 (nats/aio/msg.py Msg.Ack)."""
 
 _SETTLEMENTS_KEPT: Final = 4096
 """Settlement ids remembered for idempotent retries."""
+
+_NOT_LIVE: Final = ("not a live delivery of this binding (superseded, settled, handed back "
+                    "or from an earlier generation)")
 
 
 def nak_payload(delay: float) -> bytes:
@@ -63,6 +68,17 @@ def nak_payload(delay: float) -> bytes:
     if not delay:
         return NAK
     return NAK + b" " + json.dumps({"delay": int(delay * 10**9)}).encode()
+
+
+def _wire_form(outcome: SettleOutcome) -> tuple[bytes, bool]:
+    """(payload, must_request): Retry and Terminal want their own reply."""
+    if isinstance(outcome, Completed):
+        return ACK, False
+    if isinstance(outcome, Retry):
+        return nak_payload(outcome.delay), True
+    if isinstance(outcome, Terminal):
+        return term_payload(outcome.record_ref), True
+    raise TypeError(f"not a settle outcome: {outcome!r}")
 
 
 def term_payload(record_ref: str) -> bytes:
@@ -102,6 +118,8 @@ class SubscriptionReceiver:
         may_fetch: the backend-wide byte budget's gate (RUN-025): while it answers
             False the loop pauses, counting each pause in budget_waits. A fetch already
             in flight still lands, so the budget may be exceeded by what it brings.
+        replies: the connection's settlement reply inbox, shared by its bindings; None
+            makes one for this binding.
     """
 
     def __init__(
@@ -115,6 +133,7 @@ class SubscriptionReceiver:
         ack_confirm_seconds: float = ACK_CONFIRM_SECONDS,
         byte_credit: int = 0,
         may_fetch: Callable[[], bool] | None = None,
+        replies: ReplyMux | None = None,
     ) -> None:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
@@ -124,9 +143,11 @@ class SubscriptionReceiver:
         self.prefetch = prefetch
         self.fetch_timeout = fetch_timeout
         self.ack_confirm_seconds = ack_confirm_seconds
+        self.replies = replies if replies is not None else ReplyMux(client)
         self._parked: deque[Delivery] = deque()
         self._current: dict[int, _Held] = {}
         self._settled: dict[str, tuple[DeliveryToken, SettleResult]] = {}
+        self._in_flight: dict[DeliveryToken, asyncio.Future[SettleResult]] = {}
         self._ready = asyncio.Event()
         self._space = asyncio.Event()
         self._space.set()
@@ -322,62 +343,127 @@ class SubscriptionReceiver:
     async def settle(
         self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
     ) -> SettleResult:
-        """Settle one delivery and confirm it with the server.
+        """Settle one delivery and confirm it with the server (settle_batch of one)."""
+        return (await self.settle_batch([(token, outcome, settlement_id)]))[0]
 
-        Completed is Msg.ack_sync, which marks the message acked only once the server
-        replied (nats/aio/msg.py); Retry(delay) and Terminal(record_ref) send the very
-        -NAK / +TERM that Msg.nak(delay) / Msg.term write, as a request, so the server's
-        reply confirms them too (NATS_FACTS §1: there is no nak_sync/term_sync, and the
-        server answers a request b''). Terminal carries its record_ref as the TERM
-        reason (S12, DELIV-15).
+    async def settle_batch(
+        self, settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]]
+    ) -> list[SettleResult]:
+        """Settle deliveries of this binding, pipelined, and confirm each with the server.
+
+        Every settlement is the very +ACK / -NAK [delay] / +TERM reason that Msg.ack,
+        Msg.nak(delay) and Msg.term write (NATS_FACTS §1), Terminal carrying its
+        record_ref as the TERM reason (S12, DELIV-15). They are all written at once and
+        confirmed by the server's replies: every Retry and Terminal, and the batch's
+        last settlement, go as requests, and a Completed before a request is confirmed
+        by that request's reply (jetstream_settle: the server applies one durable's
+        acknowledgements in order). So a batch costs one round trip, not one per
+        delivery.
 
         Returns:
-            SettleStale when the token is not live — nothing is sent (MSG-011);
-            SettleConfirmed once the server replied; SettleUnknown when it did not
-            within ack_confirm_seconds or could not be asked (a timed-out ack may
-            still have been applied: no payload obligation may be released on it,
-            PAY-004). An unknown settlement leaves the token live, so a retry with the
-            same settlement_id asks again; a repeated settlement_id of a settled token
-            returns the first result.
+            One result per settlement, in order: SettleStale when the token is not live
+            — nothing is sent (MSG-011); SettleConfirmed once the reply that covers it
+            arrived; SettleUnknown when it did not within ack_confirm_seconds, or the
+            durable is gone, or the connection failed (a timed-out settlement may still
+            have been applied: no payload obligation may be released on it, PAY-004).
+            An unknown settlement leaves the token live, so a retry with the same
+            settlement_id asks again; a repeated settlement_id of a settled token
+            returns the first result. A settlement of a token whose earlier one is
+            still in flight sends nothing and gets what it would have got after it:
+            the first's result for the same settlement_id, SettleStale if the first
+            was confirmed, the first's SettleUnknown otherwise.
         """
-        previous = self._settled.get(settlement_id)
-        if previous is not None and previous[0] == token:
-            return previous[1]
-        if not self.live(token):
-            return SettleStale("not a live delivery of this binding (superseded, "
-                               "settled, handed back or from an earlier generation)")
-        held = self._current[token.stream_seq]
-        msg = held.msg
-        try:
-            if isinstance(outcome, Completed):
-                await msg.ack_sync(timeout=self.ack_confirm_seconds)
-            elif isinstance(outcome, Retry):
-                await self.client.request(msg.reply, nak_payload(outcome.delay),
-                                          timeout=self.ack_confirm_seconds)
-            elif isinstance(outcome, Terminal):
-                await self.client.request(msg.reply, term_payload(outcome.record_ref),
-                                          timeout=self.ack_confirm_seconds)
+        results: list[SettleResult | None] = [None] * len(settlements)
+        wire: list[tuple[int, str, bytes, bool]] = []
+        followers: list[tuple[int, asyncio.Future[SettleResult]]] = []
+        mine: dict[DeliveryToken, asyncio.Future[SettleResult]] = {}
+        for index, (token, outcome, settlement_id) in enumerate(settlements):
+            previous = self._settled.get(settlement_id)
+            in_flight = self._in_flight.get(token)
+            if previous is not None and previous[0] == token:
+                results[index] = previous[1]
+            elif in_flight is not None:
+                followers.append((index, in_flight))  # decided once the first is answered
+            elif not self.live(token):
+                results[index] = SettleStale(_NOT_LIVE)
             else:
-                raise TypeError(f"not a settle outcome: {outcome!r}")
-        except nats.errors.MsgAlreadyAckdError:
-            self._forget(token)
-            return SettleStale("already settled on this connection")
-        except (asyncio.TimeoutError, nats.errors.TimeoutError):
-            return SettleUnknown(f"no reply within {self.ack_confirm_seconds:g}s; "
-                                 "the settlement may or may not have been applied")
-        except nats.errors.NoRespondersError:
-            # S14: the consumer no longer exists; nothing confirmed the settlement.
-            return SettleUnknown("no responders: the durable is gone")
-        except asyncio.CancelledError:
-            raise
+                wire.append((index, self._current[token.stream_seq].msg.reply,
+                             *_wire_form(outcome)))
+                mine[token] = self._in_flight[token] = (
+                    asyncio.get_running_loop().create_future())
+        try:
+            if wire:
+                for index, result in (await self._send_confirmed(wire)).items():
+                    token, _, settlement_id = settlements[index]
+                    if isinstance(result, SettleConfirmed):
+                        self._forget(token)
+                        self._settled[settlement_id] = (token, result)
+                    results[index] = result
+                    mine[token].set_result(result)
+                while len(self._settled) > _SETTLEMENTS_KEPT:
+                    del self._settled[next(iter(self._settled))]
+        finally:
+            for token, future in mine.items():
+                del self._in_flight[token]
+                if not future.done():
+                    future.set_result(SettleUnknown("the settlement was interrupted"))
+        for index, first in followers:
+            # As if made after the first had returned: its own id repeats its result, a
+            # confirmed first leaves the token stale, an unknown one leaves it unknown.
+            token, _, settlement_id = settlements[index]
+            answered = await asyncio.shield(first)
+            previous = self._settled.get(settlement_id)
+            if previous is not None and previous[0] == token:
+                results[index] = previous[1]
+            elif isinstance(answered, SettleConfirmed):
+                results[index] = SettleStale(_NOT_LIVE)
+            else:
+                results[index] = answered
+        assert all(r is not None for r in results)
+        return results  # type: ignore[return-value]  # every slot was filled above
+
+    async def _send_confirmed(
+        self, wire: list[tuple[int, str, bytes, bool]]
+    ) -> dict[int, SettleResult]:
+        """Write the planned runs and wait for their replies; a result per batch index."""
+        runs = plan_sends(wire)
+        written: list[tuple[list[Send], str, asyncio.Future[Msg]]] = []
+        failure = ""
+        try:
+            await self.replies.start()
+            for run in runs:
+                for send in run:
+                    if not send.request:
+                        await self.client.publish(send.subject, send.payload)
+                        continue
+                    subject, reply = self.replies.expect()
+                    try:
+                        await self.client.publish(send.subject, send.payload, reply=subject)
+                    except BaseException:
+                        self.replies.abandon(subject)
+                        raise
+                    written.append((run, subject, reply))
         except nats.errors.Error as error:
-            return SettleUnknown(f"{type(error).__name__}: {error}")
-        self._forget(token)
-        result = SettleConfirmed()
-        self._settled[settlement_id] = (token, result)
-        if len(self._settled) > _SETTLEMENTS_KEPT:
-            del self._settled[next(iter(self._settled))]
-        return result
+            # What went out may still be applied, what did not is not: unknown either way.
+            failure = f"{type(error).__name__} while sending the settlement: {error}"
+        results: dict[int, SettleResult] = {}
+        if written:
+            await asyncio.wait([reply for _, _, reply in written],
+                               timeout=self.ack_confirm_seconds)
+        for run, subject, reply in written:
+            result: SettleResult
+            if not reply.done():
+                self.replies.abandon(subject)
+                result = SettleUnknown(f"no reply within {self.ack_confirm_seconds:g}s; the "
+                                       "settlement may or may not have been applied")
+            elif no_responders(reply.result()):
+                result = SettleUnknown("no responders: the durable is gone")  # S14
+            else:
+                result = SettleConfirmed()
+            results.update((send.index, result) for send in run)
+        for run in runs[len(written):]:
+            results.update((send.index, SettleUnknown(failure)) for send in run)
+        return results
 
     def _forget(self, token: DeliveryToken) -> None:
         held = self._current.get(token.stream_seq)
@@ -513,13 +599,15 @@ async def bind_receiver(
     may_fetch: Callable[[], bool] | None = None,
     admit: Callable[[Delivery], bool] | None = None,
     on_skip: Callable[[Delivery], None] | None = None,
+    replies: ReplyMux | None = None,
 ) -> SubscriptionReceiver:
     """Bind an existing durable (provisioned with _ensure_consumer) and start its pull
     loop. pull_subscribe_bind never creates or alters the durable, unlike
     pull_subscribe, which silently ignores a config when the durable exists (S5)."""
     psub = await js.pull_subscribe_bind(durable=durable, stream=stream)
     receiver = SubscriptionReceiver(subscription, client, psub, generation, prefetch,
-                                    fetch_timeout, ack_confirm_seconds, byte_credit, may_fetch)
+                                    fetch_timeout, ack_confirm_seconds, byte_credit, may_fetch,
+                                    replies)
     receiver.admit, receiver.on_skip = admit, on_skip
     receiver.start()
     return receiver

@@ -1,0 +1,148 @@
+"""Pipelined settlement on JetStream: confirmed acknowledgements at close to the cost of
+fire-and-forget ones.
+
+Part of videoflow.messaging.jetstream_backend; everything here runs on the adapter's
+loop. Two pieces:
+
+- ReplyMux: one wildcard inbox per connection whose replies resolve waiting futures by
+  a counter in the reply subject. It is nats-py's request() (aio/client.py
+  _request_new_style) without the per-call NUID, random token, Task and wait_for, which
+  cost more than the acknowledgement itself once hundreds are in flight.
+- plan_sends: how a batch of settlements of one durable goes on the wire. Only the last
+  settlement of the batch, and every Retry or Terminal, is sent as a request; a
+  Completed before one of those is a plain +ACK publish that the next request's reply
+  confirms. That is sound because the server processes one durable's acknowledgements
+  in arrival order (consumer.go: pushAck queues them on the consumer's ackMsgs queue,
+  and one goroutine, processInboundAcks, applies them first in, first out), and one
+  connection's messages arrive in the order they were written — so the reply to a
+  request means every acknowledgement written before it on this connection to the same
+  durable was processed. The reply never says more than "processed" (NATS_FACTS §1:
+  the server answers a re-ack of an acked message with the same empty reply), so
+  nothing is lost against one ack_sync per message: an unconfirmed request leaves its
+  whole run of settlements unknown (PAY-004), and a lost durable (no responders) too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+NO_RESPONDERS_STATUS = "503"
+"""The status header of the server's no-responders answer (nats/aio/client.py)."""
+
+
+class ReplyMux:
+    """Replies to this connection's settlement requests, by reply subject.
+
+    Arguments:
+        client: the connection every request is written on.
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._prefix = ""
+        self._subscribing: asyncio.Future[None] | None = None
+        self._waiting: dict[str, asyncio.Future[Msg]] = {}
+        self._counter = itertools.count()
+
+    async def start(self) -> None:
+        """Subscribe the wildcard inbox, once. No flush is needed: the server handles
+        one connection's protocol in order, so the SUB is registered before any request
+        written after it is processed, and so before its reply is routed — the same
+        reasoning nats-py's own request() relies on (_init_request_sub).
+
+        Raises:
+            nats.errors.Error: the subscription could not be written.
+        """
+        if self._prefix:
+            return
+        if self._subscribing is None:
+            # Shared, so concurrent first settlements make one subscription between them.
+            self._subscribing = asyncio.ensure_future(self._subscribe())
+        try:
+            await asyncio.shield(self._subscribing)
+        except nats.errors.Error:
+            self._subscribing = None  # the next settlement tries again
+            raise
+
+    async def _subscribe(self) -> None:
+        inbox = self.client.new_inbox()
+        await self.client.subscribe(inbox + ".*", cb=self._on_reply)
+        self._prefix = inbox + "."
+
+    def expect(self) -> tuple[str, asyncio.Future[Msg]]:
+        """A fresh reply subject and the future its reply resolves (start first)."""
+        key = str(next(self._counter))
+        future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        self._waiting[key] = future
+        return self._prefix + key, future
+
+    def abandon(self, subject: str) -> None:
+        """Stop waiting for subject's reply (timed out or never sent)."""
+        self._waiting.pop(subject[len(self._prefix):], None)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    async def _on_reply(self, msg: Msg) -> None:
+        future = self._waiting.pop(msg.subject[len(self._prefix):], None)
+        if future is not None and not future.done():
+            future.set_result(msg)
+
+
+def no_responders(reply: Msg) -> bool:
+    """Whether a reply is the server's no-responders status: nobody processed the
+    request (the durable is gone, NATS_FACTS S14)."""
+    headers = reply.headers
+    return headers is not None and headers.get("Status") == NO_RESPONDERS_STATUS
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One settlement as it goes on the wire.
+
+    Attributes:
+        index: its position in the caller's batch.
+        subject: the delivery's $JS.ACK reply subject.
+        payload: +ACK, -NAK [delay] or +TERM reason.
+        request: sent as a request; its reply confirms it and every plain send before
+            it since the previous request (a run).
+    """
+
+    index: int
+    subject: str
+    payload: bytes
+    request: bool
+
+
+def plan_sends(settlements: Sequence[tuple[int, str, bytes, bool]]) -> list[list[Send]]:
+    """Split one durable's settlements, in order, into runs that each end in a request.
+
+    Arguments:
+        settlements: (index, subject, payload, must_request) in the order they are to
+            be written; must_request for a Retry or Terminal, whose own reply is wanted.
+
+    Returns:
+        The runs. Every run's last send is a request and no other send is; the batch's
+        last settlement always ends a run, so nothing is left unconfirmed.
+    """
+    runs: list[list[Send]] = []
+    run: list[Send] = []
+    last = len(settlements) - 1
+    for position, (index, subject, payload, must_request) in enumerate(settlements):
+        request = must_request or position == last
+        run.append(Send(index, subject, payload, request))
+        if request:
+            runs.append(run)
+            run = []
+    return runs
+
+
+__all__ = ["NO_RESPONDERS_STATUS", "ReplyMux", "Send", "no_responders", "plan_sends"]
