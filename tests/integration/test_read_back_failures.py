@@ -66,11 +66,16 @@ def frozen(server: embedded.EmbeddedServer) -> Iterator[None]:
     """The server process stopped (SIGSTOP): its socket still accepts connections and
     holds them open, but nothing is answered until SIGCONT."""
     assert server.process is not None
-    os.kill(server.process.pid, signal.SIGSTOP)
+    pid = server.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    # The signal is asynchronous: until the child is reported stopped it may still
+    # answer a request sent after kill() returned.
+    _, status = os.waitpid(pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status)
     try:
         yield
     finally:
-        os.kill(server.process.pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
 
 
 async def fail_fast_connect(url: str, reported: list[BaseException] | None = None):
