@@ -144,26 +144,34 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class _QueuedSettlement:
+    """Settlements of one binding from one call, and the future that call waits on:
+    resolved to the list of results (settle_many) or to the only one (settle_async)."""
+
     receiver: SubscriptionReceiver
-    token: DeliveryToken
-    outcome: SettleOutcome
-    settlement_id: str
-    future: concurrent.futures.Future[SettleResult]
+    items: list[tuple[DeliveryToken, SettleOutcome, str]]
+    future: concurrent.futures.Future[Any]
+    many: bool
+
+    def resolve(self, results: list[SettleResult]) -> None:
+        if not self.future.done():
+            self.future.set_result(results if self.many else results[0])
 
 
-def _resolve(items: Sequence[_QueuedSettlement], result: SettleResult) -> None:
-    for item in items:
-        if not item.future.done():
-            item.future.set_result(result)
+def _resolve(queued: Sequence[_QueuedSettlement], result: SettleResult) -> None:
+    for entry in queued:
+        entry.resolve([result] * len(entry.items))
 
 
-def _result_by(future: concurrent.futures.Future[SettleResult], deadline: float) -> SettleResult:
-    """A settlement's result, or SettleUnknown when the loop has not answered by the
-    monotonic deadline (its own bound answers first; this only catches a stuck loop)."""
+def _result_by(future: concurrent.futures.Future[Any], deadline: float,
+               many: int | None = None) -> Any:
+    """A queued settlement's result (a list of many results when many is given), or
+    SettleUnknown for each when the loop has not answered by the monotonic deadline
+    (its own bound answers first; this only catches a stuck loop)."""
     try:
         return future.result(timeout=max(deadline - time.monotonic(), 0.0))
     except concurrent.futures.TimeoutError:
-        return SettleUnknown("the backend's loop did not answer in time")
+        unknown = SettleUnknown("the backend's loop did not answer in time")
+        return unknown if many is None else [unknown] * many
 
 
 class _Binding:
@@ -630,33 +638,30 @@ class JetStreamMessagingBackend(MessagingBackend):
         Raises:
             TypeError: outcome is not Completed, Retry or Terminal.
         """
-        if not isinstance(outcome, (Completed, Retry, Terminal)):
-            raise TypeError(f"not a settle outcome: {outcome!r}")
         future: concurrent.futures.Future[SettleResult] = concurrent.futures.Future()
-        binding = self._bindings.get(token.subscription)
-        if binding is None:
-            future.set_result(SettleStale("the subscription is not bound here"))
-            return future
-        with self._settle_lock:
-            self._settle_queue.append(
-                _QueuedSettlement(binding.receiver, token, outcome, settlement_id, future))
-            wake = not self._settle_scheduled
-            self._settle_scheduled = True
-        if wake:
-            try:
-                self._runner.loop.call_soon_threadsafe(self._drain_settlements)
-            except (BrokerUnavailable, RuntimeError) as error:  # no loop, or a closed one
-                self._fail_queued(f"the backend's loop is not running: {error}")
+        self._enqueue([(token, outcome, settlement_id)], future, many=False)
         return future
 
     def settle_many(
         self, settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]]
     ) -> list[SettleResult]:
-        """Settle several deliveries with one wait (settle_async for each, then wait for
-        all): per durable one round trip for the whole batch."""
-        futures = [self.settle_async(*settlement) for settlement in settlements]
+        """Settle several deliveries with one wait: queued as one entry per binding (see
+        settle_async), so per durable one round trip for the whole batch."""
+        by_binding: dict[SubscriptionId, list[int]] = {}
+        for index, (token, _, _) in enumerate(settlements):
+            by_binding.setdefault(token.subscription, []).append(index)
+        waits: list[tuple[list[int], concurrent.futures.Future[list[SettleResult]]]] = []
+        for indexes in by_binding.values():
+            future: concurrent.futures.Future[list[SettleResult]] = concurrent.futures.Future()
+            self._enqueue([settlements[i] for i in indexes], future, many=True)
+            waits.append((indexes, future))
         deadline = time.monotonic() + self.ack_confirm_seconds + CALL_MARGIN_SECONDS
-        return [_result_by(future, deadline) for future in futures]
+        results: list[SettleResult] = [SettleStale()] * len(settlements)
+        for indexes, future in waits:
+            answered = _result_by(future, deadline, len(indexes))
+            for index, result in zip(indexes, answered, strict=True):
+                results[index] = result
+        return results
 
     def settle(
         self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
@@ -669,6 +674,28 @@ class JetStreamMessagingBackend(MessagingBackend):
         return _result_by(future, time.monotonic() + self.ack_confirm_seconds
                           + CALL_MARGIN_SECONDS)
 
+    def _enqueue(self, items: list[tuple[DeliveryToken, SettleOutcome, str]],
+                 future: concurrent.futures.Future[Any], many: bool) -> None:
+        """Queue settlements of one subscription for the loop, waking it only when the
+        queue was idle: a burst of calls shares one wake-up."""
+        for _, outcome, _ in items:
+            if not isinstance(outcome, (Completed, Retry, Terminal)):
+                raise TypeError(f"not a settle outcome: {outcome!r}")
+        binding = self._bindings.get(items[0][0].subscription) if items else None
+        if binding is None:
+            stale = SettleStale("the subscription is not bound here")
+            future.set_result([stale] * len(items) if many else stale)
+            return
+        with self._settle_lock:
+            self._settle_queue.append(_QueuedSettlement(binding.receiver, items, future, many))
+            wake = not self._settle_scheduled
+            self._settle_scheduled = True
+        if wake:
+            try:
+                self._runner.loop.call_soon_threadsafe(self._drain_settlements)
+            except (BrokerUnavailable, RuntimeError) as error:  # no loop, or a closed one
+                self._fail_queued(f"the backend's loop is not running: {error}")
+
     def _drain_settlements(self) -> None:
         """On the loop: take everything queued and settle it, one batch per binding."""
         with self._settle_lock:
@@ -676,8 +703,8 @@ class JetStreamMessagingBackend(MessagingBackend):
             self._settle_queue.clear()
             self._settle_scheduled = False
         batches: dict[SubscriptionReceiver, list[_QueuedSettlement]] = {}
-        for item in queued:
-            batches.setdefault(item.receiver, []).append(item)
+        for entry in queued:
+            batches.setdefault(entry.receiver, []).append(entry)
         for receiver, batch in batches.items():
             task = asyncio.get_running_loop().create_task(self._settle_batch(receiver, batch))
             self._settling.add(task)
@@ -685,9 +712,9 @@ class JetStreamMessagingBackend(MessagingBackend):
 
     async def _settle_batch(self, receiver: SubscriptionReceiver,
                             batch: list[_QueuedSettlement]) -> None:
+        items = [item for entry in batch for item in entry.items]
         try:
-            results = await receiver.settle_batch(
-                [(item.token, item.outcome, item.settlement_id) for item in batch])
+            results = await receiver.settle_batch(items)
         except asyncio.CancelledError:
             _resolve(batch, SettleUnknown("the backend shut down before the broker "
                                           "confirmed the settlement"))
@@ -697,11 +724,13 @@ class JetStreamMessagingBackend(MessagingBackend):
             logger.exception("settlement batch failed")
             _resolve(batch, SettleUnknown(f"the settlement failed: {error!r}"))
             return
-        for item, result in zip(batch, results, strict=True):
-            if isinstance(item.outcome, Terminal) and isinstance(result, SettleConfirmed):
-                self._exhausted.clear(item.token.subscription, item.token.stream_seq)
-            if not item.future.done():
-                item.future.set_result(result)
+        for (token, outcome, _), result in zip(items, results, strict=True):
+            if isinstance(outcome, Terminal) and isinstance(result, SettleConfirmed):
+                self._exhausted.clear(token.subscription, token.stream_seq)
+        start = 0
+        for entry in batch:
+            entry.resolve(results[start:start + len(entry.items)])
+            start += len(entry.items)
 
     def _fail_queued(self, reason: str) -> None:
         with self._settle_lock:

@@ -147,7 +147,7 @@ class SubscriptionReceiver:
         self._parked: deque[Delivery] = deque()
         self._current: dict[int, _Held] = {}
         self._settled: dict[str, tuple[DeliveryToken, SettleResult]] = {}
-        self._in_flight: dict[DeliveryToken, asyncio.Future[SettleResult]] = {}
+        self._in_flight: dict[int, tuple[DeliveryToken, asyncio.Future[SettleResult]]] = {}
         self._ready = asyncio.Event()
         self._space = asyncio.Event()
         self._space.set()
@@ -297,7 +297,7 @@ class SubscriptionReceiver:
                 break
             self._parked.popleft()
             held = self._current.get(delivery.stream_seq)
-            if held is None or held.delivery.token != delivery.token:
+            if held is None or held.delivery is not delivery:
                 continue  # superseded while parked
             held.parked = False
             taken.append(delivery)
@@ -338,7 +338,8 @@ class SubscriptionReceiver:
         and has not settled (MSG-011)."""
         held = self._current.get(token.stream_seq)
         return (token.subscription == self.subscription and token.generation == self.generation
-                and held is not None and not held.parked and held.delivery.token == token)
+                and held is not None and not held.parked
+                and (held.delivery.token is token or held.delivery.token == token))
 
     async def settle(
         self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
@@ -376,21 +377,23 @@ class SubscriptionReceiver:
         results: list[SettleResult | None] = [None] * len(settlements)
         wire: list[tuple[int, str, bytes, bool]] = []
         followers: list[tuple[int, asyncio.Future[SettleResult]]] = []
-        mine: dict[DeliveryToken, asyncio.Future[SettleResult]] = {}
+        mine: dict[int, tuple[DeliveryToken, asyncio.Future[SettleResult]]] = {}
         for index, (token, outcome, settlement_id) in enumerate(settlements):
             previous = self._settled.get(settlement_id)
-            in_flight = self._in_flight.get(token)
+            # Keyed by stream sequence: an int hashes for free, a token does not.
+            in_flight = self._in_flight.get(token.stream_seq)
             if previous is not None and previous[0] == token:
                 results[index] = previous[1]
-            elif in_flight is not None:
-                followers.append((index, in_flight))  # decided once the first is answered
+            elif in_flight is not None and in_flight[0] == token:
+                followers.append((index, in_flight[1]))  # decided once the first is answered
             elif not self.live(token):
                 results[index] = SettleStale(_NOT_LIVE)
             else:
                 wire.append((index, self._current[token.stream_seq].msg.reply,
                              *_wire_form(outcome)))
-                mine[token] = self._in_flight[token] = (
-                    asyncio.get_running_loop().create_future())
+                if in_flight is None:
+                    entry = (token, asyncio.get_running_loop().create_future())
+                    mine[token.stream_seq] = self._in_flight[token.stream_seq] = entry
         try:
             if wire:
                 for index, result in (await self._send_confirmed(wire)).items():
@@ -399,12 +402,14 @@ class SubscriptionReceiver:
                         self._forget(token)
                         self._settled[settlement_id] = (token, result)
                     results[index] = result
-                    mine[token].set_result(result)
+                    own = mine.get(token.stream_seq)
+                    if own is not None and own[0] is token and not own[1].done():
+                        own[1].set_result(result)
                 while len(self._settled) > _SETTLEMENTS_KEPT:
                     del self._settled[next(iter(self._settled))]
         finally:
-            for token, future in mine.items():
-                del self._in_flight[token]
+            for seq, (_, future) in mine.items():
+                del self._in_flight[seq]
                 if not future.done():
                     future.set_result(SettleUnknown("the settlement was interrupted"))
         for index, first in followers:
@@ -467,7 +472,7 @@ class SubscriptionReceiver:
 
     def _forget(self, token: DeliveryToken) -> None:
         held = self._current.get(token.stream_seq)
-        if held is not None and held.delivery.token == token:
+        if held is not None and (held.delivery.token is token or held.delivery.token == token):
             del self._current[token.stream_seq]
 
     def supersede(self, token: DeliveryToken) -> bool:
@@ -572,6 +577,10 @@ async def take_any(
 
     if item_credit < 1 or not receivers:
         return []
+    if len(receivers) == 1:  # nothing to share fairly: take the batch in one go
+        sub, receiver = receivers[0]
+        taken = [(sub, d) for d in await receiver.take(item_credit, byte_credit, deadline)]
+        return taken
     while True:
         taken = round_robin()
         remaining = deadline - time.monotonic()
