@@ -7,8 +7,10 @@ Two groups, each with the same message count and payload on every side:
 bounded window (publish_async_max_pending) and every future bounded by a timeout
 (NATS_FACTS S1/S2: a future can hang on an API error), the honest publish ceiling;
 ``raw_publish_seq``: one awaited js.publish at a time, one round trip per message;
-``backend``: JetStreamMessagingBackend.publish called in a loop, as a producer does;
-``backend_threads``: the same calls from PUBLISH_THREADS caller threads at once.
+``backend``: JetStreamMessagingBackend.publish_async for every message, then every
+outcome, as a producer that keeps sending while receipts are in flight;
+``backend_sync``: publish() in a loop, waiting for each receipt; ``backend_threads``:
+publish() from PUBLISH_THREADS caller threads at once.
 
 ``backend_receive_settle`` -- ``raw_fetch_ack``: fetch(PREFETCH) + Msg.ack()
 (fire-and-forget), the ceiling; ``raw_fetch_ack_sync``: fetch + Msg.ack_sync() one at
@@ -224,7 +226,8 @@ def run_rounds(benchmark: Any, target: Callable[[], Any], setup: Callable[[], No
 
 # ------------------------------------------------------------------ publish
 
-PUBLISH_SIDES = ["raw_publish_async", "raw_publish_seq", "backend", "backend_threads"]
+PUBLISH_SIDES = ["raw_publish_async", "raw_publish_seq", "backend", "backend_sync",
+                 "backend_threads"]
 
 
 async def raw_publish_async(js: JetStreamContext, subject: str, ids: list[str]) -> list[Any]:
@@ -270,6 +273,11 @@ def test_publish_throughput(benchmark: Any, summary: None, raw: Raw,
             acks = raw.run(raw_publish_seq(raw.js, subject, ids))
             assert len(acks) == MESSAGES and not any(a.duplicate for a in acks)
         elif side == "backend":
+            deadline = time.monotonic() + CALL_SECONDS
+            futures = [backend.publish_async(env, deadline) for env in envelopes()]
+            outcomes = [f.result(timeout=2 * CALL_SECONDS) for f in futures]
+            assert all(isinstance(o, Accepted) and not o.duplicate for o in outcomes)
+        elif side == "backend_sync":
             for env in envelopes():
                 outcome = backend.publish(env, time.monotonic() + CALL_SECONDS)
                 assert isinstance(outcome, Accepted) and not outcome.duplicate, outcome

@@ -865,3 +865,52 @@ def test_settlements_queued_at_shutdown_resolve_unknown_never_hang(backends) -> 
     assert all(isinstance(r, (SettleConfirmed, SettleUnknown)) for r in results), results
     late = backend.settle_async(got[0].token, Completed(), "after")
     assert isinstance(late.result(timeout=1), SettleStale)
+
+
+def test_pipelined_publications_keep_their_order_and_each_its_own_outcome(backends) -> None:  # type: ignore[no-untyped-def]
+    # The faults of nats-py's publish_async (S1: a refusal never resolves its future;
+    # S2: no timeout) must not come back through publish_async here: on a stream that
+    # fills up midway, each publication gets its own Accepted or Rejected, in order.
+    backend = backends()
+    spec = channel_spec_for(FLOW, RUN, "pipe", BATCH, RELIABLE_WORK, required=[data_sub("pipe")],
+                            batch_max_msgs=150)
+    backend.ensure_channel(spec, "chan")
+    backend.ensure_subscription(subscription_spec_for(data_sub("pipe"), 30.0, 5, 5), "op")
+    deadline = time.monotonic() + 10
+    futures = [backend.publish_async(envelope("pipe", b"m%d" % i, msg_id=f"pipe-{i}"), deadline)
+               for i in range(200)]
+    outcomes = [f.result(timeout=15) for f in futures]
+    accepted = [o for o in outcomes if isinstance(o, Accepted)]
+    assert [o.stream_seq for o in accepted] == list(range(1, 151))  # in submission order
+    assert outcomes[:150] == accepted
+    assert all(isinstance(o, Rejected) and o.retryable and "10077" in o.reason
+               for o in outcomes[150:]), outcomes[150:]
+    # A msg_id sent again inside the duplicate window is the duplicate of its original.
+    again = backend.publish_async(envelope("pipe", b"m3", msg_id="pipe-3"), deadline)
+    assert again.result(timeout=5) == Accepted(stream_seq=4, duplicate=True)
+    # A passed deadline sends nothing.
+    late = backend.publish_async(envelope("pipe", b"late", msg_id="late"), time.monotonic())
+    assert isinstance(late.result(timeout=5), Rejected) and late.result().retryable
+    nowhere = backend.publish_async(envelope("nobody"), deadline).result(timeout=5)
+    assert isinstance(nowhere, Rejected) and not nowhere.retryable  # MSG-013
+
+
+def test_pipelined_publications_to_a_frozen_server_are_unknown_then_observed(
+    backends, nats_server: embedded.EmbeddedServer  # type: ignore[no-untyped-def]
+) -> None:
+    backend = backends()
+    provisioned(backend, "frozen-pub")
+    sent = [envelope("frozen-pub", b"f%d" % i, msg_id=f"frozen-pub-{i}") for i in range(5)]
+    assert nats_server.process is not None
+    pid = nats_server.process.pid
+    os.kill(pid, signal.SIGSTOP)  # only this test's own server
+    try:
+        deadline = time.monotonic() + 0.5
+        outcomes = [f.result(timeout=5) for f in
+                    [backend.publish_async(env, deadline) for env in sent]]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert all(isinstance(o, PublicationUnknown) for o in outcomes), outcomes  # MSG-014
+    observed = [backend.observe_publication(env) for env in sent]
+    # S3: the frozen server stored them once it resumed; each re-publish is a duplicate.
+    assert observed == [Accepted(stream_seq=i + 1, duplicate=True) for i in range(5)]

@@ -304,6 +304,9 @@ REFERENCE_MEMBERS = {
 # Members the reference gives a default behaviour for ("0 when the backend keeps none",
 # "Returns False when the backend keeps no such filter", "The default is a no-op").
 DEFAULTED = {"budget_waits", "prefetched", "receive", "set_admission", "skipped", "supersede"}
+# Members the contract adds to the reference, each with a default built on a reference
+# member: the pipelined forms of settle and publish (issue 3, section 7).
+ADDITIONS = {"publish_async", "settle_async", "settle_many"}
 
 # The shared design folder sits beside the repository (in every session and in CI).
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "spec" / "messaging-api-reference.txt"
@@ -313,8 +316,8 @@ def _declared_members() -> set[str]:
     return {name for name in vars(MessagingBackend) if not name.startswith("_")}
 
 
-def test_backend_declares_exactly_the_reference_members() -> None:
-    assert _declared_members() == REFERENCE_MEMBERS
+def test_backend_declares_exactly_the_reference_members_and_the_pipelined_additions() -> None:
+    assert _declared_members() == REFERENCE_MEMBERS | ADDITIONS
 
 
 def test_backend_abstract_members_are_all_but_the_documented_defaults() -> None:
@@ -327,7 +330,7 @@ def test_backend_cannot_be_instantiated() -> None:
 
 
 def test_backend_members_all_carry_a_promise() -> None:
-    for name in REFERENCE_MEMBERS:
+    for name in REFERENCE_MEMBERS | ADDITIONS:
         member = vars(MessagingBackend)[name]
         doc = (member.fget if isinstance(member, property) else member).__doc__
         assert doc and doc.strip(), name

@@ -246,6 +246,23 @@ class MessagingBackend(abc.ABC):
             receipt is never a rejection (MSG-013, MSG-014).
         """
 
+    def publish_async(
+        self, envelope: Envelope, deadline: float
+    ) -> concurrent.futures.Future[PublishOutcome]:
+        """Start a publication and return without waiting for the broker's receipt, so
+        a producer can send its next message while this one is in flight: one
+        publisher is then not held to one round trip per message.
+
+        The future always resolves — it never raises and never hangs past the deadline
+        by more than the adapter's scheduling — to what publish would have returned:
+        Accepted, Rejected or PublicationUnknown, never a guess (MSG-013, MSG-014).
+        Publications of one caller reach the broker in the order they were started.
+        The default publishes now and returns a future that is already done.
+        """
+        future: concurrent.futures.Future[PublishOutcome] = concurrent.futures.Future()
+        future.set_result(self.publish(envelope, deadline))
+        return future
+
     @abc.abstractmethod
     def observe_publication(self, envelope: Envelope) -> PublishOutcome:
         """Resolve an earlier PublicationUnknown by an idempotent re-publish of the same

@@ -33,12 +33,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import threading
 import time
 import uuid
 from asyncio import AbstractEventLoop
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -84,6 +82,7 @@ from videoflow.backends.messaging import (
 )
 from videoflow.messaging.jetstream_loop import (
     ErrorLog,
+    Handoff,
     LoopRunner,
     close_client,
     connect_fail_fast,
@@ -91,7 +90,7 @@ from videoflow.messaging.jetstream_loop import (
 from videoflow.messaging.jetstream_outcomes import (
     PublicationLedger,
     observe_by_republish,
-    publish_once,
+    publish_pipelined,
 )
 from videoflow.messaging.jetstream_provision import ensure_channel_stream, ensure_durable
 from videoflow.messaging.jetstream_receive import (
@@ -160,6 +159,16 @@ class _QueuedSettlement:
 def _resolve(queued: Sequence[_QueuedSettlement], result: SettleResult) -> None:
     for entry in queued:
         entry.resolve([result] * len(entry.items))
+
+
+_QueuedPublication = tuple[str, Envelope, float, concurrent.futures.Future[PublishOutcome]]
+"""(subject, envelope, deadline, the caller's future)."""
+
+
+def _resolve_publications(queued: Sequence[_QueuedPublication], outcome: PublishOutcome) -> None:
+    for *_, future in queued:
+        if not future.done():
+            future.set_result(outcome)
 
 
 def _result_by(future: concurrent.futures.Future[Any], deadline: float,
@@ -241,11 +250,16 @@ class JetStreamMessagingBackend(MessagingBackend):
         self._first_stream: Any = None
         self._stopped_receiving = False
         self._retired_budget_waits = 0
-        self._settle_lock = threading.Lock()
-        self._settle_queue: deque[_QueuedSettlement] = deque()
-        self._settle_scheduled = False
-        self._settling: set[asyncio.Task[None]] = set()
+        self._settlements: Handoff[_QueuedSettlement] = Handoff(
+            self._runner, self._drain_settlements,
+            lambda queued, reason: _resolve(queued, SettleUnknown(reason)))
+        self._publications: Handoff[_QueuedPublication] = Handoff(
+            self._runner, self._drain_publications,
+            lambda queued, reason: _resolve_publications(
+                queued, Rejected(f"nothing was sent: {reason}", retryable=True)))
+        self._pipelined: set[asyncio.Task[None]] = set()
         self._replies: ReplyMux | None = None
+        self._send_lock: asyncio.Lock | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -275,7 +289,8 @@ class JetStreamMessagingBackend(MessagingBackend):
             self._runner.stop()
             raise
         self._client, self._js = client, client.jetstream()
-        self._replies = ReplyMux(client)  # one settlement inbox for every binding
+        self._replies = ReplyMux(client)  # one reply inbox for settlements and receipts
+        self._send_lock = asyncio.Lock()
         self._stopped_receiving = False
 
     @property
@@ -338,7 +353,8 @@ class JetStreamMessagingBackend(MessagingBackend):
             self._bindings.clear()
             self._client, self._js = None, None
             self._runner.stop()
-            self._fail_queued("the backend shut down before the settlement was sent")
+            self._settlements.fail_all("the backend shut down before the settlement was sent")
+            self._publications.fail_all("the backend shut down before the send")
 
     def close(self, owned: Sequence[ChannelId], expected_generation: str) -> CleanupObservation:
         """Delete exactly the owned channels' streams by ownership
@@ -517,25 +533,65 @@ class JetStreamMessagingBackend(MessagingBackend):
 
     # ------------------------------------------------------------------ publishing
 
+    def publish_async(
+        self, envelope: Envelope, deadline: float
+    ) -> concurrent.futures.Future[PublishOutcome]:
+        """Queue a publication and return at once. Publications queued while the loop
+        is busy go out together on one wake-up, each a request whose reply is its
+        PubAck, all in flight at once and in the order they were made
+        (jetstream_outcomes.publish_pipelined). The future always resolves, to what
+        publish would return."""
+        future: concurrent.futures.Future[PublishOutcome] = concurrent.futures.Future()
+        if self._js is None or not self.connected:
+            future.set_result(Rejected("the JetStream backend is not connected; nothing "
+                                       "was sent", retryable=True))
+            return future
+        subject = self.subject_for(envelope.channel, envelope.kind)
+        self._ledger.sent(envelope, horizon=DUPLICATE_WINDOW_SECONDS)
+        self._publications.put((subject, envelope, deadline, future))
+        return future
+
     def publish(self, envelope: Envelope, deadline: float) -> PublishOutcome:
-        """Publish with a monotonic deadline; on expiry the outcome is
-        PublicationUnknown, never a guess (MSG-013, MSG-014; publish_once).
+        """Publish with a monotonic deadline (publish_async, waited for); on expiry the
+        outcome is PublicationUnknown, never a guess (MSG-013, MSG-014).
 
         Returns:
             as publish_once; Rejected(retryable=True) when not connected (nothing sent).
         """
-        if self._js is None or not self.connected:
-            return Rejected("the JetStream backend is not connected; nothing was sent",
-                            retryable=True)
-        subject = self.subject_for(envelope.channel, envelope.kind)
-        timeout = deadline - time.monotonic()
-        self._ledger.sent(envelope, horizon=DUPLICATE_WINDOW_SECONDS)
+        future = self.publish_async(envelope, deadline)
+        wait = max(deadline - time.monotonic(), 0.0) + CALL_MARGIN_SECONDS
         try:
-            outcome: PublishOutcome = self._call(
-                publish_once(self._js, subject, envelope, timeout), max(timeout, 0.0))
-        except TimeoutError:
+            return future.result(timeout=wait)
+        except concurrent.futures.TimeoutError:
             return PublicationUnknown("the backend's loop did not answer before the deadline")
-        return outcome
+
+    def _drain_publications(self, queued: list[_QueuedPublication]) -> None:
+        self._spawn(self._publish_batch(queued))
+
+    async def _publish_batch(self, queued: list[_QueuedPublication]) -> None:
+        client, replies, send_lock = self._client, self._replies, self._send_lock
+        if client is None or replies is None or send_lock is None:
+            _resolve_publications(queued, Rejected("the JetStream backend is not "
+                                                   "connected; nothing was sent",
+                                                   retryable=True))
+            return
+        try:
+            outcomes = await publish_pipelined(
+                client, replies, [(subject, env, dl) for subject, env, dl, _ in queued],
+                send_lock)
+        except asyncio.CancelledError:
+            _resolve_publications(queued, PublicationUnknown(
+                "the backend shut down before the receipt arrived"))
+            raise
+        except Exception as error:
+            # A bug here must not leave a caller waiting forever; say what happened.
+            logger.exception("publication batch failed")
+            _resolve_publications(queued, PublicationUnknown(f"the publication failed: "
+                                                             f"{error!r}"))
+            return
+        for (*_, future), outcome in zip(queued, outcomes, strict=True):
+            if not future.done():
+                future.set_result(outcome)
 
     def observe_publication(self, envelope: Envelope) -> PublishOutcome:
         """Resolve an earlier PublicationUnknown by an idempotent re-publish: inside the
@@ -686,29 +742,20 @@ class JetStreamMessagingBackend(MessagingBackend):
             stale = SettleStale("the subscription is not bound here")
             future.set_result([stale] * len(items) if many else stale)
             return
-        with self._settle_lock:
-            self._settle_queue.append(_QueuedSettlement(binding.receiver, items, future, many))
-            wake = not self._settle_scheduled
-            self._settle_scheduled = True
-        if wake:
-            try:
-                self._runner.loop.call_soon_threadsafe(self._drain_settlements)
-            except (BrokerUnavailable, RuntimeError) as error:  # no loop, or a closed one
-                self._fail_queued(f"the backend's loop is not running: {error}")
+        self._settlements.put(_QueuedSettlement(binding.receiver, items, future, many))
 
-    def _drain_settlements(self) -> None:
-        """On the loop: take everything queued and settle it, one batch per binding."""
-        with self._settle_lock:
-            queued = list(self._settle_queue)
-            self._settle_queue.clear()
-            self._settle_scheduled = False
+    def _drain_settlements(self, queued: list[_QueuedSettlement]) -> None:
+        """On the loop: settle everything queued, one batch per binding."""
         batches: dict[SubscriptionReceiver, list[_QueuedSettlement]] = {}
         for entry in queued:
             batches.setdefault(entry.receiver, []).append(entry)
         for receiver, batch in batches.items():
-            task = asyncio.get_running_loop().create_task(self._settle_batch(receiver, batch))
-            self._settling.add(task)
-            task.add_done_callback(self._settling.discard)
+            self._spawn(self._settle_batch(receiver, batch))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._pipelined.add(task)  # a strong reference until it is done
+        task.add_done_callback(self._pipelined.discard)
 
     async def _settle_batch(self, receiver: SubscriptionReceiver,
                             batch: list[_QueuedSettlement]) -> None:
@@ -731,13 +778,6 @@ class JetStreamMessagingBackend(MessagingBackend):
         for entry in batch:
             entry.resolve(results[start:start + len(entry.items)])
             start += len(entry.items)
-
-    def _fail_queued(self, reason: str) -> None:
-        with self._settle_lock:
-            queued = list(self._settle_queue)
-            self._settle_queue.clear()
-            self._settle_scheduled = False
-        _resolve(queued, SettleUnknown(reason))
 
     def renew(self, token: DeliveryToken) -> LeaseObservation:
         binding = self._bindings.get(token.subscription)

@@ -13,8 +13,8 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Coroutine
-from typing import Any, Final, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, Final, Generic, TypeVar
 
 import nats
 from nats.aio.client import Client
@@ -133,6 +133,55 @@ class LoopRunner:
             loop.close()
 
 
+class Handoff(Generic[T]):
+    """Work handed from callers' threads to the loop in bursts.
+
+    A caller puts an item and returns; the loop is woken only when the queue was idle,
+    and its drain takes everything queued by then — so a burst of calls costs one
+    wake-up and one pass, not one hop each, which is what lets settlements and
+    publications be pipelined.
+
+    Arguments:
+        runner: the loop the drain runs on.
+        drain: called on the loop with every item queued since the last drain.
+        fail: called (on any thread) with items that cannot reach the loop, and why;
+            it must resolve whatever their callers wait on.
+    """
+
+    def __init__(self, runner: LoopRunner, drain: Callable[[list[T]], None],
+                 fail: Callable[[list[T], str], None]) -> None:
+        self._runner, self._drain, self._fail = runner, drain, fail
+        self._lock = threading.Lock()
+        self._items: list[T] = []
+        self._scheduled = False
+
+    def put(self, item: T) -> None:
+        with self._lock:
+            self._items.append(item)
+            wake = not self._scheduled
+            self._scheduled = True
+        if wake:
+            try:
+                self._runner.loop.call_soon_threadsafe(self._take)
+            except (BrokerUnavailable, RuntimeError) as error:  # no loop, or a closed one
+                self.fail_all(f"the backend's loop is not running: {error}")
+
+    def _take(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+            self._scheduled = False
+        if items:
+            self._drain(items)
+
+    def fail_all(self, reason: str) -> None:
+        """Hand everything still queued to fail (after the loop stopped, say)."""
+        with self._lock:
+            items, self._items = self._items, []
+            self._scheduled = False
+        if items:
+            self._fail(items, reason)
+
+
 class ErrorLog:
     """What a connection's error_cb reported, newest last — the only place a refused
     connect, a permissions violation (NATS_FACTS S15) or a publish_async API error (S1)
@@ -192,6 +241,7 @@ async def close_client(client: Client, timeout: float = CLOSE_TIMEOUT_SECONDS) -
 __all__ = [
     "CLOSE_TIMEOUT_SECONDS",
     "ErrorLog",
+    "Handoff",
     "LoopRunner",
     "close_client",
     "connect_fail_fast",

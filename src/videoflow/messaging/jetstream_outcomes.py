@@ -8,14 +8,17 @@ own loop; they never raise for anything the broker answered or failed to answer.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from videoflow.backends.messaging import (
@@ -27,6 +30,7 @@ from videoflow.backends.messaging import (
     PublishOutcome,
     Rejected,
 )
+from videoflow.messaging.jetstream_settle import ReplyMux, no_responders
 
 MSG_ID_HEADER: Final = "Nats-Msg-Id"
 """The header JetStream deduplicates on inside the stream's duplicate_window."""
@@ -105,6 +109,105 @@ async def publish_once(
         return PublicationUnknown(f"publish failed after the send: "
                                   f"{type(error).__name__}: {error}")
     return Accepted(stream_seq=ack.seq, duplicate=bool(ack.duplicate))
+
+
+async def publish_pipelined(
+    client: Client,
+    replies: ReplyMux,
+    batch: Sequence[tuple[str, Envelope, float]],
+    send_lock: asyncio.Lock,
+) -> list[PublishOutcome]:
+    """Publish envelopes all at once, each a request whose reply is its PubAck, and
+    type every answer as publish_once does.
+
+    It is what JetStreamContext.publish_async does, without its faults: a stream's
+    refusal reaches that message's own outcome instead of never resolving its future
+    (NATS_FACTS S1), and every wait is bounded (S2).
+
+    Arguments:
+        client / replies: the connection, and its reply inbox (jetstream_settle).
+        batch: (subject, envelope, monotonic deadline) in the order to send them.
+        send_lock: held while writing, so batches go out in the order they were made
+            (asyncio.Lock is first come, first served) while their waits overlap.
+
+    Returns:
+        An outcome per envelope, in order: as publish_once — Rejected(retryable=True)
+        for one whose deadline had passed before the send (nothing sent), Accepted for
+        its PubAck, Rejected for a refusal, PublicationUnknown for a receipt that did
+        not arrive before the batch's last deadline (MSG-014).
+    """
+    outcomes: dict[int, PublishOutcome] = {}
+    waits: list[tuple[int, str, str, asyncio.Future[Msg]]] = []
+    async with send_lock:
+        try:
+            await replies.start()
+        except nats.errors.Error as error:
+            refused = Rejected(f"could not subscribe for receipts; nothing was sent: {error}",
+                               retryable=True)
+            return [refused] * len(batch)
+        now = time.monotonic()
+        for index, (subject, envelope, deadline) in enumerate(batch):
+            if deadline <= now:
+                outcomes[index] = Rejected("the deadline passed before the send; nothing "
+                                           "was sent", retryable=True)
+                continue
+            headers = None if envelope.msg_id is None else {MSG_ID_HEADER: envelope.msg_id}
+            inbox, receipt = replies.expect()
+            try:
+                await client.publish(subject, envelope.data, reply=inbox, headers=headers)
+            except nats.errors.MaxPayloadError as error:
+                outcomes[index] = Rejected(f"larger than the server's max_payload: {error}",
+                                           retryable=False)
+            except (nats.errors.ConnectionClosedError,
+                    nats.errors.ConnectionDrainingError) as error:
+                outcomes[index] = Rejected(f"not connected; nothing was sent "
+                                           f"({type(error).__name__})", retryable=True)
+            except nats.errors.Error as error:
+                outcomes[index] = PublicationUnknown(f"publish failed during the send: "
+                                                     f"{type(error).__name__}: {error}")
+            else:
+                waits.append((index, subject, inbox, receipt))
+                continue
+            replies.abandon(inbox)
+    if waits:
+        last = max(batch[index][2] for index, *_ in waits)
+        await asyncio.wait([receipt for *_, receipt in waits],
+                           timeout=max(last - time.monotonic(), 0.0))
+    for index, subject, inbox, receipt in waits:
+        if receipt.done():
+            outcomes[index] = receipt_outcome(subject, receipt.result())
+        else:
+            replies.abandon(inbox)
+            # MSG-014 / S3: the send is on the wire; stored or not, nobody knows.
+            outcomes[index] = PublicationUnknown("no PubAck before the deadline")
+    return [outcomes[index] for index in range(len(batch))]
+
+
+def receipt_outcome(subject: str, reply: Msg) -> PublishOutcome:
+    """Type the server's answer to a publish request, as JetStreamContext.publish reads
+    it (nats/js/client.py): no responders means no stream captures the subject; a JSON
+    'error' is a refusal; otherwise a PubAck (duplicate absent on a first store,
+    NATS_FACTS §2)."""
+    if no_responders(reply):
+        return Rejected(f"no stream captures {subject}", retryable=False)  # MSG-013
+    try:
+        answer = json.loads(reply.data)
+    except ValueError as error:
+        return PublicationUnknown(f"an unreadable PubAck: {error}")
+    if not isinstance(answer, dict):
+        return PublicationUnknown(f"an unreadable PubAck: {answer!r}")
+    refused = answer.get("error")
+    if refused is not None:
+        try:
+            nats.js.errors.APIError.from_error(refused)  # raises the typed error
+        except nats.js.errors.APIError as refusal:
+            return rejection_for(refusal)
+        except (KeyError, TypeError) as unreadable:
+            return PublicationUnknown(f"an unreadable refusal {refused!r}: {unreadable!r}")
+    seq = answer.get("seq")
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
+        return PublicationUnknown(f"a PubAck without a stream sequence: {answer!r}")
+    return Accepted(stream_seq=seq, duplicate=bool(answer.get("duplicate")))
 
 
 class PublicationLedger:
@@ -210,5 +313,7 @@ __all__ = [
     "PublicationLedger",
     "observe_by_republish",
     "publish_once",
+    "publish_pipelined",
+    "receipt_outcome",
     "rejection_for",
 ]
