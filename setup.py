@@ -1,4 +1,5 @@
-"""Build of the compiled grouping core; all other configuration lives in pyproject.toml."""
+"""Build of the compiled modules (grouping core, envelope decoder); all other configuration
+lives in pyproject.toml."""
 
 import os
 
@@ -22,18 +23,22 @@ if os.name == "nt":
     CFLAGS = ["/Od", "/Zi"] if DEBUG else ["/O2"]
 
 
-def extension(name: str) -> Extension:
-    """One compiled module of videoflow.messaging, built from csrc/videoflow/messaging/."""
+def extension(package: str, name: str) -> Extension:
+    """One compiled module of videoflow.<package>, built from csrc/videoflow/<package>/."""
     return Extension(
-        f"videoflow.messaging.{name}",
-        [f"csrc/videoflow/messaging/{name}.pyx"],
+        f"videoflow.{package}.{name}",
+        [f"csrc/videoflow/{package}/{name}.pyx"],
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=CFLAGS,
     )
 
 
-extensions = [extension("_timeline"), extension("_grouping_core")]
+extensions = [
+    extension("messaging", "_timeline"),
+    extension("messaging", "_grouping_core"),
+    extension("wire", "_envelope"),
+]
 
 # force: pip builds in the source tree, and cythonize/build_ext judge staleness by
 # timestamps alone, so switching VIDEOFLOW_DEBUG would otherwise reuse the other mode's

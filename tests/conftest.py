@@ -1,10 +1,11 @@
-"""Session-wide checks: which grouping core this run loaded."""
+"""Session-wide checks: which grouping core and envelope decoder this run loaded."""
 
 import os
 
 from hypothesis import settings
 
 from videoflow.messaging import grouping
+from videoflow.wire import serialization
 
 # CI replays the same examples on every run, so a red build is reproducible from its
 # log; local runs keep exploring new ones.
@@ -19,7 +20,13 @@ EXPECTED_CORE = "reference" if os.environ.get("VIDEOFLOW_PURE_PYTHON") == "1" el
 assert grouping.CORE_KIND == EXPECTED_CORE, (
     f"loaded the {grouping.CORE_KIND} grouping core, expected {EXPECTED_CORE}"
 )
+assert serialization.DECODER_KIND == EXPECTED_CORE, (
+    f"loaded the {serialization.DECODER_KIND} envelope decoder, expected {EXPECTED_CORE}"
+)
 
 
 def pytest_report_header() -> str:
-    return f"videoflow grouping core: {grouping.CORE_KIND}"
+    return (
+        f"videoflow grouping core: {grouping.CORE_KIND}; "
+        f"envelope decoder: {serialization.DECODER_KIND}"
+    )

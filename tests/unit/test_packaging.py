@@ -1,5 +1,5 @@
 """Packaging checks: what the sdist and wheel contain, and that an installed wheel imports
-the compiled grouping core.
+the compiled grouping core and envelope decoder.
 
 The tests marked ``slow`` build distributions and a virtual environment. They run by
 default. cibuildwheel's test command leaves them out with ``-m "not slow"``, because it
@@ -27,6 +27,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CORE_MODULE = "videoflow.messaging._grouping_core"
 CORE_PYX = "csrc/videoflow/messaging/_grouping_core.pyx"
 CORE_STUB = "videoflow/messaging/_grouping_core.pyi"
+DECODER_MODULE = "videoflow.wire._envelope"
+DECODER_PYX = "csrc/videoflow/wire/_envelope.pyx"
+DECODER_STUB = "videoflow/wire/_envelope.pyi"
 TYPED_MARKER = "videoflow/py.typed"
 COMPILED_SUFFIXES = (".so", ".pyd")
 SUPPORTED_PYTHONS = {"cp310", "cp311", "cp312", "cp313"}
@@ -160,6 +163,8 @@ def test_sdist_ships_cython_source_stub_and_marker_but_no_generated_c(dists: Dis
     for required in (
         CORE_PYX,
         f"src/{CORE_STUB}",
+        DECODER_PYX,
+        f"src/{DECODER_STUB}",
         f"src/{TYPED_MARKER}",
         "setup.py",
         "pyproject.toml",
@@ -184,6 +189,7 @@ def test_wheel_ships_compiled_core_stub_and_marker_but_no_sources(dists: Dists) 
     # wheel with a .pyi stub beside it (STYLE.md habit 4).
     modules = sorted(name[: -len(".pyx")] for name in pyx_sources if name.endswith(".pyx"))
     assert CORE_MODULE.replace(".", "/") in modules, f"sdist lacks {CORE_PYX}: {pyx_sources}"
+    assert DECODER_MODULE.replace(".", "/") in modules, f"sdist lacks {DECODER_PYX}: {pyx_sources}"
 
     for module in modules:
         compiled = [
@@ -193,7 +199,7 @@ def test_wheel_ships_compiled_core_stub_and_marker_but_no_sources(dists: Dists) 
         ]
         assert len(compiled) == 1, f"wheel lacks the compiled {module}; it holds:\n{listing}"
         assert f"{module}.pyi" in names, f"wheel lacks the stub {module}.pyi; it holds:\n{listing}"
-    for required in (CORE_STUB, TYPED_MARKER):
+    for required in (CORE_STUB, DECODER_STUB, TYPED_MARKER):
         assert required in names, f"wheel lacks {required}; it holds:\n{listing}"
     sources = sorted(name for name in names if name.endswith((".c", ".pyx", ".pxd")))
     assert not sources, f"wheel carries Cython/C sources {sources}; it holds:\n{listing}"
@@ -218,17 +224,22 @@ def test_wheel_installed_in_fresh_venv_imports_the_compiled_core(
     probe = (
         "import importlib, videoflow; "
         f"core = importlib.import_module({CORE_MODULE!r}); "
-        "print(videoflow.__file__); print(core.__file__)"
+        f"decoder = importlib.import_module({DECODER_MODULE!r}); "
+        "from videoflow.wire import serialization; "
+        "print(videoflow.__file__); print(core.__file__); print(decoder.__file__); "
+        "print(serialization.DECODER_KIND)"
     )
     proc = _run([python, "-I", "-c", probe], cwd=outside, env=env, timeout=60)
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 2, f"unexpected probe output:\n{proc.stdout}\n{proc.stderr}"
-    package_file, core_file = (Path(line) for line in lines)
+    assert len(lines) == 4, f"unexpected probe output:\n{proc.stdout}\n{proc.stderr}"
+    package_file, core_file, decoder_file = (Path(line) for line in lines[:3])
 
-    assert core_file.name.endswith(COMPILED_SUFFIXES), (
-        f"{CORE_MODULE} loaded from {core_file}, which is not a compiled extension"
-    )
-    for loaded in (package_file, core_file):
+    for module, compiled in ((CORE_MODULE, core_file), (DECODER_MODULE, decoder_file)):
+        assert compiled.name.endswith(COMPILED_SUFFIXES), (
+            f"{module} loaded from {compiled}, which is not a compiled extension"
+        )
+    assert lines[3] == "compiled", f"decode_envelope runs the {lines[3]} decoder"
+    for loaded in (package_file, core_file, decoder_file):
         assert loaded.resolve().is_relative_to(env_dir.resolve()), (
             f"{loaded} was imported from outside the fresh venv {env_dir}"
         )
