@@ -89,6 +89,23 @@ def term_payload(record_ref: str) -> bytes:
     return TERM + b" " + reason.encode()
 
 
+def delivery_position(msg: Msg) -> tuple[int, int]:
+    """(stream sequence, delivery count) of a JetStream delivery, read from its reply
+    subject by the token positions nats-py's Msg.Metadata._from_reply uses
+    ($JS.ACK.<stream>.<consumer>.<delivered>.<sseq>... for 9 tokens, and the domain
+    form with delivered and sseq at 6 and 7 for 11 or more). Msg.metadata builds
+    three dataclasses and a datetime per message, several times the cost of this;
+    anything unexpected goes to it, which raises on a reply that is not JetStream's."""
+    tokens: list[str] = msg.reply.split(".") if msg.reply else []
+    if len(tokens) >= 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        at = 4 if len(tokens) == 9 else 6
+        delivered, seq = tokens[at], tokens[at + 1]
+        if delivered.isdigit() and seq.isdigit() and len(tokens) != 10:
+            return int(seq), int(delivered)
+    meta = msg.metadata
+    return meta.sequence.stream, meta.num_delivered
+
+
 @dataclass(slots=True)
 class _Held:
     delivery: Delivery
@@ -147,7 +164,8 @@ class SubscriptionReceiver:
         self._parked: deque[Delivery] = deque()
         self._current: dict[int, _Held] = {}
         self._settled: dict[str, tuple[DeliveryToken, SettleResult]] = {}
-        self._in_flight: dict[int, tuple[DeliveryToken, asyncio.Future[SettleResult]]] = {}
+        self._in_flight: dict[int, tuple[DeliveryToken, int,
+                                         asyncio.Future[dict[int, SettleResult]]]] = {}
         self._ready = asyncio.Event()
         self._space = asyncio.Event()
         self._space.set()
@@ -211,8 +229,7 @@ class SubscriptionReceiver:
         return self.may_fetch is None or self.may_fetch()
 
     def _park(self, msg: Msg) -> None:
-        meta = msg.metadata  # sequence.stream and num_delivered (nats/aio/msg.py)
-        seq, attempt = meta.sequence.stream, meta.num_delivered
+        seq, attempt = delivery_position(msg)
         token = DeliveryToken(self.subscription, seq, attempt, self.generation)
         delivery = Delivery(token=token, data=msg.data, num_delivered=attempt, stream_seq=seq)
         old = self._current.pop(seq, None)
@@ -376,54 +393,56 @@ class SubscriptionReceiver:
         """
         results: list[SettleResult | None] = [None] * len(settlements)
         wire: list[tuple[int, str, bytes, bool]] = []
-        followers: list[tuple[int, asyncio.Future[SettleResult]]] = []
-        mine: dict[int, tuple[DeliveryToken, asyncio.Future[SettleResult]]] = {}
+        followers: list[tuple[int, int, asyncio.Future[dict[int, SettleResult]]]] = []
+        # One future for the whole batch, read by any settlement of the same token made
+        # while this one is in flight; keyed by stream sequence, which hashes for free.
+        answered: asyncio.Future[dict[int, SettleResult]] = (
+            asyncio.get_running_loop().create_future())
+        mine: list[int] = []
         for index, (token, outcome, settlement_id) in enumerate(settlements):
             previous = self._settled.get(settlement_id)
-            # Keyed by stream sequence: an int hashes for free, a token does not.
             in_flight = self._in_flight.get(token.stream_seq)
             if previous is not None and previous[0] == token:
                 results[index] = previous[1]
             elif in_flight is not None and in_flight[0] == token:
-                followers.append((index, in_flight[1]))  # decided once the first is answered
+                followers.append((index, in_flight[1], in_flight[2]))
             elif not self.live(token):
                 results[index] = SettleStale(_NOT_LIVE)
             else:
                 wire.append((index, self._current[token.stream_seq].msg.reply,
                              *_wire_form(outcome)))
                 if in_flight is None:
-                    entry = (token, asyncio.get_running_loop().create_future())
-                    mine[token.stream_seq] = self._in_flight[token.stream_seq] = entry
+                    self._in_flight[token.stream_seq] = (token, index, answered)
+                    mine.append(token.stream_seq)
+        sent: dict[int, SettleResult] = {}
         try:
             if wire:
-                for index, result in (await self._send_confirmed(wire)).items():
+                sent = await self._send_confirmed(wire)
+                for index, result in sent.items():
                     token, _, settlement_id = settlements[index]
                     if isinstance(result, SettleConfirmed):
                         self._forget(token)
                         self._settled[settlement_id] = (token, result)
                     results[index] = result
-                    own = mine.get(token.stream_seq)
-                    if own is not None and own[0] is token and not own[1].done():
-                        own[1].set_result(result)
                 while len(self._settled) > _SETTLEMENTS_KEPT:
                     del self._settled[next(iter(self._settled))]
         finally:
-            for seq, (_, future) in mine.items():
+            for seq in mine:
                 del self._in_flight[seq]
-                if not future.done():
-                    future.set_result(SettleUnknown("the settlement was interrupted"))
-        for index, first in followers:
+            answered.set_result(sent)
+        for index, first, batch in followers:
             # As if made after the first had returned: its own id repeats its result, a
             # confirmed first leaves the token stale, an unknown one leaves it unknown.
             token, _, settlement_id = settlements[index]
-            answered = await asyncio.shield(first)
+            result = (await asyncio.shield(batch)).get(
+                first, SettleUnknown("the settlement was interrupted"))
             previous = self._settled.get(settlement_id)
             if previous is not None and previous[0] == token:
                 results[index] = previous[1]
-            elif isinstance(answered, SettleConfirmed):
+            elif isinstance(result, SettleConfirmed):
                 results[index] = SettleStale(_NOT_LIVE)
             else:
-                results[index] = answered
+                results[index] = result
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]  # every slot was filled above
 
@@ -465,9 +484,9 @@ class SubscriptionReceiver:
                 result = SettleUnknown("no responders: the durable is gone")  # S14
             else:
                 result = SettleConfirmed()
-            results.update((send.index, result) for send in run)
+            results.update((send.slot, result) for send in run)
         for run in runs[len(written):]:
-            results.update((send.index, SettleUnknown(failure)) for send in run)
+            results.update((send.slot, SettleUnknown(failure)) for send in run)
         return results
 
     def _forget(self, token: DeliveryToken) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import nats.errors
 from nats.aio.client import Client
@@ -104,19 +104,18 @@ def no_responders(reply: Msg) -> bool:
     return headers is not None and headers.get("Status") == NO_RESPONDERS_STATUS
 
 
-@dataclass(frozen=True, slots=True)
-class Send:
+class Send(NamedTuple):
     """One settlement as it goes on the wire.
 
     Attributes:
-        index: its position in the caller's batch.
+        slot: its position in the caller's batch.
         subject: the delivery's $JS.ACK reply subject.
         payload: +ACK, -NAK [delay] or +TERM reason.
         request: sent as a request; its reply confirms it and every plain send before
             it since the previous request (a run).
     """
 
-    index: int
+    slot: int
     subject: str
     payload: bytes
     request: bool
