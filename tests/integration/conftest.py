@@ -3,6 +3,9 @@ client -> jetstream (STYLE.md). Never a mock broker."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -72,3 +75,26 @@ def start_server() -> Iterator[Callable[..., embedded.EmbeddedServer]]:
     finally:
         for server in started:
             server.stop()
+
+
+@pytest.fixture
+def freeze() -> Callable[[embedded.EmbeddedServer], contextlib.AbstractContextManager[None]]:
+    """freeze(server): a context in which the test's own server process is stopped
+    (SIGSTOP) -- its socket still accepts and holds connections, but nothing is answered
+    until SIGCONT on exit."""
+
+    @contextlib.contextmanager
+    def frozen(server: embedded.EmbeddedServer) -> Iterator[None]:
+        assert server.process is not None
+        pid = server.process.pid
+        os.kill(pid, signal.SIGSTOP)
+        # The signal is asynchronous: until the child is reported stopped it may still
+        # answer a request sent after kill() returned.
+        _, status = os.waitpid(pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    return frozen

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
-import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -228,19 +226,14 @@ def test_an_expired_deadline_sends_nothing(wired: Wired) -> None:
 
 
 def test_a_lost_puback_is_unknown_and_observe_publication_resolves_it(
-    wired: Wired, nats_server: embedded.EmbeddedServer
+    wired: Wired, nats_server: embedded.EmbeddedServer, freeze
 ) -> None:
     stream, subject = batch_channel(wired, "frozen")
     ledger = PublicationLedger()
     sent = envelope("frozen", msg_id="m-frozen")
-    assert nats_server.process is not None
-    pid = nats_server.process.pid
-    os.kill(pid, signal.SIGSTOP)  # only this test's own server
-    try:
+    with freeze(nats_server):  # only this test's own server
         ledger.sent(sent, horizon=120.0)
         outcome = wired.run(publish_once(wired.js, subject, sent, 0.5))
-    finally:
-        os.kill(pid, signal.SIGCONT)
     assert isinstance(outcome, PublicationUnknown)  # MSG-014: never Rejected
     resolved = wired.run(observe_by_republish(wired.js, stream, subject, sent, ledger, 5))
     # S3: the frozen server stored it once it resumed; the re-publish is a duplicate.
@@ -367,19 +360,14 @@ def test_retry_with_delay_and_terminal_are_confirmed(wired: Wired) -> None:
 
 
 def test_an_unconfirmed_ack_is_settle_unknown_and_may_be_retried(
-    wired: Wired, nats_server: embedded.EmbeddedServer
+    wired: Wired, nats_server: embedded.EmbeddedServer, freeze
 ) -> None:
     batch_channel(wired, "unconfirmed")
     publish(wired, "unconfirmed", 1)
     receiver = bound(wired, "unconfirmed", ack_confirm=0.5)
     (delivery,) = take(wired, receiver)
-    assert nats_server.process is not None
-    pid = nats_server.process.pid
-    os.kill(pid, signal.SIGSTOP)  # only this test's own server
-    try:
+    with freeze(nats_server):  # only this test's own server
         outcome = wired.run(receiver.settle(delivery.token, Completed(), "u"))
-    finally:
-        os.kill(pid, signal.SIGCONT)
     assert isinstance(outcome, SettleUnknown)  # PAY-004: never assumed
     assert receiver.live(delivery.token)
     assert wired.run(receiver.settle(delivery.token, Completed(), "u")) == SettleConfirmed()
@@ -806,7 +794,7 @@ def test_a_batch_to_a_vanished_durable_is_unknown_even_for_its_plain_acks(wired:
 
 
 def test_a_batch_to_a_frozen_server_is_unknown_and_asks_again_after(
-    wired: Wired, nats_server: embedded.EmbeddedServer
+    wired: Wired, nats_server: embedded.EmbeddedServer, freeze
 ) -> None:
     batch_channel(wired, "frozen-batch")
     publish(wired, "frozen-batch", 3)
@@ -814,13 +802,8 @@ def test_a_batch_to_a_frozen_server_is_unknown_and_asks_again_after(
     got = take(wired, receiver, credit=3)
     assert len(got) == 3
     items = [(d.token, Completed(), f"f-{d.stream_seq}") for d in got]
-    assert nats_server.process is not None
-    pid = nats_server.process.pid
-    os.kill(pid, signal.SIGSTOP)  # only this test's own server
-    try:
+    with freeze(nats_server):  # only this test's own server
         frozen = wired.run(receiver.settle_batch(items))
-    finally:
-        os.kill(pid, signal.SIGCONT)
     assert all(isinstance(r, SettleUnknown) for r in frozen), frozen
     assert wired.run(receiver.settle_batch(items)) == [SettleConfirmed()] * 3
     assert consumer_state(wired, "frozen-batch") == (3, 0, 0)
@@ -896,20 +879,15 @@ def test_pipelined_publications_keep_their_order_and_each_its_own_outcome(backen
 
 
 def test_pipelined_publications_to_a_frozen_server_are_unknown_then_observed(
-    backends, nats_server: embedded.EmbeddedServer  # type: ignore[no-untyped-def]
+    backends, nats_server: embedded.EmbeddedServer, freeze  # type: ignore[no-untyped-def]
 ) -> None:
     backend = backends()
     provisioned(backend, "frozen-pub")
     sent = [envelope("frozen-pub", b"f%d" % i, msg_id=f"frozen-pub-{i}") for i in range(5)]
-    assert nats_server.process is not None
-    pid = nats_server.process.pid
-    os.kill(pid, signal.SIGSTOP)  # only this test's own server
-    try:
+    with freeze(nats_server):  # only this test's own server
         deadline = time.monotonic() + 0.5
         outcomes = [f.result(timeout=5) for f in
                     [backend.publish_async(env, deadline) for env in sent]]
-    finally:
-        os.kill(pid, signal.SIGCONT)
     assert all(isinstance(o, PublicationUnknown) for o in outcomes), outcomes  # MSG-014
     observed = [backend.observe_publication(env) for env in sent]
     # S3: the frozen server stored them once it resumed; each re-publish is a duplicate.

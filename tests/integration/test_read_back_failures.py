@@ -13,12 +13,8 @@ _api_request) — so it is api, not timeout: nothing is slow there.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import nats
@@ -59,23 +55,6 @@ def assert_all_missing(got: dict) -> None:
         entry = got[node]
         assert isinstance(entry, Unknown) and entry.reason == "missing", entry
         assert t.stream_name_for(FLOW, RUN, node) in entry.detail
-
-
-@contextlib.contextmanager
-def frozen(server: embedded.EmbeddedServer) -> Iterator[None]:
-    """The server process stopped (SIGSTOP): its socket still accepts connections and
-    holds them open, but nothing is answered until SIGCONT."""
-    assert server.process is not None
-    pid = server.process.pid
-    os.kill(pid, signal.SIGSTOP)
-    # The signal is asynchronous: until the child is reported stopped it may still
-    # answer a request sent after kill() returned.
-    _, status = os.waitpid(pid, os.WUNTRACED)
-    assert os.WIFSTOPPED(status)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
 
 async def fail_fast_connect(url: str, reported: list[BaseException] | None = None):
@@ -225,8 +204,8 @@ async def test_a_connection_lost_when_the_server_stops_is_unreachable(start_serv
 
 
 @posix_only
-def test_a_server_that_accepts_but_never_answers_is_timeout(nats_server):
-    with frozen(nats_server):
+def test_a_server_that_accepts_but_never_answers_is_timeout(nats_server, freeze):
+    with freeze(nats_server):
         started = time.monotonic()
         got = t.read_back_streams(nats_server.url, FLOW, RUN, NODES, BATCH, timeout=1.5)
         elapsed = time.monotonic() - started
@@ -238,12 +217,12 @@ def test_a_server_that_accepts_but_never_answers_is_timeout(nats_server):
 
 @posix_only
 @pytest.mark.asyncio
-async def test_a_server_that_stops_answering_mid_session_is_timeout(nats_server):
+async def test_a_server_that_stops_answering_mid_session_is_timeout(nats_server, freeze):
     nc = await fail_fast_connect(nats_server.url)
     try:
         js = nc.jetstream(timeout=0.5)
         assert_all_missing(await t.read_back_streams_async(js, FLOW, RUN, NODES, BATCH))
-        with frozen(nats_server):
+        with freeze(nats_server):
             got = await t.read_back_streams_async(js, FLOW, RUN, NODES, BATCH)
         for node in NODES:
             entry = got[node]
