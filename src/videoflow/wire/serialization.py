@@ -597,14 +597,16 @@ DECODER_KIND: str = "reference" if _compiled is None else "compiled"
 # The msgspec decode_envelope above defines the result; the compiled decoder
 # defers to it for every input it does not fully understand.
 _reference_decode_envelope = decode_envelope
-_compiled_decoder: Any = None
 if _compiled is not None:
-    _compiled_decoder = _compiled.EnvelopeDecoder(
-        _EnvelopeV3.__struct_fields__, tuple(_V3_DEFAULTS.values()), _ext_hook
-    )
-    # Same name, docstring and signature (via __wrapped__) as the reference.
+    # Same name, docstring and signature (via __wrapped__) as the reference; a
+    # compiled function, so the common case pays no Python frame.
     decode_envelope = functools.update_wrapper(
-        _compiled.compose_decode_envelope(_compiled_decoder, _reference_decode_envelope),
+        _compiled.compose_decode_envelope(
+            _compiled.EnvelopeDecoder(
+                _EnvelopeV3.__struct_fields__, tuple(_V3_DEFAULTS.values()), _ext_hook
+            ),
+            _reference_decode_envelope,
+        ),
         _reference_decode_envelope,
     )
 
