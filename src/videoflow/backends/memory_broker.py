@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -87,7 +88,9 @@ class _Stream:
     discard: Literal["new", "old"]
     max_msgs: int
     max_bytes: int | None
-    messages: dict[int, _Message] = field(default_factory=dict)
+    # OrderedDict: the oldest is found in O(1) (next(iter())) however many were removed
+    # before it, where a plain dict scans the dead slots at its front.
+    messages: OrderedDict[int, _Message] = field(default_factory=OrderedDict)
     last_seq: int = 0
     size: int = 0
     durables: dict[SubscriptionId, _Durable] = field(default_factory=dict)

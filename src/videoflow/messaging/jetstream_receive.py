@@ -13,7 +13,7 @@ import contextlib
 import json
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -163,7 +163,9 @@ class SubscriptionReceiver:
         self.replies = replies if replies is not None else ReplyMux(client)
         self._parked: deque[Delivery] = deque()
         self._current: dict[int, _Held] = {}
-        self._settled: dict[str, tuple[DeliveryToken, SettleResult]] = {}
+        # OrderedDict: popitem(last=False) is O(1), where deleting next(iter(dict)) over
+        # and over scans the dead slots a dict keeps at its front.
+        self._settled: OrderedDict[str, tuple[DeliveryToken, SettleResult]] = OrderedDict()
         self._in_flight: dict[int, tuple[DeliveryToken, int,
                                          asyncio.Future[dict[int, SettleResult]]]] = {}
         self._ready = asyncio.Event()
@@ -425,7 +427,7 @@ class SubscriptionReceiver:
                         self._settled[settlement_id] = (token, result)
                     results[index] = result
                 while len(self._settled) > _SETTLEMENTS_KEPT:
-                    del self._settled[next(iter(self._settled))]
+                    self._settled.popitem(last=False)
         finally:
             for seq in mine:
                 del self._in_flight[seq]
