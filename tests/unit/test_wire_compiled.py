@@ -521,6 +521,36 @@ def test_repeating_header_strings_are_reused_only_while_their_bytes_match() -> N
         assert decoded["message"] == {name: name}
 
 
+def test_header_fields_a_stream_repeats_do_not_leak_into_envelopes_without_them() -> None:
+    decoder = _envelope.EnvelopeDecoder(
+        wire._EnvelopeV3.__struct_fields__, tuple(wire._V3_DEFAULTS.values()), wire._ext_hook
+    )
+    header = {
+        "type": "x",
+        "producer_name": "p",
+        "flow_id": "f",
+        "run_id": "r",
+        "replica_id": 7,
+        "abort_origin": "o",
+    }
+    sequence = [
+        wire.encode_envelope(None, trace_id="t", seq=1, **header),
+        wire.encode_envelope(None, trace_id="t", seq=2, **header),
+        msgspec.msgpack.encode([1, "t", 3, None, None, False]),
+        wire.encode_envelope(None, trace_id="t", seq=4, **header),
+        msgspec.msgpack.encode([3, "t", 5, None, None, False, "y"]),
+        msgspec.msgpack.encode([2, "t", 6, None, None, False, "x", "p", "f", "r", None, None, 7]),
+        wire.encode_envelope(None, trace_id="t", seq=7),
+        wire.encode_envelope(None, trace_id="t", seq=8, **{**header, "replica_id": 10**6}),
+        wire.encode_envelope(None, trace_id="t", seq=9, **{**header, "replica_id": 10**6}),
+        msgspec.msgpack.encode([2, "t", 10, None, None, False]),
+    ]
+    for raw in sequence:
+        decoded = decoder.decode(raw)
+        assert decoded is not None
+        assert_identical(decoded, REFERENCE(raw), raw)
+
+
 def test_an_ext_hook_that_raises_leaves_the_input_to_the_reference() -> None:
     raw = wire.encode_envelope(np.zeros(3), trace_id="t", seq=1)
     broken = bytearray(raw)

@@ -242,15 +242,19 @@ cdef inline bint _is_container_or_ext(unsigned char b) noexcept nogil:
 cdef class EnvelopeDecoder:
     """Parses envelope bytes into the dict the reference decoder returns, or None.
 
-    One instance serves a process; it caches the last value of each repeating
-    header string and short map keys, so a stream's header costs a memcmp.
-    The caches are only read and written between Python calls, so the GIL keeps
-    them consistent even while an ext hook runs in another thread.
+    One instance serves a process. It remembers what repeats from message to
+    message of a stream -- the last str of each header string field, short strs
+    in messages (map keys above all), and the header values in the result
+    template -- so a repeating header costs a byte comparison, not a decode and a
+    dict write. That state is read and written only between calls into Python,
+    so the GIL keeps it consistent even while an ext hook runs in another thread.
     """
 
     cdef tuple _keys
-    cdef tuple _initial
+    cdef tuple _defaults
     cdef dict _template
+    # The value each field has in _template (borrowed: the template owns them).
+    cdef PyObject* _current[N_FIELDS]
     cdef object _ext_hook
     cdef PyObject* _cached[N_CACHED]
     cdef const char* _cached_utf8[N_CACHED]
@@ -274,11 +278,17 @@ cdef class EnvelopeDecoder:
         if len(defaults) != N_FIELDS - N_V1:
             raise ValueError(f"expected {N_FIELDS - N_V1} defaults, got {len(defaults)}")
         self._keys = fields
-        # Every result starts as a copy of the template: the defaults, which a
-        # typical envelope mostly keeps. A field is stored only if its value is
-        # not the very object already there, which saves a dict write per default.
-        self._initial = (None, None, None, None, False) + defaults
-        self._template = dict(zip(fields, self._initial))
+        # Every result starts as a copy of the template, and a field is stored only
+        # if its value is not the very object already there. The template starts
+        # as the defaults, which a typical envelope mostly keeps, and then follows
+        # the header fields that repeat on every message of a stream (type,
+        # producer_name, flow_id, run_id, replica_id, abort_origin), so a stream's
+        # header costs no dict writes at all.
+        self._defaults = (None, None, None, None, False) + defaults
+        self._template = dict(zip(fields, self._defaults))
+        cdef Py_ssize_t i
+        for i in range(N_FIELDS):
+            self._current[i] = <PyObject*>self._defaults[i]
         self._ext_hook = ext_hook
 
     def __dealloc__(self):
@@ -376,18 +386,14 @@ cdef class EnvelopeDecoder:
             PyDict_SetItem(d, keys[3], self._any(r, 1))
         self._put(d, 4, self._bool(r))
         for i in range(N_V1, n - 1):
-            if i == 5:
-                value = self._header_str(r, 0)
-            elif i == 6:
-                value = self._header_str(r, 1)
-            elif i == 7:
-                value = self._header_str(r, 2)
-            elif i == 8:
-                value = self._header_str(r, 3)
+            if i <= 8:  # type, producer_name, flow_id, run_id
+                self._follow(d, i, self._header_str(r, i - 5))
+                continue
             elif i == 9 or i == 10:
                 value = self._span_id(r)
             elif i == 11:
-                value = _read_int(r, _take(r, 1)[0])
+                self._follow(d, i, _read_int(r, _take(r, 1)[0]))
+                continue
             elif i == 12:
                 value = self._str_or_none(r, -1)
             elif i == 13:
@@ -396,17 +402,30 @@ cdef class EnvelopeDecoder:
             elif i == 15:
                 value = self._bool(r)
             elif i == 16:
-                value = self._str_or_none(r, 4)
+                self._follow(d, i, self._str_or_none(r, 4))
+                continue
             else:  # partition_key, abort_error: any value
                 value = self._any(r, 1)
             self._put(d, i, value)
+        # The fields an older or shorter envelope leaves out take their defaults.
+        for i in range(n - 1, N_FIELDS):
+            self._put(d, i, self._defaults[i])
         if r.p != r.end:
             raise _NotHandled
         return d
 
     cdef inline int _put(self, object d, Py_ssize_t i, object value) except -1:
-        if value is not self._initial[i]:
+        """Stores field i of the result d, unless the template already holds value."""
+        if <PyObject*>value != self._current[i]:
             PyDict_SetItem(d, self._keys[i], value)
+        return 0
+
+    cdef inline int _follow(self, object d, Py_ssize_t i, object value) except -1:
+        """Stores field i as _put does, and makes value the template's from now on."""
+        if <PyObject*>value != self._current[i]:
+            PyDict_SetItem(d, self._keys[i], value)
+            PyDict_SetItem(self._template, self._keys[i], value)
+            self._current[i] = <PyObject*>value
         return 0
 
     cdef object _bool(self, _Reader* r):
