@@ -267,7 +267,7 @@ def bound(wired: Wired, node: str, generation: int = 0, prefetch: int = 4,
     sub = SubscriptionId("child", ChannelId(FLOW, RUN, node))
 
     async def bind() -> SubscriptionReceiver:
-        return await bind_receiver(wired.js, wired.client, sub, stream_name_for(FLOW, RUN, node),
+        return await bind_receiver(wired.client, sub, stream_name_for(FLOW, RUN, node),
                                    "child--from--" + node, generation, prefetch=prefetch,
                                    fetch_timeout=0.5, ack_confirm_seconds=ack_confirm)
 
@@ -635,12 +635,18 @@ def test_the_byte_budget_pauses_the_pull_loops(backends) -> None:  # type: ignor
         time.sleep(0.05)
     assert backend.budget_waits() >= 1  # RUN-025
     assert backend.prefetched(sub) < 4
-    got = receive_n(backend, sub, 4, wait=0.5)
-    assert backend.resident_bytes() == sum(d.size for d in got)
-    for i, delivery in enumerate(got):
-        backend.settle(delivery.token, Completed(), f"b-{i}")
-    rest = receive_n(backend, sub, 4 - len(got), wait=5.0)
-    assert sorted(d.stream_seq for d in got + rest) == [1, 2, 3, 4]
+    # Settling frees the budget and the rest flows, never more resident than the
+    # budget plus the one message in flight when it filled (RUN-025's tolerance).
+    seen: list[int] = []
+    deadline = time.monotonic() + 10
+    while len(seen) < 4 and time.monotonic() < deadline:
+        got = receive_n(backend, sub, 4 - len(seen), wait=0.5)
+        assert backend.resident_bytes() <= 2 + 2, backend.resident_bytes()
+        for delivery in got:
+            assert backend.settle(delivery.token, Completed(), f"b-{delivery.stream_seq}") == (
+                SettleConfirmed())
+        seen += [d.stream_seq for d in got]
+    assert sorted(seen) == [1, 2, 3, 4]
 
 
 def test_receive_any_gathers_from_several_subscriptions(backends) -> None:  # type: ignore[no-untyped-def]

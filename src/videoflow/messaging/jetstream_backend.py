@@ -475,10 +475,11 @@ class JetStreamMessagingBackend(MessagingBackend):
                     await old.advisory.unsubscribe()
             created, verified = await ensure_durable(js, stream, durable, config)
             receiver = await bind_receiver(
-                js, client, spec.id, stream, durable, generation, prefetch=self.prefetch,
+                client, spec.id, stream, durable, generation, prefetch=self.prefetch,
                 fetch_timeout=self.fetch_timeout,
                 ack_confirm_seconds=self.ack_confirm_seconds, byte_credit=spec.byte_credit,
-                may_fetch=self._budget_admits, admit=admit, on_skip=on_skip,
+                may_fetch=None if self.byte_budget is None else self._budget_admits,
+                admit=admit, on_skip=on_skip,
                 replies=self._replies)
             if self.keepalive:
                 receiver.keep_alive(spec.ack_wait_seconds / 3)

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 
 from videoflow.backends.messaging import (
     Completed,
@@ -106,6 +106,27 @@ def delivery_position(msg: Msg) -> tuple[int, int]:
     return meta.sequence.stream, meta.num_delivered
 
 
+_JS_API: Final = "$JS.API"
+"""The JetStream API prefix (nats-py's default; no domain or custom prefix)."""
+
+_PULL_GRACE_SECONDS: Final = 1.0
+"""How long past its expiry a pull request is still counted, waiting for its 408."""
+
+
+class PullRefused(Exception):
+    """A pull request the server ended with a refusal status (409, 503)."""
+
+    def __init__(self, status: str, description: str) -> None:
+        super().__init__(f"pull request refused: {status} {description}".rstrip())
+        self.status, self.description = status, description
+
+
+@dataclass(slots=True)
+class _Pull:
+    remaining: int
+    expires_at: float
+
+
 @dataclass(slots=True)
 class _Held:
     delivery: Delivery
@@ -123,18 +144,21 @@ class SubscriptionReceiver:
 
     Arguments:
         subscription: which subscription this binds.
-        client / psub: the connection and the pull subscription bound to the durable
-            (pull_subscribe_bind: never pull_subscribe, which would ignore a config,
-            NATS_FACTS S5).
+        client: the connection.
+        stream / durable: the existing durable this binds (created and read back by
+            ensure_durable beforehand: binding never creates or alters it, NATS_FACTS
+            S5).
         generation: this binding's generation; every token carries it.
         prefetch: the most deliveries parked locally (fetched, not handed out).
         fetch_timeout: seconds one pull request waits.
         ack_confirm_seconds: how long a settlement waits for the server's reply.
         byte_credit: the most unsettled envelope bytes this binding holds before its
             loop pauses (the subscription's byte_credit; 0: unbounded).
-        may_fetch: the backend-wide byte budget's gate (RUN-025): while it answers
-            False the loop pauses, counting each pause in budget_waits. A fetch already
-            in flight still lands, so the budget may be exceeded by what it brings.
+        may_fetch: the backend-wide byte budget's gate (RUN-025), None without one:
+            while it answers False the loop pauses, counting each pause in
+            budget_waits. With a budget (this or byte_credit) the loop asks for one
+            message at a time, so the one in flight when the budget fills is all that
+            can exceed it.
         replies: the connection's settlement reply inbox, shared by its bindings; None
             makes one for this binding.
     """
@@ -143,7 +167,8 @@ class SubscriptionReceiver:
         self,
         subscription: SubscriptionId,
         client: Client,
-        psub: JetStreamContext.PullSubscription,
+        stream: str,
+        durable: str,
         generation: int,
         prefetch: int = 4,
         fetch_timeout: float = FETCH_TIMEOUT_SECONDS,
@@ -155,7 +180,8 @@ class SubscriptionReceiver:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
         self.subscription = subscription
-        self.client, self.psub = client, psub
+        self.client = client
+        self.stream, self.durable = stream, durable
         self.generation = generation
         self.prefetch = prefetch
         self.fetch_timeout = fetch_timeout
@@ -169,10 +195,15 @@ class SubscriptionReceiver:
         self._in_flight: dict[int, tuple[DeliveryToken, int,
                                          asyncio.Future[dict[int, SettleResult]]]] = {}
         self._ready = asyncio.Event()
-        self._space = asyncio.Event()
+        self._space = asyncio.Event()  # set whenever the pull loop should look again
         self._space.set()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._handed_back = False
+        self._inbox = ""
+        self._inbox_sub: Any = None
+        self._pulls: dict[str, _Pull] = {}
+        self._pull_ids = itertools.count()
         self._keepalive: asyncio.Task[None] | None = None
         self.byte_credit = byte_credit
         self.may_fetch = may_fetch
@@ -185,8 +216,17 @@ class SubscriptionReceiver:
 
     # ------------------------------------------------------------------ pull loop
 
+    async def subscribe(self) -> None:
+        """Subscribe this binding's delivery inbox (before start). Every pull request
+        names its own reply subject under it, which the server's closing status for
+        that request (408, 409) is addressed to."""
+        if self._inbox_sub is None:
+            inbox = self.client.new_inbox()
+            self._inbox_sub = await self.client.subscribe(inbox + ".*", cb=self._on_message)
+            self._inbox = inbox
+
     def start(self) -> None:
-        """Start the pull loop (on the running loop). Idempotent."""
+        """Start the pull loop (on the running loop, after subscribe). Idempotent."""
         if self._task is None and not self._stopping:
             self._task = asyncio.get_running_loop().create_task(
                 self._pull_loop(), name=f"videoflow-pull-{self.subscription.consumer}")
@@ -196,34 +236,101 @@ class SubscriptionReceiver:
         return self._task is not None and not self._task.done()
 
     async def _pull_loop(self) -> None:
+        """Keep pull requests open for what the prefetch queue has room for.
+
+        nats-py's fetch is not used: it awaits every message of a batch through its own
+        wait_for, several loop turns per message, and a fetch cancelled by a stop would
+        leave its request open with nobody reading the inbox. Here the server delivers
+        straight into this binding's inbox callback, which parks each message as it
+        arrives; a request ends with its last message, or with the server's 408 when it
+        expires (fetch_timeout), or a 409/503 refusal. A new request goes out when the
+        room not yet asked for is at least half the prefetch, or nothing is asked for;
+        under a byte budget, one message at a time.
+        """
         while not self._stopping:
-            free = self.prefetch - len(self._parked)
-            if free <= 0:
-                self._space.clear()
-                await self._space.wait()
+            self._forget_expired_pulls()
+            asked = sum(pull.remaining for pull in self._pulls.values())
+            free = self.prefetch - len(self._parked) - asked
+            if self.byte_credit or self.may_fetch is not None:
+                # Under a byte budget one message at a time, so what lands after the
+                # budget filled is at most the one already asked for (RUN-025's
+                # atomic-admission tolerance): sizes are not known before they arrive.
+                free = min(free, 0 if asked else 1)
+            if free > 0 and (not asked or 2 * free >= self.prefetch):
+                if not self._budget_admits():
+                    # RUN-025: hold off until settlements free bytes; looked at again
+                    # every tenth of a fetch, since a settlement elsewhere notifies
+                    # nobody here.
+                    self.budget_waits += 1
+                    while not self._stopping and not self._budget_admits():
+                        await asyncio.sleep(self.fetch_timeout / 10)
+                    continue
+                try:
+                    await self._request(free)
+                except asyncio.CancelledError:
+                    raise
+                except nats.errors.Error as error:
+                    self.last_error = error
+                    await asyncio.sleep(self.fetch_timeout)  # do not spin on a dead link
                 continue
-            if not self._budget_admits():
-                # RUN-025: hold off until settlements free bytes; looked at again every
-                # tenth of a fetch, since a settlement elsewhere notifies nobody here.
-                self.budget_waits += 1
-                while not self._stopping and not self._budget_admits():
-                    await asyncio.sleep(self.fetch_timeout / 10)
-                continue
-            try:
-                # S10: fetch returns as soon as one message is ready, with what is ready.
-                msgs = await self.psub.fetch(free, timeout=self.fetch_timeout)
-            except nats.errors.TimeoutError:  # FetchTimeoutError is a subclass
-                continue
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                # S14: a deleted consumer is ServiceUnavailableError(code=None) here;
-                # keep the error for observation and do not spin.
-                self.last_error = error
-                await asyncio.sleep(self.fetch_timeout)
-                continue
-            for msg in msgs:
-                self._park(msg)
+            self._space.clear()
+            with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+                await asyncio.wait_for(self._space.wait(), self.fetch_timeout)
+
+    async def _request(self, batch: int) -> None:
+        reply = f"{self._inbox}.{next(self._pull_ids)}"
+        # The request lingers up to expires (no no_wait): the server sends each message
+        # as it becomes available, then a 408 if fewer than batch came (S10).
+        expires = int(self.fetch_timeout * 1e9)
+        self._pulls[reply] = _Pull(batch, time.monotonic() + self.fetch_timeout
+                                   + _PULL_GRACE_SECONDS)
+        try:
+            await self.client.publish(
+                f"{_JS_API}.CONSUMER.MSG.NEXT.{self.stream}.{self.durable}",
+                json.dumps({"batch": batch, "expires": expires}).encode(), reply=reply)
+        except BaseException:
+            del self._pulls[reply]
+            raise
+
+    def _forget_expired_pulls(self) -> None:
+        # A request whose closing status never came (a lost 408) stops counting once
+        # its expiry has passed, so the loop asks again instead of waiting forever.
+        now = time.monotonic()
+        for reply, pull in list(self._pulls.items()):
+            if pull.expires_at <= now:
+                del self._pulls[reply]
+
+    async def _on_message(self, msg: Msg) -> None:
+        """The inbox callback: park a delivery, or end a request on its status."""
+        headers = msg.headers
+        status = headers.get("Status") if headers else None
+        if status is None:
+            # A delivery carries the stream's subject, not the request's reply subject;
+            # the server fills waiting requests first come, first served, so it counts
+            # against the oldest one open.
+            for reply, pull in self._pulls.items():
+                pull.remaining -= 1
+                if pull.remaining <= 0:
+                    del self._pulls[reply]
+                    self._space.set()
+                break
+            if self._handed_back:
+                # A straggler after a hand-back (a request whose end never came): hand
+                # it back too; no request of this binding is open to bounce it into.
+                with contextlib.suppress(nats.errors.Error):
+                    await msg.nak()
+                return
+            self._park(msg)
+            return
+        if status == "100":  # an idle heartbeat; none is asked for, harmless if sent
+            return
+        self._pulls.pop(msg.subject, None)
+        self._space.set()
+        if status not in ("404", "408"):  # 404/408: no messages, or the request expired
+            # 409 (consumer deleted, a request limit exceeded, ...) or 503 (no consumer
+            # at all, S14): keep it for observation.
+            self.last_error = PullRefused(status, headers.get("Description", "") if headers
+                                          else "")
 
     def _budget_admits(self) -> bool:
         if self.byte_credit and self.resident_bytes() >= self.byte_credit:
@@ -265,32 +372,34 @@ class SubscriptionReceiver:
             await asyncio.get_running_loop().run_in_executor(None, self.on_skip, delivery)
 
     async def stop(self) -> None:
-        """Stop the pull loop; parked deliveries stay parked (hand_back returns them).
-
-        The loop is asked to stop and given the pull request in flight to finish (at
-        most fetch_timeout), never cancelled mid-fetch: a cancelled fetch leaves its
-        pull request open on the server, which then delivers into an inbox nobody reads
-        — including the very messages a hand-back NAKs — and they sit leased until
-        ack_wait lapses (RUN-030). Only a loop that overstays is cancelled.
-        """
+        """Stop the pull loop, and return once the requests still open have ended
+        (their last message, or the server's 408 at expiry: at most fetch_timeout).
+        Parked deliveries stay parked, with whatever those requests brought; hand_back
+        returns them. Waiting matters: a delivery NAKed while a request of this binding
+        is still open on the server is redelivered straight into it, again and again,
+        instead of reaching a survivor (RUN-030)."""
         task, self._task = self._task, None
         self._stopping = True
         self._space.set()
-        if task is None:
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(task), self.fetch_timeout + 1.0)
-        except (asyncio.TimeoutError, TimeoutError):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+        if task is not None:
+            task.cancel()  # it only ever waits; requests already sent are waited for below
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-        except Exception as error:  # the loop itself failed; nothing more to stop
-            self.last_error = error
+        await self._requests_ended()
         if self._keepalive is not None:
             self._keepalive.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._keepalive
             self._keepalive = None
+
+    async def _requests_ended(self) -> None:
+        deadline = time.monotonic() + self.fetch_timeout + _PULL_GRACE_SECONDS
+        while self._pulls and time.monotonic() < deadline:
+            self._forget_expired_pulls()
+            self._space.clear()
+            with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+                await asyncio.wait_for(self._space.wait(),
+                                       min(deadline - time.monotonic(), 0.1))
 
     # ------------------------------------------------------------------- handing out
 
@@ -545,6 +654,7 @@ class SubscriptionReceiver:
         Returns:
             how many were handed back.
         """
+        self._handed_back = True
         handed = 0
         for seq, held in list(self._current.items()):
             if parked_only and not held.parked:
@@ -559,9 +669,14 @@ class SubscriptionReceiver:
         return handed
 
     async def unsubscribe(self) -> None:
-        """Drop the pull subscription's inbox (the durable stays)."""
-        with contextlib.suppress(Exception):
-            await self.psub.unsubscribe()
+        """Drop the delivery inbox (the durable stays) — once the requests still open
+        have ended (stop waits for that too), so nothing they deliver goes to an inbox
+        nobody reads, where it would sit leased until ack_wait (RUN-030)."""
+        await self._requests_ended()
+        sub, self._inbox_sub = self._inbox_sub, None
+        if sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
 
 
 async def take_any(
@@ -616,7 +731,6 @@ async def take_any(
 
 
 async def bind_receiver(
-    js: JetStreamContext,
     client: Client,
     subscription: SubscriptionId,
     stream: str,
@@ -632,13 +746,13 @@ async def bind_receiver(
     replies: ReplyMux | None = None,
 ) -> SubscriptionReceiver:
     """Bind an existing durable (provisioned with _ensure_consumer) and start its pull
-    loop. pull_subscribe_bind never creates or alters the durable, unlike
-    pull_subscribe, which silently ignores a config when the durable exists (S5)."""
-    psub = await js.pull_subscribe_bind(durable=durable, stream=stream)
-    receiver = SubscriptionReceiver(subscription, client, psub, generation, prefetch,
-                                    fetch_timeout, ack_confirm_seconds, byte_credit, may_fetch,
-                                    replies)
+    loop. Nothing here creates or alters the durable, unlike pull_subscribe, which
+    silently ignores a config when the durable exists (S5)."""
+    receiver = SubscriptionReceiver(subscription, client, stream, durable, generation,
+                                    prefetch, fetch_timeout, ack_confirm_seconds, byte_credit,
+                                    may_fetch, replies)
     receiver.admit, receiver.on_skip = admit, on_skip
+    await receiver.subscribe()
     receiver.start()
     return receiver
 
