@@ -13,18 +13,25 @@ What the contract buys, concretely:
 - A delivery token names the subscription, the message, the broker's attempt count and
   the subscription generation. A redelivery of the same message makes the earlier
   token stale: settling it returns SettleStale without a broker call (MSG-011).
-- Settlement is confirmed or unknown, never assumed. Completed uses ack_sync and
-  reports SettleUnknown when the acknowledgement is not confirmed within the timeout
-  (PAY-004). Terminal requires a durable record reference (DELIV-15).
+- Settlement is confirmed or unknown, never assumed. Completed is confirmed by the
+  server's reply, as ack_sync is, and reports SettleUnknown when the acknowledgement
+  is not confirmed within the timeout (PAY-004). Terminal requires a durable record
+  reference (DELIV-15).
+- Settlement and publication are pipelined (settle_async, settle_many, publish_async):
+  calls made while the loop is busy go out on one wake-up, a run of acknowledgements
+  of one durable is confirmed by one request (jetstream_settle), and publications are
+  all in flight at once, each receipt typed on its own.
 - Publication outcomes are typed (MSG-013, MSG-014); observe_publication resolves an
   unknown send by an idempotent re-publish inside the stream's duplicate window.
 - Observations distinguish zero from unknown, and unresolved counts the server's
   MAX_DELIVERIES advisories and mark_exhausted (MSG-012).
 - Stop-receive is separate from shutdown (RUN-030).
 
-The pieces live beside this module: jetstream_loop (the loop thread and the fail-fast
-connect), jetstream_outcomes (publication outcomes), jetstream_receive (pull loops and
-settlement), jetstream_specs (specs to configs, answers to observations). Every NATS
+The pieces live beside this module: jetstream_loop (the loop thread, the hand-off to
+it and the fail-fast connect), jetstream_outcomes (publication outcomes),
+jetstream_receive (pull loops and settlement), jetstream_settle (the reply inbox and
+how a batch of settlements goes on the wire), jetstream_specs (specs to configs,
+answers to observations). Every NATS
 behaviour relied on is cited against nats-py 2.15.0 and /work/shared/design/NATS_FACTS.md.
 """
 
