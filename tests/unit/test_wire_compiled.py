@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import struct
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -410,6 +413,37 @@ def test_decode_envelope_is_the_compiled_decoder_unless_pure_python_is_asked_for
         assert wire.decode_envelope.__doc__ == wire._reference_decode_envelope.__doc__
     else:
         assert wire.decode_envelope is wire._reference_decode_envelope
+
+
+def test_compiled_decoder_is_a_compiled_extension() -> None:
+    assert _envelope.DECODER_KIND == "compiled"
+    assert _envelope.__file__.endswith((".so", ".pyd"))
+
+
+@pytest.mark.parametrize("flag, expected", [("1", "reference"), ("0", "compiled")])
+def test_environment_switch_selects_the_decoder(flag: str, expected: str) -> None:
+    env = dict(os.environ, VIDEOFLOW_PURE_PYTHON=flag)
+    probe = "from videoflow.wire import serialization as s; print(s.DECODER_KIND)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == expected
+
+
+def test_a_missing_compiled_decoder_is_an_import_error_not_a_silent_fallback() -> None:
+    env = dict(os.environ, VIDEOFLOW_PURE_PYTHON="0")
+    # A None entry in sys.modules makes the import fail as a missing build would.
+    probe = (
+        "import sys; sys.modules['videoflow.wire._envelope'] = None; "
+        "import videoflow.wire.serialization"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode != 0
+    assert "ImportError: videoflow's compiled envelope decoder is not built" in out.stderr
+    assert "VIDEOFLOW_PURE_PYTHON=1" in out.stderr
 
 
 def test_arrays_from_bytes_are_read_only_views_and_from_bytearray_writable_shared_ones() -> None:
