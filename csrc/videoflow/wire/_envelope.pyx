@@ -168,7 +168,6 @@ cdef inline object _read_str(_Reader* r, Py_ssize_t n):
 
 cdef object _read_int(_Reader* r, unsigned char b):
     """An int of any msgpack width; refuses every other type (bool included)."""
-    cdef const unsigned char* q
     if b <= 0x7f:
         return PyLong_FromLongLong(b)
     if b >= 0xe0:
@@ -314,6 +313,8 @@ cdef class EnvelopeDecoder:
         cdef _Reader r
         cdef Py_buffer buf
         cdef bint held = False
+        if self._template is None:  # made with __new__, never initialised
+            return None
         r.source = <PyObject*>data
         r.view = NULL
         if PyBytes_CheckExact(data):
