@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import socket
 import time
-from collections.abc import Iterator
 
 import nats
 import pytest
@@ -23,18 +21,6 @@ pytestmark = pytest.mark.timeout(60)
 
 FLOW = "f"
 RUN = "r"
-
-
-@pytest.fixture
-def refused_url() -> Iterator[str]:
-    # A bound socket that never listens: connects to it are refused, and nothing else
-    # can take the port while the test holds it (no bind-then-reuse race).
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    try:
-        yield f"nats://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        sock.close()
 
 
 async def _add(js: JetStreamContext, config: StreamConfig) -> None:
@@ -128,9 +114,9 @@ def test_read_back_streams_over_its_own_connection(nats_server):
     assert len(entry.mismatches) == 1 and entry.mismatches[0].startswith("metadata:")
 
 
-def test_read_back_streams_fails_fast_against_a_refused_port(refused_url):
+def test_read_back_streams_fails_fast_against_a_refused_port(closed_port_url):
     started = time.monotonic()
-    got = t.read_back_streams(refused_url, FLOW, RUN, ["a", "b"], BATCH, timeout=20.0)
+    got = t.read_back_streams(closed_port_url, FLOW, RUN, ["a", "b"], BATCH, timeout=20.0)
     elapsed = time.monotonic() - started
     assert elapsed < 5.0
     first, second = got["a"], got["b"]
@@ -139,9 +125,9 @@ def test_read_back_streams_fails_fast_against_a_refused_port(refused_url):
     assert first == second
 
 
-def test_read_back_streams_without_fail_fast_is_bounded_by_timeout(refused_url):
+def test_read_back_streams_without_fail_fast_is_bounded_by_timeout(closed_port_url):
     started = time.monotonic()
-    got = t.read_back_streams(refused_url, FLOW, RUN, ["a"], BATCH, timeout=1.0,
+    got = t.read_back_streams(closed_port_url, FLOW, RUN, ["a"], BATCH, timeout=1.0,
                               fail_fast=False)
     assert time.monotonic() - started < 5.0
     entry = got["a"]
@@ -149,11 +135,11 @@ def test_read_back_streams_without_fail_fast_is_bounded_by_timeout(refused_url):
     assert entry.reason in ("unreachable", "timeout")
 
 
-def test_read_back_streams_rejects_a_bad_request_before_connecting(refused_url):
+def test_read_back_streams_rejects_a_bad_request_before_connecting(closed_port_url):
     with pytest.raises(ValueError, match="flow_type"):
-        t.read_back_streams(refused_url, FLOW, RUN, ["a"], "weekly", timeout=1.0)
+        t.read_back_streams(closed_port_url, FLOW, RUN, ["a"], "weekly", timeout=1.0)
     with pytest.raises(ValueError, match="timeout"):
-        t.read_back_streams(refused_url, FLOW, RUN, ["a"], BATCH, timeout=0)
+        t.read_back_streams(closed_port_url, FLOW, RUN, ["a"], BATCH, timeout=0)
 
 
 def test_read_back_streams_default_timeout_is_the_documented_constant():

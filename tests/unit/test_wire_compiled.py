@@ -27,6 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from wire_mutations import MUTATIONS, mutate
 
 import videoflow.wire.serialization as wire
 from videoflow.errors import WireError
@@ -311,33 +312,11 @@ def test_random_bytes_decode_as_the_reference_decodes_them(data: bytes) -> None:
 
 
 @DIFF
-@given(
-    envelopes(),
-    st.lists(
-        st.tuples(
-            st.sampled_from(["flip", "truncate", "insert", "delete"]),
-            st.integers(min_value=0, max_value=10_000),
-            st.integers(min_value=0, max_value=255),
-        ),
-        min_size=1,
-        max_size=4,
-    ),
-)
+@given(envelopes(), MUTATIONS)
 def test_mutated_envelopes_decode_as_the_reference_decodes_them(
     seed: bytes, mutations: list[tuple[str, int, int]]
 ) -> None:
-    data = bytearray(seed)
-    for op, position, byte in mutations:
-        at = position % (len(data) + 1)
-        if op == "flip" and data:
-            data[at % len(data)] ^= byte or 1
-        elif op == "truncate":
-            del data[at:]
-        elif op == "insert":
-            data.insert(at, byte)
-        elif op == "delete" and data:
-            del data[at % len(data)]
-    check_against_reference(bytes(data))
+    check_against_reference(mutate(seed, mutations))
 
 
 @settings(max_examples=50, deadline=None)

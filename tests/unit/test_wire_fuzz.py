@@ -9,6 +9,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from wire_mutations import MUTATIONS, mutate
 
 from videoflow.errors import WireError
 from videoflow.wire.serialization import decode_envelope, encode_envelope
@@ -61,34 +62,11 @@ def test_random_bytes_decode_to_a_dict_or_raise_wire_error(data: bytes) -> None:
 
 
 @FUZZ
-@given(
-    st.sampled_from(SEEDS),
-    st.lists(
-        st.tuples(
-            st.sampled_from(["flip", "truncate", "insert", "delete"]),
-            st.integers(min_value=0, max_value=10_000),
-            st.integers(min_value=0, max_value=255),
-        ),
-        min_size=1,
-        max_size=6,
-    ),
-)
+@given(st.sampled_from(SEEDS), MUTATIONS)
 def test_mutated_envelopes_decode_to_a_dict_or_raise_wire_error(
     seed: bytes, mutations: list[tuple[str, int, int]]
 ) -> None:
-    data = bytearray(seed)
-    for op, position, byte in mutations:
-        at = position % (len(data) + 1)
-        if op == "flip" and data:
-            data[at % len(data)] ^= byte or 1
-        elif op == "truncate":
-            del data[at:]
-        elif op == "insert":
-            data.insert(at, byte)
-        elif op == "delete" and data:
-            del data[at % len(data)]
-
-    decodes_or_raises_wire_error(bytes(data))
+    decodes_or_raises_wire_error(mutate(seed, mutations))
 
 
 @FUZZ
