@@ -84,3 +84,51 @@ class UnobservableState(VideoflowError, RuntimeError):
         super().__init__(message)
         self.reason = reason
         self.detail = detail
+
+
+class LedgerError(VideoflowError, RuntimeError):
+    """A runtime ledger (videoflow.core.runtime.FlowRuntime) write was refused. The
+    family of RevisionConflict, SupersededOwner and DurabilityUnavailable."""
+
+
+class RevisionConflict(LedgerError):
+    """A compare-and-swap on a ledger record lost: the record was created or updated
+    by someone else since the caller read it (or already existed on a create).
+    Retryable: read the record again and redo the change.
+
+    Attributes:
+        key: the store key of the record.
+        expected_revision: the revision the write was conditioned on; None for a
+            create-only write.
+    """
+
+    retryable = True
+
+    def __init__(self, message: str, *, key: str = "",
+                 expected_revision: int | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.expected_revision = expected_revision
+
+
+class SupersededOwner(LedgerError):
+    """A newer owner claimed this node replica's ledger, so this runtime may no longer
+    write to it (RFC 0006 RUN-023). Not retryable: the process holding the old epoch
+    must stop acting as the owner.
+
+    Attributes:
+        epoch: the epoch this runtime claimed (None when it never claimed one).
+        current_epoch: the newest epoch in the ledger.
+    """
+
+    def __init__(self, message: str, *, epoch: int | None = None,
+                 current_epoch: int | None = None) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+
+
+class DurabilityUnavailable(LedgerError):
+    """A write that promises durability was asked of a ledger whose records die with
+    the process (a memory store): refused rather than faked (RFC 0006 RUN-022). Not
+    retryable: configure a durable, shared store."""

@@ -1,0 +1,304 @@
+"""Where a FlowRuntime's records live: a small key/revision store with
+compare-and-swap, in memory or on a NATS KV bucket.
+
+Part of videoflow.core.runtime (RFC 0006 CTRL-4). A store knows nothing about
+ledgers: it holds opaque bytes under keys, each write gets a revision, and a write
+can be made conditional on the revision last read — which is all the ledger needs
+for owner epochs, counters and checkpoints that two processes may race on.
+Keys are dot-separated tokens of the NATS KV alphabet (``[-/_=a-zA-Z0-9]``); the
+ledger escapes its own identities into that alphabet (runtime.key_token).
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Coroutine
+from typing import Any, Final, TypeVar
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+
+from videoflow.errors import BrokerUnavailable, RevisionConflict
+
+T = TypeVar("T")
+
+DEFAULT_BUCKET: Final = "vf-runtime"
+"""The KV bucket runtimes share when none is named: one per deployment, since keys
+carry flow, run and node, and a node's ledger must be readable by its children
+(their obligation ledgers read its outbox)."""
+
+DEFAULT_TIMEOUT_SECONDS: Final = 5.0
+"""The bound on one KV round trip (connect included) before it is reported as
+BrokerUnavailable."""
+
+
+class RuntimeStore(ABC):
+    """Opaque values under keys, each write stamped with a store-wide increasing
+    revision; the contract both stores keep identically."""
+
+    @abstractmethod
+    def durable_shared(self) -> bool:
+        """Whether records outlive this process and are visible to other processes."""
+
+    @abstractmethod
+    def get(self, key: str) -> tuple[bytes, int] | None:
+        """The value under key and its revision, or None when absent (or deleted).
+
+        Raises:
+            BrokerUnavailable: the store could not be read.
+        """
+
+    @abstractmethod
+    def create(self, key: str, value: bytes) -> int:
+        """Write value under key only if key is absent.
+
+        Returns:
+            the new revision.
+
+        Raises:
+            RevisionConflict: key already holds a value.
+            BrokerUnavailable: the store could not be reached; the write may or may
+                not have landed.
+        """
+
+    @abstractmethod
+    def update(self, key: str, value: bytes, expected_revision: int) -> int:
+        """Replace key's value only if its current revision is expected_revision.
+
+        Returns:
+            the new revision.
+
+        Raises:
+            RevisionConflict: key was written (or deleted) since that revision.
+            BrokerUnavailable: as for create.
+        """
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove key; absent keys are fine.
+
+        Raises:
+            BrokerUnavailable: as for create.
+        """
+
+    @abstractmethod
+    def keys(self, prefix: str) -> list[str]:
+        """Every present key that starts with prefix, sorted.
+
+        Raises:
+            BrokerUnavailable: the store could not be listed.
+        """
+
+    def close(self) -> None:  # noqa: B027 - a store with nothing to release keeps this
+        """Release connections; the store is unusable afterwards. Idempotent."""
+
+
+class MemoryRuntimeStore(RuntimeStore):
+    """A thread-safe in-process store: records die with the process, so
+    durable_shared() is False and the ledger refuses durability-promising writes on it
+    (RUN-022)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, tuple[bytes, int]] = {}
+        self._revision = 0
+
+    def durable_shared(self) -> bool:
+        return False
+
+    def get(self, key: str) -> tuple[bytes, int] | None:
+        with self._lock:
+            return self._values.get(key)
+
+    def _put(self, key: str, value: bytes) -> int:
+        # Caller holds the lock. One sequence over all keys, as a KV stream has.
+        self._revision += 1
+        self._values[key] = (bytes(value), self._revision)
+        return self._revision
+
+    def create(self, key: str, value: bytes) -> int:
+        with self._lock:
+            if key in self._values:
+                raise RevisionConflict(f"ledger key {key!r} already exists", key=key)
+            return self._put(key, value)
+
+    def update(self, key: str, value: bytes, expected_revision: int) -> int:
+        with self._lock:
+            current = self._values.get(key)
+            if current is None or current[1] != expected_revision:
+                found = None if current is None else current[1]
+                raise RevisionConflict(
+                    f"ledger key {key!r} is at revision {found}, not {expected_revision}",
+                    key=key, expected_revision=expected_revision,
+                )
+            return self._put(key, value)
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._values.pop(key, None)
+
+    def keys(self, prefix: str) -> list[str]:
+        with self._lock:
+            return sorted(k for k in self._values if k.startswith(prefix))
+
+
+class NatsKvRuntimeStore(RuntimeStore):
+    """A store on a NATS KV bucket: durable (the bucket's stream) and shared by every
+    process that binds the same bucket; revisions are the stream sequences, and
+    compare-and-swap is nats-py's kv.create / kv.update(last=revision)
+    (NATS_FACTS §9, S13).
+
+    Arguments:
+        nats_url: the server to connect to; the store then owns its connection and
+            a loop thread of its own. Give this or client.
+        bucket: the KV bucket, bound if it exists and created (history 1) if not.
+        client: an already connected nats-py client to use instead (not closed by
+            close()); runner must then be the LoopRunner whose loop it runs on.
+        runner: see client.
+        timeout: the bound in seconds on each KV round trip.
+
+    Raises:
+        BrokerUnavailable: the server could not be reached or the bucket neither
+            bound nor created.
+        ValueError: neither or both of nats_url and client, or client without runner.
+    """
+
+    def __init__(self, nats_url: str | None = None, bucket: str = DEFAULT_BUCKET, *,
+                 client: Client | None = None, runner: Any = None,
+                 timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+        # Imported here: the loop bridge lives with the JetStream adapter, and a
+        # memory-only user of the ledger should not need it loaded.
+        from videoflow.messaging.jetstream_loop import (
+            ErrorLog,
+            LoopRunner,
+            close_client,
+            connect_fail_fast,
+        )
+
+        if (nats_url is None) == (client is None):
+            raise ValueError("give exactly one of nats_url and client")
+        if client is not None and runner is None:
+            raise ValueError("a client needs the LoopRunner its loop runs on")
+        self.bucket = bucket
+        self._timeout = timeout
+        self._close_client = close_client
+        self._owns_client = client is None
+        if client is None:
+            self._runner = LoopRunner(name=f"videoflow-runtime-{bucket}")
+            self._runner.start()
+            try:
+                client = self._runner.run(
+                    connect_fail_fast(str(nats_url), timeout, ErrorLog()), timeout * 2
+                )
+            except BaseException:
+                self._runner.stop()
+                raise
+        else:
+            self._runner = runner
+        self._client: Client = client
+        try:
+            self._kv = self._call(self._bind(), f"bind bucket {bucket!r}")
+        except BaseException:
+            self.close()
+            raise
+
+    async def _bind(self) -> Any:
+        js = self._client.jetstream(timeout=self._timeout)
+        try:
+            return await js.key_value(self.bucket)
+        except nats.js.errors.BucketNotFoundError:
+            # Creating with the same config twice is fine (§9), so two processes
+            # racing here both end up bound to the one bucket.
+            return await js.create_key_value(bucket=self.bucket, history=1)
+
+    def _call(self, coro: Coroutine[Any, Any, T], what: str) -> T:
+        try:
+            return self._runner.run(coro, self._timeout * 2)
+        except (RevisionConflict, BrokerUnavailable):
+            raise
+        except nats.js.errors.KeyWrongLastSequenceError:
+            raise  # mapped by the callers, which know the key and revision
+        except (TimeoutError, nats.errors.Error, OSError) as error:
+            # A timed-out write may still have landed: callers that care re-read.
+            raise BrokerUnavailable(
+                f"runtime store {self.bucket!r}: {what} failed: {type(error).__name__}: "
+                f"{error}", code=getattr(error, "err_code", None),
+            ) from error
+
+    def durable_shared(self) -> bool:
+        return True
+
+    def get(self, key: str) -> tuple[bytes, int] | None:
+        async def read() -> tuple[bytes, int] | None:
+            try:
+                entry = await self._kv.get(key)
+            except nats.js.errors.KeyNotFoundError:  # absent, or a delete marker
+                return None
+            return bytes(entry.value or b""), int(entry.revision)
+
+        return self._call(read(), f"get {key!r}")
+
+    def create(self, key: str, value: bytes) -> int:
+        try:
+            return int(self._call(self._kv.create(key, bytes(value)), f"create {key!r}"))
+        except nats.js.errors.KeyWrongLastSequenceError as error:
+            raise RevisionConflict(f"ledger key {key!r} already exists", key=key) from error
+
+    def update(self, key: str, value: bytes, expected_revision: int) -> int:
+        if expected_revision <= 0:
+            # nats-py turns last=0/None into create-only (S13): never let a bad
+            # revision silently become a different operation.
+            raise ValueError(f"expected_revision must be > 0, got {expected_revision}")
+        try:
+            return int(self._call(
+                self._kv.update(key, bytes(value), last=expected_revision), f"update {key!r}"
+            ))
+        except nats.js.errors.KeyWrongLastSequenceError as error:
+            raise RevisionConflict(
+                f"ledger key {key!r} is no longer at revision {expected_revision}",
+                key=key, expected_revision=expected_revision,
+            ) from error
+
+    def delete(self, key: str) -> None:
+        self._call(self._kv.delete(key), f"delete {key!r}")
+
+    def keys(self, prefix: str) -> list[str]:
+        async def scan() -> list[str]:
+            # A prefix ending at a token boundary becomes a subject filter, so the
+            # server sends only that subtree; otherwise scan all and filter here
+            # (nats-py's keys(filters=) matches substrings, not prefixes).
+            pattern = f"{prefix}>" if prefix.endswith(".") else ">"
+            watcher = await self._kv.watch(pattern, ignore_deletes=True, meta_only=True)
+            found: list[str] = []
+            try:
+                while True:
+                    entry = await watcher.updates(timeout=self._timeout)
+                    if entry is None:  # the end-of-initial-values marker
+                        break
+                    if entry.key.startswith(prefix):
+                        found.append(entry.key)
+            finally:
+                await watcher.stop()
+            return sorted(set(found))
+
+        return self._call(scan(), f"list {prefix!r}")
+
+    def close(self) -> None:
+        if not self._owns_client or not self._runner.running:
+            return
+        try:
+            self._runner.run(self._close_client(self._client), self._timeout * 2)
+        except Exception:  # a failed close leaves nothing to do
+            pass
+        finally:
+            self._runner.stop()
+
+
+__all__ = [
+    "DEFAULT_BUCKET",
+    "MemoryRuntimeStore",
+    "NatsKvRuntimeStore",
+    "RuntimeStore",
+]
