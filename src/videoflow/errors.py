@@ -67,6 +67,25 @@ class IncompatibleProfile(VideoflowError, ValueError):
         self.findings = tuple(findings)
 
 
+class PayloadMissing(VideoflowError, KeyError):
+    """A payload ref the store does not hold: never put there, reclaimed when its last
+    obligation was released, or lapsed with its TTL. A ``KeyError`` so callers of the
+    older BlobStore contract still catch it. Not retryable: a reclaimed payload does
+    not come back.
+
+    Attributes:
+        ref: the ref that was asked for.
+    """
+
+    def __init__(self, message: str, *, ref: str = "") -> None:
+        super().__init__(message)
+        self.ref = ref
+
+    def __str__(self) -> str:
+        # KeyError.__str__ quotes its argument; this one is a sentence, not a key.
+        return str(self.args[0]) if self.args else ""
+
+
 class UnobservableState(VideoflowError, RuntimeError):
     """Something that had to be observed could not be: the broker did not answer, or
     answered with something unreadable, so no guarantee can be claimed. Retryable:

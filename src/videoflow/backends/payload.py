@@ -1,0 +1,846 @@
+"""Payload stores that keep obligations (RFC 0006 BLOB-14).
+
+A payload too large to travel inline in an envelope is put in a PayloadStore and the
+envelope carries its ref (``blob_ref``). Unlike the older counter store
+(videoflow.wire.serialization.BlobStore), a PayloadStore knows *who* still owes a
+release: every put acquires one obligation per reader id and one for the publisher's
+intent (``intent/<publication_id>``); a ref is reclaimed exactly when its last
+obligation goes, or when its TTL lapses (BLOB-5, BLOB-7).
+
+Obligation ids are plain strings. Reader ids are the ones the compiler hands the
+publisher (``<child>`` per competing child, ``<child>/p<i>`` per partitioned
+replica); ``intent/*`` is the publisher's own; ``archive/*`` and ``dlq/*`` are pins
+added later with ``acquire`` and never cancelled by reconciliation.
+
+Stores: MemoryPayloadStore (dies with the process), FilesystemPayloadStore (a
+directory; records beside the blobs, survives a restart), NatsObjectPayloadStore (a
+JetStream object store for the bytes and a KV bucket for the records, shared by every
+worker on the broker). Every public method is synchronous, like the rest of the
+backend contract.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import fcntl
+import json
+import math
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+from videoflow.core.constants import BATCH, REALTIME
+from videoflow.errors import BrokerUnavailable, PayloadMissing, UnobservableState
+from videoflow.messaging.jetstream_loop import ErrorLog, LoopRunner
+
+__all__ = [
+    "BATCH_TTL_SECONDS",
+    "ENVELOPE_MARGIN_BYTES",
+    "FilesystemPayloadStore",
+    "MemoryPayloadStore",
+    "NatsObjectPayloadStore",
+    "PayloadRecord",
+    "PayloadStore",
+    "REALTIME_TTL_SECONDS",
+    "default_ttl_seconds",
+    "inline_threshold",
+    "intent_id",
+    "should_offload",
+]
+
+T = TypeVar("T")
+
+REALTIME_TTL_SECONDS: Final = 3600.0
+"""BLOB-7: how long a realtime flow's payload may outlive its readers."""
+
+BATCH_TTL_SECONDS: Final = 86400.0
+"""BLOB-7: how long a batch flow's payload may outlive its readers."""
+
+ENVELOPE_MARGIN_BYTES: Final = 16 * 1024
+"""Room kept below the broker's max_payload for everything but the message: the
+envelope's other fields, user metadata and the publish headers (Nats-Msg-Id), which
+count against max_payload too (NATS_FACTS S9)."""
+
+INTENT_PREFIX: Final = "intent/"
+PINNED_PREFIXES: Final = ("archive/", "dlq/")
+"""Obligations reconciliation never cancels (an archive's or a dead-letter pin's)."""
+
+_REF = re.compile(r"^[0-9a-f]{32}$")
+# Refs are uuid4 hex: a valid file name, KV key and object name everywhere, and a
+# caller-supplied ref that is not one (a path, say) is unknown before it reaches disk.
+
+
+def default_ttl_seconds(flow_type: str) -> float:
+    """The BLOB-7 TTL default for a flow type.
+
+    Arguments:
+        flow_type: videoflow.core.constants.REALTIME or BATCH.
+
+    Returns:
+        3600.0 for realtime, 86400.0 for batch.
+
+    Raises:
+        ValueError: for any other flow type.
+    """
+    if flow_type == REALTIME:
+        return REALTIME_TTL_SECONDS
+    if flow_type == BATCH:
+        return BATCH_TTL_SECONDS
+    raise ValueError(f"flow_type must be {REALTIME!r} or {BATCH!r}, not {flow_type!r}")
+
+
+def intent_id(publication_id: str) -> str:
+    """The obligation id of a publisher's intent for one publication."""
+    return INTENT_PREFIX + publication_id
+
+
+def inline_threshold(max_payload: int, margin: int = ENVELOPE_MARGIN_BYTES) -> int:
+    """The largest message that still travels inline under a broker's max_payload.
+
+    Arguments:
+        max_payload: the broker's limit in bytes (a connected nats client's
+            ``max_payload``, read from the server's INFO).
+        margin: bytes kept for the rest of the envelope and the headers.
+
+    Returns:
+        max_payload - margin.
+
+    Raises:
+        ValueError: if max_payload is not an int larger than margin, or margin < 0.
+    """
+    if isinstance(max_payload, bool) or not isinstance(max_payload, int):
+        raise ValueError(f"max_payload must be an int, not {max_payload!r}")
+    if margin < 0 or max_payload <= margin:
+        raise ValueError(f"max_payload {max_payload} leaves no room above a {margin}-byte margin")
+    return max_payload - margin
+
+
+def should_offload(size: int, threshold: int) -> bool:
+    """Whether a message of size bytes must travel by ref rather than inline.
+
+    Arguments:
+        size: the encoded message's length in bytes.
+        threshold: what inline_threshold returned.
+    """
+    return size > threshold
+
+
+@dataclass(frozen=True)
+class PayloadRecord:
+    """What a store keeps about one ref (the BLOB-14 ledger entry).
+
+    Attributes:
+        obligations: every obligation still held.
+        readers: the reader obligations the put acquired; a refused publication
+            drops whichever of them remain (PAY-013).
+        publication_id: the publication the put was for.
+        expires_at: wall-clock seconds (the store's clock) after which the ref is
+            reclaimed whatever is still held (BLOB-7).
+        size: the payload's length in bytes.
+    """
+
+    obligations: frozenset[str]
+    readers: frozenset[str]
+    publication_id: str
+    expires_at: float
+    size: int
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "obligations": sorted(self.obligations),
+                "readers": sorted(self.readers),
+                "publication_id": self.publication_id,
+                "expires_at": self.expires_at,
+                "size": self.size,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, ref: str) -> PayloadRecord:
+        """Decodes a stored record.
+
+        Raises:
+            UnobservableState: reason 'malformed' when the bytes are not a record.
+        """
+        try:
+            raw = json.loads(data)
+            return cls(
+                obligations=frozenset(_strings(raw["obligations"])),
+                readers=frozenset(_strings(raw["readers"])),
+                publication_id=str(raw["publication_id"]),
+                expires_at=float(raw["expires_at"]),
+                size=int(raw["size"]),
+            )
+        except (ValueError, TypeError, KeyError) as error:  # JSONDecodeError is a ValueError
+            raise UnobservableState(
+                f"the obligation record of payload {ref} is unreadable",
+                reason="malformed",
+                detail=str(error),
+            ) from error
+
+
+def _strings(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"expected a list of strings, got {value!r}")
+    return value
+
+
+Change = Callable[[PayloadRecord | None], tuple[PayloadRecord | None, T]]
+"""A pure function from a ref's current record to (its next record, a result); None
+as the next record reclaims the ref. Stores may call it more than once (a lost
+compare-and-swap), so it must not touch anything else."""
+
+
+class PayloadStore(abc.ABC):
+    """Bytes under refs, each held by named obligations (RFC 0006 BLOB-14).
+
+    Subclasses supply storage primitives; the obligation rules live here once.
+
+    Arguments:
+        flow_type: REALTIME or BATCH; picks the BLOB-7 TTL default.
+        ttl_seconds: the TTL of every put that names none; None takes the default.
+        clock: wall-clock seconds, injectable for tests. Wall clock rather than
+            monotonic because expiry times outlive the process in the durable stores.
+
+    Attributes:
+        reclaimed: how many refs this instance reclaimed (other processes sharing the
+            store count their own).
+    """
+
+    def __init__(
+        self,
+        *,
+        flow_type: str = REALTIME,
+        ttl_seconds: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.ttl_seconds = _checked_ttl(
+            default_ttl_seconds(flow_type) if ttl_seconds is None else ttl_seconds
+        )
+        self.clock = clock
+        self.reclaimed = 0
+        self._count_lock = threading.Lock()
+
+    # --- storage primitives ------------------------------------------------------
+
+    @abc.abstractmethod
+    def _transact(self, ref: str, change: Change[T]) -> tuple[T, bool]:
+        """Atomically apply change to ref's record; return its result and whether
+        this call deleted the record."""
+
+    @abc.abstractmethod
+    def _read_record(self, ref: str) -> PayloadRecord | None: ...
+
+    @abc.abstractmethod
+    def _write_blob(self, ref: str, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def _read_blob(self, ref: str) -> bytes | None: ...
+
+    @abc.abstractmethod
+    def _drop_blob(self, ref: str) -> None:
+        """Delete ref's bytes; an absent blob is not an error."""
+
+    @abc.abstractmethod
+    def _list_refs(self) -> list[str]: ...
+
+    def close(self) -> None:  # noqa: B027 - only the NATS store holds anything open
+        """Release whatever the store holds open (connections, threads). Idempotent."""
+
+    def __enter__(self) -> PayloadStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- the contract -------------------------------------------------------------
+
+    def put(
+        self,
+        data: bytes | bytearray | memoryview,
+        reader_ids: Sequence[str],
+        publication_id: str,
+        *,
+        ttl_seconds: float | None = None,
+    ) -> str:
+        """Stores a payload, acquiring its reader obligations and the publisher's intent.
+
+        Arguments:
+            data: the payload bytes (copied).
+            reader_ids: one obligation per reader that will read the ref
+                (blob_reader_ids); may be empty when nobody reads it.
+            publication_id: the publication that will carry the ref; acquires
+                ``intent/<publication_id>``, owed until resolve_intent.
+            ttl_seconds: this ref's TTL; None takes the store's.
+
+        Returns:
+            The new ref.
+
+        Raises:
+            ValueError: an empty or duplicate reader id, a reader id in the intent
+                namespace, an empty publication id, or a TTL that is not > 0.
+        """
+        readers = _checked_readers(reader_ids)
+        if not isinstance(publication_id, str) or not publication_id:
+            raise ValueError(f"publication_id must be a non-empty str, not {publication_id!r}")
+        ttl = self.ttl_seconds if ttl_seconds is None else _checked_ttl(ttl_seconds)
+        blob = bytes(data)
+        ref = uuid.uuid4().hex
+        record = PayloadRecord(
+            obligations=readers | {intent_id(publication_id)},
+            readers=readers,
+            publication_id=publication_id,
+            expires_at=self.clock() + ttl,
+            size=len(blob),
+        )
+        # The record goes first: bytes without a record would belong to nobody, while a
+        # record without bytes (a crash in between) is reclaimed by its TTL.
+        self._transact(ref, lambda _old: (record, None))
+        try:
+            self._write_blob(ref, blob)
+        except Exception:
+            with contextlib.suppress(OSError, BrokerUnavailable, UnobservableState):
+                self._mutate(ref, lambda _old: (None, None))
+            raise
+        return ref
+
+    def get(self, ref: str) -> bytes:
+        """Fetches a payload.
+
+        Raises:
+            PayloadMissing: ref was never put here, was reclaimed, or its TTL lapsed.
+        """
+        record = self._live_record(ref)
+        data = self._read_blob(ref)
+        if data is None:
+            raise PayloadMissing(f"payload {ref} has no bytes (reclaimed)", ref=ref)
+        if len(data) != record.size:
+            raise UnobservableState(
+                f"payload {ref} holds {len(data)} bytes, its record says {record.size}",
+                reason="malformed",
+            )
+        return data
+
+    def obligations(self, ref: str) -> tuple[str, ...]:
+        """The obligations still held on ref, sorted.
+
+        Raises:
+            PayloadMissing: ref is unknown, reclaimed or expired — never reported as
+                an empty tuple, which would read as "nothing owed".
+        """
+        return tuple(sorted(self._live_record(ref).obligations))
+
+    def refs(self) -> tuple[str, ...]:
+        """Every ref that has a record (expired ones included until reclaim_expired)."""
+        return tuple(sorted(self._list_refs()))
+
+    def acquire(self, ref: str, obligation_id: str, *, ttl_seconds: float | None = None) -> bool:
+        """Adds an obligation to a live ref: an archive's or a dead-letter pin.
+
+        Arguments:
+            ref: the payload.
+            obligation_id: e.g. ``dlq/<node>``.
+            ttl_seconds: when given, the ref lives at least this long from now (a
+                dead letter's payload must cover DLQ retention, BLOB-14 step 3).
+
+        Returns:
+            True if the obligation is new, False if it was already held.
+
+        Raises:
+            PayloadMissing: ref is gone (a reclaimed payload cannot be pinned).
+            ValueError: an empty obligation id or a TTL that is not > 0.
+        """
+        _checked_id(obligation_id)
+        now = self.clock()
+        expires = None if ttl_seconds is None else now + _checked_ttl(ttl_seconds)
+
+        def change(old: PayloadRecord | None) -> tuple[PayloadRecord | None, bool]:
+            if old is None or old.expires_at <= now:
+                return old, False
+            if obligation_id in old.obligations and (expires is None or expires <= old.expires_at):
+                return old, False
+            until = old.expires_at if expires is None else max(old.expires_at, expires)
+            new = replace(old, obligations=old.obligations | {obligation_id}, expires_at=until)
+            return new, obligation_id not in old.obligations
+
+        # Read the record first so a missing ref is an error, not a silent no-op.
+        self._live_record(ref)
+        return self._mutate(ref, change)
+
+    def release(self, ref: str, obligation_id: str) -> bool:
+        """Releases one obligation; the ref is reclaimed when it was the last.
+
+        Call it for a reader only after its settlement is confirmed (PAY-004).
+
+        Arguments:
+            ref: the payload.
+            obligation_id: a reader id from the put, or a pin from acquire.
+
+        Returns:
+            True if this call released the obligation; False if it was not held
+            (already released, or the ref is gone) — so releasing twice is harmless.
+        """
+        _checked_id(obligation_id)
+        return self._remove(ref, obligation_id)
+
+    def cancel(self, ref: str, obligation_id: str) -> bool:
+        """Cancels an obligation whose release was lost in a crash (PAY-006), on the
+        authority of the runtime's obligation ledger.
+
+        Returns:
+            True if this call cancelled it; False if it was not held.
+
+        Raises:
+            ValueError: for an archive/* or dlq/* pin, which reconciliation never
+                cancels.
+        """
+        _checked_id(obligation_id)
+        if obligation_id.startswith(PINNED_PREFIXES):
+            raise ValueError(f"reconciliation never cancels a pin ({obligation_id!r})")
+        return self._remove(ref, obligation_id)
+
+    def resolve_intent(self, ref: str, publication_id: str, *, accepted: bool) -> bool:
+        """Settles the publisher's intent once the publication's outcome is definite.
+
+        An accepted publication releases ``intent/<publication_id>``; the readers now
+        owe theirs. A definitely refused one (a final Rejected, never a
+        PublicationUnknown) owes nothing: the intent and every reader obligation the
+        put acquired go at once, and the ref is reclaimed unless a pin holds it
+        (PAY-007, PAY-013). Leave an unresolved publication's intent alone.
+
+        Returns:
+            True if the intent was held and is now resolved; False if it was not held.
+        """
+        intent = intent_id(publication_id)
+        if accepted:
+            return self._remove(ref, intent)
+
+        def change(old: PayloadRecord | None) -> tuple[PayloadRecord | None, bool]:
+            if old is None or intent not in old.obligations:
+                return old, False
+            left = old.obligations - old.readers - {intent}
+            return (replace(old, obligations=left) if left else None), True
+
+        return self._mutate(ref, change)
+
+    def reclaim_expired(self, now: float | None = None) -> int:
+        """Reclaims every ref whose TTL lapsed, whatever it still holds (BLOB-7).
+
+        Arguments:
+            now: the time to judge by; the store's clock when None.
+
+        Returns:
+            How many refs this call reclaimed.
+        """
+        when = self.clock() if now is None else now
+
+        def change(old: PayloadRecord | None) -> tuple[PayloadRecord | None, bool]:
+            if old is None or old.expires_at > when:
+                return old, False
+            return None, True
+
+        return sum(1 for ref in self._list_refs() if self._mutate(ref, change))
+
+    # --- shared machinery ------------------------------------------------------------
+
+    def _live_record(self, ref: str) -> PayloadRecord:
+        if not isinstance(ref, str) or not _REF.match(ref):
+            raise PayloadMissing(f"unknown payload ref {ref!r}", ref=str(ref))
+        record = self._read_record(ref)
+        if record is None:
+            raise PayloadMissing(f"unknown payload ref {ref!r} (never put, or reclaimed)", ref=ref)
+        if record.expires_at <= self.clock():
+            raise PayloadMissing(f"payload {ref} expired (BLOB-7 TTL)", ref=ref)
+        return record
+
+    def _remove(self, ref: str, obligation_id: str) -> bool:
+        def change(old: PayloadRecord | None) -> tuple[PayloadRecord | None, bool]:
+            if old is None or obligation_id not in old.obligations:
+                return old, False
+            left = old.obligations - {obligation_id}
+            return (replace(old, obligations=left) if left else None), True
+
+        if not isinstance(ref, str) or not _REF.match(ref):
+            return False
+        return self._mutate(ref, change)
+
+    def _mutate(self, ref: str, change: Change[T]) -> T:
+        result, deleted = self._transact(ref, change)
+        if deleted:
+            # BLOB-5: only the transaction that deleted the record drops the bytes, so
+            # concurrent releases never reclaim twice.
+            self._drop_blob(ref)
+            with self._count_lock:
+                self.reclaimed += 1
+        return result
+
+
+def _checked_ttl(ttl: float) -> float:
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise ValueError(f"ttl_seconds must be a finite number > 0, not {ttl!r}")
+    if not math.isfinite(ttl) or ttl <= 0:
+        raise ValueError(f"ttl_seconds must be a finite number > 0, not {ttl!r}")
+    return float(ttl)
+
+
+def _checked_id(obligation_id: str) -> None:
+    if not isinstance(obligation_id, str) or not obligation_id:
+        raise ValueError(f"an obligation id must be a non-empty str, not {obligation_id!r}")
+
+
+def _checked_readers(reader_ids: Sequence[str]) -> frozenset[str]:
+    if isinstance(reader_ids, str):
+        raise ValueError("reader_ids must be a sequence of ids, not one str")
+    readers = list(reader_ids)
+    for reader in readers:
+        _checked_id(reader)
+        if reader.startswith(INTENT_PREFIX):
+            raise ValueError(f"reader id {reader!r} is in the publisher's intent namespace")
+    if len(set(readers)) != len(readers):
+        # Two readers under one id would need two releases of one obligation.
+        raise ValueError(f"duplicate reader ids in {readers!r}")
+    return frozenset(readers)
+
+
+def _apply(old: PayloadRecord | None, change: Change[T]) -> tuple[PayloadRecord | None, T, bool]:
+    """Runs change; returns (the record to write or None, result, whether to write)."""
+    new, result = change(old)
+    return new, result, new is not old
+
+
+class MemoryPayloadStore(PayloadStore):
+    """A PayloadStore in this process's memory: tests and single-process flows. Its
+    records die with the process."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._lock = threading.Lock()
+        self._records: dict[str, PayloadRecord] = {}
+        self._blobs: dict[str, bytes] = {}
+
+    def _transact(self, ref: str, change: Change[T]) -> tuple[T, bool]:
+        with self._lock:
+            old = self._records.get(ref)
+            new, result, write = _apply(old, change)
+            if not write:
+                return result, False
+            if new is None:
+                del self._records[ref]
+                return result, True
+            self._records[ref] = new
+            return result, False
+
+    def _read_record(self, ref: str) -> PayloadRecord | None:
+        with self._lock:
+            return self._records.get(ref)
+
+    def _write_blob(self, ref: str, data: bytes) -> None:
+        with self._lock:
+            self._blobs[ref] = data
+
+    def _read_blob(self, ref: str) -> bytes | None:
+        with self._lock:
+            return self._blobs.get(ref)
+
+    def _drop_blob(self, ref: str) -> None:
+        with self._lock:
+            self._blobs.pop(ref, None)
+
+    def _list_refs(self) -> list[str]:
+        with self._lock:
+            return list(self._records)
+
+
+class FilesystemPayloadStore(PayloadStore):
+    """A PayloadStore in a directory: ``blobs/<ref>`` beside ``records/<ref>.json``.
+
+    Every file is written whole (a temporary file, fsync, os.replace), so a reader or
+    a restarted process sees the old version or the new one, never half of one. Record
+    changes hold an exclusive flock on ``.lock``, so processes sharing the directory
+    (on one host) never lose a release.
+
+    Arguments:
+        directory: created when missing.
+        **options: PayloadStore's (flow_type, ttl_seconds, clock).
+
+    Raises:
+        OSError: the directory cannot be created or written.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], **options: Any) -> None:
+        super().__init__(**options)
+        self.directory = Path(directory)
+        self._blobs = self.directory / "blobs"
+        self._records = self.directory / "records"
+        self._blobs.mkdir(parents=True, exist_ok=True)
+        self._records.mkdir(parents=True, exist_ok=True)
+        self._lock_path = self.directory / ".lock"
+        self._thread_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        # flock excludes other processes; the thread lock keeps this process's threads
+        # from each opening the lock file only to queue on it.
+        with self._thread_lock, open(self._lock_path, "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _record_path(self, ref: str) -> Path:
+        return self._records / f"{ref}.json"
+
+    def _transact(self, ref: str, change: Change[T]) -> tuple[T, bool]:
+        with self._locked():
+            old = self._read_record(ref)
+            new, result, write = _apply(old, change)
+            if not write:
+                return result, False
+            if new is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._record_path(ref))
+                _fsync_directory(self._records)
+                return result, True
+            _write_atomically(self._record_path(ref), new.to_json())
+            return result, False
+
+    def _read_record(self, ref: str) -> PayloadRecord | None:
+        try:
+            data = self._record_path(ref).read_bytes()
+        except FileNotFoundError:
+            return None
+        return PayloadRecord.from_json(data, ref)
+
+    def _write_blob(self, ref: str, data: bytes) -> None:
+        _write_atomically(self._blobs / ref, data)
+
+    def _read_blob(self, ref: str) -> bytes | None:
+        try:
+            return (self._blobs / ref).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _drop_blob(self, ref: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._blobs / ref)
+
+    def _list_refs(self) -> list[str]:
+        return [
+            name[: -len(".json")]
+            for name in os.listdir(self._records)
+            if name.endswith(".json") and _REF.match(name[: -len(".json")])
+        ]
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    # A rename or unlink is durable only once the directory entry is on disk.
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_CAS_ATTEMPTS: Final = 64
+_WRONG_LAST_CODES: Final = (10071, 10164)  # JetStream's "wrong last sequence" codes
+
+
+class NatsObjectPayloadStore(PayloadStore):
+    """A PayloadStore on a NATS JetStream broker: bytes in the object store
+    ``<bucket>``, records in the KV bucket ``<bucket>-obligations``.
+
+    Record changes are compare-and-swap on the KV revision (NATS_FACTS §9: ``update``
+    with ``last``, ``create`` for a new key, ``delete`` with ``last``), so workers on
+    any host sharing the broker never lose a release nor reclaim twice. nats-py is
+    asyncio only: the store runs its own loop in a daemon thread (the backend's
+    LoopRunner) and every public method waits for its call there, bounded by timeout.
+
+    Arguments:
+        nats_url: e.g. ``nats://127.0.0.1:4222``.
+        bucket: the object store's name ([A-Za-z0-9_-]).
+        timeout: seconds each call may take (a 25 MB put is ~200 chunk publishes).
+        **options: PayloadStore's (flow_type, ttl_seconds, clock).
+
+    Raises:
+        BrokerUnavailable: no connection within timeout, or JetStream refused to
+            create the buckets.
+    """
+
+    def __init__(
+        self,
+        nats_url: str,
+        bucket: str = "videoflow-payloads",
+        *,
+        timeout: float = 30.0,
+        **options: Any,
+    ) -> None:
+        super().__init__(**options)
+        self.bucket = bucket
+        self.timeout = timeout
+        self._errors = ErrorLog()
+        self._runner = LoopRunner(name=f"videoflow-payload-{bucket}")
+        self._runner.start()
+        try:
+            self._nc, self._objects, self._kv = self._runner.run(self._open(nats_url), timeout)
+        except (OSError, asyncio.TimeoutError, nats.errors.Error) as error:
+            self._runner.stop()
+            raise BrokerUnavailable(
+                f"payload store could not open {bucket!r} on {nats_url}: {error!r} "
+                f"(reported: {self._errors.texts()})",
+                code=getattr(error, "err_code", None),
+            ) from error
+
+    async def _open(self, url: str) -> tuple[nats.NATS, ObjectStore, KeyValue]:
+        # Fail fast (NATS_FACTS S4): a refused connect otherwise retries for minutes.
+        nc = await nats.connect(
+            url,
+            allow_reconnect=False,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.1,
+            connect_timeout=min(self.timeout, 5.0),
+            error_cb=self._errors.record,
+        )
+        try:
+            js = nc.jetstream()
+            # S19: the bucket name goes positionally.
+            objects = await js.create_object_store(self.bucket)
+            kv = await js.create_key_value(bucket=f"{self.bucket}-obligations", history=1)
+        except BaseException:
+            await nc.close()
+            raise
+        return nc, objects, kv
+
+    @property
+    def max_payload(self) -> int:
+        """The connected server's max_payload (from its INFO), for inline_threshold."""
+        return int(self._nc.max_payload)
+
+    def close(self) -> None:
+        if not self._runner.running:
+            return
+        with contextlib.suppress(TimeoutError, nats.errors.Error, BrokerUnavailable):
+            self._runner.run(self._nc.close(), self.timeout)
+        self._runner.stop()
+
+    def _call(self, coro: Coroutine[Any, Any, T], what: str) -> T:
+        """Runs coro on the store's loop; every failure becomes a typed, retryable error
+        (a timed-out change may still have happened: its outcome is unknown)."""
+        try:
+            return self._runner.run(coro, self.timeout)
+        except TimeoutError as error:
+            raise UnobservableState(
+                f"payload store: {what} did not finish within {self.timeout}s",
+                reason="timeout",
+                detail=str(error),
+            ) from error
+        except (nats.errors.ConnectionClosedError, nats.errors.NoServersError) as error:
+            raise BrokerUnavailable(f"payload store: {what}: {error!r}") from error
+        except nats.js.errors.APIError as error:
+            raise UnobservableState(
+                f"payload store: {what} refused by JetStream",
+                reason="api",
+                detail=f"{error!r} code={error.err_code}",
+            ) from error
+        except nats.errors.Error as error:
+            raise BrokerUnavailable(f"payload store: {what}: {error!r}") from error
+
+    async def _get_entry(self, ref: str) -> tuple[PayloadRecord | None, int]:
+        try:
+            entry = await self._kv.get(ref)
+        except nats.js.errors.KeyNotFoundError:
+            return None, 0
+        if entry.value is None:
+            return None, 0
+        return PayloadRecord.from_json(entry.value, ref), int(entry.revision or 0)
+
+    async def _transact_async(self, ref: str, change: Change[T]) -> tuple[T, bool]:
+        for _ in range(_CAS_ATTEMPTS):
+            old, revision = await self._get_entry(ref)
+            new, result, write = _apply(old, change)
+            if not write:
+                return result, False
+            try:
+                if new is None:
+                    await self._kv.delete(ref, last=revision)
+                elif old is None:
+                    await self._kv.create(ref, new.to_json())
+                else:
+                    await self._kv.update(ref, new.to_json(), last=revision)
+            except nats.js.errors.BadRequestError as error:
+                if isinstance(error, nats.js.errors.KeyWrongLastSequenceError) or (
+                    error.err_code in _WRONG_LAST_CODES
+                ):
+                    continue  # someone else changed the record first: read it again
+                raise
+            return result, new is None
+        raise UnobservableState(
+            f"payload {ref}: record still contended after {_CAS_ATTEMPTS} attempts",
+            reason="api",
+        )
+
+    def _transact(self, ref: str, change: Change[T]) -> tuple[T, bool]:
+        return self._call(self._transact_async(ref, change), f"record change of {ref}")
+
+    def _read_record(self, ref: str) -> PayloadRecord | None:
+        return self._call(self._get_entry(ref), f"record read of {ref}")[0]
+
+    def _write_blob(self, ref: str, data: bytes) -> None:
+        self._call(self._objects.put(ref, data), f"put of {ref}")
+
+    def _read_blob(self, ref: str) -> bytes | None:
+        async def read() -> bytes | None:
+            try:
+                result = await self._objects.get(ref)
+            except nats.js.errors.ObjectNotFoundError:
+                return None
+            return result.data
+
+        return self._call(read(), f"get of {ref}")
+
+    def _drop_blob(self, ref: str) -> None:
+        async def drop() -> None:
+            with contextlib.suppress(nats.js.errors.ObjectNotFoundError):
+                await self._objects.delete(ref)
+
+        self._call(drop(), f"delete of {ref}")
+
+    def _list_refs(self) -> list[str]:
+        async def keys() -> list[str]:
+            try:
+                return list(await self._kv.keys())
+            except nats.js.errors.NoKeysError:
+                return []
+
+        return [ref for ref in self._call(keys(), "listing refs") if _REF.match(ref)]
