@@ -116,6 +116,8 @@ def test_kv_store_binds_an_existing_bucket_and_refuses_a_stale_revision(
         first.update("a.b", b"3", revision)
     with pytest.raises(ValueError, match="expected_revision must be > 0"):
         first.update("a.b", b"3", 0)
+    with pytest.raises(ValueError, match="not a KV key"):
+        first.create("a b", b"1")
 
 
 def test_kv_store_on_an_unreachable_server_is_broker_unavailable(closed_port_url: str) -> None:

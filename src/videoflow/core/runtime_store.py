@@ -220,6 +220,9 @@ class NatsKvRuntimeStore(RuntimeStore):
             raise
         except nats.js.errors.KeyWrongLastSequenceError:
             raise  # mapped by the callers, which know the key and revision
+        except nats.js.errors.InvalidKeyError as error:
+            # A caller's bug (FlowRuntime escapes its keys), not the broker's state.
+            raise ValueError(f"runtime store {self.bucket!r}: {what}: not a KV key") from error
         except (TimeoutError, nats.errors.Error, OSError) as error:
             # A timed-out write may still have landed: callers that care re-read.
             raise BrokerUnavailable(
