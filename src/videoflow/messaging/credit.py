@@ -129,7 +129,7 @@ def join_item_credit(
 
     Arguments:
         parents (Sequence[str]): the node's parents.
-        join_policy (dict | None): the node's join override (NodeSpec.join); its keys
+        join_policy (dict | None): the node's join override (NodeSpec.join_policy); its keys
             overlay the flow type's default policy (JoinPolicy.default_for).
         flow_type (str): REALTIME or BATCH.
 
