@@ -30,6 +30,7 @@ from test_payload_store import (  # noqa: E402
     test_a_refused_publication_keeps_a_pin_that_someone_else_holds,
     test_an_accepted_publication_releases_only_the_intent,
     test_an_explicit_ttl_overrides_the_default,
+    test_bytes_left_by_a_crash_mid_reclamation_are_swept,
     test_cancel_removes_a_lost_release_but_never_a_pin,
     test_concurrent_releases_never_double_reclaim_or_lose_a_release,
     test_put_acquires_each_reader_obligation_and_the_publisher_intent,
@@ -45,6 +46,7 @@ from test_payload_store import (  # noqa: E402
 pytestmark = pytest.mark.timeout(60)
 
 SHARED_BODIES = (
+    test_bytes_left_by_a_crash_mid_reclamation_are_swept,
     test_a_definitely_refused_publication_reclaims_at_once,
     test_a_new_store_over_the_same_backing_keeps_bytes_and_obligations,
     test_a_pin_extends_the_ttl,

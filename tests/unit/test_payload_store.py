@@ -257,6 +257,18 @@ def test_put_refuses_malformed_obligations(
     assert store.refs() == ()
 
 
+def test_bytes_left_by_a_crash_mid_reclamation_are_swept(stores: Stores) -> None:
+    store = stores.new()
+    ref = store.put(b"frame", ["fuse"], "pub-1")
+    kept = store.put(b"kept", ["fuse"], "pub-2")
+    # A crash between the record's deletion and the blob's: the record goes alone.
+    store._transact(ref, lambda _old: (None, None))
+    assert store._list_blobs().count(ref) == 1
+    assert store.reclaim_expired() == 0  # nothing expired; orphans are not counted
+    assert ref not in store._list_blobs()
+    assert store.get(kept) == b"kept"
+
+
 def test_a_new_store_over_the_same_backing_keeps_bytes_and_obligations(
     stores: Stores, clock: FakeClock
 ) -> None:

@@ -258,7 +258,12 @@ class PayloadStore(abc.ABC):
         """Delete ref's bytes; an absent blob is not an error."""
 
     @abc.abstractmethod
-    def _list_refs(self) -> list[str]: ...
+    def _list_refs(self) -> list[str]:
+        """Every ref that has a record."""
+
+    @abc.abstractmethod
+    def _list_blobs(self) -> list[str]:
+        """Every ref that has bytes."""
 
     def close(self) -> None:  # noqa: B027 - only the NATS store holds anything open
         """Release whatever the store holds open (connections, threads). Idempotent."""
@@ -445,6 +450,9 @@ class PayloadStore(abc.ABC):
         Arguments:
             now: the time to judge by; the store's clock when None.
 
+        Also drops bytes left without a record (a crash between a reclamation's
+        record deletion and its blob deletion); those are not counted.
+
         Returns:
             How many refs this call reclaimed.
         """
@@ -455,7 +463,13 @@ class PayloadStore(abc.ABC):
                 return old, False
             return None, True
 
-        return sum(1 for ref in self._list_refs() if self._mutate(ref, change))
+        reclaimed = sum(1 for ref in self._list_refs() if self._mutate(ref, change))
+        # Safe against a concurrent put: put writes the record before the bytes, so
+        # bytes without a record were always a reclaimed ref's.
+        for ref in self._list_blobs():
+            if _REF.match(ref) and self._read_record(ref) is None:
+                self._drop_blob(ref)
+        return reclaimed
 
     # --- shared machinery ------------------------------------------------------------
 
@@ -566,6 +580,10 @@ class MemoryPayloadStore(PayloadStore):
         with self._lock:
             return list(self._records)
 
+    def _list_blobs(self) -> list[str]:
+        with self._lock:
+            return list(self._blobs)
+
 
 class FilesystemPayloadStore(PayloadStore):
     """A PayloadStore in a directory: ``blobs/<ref>`` beside ``records/<ref>.json``.
@@ -647,6 +665,9 @@ class FilesystemPayloadStore(PayloadStore):
             for name in os.listdir(self._records)
             if name.endswith(".json") and _REF.match(name[: -len(".json")])
         ]
+
+    def _list_blobs(self) -> list[str]:
+        return [name for name in os.listdir(self._blobs) if _REF.match(name)]
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -844,3 +865,14 @@ class NatsObjectPayloadStore(PayloadStore):
                 return []
 
         return [ref for ref in self._call(keys(), "listing refs") if _REF.match(ref)]
+
+    def _list_blobs(self) -> list[str]:
+        async def names() -> list[str]:
+            try:
+                infos = await self._objects.list()
+            except nats.js.errors.NotFoundError:  # an empty store lists as NotFound
+                return []
+            # A deleted object is still listed, flagged (NATS_FACTS §9).
+            return [info.name for info in infos if not info.deleted]
+
+        return self._call(names(), "listing blobs")
