@@ -76,14 +76,16 @@ def clock() -> FakeClock:
 @pytest.fixture
 def stores(nats_server: embedded.EmbeddedServer, clock: FakeClock) -> Iterator[Stores]:
     bucket = f"payloads-{next(_buckets)}"
-    made = Stores(
-        lambda **o: NatsObjectPayloadStore(nats_server.url, bucket, clock=clock, **o),
-        durable=True,
-    )
+    made = Stores(lambda **o: NatsObjectPayloadStore(nats_server.url, bucket, clock=clock, **o))
     try:
         yield made
     finally:
         made.close()
+
+
+@pytest.fixture
+def durable_stores(stores: Stores) -> Stores:
+    return stores  # the object store and its KV records outlive any one instance
 
 
 def test_a_25_mb_frame_travels_by_ref_and_is_gone_after_both_readers(stores: Stores) -> None:
