@@ -59,7 +59,7 @@ from videoflow.messaging.jetstream_outcomes import (
     observe_by_republish,
     publish_once,
 )
-from videoflow.messaging.jetstream_receive import SubscriptionReceiver, bind_receiver
+from videoflow.messaging.jetstream_receive import PullRefused, SubscriptionReceiver, bind_receiver
 from videoflow.messaging.naming import control_subject_for, stream_name_for, subject_for
 from videoflow.messaging.provisioning import _ensure_consumer, _ensure_stream
 from videoflow.messaging.stream_configs import consumer_config_for, stream_config_for
@@ -898,3 +898,20 @@ def test_pipelined_publications_to_a_frozen_server_are_unknown_then_observed(
     observed = [backend.observe_publication(env) for env in sent]
     # S3: the frozen server stored them once it resumed; each re-publish is a duplicate.
     assert observed == [Accepted(stream_seq=i + 1, duplicate=True) for i in range(5)]
+
+
+def test_a_durable_deleted_under_a_running_pull_loop_is_refused_without_a_spin(
+    wired: Wired,
+) -> None:
+    # S14: with the durable gone every pull request is refused at once (503 no
+    # responders); the loop must keep the refusal for observation and ask again a
+    # fetch later, not hammer the server.
+    stream, _ = batch_channel(wired, "deleted")
+    receiver = bound(wired, "deleted")  # fetch_timeout 0.5
+    wired.run(wired.js.delete_consumer(stream, "child--from--deleted"))
+    time.sleep(1.6)
+    refusals = receiver.refusals
+    assert 1 <= refusals <= 5, refusals  # about one per fetch_timeout, not thousands
+    assert isinstance(receiver.last_error, PullRefused)
+    assert receiver.receiving  # it keeps trying: the durable may be provisioned again
+    wired.run(receiver.stop())

@@ -204,6 +204,8 @@ class SubscriptionReceiver:
         self._inbox_sub: Any = None
         self._pulls: dict[str, _Pull] = {}
         self._pull_ids = itertools.count()
+        self._refused_until = 0.0
+        self.refusals = 0  # pull requests the server refused (409, 503)
         self._keepalive: asyncio.Task[None] | None = None
         self.byte_credit = byte_credit
         self.may_fetch = may_fetch
@@ -249,6 +251,12 @@ class SubscriptionReceiver:
         """
         while not self._stopping:
             self._forget_expired_pulls()
+            hold = self._refused_until - time.monotonic()
+            if hold > 0:
+                # The last request was refused (a deleted consumer answers at once):
+                # ask again a fetch later, not in a tight loop.
+                await asyncio.sleep(hold)
+                continue
             asked = sum(pull.remaining for pull in self._pulls.values())
             free = self.prefetch - len(self._parked) - asked
             if self.byte_credit or self.may_fetch is not None:
@@ -328,7 +336,9 @@ class SubscriptionReceiver:
         self._space.set()
         if status not in ("404", "408"):  # 404/408: no messages, or the request expired
             # 409 (consumer deleted, a request limit exceeded, ...) or 503 (no consumer
-            # at all, S14): keep it for observation.
+            # at all, S14): keep it for observation, and hold the next request off.
+            self.refusals += 1
+            self._refused_until = time.monotonic() + self.fetch_timeout
             self.last_error = PullRefused(status, headers.get("Description", "") if headers
                                           else "")
 
