@@ -62,6 +62,7 @@ from videoflow.messaging.jetstream_outcomes import (
 from videoflow.messaging.jetstream_receive import PullRefused, SubscriptionReceiver, bind_receiver
 from videoflow.messaging.naming import control_subject_for, stream_name_for, subject_for
 from videoflow.messaging.provisioning import _ensure_consumer, _ensure_stream
+from videoflow.messaging.publication import Published, publish_until_known
 from videoflow.messaging.stream_configs import consumer_config_for, stream_config_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -915,3 +916,24 @@ def test_a_durable_deleted_under_a_running_pull_loop_is_refused_without_a_spin(
     assert isinstance(receiver.last_error, PullRefused)
     assert receiver.receiving  # it keeps trying: the durable may be provisioned again
     wired.run(receiver.stop())
+
+
+def test_the_publication_ladder_resolves_a_receipt_lost_to_a_frozen_server(
+    backends, nats_server: embedded.EmbeddedServer, freeze  # type: ignore[no-untyped-def]
+) -> None:
+    backend = backends()
+    provisioned(backend, "ladder")
+    sent = envelope("ladder", b"x", msg_id="ladder-1")
+    result: list[Published] = []
+    with freeze(nats_server):  # only this test's own server
+        worker = threading.Thread(target=lambda: result.append(publish_until_known(
+            backend, sent, BATCH, time.monotonic() + 20, attempt_seconds=0.5)))
+        worker.start()
+        time.sleep(1.0)  # the first attempt's receipt is lost: unknown, then observed
+    worker.join(20)
+    (published,) = result
+    # S3: the frozen server stored it once it resumed; the observation says so.
+    assert published.outcome == Accepted(stream_seq=1, duplicate=True), published
+    assert published.attempts >= 2 and published.stat == "duplicate"
+    channel = backend.observe_channel(ChannelId(FLOW, RUN, "ladder"))
+    assert isinstance(channel, Known) and channel.value.messages == 1
