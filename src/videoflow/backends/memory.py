@@ -24,7 +24,7 @@ import asyncio
 import threading
 import time
 from asyncio import AbstractEventLoop
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -140,7 +140,7 @@ class MemoryMessagingBackend(MessagingBackend):
         self._generations: dict[SubscriptionId, int] = {}
         self._held: dict[DeliveryToken, Delivery] = {}
         self._settlements: dict[str, tuple[DeliveryToken, SettleResult]] = {}
-        self._publish_times: dict[tuple[ChannelId, str], float] = {}
+        self._publish_times: OrderedDict[tuple[ChannelId, str], float] = OrderedDict()
         self._control: list[Callable[[], None]] = []
         self._receiving = False
         self._connected = False
@@ -351,11 +351,16 @@ class MemoryMessagingBackend(MessagingBackend):
             return Rejected("the memory backend is not connected", retryable=True)
         if envelope.msg_id is not None:
             sent_at = self.broker.clock()
-            if len(self._publish_times) > _PUBLISH_TIMES_PRUNE_AT:
-                window = self.broker.duplicate_window
-                self._publish_times = {k: t for k, t in self._publish_times.items()
-                                       if sent_at - t < window}
-            self._publish_times.setdefault((envelope.channel, envelope.msg_id), sent_at)
+            # First sends in order, so what left the window is at the front: pruned
+            # one by one, never by rebuilding a map that is mostly still in the window.
+            times = self._publish_times
+            window = self.broker.duplicate_window
+            while len(times) > _PUBLISH_TIMES_PRUNE_AT:
+                _, oldest = next(iter(times.items()))
+                if sent_at - oldest < window:
+                    break
+                times.popitem(last=False)
+            times.setdefault((envelope.channel, envelope.msg_id), sent_at)
         if self._drop_sends:
             self._drop_sends -= 1
             return PublicationUnknown("receipt lost (injected); the send never arrived")
