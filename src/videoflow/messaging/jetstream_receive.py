@@ -296,9 +296,11 @@ class SubscriptionReceiver:
             await self.client.publish(
                 f"{_JS_API}.CONSUMER.MSG.NEXT.{self.stream}.{self.durable}",
                 json.dumps({"batch": batch, "expires": expires}).encode(), reply=reply)
-        except BaseException:
-            del self._pulls[reply]
+        except nats.errors.Error:
+            del self._pulls[reply]  # refused by the client: nothing was asked for
             raise
+        # A cancellation (stop) keeps the entry: the request may be on the wire, and
+        # stop must wait for it to end before anything is handed back.
 
     def _forget_expired_pulls(self) -> None:
         # A request whose closing status never came (a lost 408) stops counting once
