@@ -1,0 +1,130 @@
+"""Dead-letter records: what a node writes to its flow's dead-letter stream (STREAM-8)
+before it terminates a delivery it gave up on (DELIV-15), and what `videoflow dlq`
+reads back.
+
+A record carries the input exactly as it arrived (the envelope bytes, so a replay
+republishes what the parent sent) and enough provenance to find and explain it: which
+node gave up, on which parent's message, after how many attempts, and why. Records are
+msgpack (msgspec), versioned by a leading tag so later fields can be added.
+
+Its msg_id is a function of the delivery's identity (node, parent, stream sequence),
+so a dead-letter publish retried after an unknown outcome is one record in the
+stream's duplicate window, never two; the Terminal settlement names that id as its
+record_ref.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+import msgspec
+
+from videoflow.errors import WireError
+
+RECORD_VERSION: Final = 1
+
+Reason = Literal["poison", "retries_exhausted", "undecodable", "best_effort_failed"]
+REASONS: Final = ("poison", "retries_exhausted", "undecodable", "best_effort_failed")
+"""Why a delivery was dead-lettered: the node declared it poison, its retry budget
+ran out, its bytes were not an envelope, or a best-effort node failed it once."""
+
+
+class DeadLetter(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag=RECORD_VERSION,
+                 tag_field="version"):
+    """One dead-lettered input.
+
+    Attributes:
+        flow_id / run_id: the run it happened in.
+        node: the node that gave up on it.
+        parent: the parent node whose stream delivered it.
+        stream_seq: its sequence on the parent's stream.
+        attempts: how many times it was delivered, the last included.
+        reason: one of REASONS.
+        error_type: the exception's qualified class name ('' when there was none).
+        error_message: str() of the exception (truncated to 4 KiB).
+        dead_lettered_at: wall-clock time of the decision (epoch seconds).
+        envelope: the delivery's bytes as received.
+    """
+
+    flow_id: str
+    run_id: str
+    node: str
+    parent: str
+    stream_seq: int
+    attempts: int
+    reason: Reason
+    error_type: str
+    error_message: str
+    dead_lettered_at: float
+    envelope: bytes
+
+
+_MAX_MESSAGE: Final = 4096
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(DeadLetter)
+
+
+def dead_letter_for(
+    flow_id: str,
+    run_id: str,
+    node: str,
+    parent: str,
+    stream_seq: int,
+    attempts: int,
+    reason: Reason,
+    envelope: bytes,
+    error: BaseException | None,
+    at: float,
+) -> DeadLetter:
+    """Builds the record for a delivery given up on.
+
+    Arguments:
+        error: the exception the node raised, or None (undecodable bytes).
+        at: the wall-clock time of the decision.
+        (the rest as DeadLetter's attributes)
+
+    Raises:
+        ValueError: an unknown reason, or a sequence or attempt count below 1.
+    """
+    if reason not in REASONS:
+        raise ValueError(f"reason must be one of {REASONS}, got {reason!r}")
+    if stream_seq < 1 or attempts < 1:
+        raise ValueError(f"stream_seq and attempts must be >= 1, got {stream_seq}, {attempts}")
+    error_type = "" if error is None else f"{type(error).__module__}.{type(error).__qualname__}"
+    message = "" if error is None else str(error)[:_MAX_MESSAGE]
+    return DeadLetter(flow_id, run_id, node, parent, stream_seq, attempts, reason, error_type,
+                      message, at, bytes(envelope))
+
+
+def dead_letter_msg_id(node: str, parent: str, stream_seq: int) -> str:
+    """The dead letter's broker msg_id, and the record_ref its Terminal settlement
+    carries (DELIV-15): one per delivery identity, so a retried publish deduplicates."""
+    return f"dlq:{node}:{parent}:{stream_seq}"
+
+
+def encode_dead_letter(record: DeadLetter) -> bytes:
+    """The record's bytes for the dead-letter stream."""
+    return _encoder.encode(record)
+
+
+def decode_dead_letter(data: bytes | bytearray | memoryview) -> DeadLetter:
+    """Reads a record back.
+
+    Raises:
+        WireError: data is not a dead-letter record of a known version.
+    """
+    try:
+        return _decoder.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError, TypeError) as error:
+        raise WireError(f"not a dead-letter record: {error}") from error
+
+
+__all__ = [
+    "REASONS",
+    "RECORD_VERSION",
+    "DeadLetter",
+    "dead_letter_for",
+    "dead_letter_msg_id",
+    "decode_dead_letter",
+    "encode_dead_letter",
+]
