@@ -6,7 +6,8 @@ an adapter that fails here breaks a promise, not a test detail.
 
 Covered: the publish / receive / settle Completed round trip; a batch of
 settlements (settle_many, settle_async) gives each its own result; Retry redelivers;
-Terminal needs a record ref (DELIV-15); a message out of deliveries is unresolved,
+Terminal needs a record ref (DELIV-15), and a delivery is terminated only once its
+dead letter is accepted in the flow's dead-letter stream; a message out of deliveries is unresolved,
 never "nothing pending" (MSG-012); a duplicate msg_id is Accepted(duplicate=True)
 with the original sequence; a channel nobody provisioned is Rejected(retryable=False);
 observations are Known for what exists and Unknown('missing') — never zero — for what
@@ -39,6 +40,7 @@ from videoflow.backends.messaging import (
     Terminal,
     Unknown,
 )
+from videoflow.messaging.dead_letters import dead_letter, dead_letter_for
 
 if TYPE_CHECKING:  # the harness fixture's type; pytest itself never imports conftest by name
     from conftest import Harness
@@ -265,6 +267,40 @@ def test_a_batch_of_settlements_gives_each_its_own_result(harness: Harness) -> N
         backend.settle_async(d.token, "done", "x")  # type: ignore[arg-type]
     assert observed(backend, harness.sub).nothing_pending
     assert stored(harness, backend) == 0
+
+
+def test_a_delivery_is_terminated_only_once_its_dead_letter_is_accepted(
+    harness: Harness,
+) -> None:
+    backend = harness.receiver()
+    harness.provision(backend, SHORT_ACK_WAIT)
+    publish(harness, backend, b"poison")
+    (delivery,) = harness.receive(backend, harness.wait)
+    received_at = time.monotonic()
+    record = dead_letter_for(harness.channel.flow, harness.channel.run, harness.sub.consumer,
+                             harness.channel.node, delivery.stream_seq, delivery.num_delivered,
+                             "poison", delivery.data, ValueError("bad frame"), time.time())
+
+    # No dead-letter stream yet: refused for good, and the delivery stays alive (DELIV-15).
+    refused = dead_letter(backend, delivery.token, record, time.monotonic() + 5)
+    assert isinstance(refused.published.outcome, Rejected) and refused.settled is None
+    assert not refused.published.outcome.retryable
+
+    backend.ensure_dead_letters("dlq-1")
+    backend.ensure_dead_letters("dlq-2")  # idempotent
+    done = dead_letter(backend, delivery.token, record, time.monotonic() + 5)
+    assert isinstance(done.published.outcome, Accepted) and done.settled == SettleConfirmed()
+    # Retried (an unknown outcome, say): one record, and the same settlement id gets
+    # the first answer; a different settlement of the spent token is stale.
+    again = dead_letter(backend, delivery.token, record, time.monotonic() + 5)
+    assert again.published.outcome == Accepted(done.published.outcome.stream_seq, duplicate=True)
+    assert again.settled == SettleConfirmed()
+    assert isinstance(backend.settle(delivery.token, Completed(), "other"), SettleStale)
+
+    # Terminated for good: not redelivered once its lease would have lapsed.
+    harness.let_pass(LAPSE, since=received_at)
+    assert harness.receive(backend, harness.quiet) == []
+    assert observed(backend, harness.sub).nothing_pending
 
 
 def test_a_settled_token_is_stale_and_a_retried_settlement_is_idempotent(

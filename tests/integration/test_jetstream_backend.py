@@ -40,6 +40,7 @@ from videoflow.backends.messaging import (
 )
 from videoflow.core.constants import BATCH
 from videoflow.errors import BrokerUnavailable
+from videoflow.messaging.dead_letters import dead_letter, dead_letter_for, decode_dead_letter
 from videoflow.messaging.jetstream_backend import (
     ACK_CONFIRM_SECONDS,
     FETCH_TIMEOUT_SECONDS,
@@ -60,7 +61,13 @@ from videoflow.messaging.jetstream_outcomes import (
     publish_once,
 )
 from videoflow.messaging.jetstream_receive import PullRefused, SubscriptionReceiver, bind_receiver
-from videoflow.messaging.naming import control_subject_for, stream_name_for, subject_for
+from videoflow.messaging.naming import (
+    control_subject_for,
+    dlq_stream_name,
+    dlq_subject_for,
+    stream_name_for,
+    subject_for,
+)
 from videoflow.messaging.provisioning import _ensure_consumer, _ensure_stream
 from videoflow.messaging.publication import Published, publish_until_known
 from videoflow.messaging.stream_configs import consumer_config_for, stream_config_for
@@ -937,3 +944,26 @@ def test_the_publication_ladder_resolves_a_receipt_lost_to_a_frozen_server(
     assert published.attempts >= 2 and published.stat == "duplicate"
     channel = backend.observe_channel(ChannelId(FLOW, RUN, "ladder"))
     assert isinstance(channel, Known) and channel.value.messages == 1
+
+
+def test_dead_letters_land_in_the_flow_scoped_stream_on_the_node_s_subject(
+    backends, wired: Wired  # type: ignore[no-untyped-def]
+) -> None:
+    backend = backends()
+    sub = provisioned(backend, "dl-source")
+    send(backend, "dl-source", 1)
+    (delivery,) = receive_n(backend, sub, 1)
+    backend.ensure_dead_letters("dlq")
+    record = dead_letter_for(FLOW, RUN, "child", "dl-source", delivery.stream_seq,
+                             delivery.num_delivered, "poison", delivery.data,
+                             ValueError("bad"), time.time())
+    done = dead_letter(backend, delivery.token, record, time.monotonic() + 5)
+    assert isinstance(done.published.outcome, Accepted) and done.settled == SettleConfirmed()
+    stored = wired.run(wired.js.get_msg(dlq_stream_name(FLOW), done.published.outcome.stream_seq))
+    assert stored.subject == dlq_subject_for(FLOW, RUN, "child")
+    assert decode_dead_letter(stored.data) == record
+    info = wired.run(wired.js.stream_info(dlq_stream_name(FLOW)))
+    assert (info.config.retention, info.config.max_age) == ("limits", 7 * 24 * 3600.0)
+    # Teardown of the run never takes the flow's dead letters with it (STREAM-8).
+    backend.close([ChannelId(FLOW, RUN, "dl-source")], "any")
+    assert wired.run(wired.js.stream_info(dlq_stream_name(FLOW))).state.messages == 1

@@ -307,6 +307,9 @@ DEFAULTED = {"budget_waits", "prefetched", "receive", "set_admission", "skipped"
 # Members the contract adds to the reference, each with a default built on a reference
 # member: the pipelined forms of settle and publish (issue 3, section 7).
 ADDITIONS = {"publish_async", "settle_async", "settle_many"}
+# Additions every adapter implements itself: the flow's dead-letter stream (STREAM-8),
+# which the reference's provisioning creates but no reference member binds.
+ABSTRACT_ADDITIONS = {"ensure_dead_letters"}
 
 # The shared design folder sits beside the repository (in every session and in CI).
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "spec" / "messaging-api-reference.txt"
@@ -317,11 +320,12 @@ def _declared_members() -> set[str]:
 
 
 def test_backend_declares_exactly_the_reference_members_and_the_pipelined_additions() -> None:
-    assert _declared_members() == REFERENCE_MEMBERS | ADDITIONS
+    assert _declared_members() == REFERENCE_MEMBERS | ADDITIONS | ABSTRACT_ADDITIONS
 
 
 def test_backend_abstract_members_are_all_but_the_documented_defaults() -> None:
-    assert MessagingBackend.__abstractmethods__ == REFERENCE_MEMBERS - DEFAULTED
+    assert MessagingBackend.__abstractmethods__ == (
+        (REFERENCE_MEMBERS | ABSTRACT_ADDITIONS) - DEFAULTED)
 
 
 def test_backend_cannot_be_instantiated() -> None:
@@ -330,7 +334,7 @@ def test_backend_cannot_be_instantiated() -> None:
 
 
 def test_backend_members_all_carry_a_promise() -> None:
-    for name in REFERENCE_MEMBERS | ADDITIONS:
+    for name in REFERENCE_MEMBERS | ADDITIONS | ABSTRACT_ADDITIONS:
         member = vars(MessagingBackend)[name]
         doc = (member.fget if isinstance(member, property) else member).__doc__
         assert doc and doc.strip(), name
@@ -402,6 +406,7 @@ class _Minimal(MessagingBackend):
     def subject_for(self, channel: ChannelId, kind: str) -> str:
         return ""
     def ensure_channel(self, spec: ChannelSpec, operation_id: str) -> Any: ...
+    def ensure_dead_letters(self, operation_id: str) -> None: ...
     def ensure_subscription(self, spec: SubscriptionSpec, operation_id: str) -> Any: ...
     def subscribe_control(self, callback: Callable[[], None]) -> None: ...
     def publish(self, envelope: Envelope, deadline: float) -> Any: ...

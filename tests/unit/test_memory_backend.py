@@ -29,6 +29,7 @@ from videoflow.backends.messaging import (
     Known,
     PublicationUnknown,
     PublicationUnresolvable,
+    PublishOutcome,
     Rejected,
     Retry,
     SettleConfirmed,
@@ -797,3 +798,27 @@ def test_a_payload_above_max_payload_is_rejected_for_good(
     provision(receiver)
     outcome = receiver.publish(data(b"x" * (broker.max_payload + 1)), now() + 1.0)
     assert isinstance(outcome, Rejected) and outcome.retryable is False
+
+
+def test_dead_letters_are_kept_per_flow_filterable_by_run_and_node_for_a_week(
+    make_receiver: Callable[..., MemoryMessagingBackend], broker: MemoryBroker, clock: FakeClock
+) -> None:
+    backend = make_receiver()
+    with pytest.raises(KeyError):
+        broker.dead_letters("flow")  # no dead-letter stream until one is ensured
+    backend.ensure_dead_letters("dlq")
+
+    def dead(run: str, node: str, data: bytes, msg_id: str) -> PublishOutcome:
+        return backend.publish(Envelope(ChannelId("flow", run, node), "dlq", data, msg_id),
+                               clock() + 1)
+
+    assert dead("run", "fusion", b"a", "dlq:fusion:cam:1") == Accepted(1)
+    assert dead("run", "sink", b"b", "dlq:sink:fusion:4") == Accepted(2)
+    assert dead("run-2", "fusion", b"c", "dlq:fusion:cam:9") == Accepted(3)
+    assert dead("run", "fusion", b"a", "dlq:fusion:cam:1") == Accepted(1, duplicate=True)
+    assert broker.dead_letters("flow") == [(1, b"a"), (2, b"b"), (3, b"c")]
+    assert broker.dead_letters("flow", run="run") == [(1, b"a"), (2, b"b")]
+    assert broker.dead_letters("flow", run="run", node="sink") == [(2, b"b")]
+    assert backend.subject_for(ChannelId("flow", "run", "sink"), "dlq") == "vf.flow._dlq.run.sink"
+    clock.advance(7 * 24 * 3600)  # STREAM-8: a week, then they age out
+    assert broker.dead_letters("flow") == []

@@ -69,7 +69,12 @@ from videoflow.backends.messaging import (
     VerifiedChannel,
     VerifiedSubscription,
 )
-from videoflow.messaging.naming import eos_subject_for, stream_name_for, subject_for
+from videoflow.messaging.naming import (
+    dlq_subject_for,
+    eos_subject_for,
+    stream_name_for,
+    subject_for,
+)
 
 __all__ = ["DEFAULT_PREFETCH", "MemoryBroker", "MemoryMessagingBackend"]
 
@@ -254,7 +259,19 @@ class MemoryMessagingBackend(MessagingBackend):
             return subject_for(channel.flow, channel.run, channel.node)
         if kind == "eos":
             return eos_subject_for(channel.flow, channel.run, channel.node)
-        raise ValueError(f"kind must be 'data' or 'eos', got {kind!r}")
+        if kind == "dlq":
+            return dlq_subject_for(channel.flow, channel.run, channel.node)
+        raise ValueError(f"kind must be 'data', 'eos' or 'dlq', got {kind!r}")
+
+    def ensure_dead_letters(self, operation_id: str) -> None:
+        """Create the flow's dead-letter stream on the broker (MemoryBroker.dead_letters
+        reads it back). Naturally idempotent.
+
+        Raises:
+            BrokerUnavailable: not started.
+        """
+        self._require_connected()
+        self.broker.ensure_dead_letters(self.flow_id)
 
     def ensure_channel(self, spec: ChannelSpec, operation_id: str) -> VerifiedChannel:
         """Create or reconcile the channel. reliable_work is INTEREST retention with

@@ -35,6 +35,7 @@ from videoflow.backends.messaging_types import (
     SubscriptionSpec,
 )
 from videoflow.errors import IncompatibleProfile
+from videoflow.messaging.stream_configs import DLQ_RETENTION_SECONDS
 
 DEFAULT_DUPLICATE_WINDOW_SECONDS = 120.0
 """How long a msg_id is remembered for deduplication — JetStream's window as this
@@ -97,6 +98,16 @@ class _Stream:
     dedup: dict[str, tuple[int, float]] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class _DeadLetterLog:
+    """A flow's dead-letter stream: LIMITS retention by age (DLQ_RETENTION_SECONDS),
+    records kept with the run and node their subject names (vf.{flow}._dlq.{run}.{node})."""
+
+    records: OrderedDict[int, tuple[str, str, bytes, float]] = field(default_factory=OrderedDict)
+    last_seq: int = 0
+    dedup: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+
 def _limits_for(spec: ChannelSpec) -> tuple[Literal["interest", "limits"],
                                              Literal["new", "old"], int]:
     if spec.profile == RELIABLE_WORK:
@@ -133,6 +144,7 @@ class MemoryBroker:
         self.lock = threading.RLock()
         self.condition = threading.Condition(self.lock)
         self._streams: dict[ChannelId, _Stream] = {}
+        self._dead_letters: dict[str, _DeadLetterLog] = {}
         self._control: dict[tuple[str, str], list[Callable[[], None]]] = {}
 
     # ------------------------------------------------------------------ channels
@@ -224,16 +236,72 @@ class MemoryBroker:
 
     # --------------------------------------------------------------- publishing
 
+    # ------------------------------------------------------------ dead letters
+
+    def ensure_dead_letters(self, flow: str) -> bool:
+        """Create the flow's dead-letter stream if absent; returns whether it was made."""
+        with self.lock:
+            if flow in self._dead_letters:
+                return False
+            self._dead_letters[flow] = _DeadLetterLog()
+            return True
+
+    def _publish_dead_letter(self, envelope: Envelope, now: float) -> Accepted | Rejected:
+        log = self._dead_letters.get(envelope.channel.flow)
+        if log is None:
+            return Rejected(f"no dead-letter stream captures flow {envelope.channel.flow!r}",
+                            retryable=False)
+        self._age_out(log, now)
+        if envelope.msg_id is not None:
+            known = log.dedup.get(envelope.msg_id)
+            if known is not None and now - known[1] < self.duplicate_window:
+                return Accepted(known[0], duplicate=True)
+        log.last_seq += 1
+        channel = envelope.channel
+        log.records[log.last_seq] = (channel.run, channel.node, envelope.data, now)
+        if envelope.msg_id is not None:
+            log.dedup[envelope.msg_id] = (log.last_seq, now)
+        return Accepted(log.last_seq)
+
+    def _age_out(self, log: _DeadLetterLog, now: float) -> None:
+        # STREAM-8: a week of dead letters; oldest first, so pruned from the front.
+        aged = False
+        while log.records:
+            _, (_, _, _, at) = next(iter(log.records.items()))
+            if now - at < DLQ_RETENTION_SECONDS:
+                break
+            log.records.popitem(last=False)
+            aged = True
+        if aged:  # their msg_ids go with them, in one pass
+            log.dedup = {k: v for k, v in log.dedup.items() if v[0] in log.records}
+
+    def dead_letters(self, flow: str, run: str | None = None,
+                     node: str | None = None) -> list[tuple[int, bytes]]:
+        """(sequence, record bytes) of a flow's dead letters, oldest first, optionally
+        of one run or one node of it -- what `videoflow dlq list` filters by subject.
+
+        Raises:
+            KeyError: the flow has no dead-letter stream.
+        """
+        with self.lock:
+            log = self._dead_letters[flow]
+            self._age_out(log, self.clock())
+            return [(seq, data) for seq, (r, n, data, _) in log.records.items()
+                    if (run is None or r == run) and (node is None or n == node)]
+
     def publish(self, envelope: Envelope) -> Accepted | Rejected:
-        """Store an envelope (or recognise a duplicate msg_id inside the window)."""
+        """Store an envelope (or recognise a duplicate msg_id inside the window); a
+        'dlq' envelope goes to its flow's dead-letter stream."""
         with self.lock:
             now = self.clock()
-            stream = self._streams.get(envelope.channel)
-            if stream is None:
-                return Rejected(f"no channel captures {envelope.channel!r}", retryable=False)
             if envelope.size > self.max_payload:
                 return Rejected(f"maximum payload exceeded ({envelope.size} > "
                                 f"{self.max_payload})", retryable=False)
+            if envelope.kind == "dlq":
+                return self._publish_dead_letter(envelope, now)
+            stream = self._streams.get(envelope.channel)
+            if stream is None:
+                return Rejected(f"no channel captures {envelope.channel!r}", retryable=False)
             self._prune_dedup(stream, now)
             if envelope.msg_id is not None and envelope.msg_id in stream.dedup:
                 return Accepted(stream.dedup[envelope.msg_id][0], duplicate=True)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 from videoflow.backends.messaging_types import (
     DURABLE_CONTROL,
+    ENVELOPE_KINDS,
     KINDS,
     LIVE_LATEST,
     PROFILES,
@@ -37,6 +38,7 @@ from videoflow.backends.messaging_types import (
     Delivery,
     DeliveryToken,
     Envelope,
+    EnvelopeKind,
     Kind,
     Known,
     LeaseObservation,
@@ -67,6 +69,7 @@ from videoflow.errors import BrokerUnavailable, IncompatibleProfile, Unobservabl
 
 __all__ = [
     "DURABLE_CONTROL",
+    "ENVELOPE_KINDS",
     "KINDS",
     "LIVE_LATEST",
     "PROFILES",
@@ -85,6 +88,7 @@ __all__ = [
     "DeliveryToken",
     "Envelope",
     "IncompatibleProfile",
+    "EnvelopeKind",
     "Kind",
     "Known",
     "LeaseObservation",
@@ -193,7 +197,24 @@ class MessagingBackend(abc.ABC):
 
     @abc.abstractmethod
     def subject_for(self, channel: ChannelId, kind: str) -> str:
-        """The subject (address) a channel's messages of kind ('data' | 'eos') use."""
+        """The subject (address) a channel's messages of kind use: 'data', 'eos', or
+        'dlq' for the dead letters of the channel's node (in the flow's dead-letter
+        stream, STREAM-8)."""
+
+    @abc.abstractmethod
+    def ensure_dead_letters(self, operation_id: str) -> None:
+        """Create or bind the flow's dead-letter stream (STREAM-8), so a dead letter
+        can be published ('dlq' envelopes). Flow-scoped and kept for
+        DLQ_RETENTION_SECONDS: no run's teardown or close ever removes it. Until it
+        exists, a dead-letter publish is Rejected (not retryable), as any publish no
+        stream captures.
+
+        Arguments:
+            operation_id: names this provisioning step, so a retry is idempotent.
+
+        Raises:
+            BrokerUnavailable: not connected, or the broker did not answer.
+        """
 
     @abc.abstractmethod
     def ensure_channel(self, spec: ChannelSpec, operation_id: str) -> VerifiedChannel:

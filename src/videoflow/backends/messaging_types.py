@@ -49,6 +49,12 @@ judges); the others have no stream-level meaning there."""
 Kind = Literal["data", "eos"]
 KINDS: frozenset[str] = frozenset({"data", "eos"})
 
+EnvelopeKind = Literal["data", "eos", "dlq"]
+ENVELOPE_KINDS: frozenset[str] = KINDS | {"dlq"}
+"""What an envelope can be published as: a channel's data or end-of-stream marker, or
+a dead letter ('dlq') of the channel's node, bound for the flow's dead-letter stream
+(STREAM-8). Nobody subscribes to a node's dead letters, so SubscriptionId keeps KINDS."""
+
 UnknownReason = Literal["missing", "timeout", "auth", "unreachable", "api", "malformed", "unread"]
 UNKNOWN_REASONS: frozenset[str] = frozenset(
     {"missing", "timeout", "auth", "unreachable", "api", "malformed", "unread"}
@@ -245,23 +251,23 @@ class Envelope:
     """One message to publish: encoded envelope bytes bound for a channel's subject.
 
     Arguments:
-        channel: where it goes.
-        kind: 'data' or 'eos'.
+        channel: where it goes (for a dead letter: the node that gave up on an input).
+        kind: 'data', 'eos' or 'dlq' (ENVELOPE_KINDS).
         data: the encoded envelope (named ``data``, not ``bytes``, so no builtin is
             shadowed).
         msg_id: the broker's deduplication id (Nats-Msg-Id; MSGID-5/6), or None.
     """
 
     channel: ChannelId
-    kind: Kind
+    kind: EnvelopeKind
     data: bytes
     msg_id: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.channel, ChannelId):
             raise ValueError(f"Envelope.channel must be a ChannelId, got {self.channel!r}")
-        if self.kind not in KINDS:
-            raise ValueError(f"Envelope.kind must be 'data' or 'eos', got {self.kind!r}")
+        if self.kind not in ENVELOPE_KINDS:
+            raise ValueError(f"Envelope.kind must be 'data', 'eos' or 'dlq', got {self.kind!r}")
         if not isinstance(self.data, bytes):
             raise ValueError(f"Envelope.data must be bytes, got {type(self.data).__name__}")
         if self.msg_id is not None:

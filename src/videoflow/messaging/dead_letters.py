@@ -15,11 +15,23 @@ record_ref.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final, Literal
 
 import msgspec
 
+from videoflow.backends.messaging import (
+    Accepted,
+    ChannelId,
+    DeliveryToken,
+    Envelope,
+    MessagingBackend,
+    SettleResult,
+    Terminal,
+)
+from videoflow.core.constants import BATCH
 from videoflow.errors import WireError
+from videoflow.messaging.publication import ATTEMPT_SECONDS, Published, publish_until_known
 
 RECORD_VERSION: Final = 1
 
@@ -119,10 +131,60 @@ def decode_dead_letter(data: bytes | bytearray | memoryview) -> DeadLetter:
         raise WireError(f"not a dead-letter record: {error}") from error
 
 
+@dataclass(frozen=True, slots=True)
+class DeadLettered:
+    """What dead_letter did.
+
+    Attributes:
+        published: how the dead letter's publication ended.
+        settled: the Terminal settlement's result, or None when the dead letter was
+            not accepted: then the delivery was left alive for a later attempt
+            (DELIV-15), and the caller records the pending handoff.
+    """
+
+    published: Published
+    settled: SettleResult | None
+
+
+def dead_letter(
+    backend: MessagingBackend,
+    token: DeliveryToken,
+    record: DeadLetter,
+    deadline: float,
+    attempt_seconds: float = ATTEMPT_SECONDS,
+) -> DeadLettered:
+    """Publish record to the flow's dead-letter stream and, only once it is accepted
+    there, terminate the delivery against it (DELIV-15: Terminal(record_ref), the
+    record's msg_id).
+
+    A dead letter is never dropped for being late: it is published as BATCH publishes
+    (a full stream is waited for until the deadline), and an unknown outcome is
+    resolved by observation. Anything short of Accepted leaves the delivery alive.
+
+    Arguments:
+        backend: the transport (its flow's dead-letter stream must exist:
+            ensure_dead_letters).
+        token: the delivery to terminate.
+        record: its dead letter (dead_letter_for).
+        deadline: monotonic time after which nothing more is tried.
+        attempt_seconds: the most one publish waits for its receipt.
+    """
+    msg_id = dead_letter_msg_id(record.node, record.parent, record.stream_seq)
+    envelope = Envelope(ChannelId(record.flow_id, record.run_id, record.node), "dlq",
+                        encode_dead_letter(record), msg_id)
+    published = publish_until_known(backend, envelope, BATCH, deadline,
+                                    attempt_seconds=attempt_seconds)
+    if not isinstance(published.outcome, Accepted):
+        return DeadLettered(published, None)
+    return DeadLettered(published, backend.settle(token, Terminal(msg_id), f"terminate:{msg_id}"))
+
+
 __all__ = [
     "REASONS",
     "RECORD_VERSION",
     "DeadLetter",
+    "DeadLettered",
+    "dead_letter",
     "dead_letter_for",
     "dead_letter_msg_id",
     "decode_dead_letter",

@@ -122,11 +122,15 @@ from videoflow.messaging.jetstream_specs import (
     subscription_spec_for,
     unknown_from,
 )
-from videoflow.messaging.naming import control_subject_for, eos_subject_for, subject_for
-from videoflow.messaging.provisioning import (
-    delete_run_streams,
+from videoflow.messaging.naming import (
+    control_subject_for,
+    dlq_stream_name,
+    dlq_subject_for,
+    eos_subject_for,
+    subject_for,
 )
-from videoflow.messaging.stream_configs import DUPLICATE_WINDOW_SECONDS
+from videoflow.messaging.provisioning import _ensure_stream, delete_run_streams
+from videoflow.messaging.stream_configs import DUPLICATE_WINDOW_SECONDS, dlq_stream_config
 
 __all__ = [
     "ACK_CONFIRM_SECONDS",
@@ -417,7 +421,23 @@ class JetStreamMessagingBackend(MessagingBackend):
             return subject_for(channel.flow, channel.run, channel.node)
         if kind == "eos":
             return eos_subject_for(channel.flow, channel.run, channel.node)
-        raise ValueError(f"kind must be 'data' or 'eos', got {kind!r}")
+        if kind == "dlq":
+            return dlq_subject_for(channel.flow, channel.run, channel.node)
+        raise ValueError(f"kind must be 'data', 'eos' or 'dlq', got {kind!r}")
+
+    def ensure_dead_letters(self, operation_id: str) -> None:
+        """Create (or find, read back, unchanged) the flow's dead-letter stream
+        (dlq_stream_config: LIMITS, a week's max_age, flow-level owner labels, STREAM-8).
+        Idempotent, so operation_id needs no bookkeeping.
+
+        Raises:
+            BrokerUnavailable: not connected, or the broker did not answer.
+        """
+        _, js = self._require()
+        try:
+            self._call(_ensure_stream(js, dlq_stream_config(self.flow_id)), BROKER_CALL_SECONDS)
+        except (TimeoutError, nats.errors.Error) as error:
+            raise BrokerUnavailable(f"ensure_dead_letters for {self.flow_id}: {error}") from error
 
     def ensure_channel(self, spec: ChannelSpec, operation_id: str) -> VerifiedChannel:
         """Create or reconcile the channel and read back its effective configuration.
@@ -601,6 +621,12 @@ class JetStreamMessagingBackend(MessagingBackend):
             if not future.done():
                 future.set_result(outcome)
 
+    def _stream_of(self, envelope: Envelope) -> str:
+        """The stream that captures envelope: its channel's, or the flow's DLQ."""
+        if envelope.kind == "dlq":
+            return dlq_stream_name(envelope.channel.flow)
+        return stream_of(envelope.channel)
+
     def observe_publication(self, envelope: Envelope) -> PublishOutcome:
         """Resolve an earlier PublicationUnknown by an idempotent re-publish: inside the
         stream's duplicate window the broker answers duplicate when the first send was
@@ -612,7 +638,7 @@ class JetStreamMessagingBackend(MessagingBackend):
         subject = self.subject_for(envelope.channel, envelope.kind)
         try:
             outcome: PublishOutcome = self._call(
-                observe_by_republish(self._js, stream_of(envelope.channel), subject,
+                observe_by_republish(self._js, self._stream_of(envelope), subject,
                                      envelope, self._ledger, BROKER_CALL_SECONDS),
                 2 * BROKER_CALL_SECONDS)
         except TimeoutError:
