@@ -117,6 +117,33 @@ def _flow_default_overlay(default: Mapping[str, Any], override: Any, what: str) 
     return merged
 
 
+def effective_join_policy(flow_type: str, join_policy: Any = None) -> JoinPolicy:
+    """A node's join policy: its override (a dict of JoinPolicy fields, or a JoinPolicy)
+    laid over the flow type's default (JoinPolicy.default_for) — what provisioning, the
+    bind and the messenger's assembler all use.
+
+    Raises:
+        ValueError: an unknown flow type or an invalid override.
+    """
+    _check_flow_type(flow_type)
+    return JoinPolicy.from_dict(_flow_default_overlay(
+        JoinPolicy.default_for(flow_type).to_dict(), join_policy, "join_policy"))
+
+
+def effective_delivery_policy(flow_type: str, max_retries: int = 3,
+                              delivery: Any = None) -> DeliveryPolicy:
+    """A node's delivery policy: the flow type's preset with the deployment's
+    max_retries, then the node's own override (a dict, or a DeliveryPolicy) laid over it.
+
+    Raises:
+        ValueError: an unknown flow type or an invalid override.
+    """
+    _check_flow_type(flow_type)
+    preset = DeliveryPolicy.default_for(flow_type).to_dict()
+    preset["max_retries"] = max_retries
+    return DeliveryPolicy.from_dict(_flow_default_overlay(preset, delivery, "delivery"))
+
+
 def join_item_credit(
     parents: Sequence[str], join_policy: dict | None, flow_type: str
 ) -> int:
@@ -143,10 +170,7 @@ def join_item_credit(
     parents = list(parents)
     if len(parents) <= 1:
         return DEFAULT_ITEM_CREDIT
-    fields_ = _flow_default_overlay(
-        JoinPolicy.default_for(flow_type).to_dict(), join_policy, "join_policy"
-    )
-    return JoinPolicy.from_dict(fields_).working_set(parents)  # RUN-005
+    return effective_join_policy(flow_type, join_policy).working_set(parents)  # RUN-005
 
 
 def max_deliver_for(
@@ -182,10 +206,7 @@ def max_deliver_for(
     Raises:
         ValueError: an unknown flow type or an invalid override.
     """
-    _check_flow_type(flow_type)
-    preset = DeliveryPolicy.default_for(flow_type).to_dict()
-    preset["max_retries"] = max_retries
-    policy = DeliveryPolicy.from_dict(_flow_default_overlay(preset, delivery, "delivery"))
+    policy = effective_delivery_policy(flow_type, max_retries, delivery)
     if ledger_budget and policy.mode == "at_least_once":
         return -1  # STREAM-15 / D11: the ledger counts attempts, not the broker
     return policy.max_deliveries

@@ -1,0 +1,536 @@
+"""NATSMessenger: the Messenger a node's task talks to, on the MessagingBackend contract.
+
+The transport (connection, streams, durables, prefetch, leases, settlement, publication
+outcomes) is the backend's (videoflow.messaging.jetstream_backend by default, the
+memory adapter in tests). What is the messenger's to decide lives here: trace and
+sequence bookkeeping, join assembly, the end-of-stream drain, the delivery-policy
+ladder, dead letters, and what counts as a drop.
+
+The shape of one input group's life: receive_any on every parent's data and EOS
+subscriptions -> decode_envelope -> EnvelopeEntry (once, at this boundary) -> the
+assembler -> a ReadyGroup -> the node -> publish (confirmed) -> settle every handle of
+the group at once (settle_many).
+
+End of stream: a node publishes one marker per replica on its channel's EOS subject,
+carrying its replica count in metadata ({"replicas": n}), so a child knows how many
+markers end that parent. A parent has ended once all its replicas' markers arrived,
+and is drained once nothing more of its data is coming: its durable reports nothing
+available (or, when that cannot be observed, no data of it arrived for
+eos_quiescence_ms) and nothing of it is parked here. Its data published before each
+marker was confirmed before the marker was sent, so it is in the stream. When every
+parent is drained the assembler is flushed (groups with a quorum are emitted, the
+rest discarded per policy) and then receive_message returns the stop entries.
+
+A delivery is given up on only against a durable record (DELIV-15): the dead letter
+when one was accepted, else an entry in this node's terminal log.
+
+Not here yet (issue 4): payload offload through a PayloadStore and the release of its
+obligations, checkpoint / restore_checkpoint, replayable producers and resume_offset,
+partitioned consumption beyond binding the replica's durable, join_status,
+pending_count / pending_observation and subscription_status.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from videoflow.backends.messaging import (
+    Accepted,
+    ChannelId,
+    Completed,
+    Delivery,
+    Envelope,
+    Known,
+    MessagingBackend,
+    Retry,
+    SettleOutcome,
+    SettleUnknown,
+    SubscriptionId,
+    Terminal,
+)
+from videoflow.core.constants import BATCH
+from videoflow.core.engine import CHECKPOINT_METADATA_KEY, Messenger
+from videoflow.core.runtime import FlowRuntime
+from videoflow.errors import VideoflowError, WireError
+from videoflow.messaging.credit import (
+    consumer_credit,
+    effective_delivery_policy,
+    effective_join_policy,
+    join_item_credit,
+    max_deliver_for,
+)
+from videoflow.messaging.dead_letters import dead_letter, dead_letter_for
+from videoflow.messaging.grouping import EnvelopeEntry, ReadyGroup, make_assembler
+from videoflow.messaging.jetstream_specs import subscription_spec_for
+from videoflow.messaging.publication import PublicationStats, publish_until_known
+from videoflow.wire.serialization import decode_envelope, encode_envelope
+
+POLL_SECONDS: Final = 0.05
+"""How long one receive waits before the loop looks at timeouts and drains again."""
+
+DROP_REASONS: Final = ("exhausted", "undecodable", "join_evicted", "publish_discarded")
+
+
+class PublicationFailed(VideoflowError):
+    """An output could not be published (refused for good, or still unknown at the
+    deadline): the task fails the inputs it came from, which are then redelivered."""
+
+
+@dataclass(slots=True)
+class _Handle:
+    """What the assembler holds for one delivery: discard / supersede resolve it."""
+
+    messenger: NATSMessenger
+    parent: str
+    sub: SubscriptionId
+    delivery: Delivery
+
+    def discard(self, reason: str) -> None:
+        self.messenger._discarded(self, reason)
+
+    def supersede(self) -> None:
+        self.messenger.backend.supersede(self.delivery.token)
+
+
+@dataclass(slots=True)
+class _ParentEnd:
+    """The end-of-stream markers one parent's replicas sent."""
+
+    expected: int = 1
+    markers: dict[int, dict[str, Any]] | None = None
+    last_data: float = 0.0
+
+
+class NATSMessenger(Messenger):
+    """A node's messenger: see the module docstring.
+
+    Arguments:
+        node: the node (anything with a ``name``).
+        parent_names: its real parents, by name; empty for a producer.
+        nats_url: the broker, for the default backend.
+        flow_id / flow_type / run_id: the run.
+        replica_id / nb_tasks: this replica and the node's replica count.
+        ack_wait / max_retries / delivery_policy: the durables' lease, the deployment's
+            retry count and the node's delivery override (a dict).
+        join_policy: the node's join override (a dict), over the flow type's default.
+        partition_by: a partition key: each replica then binds its own durables.
+        eos_quiescence_ms: how long a parent's data must stay quiet after its last end
+            marker before it counts as drained, when the broker cannot say.
+        backend: the MessagingBackend; a JetStreamMessagingBackend on nats_url if None.
+        runtime: the node's FlowRuntime ledger; a memory one if None.
+        prefetch_bytes: the default backend's byte budget (RUN-025).
+        clock: wall-clock seconds, for event times and the assembler (tests pass one).
+    """
+
+    def __init__(
+        self,
+        node: Any,
+        parent_names: list[str],
+        nats_url: str,
+        flow_id: str,
+        flow_type: str,
+        run_id: str,
+        replica_id: int = 0,
+        ack_wait: int = 60,
+        max_retries: int = 3,
+        eos_quiescence_ms: int = 500,
+        nb_tasks: int = 1,
+        partition_by: str | None = None,
+        join_policy: dict[str, Any] | None = None,
+        delivery_policy: dict[str, Any] | None = None,
+        backend: MessagingBackend | None = None,
+        runtime: FlowRuntime | None = None,
+        prefetch_bytes: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node_name: str = node.name
+        self.parent_names = list(parent_names)
+        self.flow_id, self.flow_type, self.run_id = flow_id, flow_type, run_id
+        self.replica_id, self.nb_tasks = replica_id, nb_tasks
+        self.eos_quiescence = eos_quiescence_ms / 1000.0
+        self.ack_wait = ack_wait
+        self.clock = clock
+        self.delivery_policy = effective_delivery_policy(flow_type, max_retries, delivery_policy)
+        self.channel = ChannelId(flow_id, run_id, self.node_name)
+        if backend is None:
+            from videoflow.messaging.jetstream_backend import JetStreamMessagingBackend
+            backend = JetStreamMessagingBackend(nats_url, flow_id, run_id, flow_type,
+                                                byte_budget=prefetch_bytes)
+            self._owns_backend = True
+        else:
+            self._owns_backend = False
+        self.backend = backend
+        backend.start()
+        self.runtime = runtime or FlowRuntime.in_memory(flow_id, run_id, self.node_name,
+                                                        replica_id)
+        if self.runtime.epoch is None:
+            self.runtime.claim_owner()
+        self.publication_stats_counter = PublicationStats()
+        self._drops = dict.fromkeys(DROP_REASONS, 0)
+        self.unconfirmed_acks = 0  # acks the broker did not confirm (redelivered later)
+        self._terminated = False
+        backend.subscribe_control(self._on_stop)
+        self._outputs = 0
+        self._event_ts: float | None = None
+        self._partition_key: Any = None
+        self._group: ReadyGroup | None = None
+        self._group_outputs = 0
+        self._ready: deque[ReadyGroup] = deque()
+        self._to_settle: list[tuple[Delivery, SettleOutcome]] = []
+        self._ends: dict[str, _ParentEnd] = {p: _ParentEnd() for p in self.parent_names}
+        self._flushed = False
+        self._data_subs: dict[str, SubscriptionId] = {}
+        self._eos_subs: dict[SubscriptionId, str] = {}
+        if self.parent_names:
+            policy = effective_join_policy(flow_type, join_policy)
+            self.assembler = make_assembler(self.node_name, self.parent_names, policy)
+            self._collect = set(self.parent_names) - set(policy.sync_parents(self.parent_names))
+            self._bind(partition_by is not None, join_policy, delivery_policy, max_retries)
+
+    def _bind(self, partitioned: bool, join_policy: dict[str, Any] | None,
+              delivery: dict[str, Any] | None, max_retries: int) -> None:
+        credit = consumer_credit(self.nb_tasks, partitioned,
+                                 join_item_credit(self.parent_names, join_policy,
+                                                  self.flow_type))
+        max_deliver = max_deliver_for(self.flow_type, max_retries, delivery)
+        for parent in self.parent_names:
+            parent_channel = ChannelId(self.flow_id, self.run_id, parent)
+            data = SubscriptionId(self.node_name, parent_channel, "data",
+                                  self.replica_id if partitioned else None)
+            eos = SubscriptionId(self.node_name, parent_channel, "eos")
+            self.backend.ensure_subscription(
+                subscription_spec_for(data, self.ack_wait, max_deliver, credit), "bind")
+            self.backend.ensure_subscription(
+                subscription_spec_for(eos, self.ack_wait, -1, 4), "bind")
+            self._data_subs[parent] = data
+            self._eos_subs[eos] = parent
+
+    # ------------------------------------------------------------------ termination
+
+    def _on_stop(self) -> None:
+        self._terminated = True
+
+    def check_for_termination(self) -> bool:
+        return self._terminated
+
+    def quiesce(self) -> None:
+        """Stop admitting input: what the backend prefetched goes back to the broker at
+        once (RUN-030); what the task holds still settles. Idempotent."""
+        self.backend.stop_receiving()
+
+    # ---------------------------------------------------------------------- outputs
+
+    def set_output_event_timestamp(self, value: float) -> None:
+        self._event_ts = float(value)
+
+    def set_output_partition_key(self, value: Any) -> None:
+        self._partition_key = value
+
+    def publish_message(self, message: Any, metadata: dict[str, Any] | None = None) -> None:
+        """Publish one output, confirmed (or, in REALTIME, dropped and counted) before
+        this returns. Its trace id and sequence carry its input group's forward (a
+        producer mints them); its event time is the one set for it, else the group's;
+        its msg_id is stable across a redelivery of the group, so the broker's
+        duplicate window keeps one copy.
+
+        Raises:
+            PublicationFailed: refused for good, or still unknown at the deadline.
+            DurabilityUnavailable: metadata carries a checkpoint this runtime cannot
+                keep (RUN-022): nothing was published.
+        """
+        if metadata is not None and CHECKPOINT_METADATA_KEY in metadata:
+            raise VideoflowError("checkpoints are not handled by this messenger yet "
+                                 "(issue 4): nothing was published")
+        group = self._group
+        self._outputs += 1
+        if group is None:  # a producer: a new originating event
+            trace_id, seq = uuid.uuid4().hex, self._outputs
+            # MSGID-5, {node}:{epoch}:{n}, with the replica in the node part: every
+            # replica has an epoch of its own, so two replicas' first outputs would
+            # otherwise share an id and the broker would keep only one of them.
+            msg_id = (f"{self.node_name}#{self.replica_id}:{self.runtime.epoch}:"
+                      f"{self._outputs}")
+            event_ts = self._event_ts
+        else:
+            trace_id, seq = group.trace_id, group.seq
+            self._group_outputs += 1
+            msg_id = f"{self.node_name}:{self.last_input_key()}:{self._group_outputs}"
+            event_ts = self._event_ts if self._event_ts is not None else group.event_ts
+        data = encode_envelope(
+            message, trace_id=trace_id, seq=seq, metadata=metadata,
+            producer_name=self.node_name, flow_id=self.flow_id, run_id=self.run_id,
+            replica_id=self.replica_id, event_ts=event_ts, partition_key=self._partition_key)
+        self._event_ts, self._partition_key = None, None
+        self._publish(Envelope(self.channel, "data", data, msg_id))
+
+    def _publish(self, envelope: Envelope, flow_type: str | None = None) -> None:
+        published = publish_until_known(self.backend, envelope, flow_type or self.flow_type,
+                                        time.monotonic() + self.ack_wait)
+        self.publication_stats_counter.count(published)
+        if published.dropped:
+            self._drops["publish_discarded"] += 1
+            return
+        if not isinstance(published.outcome, Accepted):
+            raise PublicationFailed(f"{self.node_name}: {envelope.kind} {envelope.msg_id} was "
+                                    f"not published: {published.outcome}")
+
+    def publish_stop_signal(self) -> None:
+        """This replica's end of stream, on the channel's EOS subject: never dropped
+        (published as BATCH publishes, whatever the flow type)."""
+        self._publish_end(is_abort=False, error=None)
+
+    def publish_abort(self, error: Any) -> None:
+        """An abnormal end of stream carrying why this node died, on the same EOS
+        subject, so it reaches every downstream replica; its msg_id differs from the
+        clean marker's, so an aborted node is never mistaken for a finished one."""
+        self._publish_end(is_abort=True, error=error)
+
+    def _publish_end(self, is_abort: bool, error: Any) -> None:
+        record = None if error is None else {"type": type(error).__name__,
+                                             "message": str(error)}
+        data = encode_envelope(
+            None, trace_id=f"{self.node_name}:end", seq=self.replica_id,
+            metadata={"replicas": self.nb_tasks}, is_stop_signal=not is_abort,
+            producer_name=self.node_name, flow_id=self.flow_id, run_id=self.run_id,
+            replica_id=self.replica_id, is_abort=is_abort,
+            abort_origin=self.node_name if is_abort else None, abort_error=record)
+        kind = "abort" if is_abort else "eos"
+        self._publish(Envelope(self.channel, "eos", data,
+                               f"{self.node_name}:{kind}:{self.replica_id}"), flow_type=BATCH)
+
+    @property
+    def publication_stats(self) -> dict[str, int]:
+        """Publication outcomes by kind: accepted, duplicate, unknown, dropped, rejected."""
+        return self.publication_stats_counter.as_dict()
+
+    # ----------------------------------------------------------------------- inputs
+
+    def receive_message(self) -> dict[str, Any]:
+        """Block until a complete input group is ready, or every parent ended.
+
+        Returns:
+            {parent: entry} (see Messenger.receive_message); after every parent ended
+            and everything of theirs was handed out, every entry has is_stop_signal
+            True, or is_abort True with abort_origin and abort_error for a parent that
+            died.
+
+        Raises:
+            ValueError: called on a producer (it has no inputs).
+        """
+        if not self.parent_names:
+            raise ValueError(f"{self.node_name} is a producer: it has no inputs")
+        self._group, self._group_outputs = None, 0
+        while True:
+            group = self._next_group()
+            if group is not None:
+                self._group = group
+                return {p: self._entry_dict(e) for p, e in group.entries.items()}
+            if self._flushed:
+                return self._stop_entries()
+            self._receive_once()
+
+    def _next_group(self) -> ReadyGroup | None:
+        if self._ready:
+            return self._ready.popleft()
+        group = self.assembler.pop_ready(self.clock())
+        self._settle_pending()
+        if group is not None:
+            return group
+        if not self._flushed and all(self._drained(p) for p in self.parent_names):
+            self._ready.extend(self.assembler.flush(self.clock()))
+            self._flushed = True
+            self._settle_pending()
+            return self._ready.popleft() if self._ready else None
+        return None
+
+    def _receive_once(self) -> None:
+        subs = [*self._data_subs.values(), *self._eos_subs]
+        got = self.backend.receive_any(subs, 64, 0, time.monotonic() + POLL_SECONDS)
+        for sub, delivery in got:
+            if sub.kind == "eos":
+                self._on_end_marker(self._eos_subs[sub], delivery)
+            else:
+                self._on_data(sub, delivery)
+        self._settle_pending()
+
+    def _on_data(self, sub: SubscriptionId, delivery: Delivery) -> None:
+        parent = sub.channel.node
+        self._ends[parent].last_data = time.monotonic()
+        try:
+            entry = EnvelopeEntry.from_decoded(decode_envelope(delivery.data))
+        except (WireError, KeyError) as error:
+            self._drops["undecodable"] += 1
+            self._terminate(parent, delivery, f"undecodable: {error}")
+            return
+        self.assembler.add(parent, entry, _Handle(self, parent, sub, delivery))
+
+    def _on_end_marker(self, parent: str, delivery: Delivery) -> None:
+        try:
+            marker = decode_envelope(delivery.data)
+        except WireError as error:
+            self._drops["undecodable"] += 1
+            self._terminate(parent, delivery, f"undecodable end marker: {error}")
+            return
+        end = self._ends[parent]
+        replicas = (marker.get("metadata") or {}).get("replicas", 1)
+        end.expected = replicas if isinstance(replicas, int) and replicas >= 1 else 1
+        if end.markers is None:
+            end.markers = {}
+        end.markers.setdefault(marker["replica_id"], marker)
+        self.runtime.record_eos(parent, marker["replica_id"], aborted=bool(marker["is_abort"]))
+        self._to_settle.append((delivery, Completed()))
+
+    def _drained(self, parent: str) -> bool:
+        end = self._ends[parent]
+        if end.markers is None or len(end.markers) < end.expected:
+            return False
+        sub = self._data_subs[parent]
+        if self.backend.prefetched(sub):
+            return False
+        observed = self.backend.observe_subscription(sub)
+        if isinstance(observed, Known):
+            return observed.value.available == 0
+        return time.monotonic() - end.last_data >= self.eos_quiescence
+
+    def _stop_entries(self) -> dict[str, Any]:
+        entries: dict[str, Any] = {}
+        for parent in self.parent_names:
+            markers = self._ends[parent].markers or {}
+            aborted = next((m for m in markers.values() if m["is_abort"]), None)
+            entries[parent] = {
+                "message": None, "metadata": None, "event_ts": None,
+                "is_stop_signal": aborted is None, "is_abort": aborted is not None,
+                "abort_origin": None if aborted is None else aborted["abort_origin"],
+                "abort_error": None if aborted is None else aborted["abort_error"],
+            }
+        return entries
+
+    @staticmethod
+    def _entry_dict(entry: Any) -> dict[str, Any] | None:
+        if entry is None:
+            return None
+        return {"message": entry.message, "metadata": entry.metadata,
+                "event_ts": entry.event_ts, "is_stop_signal": False, "is_abort": False,
+                "abort_origin": None, "abort_error": None}
+
+    def last_input_key(self) -> str | None:
+        """A stable identity of the group last returned: its trace id and seq, the
+        same across a redelivery or a restart."""
+        group = self._group
+        return None if group is None else f"{group.trace_id}:{group.seq}"
+
+    def last_input_info(self) -> dict[str, dict[str, Any] | None] | None:
+        """Per parent: event_ts, metadata, trace_id and seq of the group last
+        returned; None for a parent missing from a quorum emission; None for a
+        producer."""
+        group = self._group
+        if group is None:
+            return None
+        info: dict[str, dict[str, Any] | None] = {}
+        for parent, entry in group.entries.items():
+            if isinstance(entry, EnvelopeEntry):
+                info[parent] = {"event_ts": entry.event_ts, "metadata": entry.metadata,
+                                "trace_id": entry.trace_id, "seq": entry.seq}
+            elif entry is None:
+                info[parent] = None
+            else:  # a collect window: lists over its samples
+                info[parent] = {"event_ts": entry.event_ts, "metadata": entry.metadata,
+                                "trace_id": None, "seq": None}
+        return info
+
+    # ------------------------------------------------------------------ settlement
+
+    def ack_inputs(self) -> None:
+        """Settle every handle of the group last returned Completed, in one batch.
+        An unconfirmed settlement leaves its delivery to be redelivered (PAY-004)."""
+        group, self._group = self._group, None
+        if group is None:
+            return
+        key = f"{group.trace_id}:{group.seq}"
+        results = self.backend.settle_many([(h.delivery.token, Completed(), f"ack:{key}:{i}")
+                                            for i, h in enumerate(group.handles)])
+        self.unconfirmed_acks += sum(isinstance(r, SettleUnknown) for r in results)
+
+    def fail_inputs(self, exc: BaseException) -> None:
+        """Execute the delivery policy's verdict for exc on the group last returned:
+        retry after the backoff, hand back without counting (worker-fatal),
+        dead-letter then terminate (poison, or the retry budget spent), or terminate
+        against the terminal log and count it (best effort)."""
+        group, self._group = self._group, None
+        if group is None:
+            return
+        for handle in group.handles:
+            delivery = handle.delivery
+            action = self.delivery_policy.action_for(exc, delivery.num_delivered)
+            if action.kind == "retry":
+                self._to_settle.append((delivery, Retry(action.delay)))
+            elif action.kind == "nak_uncounted":
+                self._to_settle.append((delivery, Retry(0.0)))
+            elif action.kind == "dead_letter":
+                self._dead_letter(handle, exc, action.reason)
+            else:  # drop
+                self._drops["exhausted"] += 1
+                self._terminate(handle.parent, delivery, action.reason or "dropped")
+        self._settle_pending()
+
+    def _dead_letter(self, handle: _Handle, exc: BaseException, reason: str) -> None:
+        delivery = handle.delivery
+        record = dead_letter_for(
+            self.flow_id, self.run_id, self.node_name, handle.parent, delivery.stream_seq,
+            delivery.num_delivered, "poison" if reason.startswith("poison") else
+            "retries_exhausted", delivery.data, exc, self.clock())
+        done = dead_letter(self.backend, delivery.token, record,
+                           time.monotonic() + self.ack_wait)
+        if done.settled is None:
+            # The dead letter was not accepted: the delivery stays alive for a later
+            # attempt, and the ledger and the broker's observation both say so.
+            key = f"{handle.parent}:{delivery.stream_seq}"
+            self.runtime.add_pending_handoff(key, handle.parent, reason)
+            self.backend.mark_exhausted(handle.sub, delivery.stream_seq)
+            self._drops["exhausted"] += 1
+
+    def _discarded(self, handle: _Handle, reason: str) -> None:
+        if handle.parent in self._collect and reason in ("expired", "flushed"):
+            # A sample no group took, released once no group could: done, not lost.
+            self._to_settle.append((handle.delivery, Completed()))
+            return
+        self._drops["join_evicted"] += 1
+        self._terminate(handle.parent, handle.delivery, f"join {reason}")
+
+    def _terminate(self, parent: str, delivery: Delivery, reason: str) -> None:
+        """Give a delivery up against a terminal-log record (DELIV-15)."""
+        key = f"{parent}:{delivery.stream_seq}"
+        entry = self.runtime.log_terminal(key, f"terminal:{self.node_name}:{key}", reason)
+        self._to_settle.append((delivery, Terminal(entry.record_ref)))
+
+    def _settle_pending(self) -> None:
+        pending, self._to_settle = self._to_settle, []
+        if pending:
+            self.backend.settle_many(
+                [(d.token, outcome, f"{type(outcome).__name__}:{d.token.stream_seq}:"
+                  f"{d.token.attempt}:{d.token.subscription.channel.node}")
+                 for d, outcome in pending])
+
+    def take_drops(self) -> dict[str, int]:
+        """Inputs given up on since the last call, by reason (DROP_REASONS)."""
+        drops, self._drops = self._drops, dict.fromkeys(DROP_REASONS, 0)
+        return drops
+
+    def terminal_entries(self) -> list[dict[str, Any]]:
+        """The node's terminal log (DELIV-15): every delivery it ended without a dead
+        letter."""
+        return [{"key": e.key, "record_ref": e.record_ref, "reason": e.reason}
+                for e in self.runtime.terminal_entries()]
+
+    def close(self) -> None:
+        """Shut the backend down if this messenger made it."""
+        if self._owns_backend:
+            self.backend.shutdown()
+
+
+__all__ = ["DROP_REASONS", "NATSMessenger", "PublicationFailed"]

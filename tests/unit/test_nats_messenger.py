@@ -1,0 +1,287 @@
+"""NATSMessenger on the memory adapter: flows run node by node in one thread, every
+scenario deterministic. Each node gets its own backend on one shared broker, as each
+worker process holds its own connection to one server."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from videoflow.backends.memory import MemoryBroker, MemoryMessagingBackend
+from videoflow.backends.messaging import (
+    RELIABLE_WORK,
+    ChannelId,
+    ChannelSpec,
+    Envelope,
+    SubscriptionId,
+)
+from videoflow.core.constants import BATCH
+from videoflow.core.policies import PoisonMessage, WorkerFatal
+from videoflow.messaging.dead_letters import decode_dead_letter
+from videoflow.messaging.nats_messenger import NATSMessenger
+from videoflow.wire.serialization import decode_envelope
+
+FLOW, RUN = "flow", "run"
+FAST_RETRIES = {"max_retries": 2, "backoff": {"base_ms": 1.0, "factor": 1.0, "max_ms": 1.0}}
+
+
+class Flow:
+    """A broker, one channel per publishing node, and a messenger per node."""
+
+    def __init__(self, edges: dict[str, list[str]]) -> None:
+        self.broker = MemoryBroker(duplicate_window=120.0)
+        self.edges = edges  # node -> parents
+        self.made: list[NATSMessenger] = []
+        children: dict[str, list[str]] = {}
+        for node, parents in edges.items():
+            for parent in parents:
+                children.setdefault(parent, []).append(node)
+        admin = self.backend()
+        admin.ensure_dead_letters("dlq")
+        for node in edges:
+            if node in children:  # it publishes: its channel, read by every child
+                required = tuple(SubscriptionId(c, ChannelId(FLOW, RUN, node))
+                                 for c in children[node])
+                admin.ensure_channel(ChannelSpec(ChannelId(FLOW, RUN, node), RELIABLE_WORK,
+                                                 required=required), "provision")
+        self.admin = admin
+
+    def backend(self) -> MemoryMessagingBackend:
+        made = MemoryMessagingBackend(self.broker, flow_id=FLOW, run_id=RUN)
+        made.start()
+        return made
+
+    def messenger(self, node: str, **options: Any) -> NATSMessenger:
+        made = NATSMessenger(SimpleNamespace(name=node), self.edges[node], "nats://unused",
+                             FLOW, BATCH, RUN, backend=self.backend(), **options)
+        self.made.append(made)
+        return made
+
+
+def run_sink(messenger: NATSMessenger, consume: Callable[[dict[str, Any]], None]) -> list[Any]:
+    """A consumer's loop: like run_node, but it publishes nothing."""
+    seen: list[Any] = []
+    while True:
+        inputs = messenger.receive_message()
+        if all(e is not None and (e["is_stop_signal"] or e["is_abort"])
+               for e in inputs.values()):
+            return [*seen, inputs]
+        consume(inputs)
+        messenger.ack_inputs()
+        seen.append(inputs)
+
+
+def run_producer(messenger: NATSMessenger, messages: list[Any]) -> None:
+    for i, message in enumerate(messages):
+        messenger.set_output_event_timestamp(1000.0 + i)
+        messenger.publish_message(message)
+    messenger.publish_stop_signal()
+
+
+def run_node(messenger: NATSMessenger, work: Callable[[dict[str, Any]], Any] | None) -> list[Any]:
+    """The task loop: receive, process, publish, ack (fail on an exception), until every
+    parent ended; then this node's own end of stream. Returns the inputs processed and
+    the final stop entries, last."""
+    seen: list[Any] = []
+    for _ in range(1000):
+        inputs = messenger.receive_message()
+        if all(e is not None and (e["is_stop_signal"] or e["is_abort"])
+               for e in inputs.values()):
+            if work is not None:
+                messenger.publish_stop_signal()
+            seen.append(inputs)
+            return seen
+        try:
+            output = None if work is None else work(inputs)
+        except Exception as error:  # the task hands every failure to the policy
+            messenger.fail_inputs(error)
+            continue
+        if work is not None:
+            messenger.publish_message(output)
+        messenger.ack_inputs()
+        seen.append(inputs)
+    raise AssertionError("the flow never ended")
+
+
+@pytest.fixture
+def flows() -> Iterator[Callable[[dict[str, list[str]]], Flow]]:
+    made: list[Flow] = []
+
+    def make(edges: dict[str, list[str]]) -> Flow:
+        flow = Flow(edges)
+        made.append(flow)
+        return flow
+
+    yield make
+    for flow in made:
+        for messenger in flow.made:
+            messenger.close()
+
+
+def test_a_chain_carries_every_message_its_trace_and_its_event_time_to_the_end(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "double": ["cam"], "sink": ["double"]})
+    cam, double, sink = flow.messenger("cam"), flow.messenger("double"), flow.messenger("sink")
+    run_producer(cam, [1, 2, 3, 4, 5])
+    producer_traces: list[str] = []
+
+    def doubled(inputs: dict[str, Any]) -> Any:
+        info = double.last_input_info()
+        assert info is not None and info["cam"] is not None
+        producer_traces.append(info["cam"]["trace_id"])
+        return inputs["cam"]["message"] * 2
+
+    run_node(double, doubled)
+    sink_traces: list[str] = []
+
+    def seen(inputs: dict[str, Any]) -> None:
+        info = sink.last_input_info()
+        assert info is not None and info["double"] is not None
+        sink_traces.append(info["double"]["trace_id"])
+
+    received = run_sink(sink, seen)
+    *groups, stop = received
+    assert [g["double"]["message"] for g in groups] == [2, 4, 6, 8, 10]
+    # The event time a producer set travels with the event, and so does its trace id.
+    assert [g["double"]["event_ts"] for g in groups] == [1000.0, 1001.0, 1002.0, 1003.0, 1004.0]
+    assert sink_traces == producer_traces and len(set(producer_traces)) == 5
+    assert stop == {"double": {"message": None, "metadata": None, "event_ts": None,
+                               "is_stop_signal": True, "is_abort": False,
+                               "abort_origin": None, "abort_error": None}}
+    assert sink.last_input_info() is None  # after the end, nothing is the last input
+    assert cam.publication_stats["accepted"] == 6  # five messages and the end marker
+    for messenger in (cam, double, sink):
+        assert messenger.take_drops() == dict.fromkeys(
+            ("exhausted", "undecodable", "join_evicted", "publish_discarded"), 0)
+
+
+def test_a_diamond_joins_the_two_branches_of_each_event_by_trace(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "left": ["cam"], "right": ["cam"], "fuse": ["left", "right"],
+                  "sink": ["fuse"]})
+    cam, left, right = flow.messenger("cam"), flow.messenger("left"), flow.messenger("right")
+    fuse, sink = flow.messenger("fuse"), flow.messenger("sink")
+    run_producer(cam, list(range(6)))
+    run_node(left, lambda inputs: ("L", inputs["cam"]["message"]))
+    run_node(right, lambda inputs: ("R", inputs["cam"]["message"]))
+    keys = []
+
+    def fused(inputs: dict[str, Any]) -> Any:
+        keys.append(fuse.last_input_key())
+        info = fuse.last_input_info()
+        assert info is not None and info["left"]["trace_id"] == info["right"]["trace_id"]
+        return (inputs["left"]["message"], inputs["right"]["message"])
+
+    run_node(fuse, fused)
+    *groups, _ = run_node(sink, None)
+    assert [g["fuse"]["message"] for g in groups] == [[["L", n], ["R", n]] for n in range(6)]
+    assert len(set(keys)) == 6  # one group per originating event
+
+
+def test_a_poison_input_is_dead_lettered_at_once_and_the_flow_goes_on(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "work": ["cam"], "sink": ["work"]})
+    cam = flow.messenger("cam")
+    work = flow.messenger("work", delivery_policy=FAST_RETRIES)
+    sink = flow.messenger("sink")
+    run_producer(cam, [1, 2, 3])
+
+    def fragile(inputs: dict[str, Any]) -> Any:
+        if inputs["cam"]["message"] == 2:
+            raise PoisonMessage("frame 2 is corrupt")
+        return inputs["cam"]["message"]
+
+    run_node(work, fragile)
+    *groups, _ = run_node(sink, None)
+    assert [g["work"]["message"] for g in groups] == [1, 3]
+    (only,) = flow.broker.dead_letters(FLOW)
+    record = decode_dead_letter(only[1])
+    assert (record.node, record.parent, record.reason, record.attempts) == (
+        "work", "cam", "poison", 1)  # first failure: no attempts burned
+    assert "frame 2 is corrupt" in record.error_message
+    assert decode_envelope(record.envelope)["message"] == 2  # the input, as it arrived
+
+
+def test_a_transient_failure_is_retried_then_dead_lettered_after_max_retries(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "work": ["cam"], "sink": ["work"]})
+    cam, work = flow.messenger("cam"), flow.messenger("work", delivery_policy=FAST_RETRIES)
+    flow.messenger("sink")
+    run_producer(cam, ["x"])
+    attempts = []
+
+    def flaky(inputs: dict[str, Any]) -> Any:
+        attempts.append(inputs["cam"]["message"])
+        raise ConnectionError("upstream service down")
+
+    run_node(work, flaky)
+    assert len(attempts) == 3  # the first delivery and max_retries=2 redeliveries
+    (only,) = flow.broker.dead_letters(FLOW)
+    assert decode_dead_letter(only[1]).reason == "retries_exhausted"
+
+
+def test_a_worker_fatal_error_hands_the_input_back_without_a_dead_letter(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "work": ["cam"], "sink": ["work"]})
+    cam, work = flow.messenger("cam"), flow.messenger("work", delivery_policy=FAST_RETRIES)
+    flow.messenger("sink")
+    run_producer(cam, ["x"])
+    calls = []
+
+    def broken_then_fixed(inputs: dict[str, Any]) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise WorkerFatal("GPU lost")
+        return "ok"
+
+    run_node(work, broken_then_fixed)
+    assert len(calls) == 2
+    assert flow.broker.dead_letters(FLOW) == []
+
+
+def test_bytes_that_are_not_an_envelope_are_counted_and_terminated_against_the_log(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "sink": ["cam"]})
+    cam, sink = flow.messenger("cam"), flow.messenger("sink")
+    cam.publish_message("before")
+    outcome = flow.admin.publish(Envelope(ChannelId(FLOW, RUN, "cam"), "data", b"\xc1garbage"),
+                                 10**9)
+    assert outcome.__class__.__name__ == "Accepted"
+    run_producer(cam, ["after"])
+    *groups, _ = run_node(sink, None)
+    assert [g["cam"]["message"] for g in groups] == ["before", "after"]
+    assert sink.take_drops()["undecodable"] == 1
+    (entry,) = sink.terminal_entries()
+    assert entry["reason"].startswith("undecodable") and entry["record_ref"].startswith(
+        "terminal:sink:")
+
+
+def test_an_abort_reaches_the_child_as_an_aborted_end_carrying_the_error(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "sink": ["cam"]})
+    cam, sink = flow.messenger("cam"), flow.messenger("sink")
+    cam.publish_message("frame")
+    cam.publish_abort(RuntimeError("camera unplugged"))
+    *groups, stop = run_node(sink, None)
+    assert [g["cam"]["message"] for g in groups] == ["frame"]
+    assert stop["cam"]["is_abort"] and not stop["cam"]["is_stop_signal"]
+    assert stop["cam"]["abort_origin"] == "cam"
+    assert stop["cam"]["abort_error"] == {"type": "RuntimeError", "message": "camera unplugged"}
+
+
+def test_every_replica_of_a_parent_must_end_before_the_child_does(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "sink": ["cam"]})
+    first = flow.messenger("cam", nb_tasks=2, replica_id=0)
+    second = flow.messenger("cam", nb_tasks=2, replica_id=1)
+    sink = flow.messenger("sink")
+    run_producer(first, ["a"])  # replica 0 ends; replica 1 is still going
+    assert sink.receive_message()["cam"]["message"] == "a"
+    sink.ack_inputs()
+    answers: list[dict[str, Any]] = []
+    waiting = threading.Thread(target=lambda: answers.append(sink.receive_message()))
+    waiting.start()
+    waiting.join(0.5)
+    assert answers == []  # one end marker of two: the parent has not ended
+    second.publish_message("b")  # the same first output number as replica 0's "a"
+    second.publish_stop_signal()
+    waiting.join(5)
+    assert [a["cam"]["message"] for a in answers] == ["b"]
+    sink.ack_inputs()
+    assert sink.receive_message()["cam"]["is_stop_signal"]
