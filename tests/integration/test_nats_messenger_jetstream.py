@@ -1,0 +1,124 @@
+"""NATSMessenger on a real nats-server: a flow provisioned with provision_flow_sync and
+run with one thread per node, each with its own JetStream backend (its own connection
+and loop), as worker processes would."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import nats
+import pytest
+
+from videoflow import server as embedded
+from videoflow.core.compiler import NodeSpec
+from videoflow.core.constants import BATCH
+from videoflow.core.policies import PoisonMessage
+from videoflow.messaging.dead_letters import decode_dead_letter
+from videoflow.messaging.naming import dlq_stream_name
+from videoflow.messaging.nats_messenger import NATSMessenger
+from videoflow.messaging.topology import provision_flow_sync
+from videoflow.wire.serialization import decode_envelope
+
+pytestmark = pytest.mark.timeout(90)
+
+FLOW, RUN = "flow", "run"
+
+
+def messenger(url: str, node: str, parents: list[str]) -> NATSMessenger:
+    return NATSMessenger(SimpleNamespace(name=node), parents, url, FLOW, BATCH, RUN,
+                         ack_wait=30, eos_quiescence_ms=200)
+
+
+def node_loop(m: NATSMessenger, work: Callable[[dict[str, Any]], Any] | None,
+              out: list[Any]) -> None:
+    """The task loop of one node (see tests/unit/test_nats_messenger.py)."""
+    try:
+        while True:
+            inputs = m.receive_message()
+            if all(e is not None and (e["is_stop_signal"] or e["is_abort"])
+                   for e in inputs.values()):
+                if work is not None:
+                    m.publish_stop_signal()
+                return
+            try:
+                result = None if work is None else work(inputs)
+            except PoisonMessage as error:
+                m.fail_inputs(error)
+                continue
+            if work is not None:
+                m.publish_message(result)
+            m.ack_inputs()
+            out.append(inputs if work is None else result)
+    finally:
+        m.close()
+
+
+def test_a_diamond_runs_end_to_end_on_jetstream_with_a_dead_letter_on_the_way(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    specs = [
+        NodeSpec("cam", "producer"),
+        NodeSpec("left", "processor", parents=("cam",)),
+        NodeSpec("right", "processor", parents=("cam",)),
+        NodeSpec("fuse", "processor", parents=("left", "right")),
+        NodeSpec("sink", "consumer", parents=("fuse",)),
+    ]
+    provision_flow_sync(nats_server.url, specs, FLOW, RUN, BATCH, timeout=30)
+    left, right = messenger(nats_server.url, "left", ["cam"]), messenger(
+        nats_server.url, "right", ["cam"])
+    fuse = messenger(nats_server.url, "fuse", ["left", "right"])
+    sink = messenger(nats_server.url, "sink", ["fuse"])
+    outputs: dict[str, list[Any]] = {name: [] for name in ("left", "right", "fuse", "sink")}
+
+    def right_work(inputs: dict[str, Any]) -> Any:
+        if inputs["cam"]["message"] == 13:
+            raise PoisonMessage("13 is unlucky")
+        return ("R", inputs["cam"]["message"])
+
+    threads = [
+        threading.Thread(target=node_loop, args=(left, lambda i: ("L", i["cam"]["message"]),
+                                                 outputs["left"])),
+        threading.Thread(target=node_loop, args=(right, right_work, outputs["right"])),
+        threading.Thread(target=node_loop, args=(
+            fuse, lambda i: [i["left"]["message"], i["right"]["message"]], outputs["fuse"])),
+        threading.Thread(target=node_loop, args=(sink, None, outputs["sink"])),
+    ]
+    for thread in threads:
+        thread.start()
+    cam = messenger(nats_server.url, "cam", [])
+    try:
+        for n in range(20):
+            cam.set_output_event_timestamp(1000.0 + n)
+            cam.publish_message(n)
+        cam.publish_stop_signal()
+    finally:
+        cam.close()
+    for thread in threads:
+        thread.join(60)
+        assert not thread.is_alive()
+    received = sorted(tuple(map(tuple, g["fuse"]["message"])) for g in outputs["sink"])
+    # 13 was dead-lettered by one branch, so its left half waits for a partner that never
+    # comes and is given up at the end (counted, terminated against the log).
+    assert received == [(("L", n), ("R", n)) for n in range(20) if n != 13]
+    assert right.take_drops() == dict.fromkeys(
+        ("exhausted", "undecodable", "join_evicted", "publish_discarded"), 0)
+    assert fuse.take_drops()["join_evicted"] == 1
+    assert [e["reason"] for e in fuse.terminal_entries()] == ["join flushed"]
+    (record,) = asyncio.run(dead_letters(nats_server.url))
+    assert (record.node, record.parent, record.reason) == ("right", "cam", "poison")
+    assert decode_envelope(record.envelope)["message"] == 13
+
+
+async def dead_letters(url: str) -> list[Any]:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(dlq_stream_name(FLOW))
+        return [decode_dead_letter((await js.get_msg(dlq_stream_name(FLOW), seq)).data)
+                for seq in range(info.state.first_seq, info.state.last_seq + 1)]
+    finally:
+        await nc.close()
