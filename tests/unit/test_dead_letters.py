@@ -59,7 +59,8 @@ def test_bad_arguments_are_refused() -> None:
         record(stream_seq=0)
     with pytest.raises(ValueError, match=">= 1"):
         record(attempts=0)
-    assert set(REASONS) == {"poison", "retries_exhausted", "undecodable", "best_effort_failed"}
+    assert set(REASONS) == {"poison", "retries_exhausted", "undecodable", "best_effort_failed",
+                            "join_incomplete"}
 
 
 def test_the_msg_id_names_the_delivery_so_a_retried_publish_deduplicates() -> None:

@@ -35,10 +35,13 @@ from videoflow.messaging.publication import ATTEMPT_SECONDS, Published, publish_
 
 RECORD_VERSION: Final = 1
 
-Reason = Literal["poison", "retries_exhausted", "undecodable", "best_effort_failed"]
-REASONS: Final = ("poison", "retries_exhausted", "undecodable", "best_effort_failed")
+Reason = Literal["poison", "retries_exhausted", "undecodable", "best_effort_failed",
+                 "join_incomplete"]
+REASONS: Final = ("poison", "retries_exhausted", "undecodable", "best_effort_failed",
+                  "join_incomplete")
 """Why a delivery was dead-lettered: the node declared it poison, its retry budget
-ran out, its bytes were not an envelope, or a best-effort node failed it once."""
+ran out, its bytes were not an envelope, a best-effort node failed it once, or it was
+one half of a join group given up on under a missing='dead_letter' policy."""
 
 
 class DeadLetter(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag=RECORD_VERSION,

@@ -64,7 +64,7 @@ from videoflow.messaging.credit import (
     join_item_credit,
     max_deliver_for,
 )
-from videoflow.messaging.dead_letters import dead_letter, dead_letter_for
+from videoflow.messaging.dead_letters import Reason, dead_letter, dead_letter_for
 from videoflow.messaging.grouping import EnvelopeEntry, ReadyGroup, make_assembler
 from videoflow.messaging.jetstream_specs import subscription_spec_for
 from videoflow.messaging.publication import PublicationStats, publish_until_known
@@ -189,6 +189,7 @@ class NATSMessenger(Messenger):
         if self.parent_names:
             policy = effective_join_policy(flow_type, join_policy)
             self.assembler = make_assembler(self.node_name, self.parent_names, policy)
+            self._join_missing = policy.missing
             self._collect = set(self.parent_names) - set(policy.sync_parents(self.parent_names))
             self._bind(partition_by is not None, join_policy, delivery_policy, max_retries)
 
@@ -478,12 +479,14 @@ class NATSMessenger(Messenger):
                 self._terminate(handle.parent, delivery, action.reason or "dropped")
         self._settle_pending()
 
-    def _dead_letter(self, handle: _Handle, exc: BaseException, reason: str) -> None:
+    def _dead_letter(self, handle: _Handle, exc: BaseException | None, reason: str,
+                     kind: Reason | None = None) -> None:
         delivery = handle.delivery
+        if kind is None:
+            kind = "poison" if reason.startswith("poison") else "retries_exhausted"
         record = dead_letter_for(
             self.flow_id, self.run_id, self.node_name, handle.parent, delivery.stream_seq,
-            delivery.num_delivered, "poison" if reason.startswith("poison") else
-            "retries_exhausted", delivery.data, exc, self.clock())
+            delivery.num_delivered, kind, delivery.data, exc, self.clock())
         done = dead_letter(self.backend, delivery.token, record,
                            time.monotonic() + self.ack_wait)
         if done.settled is None:
@@ -500,7 +503,10 @@ class NATSMessenger(Messenger):
             self._to_settle.append((handle.delivery, Completed()))
             return
         self._drops["join_evicted"] += 1
-        self._terminate(handle.parent, handle.delivery, f"join {reason}")
+        if self._join_missing == "dead_letter":
+            self._dead_letter(handle, None, f"join {reason}", "join_incomplete")
+        else:
+            self._terminate(handle.parent, handle.delivery, f"join {reason}")
 
     def _terminate(self, parent: str, delivery: Delivery, reason: str) -> None:
         """Give a delivery up against a terminal-log record (DELIV-15)."""
