@@ -4,6 +4,7 @@ worker process holds its own connection to one server."""
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
@@ -285,3 +286,59 @@ def test_every_replica_of_a_parent_must_end_before_the_child_does(flows) -> None
     assert [a["cam"]["message"] for a in answers] == ["b"]
     sink.ack_inputs()
     assert sink.receive_message()["cam"]["is_stop_signal"]
+
+
+def test_four_cameras_and_an_imu_fuse_by_capture_instant_never_merging_two(flows) -> None:  # type: ignore[no-untyped-def]
+    # The generator's ground truth: camera c captures instant k at k/30 s plus its own
+    # clock offset and up to +-3 ms of jitter, and drops 2% of its frames; the IMU
+    # samples at 400 Hz. Fused groups must hold frames of exactly one instant each, a
+    # dropped frame must give a quorum group with None for that camera, and each group
+    # must carry the IMU samples within its window.
+    rng = random.Random(7)
+    cams = [f"cam{c}" for c in range(4)]
+    flow = flows({**{c: [] for c in cams}, "imu": [], "fuse": [*cams, "imu"], "sink": ["fuse"]})
+    policy = {"mode": "time", "tolerance_ms": 12.0, "quorum": 3, "timeout_ms": 60_000.0,
+              "missing": "drop", "collect": {"imu": 20.0}}
+    producers = {c: flow.messenger(c) for c in [*cams, "imu"]}
+    # Everything is published before the fusion starts (a replay), so wall time says
+    # nothing about event time: the fusion's clock stands still, and windows close on
+    # the IMU's event-time watermark alone, never on the wall-time backstop.
+    fuse = flow.messenger("fuse", join_policy=policy, clock=lambda: 1000.0)
+    sink = flow.messenger("sink")
+    instants = 60
+    dropped: set[tuple[str, int]] = set()
+    for c, cam in enumerate(cams):
+        offset = (c - 1.5) * 0.001
+        for k in range(instants):
+            if rng.random() < 0.02:
+                dropped.add((cam, k))
+                continue
+            producers[cam].set_output_event_timestamp(k / 30 + offset + rng.uniform(-0.003, 0.003))
+            producers[cam].publish_message({"camera": cam, "instant": k})
+        producers[cam].publish_stop_signal()
+    for i in range(int(instants / 30 * 400)):
+        producers["imu"].set_output_event_timestamp(i / 400)
+        producers["imu"].publish_message(i)
+    producers["imu"].publish_stop_signal()
+
+    def fused(inputs: dict[str, Any]) -> Any:
+        frames = [inputs[c]["message"] for c in cams if inputs[c] is not None]
+        instant = {f["instant"] for f in frames}
+        assert len(instant) == 1, frames  # never a merge of two capture instants
+        (k,) = instant
+        missing = {c for c in cams if inputs[c] is None}
+        assert missing == {c for c in cams if (c, k) in dropped}, (k, missing)
+        samples = inputs["imu"]["message"]
+        assert samples and all(abs(s / 400 - k / 30) <= 0.020 + 0.004 for s in samples)
+        return {"instant": k, "frames": len(frames), "imu": len(samples)}
+
+    run_node(fuse, fused)
+    *groups, _ = run_sink(sink, lambda inputs: None)
+    emitted = [g["fuse"]["message"] for g in groups]
+    full = [k for k in range(instants)
+            if sum((c, k) in dropped for c in cams) <= 1]  # at least a quorum of 3 captured
+    assert sorted(g["instant"] for g in emitted) == full
+    assert any(g["frames"] == 3 for g in emitted) == any(
+        sum((c, k) in dropped for c in cams) == 1 for k in range(instants))
+    assert fuse.take_drops()["join_evicted"] == 0
+    assert flow.broker.dead_letters(FLOW) == []  # no group failed the checks above

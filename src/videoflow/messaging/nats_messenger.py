@@ -65,7 +65,12 @@ from videoflow.messaging.credit import (
     max_deliver_for,
 )
 from videoflow.messaging.dead_letters import Reason, dead_letter, dead_letter_for
-from videoflow.messaging.grouping import EnvelopeEntry, ReadyGroup, make_assembler
+from videoflow.messaging.grouping import (
+    EnvelopeEntry,
+    ReadyGroup,
+    TimeGroupAssembler,
+    TraceGroupAssembler,
+)
 from videoflow.messaging.jetstream_specs import subscription_spec_for
 from videoflow.messaging.publication import PublicationStats, publish_until_known
 from videoflow.wire.serialization import decode_envelope, encode_envelope
@@ -124,7 +129,8 @@ class NATSMessenger(Messenger):
         backend: the MessagingBackend; a JetStreamMessagingBackend on nats_url if None.
         runtime: the node's FlowRuntime ledger; a memory one if None.
         prefetch_bytes: the default backend's byte budget (RUN-025).
-        clock: wall-clock seconds, for event times and the assembler (tests pass one).
+        clock: wall-clock seconds for the assembler's timeouts and collect-window
+            backstops, and for dead letters' timestamps (tests pass one).
     """
 
     def __init__(
@@ -188,7 +194,10 @@ class NATSMessenger(Messenger):
         self._eos_subs: dict[SubscriptionId, str] = {}
         if self.parent_names:
             policy = effective_join_policy(flow_type, join_policy)
-            self.assembler = make_assembler(self.node_name, self.parent_names, policy)
+            # make_assembler's classes, on this messenger's clock: timeouts and collect
+            # windows' wall-time backstops then run on the clock the caller chose.
+            kind = TimeGroupAssembler if policy.mode == "time" else TraceGroupAssembler
+            self.assembler = kind(self.node_name, self.parent_names, policy, clock=clock)
             self._join_missing = policy.missing
             self._collect = set(self.parent_names) - set(policy.sync_parents(self.parent_names))
             self._bind(partition_by is not None, join_policy, delivery_policy, max_retries)
