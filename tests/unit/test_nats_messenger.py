@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from videoflow.backends.memory import MemoryBroker, MemoryMessagingBackend
@@ -17,9 +18,12 @@ from videoflow.backends.messaging import (
     RELIABLE_WORK,
     ChannelId,
     ChannelSpec,
+    Completed,
     Envelope,
+    SettleUnknown,
     SubscriptionId,
 )
+from videoflow.backends.payload import MemoryPayloadStore
 from videoflow.core.constants import BATCH
 from videoflow.core.policies import PoisonMessage, WorkerFatal
 from videoflow.messaging.dead_letters import decode_dead_letter
@@ -342,3 +346,74 @@ def test_four_cameras_and_an_imu_fuse_by_capture_instant_never_merging_two(flows
         sum((c, k) in dropped for c in cams) == 1 for k in range(instants))
     assert fuse.take_drops()["join_evicted"] == 0
     assert flow.broker.dead_letters(FLOW) == []  # no group failed the checks above
+
+
+class LosesAckReplies(MemoryMessagingBackend):
+    """Fault injection: while armed, Completed settlements are applied by the broker but
+    their confirmation is lost -- what a timed-out ack_sync looks like (PAY-004)."""
+
+    armed = False
+
+    def settle_many(self, settlements):  # type: ignore[no-untyped-def]
+        results = super().settle_many(settlements)
+        if not self.armed:
+            return results
+        return [SettleUnknown("confirmation lost (injected)")
+                if isinstance(outcome, Completed) else result
+                for (_, outcome, _), result in zip(settlements, results, strict=True)]
+
+
+def test_big_frames_travel_by_ref_through_a_join_and_are_reclaimed_only_after_confirmed_acks(
+    flows,  # type: ignore[no-untyped-def]
+) -> None:
+    flow = flows({"cam_a": [], "cam_b": [], "fuse": ["cam_a", "cam_b"], "sink": ["fuse"]})
+    store = MemoryPayloadStore()
+    cams = {c: flow.messenger(c, payload_store=store, blob_reader_ids=["fuse"])
+            for c in ("cam_a", "cam_b")}
+    lossy = LosesAckReplies(flow.broker, flow_id=FLOW, run_id=RUN)
+    lossy.start()
+    fuse = NATSMessenger(SimpleNamespace(name="fuse"), ["cam_a", "cam_b"], "nats://unused",
+                         FLOW, BATCH, RUN, backend=lossy, payload_store=store,
+                         join_policy={"mode": "time", "tolerance_ms": 5.0},
+                         clock=lambda: 1000.0)
+    flow.made.append(fuse)
+    frames = {c: np.full((2500, 2500, 4), i + 1, dtype=np.uint8)  # 25 MB each
+              for i, c in enumerate(cams)}
+    assert frames["cam_a"].nbytes == 25_000_000 > flow.broker.max_payload
+    for c, messenger in cams.items():
+        messenger.set_output_event_timestamp(5.0)
+        messenger.publish_message(frames[c])
+        messenger.publish_stop_signal()
+    refs = store.refs()
+    assert len(refs) == 2  # by ref: the broker never saw the pixels
+    assert all(store.obligations(r) == ("fuse",) for r in refs)  # intents resolved
+
+    inputs = fuse.receive_message()
+    assert np.array_equal(inputs["cam_a"]["message"], frames["cam_a"])
+    assert np.array_equal(inputs["cam_b"]["message"], frames["cam_b"])
+    assert all(store.obligations(r) == ("fuse",) for r in refs)  # processing: still owed
+    lossy.armed = True
+    fuse.ack_inputs()
+    # The acks reached the broker but were not confirmed: nothing may be released.
+    assert fuse.unconfirmed_acks == 2
+    assert all(store.obligations(r) == ("fuse",) for r in refs)
+    lossy.armed = False
+    # (Reconciliation releases such obligations once the broker's ack floor shows the
+    # settlement happened -- RuntimeObligationLedger; here the test just ends the run.)
+
+
+def test_a_confirmed_ack_releases_the_payload_and_it_is_reclaimed(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "sink": ["cam"]})
+    store = MemoryPayloadStore()
+    cam = flow.messenger("cam", payload_store=store, blob_reader_ids=["sink"])
+    sink = flow.messenger("sink", payload_store=store)
+    frame = np.arange(2_000_000, dtype=np.uint8)  # over the 1 MiB broker limit
+    cam.publish_message(frame)
+    cam.publish_stop_signal()
+    (ref,) = store.refs()
+    inputs = sink.receive_message()
+    assert np.array_equal(inputs["cam"]["message"], frame)
+    assert store.obligations(ref) == ("sink",)
+    sink.ack_inputs()
+    assert store.refs() == ()  # released after the confirmed ack, and so reclaimed
+    assert sink.receive_message()["cam"]["is_stop_signal"]

@@ -24,8 +24,13 @@ rest discarded per policy) and then receive_message returns the stop entries.
 A delivery is given up on only against a durable record (DELIV-15): the dead letter
 when one was accepted, else an entry in this node's terminal log.
 
-Not here yet (issue 4): payload offload through a PayloadStore and the release of its
-obligations, checkpoint / restore_checkpoint, replayable producers and resume_offset,
+Payloads over the inline limit travel by ref through an obligation-keeping PayloadStore:
+put with this node's readers' obligations and its own intent, recorded in the outbox,
+the intent resolved by the publication's outcome; a reader releases its obligation only
+after its settlement is confirmed (PAY-004).
+
+Not here yet (issue 4): checkpoint / restore_checkpoint, replayable producers and
+resume_offset, the legacy counter BlobStore,
 partitioned consumption beyond binding the replica's durable, join_status,
 pending_count / pending_observation and subscription_status.
 """
@@ -36,7 +41,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from videoflow.backends.messaging import (
@@ -47,12 +52,15 @@ from videoflow.backends.messaging import (
     Envelope,
     Known,
     MessagingBackend,
+    Rejected,
     Retry,
+    SettleConfirmed,
     SettleOutcome,
     SettleUnknown,
     SubscriptionId,
     Terminal,
 )
+from videoflow.backends.payload import PayloadStore, inline_threshold
 from videoflow.core.constants import BATCH
 from videoflow.core.engine import CHECKPOINT_METADATA_KEY, Messenger
 from videoflow.core.runtime import FlowRuntime
@@ -73,7 +81,12 @@ from videoflow.messaging.grouping import (
 )
 from videoflow.messaging.jetstream_specs import subscription_spec_for
 from videoflow.messaging.publication import PublicationStats, publish_until_known
-from videoflow.wire.serialization import decode_envelope, encode_envelope
+from videoflow.wire.serialization import (
+    decode_envelope,
+    decode_message,
+    encode_envelope,
+    encode_message,
+)
 
 POLL_SECONDS: Final = 0.05
 """How long one receive waits before the loop looks at timeouts and drains again."""
@@ -83,7 +96,15 @@ DROP_REASONS: Final = ("exhausted", "undecodable", "join_evicted", "publish_disc
 
 class PublicationFailed(VideoflowError):
     """An output could not be published (refused for good, or still unknown at the
-    deadline): the task fails the inputs it came from, which are then redelivered."""
+    deadline): the task fails the inputs it came from, which are then redelivered.
+
+    Attributes:
+        refused: the broker definitely refused it (not merely unknown).
+    """
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 @dataclass(slots=True)
@@ -94,6 +115,7 @@ class _Handle:
     parent: str
     sub: SubscriptionId
     delivery: Delivery
+    blob_ref: str | None = None
 
     def discard(self, reason: str) -> None:
         self.messenger._discarded(self, reason)
@@ -127,6 +149,15 @@ class NATSMessenger(Messenger):
         eos_quiescence_ms: how long a parent's data must stay quiet after its last end
             marker before it counts as drained, when the broker cannot say.
         backend: the MessagingBackend; a JetStreamMessagingBackend on nats_url if None.
+        payload_store: an obligation-keeping PayloadStore: an output too large to
+            travel inline (inline_threshold of the broker's max_payload) is put there
+            and travels by blob_ref; an input that arrives by ref is read from it and
+            this node's obligation is released once its settlement is confirmed
+            (PAY-004, BLOB-14).
+        blob_reader_ids: the reader obligations each put of this node's outputs
+            acquires: '<child>' per competing child, '<child>/p<i>' per partitioned
+            replica (the compiler derives them).
+        blob_ttl_seconds: the TTL of those payloads; None for the flow type's default.
         runtime: the node's FlowRuntime ledger; a memory one if None.
         prefetch_bytes: the default backend's byte budget (RUN-025).
         clock: wall-clock seconds for the assembler's timeouts and collect-window
@@ -150,6 +181,9 @@ class NATSMessenger(Messenger):
         join_policy: dict[str, Any] | None = None,
         delivery_policy: dict[str, Any] | None = None,
         backend: MessagingBackend | None = None,
+        payload_store: PayloadStore | None = None,
+        blob_reader_ids: list[str] | None = None,
+        blob_ttl_seconds: int | None = None,
         runtime: FlowRuntime | None = None,
         prefetch_bytes: int | None = None,
         clock: Callable[[], float] = time.time,
@@ -176,6 +210,15 @@ class NATSMessenger(Messenger):
                                                         replica_id)
         if self.runtime.epoch is None:
             self.runtime.claim_owner()
+        self.payload_store = payload_store
+        self.blob_reader_ids = tuple(blob_reader_ids or ())
+        self.blob_ttl_seconds = blob_ttl_seconds
+        # How this node owes a release on a parent's payload (the id its parents' puts
+        # acquired for it).
+        self.reader_id = (self.node_name if partition_by is None
+                          else f"{self.node_name}/p{replica_id}")
+        self._inline_limit: int | None = None
+        self._last_published: Accepted | None = None
         self.publication_stats_counter = PublicationStats()
         self._drops = dict.fromkeys(DROP_REASONS, 0)
         self.unconfirmed_acks = 0  # acks the broker did not confirm (redelivered later)
@@ -271,23 +314,65 @@ class NATSMessenger(Messenger):
             self._group_outputs += 1
             msg_id = f"{self.node_name}:{self.last_input_key()}:{self._group_outputs}"
             event_ts = self._event_ts if self._event_ts is not None else group.event_ts
-        data = encode_envelope(
-            message, trace_id=trace_id, seq=seq, metadata=metadata,
-            producer_name=self.node_name, flow_id=self.flow_id, run_id=self.run_id,
-            replica_id=self.replica_id, event_ts=event_ts, partition_key=self._partition_key)
+        fields = dict(trace_id=trace_id, seq=seq, metadata=metadata,
+                      producer_name=self.node_name, flow_id=self.flow_id, run_id=self.run_id,
+                      replica_id=self.replica_id, event_ts=event_ts,
+                      partition_key=self._partition_key)
         self._event_ts, self._partition_key = None, None
-        self._publish(Envelope(self.channel, "data", data, msg_id))
+        data = encode_envelope(message, **fields)
+        if self.payload_store is None or len(data) <= self._inline_threshold():
+            self._publish(Envelope(self.channel, "data", data, msg_id))
+            return
+        self._publish_by_ref(message, fields, msg_id)
+
+    def _inline_threshold(self) -> int:
+        if self._inline_limit is None:
+            max_payload = self.backend.capabilities().max_payload
+            if not isinstance(max_payload, Known):
+                raise PublicationFailed(f"{self.node_name}: the broker's max_payload is "
+                                        f"unknown ({max_payload}), so no inline limit")
+            self._inline_limit = inline_threshold(max_payload.value)
+        return self._inline_limit
+
+    def _publish_by_ref(self, message: Any, fields: dict[str, Any], msg_id: str) -> None:
+        """Put the message in the payload store (its readers' obligations and this
+        publication's intent acquired), record it in the outbox, publish the envelope
+        carrying its ref, and resolve the intent by the outcome: released once
+        accepted, the payload reclaimed at once on a definite refusal, kept (owed) while
+        unknown (PAY-007/013)."""
+        store = self.payload_store
+        assert store is not None
+        if not self.blob_reader_ids:
+            raise PublicationFailed(f"{self.node_name}: an output over the inline limit "
+                                    "needs blob_reader_ids (whose reads it must outlive)")
+        ttl = {} if self.blob_ttl_seconds is None else {"ttl_seconds": self.blob_ttl_seconds}
+        ref = store.put(encode_message(message), self.blob_reader_ids, msg_id, **ttl)
+        self.runtime.record_publication(msg_id, (ref,), self.blob_reader_ids)
+        data = encode_envelope(None, blob_ref=ref, **fields)
+        try:
+            self._publish(Envelope(self.channel, "data", data, msg_id))
+        except PublicationFailed as failed:
+            if failed.refused:
+                store.resolve_intent(ref, msg_id, accepted=False)
+                self.runtime.resolve_publication(msg_id, None)
+            raise
+        if self._last_published is not None:
+            store.resolve_intent(ref, msg_id, accepted=True)
+            self.runtime.resolve_publication(msg_id, self._last_published.stream_seq)
 
     def _publish(self, envelope: Envelope, flow_type: str | None = None) -> None:
         published = publish_until_known(self.backend, envelope, flow_type or self.flow_type,
                                         time.monotonic() + self.ack_wait)
         self.publication_stats_counter.count(published)
+        self._last_published = None
         if published.dropped:
             self._drops["publish_discarded"] += 1
             return
         if not isinstance(published.outcome, Accepted):
             raise PublicationFailed(f"{self.node_name}: {envelope.kind} {envelope.msg_id} was "
-                                    f"not published: {published.outcome}")
+                                    f"not published: {published.outcome}",
+                                    refused=isinstance(published.outcome, Rejected))
+        self._last_published = published.outcome
 
     def publish_stop_signal(self) -> None:
         """This replica's end of stream, on the channel's EOS subject: never dropped
@@ -373,11 +458,20 @@ class NATSMessenger(Messenger):
         self._ends[parent].last_data = time.monotonic()
         try:
             entry = EnvelopeEntry.from_decoded(decode_envelope(delivery.data))
-        except (WireError, KeyError) as error:
+            if entry.blob_ref is not None:
+                entry = replace(entry, message=self._restore(entry.blob_ref))
+        except (WireError, KeyError) as error:  # PayloadMissing is a KeyError too
             self._drops["undecodable"] += 1
-            self._terminate(parent, delivery, f"undecodable: {error}")
+            self._terminate(parent, delivery, f"undecodable: {error!r}")
             return
-        self.assembler.add(parent, entry, _Handle(self, parent, sub, delivery))
+        self.assembler.add(parent, entry, _Handle(self, parent, sub, delivery, entry.blob_ref))
+
+    def _restore(self, ref: str) -> Any:
+        """The message an envelope carries by ref, read on this (the receiving) thread
+        once the delivery is ours."""
+        if self.payload_store is None:
+            raise KeyError(f"payload {ref!r} arrived by ref and no payload store is set")
+        return decode_message(self.payload_store.get(ref), what=f"payload {ref!r}")
 
     def _on_end_marker(self, parent: str, delivery: Delivery) -> None:
         try:
@@ -465,6 +559,11 @@ class NATSMessenger(Messenger):
         results = self.backend.settle_many([(h.delivery.token, Completed(), f"ack:{key}:{i}")
                                             for i, h in enumerate(group.handles)])
         self.unconfirmed_acks += sum(isinstance(r, SettleUnknown) for r in results)
+        for handle, result in zip(group.handles, results, strict=True):
+            # PAY-004: a payload obligation goes only with a confirmed settlement.
+            if handle.blob_ref is not None and isinstance(result, SettleConfirmed):
+                assert self.payload_store is not None
+                self.payload_store.release(handle.blob_ref, self.reader_id)
 
     def fail_inputs(self, exc: BaseException) -> None:
         """Execute the delivery policy's verdict for exc on the group last returned:

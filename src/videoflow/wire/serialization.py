@@ -99,6 +99,8 @@ __all__ = [
     "WireError",
     "decode_envelope",
     "encode_envelope",
+    "decode_message",
+    "encode_message",
     "offload_message",
     "restore_message",
 ]
@@ -708,6 +710,17 @@ class MemoryBlobStore:
         return len(self._blobs)
 
 
+def encode_message(message: Any) -> bytes:
+    """Encodes a message on its own, as offload_message stores it, for a store whose put
+    takes more than the bytes (an obligation-keeping PayloadStore); restore_message
+    reads it back.
+
+    Raises:
+        TypeError: if the message holds something msgpack cannot carry.
+    """
+    return _encoder.encode(message)
+
+
 def offload_message(message: Any, store: BlobStore) -> str:
     """Encodes a message on its own and puts it in a blob store.
 
@@ -740,9 +753,21 @@ def restore_message(ref: str, store: BlobStore) -> Any:
         KeyError: if the store does not know ref.
         WireError: if the stored bytes do not decode.
     """
-    data = store.get(ref)
+    return decode_message(store.get(ref), what=f"offloaded payload {ref!r}")
+
+
+def decode_message(data: bytes | bytearray | memoryview, what: str = "message") -> Any:
+    """Decodes a message encode_message wrote.
+
+    Arguments:
+        data: the bytes; arrays in the message are zero-copy views of them.
+        what: names the bytes in an error.
+
+    Raises:
+        WireError: if the bytes do not decode.
+    """
     try:
         return _payload_decoder.decode(data)
     except (msgspec.DecodeError, UnicodeDecodeError, TypeError, RecursionError) as exc:
         # UnicodeDecodeError: a str that is not UTF-8; TypeError: an unhashable map key.
-        raise WireError(f"undecodable offloaded payload {ref!r}: {exc}") from exc
+        raise WireError(f"undecodable {what}: {exc}") from exc
