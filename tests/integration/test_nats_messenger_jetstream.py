@@ -11,9 +11,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import nats
+import numpy as np
 import pytest
 
 from videoflow import server as embedded
+from videoflow.backends.payload import NatsObjectPayloadStore
 from videoflow.core.compiler import NodeSpec
 from videoflow.core.constants import BATCH
 from videoflow.core.policies import PoisonMessage
@@ -124,3 +126,43 @@ async def dead_letters(url: str) -> list[Any]:
                 for seq in range(info.state.first_seq, info.state.last_seq + 1)]
     finally:
         await nc.close()
+
+
+def test_25_mb_frames_flow_through_a_join_by_ref_and_are_reclaimed_after_the_acks(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    specs = [
+        NodeSpec("cam_a", "producer", blob_reader_ids=("fuse",)),
+        NodeSpec("cam_b", "producer", blob_reader_ids=("fuse",)),
+        NodeSpec("fuse", "consumer", parents=("cam_a", "cam_b"),
+                 join_policy={"mode": "time", "tolerance_ms": 5.0}),
+    ]
+    provision_flow_sync(nats_server.url, specs, FLOW, RUN, BATCH, timeout=30)
+    store = NatsObjectPayloadStore(nats_server.url, "frames", timeout=60)
+    fuse = NATSMessenger(SimpleNamespace(name="fuse"), ["cam_a", "cam_b"], nats_server.url,
+                         FLOW, BATCH, RUN, payload_store=store,
+                         join_policy={"mode": "time", "tolerance_ms": 5.0})
+    frames = {"cam_a": np.full((2500, 2500, 4), 1, dtype=np.uint8),
+              "cam_b": np.full((2500, 2500, 4), 2, dtype=np.uint8)}
+    try:
+        for name, frame in frames.items():
+            cam = NATSMessenger(SimpleNamespace(name=name), [], nats_server.url, FLOW, BATCH,
+                                RUN, payload_store=store, blob_reader_ids=["fuse"])
+            try:
+                cam.set_output_event_timestamp(5.0)
+                cam.publish_message(frame)  # 25 MB: over the server's 1 MB max_payload
+                cam.publish_stop_signal()
+            finally:
+                cam.close()
+        refs = store.refs()
+        assert len(refs) == 2 and all(store.obligations(r) == ("fuse",) for r in refs)
+        inputs = fuse.receive_message()
+        assert np.array_equal(inputs["cam_a"]["message"], frames["cam_a"])
+        assert np.array_equal(inputs["cam_b"]["message"], frames["cam_b"])
+        assert all(store.obligations(r) == ("fuse",) for r in refs)  # not before the ack
+        fuse.ack_inputs()
+        assert store.refs() == ()  # every reader settled: reclaimed
+        assert fuse.receive_message()["cam_a"]["is_stop_signal"]
+    finally:
+        fuse.close()
+        store.close()
