@@ -49,8 +49,12 @@ class Flow:
         admin.ensure_dead_letters("dlq")
         for node in edges:
             if node in children:  # it publishes: its channel, read by every child
-                required = tuple(SubscriptionId(c, ChannelId(FLOW, RUN, node))
-                                 for c in children[node])
+                channel = ChannelId(FLOW, RUN, node)
+                # The children's data durables, and the end-marker interest anchor that
+                # provisioning creates, so a marker outlives the per-process EOS durable
+                # of a replica that read it and died.
+                required = (*(SubscriptionId(c, channel) for c in children[node]),
+                            SubscriptionId("eos-anchor", channel, "eos"))
                 admin.ensure_channel(ChannelSpec(ChannelId(FLOW, RUN, node), RELIABLE_WORK,
                                                  required=required), "provision")
         self.admin = admin
@@ -417,3 +421,57 @@ def test_a_confirmed_ack_releases_the_payload_and_it_is_reclaimed(flows) -> None
     sink.ack_inputs()
     assert store.refs() == ()  # released after the confirmed ack, and so reclaimed
     assert sink.receive_message()["cam"]["is_stop_signal"]
+
+
+@pytest.mark.timeout(30)
+def test_a_crash_between_processing_and_ack_redelivers_and_a_keyed_sink_applies_once(
+    flows,  # type: ignore[no-untyped-def]
+) -> None:
+    flow = flows({"cam": [], "sink": ["cam"]})
+    cam = flow.messenger("cam")
+    crashing = flow.messenger("sink", ack_wait=1)
+    run_producer(cam, ["a", "b"])
+    applied: dict[str, Any] = {}
+    calls: list[Any] = []
+
+    def apply(messenger: NATSMessenger, inputs: dict[str, Any]) -> None:
+        calls.append(inputs["cam"]["message"])
+        key = messenger.last_input_key()
+        assert key is not None
+        applied.setdefault(key, inputs["cam"]["message"])  # idempotent on the group key
+
+    apply(crashing, crashing.receive_message())  # applied ...
+    crashing.backend.shutdown(hand_back=False)  # ... and the process dies before the ack
+    replacement = flow.messenger("sink", ack_wait=1)
+    run_sink(replacement, lambda inputs: apply(replacement, inputs))
+    assert sorted(calls) == ["a", "a", "b"]  # "a" came back to the replacement
+    assert sorted(applied.values()) == ["a", "b"]  # and was applied once
+
+
+def test_a_join_half_that_times_out_is_dead_lettered_and_the_flow_still_ends(flows) -> None:  # type: ignore[no-untyped-def]
+    # missing='dead_letter' (BATCH's default): a group that times out incomplete gives its
+    # halves to the dead-letter stream; they no longer count as held, so the join still
+    # drains and ends.
+    now = [1000.0]
+    flow = flows({"left": [], "right": [], "fuse": ["left", "right"], "sink": ["fuse"]})
+    left, right = flow.messenger("left"), flow.messenger("right")
+    fuse = flow.messenger("fuse", join_policy={"mode": "time", "tolerance_ms": 5.0,
+                                               "timeout_ms": 1000.0},
+                          clock=lambda: now[0])
+    left.set_output_event_timestamp(1.0)
+    left.publish_message("alone")  # its partner never comes
+    left.set_output_event_timestamp(2.0)
+    left.publish_message("paired")
+    right.set_output_event_timestamp(2.0)
+    right.publish_message("paired")
+    fuse_inputs = fuse.receive_message()
+    assert fuse_inputs["left"]["message"] == fuse_inputs["right"]["message"] == "paired"
+    fuse.ack_inputs()
+    now[0] += 2.0  # the lone half's group times out
+    left.publish_stop_signal()
+    right.publish_stop_signal()
+    assert fuse.receive_message()["left"]["is_stop_signal"]
+    (only,) = flow.broker.dead_letters(FLOW)
+    record = decode_dead_letter(only[1])
+    assert (record.node, record.parent, record.reason) == ("fuse", "left", "join_incomplete")
+    assert fuse.take_drops()["join_evicted"] == 1

@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from asyncio import AbstractEventLoop
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from videoflow.backends.memory_broker import (
     DEFAULT_DUPLICATE_WINDOW_SECONDS,
@@ -141,6 +142,7 @@ class MemoryMessagingBackend(MessagingBackend):
             clock=clock, duplicate_window=duplicate_window, max_payload=max_payload)
         self.flow_id, self.run_id = flow_id, run_id
         self.prefetch, self.byte_budget, self.generation = prefetch, byte_budget, generation
+        self.instance_id = uuid.uuid4().hex[:12]  # names this receiver's EOS durables
         self._bindings: dict[SubscriptionId, _Binding] = {}
         self._generations: dict[SubscriptionId, int] = {}
         self._held: dict[DeliveryToken, Delivery] = {}
@@ -199,7 +201,8 @@ class MemoryMessagingBackend(MessagingBackend):
                     delivery = binding.parked.popleft()
                     self._held.pop(delivery.token, None)
                     # RUN-030: a NAK now, not a lease left to lapse on a dying process.
-                    self.broker.nak(sub, delivery.stream_seq, delivery.num_delivered, 0.0)
+                    self.broker.nak(self._wire(sub), delivery.stream_seq,
+                                    delivery.num_delivered, 0.0)
                     handed_back += 1
         return handed_back
 
@@ -208,7 +211,8 @@ class MemoryMessagingBackend(MessagingBackend):
             self.stop_receiving()
             with self.broker.lock:
                 for token in list(self._held):
-                    self.broker.nak(token.subscription, token.stream_seq, token.attempt, 0.0)
+                    self.broker.nak(self._wire(token.subscription), token.stream_seq, token.attempt,
+                                    0.0)
         # hand_back=False: nothing reaches the broker; the leases lapse on their own.
         self._receiving = False
         self._held.clear()
@@ -302,7 +306,7 @@ class MemoryMessagingBackend(MessagingBackend):
         binding = self._bindings.get(spec.id)
         if binding is not None and binding.operation_id == operation_id:
             return binding.verified
-        answer = self.broker.ensure_durable(spec)
+        answer = self.broker.ensure_durable(replace(spec, id=self._wire(spec.id)))
         if answer is None:
             raise UnobservableState(f"no channel {spec.id.channel!r} to bind {spec.id!r} to",
                                     reason="missing")
@@ -310,7 +314,8 @@ class MemoryMessagingBackend(MessagingBackend):
         if binding is not None:
             with self.broker.lock:
                 for delivery in binding.parked:
-                    self.broker.nak(spec.id, delivery.stream_seq, delivery.num_delivered, 0.0)
+                    self.broker.nak(self._wire(spec.id), delivery.stream_seq,
+                                    delivery.num_delivered, 0.0)
                 # Handed-out deliveries of the old binding are stale from here on
                 # (MSG-011): nothing of theirs can be settled, so none is held; their
                 # leases lapse at the broker as they would for a rebound JetStream
@@ -328,6 +333,14 @@ class MemoryMessagingBackend(MessagingBackend):
             new.admit, new.on_skip, new.skipped = binding.admit, binding.on_skip, binding.skipped
         self._bindings[spec.id] = new
         return verified
+
+    def _wire(self, sub: SubscriptionId) -> SubscriptionId:
+        """The broker-side durable a subscription binds. An EOS subscription is this
+        receiver's own, as on JetStream (one EOS durable per process): every replica of
+        a consumer must see every end marker, where data is shared among them."""
+        if sub.kind != "eos":
+            return sub
+        return SubscriptionId(f"{sub.consumer}~{self.instance_id}", sub.channel, "eos")
 
     @staticmethod
     def _durable_name(sub: SubscriptionId) -> str:
@@ -418,7 +431,7 @@ class MemoryMessagingBackend(MessagingBackend):
                 return
             if binding.spec.byte_credit and self._sub_bytes(sub) >= binding.spec.byte_credit:
                 return
-            fetched = self.broker.fetch(sub)
+            fetched = self.broker.fetch(self._wire(sub))
             if fetched is None:
                 return
             seq, attempt, data = fetched
@@ -429,9 +442,9 @@ class MemoryMessagingBackend(MessagingBackend):
                 del self._held[old]
                 binding.parked = deque(d for d in binding.parked if d.token != old)
             if binding.admit is not None and not binding.admit(delivery):
-                if self.broker.ack(sub, seq, attempt, terminal=False) == "ok":
+                if self.broker.ack(self._wire(sub), seq, attempt, terminal=False) == "ok":
                     binding.skipped += 1
-                    self.broker.add_dropped(sub)
+                    self.broker.add_dropped(self._wire(sub))
                     if binding.on_skip is not None:
                         skipped.append((binding.on_skip, delivery))
                 continue
@@ -457,7 +470,8 @@ class MemoryMessagingBackend(MessagingBackend):
                     if binding is None or not binding.parked or len(taken) >= item_credit:
                         continue
                     nxt = binding.parked[0]
-                    if not self.broker.is_current(sub, nxt.stream_seq, nxt.num_delivered):
+                    if not self.broker.is_current(self._wire(sub), nxt.stream_seq,
+                                                  nxt.num_delivered):
                         # Its lease lapsed while parked and the broker redelivered it
                         # (or it left the channel): handing it out would be a stale
                         # token for work that is someone else's now (MSG-011).
@@ -549,7 +563,7 @@ class MemoryMessagingBackend(MessagingBackend):
                 self._held.pop(token, None)
                 return SettleStale("not a live delivery of this receiver (superseded, "
                                    "handed back or from an earlier binding)")
-            sub, seq, attempt = token.subscription, token.stream_seq, token.attempt
+            sub, seq, attempt = self._wire(token.subscription), token.stream_seq, token.attempt
             answer: BrokerAnswer
             if isinstance(outcome, Completed):
                 answer = self.broker.ack(sub, seq, attempt, terminal=False)
@@ -574,7 +588,8 @@ class MemoryMessagingBackend(MessagingBackend):
         with self.broker.lock:
             if not self._live(token):
                 return LeaseObservation("stale", "not a live delivery of this receiver")
-            answer = self.broker.renew(token.subscription, token.stream_seq, token.attempt)
+            answer = self.broker.renew(self._wire(token.subscription), token.stream_seq,
+                                       token.attempt)
         if answer == "ok":
             return LeaseObservation("extended")
         self._held.pop(token, None)
@@ -590,7 +605,7 @@ class MemoryMessagingBackend(MessagingBackend):
         """stream_sequence None (the ledger does not know it) counts one anonymous
         unresolved message, cleared by the next Terminal settlement of the subscription
         that matches no marked sequence."""
-        self.broker.mark_exhausted(subscription, stream_sequence)
+        self.broker.mark_exhausted(self._wire(subscription), stream_sequence)
 
     # ---------------------------------------------------------------- observations
 
@@ -603,13 +618,13 @@ class MemoryMessagingBackend(MessagingBackend):
     def observe_subscription(
         self, subscription: SubscriptionId
     ) -> Known[SubscriptionObservation] | Unknown:
-        observation = self.broker.observe_durable(subscription)
+        observation = self.broker.observe_durable(self._wire(subscription))
         if observation is None:
             return Unknown("missing", f"no subscription {subscription!r}")
         return Known(observation)
 
     def observe_ack_floor(self, subscription: SubscriptionId) -> Known[int] | Unknown:
-        floor = self.broker.ack_floor(subscription)
+        floor = self.broker.ack_floor(self._wire(subscription))
         if floor is None:
             return Unknown("missing", f"no subscription {subscription!r}")
         return Known(floor)

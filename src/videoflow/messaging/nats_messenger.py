@@ -15,7 +15,8 @@ End of stream: a node publishes one marker per replica on its channel's EOS subj
 carrying its replica count in metadata ({"replicas": n}), so a child knows how many
 markers end that parent. A parent has ended once all its replicas' markers arrived,
 and is drained once nothing more of its data is coming: its durable reports nothing
-available (or, when that cannot be observed, no data of it arrived for
+available and nothing leased -- a lease held by a replica that died comes back when it
+lapses -- (or, when that cannot be observed, no data of it arrived for
 eos_quiescence_ms) and nothing of it is parked here. Its data published before each
 marker was confirmed before the marker was sent, so it is in the stream. When every
 parent is drained the assembler is flushed (groups with a quorum are emitted, the
@@ -49,6 +50,7 @@ from videoflow.backends.messaging import (
     ChannelId,
     Completed,
     Delivery,
+    DeliveryToken,
     Envelope,
     Known,
     MessagingBackend,
@@ -121,6 +123,7 @@ class _Handle:
         self.messenger._discarded(self, reason)
 
     def supersede(self) -> None:
+        self.messenger._let_go(self.delivery)
         self.messenger.backend.supersede(self.delivery.token)
 
 
@@ -232,6 +235,9 @@ class NATSMessenger(Messenger):
         self._ready: deque[ReadyGroup] = deque()
         self._to_settle: list[tuple[Delivery, SettleOutcome]] = []
         self._ends: dict[str, _ParentEnd] = {p: _ParentEnd() for p in self.parent_names}
+        # Deliveries of each parent this messenger holds unsettled (in the assembler or
+        # in the group handed out): its own share of the durable's leases.
+        self._held: dict[str, set[DeliveryToken]] = {p: set() for p in self.parent_names}
         self._flushed = False
         self._data_subs: dict[str, SubscriptionId] = {}
         self._eos_subs: dict[SubscriptionId, str] = {}
@@ -464,6 +470,7 @@ class NATSMessenger(Messenger):
             self._drops["undecodable"] += 1
             self._terminate(parent, delivery, f"undecodable: {error!r}")
             return
+        self._held[parent].add(delivery.token)
         self.assembler.add(parent, entry, _Handle(self, parent, sub, delivery, entry.blob_ref))
 
     def _restore(self, ref: str) -> Any:
@@ -498,7 +505,11 @@ class NATSMessenger(Messenger):
             return False
         observed = self.backend.observe_subscription(sub)
         if isinstance(observed, Known):
-            return observed.value.available == 0
+            # Nothing waiting, and nothing leased but what this messenger holds itself
+            # (halves in the assembler): a lease held by a replica that died comes back
+            # when it lapses, and someone must still be here to take it.
+            held = len(self._held[parent])
+            return observed.value.available == 0 and observed.value.leased <= held
         return time.monotonic() - end.last_data >= self.eos_quiescence
 
     def _stop_entries(self) -> dict[str, Any]:
@@ -556,6 +567,8 @@ class NATSMessenger(Messenger):
         if group is None:
             return
         key = f"{group.trace_id}:{group.seq}"
+        for handle in group.handles:
+            self._let_go(handle.delivery)
         results = self.backend.settle_many([(h.delivery.token, Completed(), f"ack:{key}:{i}")
                                             for i, h in enumerate(group.handles)])
         self.unconfirmed_acks += sum(isinstance(r, SettleUnknown) for r in results)
@@ -575,6 +588,7 @@ class NATSMessenger(Messenger):
             return
         for handle in group.handles:
             delivery = handle.delivery
+            self._let_go(delivery)
             action = self.delivery_policy.action_for(exc, delivery.num_delivered)
             if action.kind == "retry":
                 self._to_settle.append((delivery, Retry(action.delay)))
@@ -612,6 +626,7 @@ class NATSMessenger(Messenger):
             return
         self._drops["join_evicted"] += 1
         if self._join_missing == "dead_letter":
+            self._let_go(handle.delivery)
             self._dead_letter(handle, None, f"join {reason}", "join_incomplete")
         else:
             self._terminate(handle.parent, handle.delivery, f"join {reason}")
@@ -622,8 +637,13 @@ class NATSMessenger(Messenger):
         entry = self.runtime.log_terminal(key, f"terminal:{self.node_name}:{key}", reason)
         self._to_settle.append((delivery, Terminal(entry.record_ref)))
 
+    def _let_go(self, delivery: Delivery) -> None:
+        self._held[delivery.token.subscription.channel.node].discard(delivery.token)
+
     def _settle_pending(self) -> None:
         pending, self._to_settle = self._to_settle, []
+        for delivery, _ in pending:
+            self._let_go(delivery)
         if pending:
             self.backend.settle_many(
                 [(d.token, outcome, f"{type(outcome).__name__}:{d.token.stream_seq}:"
