@@ -20,8 +20,10 @@ from videoflow.backends.messaging import (
     ChannelSpec,
     Completed,
     Envelope,
+    Known,
     SettleUnknown,
     SubscriptionId,
+    Unknown,
 )
 from videoflow.backends.payload import MemoryPayloadStore
 from videoflow.core.constants import BATCH
@@ -475,3 +477,53 @@ def test_a_join_half_that_times_out_is_dead_lettered_and_the_flow_still_ends(flo
     record = decode_dead_letter(only[1])
     assert (record.node, record.parent, record.reason) == ("fuse", "left", "join_incomplete")
     assert fuse.take_drops()["join_evicted"] == 1
+
+
+def test_pending_counts_what_waits_here_and_on_the_broker_and_status_reads_the_join(
+    flows,  # type: ignore[no-untyped-def]
+) -> None:
+    now = [1000.0]
+    flow = flows({"left": [], "right": [], "fuse": ["left", "right"], "sink": ["fuse"]})
+    left, right = flow.messenger("left"), flow.messenger("right")
+    fuse = flow.messenger("fuse", join_policy={"mode": "time", "tolerance_ms": 5.0,
+                                               "missing": "wait"}, clock=lambda: now[0])
+    assert fuse.pending_observation() == Known(0) and fuse.pending_count() == 0
+    for ts in (1.0, 2.0, 3.0):
+        left.set_output_event_timestamp(ts)
+        left.publish_message(ts)
+    right.set_output_event_timestamp(3.0)
+    right.publish_message(3.0)
+    assert fuse.pending_observation() == Known(4)  # all still on the broker
+    inputs = fuse.receive_message()
+    assert inputs["left"]["message"] == inputs["right"]["message"] == 3.0
+    now[0] += 7.5
+    status = fuse.join_status()
+    # Two left halves wait for partners, and missing='wait' never gives up on them.
+    assert status["waiting_groups"] == 2 and status["gives_up"] is False
+    assert status["oldest_wait_seconds"] == pytest.approx(7.5)
+    observed = fuse.pending_observation()
+    assert observed == Known(fuse.pending_count()) and observed.value >= 2
+    assert set(fuse.subscription_status()) == {"left", "right"}
+    assert all(isinstance(o, Known) for o in fuse.subscription_status().values())
+
+
+def test_a_parent_whose_count_is_unknown_makes_pending_unknown_never_zero(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "sink": ["cam"]})
+    flow.messenger("cam")
+    sink = flow.messenger("sink")
+    flow.admin.close([ChannelId(FLOW, RUN, "cam")], "0")  # the parent's channel is gone
+    observed = sink.pending_observation()
+    assert isinstance(observed, Unknown) and observed.reason == "missing"
+    assert sink.pending_count() == 0  # the documented lossy form; the observation says why
+
+
+def test_quiesce_stops_input_and_says_so_instead_of_a_flow_stop(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "sink": ["cam"]})
+    cam, sink = flow.messenger("cam"), flow.messenger("sink")
+    assert (sink.check_for_termination(), sink.stop_reason()) == (False, None)
+    sink.quiesce()
+    sink.quiesce()  # idempotent
+    assert (sink.check_for_termination(), sink.stop_reason()) == (True, "quiesce")
+    cam.publish_message("after")  # goes to a survivor, not to the quiesced sink
+    survivor = flow.messenger("sink")
+    assert survivor.receive_message()["cam"]["message"] == "after"

@@ -31,9 +31,8 @@ the intent resolved by the publication's outcome; a reader releases its obligati
 after its settlement is confirmed (PAY-004).
 
 Not here yet (issue 4): checkpoint / restore_checkpoint, replayable producers and
-resume_offset, the legacy counter BlobStore,
-partitioned consumption beyond binding the replica's durable, join_status,
-pending_count / pending_observation and subscription_status.
+resume_offset, the legacy counter BlobStore, partitioned consumption beyond binding the
+replica's durable.
 """
 
 from __future__ import annotations
@@ -61,10 +60,16 @@ from videoflow.backends.messaging import (
     SettleUnknown,
     SubscriptionId,
     Terminal,
+    Unknown,
 )
 from videoflow.backends.payload import PayloadStore, inline_threshold
 from videoflow.core.constants import BATCH
-from videoflow.core.engine import CHECKPOINT_METADATA_KEY, Messenger
+from videoflow.core.engine import (
+    CHECKPOINT_METADATA_KEY,
+    STOP_CONTROL,
+    STOP_QUIESCE,
+    Messenger,
+)
 from videoflow.core.runtime import FlowRuntime
 from videoflow.errors import VideoflowError, WireError
 from videoflow.messaging.credit import (
@@ -226,6 +231,7 @@ class NATSMessenger(Messenger):
         self._drops = dict.fromkeys(DROP_REASONS, 0)
         self.unconfirmed_acks = 0  # acks the broker did not confirm (redelivered later)
         self._terminated = False
+        self._quiesced = False
         backend.subscribe_control(self._on_stop)
         self._outputs = 0
         self._event_ts: float | None = None
@@ -248,6 +254,7 @@ class NATSMessenger(Messenger):
             kind = TimeGroupAssembler if policy.mode == "time" else TraceGroupAssembler
             self.assembler = kind(self.node_name, self.parent_names, policy, clock=clock)
             self._join_missing = policy.missing
+            self._join_timeout = policy.timeout_ms
             self._collect = set(self.parent_names) - set(policy.sync_parents(self.parent_names))
             self._bind(partition_by is not None, join_policy, delivery_policy, max_retries)
 
@@ -274,13 +281,72 @@ class NATSMessenger(Messenger):
     def _on_stop(self) -> None:
         self._terminated = True
 
-    def check_for_termination(self) -> bool:
-        return self._terminated
-
     def quiesce(self) -> None:
         """Stop admitting input: what the backend prefetched goes back to the broker at
-        once (RUN-030); what the task holds still settles. Idempotent."""
+        once (RUN-030); what the task holds still settles. Idempotent. A quiesced
+        process publishes no end of stream: its replacement continues the stream
+        (stop_reason is STOP_QUIESCE)."""
+        self._quiesced = True
         self.backend.stop_receiving()
+
+    def check_for_termination(self) -> bool:
+        return self._terminated or self._quiesced
+
+    def stop_reason(self) -> str | None:
+        """STOP_QUIESCE once quiesced, else STOP_CONTROL once the flow-wide stop was
+        published, else None."""
+        if self._quiesced:
+            return STOP_QUIESCE
+        return STOP_CONTROL if self._terminated else None
+
+    # ---------------------------------------------------------------------- health
+
+    def join_status(self) -> dict[str, Any]:
+        """What the join is doing (RUN-006): groups waiting for a member, how long the
+        oldest has waited, and whether the policy would ever give up on them
+        (missing='wait' never does: such a node is waiting, not progressing)."""
+        if not self.parent_names:
+            return {"waiting_groups": 0, "oldest_wait_seconds": 0.0, "gives_up": True}
+        return {
+            "waiting_groups": self.assembler.pending_count(),
+            "oldest_wait_seconds": self.assembler.oldest_wait_seconds(self.clock()),
+            "gives_up": self._join_missing != "wait" and self._join_timeout is not None,
+        }
+
+    def subscription_status(self) -> dict[str, Known[Any] | Unknown]:
+        """Per parent, the backend's observation of this node's data subscription
+        (available, leased, unresolved, dropped), or Unknown when it could not be
+        read (MSG-012: unresolved is never 'all done')."""
+        return {parent: self.backend.observe_subscription(sub)
+                for parent, sub in self._data_subs.items()}
+
+    def pending_observation(self) -> Known[int] | Unknown:
+        """Messages waiting for this node across its parents -- prefetched here, held
+        in incomplete groups, or still on the broker (available, leased, unresolved) --
+        or Unknown as soon as any parent's broker count is unknown: a total that
+        silently omitted one parent is the 'zero pending' that calls a stalled node
+        idle."""
+        total = self._local_pending()
+        for observed in self.subscription_status().values():
+            if not isinstance(observed, Known):
+                return observed
+            value = observed.value
+            total += value.available + value.leased + value.unresolved
+        return Known(total)
+
+    def pending_count(self) -> int:
+        """pending_observation's total; a parent whose broker count failed contributes
+        only what is held here (use pending_observation where that matters)."""
+        total = self._local_pending()
+        for observed in self.subscription_status().values():
+            if isinstance(observed, Known):
+                value = observed.value
+                total += value.available + value.leased + value.unresolved
+        return total
+
+    def _local_pending(self) -> int:
+        parked = sum(self.backend.prefetched(sub) for sub in self._data_subs.values())
+        return parked + (self.assembler.pending_count() if self.parent_names else 0)
 
     # ---------------------------------------------------------------------- outputs
 
