@@ -10,6 +10,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import nats
 import numpy as np
 import pytest
@@ -19,6 +20,8 @@ from videoflow.backends.payload import NatsObjectPayloadStore
 from videoflow.core.compiler import NodeSpec
 from videoflow.core.constants import BATCH
 from videoflow.core.policies import PoisonMessage
+from videoflow.core.runtime import FlowRuntime, NatsKvRuntimeStore
+from videoflow.errors import SupersededOwner
 from videoflow.messaging.dead_letters import decode_dead_letter
 from videoflow.messaging.naming import dlq_stream_name
 from videoflow.messaging.nats_messenger import NATSMessenger
@@ -165,4 +168,58 @@ def test_25_mb_frames_flow_through_a_join_by_ref_and_are_reclaimed_after_the_ack
         assert fuse.receive_message()["cam_a"]["is_stop_signal"]
     finally:
         fuse.close()
+        store.close()
+
+
+def test_a_checkpointing_sink_restarted_mid_stream_resumes_the_same_committed_prefix(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    specs = [NodeSpec("cam", "producer"), NodeSpec("sink", "consumer", parents=("cam",))]
+    provision_flow_sync(nats_server.url, specs, FLOW, RUN, BATCH, ack_wait=2, timeout=30)
+    store = NatsKvRuntimeStore(nats_url=nats_server.url, bucket="ledger")
+
+    def sink() -> NATSMessenger:
+        return NATSMessenger(SimpleNamespace(name="sink"), ["cam"], nats_server.url, FLOW,
+                             BATCH, RUN, ack_wait=2, eos_quiescence_ms=200,
+                             runtime=FlowRuntime(store, FLOW, RUN, "sink"))
+
+    first = sink()
+    try:
+        cam = messenger(nats_server.url, "cam", [])
+        try:
+            for n in range(4):
+                cam.publish_message(n)
+            cam.publish_stop_signal()
+        finally:
+            cam.close()
+        state: list[int] = []
+        for _ in range(2):
+            state.append(first.receive_message()["cam"]["message"])
+            first.checkpoint(msgspec.msgpack.encode(state))
+            if len(state) == 1:
+                first.ack_inputs()
+        # Checkpointed [0, 1] -- and died before acknowledging 1: it comes back.
+        first.backend.shutdown(hand_back=False)
+
+        second = sink()  # a new owner of the same node replica (RUN-023)
+        with pytest.raises(SupersededOwner):
+            first.checkpoint(b"late")  # the dead owner's ledger writes are refused
+        try:
+            restored = second.restore_checkpoint()
+            assert restored is not None
+            state = msgspec.msgpack.decode(restored)
+            assert state == [0, 1]
+            while True:
+                inputs = second.receive_message()
+                if inputs["cam"]["is_stop_signal"]:
+                    break
+                state.append(inputs["cam"]["message"])
+                second.checkpoint(msgspec.msgpack.encode(state))
+                second.ack_inputs()
+            # 1 was redelivered, and acknowledged as covered instead of re-applied.
+            assert state == [0, 1, 2, 3]
+        finally:
+            second.close()
+    finally:
+        first.close()
         store.close()

@@ -27,7 +27,9 @@ from videoflow.backends.messaging import (
 )
 from videoflow.backends.payload import MemoryPayloadStore
 from videoflow.core.constants import BATCH
+from videoflow.core.engine import CHECKPOINT_METADATA_KEY
 from videoflow.core.policies import PoisonMessage, WorkerFatal
+from videoflow.errors import DurabilityUnavailable
 from videoflow.messaging.dead_letters import decode_dead_letter
 from videoflow.messaging.nats_messenger import NATSMessenger
 from videoflow.wire.serialization import decode_envelope
@@ -527,3 +529,21 @@ def test_quiesce_stops_input_and_says_so_instead_of_a_flow_stop(flows) -> None: 
     cam.publish_message("after")  # goes to a survivor, not to the quiesced sink
     survivor = flow.messenger("sink")
     assert survivor.receive_message()["cam"]["message"] == "after"
+
+
+def test_a_checkpoint_on_a_ledger_that_dies_with_the_process_is_refused_not_faked(
+    flows,  # type: ignore[no-untyped-def]
+) -> None:
+    flow = flows({"cam": [], "work": ["cam"], "sink": ["work"]})
+    cam, work = flow.messenger("cam"), flow.messenger("work")
+    flow.messenger("sink")
+    cam.publish_message(1)
+    with pytest.raises(ValueError, match="input group"):
+        work.checkpoint(b"state")  # nothing received yet: nothing to cover
+    work.receive_message()
+    with pytest.raises(DurabilityUnavailable, match="RUN-022"):
+        work.checkpoint(b"state")
+    with pytest.raises(DurabilityUnavailable):
+        work.publish_message(2, {CHECKPOINT_METADATA_KEY: b"state"})
+    assert work.publication_stats["accepted"] == 0  # refused before anything was sent
+    assert work.restore_checkpoint() is None

@@ -30,9 +30,10 @@ put with this node's readers' obligations and its own intent, recorded in the ou
 the intent resolved by the publication's outcome; a reader releases its obligation only
 after its settlement is confirmed (PAY-004).
 
-Not here yet (issue 4): checkpoint / restore_checkpoint, replayable producers and
-resume_offset, the legacy counter BlobStore, partitioned consumption beyond binding the
-replica's durable.
+Not here yet (issue 4): replayable producers and resume_offset (MSGID-6), the legacy
+counter BlobStore, partitioned consumption beyond binding the replica's durable, and
+confirming a restored checkpoint's output on the broker before its covered group is
+acknowledged.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ from videoflow.core.engine import (
     Messenger,
 )
 from videoflow.core.runtime import FlowRuntime
-from videoflow.errors import VideoflowError, WireError
+from videoflow.errors import DurabilityUnavailable, VideoflowError, WireError
 from videoflow.messaging.credit import (
     consumer_credit,
     effective_delivery_policy,
@@ -227,6 +228,7 @@ class NATSMessenger(Messenger):
                           else f"{self.node_name}/p{replica_id}")
         self._inline_limit: int | None = None
         self._last_published: Accepted | None = None
+        self._covered: str | None = None  # the group the restored checkpoint covers
         self.publication_stats_counter = PublicationStats()
         self._drops = dict.fromkeys(DROP_REASONS, 0)
         self.unconfirmed_acks = 0  # acks the broker did not confirm (redelivered later)
@@ -368,9 +370,14 @@ class NATSMessenger(Messenger):
             DurabilityUnavailable: metadata carries a checkpoint this runtime cannot
                 keep (RUN-022): nothing was published.
         """
+        pending_state: bytes | None = None
         if metadata is not None and CHECKPOINT_METADATA_KEY in metadata:
-            raise VideoflowError("checkpoints are not handled by this messenger yet "
-                                 "(issue 4): nothing was published")
+            metadata = dict(metadata)
+            pending_state = metadata.pop(CHECKPOINT_METADATA_KEY)
+            if not isinstance(pending_state, bytes):
+                raise TypeError("a checkpoint's state must be bytes, got "
+                                f"{type(pending_state).__name__}")
+            self._require_durable_ledger()  # refused before anything is sent (RUN-022)
         group = self._group
         self._outputs += 1
         if group is None:  # a producer: a new originating event
@@ -394,8 +401,13 @@ class NATSMessenger(Messenger):
         data = encode_envelope(message, **fields)
         if self.payload_store is None or len(data) <= self._inline_threshold():
             self._publish(Envelope(self.channel, "data", data, msg_id))
-            return
-        self._publish_by_ref(message, fields, msg_id)
+        else:
+            self._publish_by_ref(message, fields, msg_id)
+        if pending_state is not None and self._last_published is not None:
+            # State and output commit together: the checkpoint names the output it
+            # was taken with (RUN-022).
+            self.runtime.checkpoint(pending_state, self.last_input_key() or msg_id,
+                                    output=msg_id)
 
     def _inline_threshold(self) -> int:
         if self._inline_limit is None:
@@ -475,6 +487,43 @@ class NATSMessenger(Messenger):
         """Publication outcomes by kind: accepted, duplicate, unknown, dropped, rejected."""
         return self.publication_stats_counter.as_dict()
 
+    # ------------------------------------------------------------------ checkpoints
+
+    def _require_durable_ledger(self) -> None:
+        if not self.runtime.durable_shared():
+            raise DurabilityUnavailable(
+                f"{self.node_name}: the runtime ledger dies with this process, so a "
+                "checkpoint would not be durable (RUN-022); configure a NATS KV runtime")
+
+    def checkpoint(self, state: bytes) -> None:
+        """One ledger write: the node's state and the group it was updated with
+        (last_input_key), so a replacement's restored state and the inputs it must
+        still see describe the same committed prefix (RUN-022). A redelivery of that
+        group to the replacement is acknowledged without reaching the node again. The
+        immediate form, for a node whose input produces no output; one with an output
+        passes its checkpoint to publish_message (CHECKPOINT_METADATA_KEY).
+
+        Raises:
+            DurabilityUnavailable: the ledger dies with the process (RUN-022).
+            SupersededOwner: a newer owner of this node replica claimed (RUN-023).
+            ValueError: no input group was received to checkpoint with.
+        """
+        key = self.last_input_key()
+        if key is None:
+            raise ValueError(f"{self.node_name}: checkpoint needs the input group it "
+                             "covers; none was received")
+        self._require_durable_ledger()
+        self.runtime.checkpoint(state, key)
+
+    def restore_checkpoint(self) -> bytes | None:
+        """The last checkpointed state, or None; its group is remembered as covered, so
+        a redelivery of it is acknowledged, not re-applied."""
+        found = self.runtime.restore_checkpoint()
+        if found is None:
+            return None
+        self._covered = found.covered_group
+        return found.state
+
     # ----------------------------------------------------------------------- inputs
 
     def receive_message(self) -> dict[str, Any]:
@@ -496,6 +545,9 @@ class NATSMessenger(Messenger):
             group = self._next_group()
             if group is not None:
                 self._group = group
+                if self._covered is not None and self.last_input_key() == self._covered:
+                    self.ack_inputs()  # already applied before the checkpoint: done
+                    continue
                 return {p: self._entry_dict(e) for p, e in group.entries.items()}
             if self._flushed:
                 return self._stop_entries()
