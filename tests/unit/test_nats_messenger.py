@@ -29,6 +29,7 @@ from videoflow.backends.payload import MemoryPayloadStore
 from videoflow.core.constants import BATCH
 from videoflow.core.engine import CHECKPOINT_METADATA_KEY
 from videoflow.core.policies import PoisonMessage, WorkerFatal
+from videoflow.core.runtime import FlowRuntime, MemoryRuntimeStore
 from videoflow.errors import DurabilityUnavailable
 from videoflow.messaging.dead_letters import decode_dead_letter
 from videoflow.messaging.nats_messenger import NATSMessenger
@@ -547,3 +548,30 @@ def test_a_checkpoint_on_a_ledger_that_dies_with_the_process_is_refused_not_fake
         work.publish_message(2, {CHECKPOINT_METADATA_KEY: b"state"})
     assert work.publication_stats["accepted"] == 0  # refused before anything was sent
     assert work.restore_checkpoint() is None
+
+
+def test_a_replayable_producer_resumes_from_its_last_accepted_offset_and_a_replay_dedups(
+    flows,  # type: ignore[no-untyped-def]
+) -> None:
+    flow = flows({"file": [], "sink": ["file"]})
+    ledger = MemoryRuntimeStore()  # shared by the producer and its replacement
+
+    def producer() -> NATSMessenger:
+        return flow.messenger("file", replayable=True,
+                              runtime=FlowRuntime(ledger, FLOW, RUN, "file"))
+
+    sink = flow.messenger("sink")
+    first = producer()
+    assert first.resume_offset() == 0
+    for line in ("l1", "l2", "l3"):
+        first.publish_message(line)
+    assert first.resume_offset() == 3
+    replacement = producer()  # after a restart: the source resumes after offset 3 ...
+    assert replacement.resume_offset() == 3
+    replacement._source_offset = 2  # ... or, had the ledger lagged, replays line 3
+    replacement.publish_message("l3")
+    replacement.publish_message("l4")
+    replacement.publish_stop_signal()
+    assert replacement.publication_stats["duplicate"] == 1  # MSGID-6: the same id again
+    *groups, _ = run_sink(sink, lambda inputs: None)
+    assert [g["file"]["message"] for g in groups] == ["l1", "l2", "l3", "l4"]

@@ -30,10 +30,9 @@ put with this node's readers' obligations and its own intent, recorded in the ou
 the intent resolved by the publication's outcome; a reader releases its obligation only
 after its settlement is confirmed (PAY-004).
 
-Not here yet (issue 4): replayable producers and resume_offset (MSGID-6), the legacy
-counter BlobStore, partitioned consumption beyond binding the replica's durable, and
-confirming a restored checkpoint's output on the broker before its covered group is
-acknowledged.
+Not here yet (issue 4): the legacy counter BlobStore, partitioned consumption beyond
+binding the replica's durable, and confirming a restored checkpoint's output on the
+broker before its covered group is acknowledged.
 """
 
 from __future__ import annotations
@@ -168,6 +167,10 @@ class NATSMessenger(Messenger):
             replica (the compiler derives them).
         blob_ttl_seconds: the TTL of those payloads; None for the flow type's default.
         runtime: the node's FlowRuntime ledger; a memory one if None.
+        replayable: a producer whose source can replay from an offset: its outputs'
+            ids are minted from their source offsets (MSGID-6), so a replay after a
+            restart deduplicates at the broker, and the last accepted offset is kept in
+            the ledger (resume_offset).
         prefetch_bytes: the default backend's byte budget (RUN-025).
         clock: wall-clock seconds for the assembler's timeouts and collect-window
             backstops, and for dead letters' timestamps (tests pass one).
@@ -194,6 +197,7 @@ class NATSMessenger(Messenger):
         blob_reader_ids: list[str] | None = None,
         blob_ttl_seconds: int | None = None,
         runtime: FlowRuntime | None = None,
+        replayable: bool = False,
         prefetch_bytes: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -219,6 +223,8 @@ class NATSMessenger(Messenger):
                                                         replica_id)
         if self.runtime.epoch is None:
             self.runtime.claim_owner()
+        self.replayable = replayable
+        self._source_offset = self.runtime.source_offset() if replayable else 0
         self.payload_store = payload_store
         self.blob_reader_ids = tuple(blob_reader_ids or ())
         self.blob_ttl_seconds = blob_ttl_seconds
@@ -380,7 +386,12 @@ class NATSMessenger(Messenger):
             self._require_durable_ledger()  # refused before anything is sent (RUN-022)
         group = self._group
         self._outputs += 1
-        if group is None:  # a producer: a new originating event
+        if group is None and self.replayable:  # MSGID-6: minted from the source offset
+            self._source_offset += 1
+            trace_id = f"{self.node_name}:src:{self._source_offset}"
+            seq, msg_id = self._source_offset, trace_id
+            event_ts = self._event_ts
+        elif group is None:  # a live producer: a new originating event
             trace_id, seq = uuid.uuid4().hex, self._outputs
             # MSGID-5, {node}:{epoch}:{n}, with the replica in the node part: every
             # replica has an epoch of its own, so two replicas' first outputs would
@@ -403,6 +414,8 @@ class NATSMessenger(Messenger):
             self._publish(Envelope(self.channel, "data", data, msg_id))
         else:
             self._publish_by_ref(message, fields, msg_id)
+        if group is None and self.replayable and self._last_published is not None:
+            self.runtime.set_source_offset(self._source_offset)
         if pending_state is not None and self._last_published is not None:
             # State and output commit together: the checkpoint names the output it
             # was taken with (RUN-022).
@@ -514,6 +527,12 @@ class NATSMessenger(Messenger):
                              "covers; none was received")
         self._require_durable_ledger()
         self.runtime.checkpoint(state, key)
+
+    def resume_offset(self) -> int:
+        """For a replayable producer, the last accepted source offset in the ledger, so
+        the source resumes from the next one after a restart (MSGID-6); 0 when nothing
+        was accepted, or for a live node."""
+        return self.runtime.source_offset() if self.replayable else 0
 
     def restore_checkpoint(self) -> bytes | None:
         """The last checkpointed state, or None; its group is remembered as covered, so
