@@ -4,9 +4,12 @@ worker process holds its own connection to one server."""
 
 from __future__ import annotations
 
+import inspect
 import random
+import re
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -575,3 +578,30 @@ def test_a_replayable_producer_resumes_from_its_last_accepted_offset_and_a_repla
     assert replacement.publication_stats["duplicate"] == 1  # MSGID-6: the same id again
     *groups, _ = run_sink(sink, lambda inputs: None)
     assert [g["file"]["message"] for g in groups] == ["l1", "l2", "l3", "l4"]
+
+
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "spec" / "messaging-api-reference.txt"
+
+
+@pytest.mark.skipif(not REFERENCE.exists(), reason="the shared API reference is not present")
+def test_the_constructor_is_the_reference_s_parameter_for_parameter() -> None:
+    text = REFERENCE.read_text(encoding="utf-8")
+    head = "class videoflow.messaging.nats_messenger.NATSMessenger("
+    line = text[text.index(head) + len(head):].splitlines()[0]
+    signature = line[: line.rindex(")")]
+    expected = []
+    for param in re.split(r",\s*(?![^\[]*\])", signature):
+        name, _, default = param.partition(" = ")
+        expected.append((name.split(":")[0].strip(), default or None))
+    declared = [(p.name, None if p.default is inspect.Parameter.empty else repr(p.default))
+                for p in inspect.signature(NATSMessenger).parameters.values()
+                if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    assert declared == expected
+
+
+def test_what_is_not_supported_yet_is_refused_clearly(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "sink": ["cam"]})
+    with pytest.raises(ValueError, match="envelope_version"):
+        flow.messenger("sink", envelope_version=2)
+    with pytest.raises(ValueError, match="payload_store"):
+        flow.messenger("sink", blob_readers=2)

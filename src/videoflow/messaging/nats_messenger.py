@@ -30,9 +30,10 @@ put with this node's readers' obligations and its own intent, recorded in the ou
 the intent resolved by the publication's outcome; a reader releases its obligation only
 after its settlement is confirmed (PAY-004).
 
-Not here yet (issue 4): the legacy counter BlobStore, partitioned consumption beyond
-binding the replica's durable, and confirming a restored checkpoint's output on the
-broker before its covered group is acknowledged.
+Not here yet (issue 4): the older counter BlobStore (blob_store, blob_readers: refused
+with a clear error), partitioned consumption beyond binding the replica's durable, and
+confirming a restored checkpoint's output on the broker before its covered group is
+acknowledged.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ from videoflow.messaging.grouping import (
 from videoflow.messaging.jetstream_specs import subscription_spec_for
 from videoflow.messaging.publication import PublicationStats, publish_until_known
 from videoflow.wire.serialization import (
+    ENVELOPE_VERSION,
+    BlobStore,
     decode_envelope,
     decode_message,
     encode_envelope,
@@ -149,6 +152,9 @@ class NATSMessenger(Messenger):
         parent_names: its real parents, by name; empty for a producer.
         nats_url: the broker, for the default backend.
         flow_id / flow_type / run_id: the run.
+        blob_store / blob_readers: the older counter store (RFC 0002) and its reader
+            count; refused for now -- payload_store replaces them.
+        envelope_version: the wire version written; None or 3 (every version is read).
         replica_id / nb_tasks: this replica and the node's replica count.
         ack_wait / max_retries / delivery_policy: the durables' lease, the deployment's
             retry count and the node's delivery override (a dict).
@@ -184,6 +190,7 @@ class NATSMessenger(Messenger):
         flow_id: str,
         flow_type: str,
         run_id: str,
+        blob_store: BlobStore | None = None,
         replica_id: int = 0,
         ack_wait: int = 60,
         max_retries: int = 3,
@@ -191,16 +198,25 @@ class NATSMessenger(Messenger):
         nb_tasks: int = 1,
         partition_by: str | None = None,
         join_policy: dict[str, Any] | None = None,
+        envelope_version: int | None = None,
+        blob_readers: int | None = None,
+        blob_ttl_seconds: int | None = None,
         delivery_policy: dict[str, Any] | None = None,
         backend: MessagingBackend | None = None,
         payload_store: PayloadStore | None = None,
         blob_reader_ids: list[str] | None = None,
-        blob_ttl_seconds: int | None = None,
         runtime: FlowRuntime | None = None,
         replayable: bool = False,
         prefetch_bytes: int | None = None,
+        *,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        if envelope_version not in (None, ENVELOPE_VERSION):
+            raise ValueError(f"envelope_version: this messenger writes v{ENVELOPE_VERSION} "
+                             f"(every version decodes), got {envelope_version!r}")
+        if blob_store is not None or blob_readers is not None:
+            raise ValueError("the counter BlobStore (blob_store, blob_readers) is not "
+                             "supported by this messenger yet; use payload_store")
         self.node_name: str = node.name
         self.parent_names = list(parent_names)
         self.flow_id, self.flow_type, self.run_id = flow_id, flow_type, run_id
