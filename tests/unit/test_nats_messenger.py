@@ -35,7 +35,7 @@ from videoflow.core.policies import PoisonMessage, WorkerFatal
 from videoflow.core.runtime import FlowRuntime, MemoryRuntimeStore
 from videoflow.errors import DurabilityUnavailable
 from videoflow.messaging.dead_letters import decode_dead_letter
-from videoflow.messaging.nats_messenger import NATSMessenger
+from videoflow.messaging.nats_messenger import NATSMessenger, partition_of
 from videoflow.wire.serialization import decode_envelope
 
 FLOW, RUN = "flow", "run"
@@ -605,3 +605,29 @@ def test_what_is_not_supported_yet_is_refused_clearly(flows) -> None:  # type: i
         flow.messenger("sink", envelope_version=2)
     with pytest.raises(ValueError, match="payload_store"):
         flow.messenger("sink", blob_readers=2)
+
+
+def test_partitioned_replicas_each_take_their_own_keys_and_together_all_of_them(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cams": [], "track": ["cams"]})
+    producer = flow.messenger("cams")
+    replicas = [flow.messenger("track", nb_tasks=2, replica_id=i, partition_by="camera")
+                for i in range(2)]
+    for n in range(24):
+        if n % 2:  # a business key set by the producer ...
+            producer.set_output_partition_key(f"cam-{n % 6}")
+            producer.publish_message({"n": n})
+        else:  # ... or the partition_by field of the message
+            producer.publish_message({"n": n, "camera": f"cam-{n % 6}"})
+    producer.publish_stop_signal()
+    seen: list[list[dict[str, Any]]] = []
+    for replica in replicas:
+        *groups, stop = run_sink(replica, lambda inputs: None)
+        assert stop["cams"]["is_stop_signal"]
+        seen.append([g["cams"]["message"] for g in groups])
+    assert sorted(m["n"] for part in seen for m in part) == list(range(24))  # all, once
+    for index, part in enumerate(seen):
+        assert part  # both replicas got work
+        for message in part:
+            assert partition_of(f"cam-{message['n'] % 6}", 2) == index
+    sub = SubscriptionId("track", ChannelId(FLOW, RUN, "cams"), replica=0)
+    assert replicas[0].backend.skipped(sub) == len(seen[1])  # the others' keys, acked at once

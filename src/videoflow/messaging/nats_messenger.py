@@ -30,16 +30,19 @@ put with this node's readers' obligations and its own intent, recorded in the ou
 the intent resolved by the publication's outcome; a reader releases its obligation only
 after its settlement is confirmed (PAY-004).
 
+Partitioned consumption: each replica binds its own durables and keeps, through the
+backend's admission filter, only the inputs whose partition key hashes to it.
+
 Not here yet (issue 4): the older counter BlobStore (blob_store, blob_readers: refused
-with a clear error), partitioned consumption beyond binding the replica's durable, and
-confirming a restored checkpoint's output on the broker before its covered group is
-acknowledged.
+with a clear error), and confirming a restored checkpoint's output on the broker before
+its covered group is acknowledged.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -117,6 +120,12 @@ class PublicationFailed(VideoflowError):
         self.refused = refused
 
 
+def partition_of(key: Any, partitions: int) -> int:
+    """The partition a key routes to: stable across processes and runs (crc32 of its
+    msgpack bytes, never Python's salted hash)."""
+    return zlib.crc32(encode_message(key)) % partitions
+
+
 @dataclass(slots=True)
 class _Handle:
     """What the assembler holds for one delivery: discard / supersede resolve it."""
@@ -159,7 +168,9 @@ class NATSMessenger(Messenger):
         ack_wait / max_retries / delivery_policy: the durables' lease, the deployment's
             retry count and the node's delivery override (a dict).
         join_policy: the node's join override (a dict), over the flow type's default.
-        partition_by: a partition key: each replica then binds its own durables.
+        partition_by: partitioned consumption: each replica binds its own durables and
+            keeps the inputs whose key hashes to it (the envelope's partition_key, else
+            this field of a dict message, else the trace id).
         eos_quiescence_ms: how long a parent's data must stay quiet after its last end
             marker before it counts as drained, when the broker cannot say.
         backend: the MessagingBackend; a JetStreamMessagingBackend on nats_url if None.
@@ -221,6 +232,7 @@ class NATSMessenger(Messenger):
         self.parent_names = list(parent_names)
         self.flow_id, self.flow_type, self.run_id = flow_id, flow_type, run_id
         self.replica_id, self.nb_tasks = replica_id, nb_tasks
+        self.partition_by = partition_by
         self.eos_quiescence = eos_quiescence_ms / 1000.0
         self.ack_wait = ack_wait
         self.clock = clock
@@ -295,10 +307,33 @@ class NATSMessenger(Messenger):
             eos = SubscriptionId(self.node_name, parent_channel, "eos")
             self.backend.ensure_subscription(
                 subscription_spec_for(data, self.ack_wait, max_deliver, credit), "bind")
+            if partitioned:
+                # Every replica's durable sees every message; each keeps only its own
+                # partition, and the backend acknowledges the rest at once so they never
+                # hold its ack window.
+                self.backend.set_admission(data, self._admits)
             self.backend.ensure_subscription(
                 subscription_spec_for(eos, self.ack_wait, -1, 4), "bind")
             self._data_subs[parent] = data
             self._eos_subs[eos] = parent
+
+    def _admits(self, delivery: Delivery) -> bool:
+        """Whether an input belongs to this replica's partition: its envelope's
+        partition_key, else the partition_by field of a dict message, else its trace
+        id, hashed stably (crc32 of its msgpack bytes) onto the replicas. Undecodable
+        bytes are admitted, so the receive path counts them."""
+        try:
+            decoded = decode_envelope(delivery.data)
+        except WireError:
+            return True
+        return partition_of(self._partition_key_of(decoded), self.nb_tasks) == self.replica_id
+
+    def _partition_key_of(self, decoded: dict[str, Any]) -> Any:
+        key = decoded["partition_key"]
+        message = decoded["message"]
+        if key is None and isinstance(message, dict) and self.partition_by in message:
+            key = message[self.partition_by]
+        return decoded["trace_id"] if key is None else key
 
     # ------------------------------------------------------------------ termination
 
@@ -820,4 +855,4 @@ class NATSMessenger(Messenger):
             self.backend.shutdown()
 
 
-__all__ = ["DROP_REASONS", "NATSMessenger", "PublicationFailed"]
+__all__ = ["DROP_REASONS", "NATSMessenger", "PublicationFailed", "partition_of"]
