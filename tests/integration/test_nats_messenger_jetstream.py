@@ -23,7 +23,7 @@ from videoflow.core.policies import PoisonMessage
 from videoflow.core.runtime import FlowRuntime, NatsKvRuntimeStore
 from videoflow.errors import SupersededOwner
 from videoflow.messaging.dead_letters import decode_dead_letter
-from videoflow.messaging.naming import dlq_stream_name
+from videoflow.messaging.naming import dlq_stream_name, subject_for
 from videoflow.messaging.nats_messenger import NATSMessenger
 from videoflow.messaging.topology import provision_flow_sync
 from videoflow.wire.serialization import decode_envelope
@@ -223,3 +223,61 @@ def test_a_checkpointing_sink_restarted_mid_stream_resumes_the_same_committed_pr
     finally:
         first.close()
         store.close()
+
+
+def test_a_crash_between_processing_and_ack_reaches_the_replacement_on_jetstream(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    specs = [NodeSpec("cam", "producer"), NodeSpec("sink", "consumer", parents=("cam",)),
+             NodeSpec("junk", "producer")]
+    provision_flow_sync(nats_server.url, specs, FLOW, RUN, BATCH, ack_wait=2, timeout=30)
+
+    def sink() -> NATSMessenger:
+        return NATSMessenger(SimpleNamespace(name="sink"), ["cam"], nats_server.url, FLOW,
+                             BATCH, RUN, ack_wait=2, eos_quiescence_ms=200)
+
+    crashing = sink()
+    cam = messenger(nats_server.url, "cam", [])
+    try:
+        cam.publish_message("a")
+        # Bytes that are not an envelope, on the camera's own subject.
+        raw = asyncio.run(publish_raw(nats_server.url, subject_for(FLOW, RUN, "cam"),
+                                      b"\xc1 not an envelope"))
+        assert raw > 0
+        cam.publish_message("b")
+        cam.publish_stop_signal()
+    finally:
+        cam.close()
+    applied: dict[str, Any] = {}
+    calls: list[Any] = []
+    try:
+        inputs = crashing.receive_message()
+        calls.append(inputs["cam"]["message"])
+        applied.setdefault(str(crashing.last_input_key()), inputs["cam"]["message"])
+        crashing.backend.shutdown(hand_back=False)  # dies before the ack
+        undecodable = crashing.take_drops()["undecodable"]  # it may have met the junk
+        replacement = sink()
+        try:
+            while True:
+                inputs = replacement.receive_message()
+                if inputs["cam"]["is_stop_signal"]:
+                    break
+                calls.append(inputs["cam"]["message"])
+                applied.setdefault(str(replacement.last_input_key()), inputs["cam"]["message"])
+                replacement.ack_inputs()
+            undecodable += replacement.take_drops()["undecodable"]
+        finally:
+            replacement.close()
+    finally:
+        crashing.close()
+    assert sorted(calls) == ["a", "a", "b"]  # "a" came back after its lease lapsed
+    assert sorted(applied.values()) == ["a", "b"]  # and a keyed sink applied it once
+    assert undecodable == 1  # counted once, terminated, and the flow went on
+
+
+async def publish_raw(url: str, subject: str, data: bytes) -> int:
+    nc = await nats.connect(url)
+    try:
+        return (await nc.jetstream().publish(subject, data)).seq
+    finally:
+        await nc.close()
