@@ -33,9 +33,13 @@ after its settlement is confirmed (PAY-004).
 Partitioned consumption: each replica binds its own durables and keeps, through the
 backend's admission filter, only the inputs whose partition key hashes to it.
 
+A checkpoint committed with an output is written only once that output's publication
+was accepted, so a restored checkpoint's output is already on the broker when its
+covered group is acknowledged.
+
 Not here yet (issue 4): the older counter BlobStore (blob_store, blob_readers: refused
-with a clear error), and confirming a restored checkpoint's output on the broker before
-its covered group is acknowledged.
+with a clear error), retry budgets counted in the ledger (ledger_budget), and the
+periodic reconciliation of payload obligations (RuntimeObligationLedger).
 """
 
 from __future__ import annotations
