@@ -290,8 +290,16 @@ def publish(wired: Wired, node: str, count: int) -> None:
 
 
 def take(wired: Wired, receiver: SubscriptionReceiver, credit: int = 1, wait: float = 5.0):  # type: ignore[no-untyped-def]
+    """Up to credit deliveries, gathered until that many arrived or wait passed: the
+    pull loop parks each message as it arrives, so one take may see only part of what
+    the server is sending."""
     async def go():  # type: ignore[no-untyped-def]
-        return await receiver.take(credit, 0, time.monotonic() + wait)
+        deadline = time.monotonic() + wait
+        got = await receiver.take(credit, 0, deadline)
+        while len(got) < credit and time.monotonic() < deadline:
+            got += await receiver.take(credit - len(got), 0,
+                                       min(deadline, time.monotonic() + 0.05))
+        return got
 
     return wired.run(go())
 
