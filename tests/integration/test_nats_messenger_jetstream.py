@@ -19,7 +19,7 @@ from videoflow import server as embedded
 from videoflow.backends.payload import NatsObjectPayloadStore
 from videoflow.core.compiler import NodeSpec
 from videoflow.core.constants import BATCH
-from videoflow.core.policies import PoisonMessage
+from videoflow.core.policies import PoisonMessage, WorkerFatal
 from videoflow.core.runtime import FlowRuntime, NatsKvRuntimeStore
 from videoflow.errors import SupersededOwner
 from videoflow.messaging.dead_letters import decode_dead_letter
@@ -281,3 +281,46 @@ async def publish_raw(url: str, subject: str, data: bytes) -> int:
         return (await nc.jetstream().publish(subject, data)).seq
     finally:
         await nc.close()
+
+
+FAST_RETRIES = {"max_retries": 2, "backoff": {"base_ms": 50.0, "factor": 1.0, "max_ms": 50.0}}
+
+
+def test_the_delivery_policy_ladder_on_jetstream(nats_server: embedded.EmbeddedServer) -> None:
+    # A transient failure is retried with its backoff and dead-lettered once the budget
+    # (max_retries=2, so three deliveries) is spent; a worker-fatal one is handed back
+    # and then succeeds, with no dead letter.
+    specs = [NodeSpec("cam", "producer"),
+             NodeSpec("work", "consumer", parents=("cam",), delivery=FAST_RETRIES)]
+    provision_flow_sync(nats_server.url, specs, FLOW, RUN, BATCH, timeout=30)
+    work = NATSMessenger(SimpleNamespace(name="work"), ["cam"], nats_server.url, FLOW, BATCH,
+                         RUN, delivery_policy=FAST_RETRIES, eos_quiescence_ms=200)
+    cam = messenger(nats_server.url, "cam", [])
+    try:
+        cam.publish_message("flaky")
+        cam.publish_message("fatal-once")
+        cam.publish_stop_signal()
+    finally:
+        cam.close()
+    deliveries: list[tuple[str, int]] = []
+    done: list[str] = []
+    try:
+        while True:
+            inputs = work.receive_message()
+            if inputs["cam"]["is_stop_signal"]:
+                break
+            message = inputs["cam"]["message"]
+            deliveries.append((message, len([d for d in deliveries if d[0] == message]) + 1))
+            if message == "flaky":
+                work.fail_inputs(ConnectionError("upstream down"))
+            elif len([d for d in deliveries if d[0] == message]) == 1:
+                work.fail_inputs(WorkerFatal("GPU lost"))
+            else:
+                done.append(message)
+                work.ack_inputs()
+    finally:
+        work.close()
+    assert [n for m, n in deliveries if m == "flaky"] == [1, 2, 3]
+    assert done == ["fatal-once"]
+    (record,) = asyncio.run(dead_letters(nats_server.url))
+    assert (record.parent, record.reason, record.attempts) == ("cam", "retries_exhausted", 3)
