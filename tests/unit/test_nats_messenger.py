@@ -631,3 +631,35 @@ def test_partitioned_replicas_each_take_their_own_keys_and_together_all_of_them(
             assert partition_of(f"cam-{message['n'] % 6}", 2) == index
     sub = SubscriptionId("track", ChannelId(FLOW, RUN, "cams"), replica=0)
     assert replicas[0].backend.skipped(sub) == len(seen[1])  # the others' keys, acked at once
+
+
+def test_a_release_lost_with_an_unconfirmed_ack_is_reconciled_by_the_replacement(
+    flows,  # type: ignore[no-untyped-def]
+) -> None:
+    # PAY-004 then PAY-006: the ack reached the broker but its confirmation was lost, so
+    # the reader kept its obligation; its replacement reconciles at start, sees the ack
+    # floor past the publication and cancels the lost release -- and the payload goes.
+    flow = flows({"cam": [], "sink": ["cam"]})
+    store, ledger = MemoryPayloadStore(), MemoryRuntimeStore()
+    cam = flow.messenger("cam", payload_store=store, blob_reader_ids=["sink"],
+                         runtime=FlowRuntime(ledger, FLOW, RUN, "cam"))
+    lossy = LosesAckReplies(flow.broker, flow_id=FLOW, run_id=RUN)
+    lossy.start()
+    first = NATSMessenger(SimpleNamespace(name="sink"), ["cam"], "nats://unused", FLOW, BATCH,
+                          RUN, backend=lossy, payload_store=store,
+                          runtime=FlowRuntime(ledger, FLOW, RUN, "sink"))
+    flow.made.append(first)
+    cam.publish_message(np.zeros(2_000_000, dtype=np.uint8))  # by ref
+    cam.publish_stop_signal()
+    (ref,) = store.refs()
+    assert first.receive_message()["cam"]["message"].nbytes == 2_000_000
+    lossy.armed = True
+    first.ack_inputs()
+    assert first.unconfirmed_acks == 1 and store.obligations(ref) == ("sink",)
+    lossy.shutdown(hand_back=False)  # the reader dies with its release owed
+
+    replacement = flow.messenger("sink", payload_store=store,
+                                 runtime=FlowRuntime(ledger, FLOW, RUN, "sink"))
+    assert replacement.receive_message()["cam"]["is_stop_signal"]  # nothing redelivered
+    assert replacement.reconciled == 1
+    assert store.refs() == ()  # the lost release was cancelled and the payload reclaimed

@@ -37,9 +37,12 @@ A checkpoint committed with an output is written only once that output's publica
 was accepted, so a restored checkpoint's output is already on the broker when its
 covered group is acknowledged.
 
+While receiving, the messenger reconciles payload obligations (RuntimeObligationLedger,
+at most once per ack_wait): a release lost when a reader died after a confirmed ack is
+cancelled once the broker's ack floor shows it (PAY-006).
+
 Not here yet (issue 4): the older counter BlobStore (blob_store, blob_readers: refused
-with a clear error), retry budgets counted in the ledger (ledger_budget), and the
-periodic reconciliation of payload obligations (RuntimeObligationLedger).
+with a clear error), and retry budgets counted in the ledger (ledger_budget).
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ from videoflow.messaging.grouping import (
     TraceGroupAssembler,
 )
 from videoflow.messaging.jetstream_specs import subscription_spec_for
+from videoflow.messaging.obligations import RuntimeObligationLedger, reconcile
 from videoflow.messaging.publication import PublicationStats, publish_until_known
 from videoflow.wire.serialization import (
     ENVELOPE_VERSION,
@@ -287,6 +291,8 @@ class NATSMessenger(Messenger):
         self._flushed = False
         self._data_subs: dict[str, SubscriptionId] = {}
         self._eos_subs: dict[SubscriptionId, str] = {}
+        self._reconciled_at = float("-inf")
+        self.reconciled = 0  # obligations reconciliation cancelled (PAY-006)
         if self.parent_names:
             policy = effective_join_policy(flow_type, join_policy)
             # make_assembler's classes, on this messenger's clock: timeouts and collect
@@ -641,7 +647,24 @@ class NATSMessenger(Messenger):
             return self._ready.popleft() if self._ready else None
         return None
 
+    def _reconcile_payloads(self) -> None:
+        """Cancel the payload obligations the ledger shows are no longer owed -- a
+        release lost when a reader died after a confirmed ack (PAY-006), an intent whose
+        resolution was lost -- judging this node's parents' publications and its own
+        from the run ledger's outboxes and the broker's ack floors. At start, then at
+        most once per ack_wait; anything it cannot observe stays owed."""
+        if self.payload_store is None:
+            return
+        now = time.monotonic()
+        if now - self._reconciled_at < self.ack_wait:
+            return
+        self._reconciled_at = now
+        ledger = RuntimeObligationLedger(self.runtime, self.backend,
+                                         [*self.parent_names, self.node_name])
+        self.reconciled += reconcile(self.payload_store, ledger)
+
     def _receive_once(self) -> None:
+        self._reconcile_payloads()
         subs = [*self._data_subs.values(), *self._eos_subs]
         got = self.backend.receive_any(subs, 64, 0, time.monotonic() + POLL_SECONDS)
         for sub, delivery in got:
