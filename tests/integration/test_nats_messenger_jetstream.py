@@ -324,3 +324,49 @@ def test_the_delivery_policy_ladder_on_jetstream(nats_server: embedded.EmbeddedS
     assert done == ["fatal-once"]
     (record,) = asyncio.run(dead_letters(nats_server.url))
     assert (record.parent, record.reason, record.attempts) == ("cam", "retries_exhausted", 3)
+
+
+def test_under_the_ledger_s_budget_a_worker_fatal_failure_never_spends_an_attempt(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    # With a durable ledger (NATS KV) the retry budget is counted there and the durable
+    # has no delivery cap (max_deliver -1). "mixed" meets two broken workers, then fails
+    # twice transiently, then succeeds on its fifth delivery: counted by the broker, its
+    # third delivery would have spent the budget (max_retries=2) and been dead-lettered.
+    # "flaky" only ever fails transiently: dead-lettered after three counted attempts.
+    specs = [NodeSpec("cam", "producer"),
+             NodeSpec("work", "consumer", parents=("cam",), delivery=FAST_RETRIES)]
+    provision_flow_sync(nats_server.url, specs, FLOW, RUN, BATCH, ledger_budget=True,
+                        timeout=30)
+    store = NatsKvRuntimeStore(nats_url=nats_server.url, bucket="budget")
+    work = NATSMessenger(SimpleNamespace(name="work"), ["cam"], nats_server.url, FLOW, BATCH,
+                         RUN, delivery_policy=FAST_RETRIES, eos_quiescence_ms=200,
+                         runtime=FlowRuntime(store, FLOW, RUN, "work"))
+    cam = messenger(nats_server.url, "cam", [])
+    try:
+        cam.publish_message("mixed")
+        cam.publish_message("flaky")
+        cam.publish_stop_signal()
+    finally:
+        cam.close()
+    seen: dict[str, int] = {}
+    try:
+        while True:
+            inputs = work.receive_message()
+            if inputs["cam"]["is_stop_signal"]:
+                break
+            message = inputs["cam"]["message"]
+            seen[message] = seen.get(message, 0) + 1
+            if message == "flaky" or seen[message] in (3, 4):
+                work.fail_inputs(ConnectionError("upstream down"))
+            elif seen[message] <= 2:
+                work.fail_inputs(WorkerFatal("GPU lost"))
+            else:
+                work.ack_inputs()
+    finally:
+        work.close()
+        store.close()
+    assert seen == {"mixed": 5, "flaky": 3}
+    (record,) = asyncio.run(dead_letters(nats_server.url))
+    assert (record.reason, decode_envelope(record.envelope)["message"]) == (
+        "retries_exhausted", "flaky")

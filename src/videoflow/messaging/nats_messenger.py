@@ -41,8 +41,12 @@ While receiving, the messenger reconciles payload obligations (RuntimeObligation
 at most once per ack_wait): a release lost when a reader died after a confirmed ack is
 cancelled once the broker's ack floor shows it (PAY-006).
 
+With a durable, shared ledger (NATS KV) the retry budget is counted in the ledger, not
+by the broker: the durables are bound with max_deliver -1 (provision with ledger_budget
+to match), and a worker-fatal failure never spends an attempt.
+
 Not here yet (issue 4): the older counter BlobStore (blob_store, blob_readers: refused
-with a clear error), and retry budgets counted in the ledger (ledger_budget).
+with a clear error).
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ from videoflow.core.engine import (
     STOP_QUIESCE,
     Messenger,
 )
+from videoflow.core.policies import WORKER_FATAL, classify_error
 from videoflow.core.runtime import FlowRuntime
 from videoflow.errors import DurabilityUnavailable, VideoflowError, WireError
 from videoflow.messaging.credit import (
@@ -260,6 +265,8 @@ class NATSMessenger(Messenger):
         if self.runtime.epoch is None:
             self.runtime.claim_owner()
         self.replayable = replayable
+        self.ledger_budget = self.runtime.durable_shared()
+        self._counted: set[str] = set()  # inputs whose failures this process counted
         self._source_offset = self.runtime.source_offset() if replayable else 0
         self.payload_store = payload_store
         self.blob_reader_ids = tuple(blob_reader_ids or ())
@@ -309,7 +316,12 @@ class NATSMessenger(Messenger):
         credit = consumer_credit(self.nb_tasks, partitioned,
                                  join_item_credit(self.parent_names, join_policy,
                                                   self.flow_type))
-        max_deliver = max_deliver_for(self.flow_type, max_retries, delivery)
+        # With a durable, shared ledger the retry budget is counted there, so the
+        # broker never strands a message and a worker-fatal redelivery never counts
+        # (STREAM-15 / D11): the durable is bound with max_deliver -1, as provisioning
+        # with ledger_budget makes it.
+        max_deliver = max_deliver_for(self.flow_type, max_retries, delivery,
+                                      ledger_budget=self.ledger_budget)
         for parent in self.parent_names:
             parent_channel = ChannelId(self.flow_id, self.run_id, parent)
             data = SubscriptionId(self.node_name, parent_channel, "data",
@@ -784,6 +796,10 @@ class NATSMessenger(Messenger):
         key = f"{group.trace_id}:{group.seq}"
         for handle in group.handles:
             self._let_go(handle.delivery)
+            counted = f"{handle.parent}:{handle.delivery.stream_seq}"
+            if counted in self._counted:  # it failed before: its count is done with
+                self._counted.discard(counted)
+                self.runtime.clear_attempts(counted)
         results = self.backend.settle_many([(h.delivery.token, Completed(), f"ack:{key}:{i}")
                                             for i, h in enumerate(group.handles)])
         self.unconfirmed_acks += sum(isinstance(r, SettleUnknown) for r in results)
@@ -804,7 +820,7 @@ class NATSMessenger(Messenger):
         for handle in group.handles:
             delivery = handle.delivery
             self._let_go(delivery)
-            action = self.delivery_policy.action_for(exc, delivery.num_delivered)
+            action = self.delivery_policy.action_for(exc, self._attempts(handle, exc))
             if action.kind == "retry":
                 self._to_settle.append((delivery, Retry(action.delay)))
             elif action.kind == "nak_uncounted":
@@ -815,6 +831,19 @@ class NATSMessenger(Messenger):
                 self._drops["exhausted"] += 1
                 self._terminate(handle.parent, delivery, action.reason or "dropped")
         self._settle_pending()
+
+    def _attempts(self, handle: _Handle, exc: BaseException) -> int:
+        """The attempt number the delivery policy judges: the broker's delivery count,
+        or -- under the ledger's budget -- the attempts counted in the ledger, where a
+        worker-fatal failure is never counted (the message is fine; this worker is
+        not)."""
+        if not self.ledger_budget:
+            return handle.delivery.num_delivered
+        key = f"{handle.parent}:{handle.delivery.stream_seq}"
+        if classify_error(exc) == WORKER_FATAL:
+            return max(self.runtime.attempts(key), 1)
+        self._counted.add(key)
+        return self.runtime.count_attempt(key)
 
     def _dead_letter(self, handle: _Handle, exc: BaseException | None, reason: str,
                      kind: Reason | None = None) -> None:
