@@ -663,3 +663,23 @@ def test_a_release_lost_with_an_unconfirmed_ack_is_reconciled_by_the_replacement
     assert replacement.receive_message()["cam"]["is_stop_signal"]  # nothing redelivered
     assert replacement.reconciled == 1
     assert store.refs() == ()  # the lost release was cancelled and the payload reclaimed
+
+
+def test_a_dead_lettered_input_that_came_by_ref_keeps_its_payload_for_the_dead_letter(
+    flows,  # type: ignore[no-untyped-def]
+) -> None:
+    # BLOB-14 step 3: the dead letter carries the envelope and so the ref; the payload is
+    # pinned (dlq/...) for the dead letters' retention before the delivery is
+    # terminated, and the reader's own obligation goes once that is confirmed.
+    flow = flows({"cam": [], "work": ["cam"], "sink": ["work"]})
+    store = MemoryPayloadStore()
+    cam = flow.messenger("cam", payload_store=store, blob_reader_ids=["work"])
+    work = flow.messenger("work", payload_store=store)
+    flow.messenger("sink")
+    cam.publish_message(np.ones(2_000_000, dtype=np.uint8))
+    (ref,) = store.refs()
+    work.receive_message()
+    work.fail_inputs(PoisonMessage("corrupt frame"))
+    assert store.obligations(ref) == ("dlq/dlq:work:cam:1",)  # only the pin is left
+    (only,) = flow.broker.dead_letters(FLOW)
+    assert decode_envelope(decode_dead_letter(only[1]).envelope)["blob_ref"] == ref

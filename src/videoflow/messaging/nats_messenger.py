@@ -95,7 +95,12 @@ from videoflow.messaging.credit import (
     join_item_credit,
     max_deliver_for,
 )
-from videoflow.messaging.dead_letters import Reason, dead_letter, dead_letter_for
+from videoflow.messaging.dead_letters import (
+    Reason,
+    dead_letter,
+    dead_letter_for,
+    dead_letter_msg_id,
+)
 from videoflow.messaging.grouping import (
     EnvelopeEntry,
     ReadyGroup,
@@ -105,6 +110,7 @@ from videoflow.messaging.grouping import (
 from videoflow.messaging.jetstream_specs import subscription_spec_for
 from videoflow.messaging.obligations import RuntimeObligationLedger, reconcile
 from videoflow.messaging.publication import PublicationStats, publish_until_known
+from videoflow.messaging.stream_configs import DLQ_RETENTION_SECONDS
 from videoflow.wire.serialization import (
     ENVELOPE_VERSION,
     BlobStore,
@@ -853,8 +859,19 @@ class NATSMessenger(Messenger):
         record = dead_letter_for(
             self.flow_id, self.run_id, self.node_name, handle.parent, delivery.stream_seq,
             delivery.num_delivered, kind, delivery.data, exc, self.clock())
+        pin = None
+        if handle.blob_ref is not None and self.payload_store is not None:
+            # The dead letter carries the envelope, and so the ref: its payload must
+            # outlive the reader's settlement for as long as dead letters are kept
+            # (BLOB-14 step 3), or a replay would find nothing. Pinned before the
+            # dead letter exists, never after.
+            pin = f"dlq/{dead_letter_msg_id(self.node_name, handle.parent, delivery.stream_seq)}"
+            self.payload_store.acquire(handle.blob_ref, pin, ttl_seconds=DLQ_RETENTION_SECONDS)
         done = dead_letter(self.backend, delivery.token, record,
                            time.monotonic() + self.ack_wait)
+        if pin is not None and isinstance(done.settled, SettleConfirmed):
+            assert self.payload_store is not None and handle.blob_ref is not None
+            self.payload_store.release(handle.blob_ref, self.reader_id)  # PAY-004
         if done.settled is None:
             # The dead letter was not accepted: the delivery stays alive for a later
             # attempt, and the ledger and the broker's observation both say so.
