@@ -36,7 +36,7 @@ from videoflow.core.runtime import FlowRuntime, MemoryRuntimeStore
 from videoflow.errors import DurabilityUnavailable
 from videoflow.messaging.dead_letters import decode_dead_letter
 from videoflow.messaging.nats_messenger import NATSMessenger, partition_of
-from videoflow.wire.serialization import decode_envelope
+from videoflow.wire.serialization import MemoryBlobStore, decode_envelope
 
 FLOW, RUN = "flow", "run"
 FAST_RETRIES = {"max_retries": 2, "backoff": {"base_ms": 1.0, "factor": 1.0, "max_ms": 1.0}}
@@ -599,12 +599,12 @@ def test_the_constructor_is_the_reference_s_parameter_for_parameter() -> None:
     assert declared == expected
 
 
-def test_what_is_not_supported_yet_is_refused_clearly(flows) -> None:  # type: ignore[no-untyped-def]
+def test_what_is_not_supported_is_refused_clearly(flows) -> None:  # type: ignore[no-untyped-def]
     flow = flows({"cam": [], "sink": ["cam"]})
     with pytest.raises(ValueError, match="envelope_version"):
         flow.messenger("sink", envelope_version=2)
-    with pytest.raises(ValueError, match="payload_store"):
-        flow.messenger("sink", blob_readers=2)
+    with pytest.raises(ValueError, match="blob_readers"):
+        flow.messenger("sink", blob_readers=0)
 
 
 def test_partitioned_replicas_each_take_their_own_keys_and_together_all_of_them(flows) -> None:  # type: ignore[no-untyped-def]
@@ -683,3 +683,42 @@ def test_a_dead_lettered_input_that_came_by_ref_keeps_its_payload_for_the_dead_l
     assert store.obligations(ref) == ("dlq/dlq:work:cam:1",)  # only the pin is left
     (only,) = flow.broker.dead_letters(FLOW)
     assert decode_envelope(decode_dead_letter(only[1]).envelope)["blob_ref"] == ref
+
+
+def test_the_counter_blob_store_deletes_a_payload_after_its_last_confirmed_read(flows) -> None:  # type: ignore[no-untyped-def]
+    # RFC 0002 / BLOB-5: the publisher records how many reads a payload is owed; each
+    # reader counts one down once its settlement is confirmed; the last deletes it. The
+    # count lives in the run ledger the nodes share.
+    flow = flows({"cam": [], "left": ["cam"], "right": ["cam"]})
+    blobs, ledger = MemoryBlobStore(), MemoryRuntimeStore()
+
+    def node(name: str, **options: Any) -> NATSMessenger:
+        return flow.messenger(name, blob_store=blobs,
+                              runtime=FlowRuntime(ledger, FLOW, RUN, name), **options)
+
+    cam = node("cam", blob_readers=2)
+    left, right = node("left"), node("right")
+    frame = np.arange(2_000_000, dtype=np.uint8)
+    cam.publish_message(frame)
+    cam.publish_stop_signal()
+    assert len(blobs) == 1
+    for reader in (left, right):
+        assert np.array_equal(reader.receive_message()["cam"]["message"], frame)
+    left.ack_inputs()
+    assert len(blobs) == 1  # one read still owed
+    right.ack_inputs()
+    assert len(blobs) == 0  # the last confirmed read deleted it
+    for reader in (left, right):
+        assert reader.receive_message()["cam"]["is_stop_signal"]
+
+
+def test_a_counter_store_payload_without_a_count_is_left_to_its_ttl(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "sink": ["cam"]})
+    blobs, ledger = MemoryBlobStore(), MemoryRuntimeStore()
+    cam = flow.messenger("cam", blob_store=blobs, runtime=FlowRuntime(ledger, FLOW, RUN, "cam"))
+    sink = flow.messenger("sink", blob_store=blobs,
+                          runtime=FlowRuntime(ledger, FLOW, RUN, "sink"))
+    cam.publish_message(np.zeros(2_000_000, dtype=np.uint8))
+    sink.receive_message()
+    sink.ack_inputs()
+    assert len(blobs) == 1  # blob_readers None: nobody counts, the store's TTL decides

@@ -454,6 +454,50 @@ class FlowRuntime:
         """Forget an input's attempt count once its delivery is settled for good."""
         self._delete(self._node_key("attempt", key))
 
+    # -- blob reader counts (BLOB-5) ----------------------------------------------
+
+    def _blob_key(self, ref: str) -> str:
+        # Run-scoped, not node-scoped: the publisher sets it, its readers count down.
+        return f"{key_token(self.flow_id)}.{key_token(self.run_id)}._blob.{key_token(ref)}"
+
+    def count_blob_readers(self, ref: str, readers: int) -> None:
+        """Record that a payload in the counter BlobStore is owed ``readers`` reads
+        (BLOB-5); set once, by its publisher, before the envelope naming it is sent.
+
+        Raises:
+            ValueError: readers below 1.
+        """
+        if readers < 1:
+            raise ValueError(f"readers must be >= 1, got {readers}")
+        self._read_modify_write(self._blob_key(ref), _DECODE_COUNTER,
+                                lambda current: current or _Counter(value=readers))
+
+    def blob_read(self, ref: str) -> int | None:
+        """One reader is done with ref (its settlement confirmed): count it down.
+
+        Returns:
+            the reads still owed -- 0 means the payload may be deleted now, and the
+            count is gone -- or None when ref has no count (its publisher set none:
+            the payload is TTL-only).
+        """
+        key = self._blob_key(ref)
+        for _ in range(_CAS_ATTEMPTS):
+            self._fence()
+            found = self.store.get(key)
+            if found is None:
+                return None
+            remaining = _DECODE_COUNTER.decode(found[0]).value - 1
+            try:
+                if remaining <= 0:
+                    self.store.delete(key)
+                    return 0
+                self.store.update(key, _ENCODER.encode(_Counter(value=remaining)), found[1])
+                return remaining
+            except RevisionConflict:
+                continue
+        raise RevisionConflict(
+            f"ledger key {key!r}: lost {_CAS_ATTEMPTS} compare-and-swaps in a row", key=key)
+
     # -- terminal log and dead-letter handoffs --------------------------------------
 
     def log_terminal(self, key: str, record_ref: str, reason: str) -> TerminalEntry:

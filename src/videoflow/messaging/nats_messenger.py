@@ -45,8 +45,9 @@ With a durable, shared ledger (NATS KV) the retry budget is counted in the ledge
 by the broker: the durables are bound with max_deliver -1 (provision with ledger_budget
 to match), and a worker-fatal failure never spends an attempt.
 
-Not here yet (issue 4): the older counter BlobStore (blob_store, blob_readers: refused
-with a clear error).
+The older counter BlobStore (blob_store, RFC 0002) still works without a payload
+store: blob_readers sets how many reads a payload is owed, counted down in the run
+ledger by each reader after a confirmed settlement, the last deleting it (BLOB-5).
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ from videoflow.wire.serialization import (
     decode_message,
     encode_envelope,
     encode_message,
+    offload_message,
+    restore_message,
 )
 
 POLL_SECONDS: Final = 0.05
@@ -180,8 +183,11 @@ class NATSMessenger(Messenger):
         parent_names: its real parents, by name; empty for a producer.
         nats_url: the broker, for the default backend.
         flow_id / flow_type / run_id: the run.
-        blob_store / blob_readers: the older counter store (RFC 0002) and its reader
-            count; refused for now -- payload_store replaces them.
+        blob_store / blob_readers: the older counter store (RFC 0002), used when no
+            payload_store is given, and how many reads each payload this node puts
+            there is owed (BLOB-5): counted down in the run ledger by each reader once
+            its settlement is confirmed, the last deleting it. None: TTL-only. The
+            count needs a ledger the readers share (a NATS KV runtime store).
         envelope_version: the wire version written; None or 3 (every version is read).
         replica_id / nb_tasks: this replica and the node's replica count.
         ack_wait / max_retries / delivery_policy: the durables' lease, the deployment's
@@ -244,9 +250,10 @@ class NATSMessenger(Messenger):
         if envelope_version not in (None, ENVELOPE_VERSION):
             raise ValueError(f"envelope_version: this messenger writes v{ENVELOPE_VERSION} "
                              f"(every version decodes), got {envelope_version!r}")
-        if blob_store is not None or blob_readers is not None:
-            raise ValueError("the counter BlobStore (blob_store, blob_readers) is not "
-                             "supported by this messenger yet; use payload_store")
+        if blob_readers is not None and (isinstance(blob_readers, bool)
+                                         or not isinstance(blob_readers, int)
+                                         or blob_readers < 1):
+            raise ValueError(f"blob_readers must be None or an int >= 1, got {blob_readers!r}")
         self.node_name: str = node.name
         self.parent_names = list(parent_names)
         self.flow_id, self.flow_type, self.run_id = flow_id, flow_type, run_id
@@ -275,6 +282,9 @@ class NATSMessenger(Messenger):
         self._counted: set[str] = set()  # inputs whose failures this process counted
         self._source_offset = self.runtime.source_offset() if replayable else 0
         self.payload_store = payload_store
+        # The older counter store (RFC 0002), used when no payload_store is given.
+        self.blob_store = None if payload_store is not None else blob_store
+        self.blob_readers = blob_readers
         self.blob_reader_ids = tuple(blob_reader_ids or ())
         self.blob_ttl_seconds = blob_ttl_seconds
         # How this node owes a release on a parent's payload (the id its parents' puts
@@ -489,10 +499,13 @@ class NATSMessenger(Messenger):
                       partition_key=self._partition_key)
         self._event_ts, self._partition_key = None, None
         data = encode_envelope(message, **fields)
-        if self.payload_store is None or len(data) <= self._inline_threshold():
+        offload = self.payload_store is not None or self.blob_store is not None
+        if not offload or len(data) <= self._inline_threshold():
             self._publish(Envelope(self.channel, "data", data, msg_id))
-        else:
+        elif self.payload_store is not None:
             self._publish_by_ref(message, fields, msg_id)
+        else:
+            self._publish_by_counted_ref(message, fields, msg_id)
         if group is None and self.replayable and self._last_published is not None:
             self.runtime.set_source_offset(self._source_offset)
         if pending_state is not None and self._last_published is not None:
@@ -509,6 +522,26 @@ class NATSMessenger(Messenger):
                                         f"unknown ({max_payload}), so no inline limit")
             self._inline_limit = inline_threshold(max_payload.value)
         return self._inline_limit
+
+    def _publish_by_counted_ref(self, message: Any, fields: dict[str, Any],
+                                msg_id: str) -> None:
+        """The older way (RFC 0002, BLOB-5): put the message in the counter BlobStore,
+        record in the run ledger how many reads it is owed (blob_readers; None leaves
+        it to the store's TTL), and publish the envelope carrying its ref. A definitely
+        refused publication deletes it at once; each reader counts one read down once
+        its settlement is confirmed, and the last deletes it."""
+        store = self.blob_store
+        assert store is not None
+        ref = offload_message(message, store)
+        if self.blob_readers is not None:
+            self.runtime.count_blob_readers(ref, self.blob_readers)
+        try:
+            self._publish(Envelope(self.channel, "data", encode_envelope(
+                None, blob_ref=ref, **fields), msg_id))
+        except PublicationFailed as failed:
+            if failed.refused:
+                store.delete(ref)
+            raise
 
     def _publish_by_ref(self, message: Any, fields: dict[str, Any], msg_id: str) -> None:
         """Put the message in the payload store (its readers' obligations and this
@@ -709,9 +742,11 @@ class NATSMessenger(Messenger):
     def _restore(self, ref: str) -> Any:
         """The message an envelope carries by ref, read on this (the receiving) thread
         once the delivery is ours."""
-        if self.payload_store is None:
-            raise KeyError(f"payload {ref!r} arrived by ref and no payload store is set")
-        return decode_message(self.payload_store.get(ref), what=f"payload {ref!r}")
+        if self.payload_store is not None:
+            return decode_message(self.payload_store.get(ref), what=f"payload {ref!r}")
+        if self.blob_store is not None:
+            return restore_message(ref, self.blob_store)
+        raise KeyError(f"payload {ref!r} arrived by ref and no payload store is set")
 
     def _on_end_marker(self, parent: str, delivery: Delivery) -> None:
         try:
@@ -812,8 +847,16 @@ class NATSMessenger(Messenger):
         for handle, result in zip(group.handles, results, strict=True):
             # PAY-004: a payload obligation goes only with a confirmed settlement.
             if handle.blob_ref is not None and isinstance(result, SettleConfirmed):
-                assert self.payload_store is not None
-                self.payload_store.release(handle.blob_ref, self.reader_id)
+                self._read_done(handle.blob_ref)
+
+    def _read_done(self, ref: str) -> None:
+        """This reader is done with a payload (its settlement confirmed): release its
+        obligation, or count one read down in the counter store, deleting the payload
+        with the last (BLOB-5)."""
+        if self.payload_store is not None:
+            self.payload_store.release(ref, self.reader_id)
+        elif self.blob_store is not None and self.runtime.blob_read(ref) == 0:
+            self.blob_store.delete(ref)
 
     def fail_inputs(self, exc: BaseException) -> None:
         """Execute the delivery policy's verdict for exc on the group last returned:
