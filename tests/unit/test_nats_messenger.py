@@ -18,6 +18,7 @@ import pytest
 
 from videoflow.backends.memory import MemoryBroker, MemoryMessagingBackend
 from videoflow.backends.messaging import (
+    LIVE_LATEST,
     RELIABLE_WORK,
     ChannelId,
     ChannelSpec,
@@ -29,7 +30,7 @@ from videoflow.backends.messaging import (
     Unknown,
 )
 from videoflow.backends.payload import MemoryPayloadStore
-from videoflow.core.constants import BATCH
+from videoflow.core.constants import BATCH, REALTIME
 from videoflow.core.engine import CHECKPOINT_METADATA_KEY
 from videoflow.core.policies import PoisonMessage, WorkerFatal
 from videoflow.core.runtime import FlowRuntime, MemoryRuntimeStore
@@ -45,9 +46,10 @@ FAST_RETRIES = {"max_retries": 2, "backoff": {"base_ms": 1.0, "factor": 1.0, "ma
 class Flow:
     """A broker, one channel per publishing node, and a messenger per node."""
 
-    def __init__(self, edges: dict[str, list[str]]) -> None:
+    def __init__(self, edges: dict[str, list[str]], flow_type: str = BATCH) -> None:
         self.broker = MemoryBroker(duplicate_window=120.0)
         self.edges = edges  # node -> parents
+        self.flow_type = flow_type
         self.made: list[NATSMessenger] = []
         children: dict[str, list[str]] = {}
         for node, parents in edges.items():
@@ -63,7 +65,10 @@ class Flow:
                 # of a replica that read it and died.
                 required = (*(SubscriptionId(c, channel) for c in children[node]),
                             SubscriptionId("eos-anchor", channel, "eos"))
-                admin.ensure_channel(ChannelSpec(ChannelId(FLOW, RUN, node), RELIABLE_WORK,
+                # REALTIME keeps only the freshest message (live_latest, one deep);
+                # BATCH keeps everything until every reader acknowledged it.
+                profile = LIVE_LATEST if flow_type == REALTIME else RELIABLE_WORK
+                admin.ensure_channel(ChannelSpec(ChannelId(FLOW, RUN, node), profile,
                                                  required=required), "provision")
         self.admin = admin
 
@@ -74,7 +79,7 @@ class Flow:
 
     def messenger(self, node: str, **options: Any) -> NATSMessenger:
         made = NATSMessenger(SimpleNamespace(name=node), self.edges[node], "nats://unused",
-                             FLOW, BATCH, RUN, backend=self.backend(), **options)
+                             FLOW, self.flow_type, RUN, backend=self.backend(), **options)
         self.made.append(made)
         return made
 
@@ -128,8 +133,8 @@ def run_node(messenger: NATSMessenger, work: Callable[[dict[str, Any]], Any] | N
 def flows() -> Iterator[Callable[[dict[str, list[str]]], Flow]]:
     made: list[Flow] = []
 
-    def make(edges: dict[str, list[str]]) -> Flow:
-        flow = Flow(edges)
+    def make(edges: dict[str, list[str]], flow_type: str = BATCH) -> Flow:
+        flow = Flow(edges, flow_type)
         made.append(flow)
         return flow
 
@@ -722,3 +727,23 @@ def test_a_counter_store_payload_without_a_count_is_left_to_its_ttl(flows) -> No
     sink.receive_message()
     sink.ack_inputs()
     assert len(blobs) == 1  # blob_readers None: nobody counts, the store's TTL decides
+
+
+def test_realtime_keeps_the_freshest_input_and_drops_a_failure_instead_of_retrying(flows) -> None:  # type: ignore[no-untyped-def]
+    # REALTIME: the channel keeps only the latest message (a slow reader sees the
+    # freshest, never a backlog), and a failed input is dropped and counted (best
+    # effort), not retried late or dead-lettered.
+    flow = flows({"cam": [], "view": ["cam"]}, REALTIME)
+    cam, view = flow.messenger("cam"), flow.messenger("view")
+    cam.publish_message("frame-1")
+    assert view.receive_message()["cam"]["message"] == "frame-1"
+    view.ack_inputs()
+    for n in (2, 3, 4):  # the viewer is busy: only the last survives
+        cam.publish_message(f"frame-{n}")
+    assert view.receive_message()["cam"]["message"] == "frame-4"
+    view.fail_inputs(ConnectionError("display lost"))
+    assert view.take_drops()["exhausted"] == 1
+    assert flow.broker.dead_letters(FLOW) == []
+    assert len(view.terminal_entries()) == 1  # terminated against the log (DELIV-15)
+    cam.publish_message("frame-5")
+    assert view.receive_message()["cam"]["message"] == "frame-5"  # not frame-4 again

@@ -333,8 +333,10 @@ class TimeGroupAssembler(GroupAssembler):
         )
 
 
-def make_assembler(node_name: str, parent_names: list[str], policy: JoinPolicy) -> GroupAssembler:
-    """Returns the assembler the policy's mode asks for ('trace' or 'time')."""
+def make_assembler(node_name: str, parent_names: list[str], policy: JoinPolicy, *,
+                   clock: Callable[[], float] = time.time) -> GroupAssembler:
+    """Returns the assembler the policy's mode asks for ('trace' or 'time'), on clock
+    (wall-clock seconds, for timeouts and collect-window backstops)."""
     if policy.mode == "time":
-        return TimeGroupAssembler(node_name, parent_names, policy)
-    return TraceGroupAssembler(node_name, parent_names, policy)
+        return TimeGroupAssembler(node_name, parent_names, policy, clock=clock)
+    return TraceGroupAssembler(node_name, parent_names, policy, clock=clock)

@@ -102,12 +102,7 @@ from videoflow.messaging.dead_letters import (
     dead_letter_for,
     dead_letter_msg_id,
 )
-from videoflow.messaging.grouping import (
-    EnvelopeEntry,
-    ReadyGroup,
-    TimeGroupAssembler,
-    TraceGroupAssembler,
-)
+from videoflow.messaging.grouping import EnvelopeEntry, ReadyGroup, make_assembler
 from videoflow.messaging.jetstream_specs import subscription_spec_for
 from videoflow.messaging.obligations import RuntimeObligationLedger, reconcile
 from videoflow.messaging.publication import PublicationStats, publish_until_known
@@ -318,10 +313,10 @@ class NATSMessenger(Messenger):
         self.reconciled = 0  # obligations reconciliation cancelled (PAY-006)
         if self.parent_names:
             policy = effective_join_policy(flow_type, join_policy)
-            # make_assembler's classes, on this messenger's clock: timeouts and collect
-            # windows' wall-time backstops then run on the clock the caller chose.
-            kind = TimeGroupAssembler if policy.mode == "time" else TraceGroupAssembler
-            self.assembler = kind(self.node_name, self.parent_names, policy, clock=clock)
+            # On this messenger's clock: timeouts and collect windows' wall-time
+            # backstops run on the clock the caller chose.
+            self.assembler = make_assembler(self.node_name, self.parent_names, policy,
+                                            clock=clock)
             self._join_missing = policy.missing
             self._join_timeout = policy.timeout_ms
             self._collect = set(self.parent_names) - set(policy.sync_parents(self.parent_names))
