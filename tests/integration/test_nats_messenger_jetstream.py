@@ -5,6 +5,7 @@ and loop), as worker processes would."""
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -370,3 +371,63 @@ def test_under_the_ledger_s_budget_a_worker_fatal_failure_never_spends_an_attemp
     (record,) = asyncio.run(dead_letters(nats_server.url))
     assert (record.reason, decode_envelope(record.envelope)["message"]) == (
         "retries_exhausted", "flaky")
+
+
+def test_four_cameras_and_an_imu_fuse_by_capture_instant_on_jetstream(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    # The memory-adapter scenario (tests/unit/test_nats_messenger.py) on a real server:
+    # per-camera clock offsets, +-3 ms jitter, 2% dropped frames, a 400 Hz IMU as a
+    # collect parent; checked against the generator's ground truth.
+    rng = random.Random(11)
+    cams = [f"cam{c}" for c in range(4)]
+    policy = {"mode": "time", "tolerance_ms": 12.0, "quorum": 3, "timeout_ms": 60_000.0,
+              "missing": "drop", "collect": {"imu": 20.0}}
+    specs = [*(NodeSpec(c, "producer") for c in [*cams, "imu"]),
+             NodeSpec("fuse", "consumer", parents=(*cams, "imu"), join_policy=policy)]
+    provision_flow_sync(nats_server.url, specs, FLOW, RUN, BATCH, timeout=30)
+    instants, dropped = 30, set()
+    for c, cam in enumerate(cams):
+        producer = messenger(nats_server.url, cam, [])
+        try:
+            for k in range(instants):
+                if rng.random() < 0.02:
+                    dropped.add((cam, k))
+                    continue
+                producer.set_output_event_timestamp(
+                    k / 30 + (c - 1.5) * 0.001 + rng.uniform(-0.003, 0.003))
+                producer.publish_message({"camera": cam, "instant": k})
+            producer.publish_stop_signal()
+        finally:
+            producer.close()
+    imu = messenger(nats_server.url, "imu", [])
+    try:
+        for i in range(int(instants / 30 * 400)):
+            imu.set_output_event_timestamp(i / 400)
+            imu.publish_message(i)
+        imu.publish_stop_signal()
+    finally:
+        imu.close()
+    # A replay: the fusion's clock stands still, so only event time closes windows.
+    fuse = NATSMessenger(SimpleNamespace(name="fuse"), [*cams, "imu"], nats_server.url, FLOW,
+                         BATCH, RUN, join_policy=policy, eos_quiescence_ms=200,
+                         clock=lambda: 1000.0)
+    emitted: list[int] = []
+    try:
+        while True:
+            inputs = fuse.receive_message()
+            if all(e is not None and e["is_stop_signal"] for e in inputs.values()):
+                break
+            frames = [inputs[c]["message"] for c in cams if inputs[c] is not None]
+            (k,) = {f["instant"] for f in frames}  # never two capture instants
+            assert {c for c in cams if inputs[c] is None} == {
+                c for c in cams if (c, k) in dropped}
+            samples = inputs["imu"]["message"]
+            # window 20 ms around a group time within 1.5 ms offset + 3 ms jitter of k/30
+            assert samples and all(abs(s / 400 - k / 30) <= 0.0245 + 1e-9 for s in samples)
+            emitted.append(k)
+            fuse.ack_inputs()
+    finally:
+        fuse.close()
+    assert sorted(emitted) == [k for k in range(instants)
+                               if sum((c, k) in dropped for c in cams) <= 1]
