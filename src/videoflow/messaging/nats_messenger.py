@@ -57,7 +57,7 @@ import uuid
 import zlib
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from videoflow.backends.messaging import (
@@ -166,7 +166,7 @@ class _ParentEnd:
     """The end-of-stream markers one parent's replicas sent."""
 
     expected: int = 1
-    markers: dict[int, dict[str, Any]] | None = None
+    markers: dict[int, dict[str, Any]] = field(default_factory=dict)
     last_data: float = 0.0
 
 
@@ -418,23 +418,25 @@ class NATSMessenger(Messenger):
         or Unknown as soon as any parent's broker count is unknown: a total that
         silently omitted one parent is the 'zero pending' that calls a stalled node
         idle."""
-        total = self._local_pending()
-        for observed in self.subscription_status().values():
-            if not isinstance(observed, Known):
-                return observed
-            value = observed.value
-            total += value.available + value.leased + value.unresolved
-        return Known(total)
+        total, unknown = self._pending()
+        return unknown if unknown is not None else Known(total)
 
     def pending_count(self) -> int:
         """pending_observation's total; a parent whose broker count failed contributes
         only what is held here (use pending_observation where that matters)."""
-        total = self._local_pending()
+        return self._pending()[0]
+
+    def _pending(self) -> tuple[int, Unknown | None]:
+        """(what is counted -- held here and on the broker for every parent whose
+        count was read --, the first parent's Unknown, if any)."""
+        total, unknown = self._local_pending(), None
         for observed in self.subscription_status().values():
             if isinstance(observed, Known):
                 value = observed.value
                 total += value.available + value.leased + value.unresolved
-        return total
+            elif unknown is None:
+                unknown = observed
+        return total, unknown
 
     def _local_pending(self) -> int:
         parked = sum(self.backend.prefetched(sub) for sub in self._data_subs.values())
@@ -753,15 +755,13 @@ class NATSMessenger(Messenger):
         end = self._ends[parent]
         replicas = (marker.get("metadata") or {}).get("replicas", 1)
         end.expected = replicas if isinstance(replicas, int) and replicas >= 1 else 1
-        if end.markers is None:
-            end.markers = {}
         end.markers.setdefault(marker["replica_id"], marker)
         self.runtime.record_eos(parent, marker["replica_id"], aborted=bool(marker["is_abort"]))
         self._to_settle.append((delivery, Completed()))
 
     def _drained(self, parent: str) -> bool:
         end = self._ends[parent]
-        if end.markers is None or len(end.markers) < end.expected:
+        if not end.markers or len(end.markers) < end.expected:
             return False
         sub = self._data_subs[parent]
         if self.backend.prefetched(sub):
@@ -778,7 +778,7 @@ class NATSMessenger(Messenger):
     def _stop_entries(self) -> dict[str, Any]:
         entries: dict[str, Any] = {}
         for parent in self.parent_names:
-            markers = self._ends[parent].markers or {}
+            markers = self._ends[parent].markers
             aborted = next((m for m in markers.values() if m["is_abort"]), None)
             entries[parent] = {
                 "message": None, "metadata": None, "event_ts": None,
@@ -832,10 +832,11 @@ class NATSMessenger(Messenger):
         key = f"{group.trace_id}:{group.seq}"
         for handle in group.handles:
             self._let_go(handle.delivery)
-            counted = f"{handle.parent}:{handle.delivery.stream_seq}"
-            if counted in self._counted:  # it failed before: its count is done with
-                self._counted.discard(counted)
-                self.runtime.clear_attempts(counted)
+            if self._counted:  # only after failures: no key is built on the usual path
+                counted = f"{handle.parent}:{handle.delivery.stream_seq}"
+                if counted in self._counted:  # it failed before: its count is done with
+                    self._counted.discard(counted)
+                    self.runtime.clear_attempts(counted)
         results = self.backend.settle_many([(h.delivery.token, Completed(), f"ack:{key}:{i}")
                                             for i, h in enumerate(group.handles)])
         self.unconfirmed_acks += sum(isinstance(r, SettleUnknown) for r in results)
