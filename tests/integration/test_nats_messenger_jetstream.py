@@ -24,7 +24,7 @@ from videoflow.core.policies import PoisonMessage, WorkerFatal
 from videoflow.core.runtime import FlowRuntime, NatsKvRuntimeStore
 from videoflow.errors import SupersededOwner
 from videoflow.messaging.dead_letters import decode_dead_letter
-from videoflow.messaging.naming import dlq_stream_name, subject_for
+from videoflow.messaging.naming import dlq_stream_name, stream_name_for, subject_for
 from videoflow.messaging.nats_messenger import NATSMessenger
 from videoflow.messaging.topology import provision_flow_sync
 from videoflow.wire.serialization import decode_envelope
@@ -223,6 +223,41 @@ def test_a_checkpointing_sink_restarted_mid_stream_resumes_the_same_committed_pr
             second.close()
     finally:
         first.close()
+        store.close()
+
+
+async def stored_msg_ids(url: str, stream: str) -> list[str]:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(stream)
+        return [(await js.get_msg(stream, seq)).headers["Nats-Msg-Id"]
+                for seq in range(info.state.first_seq, info.state.last_seq + 1)]
+    finally:
+        await nc.close()
+
+
+def test_a_live_producer_restarted_on_a_shared_ledger_mints_under_its_next_epoch(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    """MSGID-5 on a ledger that outlives the process: the replacement owner's epoch is
+    the next one, so its ids are new and none of its outputs is taken for a duplicate."""
+    specs = [NodeSpec("cam", "producer"), NodeSpec("sink", "consumer", parents=("cam",))]
+    provision_flow_sync(nats_server.url, specs, FLOW, RUN, BATCH, timeout=30)
+    store = NatsKvRuntimeStore(nats_url=nats_server.url, bucket="epochs")
+    try:
+        for frames in (("a", "b"), ("c", "d")):
+            cam = NATSMessenger(SimpleNamespace(name="cam"), [], nats_server.url, FLOW, BATCH,
+                                RUN, runtime=FlowRuntime(store, FLOW, RUN, "cam"))
+            try:
+                for frame in frames:
+                    cam.publish_message(frame)
+                assert cam.publication_stats["duplicate"] == 0
+            finally:
+                cam.close()
+        ids = asyncio.run(stored_msg_ids(nats_server.url, stream_name_for(FLOW, RUN, "cam")))
+        assert ids == ["cam#0:1:1", "cam#0:1:2", "cam#0:2:1", "cam#0:2:2"]
+    finally:
         store.close()
 
 

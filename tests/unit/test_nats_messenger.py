@@ -586,6 +586,30 @@ def test_a_replayable_producer_resumes_from_its_last_accepted_offset_and_a_repla
     assert [g["file"]["message"] for g in groups] == ["l1", "l2", "l3", "l4"]
 
 
+def test_live_producers_mint_ids_no_other_replica_or_restart_repeats(flows) -> None:  # type: ignore[no-untyped-def]
+    """MSGID-5: two replicas of a live producer, and one of them restarted, each mint
+    ids of their own; nothing they publish is dropped as a duplicate."""
+    flow = flows({"cam": [], "sink": ["cam"]})
+    sink = flow.messenger("sink")
+    ids: list[str] = []
+    for replica, frames in ((0, ["a1", "a2"]), (1, ["b1", "b2"]), (0, ["c1", "c2"])):
+        cam = flow.messenger("cam", nb_tasks=2, replica_id=replica)
+        for frame in frames:
+            cam.publish_message(frame)
+        # the ids the broker keeps, less the end markers'
+        ids = [i for i in flow.broker._streams[cam.channel].dedup if ":eos:" not in i]
+        assert cam.publication_stats["duplicate"] == 0
+        if frames[0] != "c1":
+            cam.publish_stop_signal()
+    assert len(set(ids)) == 6
+    assert all(re.fullmatch(r"cam#[01]~[0-9a-f]{12}:1:[12]", i) for i in ids)
+    received = []
+    while len(received) < 6:
+        received.append(sink.receive_message()["cam"]["message"])
+        sink.ack_inputs()
+    assert sorted(received) == ["a1", "a2", "b1", "b2", "c1", "c2"]
+
+
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "spec" / "messaging-api-reference.txt"
 
 

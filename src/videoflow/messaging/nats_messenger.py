@@ -33,6 +33,12 @@ after its settlement is confirmed (PAY-004).
 Partitioned consumption: each replica binds its own durables and keeps, through the
 backend's admission filter, only the inputs whose partition key hashes to it.
 
+Message ids, so that a re-publish deduplicates and nothing else does: a processor's
+output is keyed by its input group ({node}:{group key}:{k}); a replayable producer's by
+its source offset (MSGID-6); a live producer's is {node}:{epoch}:{n} (MSGID-5) where the
+node part is '<node>#<replica>', since owner epochs are per replica, plus
+'~<incarnation>' when the ledger dies with the process and so restarts its epochs at 1.
+
 A checkpoint committed with an output is written only once that output's publication
 was accepted, so a restored checkpoint's output is already on the broker when its
 covered group is acknowledged.
@@ -274,6 +280,14 @@ class NATSMessenger(Messenger):
             self.runtime.claim_owner()
         self.replayable = replayable
         self.ledger_budget = self.runtime.durable_shared()
+        # MSGID-5 live ids are {node}:{epoch}:{n}, and the node part names the node
+        # replica: owner epochs are kept per replica (CTRL-4), so two replicas both
+        # start at epoch 1. A ledger that dies with the process starts at 1 again after
+        # every restart too, and a restarted producer's outputs would fall inside the
+        # broker's duplicate window and be dropped; that owner gets an incarnation.
+        self._live_id_node = f"{self.node_name}#{replica_id}"
+        if not self.ledger_budget:
+            self._live_id_node += f"~{uuid.uuid4().hex[:12]}"
         self._counted: set[str] = set()  # inputs whose failures this process counted
         self._source_offset = self.runtime.source_offset() if replayable else 0
         self.payload_store = payload_store
@@ -479,11 +493,7 @@ class NATSMessenger(Messenger):
             event_ts = self._event_ts
         elif group is None:  # a live producer: a new originating event
             trace_id, seq = uuid.uuid4().hex, self._outputs
-            # MSGID-5, {node}:{epoch}:{n}, with the replica in the node part: every
-            # replica has an epoch of its own, so two replicas' first outputs would
-            # otherwise share an id and the broker would keep only one of them.
-            msg_id = (f"{self.node_name}#{self.replica_id}:{self.runtime.epoch}:"
-                      f"{self._outputs}")
+            msg_id = f"{self._live_id_node}:{self.runtime.epoch}:{self._outputs}"
             event_ts = self._event_ts
         else:
             trace_id, seq = group.trace_id, group.seq
