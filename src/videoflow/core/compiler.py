@@ -1,13 +1,17 @@
-"""What a compiled flow says about each of its nodes.
+"""The compiler: a flow of Node objects -> NodeSpecs, in topological order.
 
-The compiler proper — turning a graph of Node objects into NodeSpecs, deriving
-blob_readers and blob_reader_ids from the children — is a later issue. This module
-holds only the record it will produce, because provisioning
-(videoflow.messaging.topology.provision_flow) and the messenger read it already.
+compile_flow checks what a worker would otherwise find out too late (cycles, parents
+outside the flow, duplicate names, a join policy naming a non-parent, a node class a
+worker process cannot import) and derives what the messaging layer reads from each
+node's children and policies: blob_readers and blob_reader_ids (BLOB-5, BLOB-14), and
+per node the credit, max_deliver and stream profile provisioning and the messenger
+must agree on (MSG-017). Every error names the node and the problem.
 """
 
 from __future__ import annotations
 
+import importlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -29,8 +33,8 @@ PUBLISHING_KINDS: Final = (PRODUCER, PROCESSOR)
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One node of a compiled flow, as the compiler (a later issue) produces it and as
-    provisioning and the messenger read it.
+    """One node of a compiled flow, as compile_flow produces it and as provisioning and
+    the messenger read it.
 
     Attributes:
         name: the node's name, unique in the flow; names its stream, subjects and
@@ -172,8 +176,225 @@ class NodeSpec:
         return self.partition_by is not None
 
 
+@dataclass(frozen=True)
+class NodePlan:
+    """What the messaging layer derives for one consuming node, computed once here so
+    provisioning and every replica's messenger bind the same values (MSG-017).
+
+    Attributes:
+        credit: max_ack_pending of each of its durables (consumer_credit over
+            join_item_credit, STREAM-15).
+        max_deliver: the durables' delivery cap (max_deliver_for).
+    """
+
+    credit: int
+    max_deliver: int
+
+
+@dataclass(frozen=True)
+class CompiledFlow:
+    """A flow the compiler accepted.
+
+    Attributes:
+        flow_id: the flow's name: its subjects, streams and dead-letter stream.
+        flow_type: REALTIME or BATCH.
+        specs: one NodeSpec per node, parents before children.
+        nodes: the Node objects by name.
+        plans: a NodePlan per node with parents.
+        profile: the stream profile of every output stream ('live_latest' for a
+            REALTIME flow, 'reliable_work' for BATCH).
+    """
+
+    flow_id: str
+    flow_type: str
+    specs: tuple[NodeSpec, ...]
+    nodes: Mapping[str, Any]
+    plans: Mapping[str, NodePlan]
+    profile: str
+
+    def spec(self, name: str) -> NodeSpec:
+        """The spec of the named node.
+
+        Raises:
+            KeyError: no node of that name, listing the flow's nodes.
+        """
+        for spec in self.specs:
+            if spec.name == name:
+                return spec
+        raise KeyError(f"flow {self.flow_id!r} has no node {name!r}; its nodes: "
+                       f"{[s.name for s in self.specs]}")
+
+    def children(self, name: str) -> list[NodeSpec]:
+        """The specs of the nodes reading the named one."""
+        return [s for s in self.specs if name in s.parents]
+
+
+def compile_flow(flow: Any, max_retries: int = 3, ledger_budget: bool = False) -> CompiledFlow:
+    """Compile a Flow into NodeSpecs.
+
+    Arguments:
+        flow: a videoflow.core.flow.Flow.
+        max_retries: the delivery preset's retry count, for max_deliver.
+        ledger_budget: retry budgets are counted in a durable shared ledger (a NATS
+            KV FlowRuntime), so the broker's cap is lifted (max_deliver_for).
+
+    Returns:
+        CompiledFlow.
+
+    Raises:
+        ValueError: a cycle, a node reached from the consumers that is not wired to
+            the flow's producers, a producer no consumer reads, two nodes with one
+            name, a policy the node cannot have, a class a worker cannot import --
+            each naming the node.
+    """
+    from videoflow.core.constants import BATCH
+    from videoflow.core.node import Node
+    from videoflow.messaging.credit import consumer_credit, join_item_credit, max_deliver_for
+    from videoflow.messaging.naming import stream_name_for
+
+    order = _topological(flow.producers, flow.consumers)
+    names = _names(order)
+    children: dict[int, list[Node]] = {id(n): [] for n in order}
+    for node in order:
+        for parent in node.parents:
+            children[id(parent)].append(node)
+    specs, nodes, plans = [], {}, {}
+    for node in order:
+        name = names[id(node)]
+        where = f"node {name!r}"
+        _check_importable(where, node)
+        try:
+            stream_name_for(flow.flow_id, "run", name)  # the name is a legal subject part
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from error
+        readers = children[id(node)]
+        reader_ids = tuple(
+            rid for child in readers for rid in (
+                [f"{names[id(child)]}/p{i}" for i in range(child.nb_tasks)]
+                if child.partition_by is not None else [names[id(child)]]))
+        spec = NodeSpec(
+            name, node.kind, parents=tuple(names[id(p)] for p in node.parents),
+            nb_tasks=node.nb_tasks, partition_by=node.partition_by,
+            join_policy=node.join_policy, delivery=node.delivery,
+            blob_readers=len(reader_ids) if node.kind != CONSUMER else None,
+            blob_reader_ids=reader_ids if node.kind != CONSUMER else None)
+        if node.kind == CONSUMER and not spec.parents:
+            raise ValueError(f"{where}: a consumer needs at least one parent")
+        if spec.publishes and not readers:
+            raise ValueError(f"{where}: nothing reads its output; end the branch with a "
+                             "consumer")
+        collect = set((spec.join_policy or {}).get("collect") or ())
+        if collect - set(spec.parents):
+            raise ValueError(f"{where}: join_policy collects from "
+                             f"{sorted(collect - set(spec.parents))}, which are not its "
+                             f"parents {list(spec.parents)}")
+        if spec.parents:
+            plans[name] = NodePlan(
+                credit=consumer_credit(spec.nb_tasks, spec.partitioned, join_item_credit(
+                    spec.parents, spec.join_policy, flow.flow_type)),
+                max_deliver=max_deliver_for(flow.flow_type, max_retries, spec.delivery,
+                                            ledger_budget))
+        specs.append(spec)
+        nodes[name] = node
+    profile = "reliable_work" if flow.flow_type == BATCH else "live_latest"
+    return CompiledFlow(flow.flow_id, flow.flow_type, tuple(specs), nodes, plans, profile)
+
+
+def _topological(producers: Sequence[Any], consumers: Sequence[Any]) -> list[Any]:
+    """Every node from the consumers back to the producers, parents first, in a
+    deterministic order (the consumers' order, then the parents' wiring order)."""
+    from videoflow.core.node import Node
+
+    for what, group, kind in (("producers", producers, PRODUCER),
+                              ("consumers", consumers, CONSUMER)):
+        if not group:
+            raise ValueError(f"a flow needs at least one of its {what}")
+        for node in group:
+            if not isinstance(node, Node) or node.kind != kind:
+                raise ValueError(f"{what} must be {kind} nodes, got {node!r}")
+    order: list[Any] = []
+    state: dict[int, str] = {}  # 'open' while its parents are walked, then 'done'
+
+    def visit(node: Any, path: list[Any]) -> None:
+        mark = state.get(id(node))
+        if mark == "done":
+            return
+        if mark == "open":
+            cycle = [*path[path.index(node):], node]
+            raise ValueError("the flow has a cycle: " + " -> ".join(n.name for n in cycle))
+        state[id(node)] = "open"
+        if node.kind != PRODUCER and not node.parents:
+            raise ValueError(f"node {node.name!r}: a {node.kind} must be wired to its "
+                             "parents (call it on them)")
+        for parent in node.parents:
+            visit(parent, [*path, node])
+        state[id(node)] = "done"
+        order.append(node)
+
+    for consumer in consumers:
+        visit(consumer, [])
+    reached = {id(n) for n in order}
+    for producer in producers:
+        if id(producer) not in reached:
+            raise ValueError(f"node {producer.name!r}: a producer no consumer reads")
+    listed = {id(p) for p in producers}
+    for node in order:
+        if node.kind == PRODUCER and id(node) not in listed:
+            raise ValueError(f"node {node.name!r}: a producer the flow reads but its "
+                             "producers do not list")
+    return order
+
+
+def _names(order: list[Any]) -> dict[int, str]:
+    """Given names as given (duplicates refused); the others from their class name,
+    snake_case, numbered from 2 in topological order when taken."""
+    names: dict[int, str] = {}
+    taken: dict[str, Any] = {}
+    for node in order:
+        if node.named:
+            if node.name in taken:
+                raise ValueError(f"node {node.name!r}: two nodes have this name "
+                                 f"({taken[node.name]!r} and {node!r})")
+            taken[node.name] = node
+            names[id(node)] = node.name
+    for node in order:
+        if node.named:
+            continue
+        base = re.sub(r"(?<!^)(?=[A-Z])", "_", type(node).__name__).lower()
+        name, n = base, 1
+        while name in taken:
+            n += 1
+            name = f"{base}_{n}"
+        taken[name] = node
+        names[id(node)] = name
+    return names
+
+
+def _check_importable(where: str, node: Any) -> None:
+    """A worker process rebuilds the node from its class: the class must be reachable
+    by module and qualified name."""
+    cls = type(node)
+    if "<locals>" in cls.__qualname__:
+        raise ValueError(f"{where}: its class {cls.__qualname__} is defined inside a "
+                         "function; define it at module level so worker processes "
+                         "can import it")
+    try:
+        found: Any = importlib.import_module(cls.__module__)
+        for part in cls.__qualname__.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"{where}: its class {cls.__module__}.{cls.__qualname__} is "
+                         f"not importable ({error})") from error
+    if found is not cls:
+        raise ValueError(f"{where}: {cls.__module__}.{cls.__qualname__} names another "
+                         "class than the node's")
+
+
 __all__ = [
     "CONSUMER",
+    "CompiledFlow",
+    "NodePlan",
+    "compile_flow",
     "NODE_KINDS",
     "NodeSpec",
     "PROCESSOR",

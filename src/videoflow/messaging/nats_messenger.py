@@ -158,6 +158,7 @@ class _Handle:
     sub: SubscriptionId
     delivery: Delivery
     blob_ref: str | None = None
+    arrived: float = 0.0  # time.monotonic() when it reached the assembler
 
     def discard(self, reason: str) -> None:
         self.messenger._discarded(self, reason)
@@ -305,6 +306,7 @@ class NATSMessenger(Messenger):
         self._covered: str | None = None  # the group the restored checkpoint covers
         self.publication_stats_counter = PublicationStats()
         self._drops = dict.fromkeys(DROP_REASONS, 0)
+        self.dead_lettered = 0  # inputs this process dead-lettered (records accepted)
         self.unconfirmed_acks = 0  # acks the broker did not confirm (redelivered later)
         self._terminated = False
         self._quiesced = False
@@ -313,6 +315,7 @@ class NATSMessenger(Messenger):
         self._event_ts: float | None = None
         self._partition_key: Any = None
         self._group: ReadyGroup | None = None
+        self.last_join_latency: float | None = None  # seconds the last group waited
         self._group_outputs = 0
         self._ready: deque[ReadyGroup] = deque()
         self._to_settle: list[tuple[Delivery, SettleOutcome]] = []
@@ -595,21 +598,31 @@ class NATSMessenger(Messenger):
         (published as BATCH publishes, whatever the flow type)."""
         self._publish_end(is_abort=False, error=None)
 
-    def publish_abort(self, error: Any) -> None:
+    def publish_abort(self, error: Any, *, origin: str | None = None) -> None:
         """An abnormal end of stream carrying why this node died, on the same EOS
         subject, so it reaches every downstream replica; its msg_id differs from the
-        clean marker's, so an aborted node is never mistaken for a finished one."""
-        self._publish_end(is_abort=True, error=error)
+        clean marker's, so an aborted node is never mistaken for a finished one.
 
-    def _publish_end(self, is_abort: bool, error: Any) -> None:
-        record = None if error is None else {"type": type(error).__name__,
-                                             "message": str(error)}
+        Arguments:
+            error: the exception, or the error record ({'type', 'message'}) of an
+                aborted parent being relayed.
+            origin: the node that died first, when relaying a parent's abort; this
+                node when None.
+        """
+        self._publish_end(is_abort=True, error=error, origin=origin)
+
+    def _publish_end(self, is_abort: bool, error: Any, origin: str | None = None) -> None:
+        if error is None or isinstance(error, dict):
+            record = error
+        else:
+            record = {"type": type(error).__name__, "message": str(error)}
         data = encode_envelope(
             None, trace_id=f"{self.node_name}:end", seq=self.replica_id,
             metadata={"replicas": self.nb_tasks}, is_stop_signal=not is_abort,
             producer_name=self.node_name, flow_id=self.flow_id, run_id=self.run_id,
             replica_id=self.replica_id, is_abort=is_abort,
-            abort_origin=self.node_name if is_abort else None, abort_error=record)
+            abort_origin=(origin or self.node_name) if is_abort else None,
+            abort_error=record)
         kind = "abort" if is_abort else "eos"
         self._publish(Envelope(self.channel, "eos", data,
                                f"{self.node_name}:{kind}:{self.replica_id}"), flow_type=BATCH)
@@ -680,9 +693,14 @@ class NATSMessenger(Messenger):
             raise ValueError(f"{self.node_name} is a producer: it has no inputs")
         self._group, self._group_outputs = None, 0
         while True:
+            if self._quiesced:  # RUN-030: nothing more comes to this process
+                return {parent: self._end_entry(None) for parent in self.parent_names}
             group = self._next_group()
             if group is not None:
                 self._group = group
+                arrivals = [h.arrived for h in group.handles if h.parent not in self._collect]
+                # RunReport's join latency: the group's first member's arrival to now.
+                self.last_join_latency = (time.monotonic() - min(arrivals)) if arrivals else None
                 if self._covered is not None and self.last_input_key() == self._covered:
                     self.ack_inputs()  # already applied before the checkpoint: done
                     continue
@@ -744,7 +762,8 @@ class NATSMessenger(Messenger):
             self._terminate(parent, delivery, f"undecodable: {error!r}")
             return
         self._held[parent].add(delivery.token)
-        self.assembler.add(parent, entry, _Handle(self, parent, sub, delivery, entry.blob_ref))
+        self.assembler.add(parent, entry, _Handle(self, parent, sub, delivery, entry.blob_ref,
+                                                  time.monotonic()))
 
     def _restore(self, ref: str) -> Any:
         """The message an envelope carries by ref, read on this (the receiving) thread
@@ -789,14 +808,16 @@ class NATSMessenger(Messenger):
         entries: dict[str, Any] = {}
         for parent in self.parent_names:
             markers = self._ends[parent].markers
-            aborted = next((m for m in markers.values() if m["is_abort"]), None)
-            entries[parent] = {
-                "message": None, "metadata": None, "event_ts": None,
+            entries[parent] = self._end_entry(
+                next((m for m in markers.values() if m["is_abort"]), None))
+        return entries
+
+    @staticmethod
+    def _end_entry(aborted: dict[str, Any] | None) -> dict[str, Any]:
+        return {"message": None, "metadata": None, "event_ts": None,
                 "is_stop_signal": aborted is None, "is_abort": aborted is not None,
                 "abort_origin": None if aborted is None else aborted["abort_origin"],
-                "abort_error": None if aborted is None else aborted["abort_error"],
-            }
-        return entries
+                "abort_error": None if aborted is None else aborted["abort_error"]}
 
     @staticmethod
     def _entry_dict(entry: Any) -> dict[str, Any] | None:
@@ -918,6 +939,8 @@ class NATSMessenger(Messenger):
             self.payload_store.acquire(handle.blob_ref, pin, ttl_seconds=DLQ_RETENTION_SECONDS)
         done = dead_letter(self.backend, delivery.token, record,
                            time.monotonic() + self.ack_wait)
+        if done.settled is not None:
+            self.dead_lettered += 1
         if pin is not None and isinstance(done.settled, SettleConfirmed):
             assert self.payload_store is not None and handle.blob_ref is not None
             self.payload_store.release(handle.blob_ref, self.reader_id)  # PAY-004

@@ -1,0 +1,404 @@
+"""The local engine: run a flow to its end on this machine, one process per replica.
+
+run_flow compiles the flow, starts the embedded nats-server unless a broker URL is
+given, provisions the run (bounded), starts every node replica in a process of its
+own (spawned, so nothing of this process's threads or sockets leaks into them), and
+supervises: progress reports feed the live view, a replica whose process dies
+without a word is started again (its leased inputs return to the broker when their
+ack_wait lapses, its ledger lets the replacement take over), and the run ends when
+every replica reached its end. Then the run's streams are deleted (never the
+dead-letter stream) and the embedded server stopped.
+
+Ctrl-C: the first asks the flow to stop (the run's control stop: producers stop
+producing and end their streams, everything already published is still processed,
+so a BATCH flow loses nothing); a second quiesces every replica (SIGTERM: held work
+goes back to the broker); a third kills what is left. Nothing is left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import multiprocessing
+import os
+import pickle
+import queue as queue_module
+import signal
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from videoflow.core.compiler import CompiledFlow, compile_flow
+from videoflow.core.node import Node
+from videoflow.core.report import NodeReport, RunReport
+from videoflow.core.task import Task
+from videoflow.core.worker import ReplicaJob, run_replica
+from videoflow.progress import LiveView, NodeProgress
+
+NATS_URL_ENV = "VIDEOFLOW_NATS_URL"
+"""The environment variable naming the broker when no nats_url is given."""
+
+LOST_GRACE_SECONDS = 10.0
+"""After a replica is lost for good, how long the rest may wind down on their own
+before they are quiesced."""
+
+STOP_GRACE_SECONDS = 15.0
+"""How long quiesced replicas get to hand their work back before they are killed."""
+
+
+def new_run_id() -> str:
+    """A run id that sorts by start time: 'r' + UTC timestamp + 6 random hex digits."""
+    return "r" + time.strftime("%Y%m%d%H%M%S", time.gmtime()) + uuid.uuid4().hex[:6]
+
+
+def publish_control_stop(nats_url: str, flow_id: str, run_id: str,
+                         timeout: float = 5.0) -> None:
+    """Publish the run's flow-wide stop (core NATS): producers stop and end their
+    streams; the rest drain.
+
+    Raises:
+        BrokerUnavailable: the broker could not be reached within timeout.
+    """
+    import nats
+
+    from videoflow.errors import BrokerUnavailable
+    from videoflow.messaging.naming import control_subject_for
+
+    async def send() -> None:
+        nc = await nats.connect(nats_url, allow_reconnect=False, connect_timeout=timeout,
+                                max_reconnect_attempts=1)
+        try:
+            await nc.publish(control_subject_for(flow_id, run_id), b"stop")
+            await nc.flush(timeout=max(1, int(timeout)))
+        finally:
+            await nc.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(send(), timeout))
+    except (OSError, asyncio.TimeoutError, nats.errors.Error) as error:
+        raise BrokerUnavailable(f"could not publish the stop of run {run_id!r} on "
+                                f"{nats_url}: {error!r}") from error
+
+
+def teardown_run(nats_url: str, flow_id: str, run_id: str, timeout: float = 30.0) -> bool:
+    """Delete the run's streams (never the dead-letter stream).
+
+    Returns:
+        whether everything the run owned is gone.
+    """
+    import nats
+
+    from videoflow.messaging.provisioning import delete_run_streams
+
+    async def delete() -> bool:
+        nc = await nats.connect(nats_url, allow_reconnect=False, connect_timeout=timeout,
+                                max_reconnect_attempts=1)
+        try:
+            return (await delete_run_streams(nc, flow_id, run_id)).complete
+        finally:
+            await nc.close()
+
+    return asyncio.run(asyncio.wait_for(delete(), timeout))
+
+
+@dataclass
+class _Replica:
+    job: ReplicaJob
+    node_bytes: bytes
+    process: Any = None
+    restarts: int = 0
+    final: dict[str, Any] | None = None
+    lost: bool = False
+
+
+@dataclass
+class _Run:
+    compiled: CompiledFlow
+    url: str
+    run_id: str
+    replicas: dict[str, _Replica] = field(default_factory=dict)
+    progress: dict[str, NodeProgress] = field(default_factory=dict)
+    stop_requested: bool = False
+    failed: bool = False
+
+
+def run_flow(
+    flow: Any,
+    nats_url: str | None = None,
+    *,
+    run_id: str | None = None,
+    store_dir: str | None = None,
+    provision_timeout: float = 30.0,
+    ack_wait: int = 30,
+    max_retries: int = 3,
+    eos_quiescence_ms: int = 500,
+    stop_after: float | None = None,
+    max_restarts: int = 3,
+    ledger: str = "kv",
+    payloads: bool = True,
+    teardown: bool = True,
+    view: LiveView | None | bool = None,
+) -> RunReport:
+    """Run a flow to its end on this machine.
+
+    Arguments:
+        flow: a videoflow.core.flow.Flow.
+        nats_url: the broker; None takes VIDEOFLOW_NATS_URL, else starts the embedded
+            nats-server (stopped at the end).
+        run_id: the run's id; a fresh one (new_run_id) when None.
+        store_dir: the embedded server's JetStream store (a temporary one when None).
+        provision_timeout: the bound on provisioning, connect included.
+        ack_wait / max_retries / eos_quiescence_ms: as ReplicaJob.
+        stop_after: seconds after which the flow is asked to stop (as a first Ctrl-C);
+            None runs until the producers end.
+        max_restarts: per replica, how often a process that died without a word is
+            started again.
+        ledger / payloads: as ReplicaJob.
+        teardown: delete the run's streams at the end (never the dead-letter stream).
+        view: a LiveView; None shows one on a terminal (stderr), False shows none.
+
+    Returns:
+        the RunReport.
+
+    Raises:
+        ValueError: the flow does not compile, or a node cannot be sent to a worker
+            process (its constructor arguments do not pickle).
+        BrokerUnavailable / TimeoutError: the broker unreachable, provisioning not done
+            within provision_timeout.
+    """
+    from videoflow.messaging.topology import provision_flow_sync
+    from videoflow.server import EmbeddedServer
+
+    kv = ledger == "kv"
+    compiled = compile_flow(flow, max_retries, ledger_budget=kv)
+    nodes = {name: _portable(name, node) for name, node in compiled.nodes.items()}
+    if view is None or view is True:
+        shown = LiveView()
+        view = shown if (shown.tty or view is True) else False
+    url = nats_url or os.environ.get(NATS_URL_ENV) or None
+    server = None
+    if url is None:
+        server = EmbeddedServer(store_dir).start()
+        url = server.url
+    run = _Run(compiled, url, run_id or new_run_id())
+    started = time.monotonic()
+    try:
+        provision_flow_sync(url, list(compiled.specs), compiled.flow_id, run.run_id,
+                            compiled.flow_type, timeout=provision_timeout,
+                            max_retries=max_retries, ack_wait=ack_wait, ledger_budget=kv)
+        for spec in compiled.specs:
+            run.progress[spec.name] = NodeProgress(spec.kind)
+            for replica in range(spec.nb_tasks):
+                job = ReplicaJob(compiled.flow_id, run.run_id, compiled.flow_type, spec,
+                                 replica, url, ack_wait, max_retries, eos_quiescence_ms,
+                                 ledger, payloads)
+                run.replicas[job.key] = _Replica(job, nodes[spec.name])
+        _supervise(run, max_restarts, stop_after, view if isinstance(view, LiveView) else None)
+    finally:
+        _reap(run)
+        torn_down = False
+        try:
+            if teardown:
+                torn_down = teardown_run(url, compiled.flow_id, run.run_id)
+        finally:
+            if server is not None:
+                server.stop()
+    report = RunReport(compiled.flow_id, run.run_id, compiled.flow_type, url,
+                       seconds=time.monotonic() - started, torn_down=torn_down)
+    for spec in compiled.specs:
+        finals = {key: r.final or {"outcome": "lost"} for key, r in run.replicas.items()
+                  if r.job.spec.name == spec.name}
+        restarts = sum(r.restarts for r in run.replicas.values()
+                       if r.job.spec.name == spec.name)
+        report.nodes[spec.name] = NodeReport.from_replicas(spec.kind, finals, restarts)
+    outcomes = [o for n in report.nodes.values() for o in n.outcomes.values()]
+    if run.failed or any(o in ("failed", "lost", "aborted") for o in outcomes):
+        report.outcome = "failed"
+    elif run.stop_requested:
+        report.outcome = "stopped"
+    return report
+
+
+def _portable(name: str, node: Node) -> bytes:
+    """The node as its worker process receives it: without its parents (the spec
+    names them) and pickled now, so a node that cannot travel fails before anything
+    starts."""
+    alone = copy.copy(node)
+    alone.parents, alone.context = (), None
+    try:
+        return pickle.dumps(alone)
+    except (pickle.PicklingError, TypeError, AttributeError) as error:
+        raise ValueError(f"node {name!r} cannot be sent to its worker process: {error} "
+                         "(its attributes must pickle; open resources in open())") from error
+
+
+def _supervise(run: _Run, max_restarts: int, stop_after: float | None,
+               view: LiveView | None) -> None:
+    context = multiprocessing.get_context("spawn")
+    reports: Any = context.Queue()
+    for replica in run.replicas.values():
+        _start(context, replica, reports)
+    began = time.monotonic()
+    interrupts = 0
+    lost_at: float | None = None
+    title = f"{run.compiled.flow_id} {run.run_id}"
+    while True:
+        try:
+            _drain(run, reports, timeout=0.2)
+            for replica in run.replicas.values():
+                _check(context, run, replica, reports, max_restarts)
+            if lost_at is None and any(r.lost for r in run.replicas.values()):
+                lost_at = time.monotonic()
+                _request_stop(run)
+            if lost_at is not None and time.monotonic() - lost_at > LOST_GRACE_SECONDS:
+                _signal_all(run, signal.SIGTERM)
+                lost_at = float("inf")
+            if stop_after is not None and time.monotonic() - began >= stop_after:
+                _request_stop(run)
+                stop_after = None
+            if view is not None:
+                view.update(title, run.progress)
+            if all(not _alive(r) for r in run.replicas.values()):
+                _drain(run, reports, timeout=0.0)
+                break
+        except KeyboardInterrupt:
+            interrupts += 1
+            if interrupts == 1:
+                _request_stop(run)
+            elif interrupts == 2:
+                _signal_all(run, signal.SIGTERM)
+            else:
+                _signal_all(run, signal.SIGKILL)
+    if view is not None:
+        view.update(title, run.progress, force=True)
+
+
+def _alive(replica: _Replica) -> bool:
+    return replica.process is not None and (replica.process.is_alive()
+                                            or replica.process.exitcode is None)
+
+
+def _start(context: Any, replica: _Replica, reports: Any) -> None:
+    replica.process = context.Process(
+        target=_child_main, args=(replica.job, replica.node_bytes, reports),
+        name=f"videoflow {replica.job.key}", daemon=False)
+    replica.process.start()
+
+
+def _check(context: Any, run: _Run, replica: _Replica, reports: Any,
+           max_restarts: int) -> None:
+    """A replica whose process exited without its final report died (SIGKILL, the
+    OOM killer, a segfault): start it again, or give it up."""
+    process = replica.process
+    if process is None or process.exitcode is None or replica.final is not None:
+        return
+    if replica.lost:
+        return
+    _drain(run, reports, timeout=0.0)  # its last words may still be in the queue
+    if replica.final is not None:
+        return
+    if replica.restarts < max_restarts and not run.stop_requested:
+        replica.restarts += 1
+        _start(context, replica, reports)
+    else:
+        replica.lost = True
+        run.failed = True
+
+
+def _drain(run: _Run, reports: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            remaining = max(0.0, deadline - time.monotonic())
+            kind, key, payload = reports.get(timeout=remaining) if remaining else \
+                reports.get_nowait()
+        except queue_module.Empty:
+            return
+        replica = run.replicas[key]
+        name = replica.job.spec.name
+        if kind == "progress":
+            snapshot, pending = payload
+            run.progress[name].replicas[key] = snapshot
+            if pending is not None:
+                run.progress[name].pending[key] = pending
+        elif kind == "final":
+            replica.final = payload
+            run.progress[name].replicas[key] = payload
+        elif kind == "error":  # it died before its task started
+            replica.final = {"outcome": "failed", "error": payload}
+
+
+def _request_stop(run: _Run) -> None:
+    if run.stop_requested:
+        return
+    run.stop_requested = True
+    try:
+        publish_control_stop(run.url, run.compiled.flow_id, run.run_id)
+    except Exception:  # the broker is gone: quiesce them instead
+        _signal_all(run, signal.SIGTERM)
+
+
+def _signal_all(run: _Run, signum: int) -> None:
+    for replica in run.replicas.values():
+        process = replica.process
+        if process is not None and process.is_alive() and process.pid is not None:
+            try:
+                os.kill(process.pid, signum)
+            except ProcessLookupError:  # it ended meanwhile
+                pass
+
+
+def _reap(run: _Run) -> None:
+    """Nothing is left running: quiesce what still runs, then kill what will not end."""
+    processes = [r.process for r in run.replicas.values() if r.process is not None]
+    if any(p.is_alive() for p in processes):
+        _signal_all(run, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        _signal_all(run, signal.SIGKILL)
+    for process in processes:
+        process.join()
+
+
+def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any) -> None:
+    """A replica process: the engine coordinates Ctrl-C, so SIGINT is ignored here."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    started = False
+
+    def progress(task: Task) -> None:
+        nonlocal started
+        started = True
+        snapshot = task.stats.snapshot()
+        if task.stats.ended is not None:
+            snapshot["join_latencies"] = list(task.stats.join_latencies)
+            reports.put(("final", job.key, snapshot))
+            return
+        reports.put(("progress", job.key, (snapshot, _pending(task))))
+
+    try:
+        node = pickle.loads(node_bytes)
+        run_replica(job, node, progress=progress, sigint_quiesces=False)
+    except Exception as error:
+        if not started:
+            reports.put(("error", job.key, f"{type(error).__name__}: {error}"))
+        traceback.print_exc()
+        raise SystemExit(1) from error
+
+
+def _pending(task: Task) -> int | str | None:
+    """Messages waiting for the replica, or why that is unknown (never 0 for unknown)."""
+    observe = getattr(task.messenger, "pending_observation", None)
+    if observe is None or task.node.kind == "producer":
+        return None
+    try:
+        seen = observe()
+    except Exception as error:  # an observation must never kill the replica
+        return f"unread: {type(error).__name__}"
+    value = getattr(seen, "value", None)
+    return value if isinstance(value, int) else str(getattr(seen, "reason", "unknown"))
+
+
+__all__ = ["NATS_URL_ENV", "new_run_id", "publish_control_stop", "run_flow", "teardown_run"]

@@ -1,0 +1,160 @@
+"""RunReport: what a run did, per node, summed over its replicas."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0-100) by nearest rank; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, math.ceil(q / 100.0 * len(ordered)) - 1))
+    return ordered[rank]
+
+
+@dataclass
+class NodeReport:
+    """One node over all its replicas.
+
+    Attributes:
+        kind: producer, processor or consumer.
+        replicas: how many ran (restarts not counted).
+        processed / emitted / failed / dead_lettered: summed over replicas.
+        dropped: drops by reason, summed.
+        seconds: from the first replica's start to the last one's end.
+        throughput: processed per second (emitted per second for a producer).
+        join_latency_p50_ms / join_latency_p99_ms: over every group's wait in the
+            join, from its first member's arrival; None for a producer, or when no
+            group was received.
+        outcomes: per replica, how it ended ('ended', 'quiesced', 'aborted',
+            'failed', 'lost' when its process died without a word).
+        errors: per replica that failed or relayed an abort, why.
+        restarts: replica processes started again after dying.
+    """
+
+    kind: str
+    replicas: int = 0
+    processed: int = 0
+    emitted: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    throughput: float = 0.0
+    join_latency_p50_ms: float | None = None
+    join_latency_p99_ms: float | None = None
+    outcomes: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    restarts: int = 0
+
+    @property
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())
+
+    @classmethod
+    def from_replicas(cls, kind: str, replicas: Mapping[str, Mapping[str, Any]],
+                      restarts: int = 0) -> NodeReport:
+        """Sum replica stats (TaskStats.snapshot() plus 'join_latencies')."""
+        report = cls(kind=kind, replicas=len(replicas), restarts=restarts)
+        starts: list[float] = []
+        ends: list[float] = []
+        latencies: list[float] = []
+        for key, stats in replicas.items():
+            report.processed += stats.get("processed", 0)
+            report.emitted += stats.get("emitted", 0)
+            report.failed += stats.get("failed", 0)
+            report.dead_lettered += stats.get("dead_lettered", 0)
+            for reason, n in (stats.get("drops") or {}).items():
+                report.dropped[reason] = report.dropped.get(reason, 0) + n
+            report.outcomes[key] = stats.get("outcome", "lost")
+            if stats.get("error"):
+                report.errors[key] = stats["error"]
+            if stats.get("started") is not None:
+                starts.append(stats["started"])
+            if stats.get("ended") is not None:
+                ends.append(stats["ended"])
+            latencies += stats.get("join_latencies") or []
+        if starts and ends:
+            report.seconds = max(0.0, max(ends) - min(starts))
+        count = report.emitted if kind == "producer" else report.processed
+        report.throughput = count / report.seconds if report.seconds > 0 else 0.0
+        p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+        report.join_latency_p50_ms = None if p50 is None else p50 * 1000.0
+        report.join_latency_p99_ms = None if p99 is None else p99 * 1000.0
+        return report
+
+
+@dataclass
+class RunReport:
+    """A finished run.
+
+    Attributes:
+        flow_id / run_id / flow_type / nats_url: which run, where.
+        outcome: 'completed' (every node reached its end of stream), 'stopped' (a
+            stop was requested and the flow wound down), or 'failed' (a node died,
+            or a replica could not be kept running).
+        seconds: wall-clock duration.
+        nodes: NodeReport by node name, in the flow's order.
+        torn_down: whether the run's streams were deleted (never the DLQ).
+    """
+
+    flow_id: str
+    run_id: str
+    flow_type: str
+    nats_url: str
+    outcome: str = "completed"
+    seconds: float = 0.0
+    nodes: dict[str, NodeReport] = field(default_factory=dict)
+    torn_down: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome != "failed"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def format(self) -> str:
+        """A plain-text table, one line per node."""
+        head = (f"run {self.run_id} of flow {self.flow_id!r} ({self.flow_type}): "
+                f"{self.outcome} in {self.seconds:.1f} s")
+        rows = [("node", "kind", "processed", "emitted", "rate/s", "dropped", "dead-let.",
+                 "join p50 ms", "join p99 ms")]
+        for name, n in self.nodes.items():
+            rows.append((name, n.kind, str(n.processed), str(n.emitted),
+                         f"{n.throughput:.1f}", _drops(n.dropped), str(n.dead_lettered),
+                         _ms(n.join_latency_p50_ms), _ms(n.join_latency_p99_ms)))
+        lines = [head, *format_table(rows, left=2)]
+        for n in self.nodes.values():
+            for key, error in n.errors.items():
+                lines.append(f"  {key} {n.outcomes.get(key, '')}: {error}")
+        return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _drops(dropped: Mapping[str, int]) -> str:
+    total = sum(dropped.values())
+    if not total:
+        return "0"
+    return f"{total} (" + ", ".join(f"{k} {v}" for k, v in dropped.items() if v) + ")"
+
+
+def format_table(rows: Iterable[tuple[str, ...]], left: int = 1) -> list[str]:
+    """Rows as indented, aligned lines: the first `left` columns left-aligned, the
+    rest (numbers) right-aligned."""
+    rows = list(rows)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(c.ljust(w) if i < left else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+            for r in rows]
+
+
+__all__ = ["NodeReport", "RunReport", "format_table", "percentile"]

@@ -1,0 +1,347 @@
+"""The task loops: a node replica's life over its Messenger.
+
+One task per node replica. It never touches a broker: it asks its messenger for the
+next input group, hands it to the node, publishes what the node returned, and only
+then acknowledges the inputs (ack after process, and after the output is confirmed);
+an exception from the node goes to fail_inputs, whose delivery policy decides between
+retry, dead letter and hand-back. When every parent ended the task publishes the
+node's own end of stream; when a parent died it relays the abort instead, so the
+failure reaches every descendant rather than leaving it waiting. A quiesced task
+(SIGTERM) stops taking input and publishes no end of stream: a replacement continues.
+A node that dies (open(), next() or a messenger failure raising) publishes an abort
+before the error propagates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from videoflow.core.engine import CHECKPOINT_METADATA_KEY, STOP_QUIESCE, Messenger
+from videoflow.core.node import ConsumerNode, Node, ProcessorNode, ProducerNode
+
+LATENCY_SAMPLES = 100_000
+"""The most join latencies a task keeps (every one until then, then every other one:
+percentiles stay representative and memory bounded)."""
+
+
+class RuntimeContext:
+    """What a node reaches from inside next/process/consume (``self.context``).
+
+    Arguments:
+        messenger: the replica's messenger.
+        node_name: the node's name in the flow.
+        parents: its parents' names, in wiring order (the order of its inputs).
+        publishes: whether the node has an output (a consumer has none).
+
+    Attributes:
+        node_name, parents, replica_id, nb_tasks, flow_id, run_id: who and where this is.
+    """
+
+    def __init__(self, messenger: Messenger, node_name: str, *,
+                 parents: tuple[str, ...] = (), publishes: bool = True, replica_id: int = 0,
+                 nb_tasks: int = 1, flow_id: str = "", run_id: str = "") -> None:
+        self._messenger = messenger
+        self.node_name, self.parents = node_name, tuple(parents)
+        self.replica_id, self.nb_tasks = replica_id, nb_tasks
+        self.flow_id, self.run_id = flow_id, run_id
+        self._pending: bytes | None = None
+        self._publishes = publishes
+
+    def checkpoint(self, state: bytes) -> None:
+        """Commit the node's state with the input it is processing (RUN-022).
+
+        A consumer's checkpoint is committed now: its input produces no output. A
+        processor's or producer's rides with its next output, committed in the same
+        ledger write once the output is accepted. A ledger that dies with the process
+        refuses (DurabilityUnavailable) rather than faking durability.
+
+        Raises:
+            TypeError: state is not bytes.
+        """
+        if not isinstance(state, bytes):
+            raise TypeError(f"a checkpoint's state must be bytes, got {type(state).__name__}")
+        if self._publishes:
+            self._pending = state
+        else:
+            self._messenger.checkpoint(state)  # type: ignore[attr-defined]
+
+    def restore(self) -> bytes | None:
+        """The state last committed for this node replica, or None (call it in open())."""
+        return self._messenger.restore_checkpoint()  # type: ignore[attr-defined]
+
+    def set_event_timestamp(self, value: float) -> None:
+        """The capture time (epoch seconds) of the next output; by default an output
+        inherits its input group's event time."""
+        self._messenger.set_output_event_timestamp(value)
+
+    def set_partition_key(self, value: Any) -> None:
+        """The key a partitioned child routes the next output by."""
+        self._messenger.set_output_partition_key(value)
+
+    @property
+    def last_input_key(self) -> str | None:
+        """A stable identity of the input group being processed, the same after a
+        redelivery: a sink keys its effects on it to apply each group once."""
+        key = getattr(self._messenger, "last_input_key", None)
+        return None if key is None else key()
+
+    @property
+    def input_info(self) -> dict[str, Any] | None:
+        """Per parent: event_ts, metadata, trace_id and seq of the current group."""
+        info = getattr(self._messenger, "last_input_info", None)
+        return None if info is None else info()
+
+    def _take_metadata(self) -> dict[str, Any] | None:
+        pending, self._pending = self._pending, None
+        return None if pending is None else {CHECKPOINT_METADATA_KEY: pending}
+
+
+@dataclass
+class TaskStats:
+    """What one task did, for the RunReport and the live view.
+
+    Attributes:
+        processed: input groups the node completed and acknowledged (a producer: 0).
+        emitted: outputs published.
+        failed: input groups the node raised on (each went to the delivery policy).
+        dead_lettered: inputs dead-lettered by this replica.
+        drops: inputs dropped, by reason (the messenger's take_drops).
+        join_latencies: seconds from a group's first member arriving to the node
+            receiving the group (sampled, see LATENCY_SAMPLES).
+        started / ended: wall-clock seconds.
+        outcome: 'running', 'ended' (its stream ended), 'quiesced', 'aborted' (a
+            parent died; relayed) or 'failed' (this node died).
+        error: the failure's 'Type: message' when outcome is 'failed' or 'aborted'.
+    """
+
+    processed: int = 0
+    emitted: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    drops: dict[str, int] = field(default_factory=dict)
+    join_latencies: list[float] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+    outcome: str = "running"
+    error: str | None = None
+    _stride: int = 1
+    _skipped: int = 0
+
+    def add_latency(self, seconds: float) -> None:
+        self._skipped += 1
+        if self._skipped < self._stride:
+            return
+        self._skipped = 0
+        self.join_latencies.append(seconds)
+        if len(self.join_latencies) >= LATENCY_SAMPLES:  # keep every other one
+            del self.join_latencies[::2]
+            self._stride *= 2
+
+    def snapshot(self) -> dict[str, Any]:
+        """A plain dict (no latencies) for progress reports."""
+        return {"processed": self.processed, "emitted": self.emitted, "failed": self.failed,
+                "dead_lettered": self.dead_lettered, "drops": dict(self.drops),
+                "started": self.started, "ended": self.ended, "outcome": self.outcome,
+                "error": self.error}
+
+
+Progress = Callable[["Task"], None]
+
+
+class Task:
+    """The common loop of the three kinds.
+
+    Arguments:
+        node: the node, opened and closed by the task.
+        messenger: the node replica's messenger; closed by the task.
+        context: the RuntimeContext set on node.context.
+        progress: called with the task every progress_every seconds (and at the end).
+        progress_every: seconds between progress calls.
+    """
+
+    def __init__(self, node: Node, messenger: Messenger, context: RuntimeContext, *,
+                 progress: Progress | None = None, progress_every: float = 1.0) -> None:
+        self.node, self.messenger, self.context = node, messenger, context
+        self.stats = TaskStats()
+        self._progress, self._every = progress, progress_every
+        self._next_progress = time.monotonic() + progress_every
+
+    def quiesce(self) -> None:
+        """Stop taking input (SIGTERM): held work settles, prefetched work goes back to
+        the broker at once (RUN-030), and no end of stream is published."""
+        self.messenger.quiesce()  # type: ignore[attr-defined]
+
+    def run(self) -> TaskStats:
+        """Open the node, run the loop to the node's end, close both.
+
+        Returns:
+            the task's stats (outcome set).
+
+        Raises:
+            Exception: whatever killed the node, after its abort was published.
+        """
+        node = self.node
+        node.context = self.context
+        try:
+            node.open()
+            try:
+                self._loop()
+            finally:
+                node.close()
+        except Exception as error:
+            self.stats.outcome, self.stats.error = "failed", _describe(error)
+            self._abort(error)
+            raise
+        finally:
+            self._collect()
+            self.stats.ended = time.time()
+            if self._progress is not None:
+                self._progress(self)
+            self.messenger.close()
+        return self.stats
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def _abort(self, error: BaseException) -> None:
+        publish_abort = getattr(self.messenger, "publish_abort", None)
+        if publish_abort is None or self.node.kind == "consumer":
+            return
+        try:
+            publish_abort(error)
+        except Exception as second:  # the node is dying anyway; say both
+            self.stats.error = (f"{self.stats.error} (and its abort could not be "
+                                f"published: {_describe(second)})")
+
+    def _collect(self) -> None:
+        """Fold the messenger's counters into the stats."""
+        take = getattr(self.messenger, "take_drops", None)
+        if take is not None:
+            for reason, n in take().items():
+                self.stats.drops[reason] = self.stats.drops.get(reason, 0) + n
+        self.stats.dead_lettered = getattr(self.messenger, "dead_lettered", 0)
+
+    def _tick(self) -> None:
+        if self._progress is not None and time.monotonic() >= self._next_progress:
+            self._collect()
+            self._progress(self)
+            self._next_progress = time.monotonic() + self._every
+
+    def _end(self, entries: dict[str, Any]) -> bool:
+        """Whether entries say every parent ended; if so, relay an abort or (unless
+        quiesced) publish this node's end of stream."""
+        if not all(e is not None and (e["is_stop_signal"] or e["is_abort"])
+                   for e in entries.values()):
+            return False
+        aborted = next((e for e in entries.values() if e["is_abort"]), None)
+        if self.messenger.stop_reason() == STOP_QUIESCE:
+            self.stats.outcome = "quiesced"
+        elif aborted is not None:
+            self.stats.outcome = "aborted"
+            error = aborted["abort_error"] or {}
+            self.stats.error = (f"{aborted['abort_origin']} died: {error.get('type', '?')}: "
+                                f"{error.get('message', '')}")
+            if self.node.kind != "consumer":
+                self.messenger.publish_abort(  # type: ignore[attr-defined]
+                    aborted["abort_error"], origin=aborted["abort_origin"])
+        else:
+            self.stats.outcome = "ended"
+            if self.node.kind != "consumer":
+                self.messenger.publish_stop_signal()
+        return True
+
+    def _inputs(self, entries: dict[str, Any]) -> list[Any]:
+        """One input per parent, in wiring order: the message, None for a parent
+        missing from a quorum group, a list for a collect window."""
+        latency = getattr(self.messenger, "last_join_latency", None)
+        if latency is not None:
+            self.stats.add_latency(latency)
+        order = self.context.parents or tuple(entries)
+        return [None if entries[p] is None else entries[p]["message"] for p in order]
+
+    def _consume_inputs(self, apply: Callable[..., Any]) -> None:
+        while True:
+            self._tick()
+            entries = self.messenger.receive_message()
+            if self._end(entries):
+                return
+            try:
+                output = apply(*self._inputs(entries))
+            except Exception as error:  # every failure goes to the delivery policy
+                self.stats.failed += 1
+                self.messenger.fail_inputs(error)
+                continue
+            if self.node.kind == "processor":
+                self.messenger.publish_message(output, self.context._take_metadata())
+                self.stats.emitted += 1
+            self.messenger.ack_inputs()
+            self.stats.processed += 1
+
+
+class ProducerTask(Task):
+    """next() until StopIteration or a stop; each output published (confirmed)."""
+
+    node: ProducerNode
+
+    def _loop(self) -> None:
+        node = self.node
+        if node.replayable:
+            offset = self.messenger.resume_offset()  # type: ignore[attr-defined]
+            if offset:
+                node.resume(offset)
+        while not self.messenger.check_for_termination():
+            self._tick()
+            try:
+                output = node.next()
+            except StopIteration:
+                break
+            self.messenger.publish_message(output, self.context._take_metadata())
+            self.stats.emitted += 1
+        if self.messenger.stop_reason() == STOP_QUIESCE:
+            self.stats.outcome = "quiesced"
+        else:
+            self.messenger.publish_stop_signal()
+            self.stats.outcome = "ended"
+
+
+class ProcessorTask(Task):
+    """process(*inputs) per group; its output published before the inputs are acked."""
+
+    node: ProcessorNode
+
+    def _loop(self) -> None:
+        self._consume_inputs(self.node.process)
+
+
+class ConsumerTask(Task):
+    """consume(*inputs) per group; the inputs acked after it returns."""
+
+    node: ConsumerNode
+
+    def _loop(self) -> None:
+        self._consume_inputs(self.node.consume)
+
+
+def task_for(node: Node, messenger: Messenger, context: RuntimeContext,
+             **options: Any) -> Task:
+    """The task of the node's kind.
+
+    Raises:
+        TypeError: node is none of ProducerNode, ProcessorNode, ConsumerNode.
+    """
+    for kind, task in ((ProducerNode, ProducerTask), (ProcessorNode, ProcessorTask),
+                       (ConsumerNode, ConsumerTask)):
+        if isinstance(node, kind):
+            return task(node, messenger, context, **options)
+    raise TypeError(f"{node!r} is not a ProducerNode, ProcessorNode or ConsumerNode")
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+__all__ = ["ConsumerTask", "ProcessorTask", "ProducerTask", "RuntimeContext", "Task",
+           "TaskStats", "task_for"]

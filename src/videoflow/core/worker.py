@@ -1,0 +1,155 @@
+"""One node replica in one process: its messenger, ledger and payload store on a
+broker, its task, and the signals that stop it.
+
+The local engine (videoflow.core.local) runs run_replica in a child process per
+replica; ``videoflow worker`` runs it in the foreground on any host. Both describe the
+replica with a ReplicaJob, so a replica behaves the same wherever it runs.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from types import FrameType, SimpleNamespace
+from typing import Any
+
+from videoflow.core.compiler import NodeSpec
+from videoflow.core.node import Node
+from videoflow.core.task import RuntimeContext, Task, TaskStats, task_for
+from videoflow.messaging.naming import sanitize
+
+
+@dataclass(frozen=True)
+class ReplicaJob:
+    """Everything a replica needs besides its node.
+
+    Attributes:
+        flow_id / run_id / flow_type: the run.
+        spec: the node's compiled spec.
+        replica_id: which of its spec.nb_tasks replicas this is.
+        nats_url: the broker.
+        ack_wait: seconds a delivery stays leased before the broker redelivers it.
+        max_retries: the delivery preset's retry count.
+        eos_quiescence_ms: the end-of-stream fallback when drain cannot be observed.
+        ledger: 'kv' (the run's FlowRuntime in NATS KV: durable and shared, so a
+            restarted replica resumes its checkpoint and epoch, and retry budgets are
+            counted across replicas) or 'memory' (dies with the process).
+        payloads: whether outputs above the broker's inline limit travel by ref
+            through the flow's NATS object store.
+    """
+
+    flow_id: str
+    run_id: str
+    flow_type: str
+    spec: NodeSpec
+    replica_id: int
+    nats_url: str
+    ack_wait: int = 30
+    max_retries: int = 3
+    eos_quiescence_ms: int = 500
+    ledger: str = "kv"
+    payloads: bool = True
+
+    @property
+    def key(self) -> str:
+        """'<node>[<replica>]', how reports and logs name the replica."""
+        return f"{self.spec.name}[{self.replica_id}]"
+
+
+def ledger_bucket(flow_id: str) -> str:
+    """The KV bucket of a flow's FlowRuntime ledgers."""
+    return f"vf-ledger-{sanitize(flow_id)}"
+
+
+def payload_bucket(flow_id: str) -> str:
+    """The object store of a flow's by-ref payloads."""
+    return f"vf-payloads-{sanitize(flow_id)}"
+
+
+def run_replica(job: ReplicaJob, node: Node, *,
+                progress: Callable[[Task], None] | None = None,
+                progress_every: float = 1.0, sigint_quiesces: bool = True) -> TaskStats:
+    """Run one node replica to its end in this (the main) thread.
+
+    SIGTERM quiesces it (RUN-030: it stops taking input, its prefetched inputs go
+    back to the broker at once, it publishes no end of stream); so does SIGINT when
+    sigint_quiesces, else SIGINT is ignored (the local engine coordinates Ctrl-C).
+
+    Arguments:
+        job: the replica.
+        node: the node object (its name is set to the spec's).
+        progress: called with the task about every progress_every seconds.
+
+    Returns:
+        the task's stats.
+
+    Raises:
+        BrokerUnavailable: the broker, its ledger or payload store unreachable.
+        Exception: whatever killed the node (after its abort was published).
+    """
+    from videoflow.backends.payload import NatsObjectPayloadStore
+    from videoflow.core.runtime import FlowRuntime, NatsKvRuntimeStore
+    from videoflow.messaging.nats_messenger import NATSMessenger
+
+    spec = job.spec
+    node._name = spec.name  # the compiler's name, also for unnamed nodes
+    with ExitStack() as stack:
+        runtime = None
+        if job.ledger == "kv":
+            store = NatsKvRuntimeStore(job.nats_url, ledger_bucket(job.flow_id))
+            stack.callback(store.close)
+            runtime = FlowRuntime(store, job.flow_id, job.run_id, spec.name, job.replica_id)
+        elif job.ledger != "memory":
+            raise ValueError(f"ledger must be 'kv' or 'memory', got {job.ledger!r}")
+        payload_store = None
+        if job.payloads:
+            payload_store = NatsObjectPayloadStore(job.nats_url, payload_bucket(job.flow_id),
+                                                   flow_type=job.flow_type)
+            stack.callback(payload_store.close)
+        messenger = NATSMessenger(
+            SimpleNamespace(name=spec.name), list(spec.parents), job.nats_url, job.flow_id,
+            job.flow_type, job.run_id, replica_id=job.replica_id, ack_wait=job.ack_wait,
+            max_retries=job.max_retries, eos_quiescence_ms=job.eos_quiescence_ms,
+            nb_tasks=spec.nb_tasks, partition_by=spec.partition_by,
+            join_policy=spec.join_policy, delivery_policy=spec.delivery,
+            payload_store=payload_store,
+            blob_reader_ids=list(spec.blob_reader_ids or ()) or None, runtime=runtime,
+            replayable=bool(getattr(node, "replayable", False)))
+        context = RuntimeContext(messenger, spec.name, parents=spec.parents,
+                                 publishes=spec.publishes, replica_id=job.replica_id,
+                                 nb_tasks=spec.nb_tasks, flow_id=job.flow_id,
+                                 run_id=job.run_id)
+        task = task_for(node, messenger, context, progress=progress,
+                        progress_every=progress_every)
+        with _stop_signals(task, sigint_quiesces):
+            stats = task.run()
+    return stats
+
+
+@contextmanager
+def _stop_signals(task: Task, sigint_quiesces: bool) -> Iterator[None]:
+    """SIGTERM (and SIGINT when asked) quiesce the task; SIGINT is otherwise ignored.
+    Only the main thread can install handlers; elsewhere (tests running a replica on
+    a thread) nothing is installed."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def quiesce(_signum: int, _frame: FrameType | None) -> None:
+        task.quiesce()
+
+    previous: dict[int, Any] = {signal.SIGTERM: signal.signal(signal.SIGTERM, quiesce)}
+    previous[signal.SIGINT] = signal.signal(
+        signal.SIGINT, quiesce if sigint_quiesces else signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+__all__ = ["ReplicaJob", "ledger_bucket", "payload_bucket", "run_replica"]
