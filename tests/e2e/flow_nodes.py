@@ -85,3 +85,34 @@ def applied(directory: Path) -> list[Any]:
 
     return [ast.literal_eval(p.read_text()) for p in sorted(directory.iterdir())
             if p.name != "applications.log"]
+
+
+class DieOnce(ProcessorNode):
+    """Kills its own process (SIGKILL, no last words) at the given input, once per
+    marker file: the engine must start the replica again and lose nothing."""
+
+    def __init__(self, at: int, marker: str, **options: Any) -> None:
+        super().__init__(**options)
+        self.at, self.marker = at, marker
+
+    def process(self, value: int) -> int:
+        if value == self.at and not os.path.exists(self.marker):
+            Path(self.marker).write_text("died")
+            os.kill(os.getpid(), 9)
+        return value
+
+
+class Explode(ProcessorNode):
+    """Dies for good at the given input: a bug, not a bad input."""
+
+    def __init__(self, at: int, **options: Any) -> None:
+        super().__init__(**options)
+        self.at = at
+
+    def open(self) -> None:
+        self.seen = 0
+
+    def process(self, value: int) -> int:
+        if value == self.at:
+            raise SystemExit(f"exploded at {value}")
+        return value

@@ -536,9 +536,9 @@ def test_quiesce_stops_input_and_says_so_instead_of_a_flow_stop(flows) -> None: 
     sink.quiesce()
     sink.quiesce()  # idempotent
     assert (sink.check_for_termination(), sink.stop_reason()) == (True, "quiesce")
-    cam.publish_message("after")
+    cam.publish_message("after")  # goes to a survivor, not to the quiesced sink
     # The task's receive returns at once: nothing more comes to this process.
-    assert sink.receive_message()["cam"]["is_stop_signal"] is True  # goes to a survivor, not to the quiesced sink
+    assert sink.receive_message()["cam"]["is_stop_signal"] is True
     survivor = flow.messenger("sink")
     assert survivor.receive_message()["cam"]["message"] == "after"
 

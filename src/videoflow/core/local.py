@@ -82,27 +82,6 @@ def publish_control_stop(nats_url: str, flow_id: str, run_id: str,
                                 f"{nats_url}: {error!r}") from error
 
 
-def teardown_run(nats_url: str, flow_id: str, run_id: str, timeout: float = 30.0) -> bool:
-    """Delete the run's streams (never the dead-letter stream).
-
-    Returns:
-        whether everything the run owned is gone.
-    """
-    import nats
-
-    from videoflow.messaging.provisioning import delete_run_streams
-
-    async def delete() -> bool:
-        nc = await nats.connect(nats_url, allow_reconnect=False, connect_timeout=timeout,
-                                max_reconnect_attempts=1)
-        try:
-            return (await delete_run_streams(nc, flow_id, run_id)).complete
-        finally:
-            await nc.close()
-
-    return asyncio.run(asyncio.wait_for(delete(), timeout))
-
-
 @dataclass
 class _Replica:
     job: ReplicaJob
@@ -169,6 +148,7 @@ def run_flow(
             within provision_timeout.
     """
     from videoflow.messaging.topology import provision_flow_sync
+    from videoflow.ops import teardown as tear_down
     from videoflow.server import EmbeddedServer
 
     kv = ledger == "kv"
@@ -201,7 +181,8 @@ def run_flow(
         torn_down = False
         try:
             if teardown:
-                torn_down = teardown_run(url, compiled.flow_id, run.run_id)
+                torn_down = tear_down(url, compiled.flow_id, run.run_id,
+                                      timeout=provision_timeout).complete
         finally:
             if server is not None:
                 server.stop()
@@ -401,4 +382,4 @@ def _pending(task: Task) -> int | str | None:
     return value if isinstance(value, int) else str(getattr(seen, "reason", "unknown"))
 
 
-__all__ = ["NATS_URL_ENV", "new_run_id", "publish_control_stop", "run_flow", "teardown_run"]
+__all__ = ["NATS_URL_ENV", "new_run_id", "publish_control_stop", "run_flow"]

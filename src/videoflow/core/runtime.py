@@ -682,6 +682,11 @@ class FlowRuntime:
         return 0 if found is None else _DECODE_COUNTER.decode(found[0]).value
 
 
+def run_key_filter(flow_id: str, run_id: str) -> str:
+    """The store-key filter matching every record of one run (for its teardown)."""
+    return f"{key_token(flow_id)}.{key_token(run_id)}.>"
+
+
 __all__ = [
     "DEFAULT_BUCKET",
     "Checkpoint",
@@ -693,5 +698,6 @@ __all__ = [
     "RuntimeStore",
     "TerminalEntry",
     "key_token",
+    "run_key_filter",
     "token_text",
 ]

@@ -1,0 +1,463 @@
+"""The operator subcommands of `videoflow`: status, dlq (list, show, replay, purge) and
+teardown — argparse wiring and output formatting over videoflow.ops.
+
+register(subparsers) adds them to the top-level parser's subparsers; each sets func on
+its namespace, a function(args) -> exit code. Output is a plain table, or JSON with
+--json. A value that could not be read prints as `unknown (<reason>)` (JSON:
+{"unknown": reason, "detail": ...}), never as 0. Every failure is one line on stderr,
+`videoflow: error: ...`, and a non-zero exit code — never a traceback.
+
+Exit codes: 0 done; 1 the operation failed or is incomplete (broker unavailable, a
+missing dead letter, a replay with failures, a teardown that left streams); 2 a usage
+error (argparse's own code), a purge without --yes included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TextIO
+
+from videoflow import ops
+from videoflow.backends.messaging import CleanupObservation, Known, Unknown
+from videoflow.errors import VideoflowError
+
+ENV_NATS_URL: Final = "VIDEOFLOW_NATS_URL"
+DEFAULT_NATS_URL: Final = "nats://127.0.0.1:4222"
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+# --------------------------------------------------------------------------------------
+# Errors and values
+# --------------------------------------------------------------------------------------
+
+
+class UsageError(Exception):
+    """Arguments that make no sense together: exit code 2."""
+
+
+def _error(message: str) -> None:
+    text = " ".join(str(message).split())  # one line, whatever the message holds
+    print(f"videoflow: error: {text}", file=sys.stderr)
+
+
+def _guarded(handler: Handler) -> Handler:
+    """handler, with every failure turned into one stderr line and an exit code."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except UsageError as error:
+            _error(str(error))
+            return EXIT_USAGE
+        except VideoflowError as error:  # BrokerUnavailable, DeadLetterNotFound, ...
+            _error(str(error))
+            return EXIT_FAILED
+        except ValueError as error:  # a bad name, timeout or sequence
+            _error(str(error))
+            return EXIT_USAGE
+        except Exception as error:  # never a traceback for an operator
+            _error(f"{type(error).__name__}: {error}")
+            return EXIT_FAILED
+
+    return run
+
+
+def _url(args: argparse.Namespace) -> str:
+    return str(args.nats_url or os.environ.get(ENV_NATS_URL) or DEFAULT_NATS_URL)
+
+
+def _text(value: object) -> str:
+    """A value for a table: Known unwrapped, Unknown as `unknown (<reason>)`."""
+    if isinstance(value, Known):
+        return str(value.value)
+    if isinstance(value, Unknown):
+        return f"unknown ({value.reason})"
+    return str(value)
+
+
+def _json_value(value: object) -> Any:
+    if isinstance(value, Known):
+        return value.value
+    if isinstance(value, Unknown):
+        return {"unknown": value.reason, "detail": value.detail}
+    return value
+
+
+def _dump(document: Any, out: TextIO | None = None) -> None:
+    print(json.dumps(document, indent=2, sort_keys=False), file=out or sys.stdout)
+
+
+def _table(rows: Sequence[Sequence[str]], indent: str = "") -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+# --------------------------------------------------------------------------------------
+# status
+# --------------------------------------------------------------------------------------
+
+
+def _status_json(status: ops.RunStatus) -> dict[str, Any]:
+    streams: Any
+    if isinstance(status.streams, Unknown):
+        streams = _json_value(status.streams)
+    else:
+        streams = []
+        for stream in status.streams:
+            durables: Any = _json_value(stream.durables) if isinstance(
+                stream.durables, Unknown) else [
+                {
+                    "name": d.name, "kind": d.kind, "filter_subject": d.filter_subject,
+                    "pending": _json_value(d.pending),
+                    "ack_pending": _json_value(d.ack_pending),
+                    "redelivered": _json_value(d.redelivered),
+                    "unresolved": _json_value(d.unresolved),
+                }
+                for d in stream.durables
+            ]
+            streams.append({
+                "name": stream.name, "node": stream.node, "retention": stream.retention,
+                "messages": _json_value(stream.messages), "bytes": _json_value(stream.bytes),
+                "first_seq": _json_value(stream.first_seq),
+                "last_seq": _json_value(stream.last_seq), "durables": durables,
+            })
+    return {
+        "flow": status.flow_id, "run": status.run_id,
+        "exists": _json_value(status.exists), "streams": streams,
+        "dlq_stream": status.dlq_stream, "dlq_count": _json_value(status.dlq_count),
+    }
+
+
+def _status_text(status: ops.RunStatus) -> str:
+    lines = [f"run {status.run_id!r} of flow {status.flow_id!r}"]
+    if isinstance(status.streams, Unknown):
+        lines.append(f"streams: {_text(status.streams)} {status.streams.detail}".rstrip())
+    elif not status.streams:
+        lines.append("no streams (never provisioned, or torn down)")
+    else:
+        lines.append(_table(
+            [("STREAM", "NODE", "RETENTION", "MESSAGES", "BYTES", "FIRST", "LAST")]
+            + [(s.name, s.node, s.retention, _text(s.messages), _text(s.bytes),
+                _text(s.first_seq), _text(s.last_seq)) for s in status.streams]))
+        for stream in status.streams:
+            if isinstance(stream.durables, Unknown):
+                lines.append(f"  {stream.name} durables: {_text(stream.durables)}")
+                continue
+            if not stream.durables:
+                lines.append(f"  {stream.name}: no durables")
+                continue
+            lines.append(f"  durables on {stream.name}:")
+            lines.append(_table(
+                [("DURABLE", "KIND", "PENDING", "ACK_PENDING", "REDELIVERED", "UNRESOLVED")]
+                + [(d.name, d.kind or "-", _text(d.pending), _text(d.ack_pending),
+                    _text(d.redelivered), _text(d.unresolved)) for d in stream.durables],
+                indent="    "))
+    lines.append(f"dead letters of this run ({status.dlq_stream}): {_text(status.dlq_count)}")
+    return "\n".join(lines)
+
+
+@_guarded
+def cmd_status(args: argparse.Namespace) -> int:
+    status = ops.run_status(_url(args), args.flow, args.run, timeout=args.timeout)
+    if args.json:
+        _dump(_status_json(status))
+    else:
+        print(_status_text(status))
+    return EXIT_FAILED if isinstance(status.streams, Unknown) else EXIT_OK
+
+
+# --------------------------------------------------------------------------------------
+# dlq
+# --------------------------------------------------------------------------------------
+
+
+def _entry_json(entry: ops.DeadLetterEntry, envelope: bool = False) -> dict[str, Any]:
+    document: dict[str, Any] = {"seq": entry.seq, "subject": entry.subject,
+                                "decodable": entry.decodable}
+    record = entry.record
+    if record is None:
+        document["error"] = entry.error
+        return document
+    document.update({
+        "flow": record.flow_id, "run": record.run_id, "node": record.node,
+        "parent": record.parent, "stream_seq": record.stream_seq,
+        "attempts": record.attempts, "reason": record.reason,
+        "error_type": record.error_type, "error_message": record.error_message,
+        "dead_lettered_at": record.dead_lettered_at,
+        "envelope_bytes": len(record.envelope),
+    })
+    if envelope:
+        document["envelope_base64"] = base64.b64encode(record.envelope).decode("ascii")
+    return document
+
+
+def _error_text(entry: ops.DeadLetterEntry) -> str:
+    record = entry.record
+    if record is None:
+        return ""
+    text = f"{record.error_type}: {record.error_message}" if record.error_type \
+        else record.error_message
+    text = " ".join(text.split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@_guarded
+def cmd_dlq_list(args: argparse.Namespace) -> int:
+    entries = ops.dlq_list(_url(args), args.flow, run_id=args.run, node=args.node,
+                           limit=args.limit, timeout=args.timeout)
+    if args.json:
+        _dump([_entry_json(e) for e in entries])
+        return EXIT_OK
+    if not entries:
+        print("no dead letters")
+        return EXIT_OK
+    rows = [("SEQ", "RUN", "NODE", "PARENT", "PARENT_SEQ", "ATTEMPTS", "REASON", "ERROR")]
+    for e in entries:
+        r = e.record
+        if r is None:
+            rows.append((str(e.seq), "?", "?", "?", "?", "?", "undecodable",
+                         " ".join(e.error.split())[:60]))
+        else:
+            rows.append((str(e.seq), r.run_id, r.node, r.parent, str(r.stream_seq),
+                         str(r.attempts), r.reason, _error_text(e)))
+    print(_table(rows))
+    return EXIT_OK
+
+
+@_guarded
+def cmd_dlq_show(args: argparse.Namespace) -> int:
+    entry = ops.dlq_show(_url(args), args.flow, args.seq, timeout=args.timeout)
+    if args.json:
+        _dump(_entry_json(entry, envelope=True))
+        return EXIT_OK
+    record = entry.record
+    lines = [f"seq:           {entry.seq}", f"subject:       {entry.subject}"]
+    if record is None:
+        lines.append(f"undecodable:   {entry.error}")
+    else:
+        lines += [
+            f"flow:          {record.flow_id}",
+            f"run:           {record.run_id}",
+            f"node:          {record.node}",
+            f"parent:        {record.parent} (seq {record.stream_seq} of its stream)",
+            f"attempts:      {record.attempts}",
+            f"reason:        {record.reason}",
+            f"error type:    {record.error_type or '-'}",
+            f"error:         {record.error_message or '-'}",
+            f"dead-lettered: {record.dead_lettered_at}",
+            f"envelope:      {len(record.envelope)} bytes",
+        ]
+    print("\n".join(lines))
+    return EXIT_OK
+
+
+def _selection(args: argparse.Namespace) -> list[int] | None:
+    """The seqs named, or None for a filter selection (--all and/or --run/--node)."""
+    filtered = args.run is not None or args.node is not None
+    if args.seqs and (filtered or args.all):
+        raise UsageError("give DLQ sequences or --all/--run/--node, not both")
+    if not args.seqs and not (filtered or args.all):
+        raise UsageError("name the dead letters: SEQ ..., --run/--node, or --all")
+    return list(args.seqs) if args.seqs else None
+
+
+@_guarded
+def cmd_dlq_replay(args: argparse.Namespace) -> int:
+    seqs = _selection(args)
+    report = ops.dlq_replay(_url(args), args.flow, seqs, run_id=args.run, node=args.node,
+                            timeout=args.timeout)
+    if args.json:
+        _dump({
+            "results": [{"seq": r.seq, "outcome": r.outcome, "subject": r.subject,
+                         "stream_seq": r.stream_seq, "reason": r.reason}
+                        for r in report.results],
+            "replayed": len(report.replayed), "duplicates": len(report.duplicates),
+            "failed": len(report.failed),
+        })
+    elif not report.results:
+        print("no dead letters to replay")
+    else:
+        print(_table([("SEQ", "OUTCOME", "SUBJECT", "STREAM_SEQ", "REASON")] + [
+            (str(r.seq), r.outcome, r.subject or "-",
+             "-" if r.stream_seq is None else str(r.stream_seq), r.reason or "-")
+            for r in report.results]))
+        print(f"replayed {len(report.replayed)}, duplicate {len(report.duplicates)}, "
+              f"failed {len(report.failed)}")
+    return EXIT_FAILED if report.failed else EXIT_OK
+
+
+@_guarded
+def cmd_dlq_purge(args: argparse.Namespace) -> int:
+    seqs = _selection(args)
+    if not args.yes:
+        _error("dlq purge deletes dead letters for good; add --yes to confirm")
+        return EXIT_USAGE
+    removed = ops.dlq_purge(_url(args), args.flow, run_id=args.run, node=args.node,
+                            seqs=seqs, timeout=args.timeout)
+    if args.json:
+        _dump({"purged": removed})
+    else:
+        print(f"purged {removed} dead letter{'' if removed == 1 else 's'}")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------
+# teardown
+# --------------------------------------------------------------------------------------
+
+
+def _cleanup_json(flow: str, run: str, cleanup: CleanupObservation) -> dict[str, Any]:
+    return {"flow": flow, "run": run, "removed": list(cleanup.removed),
+            "remaining": list(cleanup.remaining), "complete": cleanup.complete}
+
+
+@_guarded
+def cmd_teardown(args: argparse.Namespace) -> int:
+    cleanup = ops.teardown(_url(args), args.flow, args.run, timeout=args.timeout)
+    if args.json:
+        _dump(_cleanup_json(args.flow, args.run, cleanup))
+    else:
+        if cleanup.removed:
+            print("removed: " + ", ".join(cleanup.removed))
+        elif cleanup.complete:
+            print(f"run {args.run!r} of flow {args.flow!r} has no streams to remove")
+        if cleanup.remaining:
+            print("remaining: " + ", ".join(cleanup.remaining))
+        if not cleanup.complete:
+            _error("teardown is incomplete (the inventory could not be read, or a delete "
+                   "failed); re-running it is safe")
+        else:
+            print("the flow's dead-letter stream is kept (videoflow dlq purge removes "
+                  "records)")
+    return EXIT_OK if cleanup.complete else EXIT_FAILED
+
+
+# --------------------------------------------------------------------------------------
+# Wiring
+# --------------------------------------------------------------------------------------
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
+
+
+def _common(parser: argparse.ArgumentParser, *, run: str | None) -> None:
+    """--nats-url, --flow, --json, --timeout, and --run when run is 'required' or
+    'optional'."""
+    parser.add_argument(
+        "--nats-url", default=None,
+        help=f"the broker (default: ${ENV_NATS_URL}, else {DEFAULT_NATS_URL})")
+    parser.add_argument("--flow", required=True, help="the flow id")
+    if run == "required":
+        parser.add_argument("--run", required=True, help="the run id")
+    elif run == "optional":
+        parser.add_argument("--run", default=None, help="only this run")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--timeout", type=_positive_float, default=ops.DEFAULT_TIMEOUT_SECONDS,
+                        help="overall bound in seconds, connect included (default: "
+                             "%(default)s)")
+
+
+def _selection_args(parser: argparse.ArgumentParser) -> None:
+    _common(parser, run="optional")
+    parser.add_argument("--node", default=None, help="only dead letters of this node")
+    parser.add_argument("seqs", nargs="*", type=_positive_int, metavar="SEQ",
+                        help="DLQ sequences (as dlq list shows them)")
+    parser.add_argument("--all", action="store_true",
+                        help="every dead letter matching --run/--node (the whole flow "
+                             "without them)")
+
+
+def register(subparsers: Any) -> None:
+    """Add status, dlq (list, show, replay, purge) and teardown to a top-level parser.
+
+    Arguments:
+        subparsers: what ArgumentParser.add_subparsers returned. Every command sets
+            func on its namespace: a function(args) -> exit code.
+    """
+    status = subparsers.add_parser(
+        "status", help="streams, durables and dead letters of one run",
+        description="Every stream the run owns (messages, bytes, first/last seq), every "
+                    "durable on it (pending, ack pending, redelivered) and the run's "
+                    "dead-letter count. Unreadable values print as unknown (<reason>).")
+    _common(status, run="required")
+    status.set_defaults(func=cmd_status)
+
+    dlq = subparsers.add_parser("dlq", help="inspect, replay or purge dead letters",
+                                description="The flow's dead-letter stream (vf-{flow}-dlq).")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="COMMAND")
+
+    listing = dlq_sub.add_parser("list", help="list dead letters, oldest first")
+    _common(listing, run="optional")
+    listing.add_argument("--node", default=None, help="only dead letters of this node")
+    listing.add_argument("--limit", type=_positive_int, default=None,
+                         help="at most this many (the oldest)")
+    listing.set_defaults(func=cmd_dlq_list)
+
+    show = dlq_sub.add_parser("show", help="one dead letter in full")
+    _common(show, run=None)
+    show.add_argument("seq", type=_positive_int, metavar="SEQ", help="its DLQ sequence")
+    show.set_defaults(func=cmd_dlq_show)
+
+    replay = dlq_sub.add_parser(
+        "replay", help="publish dead letters' envelopes again on their parent's stream",
+        description="Re-publishes each record's original envelope on the data subject of "
+                    "the parent that delivered it, in the record's run. Every child of "
+                    "that parent receives it. Replaying twice within the stream's "
+                    "duplicate window stores it once. Records are kept (see purge).")
+    _selection_args(replay)
+    replay.set_defaults(func=cmd_dlq_replay)
+
+    purge = dlq_sub.add_parser("purge", help="delete dead letters for good (needs --yes)")
+    _selection_args(purge)
+    purge.add_argument("--yes", action="store_true", help="confirm the deletion")
+    purge.set_defaults(func=cmd_dlq_purge)
+
+    teardown = subparsers.add_parser(
+        "teardown", help="delete a run's streams and durables (never the dead letters)")
+    _common(teardown, run="required")
+    teardown.set_defaults(func=cmd_teardown)
+
+
+__all__ = [
+    "DEFAULT_NATS_URL",
+    "ENV_NATS_URL",
+    "cmd_dlq_list",
+    "cmd_dlq_purge",
+    "cmd_dlq_replay",
+    "cmd_dlq_show",
+    "cmd_status",
+    "cmd_teardown",
+    "register",
+]

@@ -1,0 +1,113 @@
+"""Flows run end to end by the local engine: every replica a spawned process, on a real
+nats-server; the sinks' effects read back from files."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import nats
+import pytest
+from flow_nodes import Add, DieOnce, Numbers, Record, RejectMultiplesOf, Scale, applied
+
+from videoflow import server as embedded
+from videoflow.core.constants import BATCH
+from videoflow.core.flow import Flow
+from videoflow.messaging.dead_letters import decode_dead_letter
+from videoflow.messaging.naming import dlq_stream_name
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    """Where the sinks write (the broker's store is elsewhere in tmp_path)."""
+    made = tmp_path / "out"
+    made.mkdir()
+    return made
+
+
+async def stream_names(url: str) -> list[str]:
+    nc = await nats.connect(url)
+    try:
+        return [info.config.name for info in await nc.jetstream().streams_info()]
+    finally:
+        await nc.close()
+
+
+async def dead_letters(url: str, flow_id: str) -> list:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(dlq_stream_name(flow_id))
+        return [decode_dead_letter((await js.get_msg(dlq_stream_name(flow_id), seq)).data)
+                for seq in range(info.state.first_seq, info.state.last_seq + 1)]
+    finally:
+        await nc.close()
+
+
+def test_a_linear_batch_flow_delivers_every_message_exactly_once(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    numbers = Numbers(300)
+    sink = Record(str(out))(Scale(2, nb_tasks=2)(numbers))
+    report = Flow([numbers], [sink], BATCH, name="linear").run(nats_server.url, view=False)
+    assert report.outcome == "completed", report.format()
+    assert sorted(v for (v,) in applied(out)) == [2 * i for i in range(300)]
+    nodes = report.nodes
+    assert (nodes["numbers"].emitted, nodes["scale"].processed, nodes["scale"].emitted,
+            nodes["record"].processed) == (300, 300, 300, 300)
+    assert nodes["scale"].replicas == 2 and nodes["scale"].dropped_total == 0
+    assert nodes["record"].join_latency_p99_ms is not None
+    # The run's streams are gone; the flow's dead-letter stream stays, and so do its
+    # ledger and payload buckets (flow-scoped, shared by runs).
+    assert report.torn_down
+    left = asyncio.run(stream_names(nats_server.url))
+    assert dlq_stream_name("linear") in left
+    assert [name for name in left if report.run_id in name] == []
+
+
+def test_a_diamond_joins_both_branches_of_every_event(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    numbers = Numbers(200)
+    double, triple = Scale(2, name="double")(numbers), Scale(3, name="triple")(numbers)
+    total = Add(join_policy={"mode": "trace"})(double, triple)
+    sink = Record(str(out))(total)
+    report = Flow([numbers], [sink], name="diamond").run(nats_server.url, view=False)
+    assert report.outcome == "completed", report.format()
+    assert sorted(v for (v,) in applied(out)) == [5 * i for i in range(200)]
+    assert report.nodes["add"].processed == 200
+    assert report.nodes["add"].join_latency_p50_ms is not None
+
+
+def test_a_poison_input_is_dead_lettered_and_the_flow_completes(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    numbers = Numbers(50)
+    sink = Record(str(out))(RejectMultiplesOf(7)(numbers))
+    report = Flow([numbers], [sink], name="poison").run(nats_server.url, view=False)
+    assert report.outcome == "completed", report.format()
+    rejected = [i for i in range(1, 50) if i % 7 == 0]
+    assert sorted(v for (v,) in applied(out)) == [
+        i for i in range(50) if i not in rejected]
+    assert report.nodes["reject_multiples_of"].dead_lettered == len(rejected)
+    letters = asyncio.run(dead_letters(nats_server.url, "poison"))
+    assert sorted(r.stream_seq for r in letters) == [i + 1 for i in rejected]
+    assert {(r.node, r.parent, r.reason) for r in letters} == {
+        ("reject_multiples_of", "numbers", "poison")}
+    assert all("is a multiple of 7" in r.error_message for r in letters)
+
+
+def test_a_replica_killed_mid_run_is_started_again_and_nothing_is_lost(
+    nats_server: embedded.EmbeddedServer, out: Path, tmp_path: Path,
+) -> None:
+    numbers = Numbers(100)
+    sink = Record(str(out))(DieOnce(40, str(tmp_path / "died"))(numbers))
+    # ack_wait bounds how long the dead replica's leased input waits to come back.
+    report = Flow([numbers], [sink], name="restart").run(nats_server.url, view=False,
+                                                         ack_wait=2)
+    assert (tmp_path / "died").exists()
+    assert report.outcome == "completed", report.format()
+    assert report.nodes["die_once"].restarts == 1
+    assert sorted(v for (v,) in applied(out)) == list(range(100))

@@ -1,0 +1,345 @@
+"""videoflow.ops and the operator CLI against a real nats-server: status, dlq list / show /
+replay / purge, teardown."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import nats
+import pytest
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from videoflow import ops
+from videoflow import server as embedded
+from videoflow.backends.messaging import Known, Unknown
+from videoflow.cli_ops import register
+from videoflow.core.compiler import NodeSpec
+from videoflow.core.constants import BATCH
+from videoflow.core.policies import PoisonMessage
+from videoflow.errors import BrokerUnavailable
+from videoflow.messaging.naming import (
+    dlq_stream_name,
+    dlq_subject_for,
+    stream_name_for,
+    subject_for,
+)
+from videoflow.messaging.nats_messenger import NATSMessenger
+from videoflow.messaging.topology import provision_flow_sync
+from videoflow.wire.serialization import decode_envelope
+
+pytestmark = pytest.mark.timeout(90)
+
+FLOW, RUN = "flow", "run"
+SPECS = [NodeSpec("cam", "producer"), NodeSpec("sink", "consumer", parents=("cam",))]
+PUBLISHED = 5
+POISONED = (0, 1)  # the messages the sink dead-letters
+
+
+def messenger(url: str, node: str, parents: list[str], run: str = RUN) -> NATSMessenger:
+    return NATSMessenger(SimpleNamespace(name=node), parents, url, FLOW, BATCH, run,
+                         ack_wait=30, eos_quiescence_ms=200)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    url: str
+    server: embedded.EmbeddedServer
+
+
+@pytest.fixture
+def scenario(nats_server: embedded.EmbeddedServer) -> Scenario:
+    """Run `run` (cam -> sink): five messages published, the sink dead-letters the first
+    two as poison and settles nothing else. A second run, `run-x`, exists beside it so
+    that a name-prefix match would show."""
+    provision_flow_sync(nats_server.url, SPECS, FLOW, RUN, BATCH, timeout=30)
+    provision_flow_sync(nats_server.url, SPECS, FLOW, "run-x", BATCH, timeout=30)
+    cam = messenger(nats_server.url, "cam", [])
+    try:
+        for n in range(PUBLISHED):
+            cam.publish_message(n)
+    finally:
+        cam.close()
+    sink = messenger(nats_server.url, "sink", ["cam"])
+    try:
+        for n in POISONED:
+            message = sink.receive_message()["cam"]["message"]
+            assert message == n
+            sink.fail_inputs(PoisonMessage(f"frame {message} is corrupt"))
+    finally:
+        sink.close()
+    return Scenario(nats_server.url, nats_server)
+
+
+def cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="videoflow")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+def eventually(read: Callable[[], bool], seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not read():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------------------------ status
+
+
+def test_status_reports_the_run_s_own_streams_backlog_and_its_two_dead_letters(
+    scenario: Scenario,
+) -> None:
+    remaining = PUBLISHED - len(POISONED)
+
+    def settled() -> bool:  # the terminations reach the INTEREST stream asynchronously
+        streams = ops.run_status(scenario.url, FLOW, RUN, timeout=5).streams
+        return not isinstance(streams, Unknown) and streams[0].messages == Known(remaining)
+
+    eventually(settled)
+    status = ops.run_status(scenario.url, FLOW, RUN, timeout=5)
+    assert status.exists == Known(True)
+    assert not isinstance(status.streams, Unknown)
+    # Only the producer publishes; run-x's vf-flow-run-x-cam is not this run's.
+    (cam,) = status.streams
+    assert (cam.name, cam.node, cam.retention) == (stream_name_for(FLOW, RUN, "cam"), "cam",
+                                                   "interest")
+    assert cam.messages == Known(remaining)
+    assert isinstance(cam.bytes, Known) and cam.bytes.value > 0
+    assert cam.last_seq == Known(PUBLISHED)
+    assert not isinstance(cam.durables, Unknown)
+    durables = {d.name: d for d in cam.durables}
+    sink = durables["sink--from--cam"]
+    assert sink.kind == "durable"
+    assert isinstance(sink.pending, Known) and isinstance(sink.ack_pending, Known)
+    assert sink.pending.value + sink.ack_pending.value == remaining
+    assert isinstance(sink.unresolved, Unknown) and sink.unresolved.reason == "unread"
+    assert "cam--eos--anchor" in durables
+    assert status.dlq_count == Known(len(POISONED))
+    assert ops.run_status(scenario.url, FLOW, "run-x", timeout=5).dlq_count == Known(0)
+
+
+def test_status_of_a_run_with_no_streams_says_so_instead_of_raising(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    status = ops.run_status(nats_server.url, FLOW, "never", timeout=5)
+    assert status.streams == ()
+    assert status.exists == Known(False)
+    assert status.dlq_count == Unknown("missing", status.dlq_count.detail)  # no DLQ yet
+
+
+def test_status_of_an_unreachable_broker_raises_broker_unavailable_within_the_timeout(
+    closed_port_url: str,
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailable, match="cannot connect"):
+        ops.run_status(closed_port_url, FLOW, RUN, timeout=2)
+    assert time.monotonic() - started < 3
+
+
+def test_status_of_a_frozen_broker_is_unavailable_and_never_zero(
+    scenario: Scenario,
+    freeze: Callable[[embedded.EmbeddedServer], contextlib.AbstractContextManager[None]],
+) -> None:
+    async def frozen_status() -> ops.RunStatus:
+        nc = await nats.connect(scenario.url, allow_reconnect=False,
+                                max_reconnect_attempts=1, reconnect_time_wait=0.1)
+        try:
+            with freeze(scenario.server):
+                return await ops.run_status_async(nc, FLOW, RUN, timeout=1)
+        finally:
+            await nc.close()
+
+    status = asyncio.run(frozen_status())
+    assert isinstance(status.streams, Unknown) and status.streams.reason == "timeout"
+    assert isinstance(status.exists, Unknown)
+    assert isinstance(status.dlq_count, Unknown) and status.dlq_count.reason == "timeout"
+    started = time.monotonic()
+    with freeze(scenario.server), pytest.raises(BrokerUnavailable, match="timeout"):
+        ops.run_status(scenario.url, FLOW, RUN, timeout=1.5)
+    assert time.monotonic() - started < 3
+
+
+# --------------------------------------------------------------------------- dlq list
+
+
+def test_dlq_list_and_show_decode_node_parent_reason_and_error(scenario: Scenario) -> None:
+    entries = ops.dlq_list(scenario.url, FLOW, run_id=RUN, timeout=5)
+    assert len(entries) == 2
+    for entry, n in zip(entries, POISONED, strict=True):
+        record = entry.record
+        assert record is not None
+        assert entry.subject == dlq_subject_for(FLOW, RUN, "sink")
+        assert (record.run_id, record.node, record.parent, record.reason) == (
+            RUN, "sink", "cam", "poison")
+        assert record.error_type.endswith("PoisonMessage")
+        assert record.error_message == f"frame {n} is corrupt"
+        assert decode_envelope(record.envelope)["message"] == n
+    assert ops.dlq_list(scenario.url, FLOW, node="cam", timeout=5) == []
+    assert ops.dlq_list(scenario.url, FLOW, run_id="run-x", timeout=5) == []
+    assert [e.seq for e in ops.dlq_list(scenario.url, FLOW, limit=1, timeout=5)] == [
+        entries[0].seq]
+    shown = ops.dlq_show(scenario.url, FLOW, entries[1].seq, timeout=5)
+    assert shown == entries[1]
+
+
+def test_dlq_list_lists_an_undecodable_record_with_its_seq_instead_of_skipping_it(
+    scenario: Scenario,
+) -> None:
+    async def publish_junk() -> int:
+        nc = await nats.connect(scenario.url)
+        try:
+            ack = await nc.jetstream().publish(dlq_subject_for(FLOW, RUN, "sink"), b"junk")
+            return ack.seq
+        finally:
+            await nc.close()
+
+    junk_seq = asyncio.run(publish_junk())
+    entries = ops.dlq_list(scenario.url, FLOW, timeout=5)
+    assert [e.decodable for e in entries] == [True, True, False]
+    assert entries[-1].seq == junk_seq and "not a dead-letter record" in entries[-1].error
+    report = ops.dlq_replay(scenario.url, FLOW, [junk_seq], timeout=5)
+    assert report.failed == (junk_seq,)
+    assert "undecodable" in report.results[0].reason
+
+
+def test_dlq_show_of_a_missing_seq_raises_dead_letter_not_found(scenario: Scenario) -> None:
+    with pytest.raises(ops.DeadLetterNotFound, match="no dead letter at seq 99") as caught:
+        ops.dlq_show(scenario.url, FLOW, 99, timeout=5)
+    assert caught.value.seq == 99
+    with pytest.raises(ops.DeadLetterNotFound, match="no dead-letter stream vf-other-dlq"):
+        ops.dlq_list(scenario.url, "other", timeout=5)
+
+
+# ------------------------------------------------------------------------- dlq replay
+
+
+async def _read_at(url: str, stream: str, subject: str, seq: int) -> bytes:
+    """A fresh ephemeral consumer's first message at or after seq."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        sub = await js.pull_subscribe(
+            subject, stream=stream,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                                  opt_start_seq=seq))
+        (msg,) = await sub.fetch(1, timeout=5)
+        await msg.ack()
+        return bytes(msg.data)
+    finally:
+        await nc.close()
+
+
+def test_replay_puts_the_envelope_back_on_the_parent_stream_once_within_the_window(
+    scenario: Scenario,
+) -> None:
+    entries = ops.dlq_list(scenario.url, FLOW, run_id=RUN, timeout=5)
+    first = ops.dlq_replay(scenario.url, FLOW, [entries[0].seq], timeout=5)
+    (result,) = first.results
+    assert first.replayed == (entries[0].seq,)
+    assert result.subject == subject_for(FLOW, RUN, "cam")
+    assert result.stream_seq is not None and result.stream_seq > PUBLISHED
+    received = asyncio.run(_read_at(scenario.url, stream_name_for(FLOW, RUN, "cam"),
+                                    result.subject, result.stream_seq))
+    assert entries[0].record is not None and received == entries[0].record.envelope
+    again = ops.dlq_replay(scenario.url, FLOW, run_id=RUN, timeout=5)
+    assert again.duplicates == (entries[0].seq,)  # same msg id, inside the window
+    assert again.replayed == (entries[1].seq,)
+    assert {r.stream_seq for r in again.results if r.outcome == "duplicate"} == {
+        result.stream_seq}
+    # Replay never removes the record.
+    assert len(ops.dlq_list(scenario.url, FLOW, run_id=RUN, timeout=5)) == 2
+    missing = ops.dlq_replay(scenario.url, FLOW, [99], timeout=5)
+    assert missing.failed == (99,) and "no dead letter at seq 99" in missing.results[0].reason
+
+
+def test_teardown_removes_the_run_s_streams_keeps_the_dlq_and_replay_then_fails(
+    scenario: Scenario, capsys: pytest.CaptureFixture[str],
+) -> None:
+    cleanup = ops.teardown(scenario.url, FLOW, RUN, timeout=5)
+    assert cleanup.complete
+    assert cleanup.removed == (stream_name_for(FLOW, RUN, "cam"),)
+    assert ops.run_status(scenario.url, FLOW, RUN, timeout=5).streams == ()
+    # run-x is untouched and the flow's dead letters survive.
+    other = ops.run_status(scenario.url, FLOW, "run-x", timeout=5)
+    assert not isinstance(other.streams, Unknown) and len(other.streams) == 1
+    assert ops.run_status(scenario.url, FLOW, RUN, timeout=5).dlq_count == Known(2)
+    report = ops.dlq_replay(scenario.url, FLOW, run_id=RUN, timeout=5)
+    assert len(report.failed) == 2
+    assert all(ops.TORN_DOWN in r.reason for r in report.results)
+    assert cli(["teardown", "--nats-url", scenario.url, "--flow", FLOW, "--run", RUN,
+                "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "flow": FLOW, "run": RUN, "removed": [], "remaining": [], "complete": True}
+
+
+# -------------------------------------------------------------------------- dlq purge
+
+
+def test_purge_refuses_without_yes_and_removes_the_run_s_records_with_it(
+    scenario: Scenario, capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = ["dlq", "purge", "--nats-url", scenario.url, "--flow", FLOW, "--run", RUN]
+    assert cli(base) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (
+        "videoflow: error: dlq purge deletes dead letters for good; add --yes to confirm")
+    assert captured.out == ""
+    assert len(ops.dlq_list(scenario.url, FLOW, timeout=5)) == 2
+    assert cli([*base, "--yes", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"purged": 2}
+    assert ops.dlq_list(scenario.url, FLOW, timeout=5) == []
+    assert ops.dlq_purge(scenario.url, FLOW, seqs=[1, 2], timeout=5) == 0  # already gone
+
+
+def test_purge_by_seq_removes_exactly_that_record(scenario: Scenario) -> None:
+    first, second = ops.dlq_list(scenario.url, FLOW, timeout=5)
+    assert ops.dlq_purge(scenario.url, FLOW, seqs=[first.seq], timeout=5) == 1
+    assert ops.dlq_list(scenario.url, FLOW, timeout=5) == [second]
+
+
+# -------------------------------------------------------------------------------- CLI
+
+
+def test_cli_status_prints_tables_and_json_with_the_dead_letter_count(
+    scenario: Scenario, capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli(["status", "--nats-url", scenario.url, "--flow", FLOW, "--run", RUN]) == 0
+    out = capsys.readouterr().out
+    assert stream_name_for(FLOW, RUN, "cam") in out and "sink--from--cam" in out
+    assert f"dead letters of this run ({dlq_stream_name(FLOW)}): 2" in out
+    assert "unknown (unread)" in out
+    assert cli(["status", "--nats-url", scenario.url, "--flow", FLOW, "--run", RUN,
+                "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["dlq_count"] == 2 and document["exists"] is True
+    (stream,) = document["streams"]
+    sink = next(d for d in stream["durables"] if d["name"] == "sink--from--cam")
+    assert sink["unresolved"]["unknown"] == "unread"
+    assert cli(["dlq", "list", "--nats-url", scenario.url, "--flow", FLOW, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(e["node"], e["parent"], e["reason"]) for e in listed] == [
+        ("sink", "cam", "poison")] * 2
+    assert cli(["dlq", "show", "--nats-url", scenario.url, "--flow", FLOW, "99"]) == 1
+    assert capsys.readouterr().err.startswith("videoflow: error: no dead letter at seq 99")
+
+
+def test_cli_against_an_unreachable_broker_prints_one_error_line(
+    closed_port_url: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = cli(["status", "--nats-url", closed_port_url, "--flow", FLOW, "--run", RUN,
+                "--timeout", "2"])
+    assert code == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith("videoflow: error: cannot connect to")

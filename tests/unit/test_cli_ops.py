@@ -1,0 +1,85 @@
+"""The operator CLI's wiring and formatting, without a broker."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from videoflow import cli_ops, ops
+from videoflow.backends.messaging import Known, Unknown
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="videoflow")
+    sub = parser.add_subparsers(dest="command", required=True)
+    cli_ops.register(sub)
+    return parser.parse_args(argv)
+
+
+def test_every_command_sets_func_and_the_url_falls_back_to_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for argv in (["status", "--flow", "f", "--run", "r"], ["dlq", "list", "--flow", "f"],
+                 ["dlq", "show", "--flow", "f", "3"], ["dlq", "replay", "--flow", "f", "--all"],
+                 ["dlq", "purge", "--flow", "f", "1", "--yes"],
+                 ["teardown", "--flow", "f", "--run", "r"]):
+        assert callable(parse(argv).func)
+    args = parse(["status", "--flow", "f", "--run", "r"])
+    monkeypatch.delenv(cli_ops.ENV_NATS_URL, raising=False)
+    assert cli_ops._url(args) == "nats://127.0.0.1:4222"
+    monkeypatch.setenv(cli_ops.ENV_NATS_URL, "nats://broker:4222")
+    assert cli_ops._url(args) == "nats://broker:4222"
+    assert cli_ops._url(parse(["status", "--flow", "f", "--run", "r", "--nats-url",
+                               "nats://x:1"])) == "nats://x:1"
+
+
+def test_purge_without_yes_refuses_in_one_line_with_exit_code_2_before_connecting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The URL is never dialled: the refusal comes first.
+    args = parse(["dlq", "purge", "--flow", "f", "--run", "r", "--nats-url", "nats://x:1"])
+    assert args.func(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == ("videoflow: error: dlq purge deletes dead letters for good; "
+                            "add --yes to confirm\n")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["dlq", "replay", "--flow", "f", "3", "--all"], "not both"),
+    (["dlq", "replay", "--flow", "f", "3", "--run", "r"], "not both"),
+    (["dlq", "replay", "--flow", "f"], "name the dead letters"),
+    (["dlq", "purge", "--flow", "f", "--yes"], "name the dead letters"),
+    (["dlq", "list", "--flow", "f", "--run", "_dlq"], "reserved"),
+])
+def test_contradictory_or_bad_arguments_are_a_one_line_usage_error(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = parse([*argv, "--nats-url", "nats://x:1"])
+    assert args.func(args) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("videoflow: error: ") and message in line
+
+
+def test_a_bad_timeout_or_sequence_is_refused_by_the_parser() -> None:
+    with pytest.raises(SystemExit, match="2"):
+        parse(["status", "--flow", "f", "--run", "r", "--timeout", "0"])
+    with pytest.raises(SystemExit, match="2"):
+        parse(["dlq", "show", "--flow", "f", "0"])
+
+
+def test_unknown_prints_as_unknown_with_its_reason_never_as_zero() -> None:
+    missing = Unknown("timeout", "no answer in 1 s")
+    assert cli_ops._text(Known(0)) == "0"
+    assert cli_ops._text(missing) == "unknown (timeout)"
+    assert cli_ops._json_value(missing) == {"unknown": "timeout", "detail": "no answer in 1 s"}
+    status = ops.RunStatus("f", "r", missing, "vf-f-dlq", Unknown("missing", "no DLQ"))
+    text = cli_ops._status_text(status)
+    assert "streams: unknown (timeout)" in text
+    assert text.endswith("dead letters of this run (vf-f-dlq): unknown (missing)")
+    document = json.loads(json.dumps(cli_ops._status_json(status)))
+    assert document["streams"] == {"unknown": "timeout", "detail": "no answer in 1 s"}
+    assert document["exists"] == {"unknown": "timeout", "detail": "no answer in 1 s"}
+    assert document["dlq_count"] == {"unknown": "missing", "detail": "no DLQ"}
