@@ -259,14 +259,19 @@ def compile_flow(flow: Any, max_retries: int = 3, ledger_budget: bool = False) -
         for parent in node.parents:
             children[id(parent)].append(node)
     specs, nodes, plans = [], {}, {}
+    subjects: dict[str, str] = {}
     for node in order:
         name = names[id(node)]
         where = f"node {name!r}"
         _check_importable(where, node)
         try:
-            stream_name_for(flow.flow_id, "run", name)  # the name is a legal subject part
+            stream = stream_name_for(flow.flow_id, "run", name)  # a legal subject part
         except ValueError as error:
             raise ValueError(f"{where}: {error}") from error
+        if stream in subjects:  # names differing only in what sanitize replaces
+            raise ValueError(f"{where}: would have the same subjects and streams as "
+                             f"{subjects[stream]!r}; rename one")
+        subjects[stream] = name
         readers = children[id(node)]
         reader_ids = tuple(
             rid for child in readers for rid in (

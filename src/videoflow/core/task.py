@@ -21,6 +21,7 @@ from typing import Any
 
 from videoflow.core.engine import CHECKPOINT_METADATA_KEY, STOP_QUIESCE, Messenger
 from videoflow.core.node import ConsumerNode, Node, ProcessorNode, ProducerNode
+from videoflow.errors import LedgerError
 
 LATENCY_SAMPLES = 100_000
 """The most join latencies a task keeps (every one until then, then every other one:
@@ -270,7 +271,9 @@ class Task:
                 return
             try:
                 output = apply(*self._inputs(entries))
-            except Exception as error:  # every failure goes to the delivery policy
+            except LedgerError:
+                raise  # a refused checkpoint or a superseded owner: this process must stop
+            except Exception as error:  # every failure of the node goes to the policy
                 self.stats.failed += 1
                 self.messenger.fail_inputs(error)
                 continue

@@ -1,0 +1,166 @@
+"""The task loops on the memory adapter: one node after another on one thread, each
+with its own backend on one broker (as worker processes share one server)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from videoflow.backends.memory import MemoryBroker, MemoryMessagingBackend
+from videoflow.backends.messaging import RELIABLE_WORK, ChannelId, ChannelSpec, SubscriptionId
+from videoflow.core.constants import BATCH
+from videoflow.core.node import ConsumerNode, ProcessorNode, ProducerNode
+from videoflow.core.policies import PoisonMessage
+from videoflow.core.runtime import FlowRuntime, MemoryRuntimeStore
+from videoflow.core.task import RuntimeContext, task_for
+from videoflow.errors import DurabilityUnavailable
+from videoflow.messaging.nats_messenger import NATSMessenger
+
+FLOW, RUN = "flow", "run"
+
+
+class Items(ProducerNode):
+    def __init__(self, items: list[Any], fail_at: int | None = None, **options: Any) -> None:
+        super().__init__(**options)
+        self.items, self.fail_at, self.i = list(items), fail_at, 0
+        self.resumed_at: int | None = None
+
+    def resume(self, offset: int) -> None:
+        self.resumed_at, self.i = offset, offset
+
+    def next(self) -> Any:
+        if self.i == self.fail_at:
+            raise RuntimeError(f"camera unplugged at {self.i}")
+        if self.i >= len(self.items):
+            raise StopIteration
+        self.i += 1
+        return self.items[self.i - 1]
+
+
+class Replayable(Items):
+    replayable = True
+
+
+class Upper(ProcessorNode):
+    def process(self, text: str) -> str:
+        if text == "poison":
+            raise PoisonMessage("not a word")
+        return text.upper()
+
+
+class Keep(ConsumerNode):
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.kept: list[Any] = []
+        self.opened = self.closed = False
+
+    def open(self) -> None:
+        self.opened = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def consume(self, *inputs: Any) -> None:
+        self.kept.append(inputs[0] if len(inputs) == 1 else inputs)
+
+
+class Chain:
+    """items -> upper -> keep on one broker; run(node) runs a node's task to its end."""
+
+    def __init__(self, edges: dict[str, tuple[str, ...]]) -> None:
+        self.broker = MemoryBroker(duplicate_window=120.0)
+        self.edges = edges
+        admin = self.backend()
+        admin.ensure_dead_letters("dlq")
+        for node, parents in edges.items():
+            for parent in parents:
+                channel = ChannelId(FLOW, RUN, parent)
+                admin.ensure_channel(ChannelSpec(channel, RELIABLE_WORK, required=(
+                    SubscriptionId(node, channel), SubscriptionId("anchor", channel, "eos"))),
+                    "provision")
+
+    def backend(self) -> MemoryMessagingBackend:
+        made = MemoryMessagingBackend(self.broker, flow_id=FLOW, run_id=RUN)
+        made.start()
+        return made
+
+    def task(self, name: str, node: Any, **options: Any) -> Any:
+        parents = self.edges.get(name, ())
+        messenger = NATSMessenger(SimpleNamespace(name=name), list(parents), "nats://unused",
+                                  FLOW, BATCH, RUN, backend=self.backend(), **options)
+        context = RuntimeContext(messenger, name, parents=parents,
+                                 publishes=node.kind != "consumer", flow_id=FLOW, run_id=RUN)
+        return task_for(node, messenger, context)
+
+
+def test_each_input_is_processed_published_and_acknowledged_and_the_end_propagates() -> None:
+    chain = Chain({"upper": ("items",), "keep": ("upper",)})
+    keep = Keep()
+    items = chain.task("items", Items(["a", "poison", "b"])).run()
+    upper = chain.task("upper", Upper(), delivery_policy={"max_retries": 0}).run()
+    kept = chain.task("keep", keep).run()
+    assert keep.kept == ["A", "B"] and keep.opened and keep.closed
+    assert (items.emitted, items.outcome) == (3, "ended")
+    assert (upper.processed, upper.emitted, upper.failed, upper.dead_lettered,
+            upper.outcome) == (2, 2, 1, 1, "ended")
+    assert (kept.processed, kept.outcome) == (2, "ended")
+    assert len(upper.join_latencies) == 3  # every group received, the poison one too
+
+
+def test_a_producer_that_dies_aborts_and_every_descendant_learns_who_and_why() -> None:
+    chain = Chain({"upper": ("items",), "keep": ("upper",)})
+    producer = chain.task("items", Items(["a", "b", "c"], fail_at=2))
+    with pytest.raises(RuntimeError, match="camera unplugged at 2"):
+        producer.run()
+    assert producer.stats.outcome == "failed"
+    assert producer.stats.error == "RuntimeError: camera unplugged at 2"
+    upper = chain.task("upper", Upper()).run()
+    keep = Keep()
+    kept = chain.task("keep", keep).run()
+    assert keep.kept == ["A", "B"]  # what was published before the death still arrives
+    assert upper.outcome == kept.outcome == "aborted"
+    # The relay keeps the origin: the sink two hops down names the producer.
+    assert kept.error == "items died: RuntimeError: camera unplugged at 2"
+
+
+def test_a_quiesced_task_ends_without_publishing_an_end_of_stream() -> None:
+    chain = Chain({"keep": ("items",)})
+    chain.task("items", Items(["a"])).run()
+    keep = Keep()
+    task = chain.task("keep", keep)
+    task.quiesce()
+    assert task.run().outcome == "quiesced" and keep.kept == []
+    survivor = Keep()
+    assert chain.task("keep", survivor).run().outcome == "ended"
+    assert survivor.kept == ["a"]  # handed back, taken by the replacement
+
+
+def test_a_sink_checkpoint_on_a_ledger_that_dies_with_the_process_is_refused() -> None:
+    class Checkpointing(Keep):
+        def consume(self, *inputs: Any) -> None:
+            assert self.context is not None
+            self.context.checkpoint(b"state")
+
+    chain = Chain({"keep": ("items",)})
+    chain.task("items", Items(["a"])).run()
+    with pytest.raises(DurabilityUnavailable):
+        chain.task("keep", Checkpointing()).run()
+
+
+def test_a_replayable_producer_resumes_after_what_was_accepted() -> None:
+    chain = Chain({"keep": ("items",)})
+    ledger = MemoryRuntimeStore()  # one ledger across the restart
+
+    def producer(node: Items) -> Any:
+        return chain.task("items", node, replayable=True,
+                          runtime=FlowRuntime(ledger, FLOW, RUN, "items"))
+
+    first = Replayable(["a", "b", "c", "d"], fail_at=2)
+    with pytest.raises(RuntimeError):
+        producer(first).run()
+    assert first.resumed_at is None
+    second = Replayable(["a", "b", "c", "d"])
+    assert producer(second).run().emitted == 2
+    assert second.resumed_at == 2
