@@ -1,0 +1,57 @@
+"""The operator's side of a flow on NATS JetStream: what `videoflow status`, `videoflow dlq`
+and `videoflow teardown` do, as plain synchronous functions.
+
+Every function opens a short-lived connection of its own with the fail-fast options
+(NATS_FACTS S4, §8), bounds everything it asks of the broker by one overall timeout, and
+closes the connection again. A broker that cannot be reached raises BrokerUnavailable
+within that timeout; a value that could not be read once connected is Unknown(reason,
+detail), never 0 (MSG-012).
+
+Runs are found by ownership — their owner labels, or for an unlabelled stream its data
+subject (STREAM-14, provisioning._owned_stream) — never by a stream-name prefix, which
+cannot tell run r-x from run r. Dead letters live on the flow-scoped stream
+vf-{flow}-dlq (STREAM-8) under vf.{flow}._dlq.{run}.{node}; nothing here but dlq_purge
+ever removes one, and teardown never touches that stream.
+"""
+
+from __future__ import annotations
+
+from videoflow.ops._broker import API_PREFIX as API_PREFIX
+from videoflow.ops._broker import DEFAULT_TIMEOUT_SECONDS
+from videoflow.ops._broker import MESSAGE_DELETE_FAILED as MESSAGE_DELETE_FAILED
+from videoflow.ops._broker import MESSAGE_NOT_FOUND as MESSAGE_NOT_FOUND
+from videoflow.ops._broker import STREAM_NOT_FOUND as STREAM_NOT_FOUND
+from videoflow.ops._broker import Count as Count
+from videoflow.ops.dead_letters import DeadLetterEntry, DeadLetterNotFound, dlq_list, dlq_show
+from videoflow.ops.purge import dlq_purge
+from videoflow.ops.replay import REPLAY_MSG_ID_PREFIX, ReplayReport, ReplayResult, dlq_replay
+from videoflow.ops.replay import TORN_DOWN as TORN_DOWN
+from videoflow.ops.replay import ReplayOutcome as ReplayOutcome
+from videoflow.ops.run_teardown import teardown
+from videoflow.ops.status import CONSUMER_PAGE as CONSUMER_PAGE
+from videoflow.ops.status import (
+    DurableStatus,
+    RunStatus,
+    StreamStatus,
+    run_status,
+    run_status_async,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT_SECONDS",
+    "REPLAY_MSG_ID_PREFIX",
+    "DeadLetterEntry",
+    "DeadLetterNotFound",
+    "DurableStatus",
+    "ReplayReport",
+    "ReplayResult",
+    "RunStatus",
+    "StreamStatus",
+    "dlq_list",
+    "dlq_purge",
+    "dlq_replay",
+    "dlq_show",
+    "run_status",
+    "run_status_async",
+    "teardown",
+]

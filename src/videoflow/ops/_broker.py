@@ -1,0 +1,120 @@
+"""The plumbing every operator command shares: the connection each one opens, the one
+deadline its requests share, the broker's error codes and how a failure becomes Unknown
+or BrokerUnavailable."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar, cast
+
+import nats.js.errors
+from nats.aio.client import Client
+
+from videoflow.backends.messaging import Known, Unknown, UnknownReason
+from videoflow.errors import BrokerUnavailable
+from videoflow.messaging.jetstream_loop import ErrorLog, close_client, connect_fail_fast
+from videoflow.messaging.stream_configs import connect_options_for
+from videoflow.messaging.verification import observation_failure
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_SECONDS: Final = 10.0
+"""The overall bound of one operator command, connect included."""
+
+API_PREFIX: Final = "$JS.API"
+
+STREAM_NOT_FOUND: Final = 10059
+"""err_code of a stream that does not exist (NATS_FACTS §7)."""
+
+MESSAGE_NOT_FOUND: Final = 10037
+"""err_code of STREAM.MSG.GET / MSG.DELETE for a sequence the stream does not hold."""
+
+MESSAGE_DELETE_FAILED: Final = 10057
+"""err_code of STREAM.MSG.DELETE that failed; a 500 with 'no message found' when the
+sequence is already gone."""
+
+Count = Known[int] | Unknown
+
+
+class _Budget:
+    """The monotonic deadline every request of one operation shares."""
+
+    def __init__(self, timeout: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.deadline = self._loop.time() + timeout
+
+    def left(self) -> float:
+        return max(self.deadline - self._loop.time(), 0.0)
+
+    async def run(self, awaitable: Awaitable[T]) -> T:
+        """awaitable, bounded by what is left (asyncio.TimeoutError when it elapses)."""
+        return await asyncio.wait_for(awaitable, self.left())
+
+
+def _check_timeout(timeout: float) -> None:
+    connect_options_for(timeout, True, _ignore)  # ValueError unless finite and > 0
+
+
+async def _ignore(_error: BaseException) -> None:
+    return None
+
+
+def _run_sync(
+    nats_url: str,
+    timeout: float,
+    work: Callable[[Client, _Budget, ErrorLog], Awaitable[T]],
+) -> T:
+    """work on a fresh loop and a fresh fail-fast connection, all within timeout."""
+    _check_timeout(timeout)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError("videoflow.ops functions cannot run inside an event loop")
+
+    async def main() -> T:
+        budget = _Budget(timeout)
+        errors = ErrorLog()
+        nc = await connect_fail_fast(nats_url, timeout, errors)
+        try:
+            return await work(nc, budget, errors)
+        finally:
+            await close_client(nc, timeout=min(2.0, max(budget.left(), 0.5)))
+
+    return asyncio.run(main())
+
+
+def _unknown(error: BaseException, errors: ErrorLog | None = None) -> Unknown:
+    if isinstance(error, nats.js.errors.NotFoundError):
+        return Unknown("missing", f"{error.description or error}")
+    reason, detail = observation_failure(error, errors.texts() if errors else ())
+    return Unknown(cast(UnknownReason, reason), detail)
+
+
+def _unavailable(
+    what: str, error: BaseException, errors: ErrorLog | None = None
+) -> BrokerUnavailable:
+    reason, detail = observation_failure(error, errors.texts() if errors else ())
+    code = getattr(error, "err_code", None)
+    return BrokerUnavailable(f"{what} failed ({reason}): {detail}",
+                             code=code if isinstance(code, int) else None)
+
+
+def _is(error: BaseException, err_code: int) -> bool:
+    return isinstance(error, nats.js.errors.NotFoundError) and error.err_code == err_code
+
+
+def _already_deleted(error: BaseException) -> bool:
+    return _is(error, MESSAGE_NOT_FOUND) or (
+        isinstance(error, nats.js.errors.APIError)
+        and error.err_code == MESSAGE_DELETE_FAILED
+        and "no message found" in str(error.description or "").lower()
+    )
+
+
+def _count(value: object, what: str) -> Count:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return Unknown("malformed", f"{what} is {value!r}")
+    return Known(value)

@@ -1,0 +1,196 @@
+"""`videoflow dlq list` and `dlq show`: reading the flow's dead-letter stream by
+sequence, nothing consumed or acknowledged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nats.aio.client import Client
+
+from videoflow.errors import BrokerUnavailable, VideoflowError
+from videoflow.messaging.dead_letters import DeadLetter, decode_dead_letter
+from videoflow.messaging.jetstream_loop import ErrorLog
+from videoflow.messaging.naming import dlq_stream_name, dlq_subject_filter
+from videoflow.ops._broker import (
+    DEFAULT_TIMEOUT_SECONDS,
+    MESSAGE_NOT_FOUND,
+    STREAM_NOT_FOUND,
+    _Budget,
+    _is,
+    _run_sync,
+    _unavailable,
+)
+
+
+class DeadLetterNotFound(VideoflowError, LookupError):
+    """A dead letter that is not there: no record at that sequence of the flow's
+    dead-letter stream, or no dead-letter stream for the flow at all. A ``LookupError``
+    so callers that only know the standard library still catch it. Not retryable.
+
+    Attributes:
+        flow_id: the flow asked about.
+        seq: the DLQ sequence asked for, or None when the whole stream is missing.
+    """
+
+    def __init__(self, message: str, *, flow_id: str = "", seq: int | None = None) -> None:
+        super().__init__(message)
+        self.flow_id = flow_id
+        self.seq = seq
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterEntry:
+    """One record of the flow's dead-letter stream.
+
+    Attributes:
+        seq: its sequence on the dead-letter stream (what dlq_show, dlq_replay and
+            dlq_purge take).
+        subject: vf.{flow}._dlq.{run}.{node}.
+        record: the decoded DeadLetter, or None when the bytes do not decode.
+        error: why it did not decode ('' when it did).
+    """
+
+    seq: int
+    subject: str
+    record: DeadLetter | None
+    error: str = ""
+
+    @property
+    def decodable(self) -> bool:
+        return self.record is not None
+
+
+def _entry(seq: int, subject: str, data: bytes | None) -> DeadLetterEntry:
+    try:
+        return DeadLetterEntry(seq, subject, decode_dead_letter(data or b""))
+    except ValueError as error:  # WireError is a ValueError
+        return DeadLetterEntry(seq, subject, None, str(error))
+
+
+async def _dlq_entries(
+    nc: Client, flow_id: str, subject_filter: str, limit: int | None, budget: _Budget,
+    errors: ErrorLog,
+) -> list[DeadLetterEntry]:
+    """Records on the flow's DLQ stream matching subject_filter, in sequence order:
+    STREAM.MSG.GET with next_by_subj, one record per request, so nothing is consumed
+    and no consumer is left behind."""
+    jsm = nc.jsm()
+    name = dlq_stream_name(flow_id)
+    entries: list[DeadLetterEntry] = []
+    seq = 1
+    while limit is None or len(entries) < limit:
+        try:
+            msg = await budget.run(jsm.get_msg(name, seq=seq, subject=subject_filter,
+                                               next=True))
+        except Exception as error:
+            if _is(error, MESSAGE_NOT_FOUND):
+                return entries  # nothing at or after seq
+            if _is(error, STREAM_NOT_FOUND):
+                raise DeadLetterNotFound(
+                    f"flow {flow_id!r} has no dead-letter stream {name}",
+                    flow_id=flow_id) from error
+            raise _unavailable(f"reading {name}", error, errors) from error
+        if not isinstance(msg.seq, int) or msg.seq < seq:
+            raise BrokerUnavailable(f"reading {name}: the broker answered seq {msg.seq!r} "
+                                    f"for a request at or after {seq}")
+        entries.append(_entry(msg.seq, msg.subject or "", msg.data))
+        seq = msg.seq + 1
+    return entries
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                              or limit < 1):
+        raise ValueError(f"limit must be None or an int >= 1, got {limit!r}")
+
+
+def dlq_list(
+    nats_url: str,
+    flow_id: str,
+    *,
+    run_id: str | None = None,
+    node: str | None = None,
+    limit: int | None = None,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
+) -> list[DeadLetterEntry]:
+    """The flow's dead letters, oldest first, optionally for one run and/or one node
+    (the node that gave up).
+
+    Nothing is consumed or acknowledged: records are read by sequence. A record that
+    does not decode is listed with its sequence and the decode error, never skipped.
+
+    Arguments:
+        nats_url: the broker.
+        flow_id: the flow.
+        run_id: only this run's records (None: every run).
+        node: only records of this node (None: every node).
+        limit: at most this many (the oldest), or None for all.
+        timeout: overall bound in seconds, connect included.
+
+    Returns:
+        list of DeadLetterEntry in DLQ sequence order (empty when none match).
+
+    Raises:
+        DeadLetterNotFound: the flow has no dead-letter stream.
+        BrokerUnavailable: the broker could not be reached, or stopped answering,
+            within timeout.
+        ValueError: a bad name, limit or timeout.
+    """
+    subject_filter = dlq_subject_filter(flow_id, run_id, node)
+    _check_limit(limit)
+
+    async def work(nc: Client, budget: _Budget, errors: ErrorLog) -> list[DeadLetterEntry]:
+        return await _dlq_entries(nc, flow_id, subject_filter, limit, budget, errors)
+
+    return _run_sync(nats_url, timeout, work)
+
+
+def _check_seq(seq: int) -> None:
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
+        raise ValueError(f"a DLQ sequence must be an int >= 1, got {seq!r}")
+
+
+async def _dlq_get(nc: Client, flow_id: str, seq: int, budget: _Budget,
+                   errors: ErrorLog) -> DeadLetterEntry:
+    name = dlq_stream_name(flow_id)
+    try:
+        msg = await budget.run(nc.jsm().get_msg(name, seq=seq))
+    except Exception as error:
+        if _is(error, MESSAGE_NOT_FOUND):
+            raise DeadLetterNotFound(f"no dead letter at seq {seq} of {name}",
+                                     flow_id=flow_id, seq=seq) from error
+        if _is(error, STREAM_NOT_FOUND):
+            raise DeadLetterNotFound(f"flow {flow_id!r} has no dead-letter stream {name}",
+                                     flow_id=flow_id, seq=seq) from error
+        raise _unavailable(f"reading seq {seq} of {name}", error, errors) from error
+    return _entry(seq, msg.subject or "", msg.data)
+
+
+def dlq_show(
+    nats_url: str, flow_id: str, seq: int, *, timeout: float = DEFAULT_TIMEOUT_SECONDS
+) -> DeadLetterEntry:
+    """One dead letter by its sequence on the flow's dead-letter stream.
+
+    Arguments:
+        nats_url: the broker.
+        flow_id: the flow.
+        seq: the record's DLQ sequence (as dlq_list reports it).
+        timeout: overall bound in seconds, connect included.
+
+    Returns:
+        DeadLetterEntry (record None, with the error, when it does not decode).
+
+    Raises:
+        DeadLetterNotFound: no record at seq (purged, aged out, never written), or no
+            dead-letter stream for the flow.
+        BrokerUnavailable: the broker could not be reached, or did not answer, within
+            timeout.
+        ValueError: a bad flow_id, seq or timeout.
+    """
+    dlq_subject_filter(flow_id)
+    _check_seq(seq)
+
+    async def work(nc: Client, budget: _Budget, errors: ErrorLog) -> DeadLetterEntry:
+        return await _dlq_get(nc, flow_id, seq, budget, errors)
+
+    return _run_sync(nats_url, timeout, work)

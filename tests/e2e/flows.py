@@ -1,0 +1,37 @@
+"""Flows the CLI tests name as module:attribute. Each reads its size and output
+directory from the environment, so `videoflow provision`, every `videoflow worker` and
+`videoflow run` build the same flow in their own processes."""
+
+from __future__ import annotations
+
+import os
+
+from flow_nodes import Numbers, Record, RejectMultiplesOf, Scale
+
+from videoflow.core.flow import Flow
+
+
+def _env() -> tuple[int, float, str, float]:
+    return (int(os.environ.get("VF_TEST_COUNT", "100")),
+            float(os.environ.get("VF_TEST_PACE", "0")),
+            os.environ.get("VF_TEST_OUT", "."),
+            float(os.environ.get("VF_TEST_SINK_PACE", "0")))
+
+
+def chain() -> Flow:
+    """numbers -> scale(x2) -> record, the sink with VF_TEST_SINK_REPLICAS replicas."""
+    count, pace, out, sink_pace = _env()
+    numbers = Numbers(count, pace=pace)
+    replicas = int(os.environ.get("VF_TEST_SINK_REPLICAS", "1"))
+    sink = Record(out, pace=sink_pace, nb_tasks=replicas)(Scale(2)(numbers))
+    return Flow([numbers], [sink], name="cli")
+
+
+def poison() -> Flow:
+    """numbers -> reject multiples of 7 (poison) -> record."""
+    count, pace, out, _ = _env()
+    numbers = Numbers(count, pace=pace)
+    return Flow([numbers], [Record(out)(RejectMultiplesOf(7)(numbers))], name="clipoison")
+
+
+not_a_flow = 42
