@@ -1,0 +1,229 @@
+"""The ``videoflow`` command.
+
+    videoflow run MODULE:FLOW [--nats-url URL] [--stop-after S] [--json]
+    videoflow demo [--cameras N] [--fps F] [--duration S] [--frame-size WxH] [--nats-url URL]
+    videoflow provision MODULE:FLOW --out FILE [--run RUN] [--nats-url URL]
+    videoflow worker --spec FILE --node NAME [--replica I] [--nats-url URL]
+    videoflow teardown --flow FLOW --run RUN [--nats-url URL]
+    videoflow status --flow FLOW --run RUN [--nats-url URL] [--json]
+    videoflow dlq list|show|replay|purge --flow FLOW ...
+
+A flow is named by ``module:attribute`` (the module imported from the current
+directory or sys.path; the attribute a Flow, or a function returning one), the unit
+both the local engine and workers on other hosts load. Bad arguments and an
+unreachable broker get one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from videoflow.errors import VideoflowError
+
+EXIT_FAILED = 1
+"""The flow ran and failed (a node died), or an operation failed."""
+
+EXIT_USAGE = 2
+"""Bad arguments, or something named that does not exist."""
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+
+class CommandError(VideoflowError):
+    """A problem the command reports in one line (exit code in .code)."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def nats_url_option(parser: argparse.ArgumentParser, required_default: bool = True) -> None:
+    """--nats-url, defaulting to VIDEOFLOW_NATS_URL (then the local default port when
+    required_default)."""
+    default = os.environ.get("VIDEOFLOW_NATS_URL") or (
+        DEFAULT_NATS_URL if required_default else None)
+    parser.add_argument("--nats-url", default=default,
+                        help="the NATS server (default: $VIDEOFLOW_NATS_URL"
+                             + (f", else {DEFAULT_NATS_URL})" if required_default
+                                else ", else the embedded server)"))
+
+
+def load_flow(reference: str) -> Any:
+    """The Flow named 'module:attribute' (a Flow or a callable returning one).
+
+    Raises:
+        CommandError: a malformed reference, a module that does not import, a missing
+            attribute, or something that is not a Flow.
+    """
+    from videoflow.core.flow import Flow
+
+    module_name, sep, attribute = reference.partition(":")
+    if not sep or not module_name or not attribute:
+        raise CommandError(f"a flow is named module:attribute, got {reference!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: the current directory
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise CommandError(f"cannot import {module_name!r}: {error}") from error
+    try:
+        found = getattr(module, attribute)
+    except AttributeError as error:
+        raise CommandError(f"{module_name!r} has no attribute {attribute!r}") from error
+    if callable(found) and not isinstance(found, Flow):
+        found = found()
+    if not isinstance(found, Flow):
+        raise CommandError(f"{reference} is a {type(found).__name__}, not a Flow")
+    return found
+
+
+# ------------------------------------------------------------------------- run
+
+
+def _run(args: argparse.Namespace) -> int:
+    from videoflow.core.local import run_flow
+
+    flow = load_flow(args.flow)
+    from videoflow.progress import LiveView
+
+    # A live view on a terminal, plain progress lines otherwise; none with --json,
+    # whose stdout is for machines.
+    report = run_flow(flow, nats_url=args.nats_url, stop_after=args.stop_after,
+                      run_id=args.run, view=False if args.json else LiveView())
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(report.format())
+    return 0 if report.ok else EXIT_FAILED
+
+
+# ------------------------------------------------------------------- provision
+
+
+def _provision(args: argparse.Namespace) -> int:
+    from videoflow.core.local import new_run_id
+    from videoflow.core.runspec import RunSpec
+    from videoflow.messaging.topology import provision_flow_sync
+
+    flow = load_flow(args.flow)
+    spec = RunSpec.for_flow(args.flow, flow, run_id=args.run or new_run_id(),
+                            ack_wait=args.ack_wait, max_retries=args.max_retries)
+    provision_flow_sync(args.nats_url, list(spec.compiled(flow).specs), spec.flow_id,
+                        spec.run_id, spec.flow_type, timeout=args.timeout,
+                        ack_wait=spec.ack_wait, max_retries=spec.max_retries,
+                        ledger_budget=spec.ledger == "kv")
+    Path(args.out).write_text(spec.to_json())
+    print(f"provisioned run {spec.run_id} of flow {spec.flow_id!r}; spec in {args.out}")
+    return 0
+
+
+# ---------------------------------------------------------------------- worker
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from videoflow.core.runspec import RunSpec
+    from videoflow.core.worker import run_replica
+
+    try:
+        spec = RunSpec.from_json(Path(args.spec).read_text())
+    except OSError as error:
+        raise CommandError(f"cannot read the run spec {args.spec!r}: {error}") from error
+    flow = load_flow(spec.flow)
+    job, node = spec.replica(flow, args.node, args.replica, args.nats_url)
+    print(f"worker {job.key} of run {spec.run_id}: started", file=sys.stderr, flush=True)
+
+    def progress(task: Any) -> None:
+        s = task.stats
+        print(f"worker {job.key}: {s.outcome} processed={s.processed} emitted={s.emitted} "
+              f"failed={s.failed} dead_lettered={s.dead_lettered} drops={s.drops}",
+              file=sys.stderr, flush=True)
+
+    stats = run_replica(job, node, progress=progress, progress_every=args.progress_every)
+    return 0 if stats.outcome in ("ended", "quiesced") else EXIT_FAILED
+
+
+# ------------------------------------------------------------------------ main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="videoflow", description="Dataflow pipelines over NATS JetStream.")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also log the library's warnings (retries, reconnects)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a flow to its end on this machine")
+    run.add_argument("flow", help="the flow, as module:attribute")
+    nats_url_option(run, required_default=False)
+    run.add_argument("--run", help="the run id (default: a fresh one)")
+    run.add_argument("--stop-after", type=float, metavar="SECONDS",
+                     help="ask the flow to stop after this long")
+    run.add_argument("--json", action="store_true", help="print the report as JSON")
+    run.set_defaults(func=_run)
+
+    provision = sub.add_parser("provision",
+                               help="create a run's streams and durables for workers")
+    provision.add_argument("flow", help="the flow, as module:attribute")
+    provision.add_argument("--out", required=True, help="where to write the run spec")
+    provision.add_argument("--run", help="the run id (default: a fresh one)")
+    provision.add_argument("--timeout", type=float, default=30.0,
+                           help="seconds provisioning may take, connect included")
+    provision.add_argument("--ack-wait", type=int, default=30, metavar="SECONDS",
+                           help="how long a delivery stays leased before it is redelivered")
+    provision.add_argument("--max-retries", type=int, default=3)
+    nats_url_option(provision)
+    provision.set_defaults(func=_provision)
+
+    worker = sub.add_parser("worker", help="run one node replica of a provisioned run")
+    worker.add_argument("--spec", required=True, help="the run spec `provision` wrote")
+    worker.add_argument("--node", required=True, help="the node's name")
+    worker.add_argument("--replica", type=int, default=0)
+    worker.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS")
+    nats_url_option(worker)
+    worker.set_defaults(func=_worker)
+
+    from videoflow import cli_ops, demo
+
+    demo.register(sub)
+    cli_ops.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns its exit code."""
+    from videoflow.errors import BrokerUnavailable
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # The command's own output says what failed, in one line; the library's per-attempt
+    # warnings (a provision retrying its connect) only with --verbose.
+    logging.basicConfig(level=logging.WARNING if args.verbose else logging.ERROR,
+                        format="videoflow: %(name)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except CommandError as error:
+        print(f"videoflow: error: {error}", file=sys.stderr)
+        return error.code
+    except (BrokerUnavailable, TimeoutError) as error:
+        print(f"videoflow: error: the broker at {getattr(args, 'nats_url', None) or '?'} "
+              f"did not answer: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    except (ValueError, KeyError) as error:  # a flow that does not compile, a bad name
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"videoflow: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("videoflow: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,553 @@
+"""``videoflow demo``: simulated cameras and an IMU fused by event time, checked end to end.
+
+The flow the library is built for, runnable with nothing but ``pip install``: it
+starts the embedded nats-server (or uses --nats-url) and captures for 10 s, after
+3 s for every node's process to start (about 20 s in all, the wind-down included)::
+
+    videoflow demo                          # the live view, then the figures
+    videoflow demo --cameras 6 --json       # machine output
+
+    cam0 ─┐
+    cam1 ─┤
+    cam2 ─┼─> fusion (time join: tolerance 8 ms, quorum 3 of 4, IMU window ±20 ms) ─> verify
+    cam3 ─┤
+    imu  ─┘
+
+- Each camera is a producer of its own process capturing at 30 fps in real time:
+  it sleeps until each capture instant k, then stamps the frame with its own clock,
+  t0 + k/fps + offset + jitter (a constant offset within ±1.5 ms, jitter within
+  ±1 ms), and skips 2% of the instants (a dropped frame). Offsets, jitter and drops
+  come from a seeded generator, so the drops of a run are known before it starts.
+- The IMU samples at 400 Hz on the true clock; a group takes every sample within
+  20 ms of its time (a collect parent).
+- The fusion node sees one camera frame per parent, None for a camera missing from a
+  quorum group (emitted once the group times out after 300 ms with 3 of 4 present),
+  and the IMU window as a list. It sends on a small summary, not the frames.
+- The verify sink checks every fused group against the ground truth each frame
+  carries (its capture instant k): a group is correct when all its frames belong to
+  one capture instant, never a merge of two. It writes its counts to a JSON file.
+
+The tolerance covers the spread of one instant's stamps across cameras (at most
+2 × (1.5 + 1) = 5 ms) and stays far below the frame period (33 ms), so two instants
+can never fall into one group. That is why --fps is capped at 60. The quorum is all
+cameras but one (at least one): one missing frame still yields a group, two do not.
+An instant with fewer frames than the quorum is dropped by the join and counted
+(``join_evicted``, one per frame); the demo predicts those counts from the seed.
+
+Exit code 0 when the run completed and every group is correct, 1 otherwise, 2 for
+bad options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from videoflow.core.constants import BATCH
+from videoflow.core.flow import Flow
+from videoflow.core.node import ConsumerNode, ProcessorNode, ProducerNode
+from videoflow.core.report import RunReport
+from videoflow.progress import LiveView
+
+DEFAULT_SEED = 7
+MAX_CAMERAS = 16
+"""Each camera is a process of its own; beyond this a laptop is mostly switching."""
+
+MAX_FPS = 60.0
+"""The join tolerance must stay far below the frame period (see the module docstring)."""
+
+CLOCK_OFFSET_MS = 1.5  # each camera's clock is off by a constant within this
+JITTER_MS = 1.0  # and each stamp by a random amount within this
+TOLERANCE_MS = 8.0
+TIMEOUT_MS = 300.0
+IMU_WINDOW_MS = 20.0
+LAG_WARNING_MS = 100.0  # cameras this far behind real time may make the figures drift
+START_DELAY_S = 3.0
+"""How far in the future the first capture is: every replica process has started by
+then (spawned, each importing numpy and connecting to the broker)."""
+
+
+# --------------------------------------------------------------------------------------
+# Ground truth
+# --------------------------------------------------------------------------------------
+
+
+def camera_schedule(seed: int, index: int, instants: int,
+                    drop_rate: float) -> tuple[float, np.ndarray, np.ndarray]:
+    """One camera's clock and drops, the same in every process for one seed.
+
+    Returns:
+        (clock offset in s, dropped[k] as bools, jitter[k] in s) over the instants.
+    """
+    rng = np.random.default_rng([seed, index])
+    offset = float(rng.uniform(-CLOCK_OFFSET_MS, CLOCK_OFFSET_MS)) / 1000.0
+    dropped = rng.random(instants) < drop_rate
+    jitter = rng.uniform(-JITTER_MS, JITTER_MS, instants) / 1000.0
+    return offset, dropped, jitter
+
+
+def quorum_for(cameras: int) -> int:
+    """All cameras but one, and at least one."""
+    return max(1, cameras - 1)
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the join must produce for a seed, from the cameras' schedules alone.
+
+    Attributes:
+        frames: frames the cameras capture.
+        groups: instants with at least a quorum of frames (each one group).
+        quorum_groups: of those, the ones missing a camera.
+        evicted: frames of instants below the quorum (the join drops them).
+    """
+
+    frames: int
+    groups: int
+    quorum_groups: int
+    evicted: int
+
+
+def expected(cameras: int, instants: int, drop_rate: float, seed: int) -> Expected:
+    """What the join must produce: each instant is one group when a quorum of the
+    cameras captured it, and is dropped otherwise."""
+    dropped = np.stack([camera_schedule(seed, i, instants, drop_rate)[1]
+                        for i in range(cameras)])
+    present = cameras - dropped.sum(axis=0)  # frames per instant
+    grouped = present >= quorum_for(cameras)
+    return Expected(frames=int(present.sum()), groups=int(grouped.sum()),
+                    quorum_groups=int((grouped & (present < cameras)).sum()),
+                    evicted=int(present[~grouped].sum()))
+
+
+def _sleep_until(instant: float) -> None:
+    delay = instant - time.time()
+    if delay > 0:
+        time.sleep(delay)
+
+
+# --------------------------------------------------------------------------------------
+# Nodes (module level: every replica runs in a spawned process that imports them)
+# --------------------------------------------------------------------------------------
+
+
+class Camera(ProducerNode):
+    """A camera capturing at fps from t0: one frame per instant k it does not drop,
+    stamped with its own clock. The message carries the ground truth (k)."""
+
+    def __init__(self, index: int, t0: float, fps: float, instants: int,
+                 frame_size: tuple[int, int], drop_rate: float, seed: int) -> None:
+        super().__init__(name=f"cam{index}")
+        self.index, self.t0, self.fps, self.instants = index, t0, fps, instants
+        self.frame_size, self.drop_rate, self.seed = frame_size, drop_rate, seed
+
+    def open(self) -> None:
+        self.offset, self.dropped, self.jitter = camera_schedule(
+            self.seed, self.index, self.instants, self.drop_rate)
+        self.k = 0
+
+    def next(self) -> dict[str, Any]:
+        while self.k < self.instants and self.dropped[self.k]:
+            self.k += 1  # a dropped frame: the camera skips the instant
+        if self.k >= self.instants:
+            raise StopIteration
+        k, self.k = self.k, self.k + 1
+        capture = self.t0 + k / self.fps
+        _sleep_until(capture)
+        stamp = capture + self.offset + float(self.jitter[k])
+        assert self.context is not None
+        self.context.set_event_timestamp(stamp)
+        width, height = self.frame_size
+        frame = np.full((height, width), k % 256, dtype=np.uint8)
+        lag_ms = (time.time() - capture) * 1000.0  # behind real time: a late start, a busy CPU
+        return {"camera": self.name, "k": k, "t": stamp, "lag_ms": lag_ms, "frame": frame}
+
+
+class Imu(ProducerNode):
+    """An IMU sampling at hz on the true clock, from a window before the first capture
+    to a window after the last, so every group's window is full."""
+
+    def __init__(self, t0: float, hz: float, seconds: float) -> None:
+        super().__init__(name="imu")
+        self.t0, self.hz = t0, hz
+        lead = math.ceil(IMU_WINDOW_MS / 1000.0 * hz)
+        self.j, self.end = -lead, math.ceil(seconds * hz) + lead
+
+    def next(self) -> dict[str, Any]:
+        if self.j >= self.end:
+            raise StopIteration
+        j, self.j = self.j, self.j + 1
+        t = self.t0 + j / self.hz
+        _sleep_until(t)
+        assert self.context is not None
+        self.context.set_event_timestamp(t)
+        return {"t": t, "gyro": (0.0, 0.0, 0.1 * math.sin(t))}
+
+
+class Fusion(ProcessorNode):
+    """The join: process(cam0, ..., camN, imu_samples) for each group. Its output is a
+    summary of the group (the frames stay here)."""
+
+    def process(self, *inputs: Any) -> dict[str, Any]:
+        *frames, imu = inputs
+        present = [f for f in frames if f is not None]
+        group_t = sum(f["t"] for f in present) / len(present)
+        offsets_ms = [(s["t"] - group_t) * 1000.0 for s in imu]
+        return {
+            "instants": [None if f is None else f["k"] for f in frames],
+            # The pixels say which instant a frame is of: they arrived intact.
+            "pixels_agree": all(int(f["frame"][0, 0]) == f["k"] % 256 for f in present),
+            "imu": len(imu),
+            "imu_span_ms": [min(offsets_ms), max(offsets_ms)] if imu else None,
+            "lag_ms": max(f["lag_ms"] for f in present),
+        }
+
+
+class Verify(ConsumerNode):
+    """Checks every fused group against the ground truth; close() writes the counts
+    as JSON to path."""
+
+    def __init__(self, path: str, cameras: int) -> None:
+        super().__init__(name="verify")
+        self.path, self.cameras = path, cameras
+
+    def open(self) -> None:
+        self.seen: set[str] = set()
+        self.groups = self.quorum_groups = self.correct = self.frames = 0
+        self.lag_ms = 0.0
+        self.imu_counts: list[int] = []
+        self.imu_span_ms: list[float] = []  # [earliest, latest], once a window held one
+
+    def consume(self, summary: dict[str, Any]) -> None:
+        assert self.context is not None
+        key = self.context.last_input_key
+        if key is not None:  # a redelivered group is counted once
+            if key in self.seen:
+                return
+            self.seen.add(key)
+        instants = [k for k in summary["instants"] if k is not None]
+        self.groups += 1
+        self.frames += len(instants)
+        self.quorum_groups += len(instants) < self.cameras
+        self.correct += len(set(instants)) == 1 and summary["pixels_agree"]
+        self.imu_counts.append(summary["imu"])
+        self.lag_ms = max(self.lag_ms, summary["lag_ms"])
+        if summary["imu_span_ms"] is not None:
+            low, high = summary["imu_span_ms"]
+            span = self.imu_span_ms or [low, high]
+            self.imu_span_ms = [min(span[0], low), max(span[1], high)]
+
+    def close(self) -> None:
+        if not hasattr(self, "seen"):  # open() never ran
+            return
+        counts = {"groups": self.groups, "quorum_groups": self.quorum_groups,
+                  "correct": self.correct, "incorrect": self.groups - self.correct,
+                  "frames": self.frames, "imu_counts": self.imu_counts,
+                  "imu_span_ms": self.imu_span_ms or None, "lag_ms": self.lag_ms}
+        partial = Path(self.path).with_suffix(".partial")
+        partial.write_text(json.dumps(counts))
+        partial.replace(self.path)  # the reader never sees half a file
+
+
+# --------------------------------------------------------------------------------------
+# The flow and its run
+# --------------------------------------------------------------------------------------
+
+
+def check_options(cameras: int, fps: float, duration: float, frame_size: tuple[int, int],
+                  imu_hz: float, drop_rate: float, seed: int = DEFAULT_SEED) -> None:
+    """Check the demo's options (build_flow's and the command's).
+
+    Raises:
+        ValueError: naming the first option out of range, as its command-line flag.
+    """
+    if not 1 <= cameras <= MAX_CAMERAS:
+        raise ValueError(f"--cameras must be 1 to {MAX_CAMERAS}, got {cameras}")
+    if not 0 < fps <= MAX_FPS:
+        raise ValueError(f"--fps must be above 0 and at most {MAX_FPS:g} (the {TOLERANCE_MS:g} "
+                         f"ms join tolerance needs a longer frame period), got {fps:g}")
+    if not 0 < duration <= 3600:
+        raise ValueError(f"--duration must be above 0 and at most 3600 s, got {duration:g}")
+    if int(duration * fps) < 1:
+        raise ValueError(f"--duration {duration:g} s at {fps:g} fps captures no frame")
+    width, height = frame_size
+    if not (1 <= width <= 4096 and 1 <= height <= 4096):
+        raise ValueError(f"--frame-size must be 1x1 to 4096x4096, got {width}x{height}")
+    if not 0 < imu_hz <= 2000:
+        raise ValueError(f"--imu-hz must be above 0 and at most 2000, got {imu_hz:g}")
+    if not 0 <= drop_rate < 1:
+        raise ValueError(f"--drop-rate must be at least 0 and below 1, got {drop_rate:g}")
+    if seed < 0:
+        raise ValueError(f"--seed must be at least 0, got {seed}")
+
+
+def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
+               frame_size: tuple[int, int] = (64, 48), imu_hz: float = 400.0,
+               drop_rate: float = 0.02, seed: int = DEFAULT_SEED,
+               summary_path: str | None = None,
+               start_delay: float = START_DELAY_S) -> Flow:
+    """The demo flow: cameras and an IMU -> fusion -> verify.
+
+    Arguments:
+        cameras / fps / duration / frame_size (width, height) / imu_hz / drop_rate /
+            seed: the simulation (see the module docstring).
+        summary_path: where the verify sink writes its counts at its end; None picks a
+            file in a fresh temporary directory (flow.consumers[0].path).
+        start_delay: seconds from now to the first capture.
+
+    Returns:
+        the Flow, named 'demo', of type BATCH (nothing published is lost).
+
+    Raises:
+        ValueError: an option out of range (check_options).
+    """
+    check_options(cameras, fps, duration, frame_size, imu_hz, drop_rate, seed)
+    if summary_path is None:
+        summary_path = os.path.join(tempfile.mkdtemp(prefix="videoflow-demo-"), "summary.json")
+    t0 = time.time() + start_delay
+    instants = int(duration * fps)
+    cams = [Camera(i, t0, fps, instants, frame_size, drop_rate, seed) for i in range(cameras)]
+    imu = Imu(t0, imu_hz, instants / fps)
+    fusion = Fusion(name="fusion", join_policy={
+        "mode": "time", "tolerance_ms": TOLERANCE_MS, "quorum": quorum_for(cameras),
+        "timeout_ms": TIMEOUT_MS, "missing": "drop", "max_pending": 1024,
+        "collect": {"imu": IMU_WINDOW_MS}})(*cams, imu)
+    sink = Verify(summary_path, cameras)(fusion)
+    return Flow([*cams, imu], [sink], flow_type=BATCH, name="demo")
+
+
+@dataclass
+class DemoResult:
+    """A demo run, checked.
+
+    Attributes:
+        report: the RunReport.
+        cameras / quorum / fps / duration / imu_hz: what ran.
+        groups / quorum_groups / correct / incorrect / frames: the verify sink's counts
+            (frames: camera frames inside emitted groups).
+        correctness: correct groups as a percentage of the groups; None for no group.
+        imu_per_group: (min, mean, max) IMU samples per group; imu_span_ms: the earliest
+            and latest sample relative to its group's frames' mean stamp. A window
+            closes at the first sample beyond it or, as a backstop, window ms of wall
+            time after its group completed: one whose last samples are still in
+            transit then closes short, hence a minimum below the mean.
+        camera_lag_ms: the most a frame was published behind its capture instant (a
+            replica that started after the first instant, a busy machine). The join's
+            timeout and the IMU windows' backstop run on wall time: a large lag can turn
+            a complete group into a quorum group, or close an IMU window before its
+            samples arrive, and the figures then differ from the expected ones.
+        expected: what the seed says the join must produce.
+        drops: drops by reason per node that dropped anything (RunReport).
+    """
+
+    report: RunReport
+    cameras: int
+    quorum: int
+    fps: float
+    duration: float
+    imu_hz: float
+    groups: int = 0
+    quorum_groups: int = 0
+    correct: int = 0
+    incorrect: int = 0
+    frames: int = 0
+    correctness: float | None = None
+    imu_per_group: tuple[int, float, int] | None = None
+    imu_span_ms: tuple[float, float] | None = None
+    camera_lag_ms: float | None = None
+    expected: Expected | None = None
+    drops: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def join_latency_p50_ms(self) -> float | None:
+        fusion = self.report.nodes.get("fusion")
+        return None if fusion is None else fusion.join_latency_p50_ms
+
+    @property
+    def join_latency_p99_ms(self) -> float | None:
+        fusion = self.report.nodes.get("fusion")
+        return None if fusion is None else fusion.join_latency_p99_ms
+
+    @property
+    def ok(self) -> bool:
+        """The run completed and every group holds one capture instant."""
+        return self.report.outcome == "completed" and self.correctness == 100.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok, "outcome": self.report.outcome, "cameras": self.cameras,
+            "quorum": self.quorum, "fps": self.fps, "duration": self.duration,
+            "imu_hz": self.imu_hz, "groups": self.groups,
+            "quorum_groups": self.quorum_groups, "correct": self.correct,
+            "incorrect": self.incorrect, "frames": self.frames,
+            "correctness": self.correctness,
+            "join_latency_p50_ms": self.join_latency_p50_ms,
+            "join_latency_p99_ms": self.join_latency_p99_ms,
+            "imu_per_group": self.imu_per_group, "imu_span_ms": self.imu_span_ms,
+            "camera_lag_ms": self.camera_lag_ms,
+            "expected": None if self.expected is None else vars(self.expected),
+            "drops": self.drops, "report": self.report.to_dict(),
+        }
+
+    def format(self) -> str:
+        """The figures, then the RunReport table."""
+        e = self.expected
+        p50, p99 = self.join_latency_p50_ms, self.join_latency_p99_ms
+        imu = "-"
+        if self.imu_per_group is not None:
+            low, mean, high = self.imu_per_group
+            imu = f"{mean:.1f} samples (min {low}, max {high})"
+        if self.imu_span_ms is not None:
+            imu += (f", {self.imu_span_ms[0]:+.1f} to {self.imu_span_ms[1]:+.1f} ms around "
+                    "the frames' mean stamp")
+        drops = "; ".join(f"{node}: " + ", ".join(f"{r} {n}" for r, n in by.items())
+                          for node, by in self.drops.items()) or "none"
+        rows = [
+            ("groups fused", f"{self.groups}", "" if e is None else f"expected {e.groups}"),
+            ("quorum groups", f"{self.quorum_groups}",
+             f"{self.quorum} of {self.cameras} cameras"
+             + ("" if e is None else f"; expected {e.quorum_groups}")),
+            ("correctness", "-" if self.correctness is None else f"{self.correctness:.1f} %",
+             f"{self.correct} of {self.groups} groups hold frames of one capture instant"),
+            ("join latency", "-" if p50 is None or p99 is None
+             else f"p50 {p50:.1f} ms, p99 {p99:.1f} ms",
+             f"a quorum group waits out the {TIMEOUT_MS:g} ms timeout"),
+            ("IMU per group", imu, ""),
+            ("camera lag", "-" if self.camera_lag_ms is None
+             else f"{self.camera_lag_ms:.1f} ms", "most a frame was sent behind real time"
+             + (f"; above {LAG_WARNING_MS:g} ms the wall-clock timeout and IMU windows "
+                "may split groups: raise --start-delay or lighten the machine"
+                if (self.camera_lag_ms or 0) > LAG_WARNING_MS else "")),
+            ("drops", drops, "" if e is None
+             else f"expected: fusion join_evicted {e.evicted}, frames of instants below "
+                  "the quorum"),
+        ]
+        cameras = f"{self.cameras} camera" + ("s" if self.cameras != 1 else "")
+        head = (f"demo: {cameras} at {self.fps:g} fps and an IMU at "
+                f"{self.imu_hz:g} Hz for {self.duration:g} s, fused by event time "
+                f"(tolerance {TOLERANCE_MS:g} ms, IMU window ±{IMU_WINDOW_MS:g} ms)")
+        lines = [head] + [f"  {label:<14} {value}" + (f"  ({note})" if note else "")
+                          for label, value, note in rows]
+        verdict = "OK" if self.ok else "FAILED (see above)"
+        return "\n".join([*lines, "", self.report.format(), "", f"demo {verdict}"])
+
+
+def run_demo(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
+             frame_size: tuple[int, int] = (64, 48), imu_hz: float = 400.0,
+             drop_rate: float = 0.02, seed: int = DEFAULT_SEED, nats_url: str | None = None,
+             start_delay: float = START_DELAY_S,
+             view: LiveView | bool | None = None) -> DemoResult:
+    """Build the demo flow, run it to its end and check it.
+
+    Arguments:
+        cameras ... seed / start_delay: as build_flow.
+        nats_url: the broker; None takes VIDEOFLOW_NATS_URL, else starts the embedded
+            nats-server.
+        view: as run_flow (None: a live view on a terminal).
+
+    Returns:
+        the DemoResult.
+
+    Raises:
+        ValueError: an option out of range.
+        BrokerUnavailable / TimeoutError: as run_flow.
+    """
+    with tempfile.TemporaryDirectory(prefix="videoflow-demo-") as directory:
+        summary_path = Path(directory) / "summary.json"
+        flow = build_flow(cameras, fps, duration, frame_size, imu_hz, drop_rate, seed,
+                          str(summary_path), start_delay)
+        report = flow.run(nats_url, view=view)
+        counts = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    instants = int(duration * fps)
+    result = DemoResult(report, cameras, quorum_for(cameras), fps, instants / fps, imu_hz,
+                        expected=expected(cameras, instants, drop_rate, seed))
+    for name in ("groups", "quorum_groups", "correct", "incorrect", "frames"):
+        setattr(result, name, int(counts.get(name, 0)))
+    if result.groups:
+        result.correctness = 100.0 * result.correct / result.groups
+        imu = counts["imu_counts"]
+        result.imu_per_group = (min(imu), sum(imu) / len(imu), max(imu))
+        span = counts.get("imu_span_ms")
+        result.imu_span_ms = None if span is None else (span[0], span[1])
+        result.camera_lag_ms = counts.get("lag_ms")
+    result.drops = {name: {reason: n for reason, n in node.dropped.items() if n}
+                    for name, node in report.nodes.items() if node.dropped_total}
+    return result
+
+
+# --------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------
+
+
+def _frame_size(text: str) -> tuple[int, int]:
+    width, sep, height = text.lower().partition("x")
+    if not sep or not width.strip().isdigit() or not height.strip().isdigit():
+        raise ValueError(f"--frame-size is WIDTHxHEIGHT, e.g. 64x48, got {text!r}")
+    return int(width), int(height)
+
+
+def _command(args: argparse.Namespace) -> int:
+    from videoflow.cli import EXIT_FAILED, CommandError
+
+    try:
+        size = _frame_size(args.frame_size)
+        check_options(args.cameras, args.fps, args.duration, size, args.imu_hz,
+                      args.drop_rate, args.seed)
+        if not 0 <= args.start_delay <= 60:
+            raise ValueError(f"--start-delay must be 0 to 60 s, got {args.start_delay:g}")
+    except ValueError as error:
+        raise CommandError(str(error)) from error
+    result = run_demo(args.cameras, args.fps, args.duration, size, args.imu_hz,
+                      args.drop_rate, args.seed, args.nats_url, args.start_delay,
+                      view=False if args.json else LiveView())
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
+    return 0 if result.ok else EXIT_FAILED
+
+
+def register(subparsers: Any) -> None:
+    """Add ``demo`` to the top-level parser's subparsers (func: a function(args) ->
+    exit code)."""
+    from videoflow.cli import nats_url_option
+
+    demo = subparsers.add_parser(
+        "demo", help="fuse simulated cameras and an IMU by event time, and check it",
+        description="Simulated cameras (clock offsets, jitter, dropped frames) and an IMU "
+                    "fused by a time join on the embedded nats-server; every group is "
+                    "checked against the ground truth. Exit code 0 when every group "
+                    "holds one capture instant.")
+    demo.add_argument("--cameras", type=int, default=4,
+                      help=f"cameras, 1 to {MAX_CAMERAS}; the quorum is all but one "
+                           "(default: 4)")
+    demo.add_argument("--fps", type=float, default=30.0,
+                      help=f"frames per second, at most {MAX_FPS:g} (default: 30)")
+    demo.add_argument("--duration", type=float, default=10.0, metavar="SECONDS",
+                      help="seconds of capture (default: 10)")
+    demo.add_argument("--frame-size", default="64x48", metavar="WxH",
+                      help="frame width x height in pixels (default: 64x48)")
+    demo.add_argument("--imu-hz", type=float, default=400.0,
+                      help="IMU samples per second (default: 400)")
+    demo.add_argument("--drop-rate", type=float, default=0.02,
+                      help="share of frames each camera drops (default: 0.02)")
+    demo.add_argument("--start-delay", type=float, default=START_DELAY_S, metavar="SECONDS",
+                      help="seconds for the node processes to start before the first "
+                           f"capture (default: {START_DELAY_S:g})")
+    demo.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                      help=f"seeds offsets, jitter and drops (default: {DEFAULT_SEED})")
+    nats_url_option(demo, required_default=False)
+    demo.add_argument("--json", action="store_true",
+                      help="print the result as JSON (no live view)")
+    demo.set_defaults(func=_command)
+
+
+__all__ = ["DemoResult", "Expected", "build_flow", "camera_schedule", "expected",
+           "quorum_for", "register", "run_demo"]

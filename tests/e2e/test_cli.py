@@ -1,0 +1,252 @@
+"""The real `videoflow` command in subprocesses: a run, workers on a provisioned run
+(one killed with SIGKILL and restarted, one stopped with SIGTERM), Ctrl-C, and the
+one-line errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from flow_nodes import applied
+
+from videoflow import server as embedded
+
+pytestmark = pytest.mark.timeout(180)
+
+HERE = Path(__file__).resolve().parent
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "videoflow", *args]
+
+
+def base_environment() -> dict[str, str]:
+    """This environment, its PYTHONPATH made absolute (the commands run in HERE)."""
+    env = dict(os.environ)
+    if env.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(
+            str(Path(p).resolve()) for p in env["PYTHONPATH"].split(os.pathsep) if p)
+    return env
+
+
+def environment(out: Path, **values: Any) -> dict[str, str]:
+    env = base_environment()
+    env.update({"VF_TEST_OUT": str(out), **{f"VF_TEST_{k.upper()}": str(v)
+                                             for k, v in values.items()}})
+    return env
+
+
+def videoflow(*args: str, env: dict[str, str] | None = None,
+              timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command(*args), cwd=HERE, env=env or base_environment(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    made = tmp_path / "out"
+    made.mkdir()
+    return made
+
+
+@pytest.fixture
+def workers() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:  # nothing outlives the test
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+
+
+def start_worker(workers: list[subprocess.Popen[str]], spec: Path, node: str, url: str,
+                 env: dict[str, str], replica: int = 0) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        command("worker", "--spec", str(spec), "--node", node, "--replica", str(replica),
+                "--nats-url", url, "--progress-every", "0.5"),
+        cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers.append(process)
+    return process
+
+
+def wait_for(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def count_applied(out: Path) -> int:
+    return sum(1 for p in out.iterdir() if p.name != "applications.log")
+
+
+async def stream_names(url: str) -> list[str]:
+    nc = await nats.connect(url)
+    try:
+        return [info.config.name for info in await nc.jetstream().streams_info()]
+    finally:
+        await nc.close()
+
+
+def test_run_executes_a_flow_module_and_reports_as_json(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    done = videoflow("run", "flows:chain", "--nats-url", nats_server.url, "--json",
+                     env=environment(out, count=40))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["outcome"] == "completed" and report["flow_id"] == "cli"
+    assert report["nodes"]["record"]["processed"] == 40
+    assert sorted(v for (v,) in applied(out)) == [2 * i for i in range(40)]
+
+
+def test_dead_letters_of_a_run_are_listed_by_the_dlq_command(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    done = videoflow("run", "flows:poison", "--nats-url", nats_server.url, "--json",
+                     env=environment(out, count=30))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["nodes"]["reject_multiples_of"]["dead_lettered"] == 4
+    listed = videoflow("dlq", "list", "--flow", "clipoison", "--nats-url", nats_server.url,
+                       "--json")
+    assert listed.returncode == 0, listed.stderr
+    records = json.loads(listed.stdout)
+    assert len(records) == 4
+    text = videoflow("dlq", "list", "--flow", "clipoison", "--nats-url", nats_server.url)
+    assert text.returncode == 0 and text.stdout.count("poison") >= 4
+
+
+def test_a_worker_killed_mid_run_and_restarted_loses_nothing_and_applies_once(
+    nats_server: embedded.EmbeddedServer, out: Path, tmp_path: Path,
+    workers: list[subprocess.Popen[str]],
+) -> None:
+    env = environment(out, count=300, pace=0.01)
+    spec = tmp_path / "run.json"
+    done = videoflow("provision", "flows:chain", "--out", str(spec), "--nats-url",
+                     nats_server.url, "--ack-wait", "2", env=env)
+    assert done.returncode == 0, done.stderr
+    url = nats_server.url
+    sink = start_worker(workers, spec, "record", url, env)
+    scale = start_worker(workers, spec, "scale", url, env)
+    start_worker(workers, spec, "numbers", url, env)
+    wait_for(lambda: count_applied(out) >= 60, 60, "the sink to apply 60 groups")
+    scale.send_signal(signal.SIGKILL)  # no last words, no hand-back
+    assert scale.wait(timeout=10) == -signal.SIGKILL
+    start_worker(workers, spec, "scale", url, env)  # its replacement
+    assert sink.wait(timeout=90) == 0, sink.stderr.read() if sink.stderr else ""
+    assert sorted(v for (v,) in applied(out)) == [2 * i for i in range(300)]
+
+
+def test_sigterm_on_a_replica_hands_its_parked_inputs_to_the_survivor_at_once(
+    nats_server: embedded.EmbeddedServer, out: Path, tmp_path: Path,
+    workers: list[subprocess.Popen[str]],
+) -> None:
+    # ack_wait 60: had the quiesced replica kept its prefetched inputs until their
+    # leases lapsed, the run could not end within the 30 s allowed below.
+    env = environment(out, count=120, sink_pace=0.05, sink_replicas=2)
+    spec = tmp_path / "run.json"
+    done = videoflow("provision", "flows:chain", "--out", str(spec), "--nats-url",
+                     nats_server.url, "--ack-wait", "60", env=env)
+    assert done.returncode == 0, done.stderr
+    url = nats_server.url
+    survivor = start_worker(workers, spec, "record", url, env, replica=0)
+    leaving = start_worker(workers, spec, "record", url, env, replica=1)
+    start_worker(workers, spec, "scale", url, env)
+    start_worker(workers, spec, "numbers", url, env)
+    log = out / "applications.log"
+    wait_for(lambda: log.exists() and len({line.split()[1] for line in
+                                           log.read_text().splitlines()}) == 2,
+             60, "both replicas to apply inputs")
+    leaving.send_signal(signal.SIGTERM)
+    stopped = time.monotonic()
+    assert leaving.wait(timeout=30) == 0
+    assert "quiesced" in (leaving.stderr.read() if leaving.stderr else "")
+    assert survivor.wait(timeout=30) == 0
+    assert time.monotonic() - stopped < 30
+    assert sorted(v for (v,) in applied(out)) == [2 * i for i in range(120)]
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads child processes from /proc")
+def test_ctrl_c_stops_a_batch_run_cleanly_losing_nothing(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    env = environment(out, count=100000, pace=0.005)
+    run = subprocess.Popen(command("run", "flows:chain", "--nats-url", nats_server.url,
+                                   "--json"),
+                           cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        wait_for(lambda: count_applied(out) >= 20, 60, "the flow to get going")
+        children = children_of(run.pid)
+        assert len(children) >= 3  # a process per replica (and the multiprocessing helper)
+        run.send_signal(signal.SIGINT)
+        stdout, stderr = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, stderr
+    report = json.loads(stdout)
+    assert report["outcome"] == "stopped"
+    # Nothing lost: everything the producer published reached the sink.
+    emitted = report["nodes"]["numbers"]["emitted"]
+    assert 20 <= emitted < 100000
+    assert sorted(v for (v,) in applied(out)) == [2 * i for i in range(emitted)]
+    # Nothing left behind: no process, no stream of the run.
+    def alive(pid: int) -> bool:  # a zombie waiting to be reaped by init is not
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    wait_for(lambda: not any(alive(pid) for pid in children), 5, "the children to end")
+    assert [n for n in asyncio.run(stream_names(nats_server.url))
+            if report["run_id"] in n] == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (("run", "flows"), "a flow is named module:attribute"),
+    (("run", "nowhere:flow"), "cannot import 'nowhere'"),
+    (("run", "flows:missing"), "'flows' has no attribute 'missing'"),
+    (("run", "flows:not_a_flow"), "flows:not_a_flow is a int, not a Flow"),
+    (("worker", "--spec", "/nonexistent.json", "--node", "x"), "cannot read the run spec"),
+])
+def test_bad_arguments_get_one_line_and_exit_code_2(args: tuple[str, ...],
+                                                    message: str) -> None:
+    done = videoflow(*args)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"videoflow: error: {message}"] or (
+        message in done.stderr and len(done.stderr.strip().splitlines()) == 1), done.stderr
+
+
+def test_an_unreachable_broker_gets_one_line_not_a_traceback(tmp_path: Path) -> None:
+    done = videoflow("provision", "flows:chain", "--out", str(tmp_path / "x.json"),
+                     "--nats-url", "nats://127.0.0.1:1", "--timeout", "3",
+                     env=environment(tmp_path))
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("videoflow: error: the broker at "
+                                                   "nats://127.0.0.1:1 did not answer")

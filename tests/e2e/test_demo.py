@@ -1,0 +1,112 @@
+"""`videoflow demo` end to end: the flow against a real nats-server and the embedded
+one, the command in a subprocess, and its usage errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from videoflow import demo
+from videoflow.server import EmbeddedServer
+
+pytestmark = pytest.mark.timeout(120)
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+SECONDS = 3.0
+SEED = 11
+DROP_RATE = 0.1  # 90 instants x 4 cameras: the seed below drops frames, see the first test
+
+
+def command(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
+    env.pop("VIDEOFLOW_NATS_URL", None)
+    return subprocess.run([sys.executable, "-m", "videoflow", "demo", *args], env=env,
+                          capture_output=True, text=True, timeout=100)
+
+
+def check(result: demo.DemoResult) -> None:
+    """A run whose every group holds one capture instant and that produced what the
+    seed says, every captured frame either fused or counted as evicted."""
+    assert result.report.outcome == "completed", result.report.format()
+    assert result.ok
+    assert result.expected is not None
+    assert result.groups == result.expected.groups > 0
+    assert result.correct == result.groups and result.incorrect == 0
+    assert result.correctness == 100.0
+    assert result.quorum_groups >= result.expected.quorum_groups > 0
+    p50, p99 = result.join_latency_p50_ms, result.join_latency_p99_ms
+    assert p50 is not None and p99 is not None and 0 <= p50 <= p99
+    # The only drops: frames of instants below the quorum, dropped by the join.
+    assert set(result.drops) <= {"fusion"}
+    evicted = result.drops.get("fusion", {})
+    assert set(evicted) <= {"join_evicted"}
+    assert result.frames + evicted.get("join_evicted", 0) == result.expected.frames
+    # A full window: +-20 ms at 400 Hz. The least full one is not checked: a join that
+    # falls behind closes windows on wall time before their samples arrive (see
+    # DemoResult.camera_lag_ms).
+    assert result.imu_per_group is not None and result.imu_per_group[2] >= 16
+    assert result.camera_lag_ms is not None and result.camera_lag_ms >= 0
+
+
+def test_expected_figures_follow_the_seed_and_include_drops() -> None:
+    instants = int(SECONDS * 30)
+    first = demo.expected(4, instants, DROP_RATE, SEED)
+    assert first == demo.expected(4, instants, DROP_RATE, SEED)
+    assert first.quorum_groups > 0 and first.evicted > 0
+    assert first.frames < 4 * instants
+    assert demo.expected(4, instants, 0.0, SEED) == demo.Expected(4 * instants, instants, 0, 0)
+
+
+def test_demo_fuses_every_group_correctly_on_a_nats_server(
+        nats_server: EmbeddedServer) -> None:
+    result = demo.run_demo(duration=SECONDS, drop_rate=DROP_RATE, seed=SEED,
+                           nats_url=nats_server.url, view=False)
+    check(result)
+    assert result.report.nats_url == nats_server.url
+    text = result.format()
+    assert "correctness    100.0 %" in text and "demo OK" in text
+
+
+def test_demo_runs_on_the_embedded_server_without_a_url(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VIDEOFLOW_NATS_URL", raising=False)
+    result = demo.run_demo(cameras=3, duration=SECONDS, drop_rate=DROP_RATE, seed=SEED,
+                           view=False)
+    check(result)
+    assert result.quorum == 2
+
+
+def test_demo_command_prints_json_and_exits_zero() -> None:
+    done = command("--duration", "2", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = json.loads(done.stdout)
+    assert printed["ok"] is True and printed["outcome"] == "completed"
+    assert printed["correctness"] == 100.0 and printed["groups"] > 0
+    assert printed["join_latency_p50_ms"] is not None
+    assert printed["report"]["nodes"]["fusion"]["processed"] == printed["groups"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--cameras", "0"), "--cameras must be 1 to 16, got 0"),
+    (("--frame-size", "64by48"), "--frame-size is WIDTHxHEIGHT"),
+    (("--fps", "120"), "--fps must be above 0 and at most 60"),
+])
+def test_demo_command_rejects_a_bad_option_in_one_line(args: tuple[str, ...],
+                                                       message: str) -> None:
+    done = command(*args)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("videoflow: error: ") and message in done.stderr
+
+
+def test_build_flow_rejects_options_out_of_range() -> None:
+    with pytest.raises(ValueError, match="--drop-rate must be at least 0 and below 1"):
+        demo.build_flow(drop_rate=1.0)
+    with pytest.raises(ValueError, match="--duration 0.01 s at 30 fps captures no frame"):
+        demo.build_flow(duration=0.01)
