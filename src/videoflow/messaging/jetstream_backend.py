@@ -205,6 +205,13 @@ class _Binding:
         self.advisory: Any = None
 
 
+
+async def _stop_all(receivers: list[SubscriptionReceiver]) -> None:
+    """Stop every pull loop at once: each waits up to fetch_timeout for its open
+    requests to end, so one after another a node with many parents would wait that
+    long per subscription and outlast the bound on the whole call."""
+    await asyncio.gather(*(receiver.stop() for receiver in receivers))
+
 class JetStreamMessagingBackend(MessagingBackend):
     """One receiver (one process of a run) on a NATS JetStream server.
 
@@ -327,10 +334,11 @@ class JetStreamMessagingBackend(MessagingBackend):
             return 0
 
         async def quiesce() -> int:
+            receivers = [binding.receiver for binding in self._bindings.values()]
+            await _stop_all(receivers)
             handed = 0
-            for binding in list(self._bindings.values()):
-                await binding.receiver.stop()
-                handed += await binding.receiver.hand_back(parked_only=True)
+            for receiver in receivers:
+                handed += await receiver.hand_back(parked_only=True)
             return handed
 
         return int(self._call(quiesce(), self.fetch_timeout + BROKER_CALL_SECONDS))
@@ -347,11 +355,12 @@ class JetStreamMessagingBackend(MessagingBackend):
             return
 
         async def wind_down() -> None:
-            for binding in list(self._bindings.values()):
-                await binding.receiver.stop()
+            receivers = [binding.receiver for binding in self._bindings.values()]
+            await _stop_all(receivers)
+            for receiver in receivers:
                 if hand_back:
-                    await binding.receiver.hand_back(parked_only=False)
-                await binding.receiver.unsubscribe()
+                    await receiver.hand_back(parked_only=False)
+                await receiver.unsubscribe()
             if self._client is not None:
                 await close_client(self._client)  # flushes what is still buffered
 
