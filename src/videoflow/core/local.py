@@ -307,6 +307,12 @@ def _drain(run: _Run, reports: Any, timeout: float) -> None:
         elif kind == "final":
             replica.final = payload
             run.progress[name].replicas[key] = payload
+            # A replica that reached its end of stream left nothing waiting; of any
+            # other end, nothing is known any more.
+            if payload.get("outcome") == "ended":
+                run.progress[name].pending[key] = 0
+            else:
+                run.progress[name].pending.pop(key, None)
         elif kind == "error":  # it died before its task started
             replica.final = {"outcome": "failed", "error": payload}
 

@@ -1,0 +1,71 @@
+"""RunReport's sums and percentiles, and the live view's rendering (an unknown pending
+count is shown as unknown, never as 0)."""
+
+from __future__ import annotations
+
+import io
+
+from videoflow.core.report import NodeReport, RunReport, percentile
+from videoflow.progress import LiveView, NodeProgress
+
+
+def test_percentiles_are_nearest_rank_and_none_without_values() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert (percentile(values, 50), percentile(values, 99), percentile(values, 100)) == (
+        50.0, 99.0, 100.0)
+    assert percentile([3.0], 99) == 3.0 and percentile([], 50) is None
+
+
+def test_a_node_report_sums_its_replicas_and_keeps_why_one_failed() -> None:
+    report = NodeReport.from_replicas("processor", {
+        "fuse[0]": {"processed": 10, "emitted": 10, "failed": 1, "dead_lettered": 1,
+                    "drops": {"join_evicted": 2}, "started": 100.0, "ended": 105.0,
+                    "outcome": "ended", "join_latencies": [0.010, 0.020]},
+        "fuse[1]": {"processed": 5, "emitted": 5, "drops": {"join_evicted": 1,
+                                                             "undecodable": 1},
+                    "started": 101.0, "ended": 110.0, "outcome": "failed",
+                    "error": "ValueError: bad", "join_latencies": [0.030]},
+        "fuse[2]": {"outcome": "lost"},
+    }, restarts=2)
+    assert (report.replicas, report.processed, report.emitted, report.failed,
+            report.dead_lettered, report.restarts) == (3, 15, 15, 1, 1, 2)
+    assert report.dropped == {"join_evicted": 3, "undecodable": 1}
+    assert (report.seconds, report.throughput) == (10.0, 1.5)
+    assert (report.join_latency_p50_ms, report.join_latency_p99_ms) == (20.0, 30.0)
+    assert report.outcomes == {"fuse[0]": "ended", "fuse[1]": "failed", "fuse[2]": "lost"}
+    assert report.errors == {"fuse[1]": "ValueError: bad"}
+    run = RunReport("f", "r1", "batch", "nats://x", outcome="failed", nodes={"fuse": report})
+    text = run.format()
+    assert "run r1 of flow 'f' (batch): failed" in text
+    assert "4 (join_evicted 3, undecodable 1)" in text
+    assert "fuse[1] failed: ValueError: bad" in text
+    assert not run.ok and run.to_dict()["nodes"]["fuse"]["processed"] == 15
+
+
+def test_the_plain_view_prints_unknown_pending_as_unknown_never_zero() -> None:
+    out = io.StringIO()
+    view = LiveView(out, tty=False)
+    sink = NodeProgress("consumer")
+    sink.replicas["sink[0]"] = {"processed": 7}
+    sink.replicas["sink[1]"] = {"processed": 3}
+    sink.pending = {"sink[0]": 4, "sink[1]": "timeout"}
+    cam = NodeProgress("producer", replicas={"cam[0]": {"emitted": 12}})
+    view.update("flow run", {"cam": cam, "sink": sink})
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "flow run"
+    assert lines[1].split() == ["node", "done", "rate/s", "pending", "dropped", "dead-let."]
+    assert lines[2].split()[:2] == ["cam", "12"] and lines[2].split()[3] == "-"
+    assert lines[3].split()[:2] == ["sink", "10"] and "unknown (timeout)" in lines[3]
+    sink.pending["sink[1]"] = 2
+    view.update("flow run", {"cam": cam, "sink": sink}, force=True)
+    assert out.getvalue().splitlines()[-1].split()[3] == "6"
+    assert "\x1b[" not in out.getvalue()  # no cursor movement off a terminal
+
+
+def test_the_terminal_view_redraws_in_place() -> None:
+    out = io.StringIO()
+    view = LiveView(out, tty=True)
+    nodes = {"cam": NodeProgress("producer", replicas={"cam[0]": {"emitted": 1}})}
+    view.update("t", nodes)
+    view.update("t", nodes, force=True)
+    assert out.getvalue().count("\x1b[3F") == 1  # back up over the 3 lines drawn before
