@@ -2,33 +2,28 @@
 
 The transport (connection, streams, durables, prefetch, leases, settlement, publication
 outcomes) is the backend's (videoflow.messaging.jetstream_backend by default, the
-memory adapter in tests). What is the messenger's to decide lives here: trace and
-sequence bookkeeping, join assembly, the end-of-stream drain, the delivery-policy
-ladder, dead letters, and what counts as a drop.
+memory adapter in tests). What is the messenger's to decide lives here -- trace and
+sequence bookkeeping, join assembly, message ids, publication, checkpoints -- and in
+the two helpers it holds, below.
 
 The shape of one input group's life: receive_any on every parent's data and EOS
 subscriptions -> decode_envelope -> EnvelopeEntry (once, at this boundary) -> the
 assembler -> a ReadyGroup -> the node -> publish (confirmed) -> settle every handle of
 the group at once (settle_many).
 
-End of stream: a node publishes one marker per replica on its channel's EOS subject,
-carrying its replica count in metadata ({"replicas": n}), so a child knows how many
-markers end that parent. A parent has ended once all its replicas' markers arrived,
-and is drained once nothing more of its data is coming: its durable reports nothing
-available and nothing leased -- a lease held by a replica that died comes back when it
-lapses -- (or, when that cannot be observed, no data of it arrived for
-eos_quiescence_ms) and nothing of it is parked here. Its data published before each
-marker was confirmed before the marker was sent, so it is in the stream. When every
-parent is drained the assembler is flushed (groups with a quorum are emitted, the
-rest discarded per policy) and then receive_message returns the stop entries.
+What becomes of each delivery -- held, completed, retried, dead-lettered or
+terminated (DELIV-15: given up on only against a durable record), counted as a drop --
+and each parent's end of stream (its replicas' markers, when it is drained) are
+videoflow.messaging.messenger_deliveries' (Deliveries). When every parent is drained
+the assembler is flushed (groups with a quorum are emitted, the rest discarded per
+policy) and then receive_message returns the stop entries.
 
-A delivery is given up on only against a durable record (DELIV-15): the dead letter
-when one was accepted, else an entry in this node's terminal log.
-
-Payloads over the inline limit travel by ref through an obligation-keeping PayloadStore:
-put with this node's readers' obligations and its own intent, recorded in the outbox,
-the intent resolved by the publication's outcome; a reader releases its obligation only
-after its settlement is confirmed (PAY-004).
+Payloads over the inline limit travel by ref: the messenger publishes the envelope
+carrying the ref and resolves the put by the outcome; putting, reading, releasing
+(PAY-004), pinning for a dead letter (BLOB-14) and the periodic obligation
+reconciliation (PAY-006) are videoflow.messaging.messenger_payloads'
+(MessengerPayloads), over an obligation-keeping PayloadStore or the older counter
+BlobStore (RFC 0002, BLOB-5).
 
 Partitioned consumption: each replica binds its own durables and keeps, through the
 backend's admission filter, only the inputs whose partition key hashes to it.
@@ -43,17 +38,9 @@ A checkpoint committed with an output is written only once that output's publica
 was accepted, so a restored checkpoint's output is already on the broker when its
 covered group is acknowledged.
 
-While receiving, the messenger reconciles payload obligations (RuntimeObligationLedger,
-at most once per ack_wait): a release lost when a reader died after a confirmed ack is
-cancelled once the broker's ack floor shows it (PAY-006).
-
 With a durable, shared ledger (NATS KV) the retry budget is counted in the ledger, not
 by the broker: the durables are bound with max_deliver -1 (provision with ledger_budget
 to match), and a worker-fatal failure never spends an attempt.
-
-The older counter BlobStore (blob_store, RFC 0002) still works without a payload
-store: blob_readers sets how many reads a payload is owed, counted down in the run
-ledger by each reader after a confirmed settlement, the last deleting it (BLOB-5).
 """
 
 from __future__ import annotations
@@ -63,7 +50,7 @@ import uuid
 import zlib
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from videoflow.backends.messaging import (
@@ -71,17 +58,11 @@ from videoflow.backends.messaging import (
     ChannelId,
     Completed,
     Delivery,
-    DeliveryToken,
     Envelope,
     Known,
     MessagingBackend,
     Rejected,
-    Retry,
-    SettleConfirmed,
-    SettleOutcome,
-    SettleUnknown,
     SubscriptionId,
-    Terminal,
     Unknown,
 )
 from videoflow.backends.payload import PayloadStore, inline_threshold
@@ -92,7 +73,6 @@ from videoflow.core.engine import (
     STOP_QUIESCE,
     Messenger,
 )
-from videoflow.core.policies import WORKER_FATAL, classify_error
 from videoflow.core.runtime import FlowRuntime
 from videoflow.errors import DurabilityUnavailable, VideoflowError, WireError
 from videoflow.messaging.credit import (
@@ -102,32 +82,26 @@ from videoflow.messaging.credit import (
     join_item_credit,
     max_deliver_for,
 )
-from videoflow.messaging.dead_letters import (
-    Reason,
-    dead_letter,
-    dead_letter_for,
-    dead_letter_msg_id,
-)
 from videoflow.messaging.grouping import EnvelopeEntry, ReadyGroup, make_assembler
 from videoflow.messaging.jetstream_specs import subscription_spec_for
-from videoflow.messaging.obligations import RuntimeObligationLedger, reconcile
+from videoflow.messaging.messenger_deliveries import (
+    DROP_REASONS,
+    Deliveries,
+    end_entry,
+    end_marker,
+)
+from videoflow.messaging.messenger_payloads import MessengerPayloads
 from videoflow.messaging.publication import PublicationStats, publish_until_known
-from videoflow.messaging.stream_configs import DLQ_RETENTION_SECONDS
 from videoflow.wire.serialization import (
     ENVELOPE_VERSION,
     BlobStore,
     decode_envelope,
-    decode_message,
     encode_envelope,
     encode_message,
-    offload_message,
-    restore_message,
 )
 
 POLL_SECONDS: Final = 0.05
 """How long one receive waits before the loop looks at timeouts and drains again."""
-
-DROP_REASONS: Final = ("exhausted", "undecodable", "join_evicted", "publish_discarded")
 
 
 class PublicationFailed(VideoflowError):
@@ -164,17 +138,8 @@ class _Handle:
         self.messenger._discarded(self, reason)
 
     def supersede(self) -> None:
-        self.messenger._let_go(self.delivery)
+        self.messenger.deliveries.let_go(self.delivery)
         self.messenger.backend.supersede(self.delivery.token)
-
-
-@dataclass(slots=True)
-class _ParentEnd:
-    """The end-of-stream markers one parent's replicas sent."""
-
-    expected: int = 1
-    markers: dict[int, dict[str, Any]] = field(default_factory=dict)
-    last_data: float = 0.0
 
 
 class NATSMessenger(Messenger):
@@ -289,7 +254,6 @@ class NATSMessenger(Messenger):
         self._live_id_node = f"{self.node_name}#{replica_id}"
         if not self.ledger_budget:
             self._live_id_node += f"~{uuid.uuid4().hex[:12]}"
-        self._counted: set[str] = set()  # inputs whose failures this process counted
         self._source_offset = self.runtime.source_offset() if replayable else 0
         self.payload_store = payload_store
         # The older counter store (RFC 0002), used when no payload_store is given.
@@ -301,13 +265,15 @@ class NATSMessenger(Messenger):
         # acquired for it).
         self.reader_id = (self.node_name if partition_by is None
                           else f"{self.node_name}/p{replica_id}")
+        self.payloads = MessengerPayloads(
+            self.node_name, self.parent_names, backend, self.runtime, ack_wait,
+            payload_store=payload_store, blob_store=self.blob_store,
+            blob_readers=blob_readers, blob_reader_ids=self.blob_reader_ids,
+            blob_ttl_seconds=blob_ttl_seconds, reader_id=self.reader_id)
         self._inline_limit: int | None = None
         self._last_published: Accepted | None = None
         self._covered: str | None = None  # the group the restored checkpoint covers
         self.publication_stats_counter = PublicationStats()
-        self._drops = dict.fromkeys(DROP_REASONS, 0)
-        self.dead_lettered = 0  # inputs this process dead-lettered (records accepted)
-        self.unconfirmed_acks = 0  # acks the broker did not confirm (redelivered later)
         self._terminated = False
         self._quiesced = False
         backend.subscribe_control(self._on_stop)
@@ -318,15 +284,14 @@ class NATSMessenger(Messenger):
         self.last_join_latency: float | None = None  # seconds the last group waited
         self._group_outputs = 0
         self._ready: deque[ReadyGroup] = deque()
-        self._to_settle: list[tuple[Delivery, SettleOutcome]] = []
-        self._ends: dict[str, _ParentEnd] = {p: _ParentEnd() for p in self.parent_names}
-        # Deliveries of each parent this messenger holds unsettled (in the assembler or
-        # in the group handed out): its own share of the durable's leases.
-        self._held: dict[str, set[DeliveryToken]] = {p: set() for p in self.parent_names}
+        self.deliveries = Deliveries(
+            self.node_name, flow_id, run_id, self.parent_names, backend, self.runtime,
+            self.payloads, delivery_policy=self.delivery_policy,
+            ledger_budget=self.ledger_budget, ack_wait=ack_wait,
+            eos_quiescence=self.eos_quiescence, clock=clock)
         self._flushed = False
         self._data_subs: dict[str, SubscriptionId] = {}
         self._eos_subs: dict[SubscriptionId, str] = {}
-        self._reconciled_at = float("-inf")
         self.reconciled = 0  # obligations reconciliation cancelled (PAY-006)
         if self.parent_names:
             policy = effective_join_policy(flow_type, join_policy)
@@ -509,13 +474,10 @@ class NATSMessenger(Messenger):
                       partition_key=self._partition_key)
         self._event_ts, self._partition_key = None, None
         data = encode_envelope(message, **fields)
-        offload = self.payload_store is not None or self.blob_store is not None
-        if not offload or len(data) <= self._inline_threshold():
+        if not self.payloads.offloads or len(data) <= self._inline_threshold():
             self._publish(Envelope(self.channel, "data", data, msg_id))
-        elif self.payload_store is not None:
-            self._publish_by_ref(message, fields, msg_id)
         else:
-            self._publish_by_counted_ref(message, fields, msg_id)
+            self._publish_by_ref(message, fields, msg_id)
         if group is None and self.replayable and self._last_published is not None:
             self.runtime.set_source_offset(self._source_offset)
         if pending_state is not None and self._last_published is not None:
@@ -533,51 +495,25 @@ class NATSMessenger(Messenger):
             self._inline_limit = inline_threshold(max_payload.value)
         return self._inline_limit
 
-    def _publish_by_counted_ref(self, message: Any, fields: dict[str, Any],
-                                msg_id: str) -> None:
-        """The older way (RFC 0002, BLOB-5): put the message in the counter BlobStore,
-        record in the run ledger how many reads it is owed (blob_readers; None leaves
-        it to the store's TTL), and publish the envelope carrying its ref. A definitely
-        refused publication deletes it at once; each reader counts one read down once
-        its settlement is confirmed, and the last deletes it."""
-        store = self.blob_store
-        assert store is not None
-        ref = offload_message(message, store)
-        if self.blob_readers is not None:
-            self.runtime.count_blob_readers(ref, self.blob_readers)
-        try:
-            self._publish(Envelope(self.channel, "data", encode_envelope(
-                None, blob_ref=ref, **fields), msg_id))
-        except PublicationFailed as failed:
-            if failed.refused:
-                store.delete(ref)
-            raise
-
     def _publish_by_ref(self, message: Any, fields: dict[str, Any], msg_id: str) -> None:
-        """Put the message in the payload store (its readers' obligations and this
-        publication's intent acquired), record it in the outbox, publish the envelope
-        carrying its ref, and resolve the intent by the outcome: released once
+        """Put the message in the store (MessengerPayloads.put), publish the envelope
+        carrying its ref, and resolve the put by the outcome: its intent released once
         accepted, the payload reclaimed at once on a definite refusal, kept (owed) while
-        unknown (PAY-007/013)."""
-        store = self.payload_store
-        assert store is not None
-        if not self.blob_reader_ids:
+        unknown (PAY-007/013). In the counter store (RFC 0002, BLOB-5) a refusal deletes
+        it and each reader counts one read down once its settlement is confirmed."""
+        if self.payload_store is not None and not self.blob_reader_ids:
             raise PublicationFailed(f"{self.node_name}: an output over the inline limit "
                                     "needs blob_reader_ids (whose reads it must outlive)")
-        ttl = {} if self.blob_ttl_seconds is None else {"ttl_seconds": self.blob_ttl_seconds}
-        ref = store.put(encode_message(message), self.blob_reader_ids, msg_id, **ttl)
-        self.runtime.record_publication(msg_id, (ref,), self.blob_reader_ids)
+        ref = self.payloads.put(message, msg_id)
         data = encode_envelope(None, blob_ref=ref, **fields)
         try:
             self._publish(Envelope(self.channel, "data", data, msg_id))
         except PublicationFailed as failed:
             if failed.refused:
-                store.resolve_intent(ref, msg_id, accepted=False)
-                self.runtime.resolve_publication(msg_id, None)
+                self.payloads.refused(ref, msg_id)
             raise
         if self._last_published is not None:
-            store.resolve_intent(ref, msg_id, accepted=True)
-            self.runtime.resolve_publication(msg_id, self._last_published.stream_seq)
+            self.payloads.accepted(ref, msg_id, self._last_published.stream_seq)
 
     def _publish(self, envelope: Envelope, flow_type: str | None = None) -> None:
         published = publish_until_known(self.backend, envelope, flow_type or self.flow_type,
@@ -585,7 +521,7 @@ class NATSMessenger(Messenger):
         self.publication_stats_counter.count(published)
         self._last_published = None
         if published.dropped:
-            self._drops["publish_discarded"] += 1
+            self.deliveries.drops["publish_discarded"] += 1
             return
         if not isinstance(published.outcome, Accepted):
             raise PublicationFailed(f"{self.node_name}: {envelope.kind} {envelope.msg_id} was "
@@ -612,17 +548,8 @@ class NATSMessenger(Messenger):
         self._publish_end(is_abort=True, error=error, origin=origin)
 
     def _publish_end(self, is_abort: bool, error: Any, origin: str | None = None) -> None:
-        if error is None or isinstance(error, dict):
-            record = error
-        else:
-            record = {"type": type(error).__name__, "message": str(error)}
-        data = encode_envelope(
-            None, trace_id=f"{self.node_name}:end", seq=self.replica_id,
-            metadata={"replicas": self.nb_tasks}, is_stop_signal=not is_abort,
-            producer_name=self.node_name, flow_id=self.flow_id, run_id=self.run_id,
-            replica_id=self.replica_id, is_abort=is_abort,
-            abort_origin=(origin or self.node_name) if is_abort else None,
-            abort_error=record)
+        data = end_marker(self.node_name, self.flow_id, self.run_id, self.replica_id,
+                          self.nb_tasks, is_abort, error, origin)
         kind = "abort" if is_abort else "eos"
         self._publish(Envelope(self.channel, "eos", data,
                                f"{self.node_name}:{kind}:{self.replica_id}"), flow_type=BATCH)
@@ -694,7 +621,7 @@ class NATSMessenger(Messenger):
         self._group, self._group_outputs = None, 0
         while True:
             if self._quiesced:  # RUN-030: nothing more comes to this process
-                return {parent: self._end_entry(None) for parent in self.parent_names}
+                return {parent: end_entry(None) for parent in self.parent_names}
             group = self._next_group()
             if group is not None:
                 self._group = group
@@ -706,41 +633,26 @@ class NATSMessenger(Messenger):
                     continue
                 return {p: self._entry_dict(e) for p, e in group.entries.items()}
             if self._flushed:
-                return self._stop_entries()
+                return self.deliveries.stop_entries()
             self._receive_once()
 
     def _next_group(self) -> ReadyGroup | None:
         if self._ready:
             return self._ready.popleft()
         group = self.assembler.pop_ready(self.clock())
-        self._settle_pending()
+        self.deliveries.settle_pending()
         if group is not None:
             return group
-        if not self._flushed and all(self._drained(p) for p in self.parent_names):
+        if not self._flushed and all(self.deliveries.drained(p, self._data_subs[p])
+                                     for p in self.parent_names):
             self._ready.extend(self.assembler.flush(self.clock()))
             self._flushed = True
-            self._settle_pending()
+            self.deliveries.settle_pending()
             return self._ready.popleft() if self._ready else None
         return None
 
-    def _reconcile_payloads(self) -> None:
-        """Cancel the payload obligations the ledger shows are no longer owed -- a
-        release lost when a reader died after a confirmed ack (PAY-006), an intent whose
-        resolution was lost -- judging this node's parents' publications and its own
-        from the run ledger's outboxes and the broker's ack floors. At start, then at
-        most once per ack_wait; anything it cannot observe stays owed."""
-        if self.payload_store is None:
-            return
-        now = time.monotonic()
-        if now - self._reconciled_at < self.ack_wait:
-            return
-        self._reconciled_at = now
-        ledger = RuntimeObligationLedger(self.runtime, self.backend,
-                                         [*self.parent_names, self.node_name])
-        self.reconciled += reconcile(self.payload_store, ledger)
-
     def _receive_once(self) -> None:
-        self._reconcile_payloads()
+        self.reconciled += self.payloads.reconcile()  # PAY-006, at most once per ack_wait
         subs = [*self._data_subs.values(), *self._eos_subs]
         got = self.backend.receive_any(subs, 64, 0, time.monotonic() + POLL_SECONDS)
         for sub, delivery in got:
@@ -748,76 +660,33 @@ class NATSMessenger(Messenger):
                 self._on_end_marker(self._eos_subs[sub], delivery)
             else:
                 self._on_data(sub, delivery)
-        self._settle_pending()
+        self.deliveries.settle_pending()
 
     def _on_data(self, sub: SubscriptionId, delivery: Delivery) -> None:
         parent = sub.channel.node
-        self._ends[parent].last_data = time.monotonic()
+        self.deliveries.data_arrived(parent)
         try:
             entry = EnvelopeEntry.from_decoded(decode_envelope(delivery.data))
             if entry.blob_ref is not None:
-                entry = replace(entry, message=self._restore(entry.blob_ref))
+                entry = replace(entry, message=self.payloads.restore(entry.blob_ref))
         except (WireError, KeyError) as error:  # PayloadMissing is a KeyError too
-            self._drops["undecodable"] += 1
-            self._terminate(parent, delivery, f"undecodable: {error!r}")
+            self.deliveries.drops["undecodable"] += 1
+            self.deliveries.terminate(parent, delivery, f"undecodable: {error!r}")
             return
-        self._held[parent].add(delivery.token)
+        self.deliveries.hold(parent, delivery.token)
         self.assembler.add(parent, entry, _Handle(self, parent, sub, delivery, entry.blob_ref,
                                                   time.monotonic()))
-
-    def _restore(self, ref: str) -> Any:
-        """The message an envelope carries by ref, read on this (the receiving) thread
-        once the delivery is ours."""
-        if self.payload_store is not None:
-            return decode_message(self.payload_store.get(ref), what=f"payload {ref!r}")
-        if self.blob_store is not None:
-            return restore_message(ref, self.blob_store)
-        raise KeyError(f"payload {ref!r} arrived by ref and no payload store is set")
 
     def _on_end_marker(self, parent: str, delivery: Delivery) -> None:
         try:
             marker = decode_envelope(delivery.data)
         except WireError as error:
-            self._drops["undecodable"] += 1
-            self._terminate(parent, delivery, f"undecodable end marker: {error}")
+            self.deliveries.drops["undecodable"] += 1
+            self.deliveries.terminate(parent, delivery, f"undecodable end marker: {error}")
             return
-        end = self._ends[parent]
-        replicas = (marker.get("metadata") or {}).get("replicas", 1)
-        end.expected = replicas if isinstance(replicas, int) and replicas >= 1 else 1
-        end.markers.setdefault(marker["replica_id"], marker)
+        self.deliveries.on_marker(parent, marker)
         self.runtime.record_eos(parent, marker["replica_id"], aborted=bool(marker["is_abort"]))
-        self._to_settle.append((delivery, Completed()))
-
-    def _drained(self, parent: str) -> bool:
-        end = self._ends[parent]
-        if not end.markers or len(end.markers) < end.expected:
-            return False
-        sub = self._data_subs[parent]
-        if self.backend.prefetched(sub):
-            return False
-        observed = self.backend.observe_subscription(sub)
-        if isinstance(observed, Known):
-            # Nothing waiting, and nothing leased but what this messenger holds itself
-            # (halves in the assembler): a lease held by a replica that died comes back
-            # when it lapses, and someone must still be here to take it.
-            held = len(self._held[parent])
-            return observed.value.available == 0 and observed.value.leased <= held
-        return time.monotonic() - end.last_data >= self.eos_quiescence
-
-    def _stop_entries(self) -> dict[str, Any]:
-        entries: dict[str, Any] = {}
-        for parent in self.parent_names:
-            markers = self._ends[parent].markers
-            entries[parent] = self._end_entry(
-                next((m for m in markers.values() if m["is_abort"]), None))
-        return entries
-
-    @staticmethod
-    def _end_entry(aborted: dict[str, Any] | None) -> dict[str, Any]:
-        return {"message": None, "metadata": None, "event_ts": None,
-                "is_stop_signal": aborted is None, "is_abort": aborted is not None,
-                "abort_origin": None if aborted is None else aborted["abort_origin"],
-                "abort_error": None if aborted is None else aborted["abort_error"]}
+        self.deliveries.settle_later(delivery, Completed())
 
     @staticmethod
     def _entry_dict(entry: Any) -> dict[str, Any] | None:
@@ -858,32 +727,8 @@ class NATSMessenger(Messenger):
         """Settle every handle of the group last returned Completed, in one batch.
         An unconfirmed settlement leaves its delivery to be redelivered (PAY-004)."""
         group, self._group = self._group, None
-        if group is None:
-            return
-        key = f"{group.trace_id}:{group.seq}"
-        for handle in group.handles:
-            self._let_go(handle.delivery)
-            if self._counted:  # only after failures: no key is built on the usual path
-                counted = f"{handle.parent}:{handle.delivery.stream_seq}"
-                if counted in self._counted:  # it failed before: its count is done with
-                    self._counted.discard(counted)
-                    self.runtime.clear_attempts(counted)
-        results = self.backend.settle_many([(h.delivery.token, Completed(), f"ack:{key}:{i}")
-                                            for i, h in enumerate(group.handles)])
-        self.unconfirmed_acks += sum(isinstance(r, SettleUnknown) for r in results)
-        for handle, result in zip(group.handles, results, strict=True):
-            # PAY-004: a payload obligation goes only with a confirmed settlement.
-            if handle.blob_ref is not None and isinstance(result, SettleConfirmed):
-                self._read_done(handle.blob_ref)
-
-    def _read_done(self, ref: str) -> None:
-        """This reader is done with a payload (its settlement confirmed): release its
-        obligation, or count one read down in the counter store, deleting the payload
-        with the last (BLOB-5)."""
-        if self.payload_store is not None:
-            self.payload_store.release(ref, self.reader_id)
-        elif self.blob_store is not None and self.runtime.blob_read(ref) == 0:
-            self.blob_store.delete(ref)
+        if group is not None:
+            self.deliveries.complete(group.handles, f"{group.trace_id}:{group.seq}")
 
     def fail_inputs(self, exc: BaseException) -> None:
         """Execute the delivery policy's verdict for exc on the group last returned:
@@ -891,102 +736,34 @@ class NATSMessenger(Messenger):
         dead-letter then terminate (poison, or the retry budget spent), or terminate
         against the terminal log and count it (best effort)."""
         group, self._group = self._group, None
-        if group is None:
-            return
-        for handle in group.handles:
-            delivery = handle.delivery
-            self._let_go(delivery)
-            action = self.delivery_policy.action_for(exc, self._attempts(handle, exc))
-            if action.kind == "retry":
-                self._to_settle.append((delivery, Retry(action.delay)))
-            elif action.kind == "nak_uncounted":
-                self._to_settle.append((delivery, Retry(0.0)))
-            elif action.kind == "dead_letter":
-                self._dead_letter(handle, exc, action.reason)
-            else:  # drop
-                self._drops["exhausted"] += 1
-                self._terminate(handle.parent, delivery, action.reason or "dropped")
-        self._settle_pending()
-
-    def _attempts(self, handle: _Handle, exc: BaseException) -> int:
-        """The attempt number the delivery policy judges: the broker's delivery count,
-        or -- under the ledger's budget -- the attempts counted in the ledger, where a
-        worker-fatal failure is never counted (the message is fine; this worker is
-        not)."""
-        if not self.ledger_budget:
-            return handle.delivery.num_delivered
-        key = f"{handle.parent}:{handle.delivery.stream_seq}"
-        if classify_error(exc) == WORKER_FATAL:
-            return max(self.runtime.attempts(key), 1)
-        self._counted.add(key)
-        return self.runtime.count_attempt(key)
-
-    def _dead_letter(self, handle: _Handle, exc: BaseException | None, reason: str,
-                     kind: Reason | None = None) -> None:
-        delivery = handle.delivery
-        if kind is None:
-            kind = "poison" if reason.startswith("poison") else "retries_exhausted"
-        record = dead_letter_for(
-            self.flow_id, self.run_id, self.node_name, handle.parent, delivery.stream_seq,
-            delivery.num_delivered, kind, delivery.data, exc, self.clock())
-        pin = None
-        if handle.blob_ref is not None and self.payload_store is not None:
-            # The dead letter carries the envelope, and so the ref: its payload must
-            # outlive the reader's settlement for as long as dead letters are kept
-            # (BLOB-14 step 3), or a replay would find nothing. Pinned before the
-            # dead letter exists, never after.
-            pin = f"dlq/{dead_letter_msg_id(self.node_name, handle.parent, delivery.stream_seq)}"
-            self.payload_store.acquire(handle.blob_ref, pin, ttl_seconds=DLQ_RETENTION_SECONDS)
-        done = dead_letter(self.backend, delivery.token, record,
-                           time.monotonic() + self.ack_wait)
-        if done.settled is not None:
-            self.dead_lettered += 1
-        if pin is not None and isinstance(done.settled, SettleConfirmed):
-            assert self.payload_store is not None and handle.blob_ref is not None
-            self.payload_store.release(handle.blob_ref, self.reader_id)  # PAY-004
-        if done.settled is None:
-            # The dead letter was not accepted: the delivery stays alive for a later
-            # attempt, and the ledger and the broker's observation both say so.
-            key = f"{handle.parent}:{delivery.stream_seq}"
-            self.runtime.add_pending_handoff(key, handle.parent, reason)
-            self.backend.mark_exhausted(handle.sub, delivery.stream_seq)
-            self._drops["exhausted"] += 1
+        if group is not None:
+            self.deliveries.fail(group.handles, exc)
 
     def _discarded(self, handle: _Handle, reason: str) -> None:
         if handle.parent in self._collect and reason in ("expired", "flushed"):
             # A sample no group took, released once no group could: done, not lost.
-            self._to_settle.append((handle.delivery, Completed()))
+            self.deliveries.settle_later(handle.delivery, Completed())
             return
-        self._drops["join_evicted"] += 1
+        self.deliveries.drops["join_evicted"] += 1
         if self._join_missing == "dead_letter":
-            self._let_go(handle.delivery)
-            self._dead_letter(handle, None, f"join {reason}", "join_incomplete")
+            self.deliveries.let_go(handle.delivery)
+            self.deliveries.dead_letter(handle, None, f"join {reason}", "join_incomplete")
         else:
-            self._terminate(handle.parent, handle.delivery, f"join {reason}")
+            self.deliveries.terminate(handle.parent, handle.delivery, f"join {reason}")
 
-    def _terminate(self, parent: str, delivery: Delivery, reason: str) -> None:
-        """Give a delivery up against a terminal-log record (DELIV-15)."""
-        key = f"{parent}:{delivery.stream_seq}"
-        entry = self.runtime.log_terminal(key, f"terminal:{self.node_name}:{key}", reason)
-        self._to_settle.append((delivery, Terminal(entry.record_ref)))
+    @property
+    def dead_lettered(self) -> int:
+        """Inputs this process dead-lettered (records accepted)."""
+        return self.deliveries.dead_lettered
 
-    def _let_go(self, delivery: Delivery) -> None:
-        self._held[delivery.token.subscription.channel.node].discard(delivery.token)
-
-    def _settle_pending(self) -> None:
-        pending, self._to_settle = self._to_settle, []
-        for delivery, _ in pending:
-            self._let_go(delivery)
-        if pending:
-            self.backend.settle_many(
-                [(d.token, outcome, f"{type(outcome).__name__}:{d.token.stream_seq}:"
-                  f"{d.token.attempt}:{d.token.subscription.channel.node}")
-                 for d, outcome in pending])
+    @property
+    def unconfirmed_acks(self) -> int:
+        """Acks the broker did not confirm (redelivered later)."""
+        return self.deliveries.unconfirmed_acks
 
     def take_drops(self) -> dict[str, int]:
         """Inputs given up on since the last call, by reason (DROP_REASONS)."""
-        drops, self._drops = self._drops, dict.fromkeys(DROP_REASONS, 0)
-        return drops
+        return self.deliveries.take_drops()
 
     def terminal_entries(self) -> list[dict[str, Any]]:
         """The node's terminal log (DELIV-15): every delivery it ended without a dead

@@ -1,0 +1,335 @@
+"""Deliveries: what becomes of the deliveries a node's messenger takes, and when its
+parents have ended.
+
+Every delivery the messenger holds unsettled (in the assembler, or in the group handed
+out) is its own share of its durable's leases, until it is settled: completed, handed
+back to be retried, dead-lettered, or terminated. A delivery is given up on only against
+a durable record (DELIV-15): the dead letter when one was accepted, else an entry in the
+node's terminal log. What counts as a drop is counted by reason (DROP_REASONS).
+
+End of stream: a node publishes one marker per replica on its channel's EOS subject,
+carrying its replica count in metadata ({"replicas": n}), so a child knows how many
+markers end that parent. A parent has ended once all its replicas' markers arrived, and
+is drained once nothing more of its data is coming: its durable reports nothing
+available and nothing leased -- a lease held by a replica that died comes back when it
+lapses -- (or, when that cannot be observed, no data of it arrived for
+eos_quiescence_ms) and nothing of it is parked here. Its data published before each
+marker was confirmed before the marker was sent, so it is in the stream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from videoflow.backends.messaging import (
+    Completed,
+    Delivery,
+    DeliveryToken,
+    Known,
+    MessagingBackend,
+    Retry,
+    SettleConfirmed,
+    SettleOutcome,
+    SettleUnknown,
+    SubscriptionId,
+    Terminal,
+)
+from videoflow.core.policies import WORKER_FATAL, DeliveryPolicy, classify_error
+from videoflow.core.runtime import FlowRuntime
+from videoflow.messaging.dead_letters import Reason, dead_letter, dead_letter_for
+from videoflow.messaging.messenger_payloads import MessengerPayloads
+from videoflow.wire.serialization import encode_envelope
+
+DROP_REASONS: Final = ("exhausted", "undecodable", "join_evicted", "publish_discarded")
+
+
+def end_marker(node_name: str, flow_id: str, run_id: str, replica_id: int, nb_tasks: int,
+               is_abort: bool, error: Any, origin: str | None = None) -> bytes:
+    """The envelope of one replica's end of stream: clean, or an abort carrying why.
+
+    Arguments:
+        node_name / flow_id / run_id: the node and its run.
+        replica_id / nb_tasks: this replica and the node's replica count, which the
+            marker carries so a child knows how many markers end this node.
+        is_abort: an abnormal end.
+        error: an exception, or an error record ({'type', 'message'}); None for a
+            clean end.
+        origin: the node that died first, when relaying a parent's abort; this node
+            when None.
+
+    Returns:
+        The encoded envelope.
+    """
+    if error is None or isinstance(error, dict):
+        record = error
+    else:
+        record = {"type": type(error).__name__, "message": str(error)}
+    return encode_envelope(
+        None, trace_id=f"{node_name}:end", seq=replica_id,
+        metadata={"replicas": nb_tasks}, is_stop_signal=not is_abort,
+        producer_name=node_name, flow_id=flow_id, run_id=run_id,
+        replica_id=replica_id, is_abort=is_abort,
+        abort_origin=(origin or node_name) if is_abort else None,
+        abort_error=record)
+
+
+def end_entry(aborted: dict[str, Any] | None) -> dict[str, Any]:
+    """The entry receive_message returns for a parent that ended.
+
+    Arguments:
+        aborted: the abort marker it sent, or None for a clean end.
+
+    Returns:
+        A stop entry (is_stop_signal True), or an abort entry carrying the abort's
+        origin and error.
+    """
+    return {"message": None, "metadata": None, "event_ts": None,
+            "is_stop_signal": aborted is None, "is_abort": aborted is not None,
+            "abort_origin": None if aborted is None else aborted["abort_origin"],
+            "abort_error": None if aborted is None else aborted["abort_error"]}
+
+
+class Held(Protocol):
+    """What the messenger holds for one delivery (its assembler handle)."""
+
+    parent: str
+    sub: SubscriptionId
+    delivery: Delivery
+    blob_ref: str | None
+
+
+@dataclass(slots=True)
+class _ParentEnd:
+    """The end-of-stream markers one parent's replicas sent."""
+
+    expected: int = 1
+    markers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    last_data: float = 0.0
+
+
+class Deliveries:
+    """One node's deliveries: which it holds, how each is settled or given up, what
+    was dropped, and each parent's end (see the module docstring).
+
+    Arguments:
+        node_name / flow_id / run_id: the node and its run.
+        parent_names: its real parents, by name.
+        backend: the MessagingBackend it settles on and observes.
+        runtime: the node's FlowRuntime ledger (attempts, terminal log, handoffs).
+        payloads: the messenger's by-ref payload side (released on a confirmed
+            settlement, pinned for a dead letter).
+        delivery_policy: the node's effective delivery policy (its action_for).
+        ledger_budget: the retry budget is counted in the ledger, not by the broker.
+        ack_wait: the durables' lease, in seconds: a dead letter's deadline.
+        eos_quiescence: how long, in seconds, a parent's data must stay quiet after its
+            last end marker before it counts as drained, when the broker cannot say.
+        clock: wall-clock seconds, for dead letters' timestamps.
+    """
+
+    def __init__(self, node_name: str, flow_id: str, run_id: str, parent_names: list[str],
+                 backend: MessagingBackend, runtime: FlowRuntime,
+                 payloads: MessengerPayloads, *, delivery_policy: DeliveryPolicy,
+                 ledger_budget: bool, ack_wait: int, eos_quiescence: float,
+                 clock: Callable[[], float]) -> None:
+        self.node_name, self.flow_id, self.run_id = node_name, flow_id, run_id
+        self.parent_names = list(parent_names)
+        self.backend = backend
+        self.runtime = runtime
+        self.payloads = payloads
+        self.delivery_policy = delivery_policy
+        self.ledger_budget = ledger_budget
+        self.ack_wait = ack_wait
+        self.eos_quiescence = eos_quiescence
+        self.clock = clock
+        self.drops = dict.fromkeys(DROP_REASONS, 0)
+        self.dead_lettered = 0  # inputs this process dead-lettered (records accepted)
+        self.unconfirmed_acks = 0  # acks the broker did not confirm (redelivered later)
+        self._counted: set[str] = set()  # inputs whose failures this process counted
+        self._to_settle: list[tuple[Delivery, SettleOutcome]] = []
+        self._ends: dict[str, _ParentEnd] = {p: _ParentEnd() for p in self.parent_names}
+        # Deliveries of each parent the messenger holds unsettled (in the assembler or
+        # in the group handed out): its own share of the durable's leases.
+        self._held: dict[str, set[DeliveryToken]] = {p: set() for p in self.parent_names}
+
+    # ------------------------------------------------------------------ holding
+
+    def data_arrived(self, parent: str) -> None:
+        """A delivery of parent's data arrived (decodable or not): it is not quiet."""
+        self._ends[parent].last_data = time.monotonic()
+
+    def hold(self, parent: str, token: DeliveryToken) -> None:
+        """The messenger holds this delivery of parent's unsettled."""
+        self._held[parent].add(token)
+
+    def let_go(self, delivery: Delivery) -> None:
+        """The messenger no longer holds this delivery (settled, or about to be)."""
+        self._held[delivery.token.subscription.channel.node].discard(delivery.token)
+
+    # ------------------------------------------------------------------ settling
+
+    def complete(self, handles: Sequence[Held], key: str) -> None:
+        """Settle every handle of one group Completed, in one batch. An unconfirmed
+        settlement leaves its delivery to be redelivered (PAY-004).
+
+        Arguments:
+            handles: the group's handles.
+            key: the group's identity ({trace_id}:{seq}), naming the settlements.
+        """
+        for handle in handles:
+            self.let_go(handle.delivery)
+            if self._counted:  # only after failures: no key is built on the usual path
+                counted = f"{handle.parent}:{handle.delivery.stream_seq}"
+                if counted in self._counted:  # it failed before: its count is done with
+                    self._counted.discard(counted)
+                    self.runtime.clear_attempts(counted)
+        results = self.backend.settle_many([(h.delivery.token, Completed(), f"ack:{key}:{i}")
+                                            for i, h in enumerate(handles)])
+        self.unconfirmed_acks += sum(isinstance(r, SettleUnknown) for r in results)
+        for handle, result in zip(handles, results, strict=True):
+            # PAY-004: a payload obligation goes only with a confirmed settlement.
+            if handle.blob_ref is not None and isinstance(result, SettleConfirmed):
+                self.payloads.read_done(handle.blob_ref)
+
+    def fail(self, handles: Sequence[Held], exc: BaseException) -> None:
+        """Execute the delivery policy's verdict for exc on every handle of one group:
+        retry after the backoff, hand back without counting (worker-fatal),
+        dead-letter then terminate (poison, or the retry budget spent), or terminate
+        against the terminal log and count it (best effort)."""
+        for handle in handles:
+            delivery = handle.delivery
+            self.let_go(delivery)
+            action = self.delivery_policy.action_for(exc, self._attempts(handle, exc))
+            if action.kind == "retry":
+                self.settle_later(delivery, Retry(action.delay))
+            elif action.kind == "nak_uncounted":
+                self.settle_later(delivery, Retry(0.0))
+            elif action.kind == "dead_letter":
+                self.dead_letter(handle, exc, action.reason)
+            else:  # drop
+                self.drops["exhausted"] += 1
+                self.terminate(handle.parent, delivery, action.reason or "dropped")
+        self.settle_pending()
+
+    def _attempts(self, handle: Held, exc: BaseException) -> int:
+        """The attempt number the delivery policy judges: the broker's delivery count,
+        or -- under the ledger's budget -- the attempts counted in the ledger, where a
+        worker-fatal failure is never counted (the message is fine; this worker is
+        not)."""
+        if not self.ledger_budget:
+            return handle.delivery.num_delivered
+        key = f"{handle.parent}:{handle.delivery.stream_seq}"
+        if classify_error(exc) == WORKER_FATAL:
+            return max(self.runtime.attempts(key), 1)
+        self._counted.add(key)
+        return self.runtime.count_attempt(key)
+
+    def dead_letter(self, handle: Held, exc: BaseException | None, reason: str,
+                    kind: Reason | None = None) -> None:
+        """Give a delivery up against a dead letter (DELIV-15); if the dead letter was
+        not accepted, the delivery stays alive for a later attempt.
+
+        Arguments:
+            handle: the delivery's handle.
+            exc: the failure, if any.
+            reason: why ('poison…' makes a poison dead letter).
+            kind: the dead letter's kind; from reason when None.
+        """
+        delivery = handle.delivery
+        if kind is None:
+            kind = "poison" if reason.startswith("poison") else "retries_exhausted"
+        record = dead_letter_for(
+            self.flow_id, self.run_id, self.node_name, handle.parent, delivery.stream_seq,
+            delivery.num_delivered, kind, delivery.data, exc, self.clock())
+        # BLOB-14 step 3: the dead letter carries the ref, so its payload is pinned
+        # for as long as dead letters are kept, before the dead letter exists.
+        pinned = handle.blob_ref is not None and self.payloads.pin_for_dead_letter(
+            handle.blob_ref, handle.parent, delivery.stream_seq)
+        done = dead_letter(self.backend, delivery.token, record,
+                           time.monotonic() + self.ack_wait)
+        if done.settled is not None:
+            self.dead_lettered += 1
+        if pinned and isinstance(done.settled, SettleConfirmed):
+            assert handle.blob_ref is not None
+            self.payloads.read_done(handle.blob_ref)  # PAY-004: its settlement confirmed
+        if done.settled is None:
+            # The dead letter was not accepted: the delivery stays alive for a later
+            # attempt, and the ledger and the broker's observation both say so.
+            key = f"{handle.parent}:{delivery.stream_seq}"
+            self.runtime.add_pending_handoff(key, handle.parent, reason)
+            self.backend.mark_exhausted(handle.sub, delivery.stream_seq)
+            self.drops["exhausted"] += 1
+
+    def terminate(self, parent: str, delivery: Delivery, reason: str) -> None:
+        """Give a delivery up against a terminal-log record (DELIV-15), settled with
+        the next settle_pending."""
+        key = f"{parent}:{delivery.stream_seq}"
+        entry = self.runtime.log_terminal(key, f"terminal:{self.node_name}:{key}", reason)
+        self.settle_later(delivery, Terminal(entry.record_ref))
+
+    def settle_later(self, delivery: Delivery, outcome: SettleOutcome) -> None:
+        """Queue a settlement for the next settle_pending."""
+        self._to_settle.append((delivery, outcome))
+
+    def settle_pending(self) -> None:
+        """Settle everything queued, in one batch."""
+        pending, self._to_settle = self._to_settle, []
+        for delivery, _ in pending:
+            self.let_go(delivery)
+        if pending:
+            self.backend.settle_many(
+                [(d.token, outcome, f"{type(outcome).__name__}:{d.token.stream_seq}:"
+                  f"{d.token.attempt}:{d.token.subscription.channel.node}")
+                 for d, outcome in pending])
+
+    def take_drops(self) -> dict[str, int]:
+        """Inputs given up on since the last call, by reason (DROP_REASONS)."""
+        drops, self.drops = self.drops, dict.fromkeys(DROP_REASONS, 0)
+        return drops
+
+    # ------------------------------------------------------------------ end of stream
+
+    def on_marker(self, parent: str, marker: dict[str, Any]) -> None:
+        """Count one decoded end marker of parent's: the first from each replica counts,
+        and the replica count it carries sets how many end the parent."""
+        end = self._ends[parent]
+        replicas = (marker.get("metadata") or {}).get("replicas", 1)
+        end.expected = replicas if isinstance(replicas, int) and replicas >= 1 else 1
+        end.markers.setdefault(marker["replica_id"], marker)
+
+    def drained(self, parent: str, sub: SubscriptionId) -> bool:
+        """Whether parent ended and nothing more of its data is coming (see the module
+        docstring).
+
+        Arguments:
+            parent: the parent.
+            sub: this node's data subscription on it.
+        """
+        end = self._ends[parent]
+        if not end.markers or len(end.markers) < end.expected:
+            return False
+        if self.backend.prefetched(sub):
+            return False
+        observed = self.backend.observe_subscription(sub)
+        if isinstance(observed, Known):
+            # Nothing waiting, and nothing leased but what this messenger holds itself
+            # (halves in the assembler): a lease held by a replica that died comes back
+            # when it lapses, and someone must still be here to take it.
+            held = len(self._held[parent])
+            return observed.value.available == 0 and observed.value.leased <= held
+        return time.monotonic() - end.last_data >= self.eos_quiescence
+
+    def stop_entries(self) -> dict[str, Any]:
+        """Per parent, its end entry: an abort entry if any of its replicas aborted,
+        else a stop entry."""
+        entries: dict[str, Any] = {}
+        for parent in self.parent_names:
+            markers = self._ends[parent].markers
+            entries[parent] = end_entry(
+                next((m for m in markers.values() if m["is_abort"]), None))
+        return entries
+
+
+__all__ = ["DROP_REASONS", "Deliveries", "Held", "end_entry", "end_marker"]

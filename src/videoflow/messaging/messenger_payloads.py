@@ -1,0 +1,201 @@
+"""MessengerPayloads: the by-ref payload side of a node's messenger.
+
+Payloads over the inline limit travel by ref through an obligation-keeping PayloadStore:
+put with this node's readers' obligations and its own intent, recorded in the outbox,
+the intent resolved by the publication's outcome; a reader releases its obligation only
+after its settlement is confirmed (PAY-004).
+
+While receiving, the messenger reconciles payload obligations (RuntimeObligationLedger,
+at most once per ack_wait): a release lost when a reader died after a confirmed ack is
+cancelled once the broker's ack floor shows it (PAY-006).
+
+The older counter BlobStore (blob_store, RFC 0002) still works without a payload
+store: blob_readers sets how many reads a payload is owed, counted down in the run
+ledger by each reader after a confirmed settlement, the last deleting it (BLOB-5).
+
+What to publish, and whether it was published, stays the messenger's
+(videoflow.messaging.nats_messenger): this side puts, reads and lets payloads go.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from videoflow.backends.messaging import MessagingBackend
+from videoflow.backends.payload import PayloadStore
+from videoflow.core.runtime import FlowRuntime
+from videoflow.messaging.dead_letters import dead_letter_msg_id
+from videoflow.messaging.obligations import RuntimeObligationLedger, reconcile
+from videoflow.messaging.stream_configs import DLQ_RETENTION_SECONDS
+from videoflow.wire.serialization import (
+    BlobStore,
+    decode_message,
+    encode_message,
+    offload_message,
+    restore_message,
+)
+
+
+class MessengerPayloads:
+    """Where one node's by-ref payloads go and come from: the obligation-keeping
+    payload store, else the older counter store, else none (everything inline).
+
+    Arguments:
+        node_name: the node.
+        parent_names: its real parents, whose publications reconciliation judges.
+        backend: the MessagingBackend whose ack floors reconciliation reads.
+        runtime: the node's FlowRuntime ledger (outbox, read counts).
+        ack_wait: the durables' lease, in seconds: reconciliation runs at most once per
+            ack_wait.
+        payload_store: the obligation-keeping PayloadStore, or None.
+        blob_store: the counter BlobStore (RFC 0002), used only when payload_store is
+            None.
+        blob_readers: how many reads each payload put in the counter store is owed
+            (BLOB-5); None leaves it to the store's TTL.
+        blob_reader_ids: the reader obligations each put in the payload store acquires.
+        blob_ttl_seconds: the TTL of those payloads; None for the store's default.
+        reader_id: the obligation this node holds on its parents' payloads.
+    """
+
+    def __init__(self, node_name: str, parent_names: list[str], backend: MessagingBackend,
+                 runtime: FlowRuntime, ack_wait: int, *,
+                 payload_store: PayloadStore | None, blob_store: BlobStore | None,
+                 blob_readers: int | None, blob_reader_ids: tuple[str, ...],
+                 blob_ttl_seconds: int | None, reader_id: str) -> None:
+        self.node_name = node_name
+        self.parent_names = list(parent_names)
+        self.backend = backend
+        self.runtime = runtime
+        self.ack_wait = ack_wait
+        self.payload_store = payload_store
+        self.blob_store = None if payload_store is not None else blob_store
+        self.blob_readers = blob_readers
+        self.blob_reader_ids = blob_reader_ids
+        self.blob_ttl_seconds = blob_ttl_seconds
+        self.reader_id = reader_id
+        self._reconciled_at = float("-inf")
+
+    @property
+    def offloads(self) -> bool:
+        """Whether an output over the inline limit has a store to travel by ref through."""
+        return self.payload_store is not None or self.blob_store is not None
+
+    # ------------------------------------------------------------------ the writer
+
+    def put(self, message: Any, msg_id: str) -> str:
+        """Put an output's message where the ref its envelope carries will point.
+
+        Into the payload store: with its readers' obligations and this publication's
+        intent acquired, and recorded in the outbox (PAY-007/013). Else into the counter
+        store: with the reads it is owed recorded in the run ledger (blob_readers; None
+        leaves it to the store's TTL; RFC 0002, BLOB-5).
+
+        Arguments:
+            message: the output's message.
+            msg_id: the publication's msg_id, the intent's name.
+
+        Returns:
+            The ref.
+        """
+        if self.payload_store is not None:
+            ttl = {} if self.blob_ttl_seconds is None else {"ttl_seconds": self.blob_ttl_seconds}
+            ref = self.payload_store.put(encode_message(message), self.blob_reader_ids,
+                                         msg_id, **ttl)
+            self.runtime.record_publication(msg_id, (ref,), self.blob_reader_ids)
+            return ref
+        assert self.blob_store is not None
+        ref = offload_message(message, self.blob_store)
+        if self.blob_readers is not None:
+            self.runtime.count_blob_readers(ref, self.blob_readers)
+        return ref
+
+    def refused(self, ref: str, msg_id: str) -> None:
+        """The publication carrying ref was definitely refused: reclaim its payload at
+        once (the intent resolved as refused, or the counted payload deleted)."""
+        if self.payload_store is not None:
+            self.payload_store.resolve_intent(ref, msg_id, accepted=False)
+            self.runtime.resolve_publication(msg_id, None)
+        else:
+            assert self.blob_store is not None
+            self.blob_store.delete(ref)
+
+    def accepted(self, ref: str, msg_id: str, stream_seq: int) -> None:
+        """The publication carrying ref was accepted at stream_seq: release its intent
+        (the readers' obligations keep the payload). A counted payload has no intent:
+        its readers count it down."""
+        if self.payload_store is not None:
+            self.payload_store.resolve_intent(ref, msg_id, accepted=True)
+            self.runtime.resolve_publication(msg_id, stream_seq)
+
+    # ------------------------------------------------------------------ the reader
+
+    def restore(self, ref: str) -> Any:
+        """The message an envelope carries by ref, read on the receiving thread once the
+        delivery is the messenger's.
+
+        Raises:
+            KeyError: no store is set, or the payload is missing (PayloadMissing).
+            WireError: the payload does not decode.
+        """
+        if self.payload_store is not None:
+            return decode_message(self.payload_store.get(ref), what=f"payload {ref!r}")
+        if self.blob_store is not None:
+            return restore_message(ref, self.blob_store)
+        raise KeyError(f"payload {ref!r} arrived by ref and no payload store is set")
+
+    def read_done(self, ref: str) -> None:
+        """This reader is done with a payload (its settlement confirmed): release its
+        obligation, or count one read down in the counter store, deleting the payload
+        with the last (BLOB-5)."""
+        if self.payload_store is not None:
+            self.payload_store.release(ref, self.reader_id)
+        elif self.blob_store is not None and self.runtime.blob_read(ref) == 0:
+            self.blob_store.delete(ref)
+
+    def pin_for_dead_letter(self, ref: str, parent: str, stream_seq: int) -> bool:
+        """Keep a payload for as long as dead letters are kept, before the dead letter of
+        the delivery carrying its ref exists.
+
+        The dead letter carries the envelope, and so the ref: its payload must outlive
+        the reader's settlement for as long as dead letters are kept (BLOB-14 step 3), or
+        a replay would find nothing. Pinned before the dead letter exists, never after.
+
+        Arguments:
+            ref: the payload the delivery carried.
+            parent / stream_seq: the delivery's identity, naming the pin.
+
+        Returns:
+            Whether it was pinned (only the payload store keeps pins); once the dead
+            letter's settlement is confirmed, read_done lets this reader's obligation go.
+        """
+        if self.payload_store is None:
+            return False
+        pin = f"dlq/{dead_letter_msg_id(self.node_name, parent, stream_seq)}"
+        self.payload_store.acquire(ref, pin, ttl_seconds=DLQ_RETENTION_SECONDS)
+        return True
+
+    # ------------------------------------------------------------------ reconciliation
+
+    def reconcile(self) -> int:
+        """Cancel the payload obligations the ledger shows are no longer owed -- a
+        release lost when a reader died after a confirmed ack (PAY-006), an intent whose
+        resolution was lost -- judging this node's parents' publications and its own
+        from the run ledger's outboxes and the broker's ack floors. At start, then at
+        most once per ack_wait; anything it cannot observe stays owed.
+
+        Returns:
+            How many obligations were cancelled (0 when it did not run).
+        """
+        if self.payload_store is None:
+            return 0
+        now = time.monotonic()
+        if now - self._reconciled_at < self.ack_wait:
+            return 0
+        self._reconciled_at = now
+        ledger = RuntimeObligationLedger(self.runtime, self.backend,
+                                         [*self.parent_names, self.node_name])
+        return reconcile(self.payload_store, ledger)
+
+
+__all__ = ["MessengerPayloads"]
