@@ -11,7 +11,7 @@ import pytest
 from flow_nodes import Add, DieOnce, Numbers, Record, RejectMultiplesOf, Scale, applied
 
 from videoflow import server as embedded
-from videoflow.core.constants import BATCH
+from videoflow.core.constants import BATCH, REALTIME
 from videoflow.core.flow import Flow
 from videoflow.messaging.dead_letters import decode_dead_letter
 from videoflow.messaging.naming import dlq_stream_name
@@ -111,3 +111,19 @@ def test_a_replica_killed_mid_run_is_started_again_and_nothing_is_lost(
     assert report.outcome == "completed", report.format()
     assert report.nodes["die_once"].restarts == 1
     assert sorted(v for (v,) in applied(out)) == list(range(100))
+
+
+def test_a_realtime_flow_counts_every_output_it_never_read_as_superseded(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    """REALTIME keeps only the newest message on a stream, so a slow reader misses
+    older ones; each is still accounted for: received, or counted as superseded."""
+    numbers = Numbers(300)
+    sink = Record(str(out), pace=0.002)(Scale(2, nb_tasks=2)(numbers))
+    report = Flow([numbers], [sink], REALTIME, name="live").run(nats_server.url, view=False)
+    assert report.outcome == "completed", report.format()
+    scale, record = report.nodes["scale"], report.nodes["record"]
+    assert scale.received["numbers"] + scale.dropped.get("superseded", 0) == 300
+    assert record.received["scale"] + record.dropped.get("superseded", 0) == scale.emitted
+    assert record.processed == record.received["scale"] == len(applied(out))
+    assert record.dropped.get("superseded", 0) > 0  # the sink is slower than the flow

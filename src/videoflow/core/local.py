@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from videoflow.core.compiler import CompiledFlow, compile_flow
+from videoflow.core.constants import REALTIME
 from videoflow.core.node import Node
 from videoflow.core.report import NodeReport, RunReport
 from videoflow.core.task import Task
@@ -194,12 +195,36 @@ def run_flow(
         restarts = sum(r.restarts for r in run.replicas.values()
                        if r.job.spec.name == spec.name)
         report.nodes[spec.name] = NodeReport.from_replicas(spec.kind, finals, restarts)
+    if compiled.flow_type == REALTIME:
+        _count_superseded(report, compiled)
     outcomes = [o for n in report.nodes.values() for o in n.outcomes.values()]
     if run.failed or any(o in ("failed", "lost", "aborted") for o in outcomes):
         report.outcome = "failed"
     elif run.stop_requested:
         report.outcome = "stopped"
     return report
+
+
+def _count_superseded(report: RunReport, compiled: CompiledFlow) -> None:
+    """A REALTIME stream keeps only the newest outputs: what a child never received of
+    its parent's outputs was superseded there, and is counted as its drop. Only where
+    both ends are fully accounted for (every replica ended, none restarted): a lost
+    process's counts died with it, and a guess is not a count."""
+    for spec in compiled.specs:
+        child = report.nodes[spec.name]
+        if not _accounted(child):
+            continue
+        for parent in spec.parents:
+            source = report.nodes[parent]
+            if not _accounted(source):
+                continue
+            missed = source.emitted - child.received.get(parent, 0)
+            if missed > 0:
+                child.dropped["superseded"] = child.dropped.get("superseded", 0) + missed
+
+
+def _accounted(node: NodeReport) -> bool:
+    return node.restarts == 0 and all(o == "ended" for o in node.outcomes.values())
 
 
 def _portable(name: str, node: Node) -> bytes:

@@ -25,7 +25,10 @@ class NodeReport:
         kind: producer, processor or consumer.
         replicas: how many ran (restarts not counted).
         processed / emitted / failed / dead_lettered: summed over replicas.
-        dropped: drops by reason, summed.
+        dropped: drops by reason, summed. 'superseded' (REALTIME): outputs of a parent
+            this node never received, replaced on the stream by newer ones before it
+            read them (the parents' emitted less this node's first deliveries).
+        received: first deliveries per parent, summed.
         seconds: from the first replica's start to the last one's end.
         throughput: processed per second (emitted per second for a producer).
         join_latency_p50_ms / join_latency_p99_ms: over every group's wait in the
@@ -44,6 +47,7 @@ class NodeReport:
     failed: int = 0
     dead_lettered: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
+    received: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     throughput: float = 0.0
     join_latency_p50_ms: float | None = None
@@ -71,6 +75,8 @@ class NodeReport:
             report.dead_lettered += stats.get("dead_lettered", 0)
             for reason, n in (stats.get("drops") or {}).items():
                 report.dropped[reason] = report.dropped.get(reason, 0) + n
+            for parent, n in (stats.get("received") or {}).items():
+                report.received[parent] = report.received.get(parent, 0) + n
             report.outcomes[key] = stats.get("outcome", "lost")
             if stats.get("error"):
                 report.errors[key] = stats["error"]

@@ -110,6 +110,7 @@ class TaskStats:
         failed: input groups the node raised on (each went to the delivery policy).
         dead_lettered: inputs dead-lettered by this replica.
         drops: inputs dropped, by reason (the messenger's take_drops).
+        received: first deliveries per parent.
         join_latencies: seconds from a group's first member arriving to the node
             receiving the group (sampled, see LATENCY_SAMPLES).
         started / ended: wall-clock seconds.
@@ -123,6 +124,7 @@ class TaskStats:
     failed: int = 0
     dead_lettered: int = 0
     drops: dict[str, int] = field(default_factory=dict)
+    received: dict[str, int] = field(default_factory=dict)
     join_latencies: list[float] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     ended: float | None = None
@@ -145,6 +147,7 @@ class TaskStats:
         """A plain dict (no latencies) for progress reports."""
         return {"processed": self.processed, "emitted": self.emitted, "failed": self.failed,
                 "dead_lettered": self.dead_lettered, "drops": dict(self.drops),
+                "received": dict(self.received),
                 "started": self.started, "ended": self.ended, "outcome": self.outcome,
                 "error": self.error}
 
@@ -224,6 +227,7 @@ class Task:
             for reason, n in take().items():
                 self.stats.drops[reason] = self.stats.drops.get(reason, 0) + n
         self.stats.dead_lettered = getattr(self.messenger, "dead_lettered", 0)
+        self.stats.received = dict(getattr(self.messenger, "received", {}))
 
     def _tick(self) -> None:
         if self._progress is not None and time.monotonic() >= self._next_progress:

@@ -282,6 +282,9 @@ class NATSMessenger(Messenger):
         self._partition_key: Any = None
         self._group: ReadyGroup | None = None
         self.last_join_latency: float | None = None  # seconds the last group waited
+        # First deliveries per parent: against the parent's outputs, what never reached
+        # this node (a REALTIME stream keeps only the newest).
+        self.received: dict[str, int] = dict.fromkeys(self.parent_names, 0)
         self._group_outputs = 0
         self._ready: deque[ReadyGroup] = deque()
         self.deliveries = Deliveries(
@@ -665,6 +668,8 @@ class NATSMessenger(Messenger):
     def _on_data(self, sub: SubscriptionId, delivery: Delivery) -> None:
         parent = sub.channel.node
         self.deliveries.data_arrived(parent)
+        if delivery.num_delivered == 1:
+            self.received[parent] += 1
         try:
             entry = EnvelopeEntry.from_decoded(decode_envelope(delivery.data))
             if entry.blob_ref is not None:
