@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
+from broker_reads import stream_names
 from flow_nodes import applied
 
 from videoflow import server as embedded
@@ -89,14 +89,6 @@ def wait_for(condition: Any, timeout: float, what: str) -> None:
 
 def count_applied(out: Path) -> int:
     return sum(1 for p in out.iterdir() if p.name != "applications.log")
-
-
-async def stream_names(url: str) -> list[str]:
-    nc = await nats.connect(url)
-    try:
-        return [info.config.name for info in await nc.jetstream().streams_info()]
-    finally:
-        await nc.close()
 
 
 def test_run_executes_a_flow_module_and_reports_as_json(

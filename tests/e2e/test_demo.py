@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,15 +15,14 @@ from videoflow.server import EmbeddedServer
 
 pytestmark = pytest.mark.timeout(120)
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 SECONDS = 3.0
 SEED = 11
 DROP_RATE = 0.1  # 90 instants x 4 cameras: the seed below drops frames, see the first test
 
 
 def command(*args: str) -> subprocess.CompletedProcess[str]:
+    # The videoflow this test imports: the installed package, or PYTHONPATH's.
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
     env.pop("VIDEOFLOW_NATS_URL", None)
     return subprocess.run([sys.executable, "-m", "videoflow", "demo", *args], env=env,
                           capture_output=True, text=True, timeout=100)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from broker_reads import stream_names
 from flow_nodes import Add, DieOnce, Numbers, Record, RejectMultiplesOf, Scale, applied
 
 from videoflow import server as embedded
@@ -25,14 +26,6 @@ def out(tmp_path: Path) -> Path:
     made = tmp_path / "out"
     made.mkdir()
     return made
-
-
-async def stream_names(url: str) -> list[str]:
-    nc = await nats.connect(url)
-    try:
-        return [info.config.name for info in await nc.jetstream().streams_info()]
-    finally:
-        await nc.close()
 
 
 async def dead_letters(url: str, flow_id: str) -> list:

@@ -3,6 +3,7 @@ sequence, nothing consumed or acknowledged."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from nats.aio.client import Client
@@ -148,6 +149,24 @@ def dlq_list(
 def _check_seq(seq: int) -> None:
     if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
         raise ValueError(f"a DLQ sequence must be an int >= 1, got {seq!r}")
+
+
+def _selection(flow_id: str, run_id: str | None, node: str | None,
+               seqs: Iterable[int] | None) -> tuple[str, list[int] | None]:
+    """The records a replay or purge names: a subject filter by run and node, or
+    exact sequences (sorted, each checked) -- not both.
+
+    Raises:
+        ValueError: seqs together with run_id/node, a bad seq or name.
+    """
+    subject_filter = dlq_subject_filter(flow_id, run_id, node)
+    wanted = None if seqs is None else sorted(set(seqs))
+    if wanted is not None:
+        if run_id is not None or node is not None:
+            raise ValueError("give seqs or run_id/node filters, not both")
+        for seq in wanted:
+            _check_seq(seq)
+    return subject_filter, wanted
 
 
 async def _dlq_get(nc: Client, flow_id: str, seq: int, budget: _Budget,

@@ -11,7 +11,7 @@ from nats.aio.client import Client
 
 from videoflow.errors import BrokerUnavailable
 from videoflow.messaging.jetstream_loop import ErrorLog
-from videoflow.messaging.naming import dlq_stream_name, dlq_subject_filter
+from videoflow.messaging.naming import dlq_stream_name
 from videoflow.ops._broker import (
     API_PREFIX,
     DEFAULT_TIMEOUT_SECONDS,
@@ -22,7 +22,7 @@ from videoflow.ops._broker import (
     _run_sync,
     _unavailable,
 )
-from videoflow.ops.dead_letters import DeadLetterNotFound, _check_seq
+from videoflow.ops.dead_letters import DeadLetterNotFound, _selection
 
 
 def _api_refusal(failure: object) -> nats.js.errors.APIError:
@@ -112,13 +112,7 @@ def dlq_purge(
             within timeout (some sequences may have been deleted; re-running is safe).
         ValueError: seqs together with run_id/node, a bad seq, name or timeout.
     """
-    subject_filter = dlq_subject_filter(flow_id, run_id, node)
-    wanted = None if seqs is None else sorted(set(seqs))
-    if wanted is not None:
-        if run_id is not None or node is not None:
-            raise ValueError("give seqs or run_id/node filters, not both")
-        for seq in wanted:
-            _check_seq(seq)
+    subject_filter, wanted = _selection(flow_id, run_id, node, seqs)
 
     async def work(nc: Client, budget: _Budget, errors: ErrorLog) -> int:
         if wanted is None:

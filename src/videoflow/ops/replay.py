@@ -13,7 +13,7 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from videoflow.messaging.jetstream_loop import ErrorLog
-from videoflow.messaging.naming import dlq_subject_filter, stream_name_for, subject_for
+from videoflow.messaging.naming import stream_name_for, subject_for
 from videoflow.messaging.verification import observation_failure
 from videoflow.ops._broker import (
     DEFAULT_TIMEOUT_SECONDS,
@@ -25,9 +25,9 @@ from videoflow.ops._broker import (
 from videoflow.ops.dead_letters import (
     DeadLetterEntry,
     DeadLetterNotFound,
-    _check_seq,
     _dlq_entries,
     _dlq_get,
+    _selection,
 )
 
 REPLAY_MSG_ID_PREFIX: Final = "dlq-replay:"
@@ -164,13 +164,7 @@ def dlq_replay(
             the records were listed.
         ValueError: seqs together with run_id/node, a bad seq, name or timeout.
     """
-    subject_filter = dlq_subject_filter(flow_id, run_id, node)
-    wanted = None if seqs is None else sorted(set(seqs))
-    if wanted is not None:
-        if run_id is not None or node is not None:
-            raise ValueError("give seqs or run_id/node filters, not both")
-        for seq in wanted:
-            _check_seq(seq)
+    subject_filter, wanted = _selection(flow_id, run_id, node, seqs)
 
     async def work(nc: Client, budget: _Budget, errors: ErrorLog) -> ReplayReport:
         results: list[ReplayResult] = []
