@@ -26,15 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from videoflow.cli_ops import DEFAULT_NATS_URL, ENV_NATS_URL, EXIT_FAILED, EXIT_USAGE
 from videoflow.errors import VideoflowError
-
-EXIT_FAILED = 1
-"""The flow ran and failed (a node died), or an operation failed."""
-
-EXIT_USAGE = 2
-"""Bad arguments, or something named that does not exist."""
-
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 
 class CommandError(VideoflowError):
@@ -48,7 +41,7 @@ class CommandError(VideoflowError):
 def nats_url_option(parser: argparse.ArgumentParser, required_default: bool = True) -> None:
     """--nats-url, defaulting to VIDEOFLOW_NATS_URL (then the local default port when
     required_default)."""
-    default = os.environ.get("VIDEOFLOW_NATS_URL") or (
+    default = os.environ.get(ENV_NATS_URL) or (
         DEFAULT_NATS_URL if required_default else None)
     parser.add_argument("--nats-url", default=default,
                         help="the NATS server (default: $VIDEOFLOW_NATS_URL"
@@ -190,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     nats_url_option(worker)
     worker.set_defaults(func=_worker)
 
-    from videoflow import cli_ops, demo
+    from videoflow import cli_ops, demo  # each registers its own subcommands
 
     demo.register(sub)
     cli_ops.register(sub)
