@@ -19,7 +19,7 @@ import pytest
 from videoflow import server as embedded
 from videoflow.backends.payload import NatsObjectPayloadStore
 from videoflow.core.compiler import NodeSpec
-from videoflow.core.constants import BATCH
+from videoflow.core.constants import BATCH, REALTIME
 from videoflow.core.policies import PoisonMessage, WorkerFatal
 from videoflow.core.runtime import FlowRuntime, NatsKvRuntimeStore
 from videoflow.errors import SupersededOwner
@@ -259,6 +259,36 @@ def test_a_live_producer_restarted_on_a_shared_ledger_mints_under_its_next_epoch
         assert ids == ["cam#0:1:1", "cam#0:1:2", "cam#0:2:1", "cam#0:2:2"]
     finally:
         store.close()
+
+
+def test_a_late_reader_of_a_realtime_parent_still_sees_every_replica_end_on_jetstream(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    """The REALTIME bound is per subject (max_msgs_per_subject), sized by provisioning to
+    the parent's replicas: neither replica's data nor the other's marker evicts an end
+    marker, so a reader that starts after the parent ended still ends."""
+    specs = [NodeSpec("cam", "producer", nb_tasks=2),
+             NodeSpec("sink", "consumer", parents=("cam",))]
+    provision_flow_sync(nats_server.url, specs, FLOW, RUN, REALTIME, timeout=30)
+    cams = [NATSMessenger(SimpleNamespace(name="cam"), [], nats_server.url, FLOW, REALTIME,
+                          RUN, replica_id=r, nb_tasks=2) for r in (0, 1)]
+    try:
+        cams[0].publish_message("a")
+        cams[0].publish_stop_signal()
+        for frame in ("b", "c", "d"):
+            cams[1].publish_message(frame)
+        cams[1].publish_stop_signal()
+    finally:
+        for cam in cams:
+            cam.close()
+    sink = NATSMessenger(SimpleNamespace(name="sink"), ["cam"], nats_server.url, FLOW,
+                         REALTIME, RUN, eos_quiescence_ms=200)
+    seen: list[Any] = []
+    done = threading.Thread(target=node_loop, args=(sink, None, seen), daemon=True)
+    done.start()
+    done.join(20)
+    assert not done.is_alive(), "the reader never saw the parent end"
+    assert [inputs["cam"]["message"] for inputs in seen] == ["c", "d"]
 
 
 def test_a_crash_between_processing_and_ack_reaches_the_replacement_on_jetstream(

@@ -54,7 +54,7 @@ async def test_read_back_reports_fields_the_broker_holds_differently(jetstream):
     got = await t.read_back_streams_async(jetstream, FLOW, RUN, ["a"], REALTIME)
     entry = got["a"]
     assert isinstance(entry, t.VerifiedStream)
-    assert entry.mismatches == ("max_msgs: requested 1, effective 5",)
+    assert entry.mismatches == ("max_msgs: requested 2, effective 5",)
 
 
 @pytest.mark.asyncio

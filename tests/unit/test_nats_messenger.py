@@ -612,6 +612,28 @@ def test_live_producers_mint_ids_no_other_replica_or_restart_repeats(flows) -> N
     assert sorted(received) == ["a1", "a2", "b1", "b2", "c1", "c2"]
 
 
+def test_a_late_reader_of_a_realtime_parent_still_sees_every_replica_end(flows) -> None:  # type: ignore[no-untyped-def]
+    """REALTIME keeps the freshest data per subject, so a replica's data never evicts
+    another replica's end marker: a reader that starts after both replicas ended gets
+    the freshest data, then the parent's end, instead of waiting forever."""
+    flow = flows({"cam": [], "sink": ["cam"]}, REALTIME)
+    channel = ChannelId(FLOW, RUN, "cam")
+    # As provisioning sizes it: room for each of the two replicas' markers.
+    flow.admin.ensure_channel(ChannelSpec(channel, LIVE_LATEST, realtime_buffer=2, required=(
+        SubscriptionId("sink", channel), SubscriptionId("eos-anchor", channel, "eos"))),
+        "provision")
+    first, second = (flow.messenger("cam", nb_tasks=2, replica_id=r) for r in (0, 1))
+    first.publish_message("a")
+    first.publish_stop_signal()
+    for frame in ("b", "c", "d"):
+        second.publish_message(frame)
+    second.publish_stop_signal()
+    sink = flow.messenger("sink", eos_quiescence_ms=10)
+    *groups, end = run_sink(sink, lambda inputs: None)
+    assert [g["cam"]["message"] for g in groups] == ["c", "d"]
+    assert end["cam"]["is_stop_signal"] is True
+
+
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "spec" / "messaging-api-reference.txt"
 
 

@@ -203,13 +203,33 @@ def test_realtime_stream_config():
     assert cfg.subjects == ["vf.f.r.n", "vf.f.r.n._eos"]
     assert cfg.retention == RetentionPolicy.LIMITS
     assert cfg.discard == DiscardPolicy.OLD
-    assert cfg.max_msgs == t.DEFAULT_REALTIME_BUFFER
+    # The bound is per subject, so data never evicts an end-of-stream marker.
+    assert cfg.max_msgs_per_subject == t.DEFAULT_REALTIME_BUFFER
+    assert cfg.max_msgs == 2 * t.DEFAULT_REALTIME_BUFFER
     assert cfg.num_replicas is None
 
 
 def test_realtime_buffer_is_at_least_one():
-    assert t.stream_config_for("f", "r", "n", REALTIME, realtime_buffer=0).max_msgs == 1
-    assert t.stream_config_for("f", "r", "n", REALTIME, realtime_buffer=5).max_msgs == 5
+    def bounds(buffer: int) -> tuple[int | None, int | None]:
+        cfg = t.stream_config_for("f", "r", "n", REALTIME, realtime_buffer=buffer)
+        return cfg.max_msgs_per_subject, cfg.max_msgs
+
+    assert bounds(0) == (1, 2)
+    assert bounds(5) == (5, 10)
+
+
+def test_a_realtime_stream_has_room_for_every_replica_s_end_marker():
+    """Provisioning sizes a REALTIME node's per-subject bound to its replica count: each
+    replica's end marker stays on the EOS subject until a reader takes it."""
+    from videoflow.core.compiler import NodeSpec
+    from videoflow.messaging.provisioning import _flow_plan
+
+    specs = [NodeSpec("cam", "producer", nb_tasks=3), NodeSpec("one", "processor",
+                                                               parents=("cam",)),
+             NodeSpec("sink", "consumer", parents=("one",))]
+    streams = {c.name: c for c in _flow_plan(specs, "f", "r", REALTIME).streams}
+    assert streams["vf-f-r-cam"].max_msgs_per_subject == 3
+    assert streams["vf-f-r-one"].max_msgs_per_subject == t.DEFAULT_REALTIME_BUFFER
 
 
 def test_batch_stream_config():

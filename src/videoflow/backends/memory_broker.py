@@ -178,7 +178,9 @@ class MemoryBroker:
                 # Limits are mutable: the request is laid over the existing channel.
                 stream.spec, stream.discard = spec, discard
                 stream.max_msgs, stream.max_bytes = max_msgs, spec.max_bytes
-                self._enforce_limits(stream)
+                if stream.retention == "limits":
+                    for kind in ("data", "eos"):
+                        self._enforce_limits(stream, kind)
                 created = False
             # Required subscriptions exist before anything is published, so INTEREST
             # retention keeps what they have not yet read.
@@ -319,7 +321,8 @@ class MemoryBroker:
                 # INTEREST: a message nobody is subscribed to is accepted and discarded.
                 stream.messages[seq] = _Message(seq, envelope.kind, envelope.data)
                 stream.size += envelope.size
-                self._enforce_limits(stream)
+                if stream.retention == "limits":
+                    self._enforce_limits(stream, envelope.kind)
             self.condition.notify_all()
             return Accepted(seq)
 
@@ -341,12 +344,15 @@ class MemoryBroker:
             return True
         return stream.max_bytes is not None and stream.size + incoming > stream.max_bytes
 
-    def _enforce_limits(self, stream: _Stream) -> None:
-        # DiscardPolicy.OLD: evict the oldest until the channel fits its limits.
-        while stream.messages and (
-            len(stream.messages) > stream.max_msgs
-            or (stream.max_bytes is not None and stream.size > stream.max_bytes)
-        ):
+    def _enforce_limits(self, stream: _Stream, kind: str) -> None:
+        # DiscardPolicy.OLD: evict the oldest until the channel fits its limits. The
+        # message bound is per subject, as the JetStream stream's max_msgs_per_subject:
+        # data never evicts an end-of-stream marker.
+        while sum(m.kind == kind for m in stream.messages.values()) > stream.max_msgs:
+            oldest = next(seq for seq, m in stream.messages.items() if m.kind == kind)
+            self._remove(stream, oldest, evicted=True)
+        while stream.messages and stream.max_bytes is not None and (
+                stream.size > stream.max_bytes):
             self._remove(stream, next(iter(stream.messages)), evicted=True)
 
     def _remove(self, stream: _Stream, seq: int, evicted: bool) -> None:

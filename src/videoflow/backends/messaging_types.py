@@ -153,7 +153,9 @@ class ChannelSpec:
         profile: one of PROFILES.
         required: subscriptions that must exist before anything is published (under
             INTEREST retention a message nobody is subscribed to is discarded).
-        realtime_buffer: backlog bound of a REALTIME channel, in messages.
+        realtime_buffer: backlog bound of a REALTIME channel, in messages per subject:
+            the freshest data messages kept, and room for as many end markers (so at
+            least the publishing node's replica count).
         batch_max_msgs: message limit of a BATCH channel.
         replicas: copies a replicated broker keeps (STREAM-14).
         max_bytes: storage cap, or None for none.

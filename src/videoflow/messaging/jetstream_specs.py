@@ -95,7 +95,7 @@ def stream_config_for_spec(spec: ChannelSpec, generation: str | None = None) -> 
     """The JetStream StreamConfig a channel spec means — byte-identical to today's for a
     default spec: reliable_work is the BATCH stream (INTEREST, DiscardPolicy.NEW at
     batch_max_msgs), live_latest the REALTIME one (LIMITS, DiscardPolicy.OLD at
-    realtime_buffer); max_bytes, when set, is added to either.
+    realtime_buffer per subject); max_bytes, when set, is added to either.
 
     Raises:
         IncompatibleProfile: a profile that is not a stream-level promise.

@@ -41,6 +41,7 @@ from videoflow.messaging.naming import (
     user_metadata,
 )
 from videoflow.messaging.stream_configs import (
+    DEFAULT_REALTIME_BUFFER,
     _check_flow_type,
     _positive_int,
     connect_options_for,
@@ -621,6 +622,8 @@ def _flow_plan(
             streams.append(stream_config_for(
                 flow_id, run_id, spec.name, flow_type, generation=generation,
                 replicas=replicas,
+                # Room on the EOS subject for every replica's marker (REALTIME).
+                realtime_buffer=max(DEFAULT_REALTIME_BUFFER, spec.nb_tasks),
             ))
             durables.append((
                 stream_name_for(flow_id, run_id, spec.name),

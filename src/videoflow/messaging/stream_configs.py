@@ -95,8 +95,13 @@ def stream_config_for(
 ) -> StreamConfig:
     """The stream holding one node's output (data and EOS subjects).
 
-    REALTIME: LIMITS retention, max_msgs = realtime_buffer (at least 1), DiscardPolicy.OLD
-    — the freshest messages win and the producer never blocks. BATCH: INTEREST retention,
+    REALTIME: LIMITS retention, DiscardPolicy.OLD, and the bound per subject:
+    max_msgs_per_subject = realtime_buffer (at least 1), max_msgs that times the number of
+    subjects — the freshest data messages win and the producer never blocks, while the
+    EOS subject keeps its own markers: a bound shared by both would let a replica's data
+    evict another replica's end-of-stream marker before a late reader saw it, and that
+    reader would wait for it forever. The buffer must therefore be at least the node's
+    replica count (provisioning sees to it). BATCH: INTEREST retention,
     max_msgs = batch_max_msgs, DiscardPolicy.NEW — acked messages are freed and a full
     stream refuses new publishes (backpressure, not loss).
 
@@ -104,7 +109,8 @@ def stream_config_for(
         flow_id / run_id / node_name: the node's ids.
         flow_type: REALTIME or BATCH.
         subjects: the stream's subjects; None means [data subject, EOS subject].
-        realtime_buffer: REALTIME backlog bound.
+        realtime_buffer: REALTIME backlog bound per subject: data messages kept, and
+            end markers kept (one per replica of the node).
         batch_max_msgs: BATCH backlog bound.
         generation: provisioning generation recorded in the owner labels (RFC 0006);
             None leaves that label out.
@@ -135,7 +141,8 @@ def stream_config_for(
             name=name,
             subjects=subjects,
             retention=RetentionPolicy.LIMITS,
-            max_msgs=max(1, realtime_buffer),
+            max_msgs_per_subject=max(1, realtime_buffer),
+            max_msgs=max(1, realtime_buffer) * len(subjects),
             discard=DiscardPolicy.OLD,
             duplicate_window=DUPLICATE_WINDOW_SECONDS,
             metadata=metadata,
