@@ -137,6 +137,22 @@ def test_a_node_class_defined_in_a_function_is_refused() -> None:
         compile_flow(_flow([Local()(cam)], [cam]))
 
 
+def test_a_node_class_of_an_interactive_session_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+    import types
+
+    session = types.ModuleType("__main__")  # a REPL's or notebook's: no file behind it
+    monkeypatch.setitem(sys.modules, "__main__", session)
+    interactive = type("Typed", (ConsumerNode,), {"__module__": "__main__",
+                                                  "consume": lambda self, *i: None})
+    session.Typed = interactive  # type: ignore[attr-defined]
+    cam = Camera()
+    with pytest.raises(ValueError, match="'typed'.*interactive session"):
+        compile_flow(_flow([interactive()(cam)], [cam]))
+
+
 def test_a_flow_refuses_an_unknown_type_or_an_empty_name() -> None:
     with pytest.raises(ValueError, match="flow_type must be one of"):
         Flow([], [], flow_type="streaming")

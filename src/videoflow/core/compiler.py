@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -383,6 +384,11 @@ def _check_importable(where: str, node: Any) -> None:
         raise ValueError(f"{where}: its class {cls.__qualname__} is defined inside a "
                          "function; define it at module level so worker processes "
                          "can import it")
+    if cls.__module__ == "__main__" and not getattr(sys.modules.get("__main__"), "__file__",
+                                                     None):
+        raise ValueError(f"{where}: its class {cls.__qualname__} is defined in an "
+                         "interactive session, which worker processes cannot import; "
+                         "define it in a module")
     try:
         found: Any = importlib.import_module(cls.__module__)
         for part in cls.__qualname__.split("."):
