@@ -26,20 +26,23 @@ def test_a_node_report_sums_its_replicas_and_keeps_why_one_failed() -> None:
                     "started": 101.0, "ended": 110.0, "outcome": "failed",
                     "error": "ValueError: bad", "join_latencies": [0.030]},
         "fuse[2]": {"outcome": "lost"},
+        # a dead process of replica 2, started again: its counts as last reported
+        "fuse[2]~1": {"processed": 4, "emitted": 4, "outcome": "restarted"},
     }, restarts=2)
     assert (report.replicas, report.processed, report.emitted, report.failed,
-            report.dead_lettered, report.restarts) == (3, 15, 15, 1, 1, 2)
+            report.dead_lettered, report.restarts) == (3, 19, 19, 1, 1, 2)
     assert report.dropped == {"join_evicted": 3, "undecodable": 1}
-    assert (report.seconds, report.throughput) == (10.0, 1.5)
+    assert (report.seconds, report.throughput) == (10.0, 1.9)
     assert (report.join_latency_p50_ms, report.join_latency_p99_ms) == (20.0, 30.0)
-    assert report.outcomes == {"fuse[0]": "ended", "fuse[1]": "failed", "fuse[2]": "lost"}
+    assert report.outcomes == {"fuse[0]": "ended", "fuse[1]": "failed", "fuse[2]": "lost",
+                               "fuse[2]~1": "restarted"}
     assert report.errors == {"fuse[1]": "ValueError: bad"}
     run = RunReport("f", "r1", "batch", "nats://x", outcome="failed", nodes={"fuse": report})
     text = run.format()
     assert "run r1 of flow 'f' (batch): failed" in text
-    assert "4 (join_evicted 3, undecodable 1)" in text
+    assert "4 (join_evicted 3, undecodable 1)" in text and "19" in text
     assert "fuse[1] failed: ValueError: bad" in text
-    assert not run.ok and run.to_dict()["nodes"]["fuse"]["processed"] == 15
+    assert not run.ok and run.to_dict()["nodes"]["fuse"]["processed"] == 19
 
 
 def test_the_plain_view_prints_unknown_pending_as_unknown_never_zero() -> None:

@@ -92,6 +92,7 @@ class _Replica:
     restarts: int = 0
     final: dict[str, Any] | None = None
     lost: bool = False
+    dead: list[dict[str, Any]] = field(default_factory=list)  # its dead processes' last words
 
 
 @dataclass
@@ -191,10 +192,11 @@ def run_flow(
     report = RunReport(compiled.flow_id, run.run_id, compiled.flow_type, url,
                        seconds=time.monotonic() - started, torn_down=torn_down)
     for spec in compiled.specs:
-        finals = {key: r.final or {"outcome": "lost"} for key, r in run.replicas.items()
-                  if r.job.spec.name == spec.name}
-        restarts = sum(r.restarts for r in run.replicas.values()
-                       if r.job.spec.name == spec.name)
+        ours = {key: r for key, r in run.replicas.items() if r.job.spec.name == spec.name}
+        finals = {key: r.final or {"outcome": "lost"} for key, r in ours.items()}
+        for key, entry in ours.items():
+            finals.update({f"{key}~{n}": dead for n, dead in enumerate(entry.dead, 1)})
+        restarts = sum(r.restarts for r in ours.values())
         report.nodes[spec.name] = NodeReport.from_replicas(spec.kind, finals, restarts)
     if compiled.flow_type == REALTIME:
         _count_superseded(report, compiled)
@@ -317,6 +319,15 @@ def _check(context: Any, run: _Run, replica: _Replica, reports: Any,
     _drain(run, reports, timeout=0.0)  # its last words may still be in the queue
     if replica.final is not None:
         return
+    # What the dead process did is what it last reported (at most progress_every
+    # before it died); it stays in the counts under a name of its own.
+    key, progress = replica.job.key, run.progress[replica.job.spec.name]
+    last = progress.replicas.pop(key, None)
+    progress.pending.pop(key, None)
+    if last is not None:
+        dead = dict(last, outcome="restarted")
+        progress.replicas[f"{key}~{replica.restarts + 1}"] = dead
+        replica.dead.append(dead)
     if replica.restarts < max_restarts and not run.stop_requested:
         replica.restarts += 1
         _start(context, replica, reports)

@@ -35,7 +35,9 @@ class NodeReport:
             join, from its first member's arrival; None for a producer, or when no
             group was received.
         outcomes: per replica, how it ended ('ended', 'quiesced', 'aborted',
-            'failed', 'lost' when its process died without a word).
+            'failed', 'lost' when its process died without a word and was not started
+            again); per dead process of a restarted replica ('<replica>~<n>'),
+            'restarted'. The counts include what those processes last reported.
         errors: per replica that failed or relayed an abort, why.
         restarts: replica processes started again after dying.
     """
@@ -64,7 +66,10 @@ class NodeReport:
     def from_replicas(cls, kind: str, replicas: Mapping[str, Mapping[str, Any]],
                       restarts: int = 0) -> NodeReport:
         """Sum replica stats (TaskStats.snapshot() plus 'join_latencies')."""
-        report = cls(kind=kind, replicas=len(replicas), restarts=restarts)
+        # A key '<replica>~<n>' is a process of that replica that died and was started
+        # again (its counts as last reported), not another replica.
+        report = cls(kind=kind, replicas=sum("~" not in key for key in replicas),
+                     restarts=restarts)
         starts: list[float] = []
         ends: list[float] = []
         latencies: list[float] = []
