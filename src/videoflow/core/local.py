@@ -341,8 +341,10 @@ def _drain(run: _Run, reports: Any, timeout: float) -> None:
     while True:
         try:
             remaining = max(0.0, deadline - time.monotonic())
-            kind, key, payload = reports.get(timeout=remaining) if remaining else \
-                reports.get_nowait()
+            if remaining:
+                kind, key, payload = reports.get(timeout=remaining)
+            else:
+                kind, key, payload = reports.get_nowait()
         except queue_module.Empty:
             return
         replica = run.replicas[key]
