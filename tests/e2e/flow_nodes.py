@@ -31,6 +31,20 @@ class Numbers(ProducerNode):
         return value
 
 
+class KeyedNumbers(Numbers):
+    """Numbers whose outputs carry a partition key: the value modulo `keys`."""
+
+    def __init__(self, count: int, keys: int, **options: Any) -> None:
+        super().__init__(count, **options)
+        self.keys = keys
+
+    def next(self) -> int:
+        value = super().next()
+        assert self.context is not None
+        self.context.set_partition_key(value % self.keys)
+        return value
+
+
 class Scale(ProcessorNode):
     def __init__(self, factor: int, **options: Any) -> None:
         super().__init__(**options)
@@ -74,7 +88,7 @@ class Record(ConsumerNode):
             time.sleep(self.pace)
         path = Path(self.directory) / key.replace("/", "_")
         with open(Path(self.directory) / "applications.log", "a") as log:
-            log.write(f"{key} {os.getpid()}\n")
+            log.write(f"{key} {os.getpid()} {self.context.replica_id} {inputs[0]!r}\n")
         if not path.exists():
             path.write_text(repr(list(inputs)))
 

@@ -9,13 +9,23 @@ from pathlib import Path
 import nats
 import pytest
 from broker_reads import stream_names
-from flow_nodes import Add, DieOnce, Numbers, Record, RejectMultiplesOf, Scale, applied
+from flow_nodes import (
+    Add,
+    DieOnce,
+    KeyedNumbers,
+    Numbers,
+    Record,
+    RejectMultiplesOf,
+    Scale,
+    applied,
+)
 
 from videoflow import server as embedded
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.core.flow import Flow
 from videoflow.messaging.dead_letters import decode_dead_letter
 from videoflow.messaging.naming import dlq_stream_name
+from videoflow.messaging.nats_messenger import partition_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -124,3 +134,20 @@ def test_a_realtime_flow_counts_every_output_it_never_read_as_superseded(
     assert record.received["scale"] + record.dropped.get("superseded", 0) == scale.emitted
     assert record.processed == record.received["scale"] == len(applied(out))
     assert record.dropped.get("superseded", 0) > 0  # the sink is slower than the flow
+
+
+def test_partitioned_replicas_each_apply_exactly_their_keys(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    numbers = KeyedNumbers(120, keys=5)
+    sink = Record(str(out), nb_tasks=3, partition_by="key")(numbers)
+    report = Flow([numbers], [sink], name="keyed").run(nats_server.url, view=False)
+    assert report.outcome == "completed", report.format()
+    assert sorted(v for (v,) in applied(out)) == list(range(120))
+    replica_of = {}
+    for line in (out / "applications.log").read_text().splitlines():
+        _, _, replica, value = line.split()
+        replica_of[int(value)] = int(replica)
+    # Each value went to the replica its key routes to, and every replica had keys.
+    assert all(replica_of[v] == partition_of(v % 5, 3) for v in range(120))
+    assert set(replica_of.values()) == {0, 1, 2}
