@@ -149,5 +149,7 @@ def test_partitioned_replicas_each_apply_exactly_their_keys(
         _, _, replica, value = line.split()
         replica_of[int(value)] = int(replica)
     # Each value went to the replica its key routes to, and every replica had keys.
-    assert all(replica_of[v] == partition_of(v % 5, 3) for v in range(120))
+    wrong = {v: (replica_of[v], partition_of(v % 5, 3)) for v in range(120)
+             if replica_of[v] != partition_of(v % 5, 3)}
+    assert wrong == {}, (out / "applications.log").read_text()
     assert set(replica_of.values()) == {0, 1, 2}

@@ -25,7 +25,7 @@ from videoflow.core.runtime import FlowRuntime, NatsKvRuntimeStore
 from videoflow.errors import SupersededOwner
 from videoflow.messaging.dead_letters import decode_dead_letter
 from videoflow.messaging.naming import dlq_stream_name, stream_name_for, subject_for
-from videoflow.messaging.nats_messenger import NATSMessenger
+from videoflow.messaging.nats_messenger import NATSMessenger, partition_of
 from videoflow.messaging.topology import provision_flow_sync
 from videoflow.wire.serialization import decode_envelope
 
@@ -289,6 +289,38 @@ def test_a_late_reader_of_a_realtime_parent_still_sees_every_replica_end_on_jets
     done.join(20)
     assert not done.is_alive(), "the reader never saw the parent end"
     assert [inputs["cam"]["message"] for inputs in seen] == ["c", "d"]
+
+
+def test_partitioned_replicas_bound_after_the_data_keep_only_their_own_keys(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    """A partitioned replica's filter is in place before its durable starts fetching:
+    inputs already waiting when it binds are filtered like any other."""
+    specs = [NodeSpec("cam", "producer"),
+             NodeSpec("sink", "consumer", parents=("cam",), nb_tasks=2, partition_by="k")]
+    provision_flow_sync(nats_server.url, specs, FLOW, RUN, BATCH, timeout=30)
+    cam = messenger(nats_server.url, "cam", [])
+    try:
+        for n in range(40):
+            cam.set_output_partition_key(n % 4)
+            cam.publish_message(n)
+        cam.publish_stop_signal()
+    finally:
+        cam.close()
+    seen: dict[int, list[Any]] = {0: [], 1: []}
+    threads = []
+    for replica in (0, 1):
+        sink = NATSMessenger(SimpleNamespace(name="sink"), ["cam"], nats_server.url, FLOW,
+                             BATCH, RUN, replica_id=replica, nb_tasks=2, partition_by="k",
+                             eos_quiescence_ms=200)
+        threads.append(threading.Thread(target=node_loop, args=(sink, None, seen[replica])))
+        threads[-1].start()
+    for thread in threads:
+        thread.join(30)
+    got = {r: sorted(i["cam"]["message"] for i in seen[r]) for r in (0, 1)}
+    assert sorted(got[0] + got[1]) == list(range(40))
+    for replica in (0, 1):
+        assert all(partition_of(n % 4, 2) == replica for n in got[replica]), got
 
 
 def test_a_crash_between_processing_and_ack_reaches_the_replacement_on_jetstream(

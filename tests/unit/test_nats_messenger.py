@@ -687,6 +687,36 @@ def test_partitioned_replicas_each_take_their_own_keys_and_together_all_of_them(
     assert replicas[0].backend.skipped(sub) == len(seen[1])  # the others' keys, acked at once
 
 
+class _Recording(MemoryMessagingBackend):
+    """Records when a subscription's filter is set and when it is bound."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[str, Any]] = []
+
+    def set_admission(self, subscription: Any, admit: Any, on_skip: Any = None) -> bool:
+        self.calls.append(("filter", subscription))
+        return super().set_admission(subscription, admit, on_skip)
+
+    def ensure_subscription(self, spec: Any, operation_id: str) -> Any:
+        self.calls.append(("bind", spec.id))
+        return super().ensure_subscription(spec, operation_id)
+
+
+def test_a_partitioned_replica_filters_before_it_binds(flows) -> None:  # type: ignore[no-untyped-def]
+    """A bound JetStream subscription starts fetching at once: a filter set after the
+    bind let the first deliveries through to every replica."""
+    flow = flows({"cams": [], "track": ["cams"]})
+    backend = _Recording(flow.broker, flow_id=FLOW, run_id=RUN)
+    backend.start()
+    replica = NATSMessenger(SimpleNamespace(name="track"), ["cams"], "nats://unused", FLOW,
+                            BATCH, RUN, backend=backend, nb_tasks=2, replica_id=1,
+                            partition_by="camera")
+    flow.made.append(replica)
+    data = SubscriptionId("track", ChannelId(FLOW, RUN, "cams"), replica=1)
+    assert backend.calls.index(("filter", data)) < backend.calls.index(("bind", data))
+
+
 def test_a_release_lost_with_an_unconfirmed_ack_is_reconciled_by_the_replacement(
     flows,  # type: ignore[no-untyped-def]
 ) -> None:

@@ -144,6 +144,8 @@ class MemoryMessagingBackend(MessagingBackend):
         self.prefetch, self.byte_budget, self.generation = prefetch, byte_budget, generation
         self.instance_id = uuid.uuid4().hex[:12]  # names this receiver's EOS durables
         self._bindings: dict[SubscriptionId, _Binding] = {}
+        self._admission: dict[SubscriptionId, tuple[Callable[[Delivery], bool],
+                                                    Callable[[Delivery], None] | None]] = {}
         self._generations: dict[SubscriptionId, int] = {}
         self._held: dict[DeliveryToken, Delivery] = {}
         self._settlements: dict[str, tuple[DeliveryToken, SettleResult]] = {}
@@ -331,6 +333,8 @@ class MemoryMessagingBackend(MessagingBackend):
         new = _Binding(spec=spec, verified=verified, operation_id=operation_id)
         if binding is not None:
             new.admit, new.on_skip, new.skipped = binding.admit, binding.on_skip, binding.skipped
+        elif spec.id in self._admission:  # set before the first bind
+            new.admit, new.on_skip = self._admission[spec.id]
         self._bindings[spec.id] = new
         return verified
 
@@ -516,13 +520,14 @@ class MemoryMessagingBackend(MessagingBackend):
         admit: Callable[[Delivery], bool],
         on_skip: Callable[[Delivery], None] | None = None,
     ) -> bool:
-        """Kept for a bound subscription (the filter runs when a delivery is fetched,
-        under the broker's lock; on_skip runs on the receiving caller's thread after
-        the lock is released). Returns False for a subscription not bound here."""
+        """Kept for the subscription, bound or not yet bound, so a filter set before
+        the bind applies from the first delivery (the filter runs when a delivery is
+        fetched, under the broker's lock; on_skip runs on the receiving caller's thread
+        after the lock is released). Returns True."""
+        self._admission[subscription] = (admit, on_skip)
         binding = self._bindings.get(subscription)
-        if binding is None:
-            return False
-        binding.admit, binding.on_skip = admit, on_skip
+        if binding is not None:
+            binding.admit, binding.on_skip = admit, on_skip
         return True
 
     def prefetched(self, subscription: SubscriptionId) -> int:

@@ -323,13 +323,16 @@ class NATSMessenger(Messenger):
             data = SubscriptionId(self.node_name, parent_channel, "data",
                                   self.replica_id if partitioned else None)
             eos = SubscriptionId(self.node_name, parent_channel, "eos")
-            self.backend.ensure_subscription(
-                subscription_spec_for(data, self.ack_wait, max_deliver, credit), "bind")
             if partitioned:
                 # Every replica's durable sees every message; each keeps only its own
                 # partition, and the backend acknowledges the rest at once so they never
-                # hold its ack window.
-                self.backend.set_admission(data, self._admits)
+                # hold its ack window. Set before the bind: a bound subscription starts
+                # fetching at once, and what arrived before the filter was kept.
+                if not self.backend.set_admission(data, self._admits):
+                    raise ValueError(f"{self.node_name}: the backend cannot filter a "
+                                     "partitioned node's inputs (set_admission)")
+            self.backend.ensure_subscription(
+                subscription_spec_for(data, self.ack_wait, max_deliver, credit), "bind")
             self.backend.ensure_subscription(
                 subscription_spec_for(eos, self.ack_wait, -1, 4), "bind")
             self._data_subs[parent] = data
