@@ -122,6 +122,20 @@ def check_store_compare_and_swap_conflicts_are_typed(make: Factory) -> None:
     assert store.keys("cas.") == ["cas.key"]
 
 
+def check_store_lists_the_present_keys_under_a_prefix(make: Factory) -> None:
+    store = make().store
+    for key in ("list.a.1", "list.a.2", "list.ab.1", "list.b.1", "other.1"):
+        store.create(key, b"x")
+    store.delete("list.a.2")  # a delete marker is not a present key
+    store.create("list.a.3", b"y")
+    store.delete("list.a.3")
+    store.create("list.a.3", b"z")  # present again after a delete
+    assert store.keys("list.a.") == ["list.a.1", "list.a.3"]  # a token boundary
+    assert store.keys("list.a") == ["list.a.1", "list.a.3", "list.ab.1"]  # not one
+    assert store.keys("list.") == ["list.a.1", "list.a.3", "list.ab.1", "list.b.1"]
+    assert store.keys("none.") == []
+
+
 # Every write kind, as (name, call); each must be refused once superseded.
 WRITES: list[tuple[str, Callable[[FlowRuntime], Any]]] = [
     ("record_publication", lambda r: r.record_publication("x:1")),
@@ -305,6 +319,7 @@ SHARED: list[Callable[[Factory], None]] = [
     check_resolution_is_final,
     check_attempts_count_and_survive_a_new_runtime,
     check_store_compare_and_swap_conflicts_are_typed,
+    check_store_lists_the_present_keys_under_a_prefix,
     check_a_second_owner_supersedes_the_first,
     check_terminal_log_and_handoffs_are_listable,
     check_eos_received_sets,

@@ -11,6 +11,7 @@ ledger escapes its own identities into that alphabet (runtime.key_token).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine
@@ -144,6 +145,10 @@ class MemoryRuntimeStore(RuntimeStore):
             return sorted(k for k in self._values if k.startswith(prefix))
 
 
+_LIST_CONCURRENCY: Final = 64
+"""How many last-message reads a key listing keeps in flight."""
+
+
 class NatsKvRuntimeStore(RuntimeStore):
     """A store on a NATS KV bucket: durable (the bucket's stream) and shared by every
     process that binds the same bucket; revisions are the stream sequences, and
@@ -269,22 +274,32 @@ class NatsKvRuntimeStore(RuntimeStore):
 
     def keys(self, prefix: str) -> list[str]:
         async def scan() -> list[str]:
-            # A prefix ending at a token boundary becomes a subject filter, so the
-            # server sends only that subtree; otherwise scan all and filter here
-            # (nats-py's keys(filters=) matches substrings, not prefixes).
-            pattern = f"{prefix}>" if prefix.endswith(".") else ">"
-            watcher = await self._kv.watch(pattern, ignore_deletes=True, meta_only=True)
-            found: list[str] = []
-            try:
-                while True:
-                    entry = await watcher.updates(timeout=self._timeout)
-                    if entry is None:  # the end-of-initial-values marker
-                        break
-                    if entry.key.startswith(prefix):
-                        found.append(entry.key)
-            finally:
-                await watcher.stop()
-            return sorted(set(found))
+            # Not kv.keys() or a watcher: nats-py's watcher can signal the end of the
+            # initial values before values already on their way were handed over, and
+            # a listing then silently misses keys (nats.py #842). The stream says which
+            # subjects hold a message; each one's last message says whether the key
+            # is present or a delete/purge marker.
+            js = self._client.jetstream(timeout=self._timeout)
+            stream, root = f"KV_{self.bucket}", f"$KV.{self.bucket}."
+            # A prefix ending at a token boundary becomes a subject filter; otherwise
+            # every subject is listed and filtered here.
+            pattern = f"{root}{prefix}>" if prefix.endswith(".") else f"{root}>"
+            info = await js.stream_info(stream, subjects_filter=pattern)
+            subjects = [subject for subject in (info.state.subjects or {})
+                        if subject[len(root):].startswith(prefix)]
+            limit = asyncio.Semaphore(_LIST_CONCURRENCY)
+
+            async def present(subject: str) -> str | None:
+                async with limit:
+                    try:
+                        last = await js.get_last_msg(stream, subject)
+                    except nats.js.errors.NotFoundError:  # removed meanwhile
+                        return None
+                operation = (last.headers or {}).get("KV-Operation")
+                return None if operation in ("DEL", "PURGE") else subject[len(root):]
+
+            found = await asyncio.gather(*(present(s) for s in subjects))
+            return sorted(key for key in found if key is not None)
 
         return self._call(scan(), f"list {prefix!r}")
 
