@@ -45,6 +45,7 @@ from nats.js.object_store import ObjectStore
 
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.errors import BrokerUnavailable, PayloadMissing, UnobservableState
+from videoflow.messaging.jetstream_kv import present_keys
 from videoflow.messaging.jetstream_loop import ErrorLog, LoopRunner
 
 __all__ = [
@@ -859,10 +860,9 @@ class NatsObjectPayloadStore(PayloadStore):
 
     def _list_refs(self) -> list[str]:
         async def keys() -> list[str]:
-            try:
-                return list(await self._kv.keys())
-            except nats.js.errors.NoKeysError:
-                return []
+            # Not kv.keys(): its watcher can miss keys (videoflow.messaging.jetstream_kv).
+            return await present_keys(self._nc.jetstream(timeout=self.timeout),
+                                      f"{self.bucket}-obligations")
 
         return [ref for ref in self._call(keys(), "listing refs") if _REF.match(ref)]
 

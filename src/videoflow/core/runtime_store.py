@@ -11,7 +11,6 @@ ledger escapes its own identities into that alphabet (runtime.key_token).
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine
@@ -145,10 +144,6 @@ class MemoryRuntimeStore(RuntimeStore):
             return sorted(k for k in self._values if k.startswith(prefix))
 
 
-_LIST_CONCURRENCY: Final = 64
-"""How many last-message reads a key listing keeps in flight."""
-
-
 class NatsKvRuntimeStore(RuntimeStore):
     """A store on a NATS KV bucket: durable (the bucket's stream) and shared by every
     process that binds the same bucket; revisions are the stream sequences, and
@@ -274,32 +269,10 @@ class NatsKvRuntimeStore(RuntimeStore):
 
     def keys(self, prefix: str) -> list[str]:
         async def scan() -> list[str]:
-            # Not kv.keys() or a watcher: nats-py's watcher can signal the end of the
-            # initial values before values already on their way were handed over, and
-            # a listing then silently misses keys (nats.py #842). The stream says which
-            # subjects hold a message; each one's last message says whether the key
-            # is present or a delete/purge marker.
-            js = self._client.jetstream(timeout=self._timeout)
-            stream, root = f"KV_{self.bucket}", f"$KV.{self.bucket}."
-            # A prefix ending at a token boundary becomes a subject filter; otherwise
-            # every subject is listed and filtered here.
-            pattern = f"{root}{prefix}>" if prefix.endswith(".") else f"{root}>"
-            info = await js.stream_info(stream, subjects_filter=pattern)
-            subjects = [subject for subject in (info.state.subjects or {})
-                        if subject[len(root):].startswith(prefix)]
-            limit = asyncio.Semaphore(_LIST_CONCURRENCY)
+            from videoflow.messaging.jetstream_kv import present_keys
 
-            async def present(subject: str) -> str | None:
-                async with limit:
-                    try:
-                        last = await js.get_last_msg(stream, subject)
-                    except nats.js.errors.NotFoundError:  # removed meanwhile
-                        return None
-                operation = (last.headers or {}).get("KV-Operation")
-                return None if operation in ("DEL", "PURGE") else subject[len(root):]
-
-            found = await asyncio.gather(*(present(s) for s in subjects))
-            return sorted(key for key in found if key is not None)
+            return await present_keys(self._client.jetstream(timeout=self._timeout),
+                                      self.bucket, prefix)
 
         return self._call(scan(), f"list {prefix!r}")
 
