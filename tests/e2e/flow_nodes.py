@@ -117,14 +117,11 @@ class DieOnce(ProcessorNode):
 
 
 class Explode(ProcessorNode):
-    """Dies for good at the given input: a bug, not a bad input."""
+    """Exits its process at the given input (sys.exit in a node's code)."""
 
     def __init__(self, at: int, **options: Any) -> None:
         super().__init__(**options)
         self.at = at
-
-    def open(self) -> None:
-        self.seen = 0
 
     def process(self, value: int) -> int:
         if value == self.at:

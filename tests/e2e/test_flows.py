@@ -11,6 +11,7 @@ from broker_reads import stream_names
 from flow_nodes import (
     Add,
     DieOnce,
+    Explode,
     KeyedNumbers,
     Numbers,
     Record,
@@ -143,3 +144,19 @@ def test_partitioned_replicas_each_apply_exactly_their_keys(
              if replica_of[v] != partition_of(v % 5, 3)}
     assert wrong == {}, (out / "applications.log").read_text()
     assert set(replica_of.values()) == {0, 1, 2}
+
+
+def test_a_node_that_exits_its_process_ends_the_run_as_failed_not_hung(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    numbers = Numbers(50)
+    sink = Record(str(out))(Explode(10)(numbers))
+    report = Flow([numbers], [sink], name="exits").run(nats_server.url, view=False)
+    assert report.outcome == "failed"
+    assert report.nodes["explode"].outcomes == {"explode[0]": "failed"}
+    assert report.nodes["explode"].errors == {"explode[0]": "SystemExit: exploded at 10"}
+    # The abort reached the sink, which ended instead of waiting for a stream's end.
+    assert report.nodes["record"].outcomes == {"record[0]": "aborted"}
+    assert report.nodes["record"].errors["record[0]"].startswith(
+        "explode died: SystemExit: exploded at 10")
+    assert sorted(v for (v,) in applied(out)) == list(range(10))

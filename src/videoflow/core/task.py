@@ -195,7 +195,7 @@ class Task:
                 self._loop()
             finally:
                 node.close()
-        except Exception as error:
+        except BaseException as error:  # SystemExit from a node too: descendants must know
             self.stats.outcome, self.stats.error = "failed", _describe(error)
             self._abort(error)
             raise
