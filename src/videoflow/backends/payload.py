@@ -45,7 +45,7 @@ from nats.js.object_store import ObjectStore
 
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.errors import BrokerUnavailable, PayloadMissing, UnobservableState
-from videoflow.messaging.jetstream_kv import present_keys
+from videoflow.messaging.jetstream_kv import present_keys, present_objects
 from videoflow.messaging.jetstream_loop import ErrorLog, LoopRunner
 
 __all__ = [
@@ -868,11 +868,9 @@ class NatsObjectPayloadStore(PayloadStore):
 
     def _list_blobs(self) -> list[str]:
         async def names() -> list[str]:
-            try:
-                infos = await self._objects.list()
-            except nats.js.errors.NotFoundError:  # an empty store lists as NotFound
-                return []
-            # A deleted object is still listed, flagged (NATS_FACTS §9).
-            return [info.name for info in infos if not info.deleted]
+            # Not objects.list(): its watcher can miss objects (jetstream_kv). A
+            # deleted object keeps its metadata, flagged (NATS_FACTS §9).
+            return await present_objects(self._nc.jetstream(timeout=self.timeout),
+                                         self.bucket)
 
         return self._call(names(), "listing blobs")
