@@ -95,7 +95,8 @@ class _Stream:
     last_seq: int = 0
     size: int = 0
     durables: dict[SubscriptionId, _Durable] = field(default_factory=dict)
-    dedup: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # Oldest first (see messages): pruned from the front.
+    dedup: OrderedDict[str, tuple[int, float]] = field(default_factory=OrderedDict)
 
 
 @dataclass(slots=True)
@@ -335,9 +336,12 @@ class MemoryBroker:
             return msg_id in stream.dedup
 
     def _prune_dedup(self, stream: _Stream, now: float) -> None:
-        expired = [k for k, (_, at) in stream.dedup.items() if now - at >= self.duplicate_window]
-        for key in expired:
-            del stream.dedup[key]
+        # Ids are remembered in the order they were first published, so the expired
+        # ones are at the front: pruning costs what it removes, not the window's size.
+        # (A clock set back only keeps ids longer, never forgets one early.)
+        dedup = stream.dedup
+        while dedup and now - next(iter(dedup.values()))[1] >= self.duplicate_window:
+            dedup.popitem(last=False)
 
     def _full(self, stream: _Stream, incoming: int) -> bool:
         if len(stream.messages) + 1 > stream.max_msgs:
