@@ -497,7 +497,8 @@ def _frame_size(text: str) -> tuple[int, int]:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from videoflow.cli import EXIT_FAILED, CommandError
+    from videoflow.cli import CommandError
+    from videoflow.cli_ops import EXIT_FAILED
 
     try:
         size = _frame_size(args.frame_size)

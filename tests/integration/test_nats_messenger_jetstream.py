@@ -121,15 +121,20 @@ def test_a_diamond_runs_end_to_end_on_jetstream_with_a_dead_letter_on_the_way(
     assert decode_envelope(orphan.envelope)["message"] == ["L", 13]
 
 
-async def dead_letters(url: str) -> list[Any]:
+async def stored(url: str, stream: str) -> list[Any]:
+    """Every message a stream holds, oldest first."""
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
-        info = await js.stream_info(dlq_stream_name(FLOW))
-        return [decode_dead_letter((await js.get_msg(dlq_stream_name(FLOW), seq)).data)
+        info = await js.stream_info(stream)
+        return [await js.get_msg(stream, seq)
                 for seq in range(info.state.first_seq, info.state.last_seq + 1)]
     finally:
         await nc.close()
+
+
+async def dead_letters(url: str) -> list[Any]:
+    return [decode_dead_letter(m.data) for m in await stored(url, dlq_stream_name(FLOW))]
 
 
 def test_25_mb_frames_flow_through_a_join_by_ref_and_are_reclaimed_after_the_acks(
@@ -226,17 +231,6 @@ def test_a_checkpointing_sink_restarted_mid_stream_resumes_the_same_committed_pr
         store.close()
 
 
-async def stored_msg_ids(url: str, stream: str) -> list[str]:
-    nc = await nats.connect(url)
-    try:
-        js = nc.jetstream()
-        info = await js.stream_info(stream)
-        return [(await js.get_msg(stream, seq)).headers["Nats-Msg-Id"]
-                for seq in range(info.state.first_seq, info.state.last_seq + 1)]
-    finally:
-        await nc.close()
-
-
 def test_a_live_producer_restarted_on_a_shared_ledger_mints_under_its_next_epoch(
     nats_server: embedded.EmbeddedServer,
 ) -> None:
@@ -255,7 +249,8 @@ def test_a_live_producer_restarted_on_a_shared_ledger_mints_under_its_next_epoch
                 assert cam.publication_stats["duplicate"] == 0
             finally:
                 cam.close()
-        ids = asyncio.run(stored_msg_ids(nats_server.url, stream_name_for(FLOW, RUN, "cam")))
+        messages = asyncio.run(stored(nats_server.url, stream_name_for(FLOW, RUN, "cam")))
+        ids = [m.headers["Nats-Msg-Id"] for m in messages]
         assert ids == ["cam#0:1:1", "cam#0:1:2", "cam#0:2:1", "cam#0:2:2"]
     finally:
         store.close()

@@ -54,6 +54,7 @@ class Keep(ConsumerNode):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.kept: list[Any] = []
+        self.seen: list[tuple[str, dict[str, str]]] = []  # (group key, parent trace ids)
         self.opened = self.closed = False
 
     def open(self) -> None:
@@ -64,6 +65,10 @@ class Keep(ConsumerNode):
 
     def consume(self, *inputs: Any) -> None:
         self.kept.append(inputs[0] if len(inputs) == 1 else inputs)
+        assert self.context is not None
+        info, key = self.context.input_info, self.context.last_input_key
+        assert info is not None and key is not None
+        self.seen.append((key, {p: i["trace_id"] for p, i in info.items()}))
 
 
 class Chain:
@@ -102,6 +107,9 @@ def test_each_input_is_processed_published_and_acknowledged_and_the_end_propagat
     upper = chain.task("upper", Upper(), delivery_policy={"max_retries": 0}).run()
     kept = chain.task("keep", keep).run()
     assert keep.kept == ["A", "B"] and keep.opened and keep.closed
+    # The context names each group, and its inputs carry their producer's trace.
+    assert [key.split(":")[0] for key, _ in keep.seen] == [t["upper"] for _, t in keep.seen]
+    assert len({key for key, _ in keep.seen}) == 2
     assert (items.emitted, items.outcome) == (3, "ended")
     assert (upper.processed, upper.emitted, upper.failed, upper.dead_lettered,
             upper.outcome) == (2, 2, 1, 1, "ended")

@@ -225,10 +225,6 @@ class CompiledFlow:
         raise KeyError(f"flow {self.flow_id!r} has no node {name!r}; its nodes: "
                        f"{[s.name for s in self.specs]}")
 
-    def children(self, name: str) -> list[NodeSpec]:
-        """The specs of the nodes reading the named one."""
-        return [s for s in self.specs if name in s.parents]
-
 
 def compile_flow(flow: Any, max_retries: int = 3, ledger_budget: bool = False) -> CompiledFlow:
     """Compile a Flow into NodeSpecs.
