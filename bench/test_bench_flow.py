@@ -1,0 +1,585 @@
+"""Whole flows: videoflow against a hand-written nats-py peer pipeline, in one run.
+
+Each case is one benchmark group with two sides. ``videoflow`` runs the flow with
+``Flow(...).run(url, view=False)`` on the embedded nats-server: every node replica a
+spawned process of its own (node classes in bench/flow_bench_nodes.py). ``peer`` runs
+the same pipeline written directly against nats-py, each stage a spawned process too,
+with the same delivery guarantees: confirmed publishes (publish_async, a Nats-Msg-Id
+per message, every PubAck awaited under a bound, NATS_FACTS S1/S2), inputs acked only
+after the outputs they produced were confirmed, and streams configured as videoflow
+configures its own (BATCH: interest retention, 10,000 messages, DiscardPolicy.NEW;
+REALTIME: limits retention keeping the newest message, DiscardPolicy.OLD, max_deliver
+1), each edge read through a durable pull consumer with explicit acks. The peer knows
+how many messages to expect and has no end-of-stream protocol, ledger, dead letters
+or payload store: it is the ceiling of what nats-py does with those guarantees.
+
+Cases (group):
+
+``flow_linear_batch``: producer -> processor -> sink, BATCH, N messages of about
+100 bytes. Peer: the processor fetches 64, transforms them, publishes the 64 outputs
+and waits for their PubAcks, then ack_syncs the 64 inputs (gathered); the sink fetches
+64, applies them, ack_syncs them (gathered). Rate: at the sink, first to last message.
+
+``flow_linear_realtime``: the same flow, REALTIME, 4 x N messages from an unpaced
+producer. A REALTIME stream keeps only its newest message, so a stage slower than its
+parent misses some: the figure is what the sink received per second (first to last
+message), extra_info has the producer rate and how many were superseded. Checked:
+every message is accounted for (received, or superseded, at every hop), none twice.
+Peer: the same stream configuration; publishes still confirmed, acks fire-and-forget
+(max_deliver 1: a lost ack redelivers nothing, which is all REALTIME asks); its last
+message is marked, and a stream never drops its newest message, so the end arrives.
+
+``flow_time_join``: 8 cameras -> time join -> sink, BATCH. Every camera's k-th frame is
+stamped at instant k (EVENT_BASE + k / 60 s, far apart next to the 5 ms tolerance); the
+videoflow join groups by event time. The peer joiner keys on the frame index: one
+fetch loop per camera files frames under k, and every complete group's fused output is
+published, its PubAck awaited, then its 8 inputs acked (ack_sync, gathered). Rate:
+groups per second at the sink (8 frames each). Checked: every instant arrives as one
+group, whole, once.
+
+``flow_producer``: producer -> trivial sink; rate at the producer. videoflow: from its
+first next() call to the one that ends the stream; peer: from its first publish_async
+to its last confirmed PubAck (256 in flight, confirmed 64 at a time). The sink checks
+every message arrived.
+
+``flow_latency``: the linear BATCH flow with the producer paced, both sides at the
+same rate: half the slower side's sink rate in ``flow_linear_batch`` of the same run,
+so neither runs above half its own maximum (VF_BENCH_FLOW_RATE, default 300 msg/s, if
+that case did not run). Each message carries its send time (time.time()); the sink
+keeps receive time minus send time. The figure is the p50 per hop (over 2 hops).
+
+On both sides a producer starts only once its readers have (each reader leaves a
+ready file when its input is bound, every producer waits for them), so no stage is
+measured while another is still starting, and a REALTIME stream does not drop all but
+its newest message before anyone reads it. Stages time themselves (first and last
+message, with time.monotonic, system-wide) and write their figures to files the test
+reads back.
+
+How to read it: the table at the end of the run gives per case the videoflow and
+peer figures and their ratio (videoflow / peer: a rate ratio below 1 means videoflow is
+slower, a latency ratio above 1 that it adds more per hop), from the best of the
+rounds (on a shared 2-core machine the least disturbed one); extra_info has every
+round's figures. Compare ratios within one run, never absolute numbers across runs.
+The pytest-benchmark times themselves are whole runs (process start-up included) and
+are not the figures.
+
+Sizes: with timing on, N = 5,000 messages (linear cases), 2,000 frames x 8 cameras
+(join), 3 rounds per side; with --benchmark-disable, 300 and 100 in one round, a smoke
+check that still asserts every count. Overrides: VF_BENCH_FLOW_N (messages),
+VF_BENCH_FLOW_FRAMES (join frames per camera), VF_BENCH_FLOW_ROUNDS. N stays below the
+10,000-message backlog bound of a BATCH stream: the peer has no backpressure path past
+a full stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import multiprocessing
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StreamConfig,
+)
+
+from flow_bench_nodes import (
+    BATCH_MAX_MSGS,
+    CREDIT,
+    JOIN_CREDIT,
+    Camera,
+    Fuse,
+    Numbers,
+    Sink,
+    Transform,
+    connect,
+    read_stats,
+    run_stage,
+)
+from videoflow import server as embedded
+from videoflow.core.constants import BATCH, REALTIME
+from videoflow.core.flow import Flow
+
+pytestmark = pytest.mark.timeout(300)
+
+SIDES = ["videoflow", "peer"]
+CAMERAS = 8
+FRAME_DT = 1 / 60  # seconds between instants: far above the join's tolerance
+TOLERANCE_MS = 5.0
+HOPS = 2  # producer -> processor -> sink
+PEER_SECONDS = 240.0  # bound of one peer round's processes
+LATENCY_SECONDS = {True: 1.0, False: 4.0}  # paced run length, timing off / on
+# REALTIME runs REALTIME_FACTOR x N (a REALTIME stream has no backlog bound): its
+# producers are not paced, and N alone would end them within a second.
+REALTIME_FACTOR = 4
+
+# (case, side) -> {"unit", "best", "median", "rounds", ...}; printed by `summary`.
+_RESULTS: dict[tuple[str, str], dict[str, Any]] = {}
+_ROUND_IDS = itertools.count()
+
+
+# ------------------------------------------------------------------ sizes, results
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What one case runs: messages, join frames per camera, rounds per side."""
+
+    messages: int
+    frames: int
+    rounds: int
+
+
+def sizes_for(benchmark: Any) -> Sizes:
+    """Small sizes when timing is off (a smoke check), meaningful ones when it is on;
+    either overridden by VF_BENCH_FLOW_N / _FRAMES / _ROUNDS.
+
+    Raises:
+        pytest.UsageError: N at or above a BATCH stream's backlog bound.
+    """
+    off = benchmark.disabled
+    sizes = Sizes(int(os.environ.get("VF_BENCH_FLOW_N", 300 if off else 5_000)),
+                  int(os.environ.get("VF_BENCH_FLOW_FRAMES", 100 if off else 2_000)),
+                  1 if off else int(os.environ.get("VF_BENCH_FLOW_ROUNDS", 3)))
+    if not 0 < sizes.messages < BATCH_MAX_MSGS or not 0 < sizes.frames < BATCH_MAX_MSGS:
+        raise pytest.UsageError(f"VF_BENCH_FLOW_N / _FRAMES must be in 1..{BATCH_MAX_MSGS - 1}")
+    return sizes
+
+
+def rate_of(stats: dict[str, Any]) -> float | None:
+    """Messages per second over a stage's window (None for fewer than two)."""
+    span = (stats["last"] or 0.0) - (stats["first"] or 0.0)
+    return stats["count"] / span if stats["count"] > 1 and span > 0 else None
+
+
+def p50_ms(latencies: list[float]) -> float:
+    return statistics.median(latencies) * 1e3
+
+
+def record(benchmark: Any, case: str, side: str, rounds: list[dict[str, Any]],
+           key: str, unit: str, lower_is_better: bool = False) -> dict[str, Any]:
+    """Keep one side's figures for the summary and extra_info.
+
+    Arguments:
+        case / side: the row.
+        rounds: each round's figures (dicts of numbers).
+        key: the figure that rows are compared on.
+        unit: its unit, for the table.
+        lower_is_better: latency; the best round is then the lowest.
+
+    Returns:
+        what was recorded: best and median of `key`, and every round.
+    """
+    values = [r[key] for r in rounds if r.get(key) is not None]
+    assert values, f"{case} {side}: no round measured {key}: {rounds}"
+    best = min(values) if lower_is_better else max(values)
+    kept = {"unit": unit, "key": key, "best": best, "median": statistics.median(values),
+            "lower_is_better": lower_is_better, "rounds": rounds}
+    _RESULTS[(case, side)] = kept
+    benchmark.extra_info.update({f"{key}_best": best, f"{key}_median": kept["median"],
+                                 "unit": unit, "rounds": rounds})
+    return kept
+
+
+@pytest.fixture(scope="module")
+def summary(request: pytest.FixtureRequest) -> Iterator[None]:
+    """At the module's end, the videoflow/peer table, through the terminal reporter
+    (output capture would swallow a plain print). Not with timing off: the smoke
+    sizes make no figures worth reading."""
+    yield
+    plugins = request.config.pluginmanager
+    reporter, capture = plugins.getplugin("terminalreporter"), plugins.getplugin("capturemanager")
+    if not _RESULTS or reporter is None or request.config.getoption("benchmark_disable"):
+        return
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        write_summary(reporter.write_line)
+
+
+def write_summary(write: Callable[[str], None]) -> None:
+    write("")
+    write("videoflow flows vs hand-written nats-py peer (ratio = videoflow / peer, "
+          "best round; median in brackets)")
+    write(f"  {'case':<22}{'unit':<14}{'videoflow':>18}{'peer':>18}{'ratio':>8}")
+    for case in dict.fromkeys(c for c, _ in _RESULTS):
+        vf, peer = _RESULTS.get((case, "videoflow")), _RESULTS.get((case, "peer"))
+        shown = [f"{r['best']:>9,.1f} ({r['median']:,.1f})" if r else "-" for r in (vf, peer)]
+        unit = (vf or peer or {}).get("unit", "")
+        ratio = f"{vf['best'] / peer['best']:.2f}" if vf and peer and peer["best"] else "-"
+        write(f"  {case:<22}{unit:<14}{shown[0]:>18}{shown[1]:>18}{ratio:>8}")
+        paced = {kept["rounds"][0].get("paced_rate") for kept in (vf, peer) if kept} - {None}
+        if paced:
+            write(f"  {'':<22}paced at " + " / ".join(f"{r:,.0f}" for r in paced) + " msg/s")
+
+
+def run_rounds(benchmark: Any, rounds: int, target: Callable[[], None]) -> None:
+    """Run target `rounds` times, once per round and without warm-up: one flow run
+    takes seconds, and each starts from fresh streams and processes anyway."""
+    benchmark.pedantic(target, rounds=rounds, iterations=1)
+
+
+# ------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[embedded.EmbeddedServer]:
+    with embedded.start(Path(tmp_path_factory.mktemp("bench-flow")) / "store") as running:
+        yield running
+
+
+@pytest.fixture
+def rounds_dir(tmp_path: Path) -> Callable[[], Path]:
+    """Returns new(): a fresh directory for one round's stage files."""
+    counter = itertools.count()
+
+    def new() -> Path:
+        made = tmp_path / f"round{next(counter)}"
+        made.mkdir()
+        return made
+
+    return new
+
+
+# ------------------------------------------------------------------ videoflow side
+
+
+def run_flow(url: str, flow: Flow) -> Any:
+    """Run a flow to its end; it must complete."""
+    report = flow.run(url, view=False)
+    assert report.outcome == "completed", report.format()
+    return report
+
+
+def videoflow_linear(url: str, out: Path, n: int, flow_type: str, *, processor: bool = True,
+                     rate: float = 0.0, latency: bool = False, name: str = "linear",
+                     ) -> dict[str, Any]:
+    """numbers -> [transform ->] sink as a videoflow flow; checks what arrived.
+
+    Returns:
+        the round's figures: sink, processor and producer rates (msg/s), the sink's
+        count, superseded messages (REALTIME), the p50 latency per hop (latency=True).
+    """
+    readers = ["transform", "sink"] if processor else ["sink"]
+    numbers = Numbers(n, str(out), readers, rate=rate, name="numbers")
+    last = Transform(str(out), name="transform")(numbers) if processor else numbers
+    sink = Sink(str(out), latency=latency, name="sink")(last)
+    report = run_flow(url, Flow([numbers], [sink], flow_type, name=f"bench-{name}"))
+    produced, got = read_stats(out, "numbers"), read_stats(out, "sink")
+    assert produced["count"] == n and report.nodes["numbers"].emitted == n
+    assert got["duplicates"] == 0, got
+    nodes = report.nodes
+    figures: dict[str, Any] = {"producer_rate": rate_of(produced), "delivered": got["count"]}
+    if processor:
+        figures["processor_rate"] = rate_of(read_stats(out, "transform"))
+    if flow_type == BATCH:
+        assert (got["distinct"], got["count"]) == (n, n), got
+        assert all(node.processed == n for node in nodes.values() if node.kind != "producer")
+    else:
+        # Every message is accounted for at every hop: received, or superseded by a
+        # newer one before the reader got to it.
+        hops = [("transform", "numbers"), ("sink", "transform")] if processor else [
+            ("sink", "numbers")]
+        for child, parent in hops:
+            node = nodes[child]
+            assert (node.received[parent] + node.dropped.get("superseded", 0)
+                    == nodes[parent].emitted), report.format()
+        assert nodes["sink"].processed == got["count"], report.format()
+        figures["superseded"] = n - got["count"]
+        figures["last_arrived"] = got["last_id"] == n - 1  # shown, not required
+    figures["rate"] = rate_of(got)
+    if latency:
+        figures["p50_ms_per_hop"] = p50_ms(got["latencies"]) / (HOPS if processor else 1)
+        figures["paced_rate"] = rate
+    return figures
+
+
+def videoflow_join(url: str, out: Path, frames: int) -> dict[str, Any]:
+    """8 cameras -> time join -> sink as a videoflow flow; checks every instant
+    arrived as one whole group, once.
+
+    Returns:
+        the round's figures: groups/s at the sink and at the join, frames/s.
+    """
+    cameras = [Camera(c, frames, FRAME_DT, str(out), ["fuse", "sink"], name=f"cam{c}")
+               for c in range(CAMERAS)]
+    fuse = Fuse(str(out), name="fuse",
+                join_policy={"mode": "time", "tolerance_ms": TOLERANCE_MS})(*cameras)
+    sink = Sink(str(out), name="sink")(fuse)
+    report = run_flow(url, Flow(cameras, [sink], BATCH, name="bench-join"))
+    got = read_stats(out, "sink")
+    assert (got["distinct"], got["count"], got["duplicates"], got["mixed"]) == (
+        frames, frames, 0, 0), got
+    assert report.nodes["fuse"].processed == frames, report.format()
+    rate = rate_of(got)
+    return {"rate": rate, "frames_per_s": rate and rate * CAMERAS,
+            "joiner_rate": rate_of(read_stats(out, "fuse"))}
+
+
+# ------------------------------------------------------------------ peer side
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One peer edge: a stream, its subject, and the reader's durable."""
+
+    stream: str
+    subject: str
+    durable: str
+
+
+def peer_stream_config(edge: Edge, flow_type: str) -> StreamConfig:
+    """The stream of one edge, configured as videoflow configures a node's stream
+    (videoflow.messaging.stream_configs), for its one data subject."""
+    if flow_type == REALTIME:
+        return StreamConfig(name=edge.stream, subjects=[edge.subject],
+                            retention=RetentionPolicy.LIMITS, max_msgs_per_subject=1,
+                            max_msgs=1, discard=DiscardPolicy.OLD, duplicate_window=120.0)
+    return StreamConfig(name=edge.stream, subjects=[edge.subject],
+                        retention=RetentionPolicy.INTEREST, max_msgs=BATCH_MAX_MSGS,
+                        discard=DiscardPolicy.NEW, duplicate_window=120.0)
+
+
+def peer_consumer_config(edge: Edge, flow_type: str, credit: int) -> ConsumerConfig:
+    """The reader's durable: pull, explicit acks, no redelivery in REALTIME."""
+    return ConsumerConfig(durable_name=edge.durable, filter_subject=edge.subject,
+                          deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.EXPLICIT,
+                          ack_wait=30, max_deliver=1 if flow_type == REALTIME else 4,
+                          max_ack_pending=credit)
+
+
+def peer_edges(case: str, names: list[str]) -> list[Edge]:
+    """Fresh edges for one round (names never reused, so no round sees another's)."""
+    round_id = next(_ROUND_IDS)
+    return [Edge(f"PEER_{case}_{round_id}_{name}", f"peer.{case}.{round_id}.{name}",
+                 f"reader_{name}") for name in names]
+
+
+async def _provision(url: str, edges: list[Edge], flow_type: str, credit: int) -> None:
+    nc, errors = await connect(url)
+    try:
+        js = nc.jetstream()
+        for edge in edges:
+            await js.add_stream(peer_stream_config(edge, flow_type))
+            await js.add_consumer(edge.stream, peer_consumer_config(edge, flow_type, credit))
+    finally:
+        await nc.close()
+    assert errors == []
+
+
+async def _delete(url: str, edges: list[Edge]) -> None:
+    nc, _ = await connect(url)
+    try:
+        js = nc.jetstream()
+        for edge in edges:
+            await js.delete_stream(edge.stream)
+    finally:
+        await nc.close()
+
+
+@contextlib.contextmanager
+def provisioned(url: str, edges: list[Edge], flow_type: str,
+                credit: int = CREDIT) -> Iterator[None]:
+    """The edges' streams and durables exist (before any stage publishes: interest
+    retention drops what no consumer wants), and are deleted afterwards."""
+    asyncio.run(asyncio.wait_for(_provision(url, edges, flow_type, credit), 30))
+    try:
+        yield
+    finally:
+        asyncio.run(asyncio.wait_for(_delete(url, edges), 30))
+
+
+def run_peer(stages: list[tuple[str, dict[str, Any]]]) -> None:
+    """Start every stage in a spawned process of its own, readers first, and wait
+    for all; each must exit 0 within PEER_SECONDS (a stuck one is killed)."""
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=run_stage, args=(kind, kwargs),
+                                 name=f"peer {kwargs['stage']}")
+                 for kind, kwargs in reversed(stages)]
+    deadline = time.monotonic() + PEER_SECONDS
+    try:
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+    codes = {p.name: p.exitcode for p in processes}
+    assert all(code == 0 for code in codes.values()), f"peer stages failed: {codes}"
+
+
+def peer_linear(url: str, out: Path, n: int, flow_type: str, *, processor: bool = True,
+                rate: float = 0.0, latency: bool = False, name: str = "linear",
+                ) -> dict[str, Any]:
+    """producer -> [processor ->] sink, each a nats-py process; checks what arrived.
+
+    Returns:
+        the same figures as videoflow_linear.
+    """
+    realtime = flow_type == REALTIME
+    edges = peer_edges(name, ["src", "mid"] if processor else ["src"])
+    common = {"url": url, "out": str(out), "realtime": realtime}
+    stages: list[tuple[str, dict[str, Any]]] = [("producer", {
+        **common, "stage": "producer", "subject": edges[0].subject, "count": n,
+        "rate": rate, "readers": ["processor", "sink"] if processor else ["sink"]})]
+    if processor:
+        stages.append(("processor", {**common, "stage": "processor", "count": n,
+                                     "stream": edges[0].stream, "durable": edges[0].durable,
+                                     "subject": edges[1].subject}))
+    stages.append(("sink", {**common, "stage": "sink", "count": n, "latency": latency,
+                            "stream": edges[-1].stream, "durable": edges[-1].durable}))
+    with provisioned(url, edges, flow_type):
+        run_peer(stages)
+    produced, got = read_stats(out, "producer"), read_stats(out, "sink")
+    assert produced["count"] == n and got["duplicates"] == 0, got
+    figures: dict[str, Any] = {"producer_rate": rate_of(produced), "delivered": got["count"]}
+    if processor:
+        processed = read_stats(out, "processor")
+        figures["processor_rate"] = rate_of(processed)
+    if realtime:
+        # What the processor passed on and what the sink received, plus what each
+        # found superseded (sequence gaps), add up; the marked last one arrived.
+        upstream = processed["count"] if processor else n
+        if processor:
+            assert processed["count"] + processed["superseded"] == n, processed
+        assert got["count"] + got["superseded"] == upstream, got
+        assert got["last_id"] == n - 1, got
+        figures["superseded"] = n - got["count"]
+    else:
+        assert (got["distinct"], got["count"]) == (n, n), got
+        if processor:
+            assert processed["count"] == n, processed
+    figures["rate"] = rate_of(got)
+    if latency:
+        figures["p50_ms_per_hop"] = p50_ms(got["latencies"]) / (HOPS if processor else 1)
+        figures["paced_rate"] = rate
+    return figures
+
+
+def peer_join(url: str, out: Path, frames: int) -> dict[str, Any]:
+    """8 camera producers -> frame-index joiner -> sink, each a nats-py process;
+    checks every instant arrived as one whole group, once.
+
+    Returns:
+        the same figures as videoflow_join.
+    """
+    edges = peer_edges("join", [f"cam{c}" for c in range(CAMERAS)] + ["fused"])
+    cams, fused = edges[:CAMERAS], edges[CAMERAS]
+    common = {"url": url, "out": str(out)}
+    stages: list[tuple[str, dict[str, Any]]] = [
+        ("producer", {**common, "stage": f"cam{c}", "subject": edge.subject,
+                      "count": frames, "cam": c, "readers": ["joiner", "sink"]})
+        for c, edge in enumerate(cams)]
+    stages.append(("joiner", {**common, "stage": "joiner", "subject": fused.subject,
+                              "count": frames,
+                              "edges": [(edge.stream, edge.durable) for edge in cams]}))
+    stages.append(("sink", {**common, "stage": "sink", "count": frames,
+                            "stream": fused.stream, "durable": fused.durable}))
+    with provisioned(url, edges, BATCH, credit=JOIN_CREDIT):
+        run_peer(stages)
+    got = read_stats(out, "sink")
+    assert (got["distinct"], got["count"], got["duplicates"], got["mixed"]) == (
+        frames, frames, 0, 0), got
+    rate = rate_of(got)
+    return {"rate": rate, "frames_per_s": rate and rate * CAMERAS,
+            "joiner_rate": rate_of(read_stats(out, "joiner"))}
+
+
+def linear(side: str) -> Callable[..., dict[str, Any]]:
+    return videoflow_linear if side == "videoflow" else peer_linear
+
+
+# ------------------------------------------------------------------ cases
+
+
+@pytest.mark.benchmark(group="flow_linear_batch")
+@pytest.mark.parametrize("side", SIDES)
+def test_linear_batch(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
+                      rounds_dir: Callable[[], Path], side: str) -> None:
+    sizes = sizes_for(benchmark)
+    rounds: list[dict[str, Any]] = []
+    run_rounds(benchmark, sizes.rounds, lambda: rounds.append(
+        linear(side)(server.url, rounds_dir(), sizes.messages, BATCH, name="batch")))
+    record(benchmark, "linear_batch", side, rounds, "rate", "msg/s")
+
+
+@pytest.mark.benchmark(group="flow_linear_realtime")
+@pytest.mark.parametrize("side", SIDES)
+def test_linear_realtime(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
+                         rounds_dir: Callable[[], Path], side: str) -> None:
+    sizes = sizes_for(benchmark)
+    rounds: list[dict[str, Any]] = []
+    n = REALTIME_FACTOR * sizes.messages
+    run_rounds(benchmark, sizes.rounds, lambda: rounds.append(
+        linear(side)(server.url, rounds_dir(), n, REALTIME, name="realtime")))
+    record(benchmark, "linear_realtime", side, rounds, "rate", "received/s")
+
+
+@pytest.mark.benchmark(group="flow_time_join")
+@pytest.mark.parametrize("side", SIDES)
+def test_time_join(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
+                   rounds_dir: Callable[[], Path], side: str) -> None:
+    sizes = sizes_for(benchmark)
+    run = videoflow_join if side == "videoflow" else peer_join
+    rounds: list[dict[str, Any]] = []
+    run_rounds(benchmark, sizes.rounds,
+               lambda: rounds.append(run(server.url, rounds_dir(), sizes.frames)))
+    record(benchmark, "time_join_8", side, rounds, "rate", "groups/s")
+
+
+@pytest.mark.benchmark(group="flow_producer")
+@pytest.mark.parametrize("side", SIDES)
+def test_producer_rate(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
+                       rounds_dir: Callable[[], Path], side: str) -> None:
+    sizes = sizes_for(benchmark)
+    rounds: list[dict[str, Any]] = []
+    run_rounds(benchmark, sizes.rounds, lambda: rounds.append(linear(side)(
+        server.url, rounds_dir(), sizes.messages, BATCH, processor=False, name="producer")))
+    record(benchmark, "producer", side, rounds, "producer_rate", "msg/s")
+
+
+def paced_rate() -> tuple[float, str]:
+    """The latency case's offered rate, the same for both sides: half the slower
+    side's sink rate in flow_linear_batch of this run, so each side runs at half its
+    own maximum or below (a fetch-batch pipeline slows down as its batches shrink, so
+    a side paced near its backlog maximum queues); VF_BENCH_FLOW_RATE (default 300
+    msg/s) if that case did not run.
+
+    Returns:
+        (messages per second, how it was chosen).
+    """
+    measured = [_RESULTS[("linear_batch", side)]["best"] for side in SIDES
+                if ("linear_batch", side) in _RESULTS]
+    if len(measured) == len(SIDES):
+        return min(measured) / 2, "half of the slower side in flow_linear_batch"
+    return float(os.environ.get("VF_BENCH_FLOW_RATE", 300.0)), "fixed (VF_BENCH_FLOW_RATE)"
+
+
+@pytest.mark.benchmark(group="flow_latency")
+@pytest.mark.parametrize("side", SIDES)
+def test_latency_per_hop(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
+                         rounds_dir: Callable[[], Path], side: str) -> None:
+    sizes = sizes_for(benchmark)
+    rate, basis = paced_rate()
+    n = max(50, min(sizes.messages, int(rate * LATENCY_SECONDS[benchmark.disabled])))
+    rounds: list[dict[str, Any]] = []
+    run_rounds(benchmark, sizes.rounds, lambda: rounds.append(linear(side)(
+        server.url, rounds_dir(), n, BATCH, rate=rate, latency=True, name="latency")))
+    kept = record(benchmark, "latency_p50_per_hop", side, rounds, "p50_ms_per_hop", "ms",
+                  lower_is_better=True)
+    benchmark.extra_info["paced_rate"] = rate
+    benchmark.extra_info["rate_basis"] = basis
+    assert kept["best"] > 0
