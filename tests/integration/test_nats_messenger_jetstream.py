@@ -169,7 +169,8 @@ def test_25_mb_frames_flow_through_a_join_by_ref_and_are_reclaimed_after_the_ack
         assert np.array_equal(inputs["cam_a"]["message"], frames["cam_a"])
         assert np.array_equal(inputs["cam_b"]["message"], frames["cam_b"])
         assert all(store.obligations(r) == ("fuse",) for r in refs)  # not before the ack
-        fuse.ack_inputs()
+        fuse.ack_inputs()  # the settlements are in flight ...
+        fuse.drain()  # ... and confirmed
         assert store.refs() == ()  # every reader settled: reclaimed
         assert fuse.receive_message()["cam_a"]["is_stop_signal"]
     finally:

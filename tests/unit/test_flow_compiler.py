@@ -10,7 +10,13 @@ from videoflow.core.compiler import compile_flow
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.core.flow import Flow
 from videoflow.core.node import ConsumerNode, ProcessorNode, ProducerNode
-from videoflow.messaging.credit import consumer_credit, join_item_credit, max_deliver_for
+from videoflow.messaging.credit import (
+    RECEIVE_PREFETCH,
+    WINDOW_GROUPS,
+    consumer_credit,
+    join_item_credit,
+    max_deliver_for,
+)
 from videoflow.messaging.naming import durable_name_for
 from videoflow.messaging.provisioning import _flow_plan
 
@@ -81,8 +87,10 @@ def test_the_derived_credit_and_max_deliver_are_what_provisioning_creates() -> N
     compiled = compile_flow(Flow(cams, [Sink()(fusion)], BATCH, name="f"), max_retries=3)
     plan = compiled.plans["fusion"]
     spec = compiled.spec("fusion")
+    # Two replicas, each holding its working set, the publication window and its
+    # prefetch unsettled.
     assert plan.credit == consumer_credit(2, False, join_item_credit(
-        spec.parents, spec.join_policy, BATCH))
+        spec.parents, spec.join_policy, BATCH), WINDOW_GROUPS + RECEIVE_PREFETCH)
     assert plan.max_deliver == max_deliver_for(BATCH, 3, spec.delivery)
     data_durables = {durable_name_for("fusion", parent) for parent in spec.parents}
     provisioned = {config.durable_name: config for _, config in

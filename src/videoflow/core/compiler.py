@@ -183,8 +183,8 @@ class NodePlan:
     provisioning and every replica's messenger bind the same values (MSG-017).
 
     Attributes:
-        credit: max_ack_pending of each of its durables (consumer_credit over
-            join_item_credit, STREAM-15).
+        credit: max_ack_pending of each of its durables (node_credit: consumer_credit
+            over join_item_credit with the publication window, STREAM-15).
         max_deliver: the durables' delivery cap (max_deliver_for).
     """
 
@@ -246,7 +246,7 @@ def compile_flow(flow: Any, max_retries: int = 3, ledger_budget: bool = False) -
     """
     from videoflow.core.constants import BATCH
     from videoflow.core.node import Node
-    from videoflow.messaging.credit import consumer_credit, join_item_credit, max_deliver_for
+    from videoflow.messaging.credit import max_deliver_for, node_credit
     from videoflow.messaging.naming import stream_name_for
 
     order = _topological(flow.producers, flow.consumers)
@@ -292,8 +292,8 @@ def compile_flow(flow: Any, max_retries: int = 3, ledger_budget: bool = False) -
                              f"parents {list(spec.parents)}")
         if spec.parents:
             plans[name] = NodePlan(
-                credit=consumer_credit(spec.nb_tasks, spec.partitioned, join_item_credit(
-                    spec.parents, spec.join_policy, flow.flow_type)),
+                credit=node_credit(spec.nb_tasks, spec.partitioned, spec.parents,
+                                   spec.join_policy, flow.flow_type),
                 max_deliver=max_deliver_for(flow.flow_type, max_retries, spec.delivery,
                                             ledger_budget))
         specs.append(spec)

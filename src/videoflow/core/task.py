@@ -170,6 +170,7 @@ class Task:
                  progress: Progress | None = None, progress_every: float = 1.0) -> None:
         self.node, self.messenger, self.context = node, messenger, context
         self.stats = TaskStats()
+        self._failed_publications = 0  # the messenger's count, as last folded in
         self._progress, self._every = progress, progress_every
         self._next_progress = time.monotonic() + progress_every
 
@@ -193,6 +194,9 @@ class Task:
             node.open()
             try:
                 self._loop()
+                drain = getattr(self.messenger, "drain", None)
+                if drain is not None:  # outputs in flight resolve while the node lives
+                    drain()
             finally:
                 node.close()
         except BaseException as error:  # SystemExit from a node too: descendants must know
@@ -227,6 +231,9 @@ class Task:
             for reason, n in take().items():
                 self.stats.drops[reason] = self.stats.drops.get(reason, 0) + n
         self.stats.dead_lettered = getattr(self.messenger, "dead_lettered", 0)
+        failed = getattr(self.messenger, "failed_publications", 0)
+        self.stats.failed += failed - self._failed_publications
+        self._failed_publications = failed
         self.stats.received = dict(getattr(self.messenger, "received", {}))
 
     def _tick(self) -> None:
@@ -275,15 +282,17 @@ class Task:
                 return
             try:
                 output = apply(*self._inputs(entries))
+                if self.node.kind == "processor":
+                    # In flight once this returns; an output carrying a checkpoint is
+                    # waited for, and its failure is the group's (PublicationFailed).
+                    self.messenger.publish_message(output, self.context._take_metadata())
+                    self.stats.emitted += 1
             except LedgerError:
                 raise  # a refused checkpoint or a superseded owner: this process must stop
             except Exception as error:  # every failure of the node goes to the policy
                 self.stats.failed += 1
                 self.messenger.fail_inputs(error)
                 continue
-            if self.node.kind == "processor":
-                self.messenger.publish_message(output, self.context._take_metadata())
-                self.stats.emitted += 1
             self.messenger.ack_inputs()
             self.stats.processed += 1
 

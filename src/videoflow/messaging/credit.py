@@ -21,6 +21,20 @@ DEFAULT_PREFETCH: Final = 4
 """Deliveries a worker parks locally per subscription beyond the one it is processing,
 so the next input is already in hand when the current one settles."""
 
+WINDOW_GROUPS: Final = 64
+"""Input groups one replica keeps in flight after processing them -- outputs being
+confirmed, inputs not yet settled (videoflow.messaging.messenger_window)."""
+
+RECEIVE_PREFETCH: Final = 64
+"""Deliveries a node replica's backend parks per subscription: its pull requests ask
+for up to this many at once, and the task takes everything ready in one hand-off. At
+DEFAULT_PREFETCH's depth a node spent most of its time asking the broker for more."""
+
+PIPELINE_PREFETCH: Final = WINDOW_GROUPS + RECEIVE_PREFETCH
+"""What a node replica holds unsettled per durable beyond the group it is processing:
+its window's groups and its parked prefetch. node_credit passes it as consumer_credit's
+prefetch."""
+
 LEGACY_BIND_CREDIT: Final = DEFAULT_PREFETCH + 2
 """The max_ack_pending a worker bound its durable with before RFC 0006 (its local queue
 depth plus two); kept for the same reason."""
@@ -103,6 +117,21 @@ def credit_admits(
     if effective_credit < 0:
         return sys.maxsize
     return effective_credit // per_replica
+
+
+def node_credit(nb_tasks: int, partitioned: bool, parents: Sequence[str],
+                join_policy: dict | None, flow_type: str) -> int:
+    """The max_ack_pending of each of a node's data durables: consumer_credit over its
+    join_item_credit, with room for the publication window (PIPELINE_PREFETCH). The
+    compiler, provisioning and the worker's bind all call this, so the durable created
+    and the durable bound agree (MSG-017).
+
+    Raises:
+        ValueError: as consumer_credit and join_item_credit.
+    """
+    return consumer_credit(nb_tasks, partitioned,
+                           join_item_credit(parents, join_policy, flow_type),
+                           PIPELINE_PREFETCH)
 
 
 def _flow_default_overlay(default: Mapping[str, Any], override: Any, what: str) -> dict[str, Any]:

@@ -19,7 +19,9 @@ marker was confirmed before the marker was sent, so it is in the stream.
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
@@ -33,6 +35,7 @@ from videoflow.backends.messaging import (
     Retry,
     SettleConfirmed,
     SettleOutcome,
+    SettleResult,
     SettleUnknown,
     SubscriptionId,
     Terminal,
@@ -149,6 +152,8 @@ class Deliveries:
         self.unconfirmed_acks = 0  # acks the broker did not confirm (redelivered later)
         self._counted: set[str] = set()  # inputs whose failures this process counted
         self._to_settle: list[tuple[Delivery, SettleOutcome]] = []
+        # Completed settlements in flight, oldest first (complete_later).
+        self._settling: deque[tuple[Held, concurrent.futures.Future[SettleResult]]] = deque()
         self._ends: dict[str, _ParentEnd] = {p: _ParentEnd() for p in self.parent_names}
         # Deliveries of each parent the messenger holds unsettled (in the assembler or
         # in the group handed out): its own share of the durable's leases.
@@ -171,26 +176,62 @@ class Deliveries:
     # ------------------------------------------------------------------ settling
 
     def complete(self, handles: Sequence[Held], key: str) -> None:
-        """Settle every handle of one group Completed, in one batch. An unconfirmed
-        settlement leaves its delivery to be redelivered (PAY-004).
+        """Settle every handle of one group Completed and wait for the answers. An
+        unconfirmed settlement leaves its delivery to be redelivered (PAY-004).
 
         Arguments:
             handles: the group's handles.
             key: the group's identity ({trace_id}:{seq}), naming the settlements.
         """
-        for handle in handles:
+        self.complete_later(handles, key)
+        self.collect_settled(wait=True)
+
+    def complete_later(self, handles: Sequence[Held], key: str) -> None:
+        """Start settling every handle of one group Completed without waiting: the
+        answers are read by collect_settled, which alone releases a payload
+        obligation, and only on a confirmed settlement (PAY-004).
+
+        Arguments:
+            handles: the group's handles.
+            key: the group's identity ({trace_id}:{seq}), naming the settlements.
+        """
+        for index, handle in enumerate(handles):
             self.let_go(handle.delivery)
             if self._counted:  # only after failures: no key is built on the usual path
                 counted = f"{handle.parent}:{handle.delivery.stream_seq}"
                 if counted in self._counted:  # it failed before: its count is done with
                     self._counted.discard(counted)
                     self.runtime.clear_attempts(counted)
-        results = self.backend.settle_many([(h.delivery.token, Completed(), f"ack:{key}:{i}")
-                                            for i, h in enumerate(handles)])
-        self.unconfirmed_acks += sum(isinstance(r, SettleUnknown) for r in results)
-        for handle, result in zip(handles, results, strict=True):
-            # PAY-004: a payload obligation goes only with a confirmed settlement.
-            if handle.blob_ref is not None and isinstance(result, SettleConfirmed):
+            self._settling.append((handle, self.backend.settle_async(
+                handle.delivery.token, Completed(), f"ack:{key}:{index}")))
+
+    @property
+    def settling(self) -> int:
+        """Completed settlements started and not yet answered."""
+        return len(self._settling)
+
+    def collect_settled(self, wait: bool) -> None:
+        """Read the answers of the Completed settlements started so far, oldest first:
+        count the unconfirmed ones (redelivered later) and release the payload
+        obligation of each confirmed one (PAY-004).
+
+        Arguments:
+            wait: wait for every answer (the backend bounds each); otherwise stop at
+                the first one not yet in.
+        """
+        settling = self._settling
+        while settling:
+            handle, future = settling[0]
+            if not future.done() and not wait:
+                return
+            settling.popleft()
+            try:
+                result = future.result(timeout=self.ack_wait)
+            except concurrent.futures.TimeoutError:
+                result = SettleUnknown("the backend did not answer the settlement")
+            if isinstance(result, SettleUnknown):
+                self.unconfirmed_acks += 1
+            elif handle.blob_ref is not None and isinstance(result, SettleConfirmed):
                 self.payloads.read_done(handle.blob_ref)
 
     def fail(self, handles: Sequence[Held], exc: BaseException) -> None:

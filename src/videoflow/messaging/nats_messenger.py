@@ -74,13 +74,13 @@ from videoflow.core.engine import (
     Messenger,
 )
 from videoflow.core.runtime import FlowRuntime
-from videoflow.errors import DurabilityUnavailable, VideoflowError, WireError
+from videoflow.errors import DurabilityUnavailable, WireError
 from videoflow.messaging.credit import (
-    consumer_credit,
+    RECEIVE_PREFETCH,
     effective_delivery_policy,
     effective_join_policy,
-    join_item_credit,
     max_deliver_for,
+    node_credit,
 )
 from videoflow.messaging.grouping import EnvelopeEntry, ReadyGroup, make_assembler
 from videoflow.messaging.jetstream_specs import subscription_spec_for
@@ -91,6 +91,7 @@ from videoflow.messaging.messenger_deliveries import (
     end_marker,
 )
 from videoflow.messaging.messenger_payloads import MessengerPayloads
+from videoflow.messaging.messenger_window import PublicationFailed, PublishWindow
 from videoflow.messaging.publication import PublicationStats, publish_until_known
 from videoflow.wire.serialization import (
     ENVELOPE_VERSION,
@@ -103,18 +104,28 @@ from videoflow.wire.serialization import (
 POLL_SECONDS: Final = 0.05
 """How long one receive waits before the loop looks at timeouts and drains again."""
 
+RECEIVE_BATCH: Final = 256
+"""The most deliveries one receive takes: everything ready, in one hand-off."""
 
-class PublicationFailed(VideoflowError):
-    """An output could not be published (refused for good, or still unknown at the
-    deadline): the task fails the inputs it came from, which are then redelivered.
+WINDOW_POLL_SECONDS: Final = 0.002
+"""How long one receive waits while outputs are in flight, so their groups' inputs are
+settled soon after their receipts arrive."""
 
-    Attributes:
-        refused: the broker definitely refused it (not merely unknown).
-    """
+OFFSET_COMMIT_SECONDS: Final = 0.1
+"""How often a replayable producer records its last confirmed source offset while its
+outputs stream (MSGID-6)."""
 
-    def __init__(self, message: str, refused: bool = False) -> None:
-        super().__init__(message)
-        self.refused = refused
+
+def _also(first: Callable[[Accepted], None] | None,
+          then: Callable[[Accepted], None]) -> Callable[[Accepted], None]:
+    if first is None:
+        return then
+
+    def both(outcome: Accepted) -> None:
+        first(outcome)
+        then(outcome)
+
+    return both
 
 
 def partition_of(key: Any, partitions: int) -> int:
@@ -234,6 +245,7 @@ class NATSMessenger(Messenger):
         if backend is None:
             from videoflow.messaging.jetstream_backend import JetStreamMessagingBackend
             backend = JetStreamMessagingBackend(nats_url, flow_id, run_id, flow_type,
+                                                prefetch=RECEIVE_PREFETCH,
                                                 byte_budget=prefetch_bytes)
             self._owns_backend = True
         else:
@@ -271,7 +283,6 @@ class NATSMessenger(Messenger):
             blob_readers=blob_readers, blob_reader_ids=self.blob_reader_ids,
             blob_ttl_seconds=blob_ttl_seconds, reader_id=self.reader_id)
         self._inline_limit: int | None = None
-        self._last_published: Accepted | None = None
         self._covered: str | None = None  # the group the restored checkpoint covers
         self.publication_stats_counter = PublicationStats()
         self._terminated = False
@@ -292,9 +303,18 @@ class NATSMessenger(Messenger):
             self.payloads, delivery_policy=self.delivery_policy,
             ledger_budget=self.ledger_budget, ack_wait=ack_wait,
             eos_quiescence=self.eos_quiescence, clock=clock)
+        self.failed_publications = 0  # input groups failed because an output was not
+        self.window = PublishWindow(
+            self.node_name, backend, self.deliveries, self.publication_stats_counter,
+            ack_wait, on_failed=self._publication_failed)
+        self._confirmed_offset = self._source_offset  # MSGID-6: the last accepted one
+        self._committed_offset = self._source_offset
+        self._offset_committed_at = 0.0
         self._flushed = False
         self._data_subs: dict[str, SubscriptionId] = {}
         self._eos_subs: dict[SubscriptionId, str] = {}
+        self._all_subs: list[SubscriptionId] = []
+        self._idle = True  # the last receive took nothing
         self.reconciled = 0  # obligations reconciliation cancelled (PAY-006)
         if self.parent_names:
             policy = effective_join_policy(flow_type, join_policy)
@@ -309,9 +329,8 @@ class NATSMessenger(Messenger):
 
     def _bind(self, partitioned: bool, join_policy: dict[str, Any] | None,
               delivery: dict[str, Any] | None, max_retries: int) -> None:
-        credit = consumer_credit(self.nb_tasks, partitioned,
-                                 join_item_credit(self.parent_names, join_policy,
-                                                  self.flow_type))
+        credit = node_credit(self.nb_tasks, partitioned, self.parent_names, join_policy,
+                             self.flow_type)
         # With a durable, shared ledger the retry budget is counted there, so the
         # broker never strands a message and a worker-fatal redelivery never counts
         # (STREAM-15 / D11): the durable is bound with max_deliver -1, as provisioning
@@ -337,6 +356,7 @@ class NATSMessenger(Messenger):
                 subscription_spec_for(eos, self.ack_wait, -1, 4), "bind")
             self._data_subs[parent] = data
             self._eos_subs[eos] = parent
+        self._all_subs = [*self._data_subs.values(), *self._eos_subs]
 
     def _admits(self, delivery: Delivery) -> bool:
         """Whether an input belongs to this replica's partition: its envelope's
@@ -439,14 +459,18 @@ class NATSMessenger(Messenger):
         self._partition_key = value
 
     def publish_message(self, message: Any, metadata: dict[str, Any] | None = None) -> None:
-        """Publish one output, confirmed (or, in REALTIME, dropped and counted) before
-        this returns. Its trace id and sequence carry its input group's forward (a
-        producer mints them); its event time is the one set for it, else the group's;
-        its msg_id is stable across a redelivery of the group, so the broker's
-        duplicate window keeps one copy.
+        """Publish one output without waiting for its receipt: it is in flight in the
+        window (messenger_window) and resolved in order while the node goes on; its
+        group's inputs are settled once every output of the group is accepted. Its
+        trace id and sequence carry its input group's forward (a producer mints them);
+        its event time is the one set for it, else the group's; its msg_id is stable
+        across a redelivery of the group, so the broker's duplicate window keeps one
+        copy. An output carrying a checkpoint is waited for: everything before it
+        resolves first, and the checkpoint commits once it is accepted (RUN-022).
 
         Raises:
-            PublicationFailed: refused for good, or still unknown at the deadline.
+            PublicationFailed: a producer's earlier output, or this checkpointed one,
+                was refused for good or still unknown at its deadline.
             DurabilityUnavailable: metadata carries a checkpoint this runtime cannot
                 keep (RUN-022): nothing was published.
         """
@@ -458,13 +482,17 @@ class NATSMessenger(Messenger):
                 raise TypeError("a checkpoint's state must be bytes, got "
                                 f"{type(pending_state).__name__}")
             self._require_durable_ledger()  # refused before anything is sent (RUN-022)
+            self.window.drain()  # the committed prefix is everything before, confirmed
         group = self._group
         self._outputs += 1
+        on_accepted: Callable[[Accepted], None] | None = None
         if group is None and self.replayable:  # MSGID-6: minted from the source offset
             self._source_offset += 1
-            trace_id = f"{self.node_name}:src:{self._source_offset}"
-            seq, msg_id = self._source_offset, trace_id
+            offset = self._source_offset
+            trace_id = f"{self.node_name}:src:{offset}"
+            seq, msg_id = offset, trace_id
             event_ts = self._event_ts
+            on_accepted = lambda _accepted: self._offset_confirmed(offset)  # noqa: E731
         elif group is None:  # a live producer: a new originating event
             trace_id, seq = uuid.uuid4().hex, self._outputs
             msg_id = f"{self._live_id_node}:{self.runtime.epoch}:{self._outputs}"
@@ -480,17 +508,42 @@ class NATSMessenger(Messenger):
                       partition_key=self._partition_key)
         self._event_ts, self._partition_key = None, None
         data = encode_envelope(message, **fields)
+        accepted: list[Accepted] = []
+        if pending_state is not None:
+            on_accepted = _also(on_accepted, accepted.append)
         if not self.payloads.offloads or len(data) <= self._inline_threshold():
-            self._publish(Envelope(self.channel, "data", data, msg_id))
+            self.window.send(Envelope(self.channel, "data", data, msg_id), self.flow_type,
+                             on_accepted=on_accepted)
         else:
-            self._publish_by_ref(message, fields, msg_id)
-        if group is None and self.replayable and self._last_published is not None:
-            self.runtime.set_source_offset(self._source_offset)
-        if pending_state is not None and self._last_published is not None:
-            # State and output commit together: the checkpoint names the output it
-            # was taken with (RUN-022).
-            self.runtime.checkpoint(pending_state, self.last_input_key() or msg_id,
-                                    output=msg_id)
+            self._publish_by_ref(message, fields, msg_id, on_accepted)
+        if pending_state is not None:
+            self.window.resolve_current()
+            self._commit_offset(force=True)
+            if accepted:
+                # State and output commit together: the checkpoint names the output it
+                # was taken with (RUN-022).
+                self.runtime.checkpoint(pending_state, self.last_input_key() or msg_id,
+                                        output=msg_id)
+        if group is None:  # a producer's output is a group of its own, with no inputs
+            self.window.close_group()
+            self._commit_offset()
+
+    def _offset_confirmed(self, offset: int) -> None:
+        self._confirmed_offset = max(self._confirmed_offset, offset)
+
+    def _commit_offset(self, force: bool = False) -> None:
+        """MSGID-6: record the last confirmed source offset in the ledger -- at most
+        every OFFSET_COMMIT_SECONDS while outputs stream (a restart replays the rest,
+        deduplicated by the broker), and always when forced (a checkpoint, the end)."""
+        if self._confirmed_offset == self._committed_offset:
+            return
+        now = time.monotonic()
+        if force or now - self._offset_committed_at >= OFFSET_COMMIT_SECONDS:
+            self.runtime.set_source_offset(self._confirmed_offset)
+            self._committed_offset, self._offset_committed_at = self._confirmed_offset, now
+
+    def _publication_failed(self, failure: PublicationFailed) -> None:
+        self.failed_publications += 1
 
     def _inline_threshold(self) -> int:
         if self._inline_limit is None:
@@ -501,7 +554,8 @@ class NATSMessenger(Messenger):
             self._inline_limit = inline_threshold(max_payload.value)
         return self._inline_limit
 
-    def _publish_by_ref(self, message: Any, fields: dict[str, Any], msg_id: str) -> None:
+    def _publish_by_ref(self, message: Any, fields: dict[str, Any], msg_id: str,
+                        on_accepted: Callable[[Accepted], None] | None) -> None:
         """Put the message in the store (MessengerPayloads.put), publish the envelope
         carrying its ref, and resolve the put by the outcome: its intent released once
         accepted, the payload reclaimed at once on a definite refusal, kept (owed) while
@@ -512,20 +566,31 @@ class NATSMessenger(Messenger):
                                     "needs blob_reader_ids (whose reads it must outlive)")
         ref = self.payloads.put(message, msg_id)
         data = encode_envelope(None, blob_ref=ref, **fields)
-        try:
-            self._publish(Envelope(self.channel, "data", data, msg_id))
-        except PublicationFailed as failed:
-            if failed.refused:
-                self.payloads.refused(ref, msg_id)
-            raise
-        if self._last_published is not None:
-            self.payloads.accepted(ref, msg_id, self._last_published.stream_seq)
+
+        def accepted(outcome: Accepted) -> None:
+            self.payloads.accepted(ref, msg_id, outcome.stream_seq)
+            if on_accepted is not None:
+                on_accepted(outcome)
+
+        self.window.send(Envelope(self.channel, "data", data, msg_id), self.flow_type,
+                         on_accepted=accepted,
+                         on_refused=lambda: self.payloads.refused(ref, msg_id))
+
+    def drain(self) -> None:
+        """Wait until every output in flight is resolved and every settlement started
+        is answered (before an end marker, a checkpoint, and the task's exit).
+
+        Raises:
+            PublicationFailed: a producer's output was not published.
+        """
+        self.window.drain()
+        self._commit_offset(force=True)
 
     def _publish(self, envelope: Envelope, flow_type: str | None = None) -> None:
+        """Publish and wait until the outcome is known (end markers)."""
         published = publish_until_known(self.backend, envelope, flow_type or self.flow_type,
                                         time.monotonic() + self.ack_wait)
         self.publication_stats_counter.count(published)
-        self._last_published = None
         if published.dropped:
             self.deliveries.drops["publish_discarded"] += 1
             return
@@ -533,17 +598,24 @@ class NATSMessenger(Messenger):
             raise PublicationFailed(f"{self.node_name}: {envelope.kind} {envelope.msg_id} was "
                                     f"not published: {published.outcome}",
                                     refused=isinstance(published.outcome, Rejected))
-        self._last_published = published.outcome
 
     def publish_stop_signal(self) -> None:
-        """This replica's end of stream, on the channel's EOS subject: never dropped
-        (published as BATCH publishes, whatever the flow type)."""
+        """This replica's end of stream, on the channel's EOS subject, once every output
+        before it is resolved: never dropped (published as BATCH publishes, whatever
+        the flow type).
+
+        Raises:
+            PublicationFailed: an output in flight, or the marker, was not published.
+        """
+        self.drain()
         self._publish_end(is_abort=False, error=None)
 
     def publish_abort(self, error: Any, *, origin: str | None = None) -> None:
         """An abnormal end of stream carrying why this node died, on the same EOS
         subject, so it reaches every downstream replica; its msg_id differs from the
-        clean marker's, so an aborted node is never mistaken for a finished one.
+        clean marker's, so an aborted node is never mistaken for a finished one. What
+        is in flight resolves first; an output of it that fails does not keep the
+        abort from going out.
 
         Arguments:
             error: the exception, or the error record ({'type', 'message'}) of an
@@ -551,6 +623,10 @@ class NATSMessenger(Messenger):
             origin: the node that died first, when relaying a parent's abort; this
                 node when None.
         """
+        try:
+            self.drain()
+        except PublicationFailed:
+            pass  # the node is dying anyway: its abort says so
         self._publish_end(is_abort=True, error=error, origin=origin)
 
     def _publish_end(self, is_abort: bool, error: Any, origin: str | None = None) -> None:
@@ -591,6 +667,9 @@ class NATSMessenger(Messenger):
             raise ValueError(f"{self.node_name}: checkpoint needs the input group it "
                              "covers; none was received")
         self._require_durable_ledger()
+        # The groups before this one are settled first: a replacement must not see
+        # again what the committed state already holds (RUN-022).
+        self.window.drain()
         self.runtime.checkpoint(state, key)
 
     def resume_offset(self) -> int:
@@ -649,8 +728,10 @@ class NATSMessenger(Messenger):
         self.deliveries.settle_pending()
         if group is not None:
             return group
-        if not self._flushed and all(self.deliveries.drained(p, self._data_subs[p])
-                                     for p in self.parent_names):
+        # Asking the broker whether a parent is drained costs a round trip: only once
+        # a receive came back empty -- while data arrives, it is not.
+        if not self._flushed and self._idle and all(
+                self.deliveries.drained(p, self._data_subs[p]) for p in self.parent_names):
             self._ready.extend(self.assembler.flush(self.clock()))
             self._flushed = True
             self.deliveries.settle_pending()
@@ -659,8 +740,12 @@ class NATSMessenger(Messenger):
 
     def _receive_once(self) -> None:
         self.reconciled += self.payloads.reconcile()  # PAY-006, at most once per ack_wait
-        subs = [*self._data_subs.values(), *self._eos_subs]
-        got = self.backend.receive_any(subs, 64, 0, time.monotonic() + POLL_SECONDS)
+        window = self.window
+        window.advance()
+        poll = WINDOW_POLL_SECONDS if window.in_flight or self.deliveries.settling else POLL_SECONDS
+        got = self.backend.receive_any(self._all_subs, RECEIVE_BATCH, 0,
+                                       time.monotonic() + poll)
+        self._idle = not got
         for sub, delivery in got:
             if sub.kind == "eos":
                 self._on_end_marker(self._eos_subs[sub], delivery)
@@ -736,7 +821,7 @@ class NATSMessenger(Messenger):
         An unconfirmed settlement leaves its delivery to be redelivered (PAY-004)."""
         group, self._group = self._group, None
         if group is not None:
-            self.deliveries.complete(group.handles, f"{group.trace_id}:{group.seq}")
+            self.window.close_group(group.handles, f"{group.trace_id}:{group.seq}")
 
     def fail_inputs(self, exc: BaseException) -> None:
         """Execute the delivery policy's verdict for exc on the group last returned:
@@ -744,6 +829,7 @@ class NATSMessenger(Messenger):
         dead-letter then terminate (poison, or the retry budget spent), or terminate
         against the terminal log and count it (best effort)."""
         group, self._group = self._group, None
+        self.window.abandon_group()
         if group is not None:
             self.deliveries.fail(group.handles, exc)
 
@@ -780,9 +866,13 @@ class NATSMessenger(Messenger):
                 for e in self.runtime.terminal_entries()]
 
     def close(self) -> None:
-        """Shut the backend down if this messenger made it."""
-        if self._owns_backend:
-            self.backend.shutdown()
+        """Resolve what is in flight (drain), then shut the backend down if this
+        messenger made it: what is still held is handed back (RUN-030)."""
+        try:
+            self.drain()
+        finally:
+            if self._owns_backend:
+                self.backend.shutdown()
 
 
 __all__ = ["DROP_REASONS", "NATSMessenger", "PublicationFailed", "partition_of"]

@@ -24,7 +24,7 @@ from nats.js.manager import JetStreamManager
 
 from videoflow.backends.messaging import CleanupObservation, Unknown, UnknownReason
 from videoflow.core.compiler import CONSUMER, NodeSpec
-from videoflow.messaging.credit import consumer_credit, join_item_credit, max_deliver_for
+from videoflow.messaging.credit import max_deliver_for, node_credit
 from videoflow.messaging.naming import (
     KIND_DLQ,
     LABEL_FLOW_ID,
@@ -591,8 +591,9 @@ def _flow_plan(
     shared data durable (durable_name_for), or one per replica for a partitioned node
     (partitioned_durable_name_for) — with max_deliver from max_deliver_for(flow_type,
     max_retries, spec.delivery, ledger_budget) and max_ack_pending from
-    consumer_credit(nb_tasks, partitioned, join_item_credit(parents, join_policy,
-    flow_type)) unless max_ack_pending is given (STREAM-15, MSG-017). Every stream and
+    node_credit(nb_tasks, partitioned, parents, join_policy, flow_type) -- consumer_credit
+    over join_item_credit, with room for the publication window -- unless
+    max_ack_pending is given (STREAM-15, MSG-017). Every stream and
     durable carries the owner labels, with generation when given (STREAM-14).
 
     Arguments:
@@ -635,10 +636,8 @@ def _flow_plan(
         deliver = max_deliver_for(flow_type, max_retries, spec.delivery, ledger_budget)
         credit = max_ack_pending
         if credit is None:  # STREAM-15 / MSG-017: the worker derives the same
-            credit = consumer_credit(
-                spec.nb_tasks, spec.partitioned,
-                join_item_credit(spec.parents, spec.join_policy, flow_type),
-            )
+            credit = node_credit(spec.nb_tasks, spec.partitioned, spec.parents,
+                                 spec.join_policy, flow_type)
         for parent in spec.parents:
             config = consumer_config_for(
                 flow_id, run_id, spec.name, parent, ack_wait=ack_wait,

@@ -89,6 +89,7 @@ def publish_until_known(
     attempt_seconds: float = ATTEMPT_SECONDS,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    first: PublishOutcome | None = None,
 ) -> Published:
     """Publish envelope and climb the ladder in the module docstring until its outcome
     is known or the monotonic deadline passes.
@@ -101,6 +102,9 @@ def publish_until_known(
         deadline: monotonic time after which nothing more is tried.
         attempt_seconds: the most one publish waits for its receipt (ATTEMPT_SECONDS).
         clock / sleep: injectable for tests.
+        first: the outcome of a publish already made (a pipelined publish_async whose
+            receipt came back): the ladder climbs on from it instead of publishing
+            first.
 
     Returns:
         How it ended (Published).
@@ -110,7 +114,10 @@ def publish_until_known(
     """
     if flow_type not in (REALTIME, BATCH):
         raise ValueError(f"flow_type must be {REALTIME!r} or {BATCH!r}, got {flow_type!r}")
-    outcome = backend.publish(envelope, min(deadline, clock() + attempt_seconds))
+    if first is None:
+        outcome = backend.publish(envelope, min(deadline, clock() + attempt_seconds))
+    else:
+        outcome = first
     attempts, backoff = 1, FIRST_BACKOFF_SECONDS
     while True:
         if isinstance(outcome, (Accepted, PublicationUnresolvable)):

@@ -1,0 +1,276 @@
+"""The publication window: a node's outputs in flight while it goes on to its next input.
+
+A task hands group k's outputs to the messenger and is given group k+1 at once; k's
+publications are confirmed in the background (MessagingBackend.publish_async) and the
+window resolves them in the order they were made:
+
+- every output of a group Accepted: the group's inputs are settled Completed, without
+  waiting for the answer (Deliveries.complete_later) -- ack after process and after
+  output, exactly as when each step was waited for; the output's own follow-ups (a
+  by-ref payload's intent released, a replayable producer's source offset) run then;
+- a retryable refusal (a full BATCH stream) or an unknown receipt: the publication
+  ladder (publish_until_known) climbs on from that outcome, blocking the task, so a
+  full stream is backpressure and nothing is dropped; in REALTIME a refusal is the
+  counted drop it always was (publish_discarded);
+- a definite refusal, or an unknown the ladder cannot resolve by its deadline: the
+  group fails per the node's delivery policy (PublicationFailed); its inputs are never
+  acknowledged. A producer's output has no inputs to fail: the error is raised to the
+  task, which dies with an abort, as it did when each publish was waited for.
+
+Bounded: at most max_groups groups and about max_bytes envelope bytes are in flight;
+closing a group past either bound waits for the oldest. Outputs reach their stream in
+the order the node made them (publish_async keeps a caller's order); only a publication
+the ladder had to send again (a full stream, a lost receipt) can land after outputs that
+were already in flight behind it.
+
+drain() waits for everything in flight, and the messenger calls it before whatever must
+not overtake an output: an end-of-stream or abort marker, a checkpoint's commit
+(RUN-022), quiesce's hand-back (RUN-030) and the task's exit.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from videoflow.backends.messaging import (
+    Accepted,
+    Envelope,
+    MessagingBackend,
+    PublicationUnknown,
+    PublishOutcome,
+    Rejected,
+)
+from videoflow.errors import VideoflowError
+from videoflow.messaging.credit import WINDOW_GROUPS
+from videoflow.messaging.messenger_deliveries import Deliveries, Held
+from videoflow.messaging.publication import (
+    ATTEMPT_SECONDS,
+    PublicationStats,
+    Published,
+    publish_until_known,
+)
+
+WINDOW_BYTES: Final = 64 * 1024 * 1024
+"""About the most envelope bytes one replica keeps in flight unconfirmed."""
+
+
+class PublicationFailed(VideoflowError):
+    """An output could not be published (refused for good, or still unknown at the
+    deadline): the task fails the inputs it came from, which are then redelivered.
+
+    Attributes:
+        refused: the broker definitely refused it (not merely unknown).
+    """
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+OnAccepted = Callable[[Accepted], None]
+OnRefused = Callable[[], None]
+
+
+@dataclass(slots=True)
+class _Output:
+    """One publication in flight."""
+
+    envelope: Envelope
+    flow_type: str
+    future: concurrent.futures.Future[PublishOutcome]
+    deadline: float  # monotonic: when the ladder stops trying
+    on_accepted: OnAccepted | None
+    on_refused: OnRefused | None
+
+
+@dataclass(slots=True)
+class _Group:
+    """The outputs of one input group (none for a sink), and its inputs to settle."""
+
+    outputs: list[_Output]
+    handles: Sequence[Held] = ()
+    key: str = ""
+    size: int = 0
+    abandoned: bool = False  # its node failed: its inputs are the policy's already
+
+
+class PublishWindow:
+    """A node replica's outputs in flight (see the module docstring).
+
+    Arguments:
+        node_name: the node, for error messages.
+        backend: the MessagingBackend the outputs are published on.
+        deliveries: the node's Deliveries, which settle (or fail) each group's inputs.
+        stats: publication outcomes by kind, counted as each output resolves.
+        ack_wait: seconds each publication's ladder may take, from when it was sent.
+        max_groups / max_bytes: the window's bounds.
+        on_failed: called with each input group failed because an output of it was
+            not published (the node's failure count).
+    """
+
+    def __init__(self, node_name: str, backend: MessagingBackend, deliveries: Deliveries,
+                 stats: PublicationStats, ack_wait: float, *,
+                 max_groups: int = WINDOW_GROUPS, max_bytes: int = WINDOW_BYTES,
+                 on_failed: Callable[[PublicationFailed], None] | None = None) -> None:
+        if max_groups < 1 or max_bytes < 1:
+            raise ValueError(f"window bounds must be >= 1, got {max_groups}, {max_bytes}")
+        self.node_name, self.backend, self.deliveries = node_name, backend, deliveries
+        self.stats, self.ack_wait = stats, ack_wait
+        self.max_groups, self.max_bytes = max_groups, max_bytes
+        self.on_failed = on_failed
+        self._current: list[_Output] = []
+        self._groups: deque[_Group] = deque()
+        self._bytes = 0
+
+    # ------------------------------------------------------------------ feeding
+
+    def send(self, envelope: Envelope, flow_type: str, *,
+             on_accepted: OnAccepted | None = None,
+             on_refused: OnRefused | None = None) -> None:
+        """Start publishing one output of the group being processed.
+
+        Arguments:
+            envelope: the output.
+            flow_type: REALTIME or BATCH: whether a full stream drops it or waits.
+            on_accepted: called with its Accepted once it is stored (in order).
+            on_refused: called if the broker definitely refused it.
+        """
+        now = time.monotonic()
+        deadline = now + self.ack_wait
+        future = self.backend.publish_async(envelope, min(deadline, now + ATTEMPT_SECONDS))
+        self._current.append(_Output(envelope, flow_type, future, deadline, on_accepted,
+                                     on_refused))
+
+    def close_group(self, handles: Sequence[Held] = (), key: str = "", *,
+                    abandoned: bool = False) -> None:
+        """The group being processed is done: settle its inputs once every output it
+        published is accepted. Resolves what is already answered, and waits for the
+        oldest groups while the window is over its bounds (backpressure).
+
+        Arguments:
+            handles: the group's inputs (none for a producer's output).
+            key: the group's identity, naming its settlements.
+            abandoned: the node failed on the group (abandon_group).
+        """
+        outputs, self._current = self._current, []
+        size = sum(output.envelope.size for output in outputs)
+        self._groups.append(_Group(outputs, handles, key, size, abandoned))
+        self._bytes += size
+        self.advance(wait=False)
+        while self._groups and (len(self._groups) > self.max_groups
+                                or self._bytes > self.max_bytes):
+            self._resolve_oldest()
+
+    def abandon_group(self) -> None:
+        """The group being processed failed in the node: what it already published
+        still resolves (a redelivery deduplicates against it), with no inputs to
+        settle -- the delivery policy has them."""
+        if self._current:
+            self.close_group(abandoned=True)
+
+    # ------------------------------------------------------------------ resolving
+
+    @property
+    def in_flight(self) -> int:
+        """Groups whose outputs are not all resolved yet."""
+        return len(self._groups)
+
+    def advance(self, wait: bool = False) -> None:
+        """Resolve the oldest groups whose outputs are all answered (all of them when
+        wait), and read the settlements already answered.
+
+        Raises:
+            PublicationFailed: a producer's output was not published.
+        """
+        groups = self._groups
+        while groups:
+            if not wait and not all(output.future.done() for output in groups[0].outputs):
+                break
+            self._resolve_oldest()
+        self.deliveries.collect_settled(wait=False)
+
+    def drain(self) -> None:
+        """Wait until every output in flight is resolved and every settlement started
+        is answered.
+
+        Raises:
+            PublicationFailed: a producer's output was not published.
+        """
+        if self._current:  # a group never closed: its inputs were not settled either
+            self.close_group(abandoned=True)
+        self.advance(wait=True)
+        self.deliveries.collect_settled(wait=True)
+
+    def resolve_current(self) -> None:
+        """Wait until the outputs the group being processed published so far are
+        resolved (a checkpoint riding with them commits only then, RUN-022); the
+        group stays open.
+
+        Raises:
+            PublicationFailed: one of them was not published.
+        """
+        outputs, self._current = self._current, []
+        failure: PublicationFailed | None = None
+        for output in outputs:
+            error = self._resolve(output)
+            if error is not None and failure is None:
+                failure = error
+        if failure is not None:
+            raise failure
+
+    def _resolve_oldest(self) -> None:
+        group = self._groups.popleft()
+        self._bytes -= group.size
+        failure: PublicationFailed | None = None
+        for output in group.outputs:
+            error = self._resolve(output)
+            if error is not None and failure is None:
+                failure = error
+        if failure is None:
+            if group.handles:
+                self.deliveries.complete_later(group.handles, group.key)
+            return
+        if group.abandoned:
+            return  # its inputs are being retried already: a redelivery publishes again
+        if not group.handles:
+            raise failure  # a producer's output: no inputs to fail, the node dies
+        if self.on_failed is not None:
+            self.on_failed(failure)
+        self.deliveries.fail(group.handles, failure)
+
+    def _resolve(self, output: _Output) -> PublicationFailed | None:
+        """Settle one output's fate: None once it is accepted or (REALTIME) dropped and
+        counted, else the failure of its group."""
+        wait = max(output.deadline - time.monotonic(), 0.0) + ATTEMPT_SECONDS
+        try:
+            first = output.future.result(timeout=wait)
+        except concurrent.futures.TimeoutError:
+            first = PublicationUnknown("the backend did not answer before the deadline")
+        if isinstance(first, Accepted):
+            published = Published(first, dropped=False, attempts=1)
+        else:
+            published = publish_until_known(self.backend, output.envelope, output.flow_type,
+                                            output.deadline, first=first)
+        self.stats.count(published)
+        outcome = published.outcome
+        if published.dropped:
+            self.deliveries.drops["publish_discarded"] += 1
+            return None
+        if isinstance(outcome, Accepted):
+            if output.on_accepted is not None:
+                output.on_accepted(outcome)
+            return None
+        refused = isinstance(outcome, Rejected)
+        if refused and output.on_refused is not None:
+            output.on_refused()
+        envelope = output.envelope
+        return PublicationFailed(f"{self.node_name}: {envelope.kind} {envelope.msg_id} was "
+                                 f"not published: {outcome}", refused=refused)
+
+
+__all__ = ["WINDOW_BYTES", "WINDOW_GROUPS", "PublicationFailed", "PublishWindow"]
