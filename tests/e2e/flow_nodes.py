@@ -90,7 +90,11 @@ class Record(ConsumerNode):
         with open(Path(self.directory) / "applications.log", "a") as log:
             log.write(f"{key} {os.getpid()} {self.context.replica_id} {inputs[0]!r}\n")
         if not path.exists():
-            path.write_text(repr(list(inputs)))
+            # Written whole or not at all: a replica SIGKILLed mid-write must not leave
+            # a torn file that its redelivered group then takes for applied.
+            partial = path.with_name(path.name + ".partial")
+            partial.write_text(repr(list(inputs)))
+            os.replace(partial, path)
 
 
 def applied(directory: Path) -> list[Any]:
@@ -98,7 +102,7 @@ def applied(directory: Path) -> list[Any]:
     import ast
 
     return [ast.literal_eval(p.read_text()) for p in sorted(directory.iterdir())
-            if p.name != "applications.log"]
+            if p.name != "applications.log" and not p.name.endswith(".partial")]
 
 
 class DieOnce(ProcessorNode):

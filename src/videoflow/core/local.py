@@ -49,6 +49,9 @@ before they are quiesced."""
 STOP_GRACE_SECONDS = 15.0
 """How long quiesced replicas get to hand their work back before they are killed."""
 
+START_GATE_SECONDS = 120.0
+"""The most a REALTIME producer waits for its readers to bind before it starts anyway."""
+
 
 def new_run_id() -> str:
     """A run id that sorts by start time: 'r' + UTC timestamp + 6 random hex digits."""
@@ -104,6 +107,8 @@ class _Run:
     progress: dict[str, NodeProgress] = field(default_factory=dict)
     stop_requested: bool = False
     failed: bool = False
+    bound: set[str] = field(default_factory=set)  # replicas whose durables are bound
+    gate: Any = None  # a multiprocessing Event: producers may start
 
 
 def run_flow(
@@ -247,8 +252,14 @@ def _supervise(run: _Run, max_restarts: int, stop_after: float | None,
                view: LiveView | None) -> None:
     context = multiprocessing.get_context("spawn")
     reports: Any = context.Queue()
+    # REALTIME keeps only the newest outputs, so a producer that ran before its readers
+    # had bound would lose its first outputs to nobody: producers start once every
+    # other replica is bound (or gave up). A BATCH stream keeps them, and so needs none.
+    run.gate = context.Event()
+    if run.compiled.flow_type != REALTIME:
+        run.gate.set()
     for replica in run.replicas.values():
-        _start(context, replica, reports)
+        _start(context, replica, reports, run.gate)
     began = time.monotonic()
     interrupts = 0
     lost_at: float | None = None
@@ -258,6 +269,7 @@ def _supervise(run: _Run, max_restarts: int, stop_after: float | None,
             _drain(run, reports, timeout=0.2)
             for replica in run.replicas.values():
                 _check(context, run, replica, reports, max_restarts)
+            _open_gate(run)
             if lost_at is None and any(r.lost for r in run.replicas.values()):
                 lost_at = time.monotonic()
                 _request_stop(run)
@@ -284,14 +296,26 @@ def _supervise(run: _Run, max_restarts: int, stop_after: float | None,
         view.update(title, run.progress, force=True)
 
 
+def _open_gate(run: _Run) -> None:
+    """Let the producers start once every reader replica is bound, has ended or is
+    lost, or the run is stopping."""
+    gate = run.gate
+    if gate is None or gate.is_set():
+        return
+    if run.stop_requested or all(
+            key in run.bound or r.final is not None or r.lost
+            for key, r in run.replicas.items() if r.job.spec.kind != "producer"):
+        gate.set()
+
+
 def _alive(replica: _Replica) -> bool:
     return replica.process is not None and (replica.process.is_alive()
                                             or replica.process.exitcode is None)
 
 
-def _start(context: Any, replica: _Replica, reports: Any) -> None:
+def _start(context: Any, replica: _Replica, reports: Any, run_gate: Any = None) -> None:
     replica.process = context.Process(
-        target=_child_main, args=(replica.job, replica.node_bytes, reports),
+        target=_child_main, args=(replica.job, replica.node_bytes, reports, run_gate),
         name=f"videoflow {replica.job.key}", daemon=False)
     # A terminal's Ctrl-C reaches every process of its group, the replicas too; the
     # engine alone decides what it means. An ignored SIGINT survives the exec of a
@@ -330,7 +354,7 @@ def _check(context: Any, run: _Run, replica: _Replica, reports: Any,
         replica.dead.append(dead)
     if replica.restarts < max_restarts and not run.stop_requested:
         replica.restarts += 1
-        _start(context, replica, reports)
+        _start(context, replica, reports, run.gate)
     else:
         replica.lost = True
         run.failed = True
@@ -363,6 +387,8 @@ def _drain(run: _Run, reports: Any, timeout: float) -> None:
                 run.progress[name].pending[key] = 0
             else:
                 run.progress[name].pending.pop(key, None)
+        elif kind == "bound":
+            run.bound.add(key)
         elif kind == "error":  # it died before its task started
             replica.final = {"outcome": "failed", "error": payload}
 
@@ -400,8 +426,9 @@ def _reap(run: _Run) -> None:
         process.join()
 
 
-def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any) -> None:
-    """A replica process: the engine coordinates Ctrl-C, so SIGINT is ignored here."""
+def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = None) -> None:
+    """A replica process: the engine coordinates Ctrl-C, so SIGINT is ignored here. A
+    reader says once it is bound; a producer waits for the gate (REALTIME)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     started = False
 
@@ -417,7 +444,13 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any) -> None:
 
     try:
         node = pickle.loads(node_bytes)
-        run_replica(job, node, progress=progress, sigint_quiesces=False)
+        if job.spec.kind == "producer":
+            run_replica(job, node, progress=progress, sigint_quiesces=False,
+                        before_start=None if gate is None else
+                        (lambda: gate.wait(START_GATE_SECONDS)))
+        else:
+            run_replica(job, node, progress=progress, sigint_quiesces=False,
+                        before_start=lambda: reports.put(("bound", job.key, None)))
     except Exception as error:
         if not started:
             reports.put(("error", job.key, f"{type(error).__name__}: {error}"))

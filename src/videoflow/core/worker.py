@@ -70,7 +70,8 @@ def payload_bucket(flow_id: str) -> str:
 
 def run_replica(job: ReplicaJob, node: Node, *,
                 progress: Callable[[Task], None] | None = None,
-                progress_every: float = 1.0, sigint_quiesces: bool = True) -> TaskStats:
+                progress_every: float = 1.0, sigint_quiesces: bool = True,
+                before_start: Callable[[], Any] | None = None) -> TaskStats:
     """Run one node replica to its end in this (the main) thread.
 
     SIGTERM quiesces it (RUN-030: it stops taking input, its prefetched inputs go
@@ -81,6 +82,8 @@ def run_replica(job: ReplicaJob, node: Node, *,
         job: the replica.
         node: the node object (its name is set to the spec's).
         progress: called with the task about every progress_every seconds.
+        before_start: called once the replica's durables are bound, before its task
+            runs (the local engine's start gate).
 
     Returns:
         the task's stats.
@@ -123,6 +126,8 @@ def run_replica(job: ReplicaJob, node: Node, *,
                                  run_id=job.run_id)
         task = task_for(node, messenger, context, progress=progress,
                         progress_every=progress_every)
+        if before_start is not None:
+            before_start()
         with _stop_signals(task, sigint_quiesces):
             stats = task.run()
     return stats
