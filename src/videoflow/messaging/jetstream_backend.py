@@ -276,6 +276,7 @@ class JetStreamMessagingBackend(MessagingBackend):
             lambda queued, reason: _resolve_publications(
                 queued, Rejected(f"nothing was sent: {reason}", retryable=True)))
         self._pipelined: set[asyncio.Task[None]] = set()
+        self._subjects: dict[tuple[ChannelId, str], str] = {}
         self._replies: ReplyMux | None = None
         self._send_lock: asyncio.Lock | None = None
 
@@ -426,6 +427,14 @@ class JetStreamMessagingBackend(MessagingBackend):
     # ---------------------------------------------------------------- provisioning
 
     def subject_for(self, channel: ChannelId, kind: str) -> str:
+        """The subject envelopes of kind go to on channel (computed once per pair)."""
+        key = (channel, kind)
+        subject = self._subjects.get(key)
+        if subject is None:
+            subject = self._subjects[key] = self._subject_for(channel, kind)
+        return subject
+
+    def _subject_for(self, channel: ChannelId, kind: str) -> str:
         if kind == "data":
             return subject_for(channel.flow, channel.run, channel.node)
         if kind == "eos":
