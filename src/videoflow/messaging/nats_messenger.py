@@ -7,9 +7,12 @@ sequence bookkeeping, join assembly, message ids, publication, checkpoints -- an
 the two helpers it holds, below.
 
 The shape of one input group's life: receive_any on every parent's data and EOS
-subscriptions -> decode_envelope -> EnvelopeEntry (once, at this boundary) -> the
-assembler -> a ReadyGroup -> the node -> publish (confirmed) -> settle every handle of
-the group at once (settle_many).
+subscriptions (everything ready, in one hand-off) -> decode_envelope -> EnvelopeEntry
+(once, at this boundary) -> the assembler -> a ReadyGroup -> the node -> its outputs
+published without waiting, into the window (videoflow.messaging.messenger_window) ->
+once every output of the group is accepted, every handle of the group is settled,
+while the node is already on its next groups. The window drains before an end marker,
+a checkpoint and the task's exit.
 
 What becomes of each delivery -- held, completed, retried, dead-lettered or
 terminated (DELIV-15: given up on only against a durable record), counted as a drop --

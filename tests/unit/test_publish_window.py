@@ -1,0 +1,203 @@
+"""The publication window (messenger_window) on the memory adapter: a node goes on to
+its next group while its outputs are in flight, and a group's inputs are settled only
+once every output of it is accepted.
+
+HeldReceipts is fault injection in the adapter, as a broker under load looks: every
+publication is applied by the broker at once, but its receipt is held until the test
+releases it; scripted answers stand for a broker's refusals of one msg_id.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from typing import Any
+
+import pytest
+from test_nats_messenger import FAST_RETRIES, FLOW, RUN, Flow, flows, run_producer, run_sink
+
+from videoflow.backends.memory import MemoryMessagingBackend
+from videoflow.backends.messaging import (
+    ChannelId,
+    Envelope,
+    Known,
+    PublishOutcome,
+    Rejected,
+    SubscriptionId,
+)
+from videoflow.core.constants import BATCH, REALTIME
+from videoflow.messaging.nats_messenger import NATSMessenger
+
+__all__ = ["flows"]  # the fixture, imported for the tests below
+
+
+class HeldReceipts(MemoryMessagingBackend):
+    """Publications are applied at once; their receipts wait for release()."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.holding = True
+        self.held: list[tuple[concurrent.futures.Future[PublishOutcome], PublishOutcome]] = []
+        self.script: dict[str, list[PublishOutcome]] = {}  # msg_id -> answers first
+        self.lock = threading.Lock()
+
+    def publish(self, envelope: Envelope, deadline: float) -> PublishOutcome:
+        answers = self.script.get(envelope.msg_id or "")
+        if answers:
+            return answers.pop(0)  # refused: nothing stored
+        return super().publish(envelope, deadline)
+
+    def publish_async(self, envelope: Envelope,
+                      deadline: float) -> concurrent.futures.Future[PublishOutcome]:
+        future: concurrent.futures.Future[PublishOutcome] = concurrent.futures.Future()
+        outcome = self.publish(envelope, deadline)
+        with self.lock:
+            if self.holding:
+                self.held.append((future, outcome))
+                return future
+        future.set_result(outcome)
+        return future
+
+    def release(self) -> None:
+        with self.lock:
+            held, self.held, self.holding = self.held, [], False
+        for future, outcome in held:
+            future.set_result(outcome)
+
+
+def held_messenger(flow: Flow, node: str, **options: Any) -> tuple[NATSMessenger, HeldReceipts]:
+    backend = HeldReceipts(flow.broker, flow_id=FLOW, run_id=RUN)
+    backend.start()
+    made = NATSMessenger(type("N", (), {"name": node})(), flow.edges[node], "nats://unused",
+                         FLOW, flow.flow_type, RUN, backend=backend, **options)
+    flow.made.append(made)
+    return made, backend
+
+
+def leased(flow: Flow, consumer: str, parent: str) -> int:
+    observed = flow.admin.observe_subscription(
+        SubscriptionId(consumer, ChannelId(FLOW, RUN, parent)))
+    assert isinstance(observed, Known)
+    return observed.value.leased
+
+
+def stream_messages(flow: Flow, node: str) -> list[Any]:
+    sink = flow.messenger("sink")
+    *groups, _ = run_sink(sink, lambda inputs: None)
+    return [g[node]["message"] for g in groups]
+
+
+def test_a_groups_inputs_are_settled_only_once_its_output_is_confirmed(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "double": ["cam"], "sink": ["double"]})
+    run_producer(flow.messenger("cam"), [1, 2, 3])
+    double, backend = held_messenger(flow, "double")
+    for _ in range(3):
+        inputs = double.receive_message()
+        double.publish_message(inputs["cam"]["message"] * 2)
+        double.ack_inputs()  # returns at once: the outputs are in flight
+    assert double.window.in_flight == 3
+    assert leased(flow, "double", "cam") == 3  # no input acknowledged before its output
+    backend.release()
+    double.drain()
+    assert double.window.in_flight == 0 and leased(flow, "double", "cam") == 0
+    double.publish_stop_signal()
+    assert stream_messages(flow, "double") == [2, 4, 6]
+
+
+def test_an_output_refused_for_good_fails_its_group_per_the_delivery_policy(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "double": ["cam"], "sink": ["double"]})
+    run_producer(flow.messenger("cam"), [1, 2, 3])
+    double, backend = held_messenger(flow, "double", delivery_policy=FAST_RETRIES)
+    backend.release()  # receipts come back at once here
+    seen: list[int] = []
+    refused_once = False
+    while True:
+        inputs = double.receive_message()
+        if inputs["cam"]["is_stop_signal"]:
+            break
+        value = inputs["cam"]["message"]
+        seen.append(value)
+        if value == 2 and not refused_once:  # the broker refuses this output for good
+            refused_once = True
+            key = double.last_input_key()
+            backend.script[f"double:{key}:1"] = [Rejected("too large", retryable=False)]
+        double.publish_message(value * 2)
+        double.ack_inputs()
+    double.publish_stop_signal()
+    assert double.failed_publications == 1
+    assert sorted(seen) == [1, 2, 2, 3]  # the failed group was redelivered, not acked
+    assert sorted(stream_messages(flow, "double")) == [2, 4, 6]
+    assert double.publication_stats["rejected"] == 1
+
+
+def test_outputs_reach_their_stream_in_the_order_the_node_made_them(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "sink": ["cam"]})
+    cam, backend = held_messenger(flow, "cam")
+    for i in range(200):
+        cam.publish_message(i)
+        if i == 50:  # inside the window of 64: the first 51 were all in flight
+            assert cam.window.in_flight == 51
+            backend.release()
+    cam.publish_stop_signal()
+    assert stream_messages(flow, "cam") == list(range(200))
+
+
+def test_the_window_waits_for_its_oldest_group_when_full(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "sink": ["cam"]})
+    cam, backend = held_messenger(flow, "cam")
+    cam.window.max_groups = 2
+    cam.publish_message("a")
+    cam.publish_message("b")
+    releaser = threading.Timer(0.3, backend.release)
+    started = time.monotonic()
+    releaser.start()
+    cam.publish_message("c")  # a third group in flight: waits for the first receipt
+    assert time.monotonic() - started >= 0.25
+    releaser.join()
+    cam.publish_stop_signal()
+    assert stream_messages(flow, "cam") == ["a", "b", "c"]
+
+
+def test_an_end_marker_waits_for_every_output_in_flight(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "sink": ["cam"]})
+    cam, backend = held_messenger(flow, "cam")
+    for i in range(5):
+        cam.publish_message(i)
+    ended = threading.Event()
+
+    def end() -> None:
+        cam.publish_stop_signal()
+        ended.set()
+
+    ender = threading.Thread(target=end)
+    ender.start()
+    assert not ended.wait(0.2)  # its outputs' receipts are still out
+    backend.release()
+    ender.join(5)
+    assert ended.is_set()
+    assert stream_messages(flow, "cam") == list(range(5))
+
+
+@pytest.mark.parametrize("flow_type", [BATCH, REALTIME])
+def test_a_full_stream_is_backpressure_in_batch_and_a_counted_drop_in_realtime(
+    flows, flow_type: str,  # type: ignore[no-untyped-def]
+) -> None:
+    flow = flows({"cam": [], "sink": ["cam"]}, flow_type)
+    cam, backend = held_messenger(flow, "cam")
+    backend.release()
+    full = Rejected("maximum messages exceeded", retryable=True)
+    cam.publish_message("first")
+    backend.script[f"{cam._live_id_node}:{cam.runtime.epoch}:2"] = [full, full, full]
+    cam.publish_message("second")
+    cam.publish_message("third")
+    cam.drain()
+    drops = cam.take_drops()
+    if flow_type == BATCH:  # waited, published again, nothing lost
+        assert drops["publish_discarded"] == 0
+        assert cam.publication_stats["accepted"] == 3
+        cam.publish_stop_signal()
+        assert stream_messages(flow, "cam") == ["first", "second", "third"]
+    else:  # freshest wins: dropped, and counted
+        assert drops["publish_discarded"] == 1
+        assert cam.publication_stats["dropped"] == 1
