@@ -131,3 +131,186 @@ class Explode(ProcessorNode):
         if value == self.at:
             raise SystemExit(f"exploded at {value}")
         return value
+
+
+# ---------------------------------------------------------------- crash-safety nodes
+# Used by test_pipeline_safety.py. Each crash node kills its own process with SIGKILL
+# (no last words), once per marker file; the marker records the pid that died and what
+# the messenger still had in flight at that moment, read through the node's context
+# (a test's peek at the messenger, not an API a user node would use).
+
+
+def _messenger_of(node: Any) -> Any:
+    assert node.context is not None
+    return node.context._messenger
+
+
+def _die(marker: str, **facts: Any) -> None:
+    """Write the marker (the dying pid and facts), then SIGKILL this process."""
+    import json
+
+    partial = marker + ".partial"
+    Path(partial).write_text(json.dumps({"pid": os.getpid(), **facts}))
+    os.replace(partial, marker)
+    os.kill(os.getpid(), 9)
+
+
+class DieMidWindow(ProcessorNode):
+    """Passes values through; from input `at` on, kills its process (once per marker)
+    at the first input where its publication window holds unconfirmed groups -- with
+    refused=True, groups an output of which the broker refused (a full stream) and the
+    ladder has yet to send again -- so the death strands outputs in flight whose inputs
+    are not yet settled. The marker says how many groups were in flight and how many
+    of their outputs had been refused."""
+
+    def __init__(self, at: int, marker: str, refused: bool = False,
+                 **options: Any) -> None:
+        super().__init__(**options)
+        self.at, self.marker, self.refused = at, marker, refused
+
+    def process(self, value: int) -> int:
+        if value >= self.at and not os.path.exists(self.marker):
+            window = _messenger_of(self).window
+            refused = _refused_in(window)
+            if window.in_flight > 0 and (refused > 0 or not self.refused):
+                _die(self.marker, value=value, in_flight=window.in_flight, refused=refused)
+        return value
+
+
+def _refused_in(window: Any) -> int:
+    """Outputs in the window whose first answer was a refusal (a full stream), still
+    waiting for the publication ladder to send them again."""
+    from videoflow.backends.messaging import Rejected
+
+    return sum(1 for group in window._groups for output in group.outputs
+               if output.future.done() and isinstance(output.future.result(), Rejected))
+
+
+class DieMidWindowRecord(Record):
+    """A Record sink that, from input `at` on, kills its process (once per marker)
+    right after applying a group while settlements of earlier groups are still
+    unanswered: the group just applied is never acknowledged, and the ones in flight
+    may or may not have been."""
+
+    def __init__(self, directory: str, at: int, marker: str, **options: Any) -> None:
+        super().__init__(directory, **options)
+        self.at, self.marker = at, marker
+
+    def consume(self, *inputs: Any) -> None:
+        super().consume(*inputs)
+        if inputs[0] >= self.at and not os.path.exists(self.marker):
+            settling = _messenger_of(self).deliveries.settling
+            if settling > 0:
+                _die(self.marker, value=inputs[0], settling=settling)
+
+
+class _Tally:
+    """A checkpointed state: how many times each value 0..count-1 was applied (one
+    byte each), plus the files the tests read: `<directory>/seen.log` (pid and value of
+    every input that reached the node), `restored.log` (per process: its pid and the
+    values its restored state held) and `final.json` (the state at close)."""
+
+    count: int
+    directory: str
+    counts: bytearray
+
+    def _restore(self, restored: bytes | None) -> None:
+        import json
+
+        self.counts = bytearray(restored) if restored is not None else bytearray(self.count)
+        held = [v for v, n in enumerate(self.counts) for _ in range(n)]
+        with open(Path(self.directory) / "restored.log", "a") as log:
+            log.write(json.dumps({"pid": os.getpid(), "values": held}) + "\n")
+
+    def _seen(self, value: int) -> None:
+        with open(Path(self.directory) / "seen.log", "a") as log:
+            log.write(f"{os.getpid()} {value}\n")
+
+    def _apply(self, value: int) -> bytes:
+        self.counts[value] = min(self.counts[value] + 1, 255)
+        return bytes(self.counts)
+
+    def _final(self) -> None:
+        import json
+
+        partial = Path(self.directory) / "final.json.partial"
+        partial.write_text(json.dumps({"pid": os.getpid(), "counts": list(self.counts)}))
+        os.replace(partial, Path(self.directory) / "final.json")
+
+
+class CheckpointedTally(_Tally, ConsumerNode):
+    """A sink whose state is the tally of the values it consumed, checkpointed with
+    every input (context.checkpoint, committed at once for a consumer) and restored in
+    open(). Kills its process (once per marker) at input `at`, after that input's
+    checkpoint is committed and before the input is acknowledged."""
+
+    def __init__(self, count: int, directory: str, at: int, marker: str,
+                 **options: Any) -> None:
+        super().__init__(**options)
+        self.count, self.directory, self.at, self.marker = count, directory, at, marker
+
+    def open(self) -> None:
+        assert self.context is not None
+        self._restore(self.context.restore())
+
+    def consume(self, value: int) -> None:
+        assert self.context is not None
+        self._seen(value)
+        self.context.checkpoint(self._apply(value))
+        if value == self.at and not os.path.exists(self.marker):
+            _die(self.marker, value=value)
+
+    def close(self) -> None:
+        self._final()
+
+
+class CheckpointedPassThrough(_Tally, ProcessorNode):
+    """A processor whose state is the tally of the values it processed, checkpointed
+    with every input (the checkpoint rides with the output and commits once it is
+    accepted) and restored in open(); outputs each value unchanged. Kills its process
+    (once per marker) at input `at`, before that input changes the state: the previous
+    input's checkpoint is committed, its acknowledgement possibly still in flight."""
+
+    def __init__(self, count: int, directory: str, at: int, marker: str,
+                 **options: Any) -> None:
+        super().__init__(**options)
+        self.count, self.directory, self.at, self.marker = count, directory, at, marker
+
+    def open(self) -> None:
+        assert self.context is not None
+        self._restore(self.context.restore())
+
+    def process(self, value: int) -> int:
+        assert self.context is not None
+        self._seen(value)
+        if value == self.at and not os.path.exists(self.marker):
+            _die(self.marker, value=value)
+        self.context.checkpoint(self._apply(value))
+        return value
+
+    def close(self) -> None:
+        self._final()
+
+
+class FreezeBrokerMidWindow(ProcessorNode):
+    """Passes values through; from input `at` on, at the first input where its
+    publication window holds unconfirmed groups, freezes the broker (SIGSTOP to
+    broker_pid), once per marker: the marker says how many groups were in flight.
+    The test thaws the broker (SIGCONT) when it chooses."""
+
+    def __init__(self, at: int, marker: str, broker_pid: int, **options: Any) -> None:
+        super().__init__(**options)
+        self.at, self.marker, self.broker_pid = at, marker, broker_pid
+
+    def process(self, value: int) -> int:
+        if value >= self.at and not os.path.exists(self.marker):
+            in_flight = _messenger_of(self).window.in_flight
+            if in_flight > 0:
+                import json
+
+                partial = self.marker + ".partial"
+                Path(partial).write_text(json.dumps({"value": value,
+                                                     "in_flight": in_flight}))
+                os.replace(partial, self.marker)
+                os.kill(self.broker_pid, 19)  # SIGSTOP (the test sends SIGCONT)
+        return value
