@@ -117,7 +117,7 @@ def test_a_realtime_flow_counts_every_output_it_never_read_as_superseded(
     """REALTIME keeps only the newest message on a stream, so a slow reader misses
     older ones; each is still accounted for: received, or counted as superseded."""
     numbers = Numbers(300)
-    sink = Record(str(out), pace=0.002)(Scale(2, nb_tasks=2)(numbers))
+    sink = Record(str(out), pace=0.02)(Scale(2, nb_tasks=2)(numbers))
     report = Flow([numbers], [sink], REALTIME, name="live").run(nats_server.url, view=False)
     assert report.outcome == "completed", report.format()
     scale, record = report.nodes["scale"], report.nodes["record"]

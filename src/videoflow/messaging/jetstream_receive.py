@@ -109,6 +109,15 @@ def delivery_position(msg: Msg) -> tuple[int, int]:
 _JS_API: Final = "$JS.API"
 """The JetStream API prefix (nats-py's default; no domain or custom prefix)."""
 
+PARK_BYTES: Final = 4 * 1024 * 1024
+"""About the most envelope bytes one binding asks the server for ahead of its task: the
+prefetch depth shrinks to fit deliveries of the size seen so far. A deep prefetch of
+camera frames had every binding of a join ask for tens of MB at once, which overran the
+server's buffer for the connection (a slow consumer, disconnected)."""
+
+_FIRST_DEPTH: Final = 4
+"""The depth asked for before any delivery's size is known."""
+
 _PULL_GRACE_SECONDS: Final = 1.0
 """How long past its expiry a pull request is still counted, waiting for its 408."""
 
@@ -215,6 +224,7 @@ class SubscriptionReceiver:
         self.skipped = 0
         self._skips: set[asyncio.Task[None]] = set()
         self.last_error: BaseException | None = None
+        self._mean_size = 0.0  # of the deliveries parked so far (depth)
 
     # ------------------------------------------------------------------ pull loop
 
@@ -258,13 +268,14 @@ class SubscriptionReceiver:
                 await asyncio.sleep(hold)
                 continue
             asked = sum(pull.remaining for pull in self._pulls.values())
-            free = self.prefetch - len(self._parked) - asked
+            depth = self.depth()
+            free = depth - len(self._parked) - asked
             if self.byte_credit or self.may_fetch is not None:
                 # Under a byte budget one message at a time, so what lands after the
                 # budget filled is at most the one already asked for (RUN-025's
                 # atomic-admission tolerance): sizes are not known before they arrive.
                 free = min(free, 0 if asked else 1)
-            if free > 0 and (not asked or 2 * free >= self.prefetch):
+            if free > 0 and (not asked or 2 * free >= depth):
                 if not self._budget_admits():
                     # RUN-025: hold off until settlements free bytes; looked at again
                     # every tenth of a fetch, since a settlement elsewhere notifies
@@ -284,6 +295,13 @@ class SubscriptionReceiver:
             self._space.clear()
             with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
                 await asyncio.wait_for(self._space.wait(), self.fetch_timeout)
+
+    def depth(self) -> int:
+        """How many deliveries to keep asked for or parked: the prefetch, or fewer once
+        that many of the sizes seen so far would pass PARK_BYTES."""
+        if not self._mean_size:
+            return min(self.prefetch, _FIRST_DEPTH)
+        return max(1, min(self.prefetch, int(PARK_BYTES // self._mean_size)))
 
     async def _request(self, batch: int) -> None:
         reply = f"{self._inbox}.{next(self._pull_ids)}"
@@ -353,6 +371,9 @@ class SubscriptionReceiver:
         seq, attempt = delivery_position(msg)
         token = DeliveryToken(self.subscription, seq, attempt, self.generation)
         delivery = Delivery(token=token, data=msg.data, num_delivered=attempt, stream_seq=seq)
+        # A moving mean of the sizes, for depth(): recent sizes weigh most.
+        size = delivery.size
+        self._mean_size = size if not self._mean_size else 0.9 * self._mean_size + 0.1 * size
         old = self._current.pop(seq, None)
         if old is not None and old.parked:
             # MSG-011: a redelivery supersedes the earlier attempt parked here.
