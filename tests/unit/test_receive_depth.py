@@ -49,3 +49,32 @@ def test_frames_shrink_the_depth_to_the_park_budget() -> None:
             park(r, seq, huge)
         assert r.depth() == 1
     asyncio.run(run())
+
+
+def test_a_slow_node_asks_its_backend_for_a_shallow_prefetch() -> None:
+    """The messenger sets the backend's receive depth to DEPTH_SECONDS of the node's
+    time per group: a sink at 20 ms a group parks about 2, not RECEIVE_PREFETCH."""
+    import time
+    from types import SimpleNamespace
+
+    from test_nats_messenger import Flow, run_producer
+
+    from videoflow.messaging.nats_messenger import DEPTH_SECONDS, NATSMessenger
+
+    flow = Flow({"cam": [], "sink": ["cam"]})
+    cam = flow.messenger("cam")
+    run_producer(cam, list(range(6)))
+    backend = flow.backend()
+    asked: list[int] = []
+    backend.set_receive_depth = asked.append  # type: ignore[attr-defined]
+    sink = NATSMessenger(SimpleNamespace(name="sink"), ["cam"], "nats://unused", "flow",
+                         flow.flow_type, "run", backend=backend)
+    try:
+        for _ in range(6):
+            sink.receive_message()
+            time.sleep(0.02)
+            sink.ack_inputs()
+        assert asked and 1 <= asked[-1] <= DEPTH_SECONDS / 0.02
+    finally:
+        sink.close()
+        cam.close()

@@ -277,6 +277,7 @@ class JetStreamMessagingBackend(MessagingBackend):
                 queued, Rejected(f"nothing was sent: {reason}", retryable=True)))
         self._pipelined: set[asyncio.Task[None]] = set()
         self._subjects: dict[tuple[ChannelId, str], str] = {}
+        self._wanted = prefetch  # set_receive_depth
         self._replies: ReplyMux | None = None
         self._send_lock: asyncio.Lock | None = None
 
@@ -526,6 +527,7 @@ class JetStreamMessagingBackend(MessagingBackend):
                 may_fetch=None if self.byte_budget is None else self._budget_admits,
                 admit=admit, on_skip=on_skip,
                 replies=self._replies)
+            receiver.wanted = self._wanted  # before its pull loop's first request
             if self.keepalive:
                 receiver.keep_alive(spec.ack_wait_seconds / 3)
             advisory = None
@@ -713,6 +715,14 @@ class JetStreamMessagingBackend(MessagingBackend):
         if binding is not None:
             binding.receiver.admit, binding.receiver.on_skip = admit, on_skip
         return True
+
+    def set_receive_depth(self, depth: int) -> None:
+        """Park at most depth deliveries per subscription (never more than prefetch):
+        a slow node that parks a deep prefetch holds inputs a competing replica could
+        be processing, and has more to hand back when it leaves."""
+        self._wanted = max(1, min(self.prefetch, depth))
+        for binding in list(self._bindings.values()):
+            binding.receiver.wanted = self._wanted
 
     def prefetched(self, subscription: SubscriptionId) -> int:
         binding = self._bindings.get(subscription)

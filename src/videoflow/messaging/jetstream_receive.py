@@ -225,6 +225,7 @@ class SubscriptionReceiver:
         self._skips: set[asyncio.Task[None]] = set()
         self.last_error: BaseException | None = None
         self._mean_size = 0.0  # of the deliveries parked so far (depth)
+        self.wanted = prefetch  # set by the backend's set_receive_depth
 
     # ------------------------------------------------------------------ pull loop
 
@@ -298,10 +299,11 @@ class SubscriptionReceiver:
 
     def depth(self) -> int:
         """How many deliveries to keep asked for or parked: the prefetch, or fewer once
-        that many of the sizes seen so far would pass PARK_BYTES."""
+        that many of the sizes seen so far would pass PARK_BYTES, and no more than the
+        receiver wants (wanted: what its task gets through in a short while)."""
         if not self._mean_size:
-            return min(self.prefetch, _FIRST_DEPTH)
-        return max(1, min(self.prefetch, int(PARK_BYTES // self._mean_size)))
+            return min(self.prefetch, self.wanted, _FIRST_DEPTH)
+        return max(1, min(self.prefetch, self.wanted, int(PARK_BYTES // self._mean_size)))
 
     async def _request(self, batch: int) -> None:
         reply = f"{self._inbox}.{next(self._pull_ids)}"

@@ -114,6 +114,11 @@ WINDOW_POLL_SECONDS: Final = 0.002
 """How long one receive waits while outputs are in flight, so their groups' inputs are
 settled soon after their receipts arrive."""
 
+DEPTH_SECONDS: Final = 0.05
+"""How much of the node's work a replica parks ahead: its backend's receive depth
+follows the node's time per group, so a slow node holds few inputs a competing replica
+could be processing, and a fast one keeps a deep prefetch."""
+
 OFFSET_COMMIT_SECONDS: Final = 0.1
 """How often a replayable producer records its last confirmed source offset while its
 outputs stream (MSGID-6)."""
@@ -319,6 +324,9 @@ class NATSMessenger(Messenger):
         self._eos_subs: dict[SubscriptionId, str] = {}
         self._all_subs: list[SubscriptionId] = []
         self._idle = True  # the last receive took nothing
+        self._handed_at = 0.0  # when the group last returned was handed to the node
+        self._group_seconds: float | None = None  # the node's mean time per group
+        self._depth = RECEIVE_PREFETCH  # the receive depth last asked of the backend
         self.reconciled = 0  # obligations reconciliation cancelled (PAY-006)
         if self.parent_names:
             policy = effective_join_policy(flow_type, join_policy)
@@ -716,6 +724,7 @@ class NATSMessenger(Messenger):
             group = self._next_group()
             if group is not None:
                 self._group = group
+                self._handed_at = time.monotonic()
                 arrivals = [h.arrived for h in group.handles if h.parent not in self._collect]
                 # RunReport's join latency: the group's first member's arrival to now.
                 self.last_join_latency = (time.monotonic() - min(arrivals)) if arrivals else None
@@ -827,6 +836,7 @@ class NATSMessenger(Messenger):
         An unconfirmed settlement leaves its delivery to be redelivered (PAY-004)."""
         group, self._group = self._group, None
         if group is not None:
+            self._timed_group()
             self.window.close_group(group.handles, f"{group.trace_id}:{group.seq}")
 
     def fail_inputs(self, exc: BaseException) -> None:
@@ -837,7 +847,23 @@ class NATSMessenger(Messenger):
         group, self._group = self._group, None
         self.window.abandon_group()
         if group is not None:
+            self._timed_group()
             self.deliveries.fail(group.handles, exc)
+
+    def _timed_group(self) -> None:
+        """Fold the node's time on the group just done into its mean, and set the
+        backend's receive depth to about DEPTH_SECONDS of such groups."""
+        seconds = time.monotonic() - self._handed_at
+        mean = self._group_seconds
+        mean = seconds if mean is None else 0.9 * mean + 0.1 * seconds
+        self._group_seconds = mean
+        depth = RECEIVE_PREFETCH if mean <= 0 else int(DEPTH_SECONDS / mean)
+        depth = max(1, min(RECEIVE_PREFETCH, depth))
+        if depth != self._depth:
+            set_depth = getattr(self.backend, "set_receive_depth", None)
+            if set_depth is not None:
+                set_depth(depth)
+            self._depth = depth
 
     def _discarded(self, handle: _Handle, reason: str) -> None:
         if handle.parent in self._collect and reason in ("expired", "flushed"):
