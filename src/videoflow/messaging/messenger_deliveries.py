@@ -175,17 +175,6 @@ class Deliveries:
 
     # ------------------------------------------------------------------ settling
 
-    def complete(self, handles: Sequence[Held], key: str) -> None:
-        """Settle every handle of one group Completed and wait for the answers. An
-        unconfirmed settlement leaves its delivery to be redelivered (PAY-004).
-
-        Arguments:
-            handles: the group's handles.
-            key: the group's identity ({trace_id}:{seq}), naming the settlements.
-        """
-        self.complete_later(handles, key)
-        self.collect_settled(wait=True)
-
     def complete_later(self, handles: Sequence[Held], key: str) -> None:
         """Start settling every handle of one group Completed without waiting: the
         answers are read by collect_settled, which alone releases a payload
