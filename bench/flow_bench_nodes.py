@@ -242,8 +242,8 @@ class Camera(ProducerNode):
         write_stats(self.out, self.name, **self.window.fields())
 
 
-class Transform(ProcessorNode):
-    """transform() per input; records its window."""
+class _Stage(ProcessorNode):
+    """A processor that says it is ready once open and records its window at close."""
 
     def __init__(self, out: str, **options: Any) -> None:
         super().__init__(**options)
@@ -252,33 +252,26 @@ class Transform(ProcessorNode):
     def open(self) -> None:
         self.window = Window()
         mark_ready(self.out, self.name)
+
+    def close(self) -> None:
+        write_stats(self.out, self.name, **self.window.fields())
+
+
+class Transform(_Stage):
+    """transform() per input; records its window."""
 
     def process(self, value: dict[str, Any]) -> dict[str, Any]:
         self.window.tick()
         return transform(value)
 
-    def close(self) -> None:
-        write_stats(self.out, self.name, **self.window.fields())
 
-
-class Fuse(ProcessorNode):
+class Fuse(_Stage):
     """One output per join group: the instants of its members (one per camera, in
     wiring order), which the sink checks are all the same."""
-
-    def __init__(self, out: str, **options: Any) -> None:
-        super().__init__(**options)
-        self.out = out
-
-    def open(self) -> None:
-        self.window = Window()
-        mark_ready(self.out, self.name)
 
     def process(self, *frames: dict[str, Any]) -> dict[str, Any]:
         self.window.tick()
         return {"ks": [f["k"] for f in frames], "cams": [f["cam"] for f in frames]}
-
-    def close(self) -> None:
-        write_stats(self.out, self.name, **self.window.fields())
 
 
 class Sink(ConsumerNode):

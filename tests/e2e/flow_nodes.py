@@ -210,9 +210,17 @@ class _Tally:
     every input that reached the node), `restored.log` (per process: its pid and the
     values its restored state held) and `final.json` (the state at close)."""
 
-    count: int
-    directory: str
     counts: bytearray
+    context: Any
+
+    def __init__(self, count: int, directory: str, at: int, marker: str,
+                 **options: Any) -> None:
+        super().__init__(**options)
+        self.count, self.directory, self.at, self.marker = count, directory, at, marker
+
+    def open(self) -> None:
+        assert self.context is not None
+        self._restore(self.context.restore())
 
     def _restore(self, restored: bytes | None) -> None:
         import json
@@ -244,15 +252,6 @@ class CheckpointedTally(_Tally, ConsumerNode):
     open(). Kills its process (once per marker) at input `at`, after that input's
     checkpoint is committed and before the input is acknowledged."""
 
-    def __init__(self, count: int, directory: str, at: int, marker: str,
-                 **options: Any) -> None:
-        super().__init__(**options)
-        self.count, self.directory, self.at, self.marker = count, directory, at, marker
-
-    def open(self) -> None:
-        assert self.context is not None
-        self._restore(self.context.restore())
-
     def consume(self, value: int) -> None:
         assert self.context is not None
         self._seen(value)
@@ -270,15 +269,6 @@ class CheckpointedPassThrough(_Tally, ProcessorNode):
     accepted) and restored in open(); outputs each value unchanged. Kills its process
     (once per marker) at input `at`, before that input changes the state: the previous
     input's checkpoint is committed, its acknowledgement possibly still in flight."""
-
-    def __init__(self, count: int, directory: str, at: int, marker: str,
-                 **options: Any) -> None:
-        super().__init__(**options)
-        self.count, self.directory, self.at, self.marker = count, directory, at, marker
-
-    def open(self) -> None:
-        assert self.context is not None
-        self._restore(self.context.restore())
 
     def process(self, value: int) -> int:
         assert self.context is not None

@@ -114,6 +114,16 @@ def assert_clean(report: RunReport) -> None:
             if n.dropped_total or n.dead_lettered} == {}, report.format()
 
 
+def assert_restarted_once(report: RunReport, name: str) -> None:
+    """The run completed clean, and the node's one replica was restarted once and then
+    reached its end of stream."""
+    assert report.outcome == "completed", report.format()
+    node = report.nodes[name]
+    assert (node.restarts, node.replicas) == (1, 1)
+    assert node.outcomes[f"{name}[0]"] == "ended"
+    assert_clean(report)
+
+
 def marker(path: Path) -> dict[str, Any]:
     """What a fault-injecting node wrote at its fault point (a SIGKILL, a SIGSTOP)."""
     assert path.exists(), "the node never reached its fault point"
@@ -225,11 +235,7 @@ def test_a_processor_killed_with_unconfirmed_outputs_in_its_window_loses_nothing
     # It died holding groups whose outputs were sent but not yet confirmed, so their
     # inputs were never acknowledged: the replacement processes them again.
     assert marker(died)["in_flight"] >= 1
-    assert report.outcome == "completed", report.format()
-    node = report.nodes["die_mid_window"]
-    assert (node.restarts, node.replicas) == (1, 1)
-    assert node.outcomes["die_mid_window[0]"] == "ended"
-    assert_clean(report)
+    assert_restarted_once(report, "die_mid_window")
     seen = assert_applied_exactly(out, list(range(count)))
     # The replacement's outputs for those groups carry the dead process's msg ids, so
     # the broker keeps one copy: the sink, which never died, is handed each group once.
@@ -258,11 +264,7 @@ def test_a_processor_killed_while_its_outputs_wait_on_a_full_stream_loses_nothin
     assert limits == [SMALL_STREAM]
     death = marker(died)
     assert death["in_flight"] >= 1 and death["refused"] >= 1, death
-    assert report.outcome == "completed", report.format()
-    node = report.nodes["die_mid_window"]
-    assert (node.restarts, node.replicas) == (1, 1)
-    assert node.outcomes["die_mid_window[0]"] == "ended"
-    assert_clean(report)
+    assert_restarted_once(report, "die_mid_window")
     seen = assert_applied_exactly(out, list(range(count)))
     assert_each_group_handed_once(seen)
 
@@ -283,11 +285,7 @@ def test_a_sink_killed_with_settlements_in_flight_applies_every_group_once(
         nats_server.url, view=False, ack_wait=3)
     death = marker(died)
     assert death["settling"] >= 1  # it died with acknowledgements unanswered
-    assert report.outcome == "completed", report.format()
-    node = report.nodes["die_mid_window_record"]
-    assert (node.restarts, node.replicas) == (1, 1)
-    assert node.outcomes["die_mid_window_record[0]"] == "ended"
-    assert_clean(report)
+    assert_restarted_once(report, "die_mid_window_record")
     seen = assert_applied_exactly(out, list(range(count)))
     dead = death["pid"]
     pids = {pid for hits in seen.values() for pid, _ in hits}
@@ -458,10 +456,7 @@ def test_a_checkpointing_consumer_restarted_mid_stream_resumes_one_committed_pre
     report = Flow([numbers], [sink], BATCH, name="ckptsink").run(
         nats_server.url, view=False, ack_wait=3)  # the default ledger: kv
     death = marker(died)
-    assert report.outcome == "completed", report.format()
-    node = report.nodes["checkpointed_tally"]
-    assert (node.restarts, node.replicas) == (1, 1)
-    assert_clean(report)
+    assert_restarted_once(report, "checkpointed_tally")
     handed_dead, restored, still_seen, replacement = _tally_files(out, death["pid"])
     assert handed_dead[-1] == at and len(set(handed_dead)) == len(handed_dead)
     # It checkpointed every input before the next, and died after its last input's
@@ -488,10 +483,7 @@ def test_a_checkpointing_processor_restarted_mid_stream_resumes_one_committed_pr
     report = Flow([numbers], [sink], BATCH, name="ckptproc").run(
         nats_server.url, view=False, ack_wait=3)
     death = marker(died)
-    assert report.outcome == "completed", report.format()
-    node = report.nodes["checkpointed_pass_through"]
-    assert (node.restarts, node.replicas) == (1, 1)
-    assert_clean(report)
+    assert_restarted_once(report, "checkpointed_pass_through")
     handed_dead, restored, still_seen, replacement = _tally_files(state, death["pid"])
     assert handed_dead[-1] == at and len(set(handed_dead)) == len(handed_dead)
     # Each input's checkpoint rode with its output and committed once that output was
