@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
+import threading
 from asyncio import AbstractEventLoop
 from collections.abc import Callable, Sequence
 
@@ -100,6 +101,7 @@ __all__ = [
     "PublicationUnknown",
     "PublicationUnresolvable",
     "PublishOutcome",
+    "Receipt",
     "Rejected",
     "Retry",
     "SettleConfirmed",
@@ -117,6 +119,62 @@ __all__ = [
     "VerifiedChannel",
     "VerifiedSubscription",
 ]
+
+
+_WAITER_LOCK = threading.Lock()
+
+
+class Receipt:
+    """The answer to one publish_async: set once, by the adapter's thread, and read
+    by the publisher's.
+
+    A concurrent.futures.Future would do, but it builds a Condition per publication
+    and takes its lock on every look, and a producer makes tens of thousands a
+    second; a receipt is two slots, and an Event only once somebody has to wait.
+    The first answer set is the answer; later ones are ignored.
+
+    Arguments:
+        outcome: the answer, when it is known already (nothing to wait for).
+    """
+
+    __slots__ = ("_outcome", "_waiter")
+
+    def __init__(self, outcome: PublishOutcome | None = None) -> None:
+        self._outcome = outcome
+        self._waiter: threading.Event | None = None
+
+    def done(self) -> bool:
+        return self._outcome is not None
+
+    def set_result(self, outcome: PublishOutcome) -> None:
+        if self._outcome is not None:
+            return
+        self._outcome = outcome
+        # Stored before the waiter is read, and result() publishes its waiter before
+        # it reads the outcome again: one of the two always sees the other.
+        waiter = self._waiter
+        if waiter is not None:
+            waiter.set()
+
+    def result(self, timeout: float | None = None) -> PublishOutcome:
+        """The answer, waiting up to timeout seconds (None: for as long as it takes).
+
+        Raises:
+            concurrent.futures.TimeoutError: no answer within timeout.
+        """
+        outcome = self._outcome
+        if outcome is None:
+            with _WAITER_LOCK:
+                if self._waiter is None:
+                    self._waiter = threading.Event()
+                waiter = self._waiter
+            outcome = self._outcome
+            if outcome is None:
+                waiter.wait(timeout)
+                outcome = self._outcome
+                if outcome is None:
+                    raise concurrent.futures.TimeoutError("no receipt yet")
+        return outcome
 
 
 class MessagingBackend(abc.ABC):
@@ -267,22 +325,18 @@ class MessagingBackend(abc.ABC):
             receipt is never a rejection (MSG-013, MSG-014).
         """
 
-    def publish_async(
-        self, envelope: Envelope, deadline: float
-    ) -> concurrent.futures.Future[PublishOutcome]:
+    def publish_async(self, envelope: Envelope, deadline: float) -> Receipt:
         """Start a publication and return without waiting for the broker's receipt, so
         a producer can send its next message while this one is in flight: one
         publisher is then not held to one round trip per message.
 
-        The future always resolves — it never raises and never hangs past the deadline
-        by more than the adapter's scheduling — to what publish would have returned:
-        Accepted, Rejected or PublicationUnknown, never a guess (MSG-013, MSG-014).
-        Publications of one caller reach the broker in the order they were started.
-        The default publishes now and returns a future that is already done.
+        The receipt always resolves — never to an error, and never later than the
+        deadline by more than the adapter's scheduling — to what publish would have
+        returned: Accepted, Rejected or PublicationUnknown, never a guess (MSG-013,
+        MSG-014). Publications of one caller reach the broker in the order they were
+        started. The default publishes now and returns a receipt already answered.
         """
-        future: concurrent.futures.Future[PublishOutcome] = concurrent.futures.Future()
-        future.set_result(self.publish(envelope, deadline))
-        return future
+        return Receipt(self.publish(envelope, deadline))
 
     @abc.abstractmethod
     def observe_publication(self, envelope: Envelope) -> PublishOutcome:

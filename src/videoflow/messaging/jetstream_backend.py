@@ -71,6 +71,7 @@ from videoflow.backends.messaging import (
     MessagingCapabilities,
     PublicationUnknown,
     PublishOutcome,
+    Receipt,
     Rejected,
     Retry,
     SettleConfirmed,
@@ -172,14 +173,13 @@ def _resolve(queued: Sequence[_QueuedSettlement], result: SettleResult) -> None:
         entry.resolve([result] * len(entry.items))
 
 
-_QueuedPublication = tuple[str, Envelope, float, concurrent.futures.Future[PublishOutcome]]
-"""(subject, envelope, deadline, the caller's future)."""
+_QueuedPublication = tuple[str, Envelope, float, Receipt]
+"""(subject, envelope, deadline, the caller's receipt)."""
 
 
 def _resolve_publications(queued: Sequence[_QueuedPublication], outcome: PublishOutcome) -> None:
-    for *_, future in queued:
-        if not future.done():
-            future.set_result(outcome)
+    for *_, receipt in queued:
+        receipt.set_result(outcome)  # a receipt answered already keeps its answer
 
 
 def _result_by(future: concurrent.futures.Future[Any], deadline: float,
@@ -581,23 +581,19 @@ class JetStreamMessagingBackend(MessagingBackend):
 
     # ------------------------------------------------------------------ publishing
 
-    def publish_async(
-        self, envelope: Envelope, deadline: float
-    ) -> concurrent.futures.Future[PublishOutcome]:
+    def publish_async(self, envelope: Envelope, deadline: float) -> Receipt:
         """Queue a publication and return at once. Publications queued while the loop
         is busy go out together on one wake-up, each a request whose reply is its
         PubAck, all in flight at once and in the order they were made
-        (jetstream_outcomes.publish_pipelined). The future always resolves, to what
+        (jetstream_outcomes.publish_pipelined). The receipt always resolves, to what
         publish would return."""
-        future: concurrent.futures.Future[PublishOutcome] = concurrent.futures.Future()
         if self._js is None or not self.connected:
-            future.set_result(Rejected("the JetStream backend is not connected; nothing "
-                                       "was sent", retryable=True))
-            return future
-        subject = self.subject_for(envelope.channel, envelope.kind)
-        self._ledger.sent(envelope, horizon=DUPLICATE_WINDOW_SECONDS)
-        self._publications.put((subject, envelope, deadline, future))
-        return future
+            return Receipt(Rejected("the JetStream backend is not connected; nothing "
+                                    "was sent", retryable=True))
+        receipt = Receipt()
+        self._publications.put((self.subject_for(envelope.channel, envelope.kind), envelope,
+                                deadline, receipt))
+        return receipt
 
     def publish(self, envelope: Envelope, deadline: float) -> PublishOutcome:
         """Publish with a monotonic deadline (publish_async, waited for); on expiry the
@@ -606,10 +602,10 @@ class JetStreamMessagingBackend(MessagingBackend):
         Returns:
             as publish_once; Rejected(retryable=True) when not connected (nothing sent).
         """
-        future = self.publish_async(envelope, deadline)
+        receipt = self.publish_async(envelope, deadline)
         wait = max(deadline - time.monotonic(), 0.0) + CALL_MARGIN_SECONDS
         try:
-            return future.result(timeout=wait)
+            return receipt.result(timeout=wait)
         except concurrent.futures.TimeoutError:
             return PublicationUnknown("the backend's loop did not answer before the deadline")
 
@@ -623,10 +619,12 @@ class JetStreamMessagingBackend(MessagingBackend):
                                                    "connected; nothing was sent",
                                                    retryable=True))
             return
+        # First sends are recorded before anything is written: an unknown outcome is
+        # resolved against its first send's time (observe_publication).
+        self._ledger.sent_all([envelope for _, envelope, _, _ in queued],
+                              horizon=DUPLICATE_WINDOW_SECONDS)
         try:
-            outcomes = await publish_pipelined(
-                client, replies, [(subject, env, dl) for subject, env, dl, _ in queued],
-                send_lock)
+            await publish_pipelined(client, replies, queued, send_lock)
         except asyncio.CancelledError:
             _resolve_publications(queued, PublicationUnknown(
                 "the backend shut down before the receipt arrived"))
@@ -636,10 +634,6 @@ class JetStreamMessagingBackend(MessagingBackend):
             logger.exception("publication batch failed")
             _resolve_publications(queued, PublicationUnknown(f"the publication failed: "
                                                              f"{error!r}"))
-            return
-        for (*_, future), outcome in zip(queued, outcomes, strict=True):
-            if not future.done():
-                future.set_result(outcome)
 
     def _stream_of(self, envelope: Envelope) -> str:
         """The stream that captures envelope: its channel's, or the flow's DLQ."""

@@ -8,10 +8,11 @@ own loop; they never raise for anything the broker answered or failed to answer.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 import msgspec
@@ -28,6 +29,7 @@ from videoflow.backends.messaging import (
     PublicationUnknown,
     PublicationUnresolvable,
     PublishOutcome,
+    Receipt,
     Rejected,
 )
 from videoflow.messaging.jetstream_settle import ReplyMux, no_responders
@@ -116,73 +118,81 @@ async def publish_once(
 async def publish_pipelined(
     client: Client,
     replies: ReplyMux,
-    batch: Sequence[tuple[str, Envelope, float]],
+    batch: Sequence[tuple[str, Envelope, float, Receipt]],
     send_lock: asyncio.Lock,
-) -> list[PublishOutcome]:
+) -> None:
     """Publish envelopes all at once, each a request whose reply is its PubAck, and
-    type every answer as publish_once does.
+    fill in each receipt as publish_once would type the answer, as soon as it arrives.
 
     It is what JetStreamContext.publish_async does, without its faults: a stream's
-    refusal reaches that message's own outcome instead of never resolving its future
-    (NATS_FACTS S1), and every wait is bounded (S2).
+    refusal reaches that message's own receipt instead of never resolving its future
+    (NATS_FACTS S1), and every wait is bounded (S2). Nothing waits here for the
+    replies: each fills in its receipt from the reply inbox, and one timer per batch
+    answers the ones still open at the batch's last deadline, so a publisher's
+    window moves receipt by receipt instead of batch by batch.
 
     Arguments:
         client / replies: the connection, and its reply inbox (jetstream_settle).
-        batch: (subject, envelope, monotonic deadline) in the order to send them.
+        batch: (subject, envelope, monotonic deadline, receipt) in the order to send.
         send_lock: held while writing, so batches go out in the order they were made
-            (asyncio.Lock is first come, first served) while their waits overlap.
+            (asyncio.Lock is first come, first served).
 
-    Returns:
-        An outcome per envelope, in order: as publish_once — Rejected(retryable=True)
-        for one whose deadline had passed before the send (nothing sent), Accepted for
-        its PubAck, Rejected for a refusal, PublicationUnknown for a receipt that did
-        not arrive before the batch's last deadline (MSG-014).
+    Every receipt is answered: Rejected(retryable=True) for one whose deadline had
+    passed before the send (nothing sent), Accepted for its PubAck, Rejected for a
+    refusal, PublicationUnknown for a PubAck that did not arrive before the batch's
+    last deadline (MSG-014). A caller cancelled mid-send answers the rest itself.
     """
-    outcomes: dict[int, PublishOutcome] = {}
-    waits: list[tuple[int, str, str, asyncio.Future[Msg]]] = []
+    sent: list[tuple[str, Receipt]] = []
     async with send_lock:
         try:
             await replies.start()
         except nats.errors.Error as error:
-            refused = Rejected(f"could not subscribe for receipts; nothing was sent: {error}",
-                               retryable=True)
-            return [refused] * len(batch)
+            refused = Rejected(f"could not subscribe for receipts; nothing was sent: "
+                               f"{error}", retryable=True)
+            for *_, receipt in batch:
+                receipt.set_result(refused)
+            return
         now = time.monotonic()
-        for index, (subject, envelope, deadline) in enumerate(batch):
+        for subject, envelope, deadline, receipt in batch:
             if deadline <= now:
-                outcomes[index] = Rejected("the deadline passed before the send; nothing "
-                                           "was sent", retryable=True)
+                receipt.set_result(Rejected("the deadline passed before the send; "
+                                            "nothing was sent", retryable=True))
                 continue
             headers = None if envelope.msg_id is None else {MSG_ID_HEADER: envelope.msg_id}
-            inbox, receipt = replies.expect()
+            inbox = replies.expect_call(functools.partial(_fill, subject, receipt))
             try:
                 await client.publish(subject, envelope.data, reply=inbox, headers=headers)
             except nats.errors.MaxPayloadError as error:
-                outcomes[index] = Rejected(f"larger than the server's max_payload: {error}",
-                                           retryable=False)
+                outcome: PublishOutcome = Rejected(
+                    f"larger than the server's max_payload: {error}", retryable=False)
             except (nats.errors.ConnectionClosedError,
                     nats.errors.ConnectionDrainingError) as error:
-                outcomes[index] = Rejected(f"not connected; nothing was sent "
-                                           f"({type(error).__name__})", retryable=True)
+                outcome = Rejected(f"not connected; nothing was sent "
+                                   f"({type(error).__name__})", retryable=True)
             except nats.errors.Error as error:
-                outcomes[index] = PublicationUnknown(f"publish failed during the send: "
-                                                     f"{type(error).__name__}: {error}")
+                outcome = PublicationUnknown(f"publish failed during the send: "
+                                             f"{type(error).__name__}: {error}")
             else:
-                waits.append((index, subject, inbox, receipt))
+                sent.append((inbox, receipt))
                 continue
             replies.abandon(inbox)
-    if waits:
-        last = max(batch[index][2] for index, *_ in waits)
-        await asyncio.wait([receipt for *_, receipt in waits],
-                           timeout=max(last - time.monotonic(), 0.0))
-    for index, subject, inbox, receipt in waits:
-        if receipt.done():
-            outcomes[index] = receipt_outcome(subject, receipt.result())
-        else:
+            receipt.set_result(outcome)
+    if sent:
+        last = max(deadline for _, _, deadline, _ in batch)
+        asyncio.get_running_loop().call_later(max(last - time.monotonic(), 0.0),
+                                              _expire, replies, sent)
+
+
+def _fill(subject: str, receipt: Receipt, reply: Msg) -> None:
+    receipt.set_result(receipt_outcome(subject, reply))
+
+
+def _expire(replies: ReplyMux, sent: list[tuple[str, Receipt]]) -> None:
+    for inbox, receipt in sent:
+        if not receipt.done():
             replies.abandon(inbox)
             # MSG-014 / S3: the send is on the wire; stored or not, nobody knows.
-            outcomes[index] = PublicationUnknown("no PubAck before the deadline")
-    return [outcomes[index] for index in range(len(batch))]
+            receipt.set_result(PublicationUnknown("no PubAck before the deadline"))
 
 
 def receipt_outcome(subject: str, reply: Msg) -> PublishOutcome:
@@ -233,9 +243,11 @@ class PublicationLedger:
         """Record the first send of envelope's msg_id (a later send keeps the first
         time: the window runs from the first copy the broker may hold) and forget the
         ones sent more than horizon seconds ago."""
-        if envelope.msg_id is None:
-            return
-        key = (envelope.channel, envelope.msg_id)
+        self.sent_all((envelope,), horizon)
+
+    def sent_all(self, envelopes: Iterable[Envelope], horizon: float) -> None:
+        """sent for each of envelopes, sent now: one clock read and one lock for a
+        batch."""
         now = self.clock()
         with self._lock:
             order, first = self._order, self._first
@@ -243,9 +255,13 @@ class PublicationLedger:
                 t, old = order.popleft()
                 if first.get(old) == t:
                     del first[old]
-            if key not in first:
-                first[key] = now
-                order.append((now, key))
+            for envelope in envelopes:
+                if envelope.msg_id is None:
+                    continue
+                key = (envelope.channel, envelope.msg_id)
+                if key not in first:
+                    first[key] = now
+                    order.append((now, key))
 
     def first_sent(self, envelope: Envelope) -> float | None:
         if envelope.msg_id is None:

@@ -42,7 +42,7 @@ from videoflow.backends.messaging import (
     Envelope,
     MessagingBackend,
     PublicationUnknown,
-    PublishOutcome,
+    Receipt,
     Rejected,
 )
 from videoflow.errors import VideoflowError
@@ -82,7 +82,7 @@ class _Output:
 
     envelope: Envelope
     flow_type: str
-    future: concurrent.futures.Future[PublishOutcome]
+    receipt: Receipt
     deadline: float  # monotonic: when the ladder stops trying
     on_accepted: OnAccepted | None
     on_refused: OnRefused | None
@@ -142,8 +142,8 @@ class PublishWindow:
         """
         now = time.monotonic()
         deadline = now + self.ack_wait
-        future = self.backend.publish_async(envelope, min(deadline, now + ATTEMPT_SECONDS))
-        self._current.append(_Output(envelope, flow_type, future, deadline, on_accepted,
+        receipt = self.backend.publish_async(envelope, min(deadline, now + ATTEMPT_SECONDS))
+        self._current.append(_Output(envelope, flow_type, receipt, deadline, on_accepted,
                                      on_refused))
 
     def close_group(self, handles: Sequence[Held] = (), key: str = "", *,
@@ -189,8 +189,12 @@ class PublishWindow:
         """
         groups = self._groups
         while groups:
-            if not wait and not all(output.future.done() for output in groups[0].outputs):
-                break
+            if not wait:
+                outputs = groups[0].outputs
+                if outputs and not outputs[-1].receipt.done():
+                    break  # receipts come back in order, the last one most often late
+                if not all(output.receipt.done() for output in outputs):
+                    break
             self._resolve_oldest()
         self.deliveries.collect_settled(wait=False)
 
@@ -246,12 +250,16 @@ class PublishWindow:
     def _resolve(self, output: _Output) -> PublicationFailed | None:
         """Settle one output's fate: None once it is accepted or (REALTIME) dropped and
         counted, else the failure of its group."""
-        wait = max(output.deadline - time.monotonic(), 0.0) + ATTEMPT_SECONDS
-        try:
-            first = output.future.result(timeout=wait)
-        except concurrent.futures.TimeoutError:
-            first = PublicationUnknown("the backend did not answer before the deadline")
-        if isinstance(first, Accepted):
+        receipt = output.receipt
+        if receipt.done():
+            first = receipt.result()
+        else:
+            wait = max(output.deadline - time.monotonic(), 0.0) + ATTEMPT_SECONDS
+            try:
+                first = receipt.result(timeout=wait)
+            except concurrent.futures.TimeoutError:
+                first = PublicationUnknown("the backend did not answer before the deadline")
+        if first.__class__ is Accepted:
             published = Published(first, dropped=False, attempts=1)
         else:
             published = publish_until_known(self.backend, output.envelope, output.flow_type,
