@@ -292,16 +292,13 @@ def publish(wired: Wired, node: str, count: int) -> None:
 def take(wired: Wired, receiver: SubscriptionReceiver, credit: int = 1, wait: float = 5.0):  # type: ignore[no-untyped-def]
     """Up to credit deliveries, gathered until that many arrived or wait passed: the
     pull loop parks each message as it arrives, so one take may see only part of what
-    the server is sending."""
-    async def go():  # type: ignore[no-untyped-def]
-        deadline = time.monotonic() + wait
-        got = await receiver.take(credit, 0, deadline)
-        while len(got) < credit and time.monotonic() < deadline:
-            got += await receiver.take(credit - len(got), 0,
-                                       min(deadline, time.monotonic() + 0.05))
-        return got
-
-    return wired.run(go())
+    the server is sending. Taken from this thread, as receive_any takes them."""
+    deadline = time.monotonic() + wait
+    got = receiver.take_ready(credit)
+    while len(got) < credit and time.monotonic() < deadline:
+        time.sleep(0.005)
+        got += receiver.take_ready(credit - len(got))
+    return got
 
 
 def ack_floor(wired: Wired, node: str) -> int:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import threading
 import time
 import uuid
 from asyncio import AbstractEventLoop
@@ -91,6 +92,7 @@ from videoflow.backends.messaging import (
 from videoflow.messaging.jetstream_loop import (
     ErrorLog,
     Handoff,
+    LoopWake,
     LoopRunner,
     close_client,
     connect_fail_fast,
@@ -106,7 +108,7 @@ from videoflow.messaging.jetstream_receive import (
     FETCH_TIMEOUT_SECONDS,
     SubscriptionReceiver,
     bind_receiver,
-    take_any,
+    take_round_robin,
 )
 from videoflow.messaging.jetstream_settle import ReplyMux
 from videoflow.messaging.jetstream_specs import (
@@ -268,18 +270,25 @@ class JetStreamMessagingBackend(MessagingBackend):
         self._first_stream: Any = None
         self._stopped_receiving = False
         self._retired_budget_waits = 0
-        self._settlements: Handoff[_QueuedSettlement] = Handoff(
-            self._runner, self._drain_settlements,
-            lambda queued, reason: _resolve(queued, SettleUnknown(reason)))
+        wake = LoopWake(self._runner)
+        # Publications first: a drain sends a group's outputs before any settlement
+        # queued with them (settlements of a group only follow its accepted outputs).
         self._publications: Handoff[_QueuedPublication] = Handoff(
-            self._runner, self._drain_publications,
+            wake, self._drain_publications,
             lambda queued, reason: _resolve_publications(
                 queued, Rejected(f"nothing was sent: {reason}", retryable=True)))
+        self._settlements: Handoff[_QueuedSettlement] = Handoff(
+            wake, self._drain_settlements,
+            lambda queued, reason: _resolve(queued, SettleUnknown(reason)))
         self._pipelined: set[asyncio.Task[None]] = set()
         self._subjects: dict[tuple[ChannelId, str], str] = {}
         self._wanted = prefetch  # set_receive_depth
         self._replies: ReplyMux | None = None
         self._send_lock: asyncio.Lock | None = None
+        # Rung on the loop by every binding as it parks a delivery, and waited on by
+        # receive_any on the caller's thread: a wait costs no call onto the loop.
+        self._arrivals = threading.Condition(threading.Lock())
+        self._arrived = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -526,7 +535,7 @@ class JetStreamMessagingBackend(MessagingBackend):
                 ack_confirm_seconds=self.ack_confirm_seconds, byte_credit=spec.byte_credit,
                 may_fetch=None if self.byte_budget is None else self._budget_admits,
                 admit=admit, on_skip=on_skip,
-                replies=self._replies)
+                replies=self._replies, on_parked=self._ring)
             receiver.wanted = self._wanted  # before its pull loop's first request
             if self.keepalive:
                 receiver.keep_alive(spec.ack_wait_seconds / 3)
@@ -678,18 +687,34 @@ class JetStreamMessagingBackend(MessagingBackend):
         """Waits until deadline (monotonic) for any of the subscriptions' queues to hold
         a delivery and returns everything that became ready in that wait — nothing is
         dequeued that is not returned. Subscriptions not bound here contribute
-        nothing."""
+        nothing. The caller's thread takes the deliveries itself and waits on the
+        bindings' arrivals (_ring), with no call onto the loop: a poll that finds
+        nothing costs a lock, not a round trip.
+
+        Raises:
+            BrokerUnavailable: the backend's loop is not running.
+        """
         receivers = [(s, self._bindings[s].receiver) for s in subscriptions
                      if s in self._bindings]
         if item_credit < 1 or not receivers:
             return []
-        wait = max(deadline - time.monotonic(), 0.0)
-        try:
-            taken: list[tuple[SubscriptionId, Delivery]] = self._call(
-                take_any(receivers, item_credit, byte_credit, deadline), wait)
-        except TimeoutError:
-            return []
-        return taken
+        if not self._runner.running:
+            raise BrokerUnavailable("the JetStream backend's loop is not running")
+        arrivals = self._arrivals
+        while True:
+            seen = self._arrived  # read before the take: a park after it is not missed
+            taken = take_round_robin(receivers, item_credit, byte_credit)
+            remaining = deadline - time.monotonic()
+            if taken or remaining <= 0:
+                return taken
+            with arrivals:
+                if self._arrived == seen:
+                    arrivals.wait(remaining)
+
+    def _ring(self) -> None:
+        with self._arrivals:
+            self._arrived += 1
+            self._arrivals.notify_all()
 
     def set_admission(
         self,

@@ -13,9 +13,10 @@ import contextlib
 import itertools
 import json
 import logging
+import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -37,7 +38,13 @@ from videoflow.backends.messaging import (
     SubscriptionId,
     Terminal,
 )
-from videoflow.messaging.jetstream_settle import ReplyMux, Send, no_responders, plan_sends
+from videoflow.messaging.jetstream_settle import (
+    ReplyMux,
+    Send,
+    no_responders,
+    plan_sends,
+    subscribe_inline,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +192,7 @@ class SubscriptionReceiver:
         byte_credit: int = 0,
         may_fetch: Callable[[], bool] | None = None,
         replies: ReplyMux | None = None,
+        on_parked: Callable[[], None] | None = None,
     ) -> None:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
@@ -198,12 +206,18 @@ class SubscriptionReceiver:
         self.replies = replies if replies is not None else ReplyMux(client)
         self._parked: deque[Delivery] = deque()
         self._current: dict[int, _Held] = {}
+        # The caller's thread takes parked deliveries itself (take_ready): this lock
+        # covers the parked queue and every held delivery's parked flag, on both
+        # threads, and whether the pull loop waits for room (_space_waiting).
+        self._hand = threading.Lock()
+        self._space_waiting = False
+        self.on_parked = on_parked  # called on the loop after each delivery is parked
+        self._loop: asyncio.AbstractEventLoop | None = None
         # OrderedDict: popitem(last=False) is O(1), where deleting next(iter(dict)) over
         # and over scans the dead slots a dict keeps at its front.
         self._settled: OrderedDict[str, tuple[DeliveryToken, SettleResult]] = OrderedDict()
         self._in_flight: dict[int, tuple[DeliveryToken, int,
                                          asyncio.Future[dict[int, SettleResult]]]] = {}
-        self._ready = asyncio.Event()
         self._space = asyncio.Event()  # set whenever the pull loop should look again
         self._space.set()
         self._task: asyncio.Task[None] | None = None
@@ -222,7 +236,7 @@ class SubscriptionReceiver:
         self.admit: Callable[[Delivery], bool] | None = None
         self.on_skip: Callable[[Delivery], None] | None = None
         self.skipped = 0
-        self._skips: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # skips and straggler naks
         self.last_error: BaseException | None = None
         self._mean_size = 0.0  # of the deliveries parked so far (depth)
         self.wanted = prefetch  # set by the backend's set_receive_depth
@@ -233,9 +247,10 @@ class SubscriptionReceiver:
         """Subscribe this binding's delivery inbox (before start). Every pull request
         names its own reply subject under it, which the server's closing status for
         that request (408, 409) is addressed to."""
+        self._loop = asyncio.get_running_loop()
         if self._inbox_sub is None:
             inbox = self.client.new_inbox()
-            self._inbox_sub = await self.client.subscribe(inbox + ".*", cb=self._on_message)
+            self._inbox_sub = await subscribe_inline(self.client, inbox + ".*", self._on_message)
             self._inbox = inbox
 
     def start(self) -> None:
@@ -270,13 +285,19 @@ class SubscriptionReceiver:
                 continue
             asked = sum(pull.remaining for pull in self._pulls.values())
             depth = self.depth()
-            free = depth - len(self._parked) - asked
-            if self.byte_credit or self.may_fetch is not None:
-                # Under a byte budget one message at a time, so what lands after the
-                # budget filled is at most the one already asked for (RUN-025's
-                # atomic-admission tolerance): sizes are not known before they arrive.
-                free = min(free, 0 if asked else 1)
-            if free > 0 and (not asked or 2 * free >= depth):
+            with self._hand:  # so a take cannot slip between the count and the wait
+                free = depth - len(self._parked) - asked
+                if self.byte_credit or self.may_fetch is not None:
+                    # Under a byte budget one message at a time, so what lands after
+                    # the budget filled is at most the one already asked for
+                    # (RUN-025's atomic-admission tolerance): sizes are not known
+                    # before they arrive.
+                    free = min(free, 0 if asked else 1)
+                ask = free > 0 and (not asked or 2 * free >= depth)
+                if not ask:
+                    self._space.clear()
+                    self._space_waiting = True  # the next take wakes this loop
+            if ask:
                 if not self._budget_admits():
                     # RUN-025: hold off until settlements free bytes; looked at again
                     # every tenth of a fetch, since a settlement elsewhere notifies
@@ -293,9 +314,9 @@ class SubscriptionReceiver:
                     self.last_error = error
                     await asyncio.sleep(self.fetch_timeout)  # do not spin on a dead link
                 continue
-            self._space.clear()
             with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
                 await asyncio.wait_for(self._space.wait(), self.fetch_timeout)
+            self._space_waiting = False
 
     def depth(self) -> int:
         """How many deliveries to keep asked for or parked: the prefetch, or fewer once
@@ -330,8 +351,9 @@ class SubscriptionReceiver:
             if pull.expires_at <= now:
                 del self._pulls[reply]
 
-    async def _on_message(self, msg: Msg) -> None:
-        """The inbox callback: park a delivery, or end a request on its status."""
+    def _on_message(self, msg: Msg) -> None:
+        """The inbox handler, inside the read loop (subscribe_inline): park a
+        delivery, or end a request on its status. Never waits."""
         headers = msg.headers
         status = headers.get("Status") if headers else None
         if status is None:
@@ -347,8 +369,7 @@ class SubscriptionReceiver:
             if self._handed_back:
                 # A straggler after a hand-back (a request whose end never came): hand
                 # it back too; no request of this binding is open to bounce it into.
-                with contextlib.suppress(nats.errors.Error):
-                    await msg.nak()
+                self._background(self._nak(msg))
                 return
             self._park(msg)
             return
@@ -376,19 +397,30 @@ class SubscriptionReceiver:
         # A moving mean of the sizes, for depth(): recent sizes weigh most.
         size = delivery.size
         self._mean_size = size if not self._mean_size else 0.9 * self._mean_size + 0.1 * size
-        old = self._current.pop(seq, None)
-        if old is not None and old.parked:
-            # MSG-011: a redelivery supersedes the earlier attempt parked here.
-            with contextlib.suppress(ValueError):
-                self._parked.remove(old.delivery)
+        with self._hand:
+            old = self._current.pop(seq, None)
+            if old is not None and old.parked:
+                # MSG-011: a redelivery supersedes the earlier attempt parked here.
+                with contextlib.suppress(ValueError):
+                    self._parked.remove(old.delivery)
         if self.admit is not None and not self.admit(delivery):
-            task = asyncio.get_running_loop().create_task(self._skip(delivery, msg))
-            self._skips.add(task)
-            task.add_done_callback(self._skips.discard)
+            self._background(self._skip(delivery, msg))
             return
-        self._current[seq] = _Held(delivery, msg)
-        self._parked.append(delivery)
-        self._ready.set()
+        with self._hand:
+            self._current[seq] = _Held(delivery, msg)
+            self._parked.append(delivery)
+        if self.on_parked is not None:
+            self.on_parked()
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _nak(msg: Msg) -> None:
+        with contextlib.suppress(nats.errors.Error):
+            await msg.nak()
 
     async def _skip(self, delivery: Delivery, msg: Msg) -> None:
         """Settle a delivery the admission filter refused Completed on the consumer's
@@ -451,48 +483,45 @@ class SubscriptionReceiver:
 
     def take_ready(self, item_credit: int, byte_credit: int = 0) -> list[Delivery]:
         """Hand out up to item_credit parked deliveries without waiting (and about
-        byte_credit bytes, 0 = unbounded: the first always goes)."""
+        byte_credit bytes, 0 = unbounded: the first always goes). Safe from any
+        thread: the caller's takes them straight off the queue the loop parks into,
+        with no round trip through the loop; the pull loop is woken (one call onto
+        the loop) only when it is waiting for the room this take made."""
         taken: list[Delivery] = []
         size = 0
-        while self._parked and len(taken) < item_credit:
-            delivery = self._parked[0]
-            if byte_credit and taken and size + delivery.size > byte_credit:
-                break
-            self._parked.popleft()
-            held = self._current.get(delivery.stream_seq)
-            if held is None or held.delivery is not delivery:
-                continue  # superseded while parked
-            held.parked = False
-            taken.append(delivery)
-            size += delivery.size
-        if not self._parked:
-            self._ready.clear()
-        self._space.set()
+        with self._hand:
+            parked = self._parked
+            while parked and len(taken) < item_credit:
+                delivery = parked[0]
+                if byte_credit and taken and size + delivery.size > byte_credit:
+                    break
+                parked.popleft()
+                held = self._current.get(delivery.stream_seq)
+                if held is None or held.delivery is not delivery:
+                    continue  # superseded while parked
+                held.parked = False
+                taken.append(delivery)
+                size += delivery.size
+            wake = bool(taken) and self._space_waiting
+            if wake:
+                self._space_waiting = False
+        if wake:
+            self._wake_pull_loop()
         return taken
+
+    def _wake_pull_loop(self) -> None:
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody to wake
+                loop.call_soon_threadsafe(self._space.set)
 
     def put_back(self, delivery: Delivery) -> None:
         """Return a delivery just taken (and not handed to anyone) to the queue's head."""
-        held = self._current.get(delivery.stream_seq)
-        if held is not None and held.delivery.token == delivery.token:
-            held.parked = True
-            self._parked.appendleft(delivery)
-            self._ready.set()
-
-    async def take(self, item_credit: int, byte_credit: int, deadline: float) -> list[Delivery]:
-        """take_ready, waiting until the monotonic deadline for the first delivery."""
-        while True:
-            taken = self.take_ready(item_credit, byte_credit)
-            remaining = deadline - time.monotonic()
-            if taken or remaining <= 0:
-                return taken
-            try:
-                await asyncio.wait_for(self._ready.wait(), remaining)
-            except (asyncio.TimeoutError, TimeoutError):
-                return self.take_ready(item_credit, byte_credit)
-
-    async def wait_ready(self) -> None:
-        """Return once a delivery is parked here."""
-        await self._ready.wait()
+        with self._hand:
+            held = self._current.get(delivery.stream_seq)
+            if held is not None and held.delivery.token == delivery.token:
+                held.parked = True
+                self._parked.appendleft(delivery)
 
     # ------------------------------------------------------------------ settlement
 
@@ -690,16 +719,17 @@ class SubscriptionReceiver:
             how many were handed back.
         """
         self._handed_back = True
+        with self._hand:  # chosen at once, so no take hands one out meanwhile
+            chosen = [held for held in self._current.values()
+                      if held.parked or not parked_only]
+            for held in chosen:
+                del self._current[held.delivery.stream_seq]
+            self._parked.clear()  # whatever stayed parked was superseded
         handed = 0
-        for seq, held in list(self._current.items()):
-            if parked_only and not held.parked:
-                continue
-            del self._current[seq]
+        for held in chosen:
             with contextlib.suppress(nats.errors.Error):
                 await held.msg.nak()  # MsgAlreadyAckdError: settled elsewhere; leave it
                 handed += 1
-        self._parked.clear()  # whatever stayed parked was superseded
-        self._ready.clear()
         self._space.set()
         return handed
 
@@ -714,55 +744,36 @@ class SubscriptionReceiver:
                 await sub.unsubscribe()
 
 
-async def take_any(
+def take_round_robin(
     receivers: Sequence[tuple[SubscriptionId, SubscriptionReceiver]],
     item_credit: int,
     byte_credit: int,
-    deadline: float,
 ) -> list[tuple[SubscriptionId, Delivery]]:
-    """Wait until the monotonic deadline for any receiver to hold a delivery, then hand
-    out up to item_credit (and about byte_credit bytes, 0 = unbounded; the first always
-    goes) round robin, one per receiver per round, so no subscription starves.
-    Everything dequeued is returned: the wait is on readiness, never on a dequeue.
-    """
-    def round_robin() -> list[tuple[SubscriptionId, Delivery]]:
-        taken: list[tuple[SubscriptionId, Delivery]] = []
-        size, progress = 0, True
-        while progress and len(taken) < item_credit:
-            progress = False
-            for sub, receiver in receivers:
-                if len(taken) >= item_credit:
-                    break
-                if byte_credit and taken and size >= byte_credit:
-                    return taken
-                room = byte_credit - size if byte_credit and taken else 0
-                for delivery in receiver.take_ready(1, room):
-                    if taken and byte_credit and size + delivery.size > byte_credit:
-                        # take_ready hands out a first delivery regardless of room.
-                        receiver.put_back(delivery)
-                        return taken
-                    taken.append((sub, delivery))
-                    size += delivery.size
-                    progress = True
-        return taken
-
-    if item_credit < 1 or not receivers:
-        return []
+    """Take up to item_credit parked deliveries (and about byte_credit bytes, 0 =
+    unbounded; the first always goes) round robin, one per receiver per round, so no
+    subscription starves. Never waits; safe from any thread (take_ready)."""
     if len(receivers) == 1:  # nothing to share fairly: take the batch in one go
         sub, receiver = receivers[0]
-        taken = [(sub, d) for d in await receiver.take(item_credit, byte_credit, deadline)]
-        return taken
-    while True:
-        taken = round_robin()
-        remaining = deadline - time.monotonic()
-        if taken or remaining <= 0:
-            return taken
-        waits = [asyncio.ensure_future(r.wait_ready()) for _, r in receivers]
-        try:
-            await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waits:
-                waiter.cancel()
+        return [(sub, d) for d in receiver.take_ready(item_credit, byte_credit)]
+    taken: list[tuple[SubscriptionId, Delivery]] = []
+    size, progress = 0, True
+    while progress and len(taken) < item_credit:
+        progress = False
+        for sub, receiver in receivers:
+            if len(taken) >= item_credit:
+                break
+            if byte_credit and taken and size >= byte_credit:
+                return taken
+            room = byte_credit - size if byte_credit and taken else 0
+            for delivery in receiver.take_ready(1, room):
+                if taken and byte_credit and size + delivery.size > byte_credit:
+                    # take_ready hands out a first delivery regardless of room.
+                    receiver.put_back(delivery)
+                    return taken
+                taken.append((sub, delivery))
+                size += delivery.size
+                progress = True
+    return taken
 
 
 async def bind_receiver(
@@ -779,13 +790,14 @@ async def bind_receiver(
     admit: Callable[[Delivery], bool] | None = None,
     on_skip: Callable[[Delivery], None] | None = None,
     replies: ReplyMux | None = None,
+    on_parked: Callable[[], None] | None = None,
 ) -> SubscriptionReceiver:
     """Bind an existing durable (provisioned with _ensure_consumer) and start its pull
     loop. Nothing here creates or alters the durable, unlike pull_subscribe, which
     silently ignores a config when the durable exists (S5)."""
     receiver = SubscriptionReceiver(subscription, client, stream, durable, generation,
                                     prefetch, fetch_timeout, ack_confirm_seconds, byte_credit,
-                                    may_fetch, replies)
+                                    may_fetch, replies, on_parked)
     receiver.admit, receiver.on_skip = admit, on_skip
     await receiver.subscribe()
     receiver.start()
@@ -797,7 +809,7 @@ __all__ = [
     "FETCH_TIMEOUT_SECONDS",
     "SubscriptionReceiver",
     "bind_receiver",
-    "take_any",
+    "take_round_robin",
     "nak_payload",
     "term_payload",
 ]

@@ -34,6 +34,7 @@ from typing import NamedTuple
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 logger = logging.getLogger(__name__)
 
@@ -78,15 +79,7 @@ class ReplyMux:
 
     async def _subscribe(self) -> None:
         inbox = self.client.new_inbox()
-        # Without a callback and with no byte limit (0: unbounded), so that nats-py
-        # starts no task for it and counts nothing against it; its replies are then
-        # handed over in the read loop itself (_Handover), not queued for a task.
-        sub = await self.client.subscribe(inbox + ".*", pending_bytes_limit=0)
-        if isinstance(getattr(sub, "_pending_queue", None), asyncio.Queue):
-            sub._pending_queue = _Handover(self._dispatch)
-        else:  # a nats-py whose subscriptions look different: the plain way
-            await sub.unsubscribe()
-            await self.client.subscribe(inbox + ".*", cb=self._on_reply)
+        await subscribe_inline(self.client, inbox + ".*", self._dispatch)
         self._prefix = inbox + "."
 
     def expect(self) -> tuple[str, asyncio.Future[Msg]]:
@@ -124,8 +117,30 @@ class ReplyMux:
         if future is not None and not future.done():
             future.set_result(msg)
 
-    async def _on_reply(self, msg: Msg) -> None:
-        self._dispatch(msg)
+async def subscribe_inline(client: Client, subject: str,
+                           handler: Callable[[Msg], None]) -> Subscription:
+    """Subscribe subject with handler called inside nats-py's read loop, as each
+    message is parsed (_Handover), instead of through the subscription's queue and a
+    task per subscription awaiting a coroutine callback.
+
+    The subscription has no callback and no byte limit (0: unbounded), so nats-py
+    starts no task for it and counts nothing against it. A nats-py whose
+    subscriptions keep no asyncio.Queue of pending messages gets the plain way: a
+    callback that calls handler.
+
+    Raises:
+        nats.errors.Error: the subscription could not be written.
+    """
+    sub = await client.subscribe(subject, pending_bytes_limit=0)
+    if isinstance(getattr(sub, "_pending_queue", None), asyncio.Queue):
+        sub._pending_queue = _Handover(handler)
+        return sub
+    await sub.unsubscribe()
+
+    async def call(msg: Msg) -> None:
+        handler(msg)
+
+    return await client.subscribe(subject, cb=call)
 
 
 class _Handover:
@@ -206,4 +221,5 @@ def plan_sends(settlements: Sequence[tuple[int, str, bytes, bool]]) -> list[list
     return runs
 
 
-__all__ = ["NO_RESPONDERS_STATUS", "ReplyMux", "Send", "no_responders", "plan_sends"]
+__all__ = ["NO_RESPONDERS_STATUS", "ReplyMux", "Send", "no_responders", "plan_sends",
+           "subscribe_inline"]
