@@ -183,7 +183,7 @@ def _refused_in(window: Any) -> int:
     from videoflow.backends.messaging import Rejected
 
     return sum(1 for group in window._groups for output in group.outputs
-               if output.future.done() and isinstance(output.future.result(), Rejected))
+               if output.receipt.done() and isinstance(output.receipt.result(), Rejected))
 
 
 class DieMidWindowRecord(Record):
@@ -286,14 +286,19 @@ class FreezeBrokerMidWindow(ProcessorNode):
     """Passes values through; from input `at` on, at the first input where its
     publication window holds unconfirmed groups, freezes the broker (SIGSTOP to
     broker_pid), once per marker: the marker says how many groups were in flight.
-    The test thaws the broker (SIGCONT) when it chooses."""
+    The test thaws the broker (SIGCONT) when it chooses. With reader_log, only once
+    that Record sink has applied something: a reader still connecting when the broker
+    stops fails its connect, which is not what the test is about."""
 
-    def __init__(self, at: int, marker: str, broker_pid: int, **options: Any) -> None:
+    def __init__(self, at: int, marker: str, broker_pid: int, reader_log: str = "",
+                 **options: Any) -> None:
         super().__init__(**options)
         self.at, self.marker, self.broker_pid = at, marker, broker_pid
+        self.reader_log = reader_log
 
     def process(self, value: int) -> int:
-        if value >= self.at and not os.path.exists(self.marker):
+        if (value >= self.at and not os.path.exists(self.marker)
+                and (not self.reader_log or os.path.exists(self.reader_log))):
             in_flight = _messenger_of(self).window.in_flight
             if in_flight > 0:
                 import json

@@ -388,7 +388,8 @@ def test_a_broker_frozen_mid_window_resolves_every_outcome_and_loses_nothing(
     numbers = Numbers(count)
     # The processor freezes the broker itself, at an input where its window holds
     # outputs sent but not confirmed: their receipts cannot come until the thaw.
-    processor = FreezeBrokerMidWindow(500, str(frozen), nats_server.process.pid)
+    processor = FreezeBrokerMidWindow(500, str(frozen), nats_server.process.pid,
+                                      reader_log=str(out / "applications.log"))
     sink = Record(str(out))(processor(numbers))
     with thaw_later(nats_server, frozen, 3.0) as times:
         # ack_wait above the freeze: the ladder (a receipt asked after again by

@@ -841,3 +841,45 @@ def test_shim_raises_the_same_wire_error() -> None:
     assert shim.WireError is WireError
     with pytest.raises(WireError, match="truncated"):
         shim.decode_envelope(b"\x96")
+
+
+# --- OutputEncoder: a replica's data envelopes, the shared fields checked once -----
+
+_FIXED = dict(producer_name="cam", flow_id="f", run_id="r", replica_id=2)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(),
+        dict(metadata={"k": 1}, event_ts=12.5, partition_key="left"),
+        dict(event_ts=3),  # an int time takes the checked path, accepted as before
+        dict(metadata=None, event_ts=None, partition_key=(1, 2)),
+    ],
+)
+def test_output_encoder_writes_what_encode_envelope_writes(fields: dict[str, Any]) -> None:
+    message = {"frame": np.arange(6, dtype=np.uint8).reshape(2, 3), "i": 7}
+    encoder = wire.OutputEncoder(**_FIXED)
+    assert (encoder.encode(message, "trace", 9, **fields)
+            == encode_envelope(message, trace_id="trace", seq=9, **_FIXED, **fields))
+
+
+@pytest.mark.parametrize(
+    ("fields", "pattern"),
+    [
+        (dict(metadata=[1]), "'metadata' must be dict | None, got list"),
+        (dict(event_ts="now"), "'event_ts' must be float | int | None, got str"),
+        (dict(event_ts=True), "'event_ts' must be float | int | None, got bool"),
+    ],
+)
+def test_output_encoder_refuses_what_encode_envelope_refuses(
+        fields: dict[str, Any], pattern: str) -> None:
+    with pytest.raises(TypeError, match=pattern):
+        wire.OutputEncoder(**_FIXED).encode(None, "t", 1, **fields)
+
+
+def test_output_encoder_checks_its_shared_fields_once_at_construction() -> None:
+    with pytest.raises(TypeError, match="'replica_id' must be int, got bool"):
+        wire.OutputEncoder(producer_name="cam", flow_id="f", run_id="r", replica_id=True)
+    with pytest.raises(TypeError, match="'trace_id' must be str, got int"):
+        wire.OutputEncoder(**_FIXED).encode(None, 5, 1)  # type: ignore[arg-type]

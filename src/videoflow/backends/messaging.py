@@ -19,6 +19,7 @@ import concurrent.futures
 import threading
 from asyncio import AbstractEventLoop
 from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 from videoflow.backends.messaging_types import (
     DURABLE_CONTROL,
@@ -124,57 +125,60 @@ __all__ = [
 _WAITER_LOCK = threading.Lock()
 
 
-class Receipt:
-    """The answer to one publish_async: set once, by the adapter's thread, and read
-    by the publisher's.
+T = TypeVar("T")
 
-    A concurrent.futures.Future would do, but it builds a Condition per publication
-    and takes its lock on every look, and a producer makes tens of thousands a
-    second; a receipt is two slots, and an Event only once somebody has to wait.
-    The first answer set is the answer; later ones are ignored.
+
+class Receipt(Generic[T]):
+    """The answer to one publish_async or settle_async: set once, by the adapter's
+    thread, and read by the caller's.
+
+    A concurrent.futures.Future would do, but it builds a Condition per call and
+    takes its lock on every look, and a node makes tens of thousands a second; a
+    receipt is two slots, and an Event only once somebody has to wait. The first
+    answer set is the answer; later ones are ignored (None is never an answer).
 
     Arguments:
-        outcome: the answer, when it is known already (nothing to wait for).
+        answer: the answer, when it is known already (nothing to wait for).
     """
 
-    __slots__ = ("_outcome", "_waiter")
+    __slots__ = ("_answer", "_waiter")
 
-    def __init__(self, outcome: PublishOutcome | None = None) -> None:
-        self._outcome = outcome
+    def __init__(self, answer: T | None = None) -> None:
+        self._answer = answer
         self._waiter: threading.Event | None = None
 
     def done(self) -> bool:
-        return self._outcome is not None
+        return self._answer is not None
 
-    def set_result(self, outcome: PublishOutcome) -> None:
-        if self._outcome is not None:
+    def set_result(self, answer: T) -> None:
+        if self._answer is not None:
             return
-        self._outcome = outcome
+        self._answer = answer
         # Stored before the waiter is read, and result() publishes its waiter before
-        # it reads the outcome again: one of the two always sees the other.
+        # it reads the answer again: one of the two always sees the other.
         waiter = self._waiter
         if waiter is not None:
             waiter.set()
 
-    def result(self, timeout: float | None = None) -> PublishOutcome:
+    def result(self, timeout: float | None = None) -> T:
         """The answer, waiting up to timeout seconds (None: for as long as it takes).
 
         Raises:
             concurrent.futures.TimeoutError: no answer within timeout.
         """
-        outcome = self._outcome
-        if outcome is None:
+        answer = self._answer
+        if answer is None:
             with _WAITER_LOCK:
                 if self._waiter is None:
                     self._waiter = threading.Event()
                 waiter = self._waiter
-            outcome = self._outcome
-            if outcome is None:
+            answer = self._answer
+            if answer is None:
                 waiter.wait(timeout)
-                outcome = self._outcome
-                if outcome is None:
-                    raise concurrent.futures.TimeoutError("no receipt yet")
-        return outcome
+                answer = self._answer
+                if answer is None:
+                    raise concurrent.futures.TimeoutError("no answer yet")
+        return answer
 
 
 class MessagingBackend(abc.ABC):
@@ -325,7 +329,7 @@ class MessagingBackend(abc.ABC):
             receipt is never a rejection (MSG-013, MSG-014).
         """
 
-    def publish_async(self, envelope: Envelope, deadline: float) -> Receipt:
+    def publish_async(self, envelope: Envelope, deadline: float) -> Receipt[PublishOutcome]:
         """Start a publication and return without waiting for the broker's receipt, so
         a producer can send its next message while this one is in flight: one
         publisher is then not held to one round trip per message.
@@ -438,25 +442,23 @@ class MessagingBackend(abc.ABC):
 
     def settle_async(
         self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
-    ) -> concurrent.futures.Future[SettleResult]:
+    ) -> Receipt[SettleResult]:
         """Start a settlement and return without waiting for the broker, so a receiver
         can go on to its next input while the acknowledgement is in flight: one
         receiver is then not held to one round trip per message.
 
-        The future always resolves — it never raises and never hangs past the
+        The receipt always resolves — never to an error, and never later than the
         adapter's confirmation bound — to what settle would have returned: a payload
         obligation is released only once it holds SettleConfirmed (PAY-004). Queued
         settlements of one caller are sent in the order they were made. The default
-        settles now and returns a future that is already done.
+        settles now and returns a receipt already answered.
 
         Raises:
             TypeError: outcome is not Completed, Retry or Terminal.
         """
         if not isinstance(outcome, (Completed, Retry, Terminal)):
             raise TypeError(f"not a settle outcome: {outcome!r}")
-        future: concurrent.futures.Future[SettleResult] = concurrent.futures.Future()
-        future.set_result(self.settle(token, outcome, settlement_id))
-        return future
+        return Receipt(self.settle(token, outcome, settlement_id))
 
     @abc.abstractmethod
     def renew(self, token: DeliveryToken) -> LeaseObservation:

@@ -92,8 +92,8 @@ from videoflow.backends.messaging import (
 from videoflow.messaging.jetstream_loop import (
     ErrorLog,
     Handoff,
-    LoopWake,
     LoopRunner,
+    LoopWake,
     close_client,
     connect_fail_fast,
 )
@@ -162,12 +162,11 @@ class _QueuedSettlement:
 
     receiver: SubscriptionReceiver
     items: list[tuple[DeliveryToken, SettleOutcome, str]]
-    future: concurrent.futures.Future[Any]
+    future: Receipt[Any]
     many: bool
 
     def resolve(self, results: list[SettleResult]) -> None:
-        if not self.future.done():
-            self.future.set_result(results if self.many else results[0])
+        self.future.set_result(results if self.many else results[0])  # the first holds
 
 
 def _resolve(queued: Sequence[_QueuedSettlement], result: SettleResult) -> None:
@@ -175,7 +174,7 @@ def _resolve(queued: Sequence[_QueuedSettlement], result: SettleResult) -> None:
         entry.resolve([result] * len(entry.items))
 
 
-_QueuedPublication = tuple[str, Envelope, float, Receipt]
+_QueuedPublication = tuple[str, Envelope, float, Receipt[PublishOutcome]]
 """(subject, envelope, deadline, the caller's receipt)."""
 
 
@@ -184,7 +183,7 @@ def _resolve_publications(queued: Sequence[_QueuedPublication], outcome: Publish
         receipt.set_result(outcome)  # a receipt answered already keeps its answer
 
 
-def _result_by(future: concurrent.futures.Future[Any], deadline: float,
+def _result_by(future: Receipt[Any], deadline: float,
                many: int | None = None) -> Any:
     """A queued settlement's result (a list of many results when many is given), or
     SettleUnknown for each when the loop has not answered by the monotonic deadline
@@ -590,7 +589,7 @@ class JetStreamMessagingBackend(MessagingBackend):
 
     # ------------------------------------------------------------------ publishing
 
-    def publish_async(self, envelope: Envelope, deadline: float) -> Receipt:
+    def publish_async(self, envelope: Envelope, deadline: float) -> Receipt[PublishOutcome]:
         """Queue a publication and return at once. Publications queued while the loop
         is busy go out together on one wake-up, each a request whose reply is its
         PubAck, all in flight at once and in the order they were made
@@ -599,7 +598,7 @@ class JetStreamMessagingBackend(MessagingBackend):
         if self._js is None or not self.connected:
             return Receipt(Rejected("the JetStream backend is not connected; nothing "
                                     "was sent", retryable=True))
-        receipt = Receipt()
+        receipt: Receipt[PublishOutcome] = Receipt()
         self._publications.put((self.subject_for(envelope.channel, envelope.kind), envelope,
                                 deadline, receipt))
         return receipt
@@ -765,7 +764,7 @@ class JetStreamMessagingBackend(MessagingBackend):
 
     def settle_async(
         self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
-    ) -> concurrent.futures.Future[SettleResult]:
+    ) -> Receipt[SettleResult]:
         """Queue one settlement and return at once. Settlements queued while the loop is
         busy go out together: one wake-up of the loop for the lot, and per durable one
         write of every acknowledgement with one round trip to confirm them
@@ -775,9 +774,9 @@ class JetStreamMessagingBackend(MessagingBackend):
         Raises:
             TypeError: outcome is not Completed, Retry or Terminal.
         """
-        future: concurrent.futures.Future[SettleResult] = concurrent.futures.Future()
-        self._enqueue([(token, outcome, settlement_id)], future, many=False)
-        return future
+        receipt: Receipt[SettleResult] = Receipt()
+        self._enqueue([(token, outcome, settlement_id)], receipt, many=False)
+        return receipt
 
     def settle_many(
         self, settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]]
@@ -787,9 +786,9 @@ class JetStreamMessagingBackend(MessagingBackend):
         by_binding: dict[SubscriptionId, list[int]] = {}
         for index, (token, _, _) in enumerate(settlements):
             by_binding.setdefault(token.subscription, []).append(index)
-        waits: list[tuple[list[int], concurrent.futures.Future[list[SettleResult]]]] = []
+        waits: list[tuple[list[int], Receipt[list[SettleResult]]]] = []
         for indexes in by_binding.values():
-            future: concurrent.futures.Future[list[SettleResult]] = concurrent.futures.Future()
+            future: Receipt[list[SettleResult]] = Receipt()
             self._enqueue([settlements[i] for i in indexes], future, many=True)
             waits.append((indexes, future))
         deadline = time.monotonic() + self.ack_confirm_seconds + CALL_MARGIN_SECONDS
@@ -812,7 +811,7 @@ class JetStreamMessagingBackend(MessagingBackend):
                           + CALL_MARGIN_SECONDS)
 
     def _enqueue(self, items: list[tuple[DeliveryToken, SettleOutcome, str]],
-                 future: concurrent.futures.Future[Any], many: bool) -> None:
+                 future: Receipt[Any], many: bool) -> None:
         """Queue settlements of one subscription for the loop, waking it only when the
         queue was idle: a burst of calls shares one wake-up."""
         for _, outcome, _ in items:

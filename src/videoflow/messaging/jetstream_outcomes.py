@@ -118,7 +118,7 @@ async def publish_once(
 async def publish_pipelined(
     client: Client,
     replies: ReplyMux,
-    batch: Sequence[tuple[str, Envelope, float, Receipt]],
+    batch: Sequence[tuple[str, Envelope, float, Receipt[PublishOutcome]]],
     send_lock: asyncio.Lock,
 ) -> None:
     """Publish envelopes all at once, each a request whose reply is its PubAck, and
@@ -142,7 +142,7 @@ async def publish_pipelined(
     refusal, PublicationUnknown for a PubAck that did not arrive before the batch's
     last deadline (MSG-014). A caller cancelled mid-send answers the rest itself.
     """
-    sent: list[tuple[str, Receipt]] = []
+    sent: list[tuple[str, Receipt[PublishOutcome]]] = []
     async with send_lock:
         try:
             await replies.start()
@@ -183,11 +183,11 @@ async def publish_pipelined(
                                               _expire, replies, sent)
 
 
-def _fill(subject: str, receipt: Receipt, reply: Msg) -> None:
+def _fill(subject: str, receipt: Receipt[PublishOutcome], reply: Msg) -> None:
     receipt.set_result(receipt_outcome(subject, reply))
 
 
-def _expire(replies: ReplyMux, sent: list[tuple[str, Receipt]]) -> None:
+def _expire(replies: ReplyMux, sent: list[tuple[str, Receipt[PublishOutcome]]]) -> None:
     for inbox, receipt in sent:
         if not receipt.done():
             replies.abandon(inbox)

@@ -133,7 +133,7 @@ async def subscribe_inline(client: Client, subject: str,
     """
     sub = await client.subscribe(subject, pending_bytes_limit=0)
     if isinstance(getattr(sub, "_pending_queue", None), asyncio.Queue):
-        sub._pending_queue = _Handover(handler)
+        sub._pending_queue = _Handover(handler)  # type: ignore[assignment]  # duck-typed
         return sub
     await sub.unsubscribe()
 

@@ -32,6 +32,7 @@ from videoflow.backends.messaging import (
     DeliveryToken,
     Known,
     MessagingBackend,
+    Receipt,
     Retry,
     SettleConfirmed,
     SettleOutcome,
@@ -153,7 +154,7 @@ class Deliveries:
         self._counted: set[str] = set()  # inputs whose failures this process counted
         self._to_settle: list[tuple[Delivery, SettleOutcome]] = []
         # Completed settlements in flight, oldest first (complete_later).
-        self._settling: deque[tuple[Held, concurrent.futures.Future[SettleResult]]] = deque()
+        self._settling: deque[tuple[Held, Receipt[SettleResult]]] = deque()
         self._ends: dict[str, _ParentEnd] = {p: _ParentEnd() for p in self.parent_names}
         # Deliveries of each parent the messenger holds unsettled (in the assembler or
         # in the group handed out): its own share of the durable's leases.

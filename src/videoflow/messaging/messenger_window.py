@@ -42,6 +42,7 @@ from videoflow.backends.messaging import (
     Envelope,
     MessagingBackend,
     PublicationUnknown,
+    PublishOutcome,
     Receipt,
     Rejected,
 )
@@ -51,7 +52,6 @@ from videoflow.messaging.messenger_deliveries import Deliveries, Held
 from videoflow.messaging.publication import (
     ATTEMPT_SECONDS,
     PublicationStats,
-    Published,
     publish_until_known,
 )
 
@@ -82,7 +82,7 @@ class _Output:
 
     envelope: Envelope
     flow_type: str
-    receipt: Receipt
+    receipt: Receipt[PublishOutcome]
     deadline: float  # monotonic: when the ladder stops trying
     on_accepted: OnAccepted | None
     on_refused: OnRefused | None
@@ -259,11 +259,13 @@ class PublishWindow:
                 first = receipt.result(timeout=wait)
             except concurrent.futures.TimeoutError:
                 first = PublicationUnknown("the backend did not answer before the deadline")
-        if first.__class__ is Accepted:
-            published = Published(first, dropped=False, attempts=1)
-        else:
-            published = publish_until_known(self.backend, output.envelope, output.flow_type,
-                                            output.deadline, first=first)
+        if first.__class__ is Accepted:  # the usual case, kept short
+            self.stats.count_accepted(first)
+            if output.on_accepted is not None:
+                output.on_accepted(first)
+            return None
+        published = publish_until_known(self.backend, output.envelope, output.flow_type,
+                                        output.deadline, first=first)
         self.stats.count(published)
         outcome = published.outcome
         if published.dropped:

@@ -99,6 +99,7 @@ from videoflow.messaging.publication import PublicationStats, publish_until_know
 from videoflow.wire.serialization import (
     ENVELOPE_VERSION,
     BlobStore,
+    OutputEncoder,
     decode_envelope,
     encode_envelope,
     encode_message,
@@ -276,6 +277,8 @@ class NATSMessenger(Messenger):
             self._live_id_node += f"~{uuid.uuid4().hex[:12]}"
         self._source_offset = self.runtime.source_offset() if replayable else 0
         self._trace_prefix = uuid.uuid4().hex[:24]
+        self._encoder = OutputEncoder(producer_name=self.node_name, flow_id=flow_id,
+                                      run_id=run_id, replica_id=replica_id)
         self.payload_store = payload_store
         # The older counter store (RFC 0002), used when no payload_store is given.
         self.blob_store = None if payload_store is not None else blob_store
@@ -516,12 +519,8 @@ class NATSMessenger(Messenger):
             self._group_outputs += 1
             msg_id = f"{self.node_name}:{self.last_input_key()}:{self._group_outputs}"
             event_ts = self._event_ts if self._event_ts is not None else group.event_ts
-        fields = dict(trace_id=trace_id, seq=seq, metadata=metadata,
-                      producer_name=self.node_name, flow_id=self.flow_id, run_id=self.run_id,
-                      replica_id=self.replica_id, event_ts=event_ts,
-                      partition_key=self._partition_key)
-        self._event_ts, self._partition_key = None, None
-        data = encode_envelope(message, **fields)
+        partition_key, self._event_ts, self._partition_key = self._partition_key, None, None
+        data = self._encoder.encode(message, trace_id, seq, metadata, event_ts, partition_key)
         accepted: list[Accepted] = []
         if pending_state is not None:
             on_accepted = _also(on_accepted, accepted.append)
@@ -529,6 +528,10 @@ class NATSMessenger(Messenger):
             self.window.send(Envelope(self.channel, "data", data, msg_id), self.flow_type,
                              on_accepted=on_accepted)
         else:
+            fields = dict(trace_id=trace_id, seq=seq, metadata=metadata,
+                          producer_name=self.node_name, flow_id=self.flow_id,
+                          run_id=self.run_id, replica_id=self.replica_id, event_ts=event_ts,
+                          partition_key=partition_key)
             self._publish_by_ref(message, fields, msg_id, on_accepted)
         if pending_state is not None:
             self.window.resolve_current()

@@ -148,6 +148,11 @@ class PublicationStats:
     def count(self, published: Published) -> None:
         self._counts[published.stat] += 1
 
+    def count_accepted(self, accepted: Accepted) -> None:
+        """count for a publication accepted at its first attempt, without building
+        its Published (the usual case, once per output)."""
+        self._counts["duplicate" if accepted.duplicate else "accepted"] += 1
+
     def as_dict(self) -> dict[str, int]:
         return dict(self._counts)
 
