@@ -21,10 +21,16 @@ def receiver() -> SubscriptionReceiver:
                                 replies=object())  # type: ignore[arg-type]
 
 
+_PAYLOADS: dict[int, bytes] = {}
+
+
 def park(r: SubscriptionReceiver, seq: int, size: int) -> None:
     reply = f"$JS.ACK.s.d.1.{seq}.{seq}.1700000000000000000.0"
+    # One payload per size, shared: only its length matters here, and fresh 25 MB
+    # copies for every park took most of the test's time and gigabytes of memory.
+    data = _PAYLOADS.setdefault(size, b"x" * size)
     r._park(Msg(_client=None, subject="vf.f.r.cam0", reply=reply,  # type: ignore[arg-type]
-                data=b"x" * size))
+                data=data))
 
 
 def test_small_messages_prefetch_the_whole_depth() -> None:
