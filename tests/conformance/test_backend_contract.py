@@ -265,6 +265,18 @@ def test_a_batch_of_settlements_gives_each_its_own_result(harness: Harness) -> N
                                                              SettleStale]
     with pytest.raises(TypeError, match="not a settle outcome"):
         backend.settle_async(d.token, "done", "x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not a settle outcome"):
+        backend.settle_many_async([(d.token, Completed(), "y"), (d.token, "done", "z")])  # type: ignore[list-item]
+
+    # settle_many_async: a receipt each, in order, each its own answer.
+    publish(harness, backend, b"e", b"f")
+    e, f = sorted(harness.receive_all(backend, 2, harness.wait),
+                  key=lambda delivery: delivery.stream_seq)
+    receipts = backend.settle_many_async([(e.token, Completed(), "y-e"),
+                                          (d.token, Completed(), "y-d"),
+                                          (f.token, Completed(), "y-f")])
+    assert [type(r.result(timeout=10)) for r in receipts] == [SettleConfirmed, SettleStale,
+                                                              SettleConfirmed]
     assert observed(backend, harness.sub).nothing_pending
     assert stored(harness, backend) == 0
 

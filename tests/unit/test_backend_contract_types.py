@@ -306,7 +306,7 @@ REFERENCE_MEMBERS = {
 DEFAULTED = {"budget_waits", "prefetched", "receive", "set_admission", "skipped", "supersede"}
 # Members the contract adds to the reference, each with a default built on a reference
 # member: the pipelined forms of settle and publish (issue 3, section 7).
-ADDITIONS = {"publish_async", "settle_async", "settle_many"}
+ADDITIONS = {"publish_async", "settle_async", "settle_many", "settle_many_async"}
 # Additions every adapter implements itself: the flow's dead-letter stream (STREAM-8),
 # which the reference's provisioning creates but no reference member binds.
 ABSTRACT_ADDITIONS = {"ensure_dead_letters"}

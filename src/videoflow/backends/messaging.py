@@ -460,6 +460,23 @@ class MessagingBackend(abc.ABC):
             raise TypeError(f"not a settle outcome: {outcome!r}")
         return Receipt(self.settle(token, outcome, settlement_id))
 
+    def settle_many_async(
+        self, settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]]
+    ) -> list[Receipt[SettleResult]]:
+        """settle_async for each of settlements (token, outcome, settlement_id), in
+        order, started together: an adapter that confirms a batch with one round trip
+        (settle_many) confirms these so too. The default starts each in turn.
+
+        Raises:
+            TypeError: an outcome is not Completed, Retry or Terminal (nothing is
+                started then).
+        """
+        for _, outcome, _ in settlements:
+            if not isinstance(outcome, (Completed, Retry, Terminal)):
+                raise TypeError(f"not a settle outcome: {outcome!r}")
+        return [self.settle_async(token, outcome, settlement_id)
+                for token, outcome, settlement_id in settlements]
+
     @abc.abstractmethod
     def renew(self, token: DeliveryToken) -> LeaseObservation:
         """Extend the lease of an unsettled delivery; a stale token is reported stale

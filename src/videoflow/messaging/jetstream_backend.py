@@ -157,16 +157,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class _QueuedSettlement:
-    """Settlements of one binding from one call, and the future that call waits on:
-    resolved to the list of results (settle_many) or to the only one (settle_async)."""
+    """Settlements of one binding from one call, and a receipt for each."""
 
     receiver: SubscriptionReceiver
     items: list[tuple[DeliveryToken, SettleOutcome, str]]
-    future: Receipt[Any]
-    many: bool
+    receipts: list[Receipt[SettleResult]]
 
     def resolve(self, results: list[SettleResult]) -> None:
-        self.future.set_result(results if self.many else results[0])  # the first holds
+        for receipt, result in zip(self.receipts, results, strict=True):
+            receipt.set_result(result)  # an answer already set holds
 
 
 def _resolve(queued: Sequence[_QueuedSettlement], result: SettleResult) -> None:
@@ -183,16 +182,14 @@ def _resolve_publications(queued: Sequence[_QueuedPublication], outcome: Publish
         receipt.set_result(outcome)  # a receipt answered already keeps its answer
 
 
-def _result_by(future: Receipt[Any], deadline: float,
-               many: int | None = None) -> Any:
-    """A queued settlement's result (a list of many results when many is given), or
-    SettleUnknown for each when the loop has not answered by the monotonic deadline
-    (its own bound answers first; this only catches a stuck loop)."""
+def _result_by(receipt: Receipt[SettleResult], deadline: float) -> SettleResult:
+    """A queued settlement's result, or SettleUnknown when the loop has not answered
+    by the monotonic deadline (its own bound answers first; this only catches a stuck
+    loop)."""
     try:
-        return future.result(timeout=max(deadline - time.monotonic(), 0.0))
+        return receipt.result(timeout=max(deadline - time.monotonic(), 0.0))
     except concurrent.futures.TimeoutError:
-        unknown = SettleUnknown("the backend's loop did not answer in time")
-        return unknown if many is None else [unknown] * many
+        return SettleUnknown("the backend's loop did not answer in time")
 
 
 class _Binding:
@@ -768,36 +765,52 @@ class JetStreamMessagingBackend(MessagingBackend):
         """Queue one settlement and return at once. Settlements queued while the loop is
         busy go out together: one wake-up of the loop for the lot, and per durable one
         write of every acknowledgement with one round trip to confirm them
-        (SubscriptionReceiver.settle_batch). The future always resolves, to what
+        (SubscriptionReceiver.settle_batch). The receipt always resolves, to what
         settle would return — SettleUnknown if the backend shuts down first.
 
         Raises:
             TypeError: outcome is not Completed, Retry or Terminal.
         """
-        receipt: Receipt[SettleResult] = Receipt()
-        self._enqueue([(token, outcome, settlement_id)], receipt, many=False)
-        return receipt
+        return self.settle_many_async([(token, outcome, settlement_id)])[0]
+
+    def settle_many_async(
+        self, settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]]
+    ) -> list[Receipt[SettleResult]]:
+        """Queue settlements and return at once, a receipt each (settle_async): one
+        entry per binding, so per durable one write and one confirming round trip
+        for the lot (SubscriptionReceiver.settle_batch).
+
+        Raises:
+            TypeError: an outcome is not Completed, Retry or Terminal (nothing is
+                queued then).
+        """
+        for _, outcome, _ in settlements:
+            if not isinstance(outcome, (Completed, Retry, Terminal)):
+                raise TypeError(f"not a settle outcome: {outcome!r}")
+        receipts: list[Receipt[SettleResult]] = [Receipt() for _ in settlements]
+        by_binding: dict[SubscriptionId, list[int]] = {}
+        for index, (token, _, _) in enumerate(settlements):
+            by_binding.setdefault(token.subscription, []).append(index)
+        for subscription, indexes in by_binding.items():
+            binding = self._bindings.get(subscription)
+            if binding is None:
+                for index in indexes:
+                    receipts[index].set_result(SettleStale("the subscription is not bound "
+                                                           "here"))
+                continue
+            self._settlements.put(_QueuedSettlement(
+                binding.receiver, [settlements[i] for i in indexes],
+                [receipts[i] for i in indexes]))
+        return receipts
 
     def settle_many(
         self, settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]]
     ) -> list[SettleResult]:
-        """Settle several deliveries with one wait: queued as one entry per binding (see
-        settle_async), so per durable one round trip for the whole batch."""
-        by_binding: dict[SubscriptionId, list[int]] = {}
-        for index, (token, _, _) in enumerate(settlements):
-            by_binding.setdefault(token.subscription, []).append(index)
-        waits: list[tuple[list[int], Receipt[list[SettleResult]]]] = []
-        for indexes in by_binding.values():
-            future: Receipt[list[SettleResult]] = Receipt()
-            self._enqueue([settlements[i] for i in indexes], future, many=True)
-            waits.append((indexes, future))
+        """Settle several deliveries with one wait (settle_many_async, waited for):
+        per durable one round trip for the whole batch."""
+        receipts = self.settle_many_async(settlements)
         deadline = time.monotonic() + self.ack_confirm_seconds + CALL_MARGIN_SECONDS
-        results: list[SettleResult] = [SettleStale()] * len(settlements)
-        for indexes, future in waits:
-            answered = _result_by(future, deadline, len(indexes))
-            for index, result in zip(indexes, answered, strict=True):
-                results[index] = result
-        return results
+        return [_result_by(receipt, deadline) for receipt in receipts]
 
     def settle(
         self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
@@ -806,23 +819,8 @@ class JetStreamMessagingBackend(MessagingBackend):
         binding does not hold live — nothing is sent (MSG-011); SettleConfirmed once
         the server replied; SettleUnknown otherwise (PAY-004). A confirmed Terminal
         clears that message's exhausted mark (MSG-012)."""
-        future = self.settle_async(token, outcome, settlement_id)
-        return _result_by(future, time.monotonic() + self.ack_confirm_seconds
-                          + CALL_MARGIN_SECONDS)
-
-    def _enqueue(self, items: list[tuple[DeliveryToken, SettleOutcome, str]],
-                 future: Receipt[Any], many: bool) -> None:
-        """Queue settlements of one subscription for the loop, waking it only when the
-        queue was idle: a burst of calls shares one wake-up."""
-        for _, outcome, _ in items:
-            if not isinstance(outcome, (Completed, Retry, Terminal)):
-                raise TypeError(f"not a settle outcome: {outcome!r}")
-        binding = self._bindings.get(items[0][0].subscription) if items else None
-        if binding is None:
-            stale = SettleStale("the subscription is not bound here")
-            future.set_result([stale] * len(items) if many else stale)
-            return
-        self._settlements.put(_QueuedSettlement(binding.receiver, items, future, many))
+        return _result_by(self.settle_async(token, outcome, settlement_id),
+                          time.monotonic() + self.ack_confirm_seconds + CALL_MARGIN_SECONDS)
 
     def _drain_settlements(self, queued: list[_QueuedSettlement]) -> None:
         """On the loop: settle everything queued, one batch per binding."""

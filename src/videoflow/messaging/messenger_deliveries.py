@@ -114,6 +114,12 @@ class _ParentEnd:
     last_data: float = 0.0
 
 
+SETTLE_BATCH: Final = 64
+"""Completed settlements gathered at most before they are sent (send_completed)."""
+
+_COMPLETED: Final = Completed()
+
+
 class Deliveries:
     """One node's deliveries: which it holds, how each is settled or given up, what
     was dropped, and each parent's end (see the module docstring).
@@ -153,7 +159,9 @@ class Deliveries:
         self.unconfirmed_acks = 0  # acks the broker did not confirm (redelivered later)
         self._counted: set[str] = set()  # inputs whose failures this process counted
         self._to_settle: list[tuple[Delivery, SettleOutcome]] = []
-        # Completed settlements in flight, oldest first (complete_later).
+        # Completed settlements not sent yet, and in flight, oldest first
+        # (complete_later, send_completed).
+        self._unsent: list[tuple[Held, tuple[DeliveryToken, SettleOutcome, str]]] = []
         self._settling: deque[tuple[Held, Receipt[SettleResult]]] = deque()
         self._ends: dict[str, _ParentEnd] = {p: _ParentEnd() for p in self.parent_names}
         # Deliveries of each parent the messenger holds unsettled (in the assembler or
@@ -192,13 +200,28 @@ class Deliveries:
                 if counted in self._counted:  # it failed before: its count is done with
                     self._counted.discard(counted)
                     self.runtime.clear_attempts(counted)
-            self._settling.append((handle, self.backend.settle_async(
-                handle.delivery.token, Completed(), f"ack:{key}:{index}")))
+            self._unsent.append((handle, (handle.delivery.token, _COMPLETED,
+                                          f"ack:{key}:{index}")))
+        if len(self._unsent) >= SETTLE_BATCH or any(h.blob_ref is not None for h in handles):
+            # A payload held by ref is released only once its ack is confirmed: a
+            # frame's memory is worth a round trip of its own.
+            self.send_completed()
+
+    def send_completed(self) -> None:
+        """Send the Completed settlements complete_later gathered, as one batch: the
+        groups of a burst resolve one by one, and one batch costs one confirming round
+        trip where one settlement each cost one each. The messenger sends them before
+        it waits for input, so none waits longer than the task's next receive."""
+        if not self._unsent:
+            return
+        unsent, self._unsent = self._unsent, []
+        receipts = self.backend.settle_many_async([settlement for _, settlement in unsent])
+        self._settling.extend(zip([handle for handle, _ in unsent], receipts, strict=True))
 
     @property
     def settling(self) -> int:
         """Completed settlements started and not yet answered."""
-        return len(self._settling)
+        return len(self._settling) + len(self._unsent)
 
     def collect_settled(self, wait: bool) -> None:
         """Read the answers of the Completed settlements started so far, oldest first:
@@ -209,6 +232,8 @@ class Deliveries:
             wait: wait for every answer (the backend bounds each); otherwise stop at
                 the first one not yet in.
         """
+        if wait:
+            self.send_completed()
         settling = self._settling
         while settling:
             handle, future = settling[0]
@@ -363,4 +388,4 @@ class Deliveries:
         return entries
 
 
-__all__ = ["DROP_REASONS", "Deliveries", "Held", "end_entry", "end_marker"]
+__all__ = ["DROP_REASONS", "SETTLE_BATCH", "Deliveries", "Held", "end_entry", "end_marker"]

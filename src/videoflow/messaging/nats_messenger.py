@@ -760,6 +760,7 @@ class NATSMessenger(Messenger):
         self.reconciled += self.payloads.reconcile()  # PAY-006, at most once per ack_wait
         window = self.window
         window.advance()
+        self.deliveries.send_completed()  # the groups resolved since the last wait, at once
         poll = WINDOW_POLL_SECONDS if window.in_flight or self.deliveries.settling else POLL_SECONDS
         got = self.backend.receive_any(self._all_subs, RECEIVE_BATCH, 0,
                                        time.monotonic() + poll)
