@@ -285,6 +285,7 @@ class JetStreamMessagingBackend(MessagingBackend):
         # receive_any on the caller's thread: a wait costs no call onto the loop.
         self._arrivals = threading.Condition(threading.Lock())
         self._arrived = 0
+        self._ring_scheduled = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -708,6 +709,15 @@ class JetStreamMessagingBackend(MessagingBackend):
                     arrivals.wait(remaining)
 
     def _ring(self) -> None:
+        # On the loop, for each delivery parked. The waiter is woken once the read loop
+        # has parked everything the bytes just read held, not once per delivery: a
+        # wake-up per delivery handed the interpreter back and forth per message.
+        if not self._ring_scheduled:
+            self._ring_scheduled = True
+            asyncio.get_running_loop().call_soon(self._ring_now)
+
+    def _ring_now(self) -> None:
+        self._ring_scheduled = False
         with self._arrivals:
             self._arrived += 1
             self._arrivals.notify_all()
