@@ -17,10 +17,14 @@ What the contract buys, concretely:
   server's reply, as ack_sync is, and reports SettleUnknown when the acknowledgement
   is not confirmed within the timeout (PAY-004). Terminal requires a durable record
   reference (DELIV-15).
-- Settlement and publication are pipelined (settle_async, settle_many, publish_async):
-  calls made while the loop is busy go out on one wake-up, a run of acknowledgements
-  of one durable is confirmed by one request (jetstream_settle), and publications are
-  all in flight at once, each receipt typed on its own.
+- Settlement and publication are pipelined (settle_async, settle_many_async,
+  settle_many, publish_async): calls made while the loop is busy go out on one
+  wake-up (shared by both), a run of acknowledgements of one durable is confirmed by
+  one request (jetstream_settle), and publications are all in flight at once, each
+  Receipt filled in as its own PubAck arrives.
+- Receiving costs the caller no call onto the loop: deliveries are parked by the
+  inbox handler inside nats-py's read loop (jetstream_settle.subscribe_inline), and
+  receive_any takes them from the caller's thread and waits on their arrival.
 - Publication outcomes are typed (MSG-013, MSG-014); observe_publication resolves an
   unknown send by an idempotent re-publish inside the stream's duplicate window.
 - Observations distinguish zero from unknown, and unresolved counts the server's
