@@ -103,6 +103,7 @@ __all__ = [
     "PublicationUnresolvable",
     "PublishOutcome",
     "Receipt",
+    "require_settle_outcomes",
     "Rejected",
     "Retry",
     "SettleConfirmed",
@@ -120,6 +121,20 @@ __all__ = [
     "VerifiedChannel",
     "VerifiedSubscription",
 ]
+
+
+def require_settle_outcomes(
+    settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]]
+) -> None:
+    """Refuse a batch of settlements holding anything but Completed, Retry or Terminal,
+    before any of it is started.
+
+    Raises:
+        TypeError: naming the first outcome that is none of them.
+    """
+    for _, outcome, _ in settlements:
+        if not isinstance(outcome, (Completed, Retry, Terminal)):
+            raise TypeError(f"not a settle outcome: {outcome!r}")
 
 
 _WAITER_LOCK = threading.Lock()
@@ -456,8 +471,7 @@ class MessagingBackend(abc.ABC):
         Raises:
             TypeError: outcome is not Completed, Retry or Terminal.
         """
-        if not isinstance(outcome, (Completed, Retry, Terminal)):
-            raise TypeError(f"not a settle outcome: {outcome!r}")
+        require_settle_outcomes([(token, outcome, settlement_id)])
         return Receipt(self.settle(token, outcome, settlement_id))
 
     def settle_many_async(
@@ -471,9 +485,7 @@ class MessagingBackend(abc.ABC):
             TypeError: an outcome is not Completed, Retry or Terminal (nothing is
                 started then).
         """
-        for _, outcome, _ in settlements:
-            if not isinstance(outcome, (Completed, Retry, Terminal)):
-                raise TypeError(f"not a settle outcome: {outcome!r}")
+        require_settle_outcomes(settlements)
         return [self.settle_async(token, outcome, settlement_id)
                 for token, outcome, settlement_id in settlements]
 

@@ -66,7 +66,6 @@ from videoflow.backends.messaging import (
     ChannelObservation,
     ChannelSpec,
     CleanupObservation,
-    Completed,
     Delivery,
     DeliveryToken,
     Envelope,
@@ -78,7 +77,6 @@ from videoflow.backends.messaging import (
     PublishOutcome,
     Receipt,
     Rejected,
-    Retry,
     SettleConfirmed,
     SettleOutcome,
     SettleResult,
@@ -92,6 +90,7 @@ from videoflow.backends.messaging import (
     UnobservableState,
     VerifiedChannel,
     VerifiedSubscription,
+    require_settle_outcomes,
 )
 from videoflow.messaging.jetstream_loop import (
     ErrorLog,
@@ -798,9 +797,7 @@ class JetStreamMessagingBackend(MessagingBackend):
             TypeError: an outcome is not Completed, Retry or Terminal (nothing is
                 queued then).
         """
-        for _, outcome, _ in settlements:
-            if not isinstance(outcome, (Completed, Retry, Terminal)):
-                raise TypeError(f"not a settle outcome: {outcome!r}")
+        require_settle_outcomes(settlements)
         receipts: list[Receipt[SettleResult]] = [Receipt() for _ in settlements]
         by_binding: dict[SubscriptionId, list[int]] = {}
         for index, (token, _, _) in enumerate(settlements):
