@@ -14,19 +14,21 @@ from nats.aio.msg import Msg
 from videoflow.messaging.jetstream_settle import ReplyMux
 
 
-async def _echo(client: Client) -> None:
+async def echoing_mux(client: Client) -> ReplyMux:
+    """A started reply inbox on client, and a responder on "echo" answering re:<data>."""
     async def answer(msg: Msg) -> None:
         await client.publish(msg.reply, b"re:" + msg.data)
 
     await client.subscribe("echo", cb=answer)
     await client.flush()
+    mux = ReplyMux(client)
+    await mux.start()
+    return mux
 
 
 @pytest.mark.asyncio
 async def test_replies_reach_callbacks_and_futures(nats_client: Client) -> None:
-    await _echo(nats_client)
-    mux = ReplyMux(nats_client)
-    await mux.start()
+    mux = await echoing_mux(nats_client)
     got: list[bytes] = []
     done = asyncio.get_running_loop().create_future()
 
@@ -48,9 +50,7 @@ async def test_replies_reach_callbacks_and_futures(nats_client: Client) -> None:
 @pytest.mark.asyncio
 async def test_a_failing_handler_is_logged_and_the_connection_lives(
         nats_client: Client, caplog: pytest.LogCaptureFixture) -> None:
-    await _echo(nats_client)
-    mux = ReplyMux(nats_client)
-    await mux.start()
+    mux = await echoing_mux(nats_client)
 
     def broken(_msg: Msg) -> None:
         raise RuntimeError("handler bug")
@@ -66,9 +66,7 @@ async def test_a_failing_handler_is_logged_and_the_connection_lives(
 
 @pytest.mark.asyncio
 async def test_an_abandoned_reply_is_dropped(nats_client: Client) -> None:
-    await _echo(nats_client)
-    mux = ReplyMux(nats_client)
-    await mux.start()
+    mux = await echoing_mux(nats_client)
     called: list[Msg] = []
     subject = mux.expect_call(called.append)
     mux.abandon(subject)

@@ -855,6 +855,7 @@ _FIXED = dict(producer_name="cam", flow_id="f", run_id="r", replica_id=2)
         dict(metadata={"k": 1}, event_ts=12.5, partition_key="left"),
         dict(event_ts=3),  # an int time takes the checked path, accepted as before
         dict(metadata=None, event_ts=None, partition_key=(1, 2)),
+        dict(blob_ref="store/abc", event_ts=1.5),
     ],
 )
 def test_output_encoder_writes_what_encode_envelope_writes(fields: dict[str, Any]) -> None:
@@ -870,6 +871,7 @@ def test_output_encoder_writes_what_encode_envelope_writes(fields: dict[str, Any
         (dict(metadata=[1]), "'metadata' must be dict | None, got list"),
         (dict(event_ts="now"), "'event_ts' must be float | int | None, got str"),
         (dict(event_ts=True), "'event_ts' must be float | int | None, got bool"),
+        (dict(blob_ref=5), "'blob_ref' must be str | None, got int"),
     ],
 )
 def test_output_encoder_refuses_what_encode_envelope_refuses(

@@ -43,7 +43,8 @@ NO_RESPONDERS_STATUS = "503"
 
 
 class ReplyMux:
-    """Replies to this connection's settlement requests, by reply subject.
+    """Replies to this connection's requests (settlements, publications), by reply
+    subject: each reply goes to the callback, or the future, that expected it.
 
     Arguments:
         client: the connection every request is written on.
@@ -53,7 +54,6 @@ class ReplyMux:
         self.client = client
         self._prefix = ""
         self._subscribing: asyncio.Future[None] | None = None
-        self._waiting: dict[str, asyncio.Future[Msg]] = {}
         self._calls: dict[str, Callable[[Msg], None]] = {}
         self._counter = itertools.count()
 
@@ -84,10 +84,13 @@ class ReplyMux:
 
     def expect(self) -> tuple[str, asyncio.Future[Msg]]:
         """A fresh reply subject and the future its reply resolves (start first)."""
-        key = str(next(self._counter))
         future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        self._waiting[key] = future
-        return self._prefix + key, future
+
+        def resolve(msg: Msg) -> None:
+            if not future.done():
+                future.set_result(msg)
+
+        return self.expect_call(resolve), future
 
     def expect_call(self, on_reply: Callable[[Msg], None]) -> str:
         """A fresh reply subject whose reply is handed to on_reply, on the loop, once
@@ -99,23 +102,17 @@ class ReplyMux:
 
     def abandon(self, subject: str) -> None:
         """Stop waiting for subject's reply (timed out or never sent)."""
-        key = subject[len(self._prefix):]
-        if self._waiting.pop(key, None) is None:
-            self._calls.pop(key, None)
+        self._calls.pop(subject[len(self._prefix):], None)
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting) + len(self._calls)
+        return len(self._calls)
 
     def _dispatch(self, msg: Msg) -> None:
-        key = msg.subject[len(self._prefix):]
-        on_reply = self._calls.pop(key, None)
+        on_reply = self._calls.pop(msg.subject[len(self._prefix):], None)
         if on_reply is not None:
             on_reply(msg)
-            return
-        future = self._waiting.pop(key, None)
-        if future is not None and not future.done():
-            future.set_result(msg)
+
 
 async def subscribe_inline(client: Client, subject: str,
                            handler: Callable[[Msg], None]) -> Subscription:

@@ -189,12 +189,8 @@ class PublishWindow:
         """
         groups = self._groups
         while groups:
-            if not wait:
-                outputs = groups[0].outputs
-                if outputs and not outputs[-1].receipt.done():
-                    break  # receipts come back in order, the last one most often late
-                if not all(output.receipt.done() for output in outputs):
-                    break
+            if not wait and not all(output.receipt.done() for output in groups[0].outputs):
+                break
             self._resolve_oldest()
         self.deliveries.collect_settled(wait=False)
 
@@ -250,15 +246,11 @@ class PublishWindow:
     def _resolve(self, output: _Output) -> PublicationFailed | None:
         """Settle one output's fate: None once it is accepted or (REALTIME) dropped and
         counted, else the failure of its group."""
-        receipt = output.receipt
-        if receipt.done():
-            first = receipt.result()
-        else:
-            wait = max(output.deadline - time.monotonic(), 0.0) + ATTEMPT_SECONDS
-            try:
-                first = receipt.result(timeout=wait)
-            except concurrent.futures.TimeoutError:
-                first = PublicationUnknown("the backend did not answer before the deadline")
+        wait = max(output.deadline - time.monotonic(), 0.0) + ATTEMPT_SECONDS
+        try:
+            first = output.receipt.result(timeout=wait)
+        except concurrent.futures.TimeoutError:
+            first = PublicationUnknown("the backend did not answer before the deadline")
         if first.__class__ is Accepted:  # the usual case, kept short
             self.stats.count_accepted(first)
             if output.on_accepted is not None:

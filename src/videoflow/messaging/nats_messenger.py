@@ -101,9 +101,12 @@ from videoflow.wire.serialization import (
     BlobStore,
     OutputEncoder,
     decode_envelope,
-    encode_envelope,
     encode_message,
 )
+
+_Header = tuple[str, int, "dict[str, Any] | None", "float | None", Any]
+"""An output's own envelope fields, in OutputEncoder.encode's order: trace_id, seq,
+metadata, event_ts, partition_key."""
 
 POLL_SECONDS: Final = 0.05
 """How long one receive waits before the loop looks at timeouts and drains again."""
@@ -528,11 +531,8 @@ class NATSMessenger(Messenger):
             self.window.send(Envelope(self.channel, "data", data, msg_id), self.flow_type,
                              on_accepted=on_accepted)
         else:
-            fields = dict(trace_id=trace_id, seq=seq, metadata=metadata,
-                          producer_name=self.node_name, flow_id=self.flow_id,
-                          run_id=self.run_id, replica_id=self.replica_id, event_ts=event_ts,
-                          partition_key=partition_key)
-            self._publish_by_ref(message, fields, msg_id, on_accepted)
+            self._publish_by_ref(message, (trace_id, seq, metadata, event_ts, partition_key),
+                                 msg_id, on_accepted)
         if pending_state is not None:
             self.window.resolve_current()
             self._commit_offset(force=True)
@@ -571,7 +571,7 @@ class NATSMessenger(Messenger):
             self._inline_limit = inline_threshold(max_payload.value)
         return self._inline_limit
 
-    def _publish_by_ref(self, message: Any, fields: dict[str, Any], msg_id: str,
+    def _publish_by_ref(self, message: Any, header: _Header, msg_id: str,
                         on_accepted: Callable[[Accepted], None] | None) -> None:
         """Put the message in the store (MessengerPayloads.put), publish the envelope
         carrying its ref, and resolve the put by the outcome: its intent released once
@@ -582,7 +582,7 @@ class NATSMessenger(Messenger):
             raise PublicationFailed(f"{self.node_name}: an output over the inline limit "
                                     "needs blob_reader_ids (whose reads it must outlive)")
         ref = self.payloads.put(message, msg_id)
-        data = encode_envelope(None, blob_ref=ref, **fields)
+        data = self._encoder.encode(None, *header, blob_ref=ref)  # header: as publish_message's
 
         def accepted(outcome: Accepted) -> None:
             self.payloads.accepted(ref, msg_id, outcome.stream_seq)

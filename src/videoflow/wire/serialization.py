@@ -514,23 +514,25 @@ class OutputEncoder:
 
     def encode(self, message: Any, trace_id: str, seq: int,
                metadata: dict[str, Any] | None = None, event_ts: float | None = None,
-               partition_key: Any = None) -> bytes:
-        """The msgpack bytes of a v3 data envelope carrying message.
+               partition_key: Any = None, blob_ref: str | None = None) -> bytes:
+        """The msgpack bytes of a v3 data envelope carrying message (None when the
+        payload travels by ref, blob_ref).
 
         Raises:
             TypeError / OverflowError: as encode_envelope.
         """
         if (trace_id.__class__ is not str or seq.__class__ is not int
                 or (metadata is not None and metadata.__class__ is not dict)
-                or (event_ts is not None and event_ts.__class__ is not float)):
+                or (event_ts is not None and event_ts.__class__ is not float)
+                or (blob_ref is not None and blob_ref.__class__ is not str)):
             # The unusual cases (subclasses, ints as times, wrong types) take the
             # checked path, which accepts or refuses them exactly as it always has.
             return encode_envelope(message, trace_id=trace_id, seq=seq, metadata=metadata,
                                    event_ts=event_ts, partition_key=partition_key,
-                                   **self._fixed)
+                                   blob_ref=blob_ref, **self._fixed)
         return _encoder.encode(_EnvelopeV3(trace_id, seq, message, metadata, False,
                                            event_ts=event_ts, partition_key=partition_key,
-                                           **self._fixed))
+                                           blob_ref=blob_ref, **self._fixed))
 
 
 def decode_envelope(data: bytes | bytearray | memoryview) -> dict[str, Any]:
