@@ -27,6 +27,7 @@ from videoflow.backends.messaging import (
     SubscriptionId,
 )
 from videoflow.core.constants import BATCH, REALTIME
+from videoflow.messaging.credit import PRODUCER_WINDOW, WINDOW_GROUPS
 from videoflow.messaging.nats_messenger import NATSMessenger
 
 __all__ = ["flows"]  # the fixture, imported for the tests below
@@ -141,6 +142,23 @@ def test_outputs_reach_their_stream_in_the_order_the_node_made_them(flows) -> No
             backend.release()
     cam.publish_stop_signal()
     assert stream_messages(flow, "cam") == list(range(200))
+
+
+def test_a_producer_keeps_more_outputs_in_flight_than_a_processor_keeps_groups(flows) -> None:  # type: ignore[no-untyped-def]
+    # A producer's groups are single outputs: its window covers a PubAck round trip at
+    # its own rate (PRODUCER_WINDOW); a node with inputs holds WINDOW_GROUPS groups.
+    flow = flows({"cam": [], "sink": ["cam"]})
+    cam, backend = held_messenger(flow, "cam")
+    assert cam.window.max_groups == PRODUCER_WINDOW > WINDOW_GROUPS
+    for i in range(PRODUCER_WINDOW):
+        cam.publish_message(i)
+    assert cam.window.in_flight == PRODUCER_WINDOW  # none waited for a receipt
+    backend.release()
+    cam.publish_stop_signal()
+    sink = flow.messenger("sink")
+    assert sink.window.max_groups == WINDOW_GROUPS
+    *groups, _ = run_sink(sink, lambda inputs: None)
+    assert [g["cam"]["message"] for g in groups] == list(range(PRODUCER_WINDOW))
 
 
 def test_the_window_waits_for_its_oldest_group_when_full(flows) -> None:  # type: ignore[no-untyped-def]

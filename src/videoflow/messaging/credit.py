@@ -25,6 +25,11 @@ WINDOW_GROUPS: Final = 64
 """Input groups one replica keeps in flight after processing them -- outputs being
 confirmed, inputs not yet settled (videoflow.messaging.messenger_window)."""
 
+PRODUCER_WINDOW: Final = 4 * WINDOW_GROUPS
+"""Outputs a producer keeps in flight. Its groups are single outputs with no inputs to
+hold, and at the rate a producer publishes, 64 of them are sent in less than one PubAck
+round trip: the task then waits on its oldest receipt instead of producing."""
+
 RECEIVE_PREFETCH: Final = 64
 """Deliveries a node replica's backend parks per subscription: its pull requests ask
 for up to this many at once, and the task takes everything ready in one hand-off. At

@@ -79,7 +79,9 @@ from videoflow.core.engine import (
 from videoflow.core.runtime import FlowRuntime
 from videoflow.errors import DurabilityUnavailable, WireError
 from videoflow.messaging.credit import (
+    PRODUCER_WINDOW,
     RECEIVE_PREFETCH,
+    WINDOW_GROUPS,
     effective_delivery_policy,
     effective_join_policy,
     max_deliver_for,
@@ -321,7 +323,8 @@ class NATSMessenger(Messenger):
         self.failed_publications = 0  # input groups failed because an output was not
         self.window = PublishWindow(
             self.node_name, backend, self.deliveries, self.publication_stats_counter,
-            ack_wait, on_failed=self._publication_failed)
+            ack_wait, on_failed=self._publication_failed,
+            max_groups=WINDOW_GROUPS if self.parent_names else PRODUCER_WINDOW)
         self._confirmed_offset = self._source_offset  # MSGID-6: the last accepted one
         self._committed_offset = self._source_offset
         self._offset_committed_at = 0.0
