@@ -22,7 +22,9 @@ from videoflow.backends.messaging import (
     ChannelId,
     Envelope,
     Known,
+    PublicationUnknown,
     PublishOutcome,
+    Receipt,
     Rejected,
     SubscriptionId,
 )
@@ -159,6 +161,62 @@ def test_a_producer_keeps_more_outputs_in_flight_than_a_processor_keeps_groups(f
     assert sink.window.max_groups == WINDOW_GROUPS
     *groups, _ = run_sink(sink, lambda inputs: None)
     assert [g["cam"]["message"] for g in groups] == list(range(PRODUCER_WINDOW))
+
+
+class LostReceipts(MemoryMessagingBackend):
+    """A stalled broker: pipelined publishes are held until lose_all() answers every
+    receipt unknown, nothing stored; observing one stores it, after a round trip."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lock = threading.Lock()
+        self.held: list[Receipt[PublishOutcome]] = []
+        self.observing = 0
+        self.most_at_once = 0
+        self.observed: list[str] = []
+
+    def publish_async(self, envelope: Envelope, deadline: float) -> Receipt[PublishOutcome]:
+        receipt: Receipt[PublishOutcome] = Receipt()
+        self.held.append(receipt)
+        return receipt
+
+    def lose_all(self) -> None:
+        for receipt in self.held:
+            receipt.set_result(PublicationUnknown("no PubAck before the deadline"))
+
+    def observe_publication(self, envelope: Envelope) -> PublishOutcome:
+        with self.lock:
+            self.observing += 1
+            self.most_at_once = max(self.most_at_once, self.observing)
+            self.observed.append(envelope.msg_id or "")
+        time.sleep(0.02)
+        try:
+            return super().observe_publication(envelope)
+        finally:
+            with self.lock:
+                self.observing -= 1
+
+
+def test_unknown_outcomes_across_the_window_are_asked_after_together(flows) -> None:  # type: ignore[no-untyped-def]
+    # One ladder after another (a backoff and a round trip each) let the outputs at
+    # the back of a producer's window outlive their deadlines after a broker stall.
+    flow = flows({"cam": [], "sink": ["cam"]})
+    backend = LostReceipts(flow.broker, flow_id=FLOW, run_id=RUN)
+    backend.start()
+    cam = NATSMessenger(type("N", (), {"name": "cam"})(), [], "nats://unused", FLOW,
+                        flow.flow_type, RUN, backend=backend)
+    flow.made.append(cam)
+    for i in range(100):
+        cam.publish_message(i)
+    assert cam.window.in_flight == 100
+    backend.lose_all()
+    cam.drain()
+    assert len(backend.observed) == len(set(backend.observed)) == 100  # each asked once
+    assert backend.most_at_once > 1
+    assert cam.publication_stats["accepted"] == 100
+    backend.publish_async = super(LostReceipts, backend).publish_async  # type: ignore[method-assign]
+    cam.publish_stop_signal()
+    assert sorted(stream_messages(flow, "cam")) == list(range(100))
 
 
 def test_the_window_waits_for_its_oldest_group_when_full(flows) -> None:  # type: ignore[no-untyped-def]

@@ -58,6 +58,9 @@ from videoflow.messaging.publication import (
 WINDOW_BYTES: Final = 64 * 1024 * 1024
 """About the most envelope bytes one replica keeps in flight unconfirmed."""
 
+REASK_WIDTH: Final = 16
+"""How many unknown outcomes the window asks after at once (_ask_after_unknowns)."""
+
 
 class PublicationFailed(VideoflowError):
     """An output could not be published (refused for good, or still unknown at the
@@ -217,7 +220,7 @@ class PublishWindow:
         outputs, self._current = self._current, []
         failure: PublicationFailed | None = None
         for output in outputs:
-            error = self._resolve(output)
+            error = self._resolve(output, outputs)
             if error is not None and failure is None:
                 failure = error
         if failure is not None:
@@ -228,7 +231,7 @@ class PublishWindow:
         self._bytes -= group.size
         failure: PublicationFailed | None = None
         for output in group.outputs:
-            error = self._resolve(output)
+            error = self._resolve(output, group.outputs)
             if error is not None and failure is None:
                 failure = error
         if failure is None:
@@ -243,9 +246,10 @@ class PublishWindow:
             self.on_failed(failure)
         self.deliveries.fail(group.handles, failure)
 
-    def _resolve(self, output: _Output) -> PublicationFailed | None:
+    def _resolve(self, output: _Output, siblings: Sequence[_Output]) -> PublicationFailed | None:
         """Settle one output's fate: None once it is accepted or (REALTIME) dropped and
-        counted, else the failure of its group."""
+        counted, else the failure of its group (siblings: the outputs of its group,
+        no longer in the window)."""
         wait = max(output.deadline - time.monotonic(), 0.0) + ATTEMPT_SECONDS
         try:
             first = output.receipt.result(timeout=wait)
@@ -256,6 +260,10 @@ class PublishWindow:
             if output.on_accepted is not None:
                 output.on_accepted(first)
             return None
+        if isinstance(first, PublicationUnknown) and output.deadline > time.monotonic():
+            first = self.backend.observe_publication(output.envelope)
+            if not isinstance(first, PublicationUnknown):
+                self._ask_after_unknowns(output, siblings)
         published = publish_until_known(self.backend, output.envelope, output.flow_type,
                                         output.deadline, first=first)
         self.stats.count(published)
@@ -275,4 +283,25 @@ class PublishWindow:
                                  f"not published: {outcome}", refused=refused)
 
 
-__all__ = ["WINDOW_BYTES", "WINDOW_GROUPS", "PublicationFailed", "PublishWindow"]
+    def _ask_after_unknowns(self, known: _Output, siblings: Sequence[_Output]) -> None:
+        """The broker answered about `known` after its receipt came back unknown: every
+        other output in the window whose receipt is unknown too (the same stall, the
+        same lost connection) is asked after now, REASK_WIDTH at a time, and its ladder
+        goes on from that answer. One ladder after another each waited its backoff and
+        a round trip: a producer's window of a thousand outlived its deadlines."""
+        now = time.monotonic()
+        unknown = [output for output in (*siblings, *(o for g in self._groups for o in g.outputs),
+                                         *self._current)
+                   if output is not known and output.deadline > now and output.receipt.done()
+                   and isinstance(output.receipt.result(), PublicationUnknown)]
+        if not unknown:
+            return
+        with concurrent.futures.ThreadPoolExecutor(
+                min(REASK_WIDTH, len(unknown)), thread_name_prefix="videoflow-reask") as pool:
+            answers = list(pool.map(
+                lambda output: self.backend.observe_publication(output.envelope), unknown))
+        for output, answer in zip(unknown, answers, strict=True):
+            output.receipt = Receipt(answer)
+
+
+__all__ = ["REASK_WIDTH", "WINDOW_BYTES", "WINDOW_GROUPS", "PublicationFailed", "PublishWindow"]
