@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -20,15 +21,20 @@ from test_nats_messenger import FAST_RETRIES, FLOW, RUN, Flow, flows, run_produc
 from videoflow.backends.memory import MemoryMessagingBackend
 from videoflow.backends.messaging import (
     ChannelId,
+    DeliveryToken,
     Envelope,
     Known,
     PublicationUnknown,
     PublishOutcome,
     Receipt,
     Rejected,
+    SettleOutcome,
+    SettleResult,
     SubscriptionId,
 )
 from videoflow.core.constants import BATCH, REALTIME
+from videoflow.core.runtime import FlowRuntime
+from videoflow.core.runtime_store import MemoryRuntimeStore
 from videoflow.messaging.credit import PRODUCER_WINDOW, WINDOW_GROUPS
 from videoflow.messaging.nats_messenger import NATSMessenger
 
@@ -233,6 +239,67 @@ def test_the_window_waits_for_its_oldest_group_when_full(flows) -> None:  # type
     releaser.join()
     cam.publish_stop_signal()
     assert stream_messages(flow, "cam") == ["a", "b", "c"]
+
+
+class HeldSettlements(MemoryMessagingBackend):
+    """Settlements started without waiting are applied, and their receipts answered,
+    only on release()."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lock = threading.Lock()
+        self.holding = True
+        self.held: list[tuple[Sequence[tuple[DeliveryToken, SettleOutcome, str]],
+                              list[Receipt[SettleResult]]]] = []
+
+    def settle_many_async(self, settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]],
+                          ) -> list[Receipt[SettleResult]]:
+        with self.lock:
+            if self.holding:
+                receipts: list[Receipt[SettleResult]] = [Receipt() for _ in settlements]
+                self.held.append((settlements, receipts))
+                return receipts
+        return super().settle_many_async(settlements)
+
+    def release(self) -> None:
+        with self.lock:
+            held, self.held, self.holding = self.held, [], False
+        for settlements, receipts in held:
+            for receipt, result in zip(receipts, self.settle_many(settlements), strict=True):
+                receipt.set_result(result)
+
+
+class SharedLedger(MemoryRuntimeStore):
+    """A ledger that says it outlives the process, so the messenger accepts a
+    checkpoint on it: where the record lives is not what the test below is about."""
+
+    def durable_shared(self) -> bool:
+        return True
+
+
+def test_a_checkpoint_is_written_only_once_the_groups_before_it_are_settled(flows) -> None:  # type: ignore[no-untyped-def]
+    # RUN-022: a replacement must not see again what the committed state holds, so a
+    # sink's checkpoint waits until the settlements of its earlier groups are confirmed.
+    flow = flows({"cam": [], "sink": ["cam"]})
+    run_producer(flow.messenger("cam"), [1, 2, 3])
+    backend = HeldSettlements(flow.broker, flow_id=FLOW, run_id=RUN)
+    backend.start()
+    sink = NATSMessenger(type("N", (), {"name": "sink"})(), flow.edges["sink"],
+                         "nats://unused", FLOW, flow.flow_type, RUN, backend=backend,
+                         runtime=FlowRuntime(SharedLedger(), FLOW, RUN, "sink"))
+    flow.made.append(sink)
+    for _ in range(2):
+        sink.receive_message()
+        sink.ack_inputs()
+    sink.receive_message()  # the third group, which the checkpoint covers
+    releaser = threading.Timer(0.3, backend.release)
+    started = time.monotonic()
+    releaser.start()
+    sink.checkpoint(b"state")
+    assert time.monotonic() - started >= 0.25  # it waited for the first two to settle
+    releaser.join()
+    assert leased(flow, "sink", "cam") == 1  # only the group the checkpoint covers
+    assert sink.restore_checkpoint() == b"state"
 
 
 def test_an_end_marker_waits_for_every_output_in_flight(flows) -> None:  # type: ignore[no-untyped-def]

@@ -282,7 +282,6 @@ class PublishWindow:
         return PublicationFailed(f"{self.node_name}: {envelope.kind} {envelope.msg_id} was "
                                  f"not published: {outcome}", refused=refused)
 
-
     def _ask_after_unknowns(self, known: _Output, siblings: Sequence[_Output]) -> None:
         """The broker answered about `known` after its receipt came back unknown: every
         other output in the window whose receipt is unknown too (the same stall, the
@@ -290,8 +289,8 @@ class PublishWindow:
         goes on from that answer. One ladder after another each waited its backoff and
         a round trip: a producer's window of a thousand outlived its deadlines."""
         now = time.monotonic()
-        unknown = [output for output in (*siblings, *(o for g in self._groups for o in g.outputs),
-                                         *self._current)
+        held = (*siblings, *(o for group in self._groups for o in group.outputs), *self._current)
+        unknown = [output for output in held
                    if output is not known and output.deadline > now and output.receipt.done()
                    and isinstance(output.receipt.result(), PublicationUnknown)]
         if not unknown:
