@@ -295,10 +295,17 @@ class PublishWindow:
                    and isinstance(output.receipt.result(), PublicationUnknown)]
         if not unknown:
             return
+
+        def ask(output: _Output) -> PublishOutcome:
+            # Past its deadline by its turn (the broker stalled again): left unknown,
+            # so the re-ask ends soon after the last deadline, not ask after ask.
+            if output.deadline <= time.monotonic():
+                return output.receipt.result()
+            return self.backend.observe_publication(output.envelope)
+
         with concurrent.futures.ThreadPoolExecutor(
                 min(REASK_WIDTH, len(unknown)), thread_name_prefix="videoflow-reask") as pool:
-            answers = list(pool.map(
-                lambda output: self.backend.observe_publication(output.envelope), unknown))
+            answers = list(pool.map(ask, unknown))
         for output, answer in zip(unknown, answers, strict=True):
             output.receipt = Receipt(answer)
 
