@@ -34,8 +34,8 @@ cameras but one (at least one): one missing frame still yields a group, two do n
 An instant with fewer frames than the quorum is dropped by the join and counted
 (``join_evicted``, one per frame); the demo predicts those counts from the seed.
 
-Exit code 0 when the run completed and every group is correct, 1 otherwise, 2 for
-bad options.
+Exit code 0 when the run completed, every group is correct and every group the seed
+predicts was fused, 1 otherwise, 2 for bad options.
 """
 
 from __future__ import annotations
@@ -379,8 +379,11 @@ class DemoResult:
 
     @property
     def ok(self) -> bool:
-        """The run completed and every group holds one capture instant."""
-        return self.report.outcome == "completed" and self.correctness == 100.0
+        """The run completed, every group holds one capture instant, and every group
+        the seed predicts was fused: correct groups alone say nothing of the ones the
+        join gave up on."""
+        return (self.report.outcome == "completed" and self.correctness == 100.0
+                and self.expected is not None and self.groups == self.expected.groups)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from videoflow import demo
+from videoflow.core.report import RunReport
 from videoflow.server import EmbeddedServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -59,6 +60,23 @@ def test_expected_figures_follow_the_seed_and_include_drops() -> None:
     assert first.quorum_groups > 0 and first.evicted > 0
     assert first.frames < 4 * instants
     assert demo.expected(4, instants, 0.0, SEED) == demo.Expected(4 * instants, instants, 0, 0)
+
+
+def test_a_demo_whose_join_gave_up_on_groups_fails_though_every_group_is_correct() -> None:
+    # 8 cameras of VGA frames on a 2-core machine fused 240 of 595 groups, all correct,
+    # and the demo printed OK: recall is what the user asked for.
+    report = RunReport("demo", "r1", "batch", "nats://x", outcome="completed")
+    expected = demo.Expected(frames=2380, groups=595, quorum_groups=85, evicted=30)
+
+    def result(groups: int) -> demo.DemoResult:
+        return demo.DemoResult(report, 8, 7, 60.0, 10.0, 1000.0, groups=groups,
+                               correct=groups, correctness=100.0, expected=expected)
+
+    assert result(595).ok
+    assert not result(240).ok
+    assert "demo FAILED" in result(240).format()
+    assert not demo.DemoResult(report, 8, 7, 60.0, 10.0, 1000.0, groups=5, correct=5,
+                               correctness=100.0).ok  # nothing to check recall against
 
 
 def test_demo_fuses_every_group_correctly_on_a_nats_server(
