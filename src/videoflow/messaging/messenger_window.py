@@ -11,7 +11,9 @@ window resolves them in the order they were made:
 - a retryable refusal (a full BATCH stream) or an unknown receipt: the publication
   ladder (publish_until_known) climbs on from that outcome, blocking the task, so a
   full stream is backpressure and nothing is dropped; in REALTIME a refusal is the
-  counted drop it always was (publish_discarded);
+  counted drop it always was (publish_discarded); once the broker answers about an
+  unknown receipt, every other unknown one in the window is asked after at once
+  (_ask_after_unknowns), not ladder after ladder;
 - a definite refusal, or an unknown the ladder cannot resolve by its deadline: the
   group fails per the node's delivery policy (PublicationFailed); its inputs are never
   acknowledged. A producer's output has no inputs to fail: the error is raised to the
