@@ -290,17 +290,16 @@ class PublishWindow:
         same lost connection) is asked after now, REASK_WIDTH at a time, and its ladder
         goes on from that answer. One ladder after another each waited its backoff and
         a round trip: a producer's window of a thousand outlived its deadlines."""
-        now = time.monotonic()
         held = (*siblings, *(o for group in self._groups for o in group.outputs), *self._current)
         unknown = [output for output in held
-                   if output is not known and output.deadline > now and output.receipt.done()
+                   if output is not known and output.receipt.done()
                    and isinstance(output.receipt.result(), PublicationUnknown)]
         if not unknown:
             return
 
         def ask(output: _Output) -> PublishOutcome:
-            # Past its deadline by its turn (the broker stalled again): left unknown,
-            # so the re-ask ends soon after the last deadline, not ask after ask.
+            # Past its deadline (by its turn, the broker may have stalled again): left
+            # unknown, so the re-ask ends soon after the last deadline.
             if output.deadline <= time.monotonic():
                 return output.receipt.result()
             return self.backend.observe_publication(output.envelope)
