@@ -81,6 +81,23 @@ def check_resolution_is_final(make: Factory) -> None:
                                                     epoch=1)
 
 
+def check_a_resolution_someone_else_wrote_first_is_judged_on_a_fresh_read(
+        make: Factory) -> None:
+    # Replica 0 entered p1 and remembers the revision it wrote; replica 1 refuses it
+    # meanwhile (the outbox is the node's, shared by its replicas). Replica 0's
+    # resolution must not overwrite that: its revision is stale, and the fresh read
+    # finds p1 already refused.
+    first, second = claimed(make), make(replica_id=1)
+    second.claim_owner()
+    first.record_publication("p1", ["ref"], ["child"])
+    second.resolve_publication("p1", stream_seq=None)
+    with pytest.raises(LedgerError, match="already refused"):
+        first.resolve_publication("p1", stream_seq=7)
+    assert first.resolve_publication("p1", stream_seq=None).status == "refused"
+    assert first.publication("p1") == Publication("p1", ("ref",), ("child",), "refused",
+                                                  epoch=1)
+
+
 def check_attempts_count_and_survive_a_new_runtime(make: Factory) -> None:
     runtime = claimed(make)
     assert runtime.attempts("in-1") == 0
@@ -317,6 +334,7 @@ def check_concurrent_counts_never_lose_an_increment(make: Factory, per_thread: i
 SHARED: list[Callable[[Factory], None]] = [
     check_outbox_round_trips,
     check_resolution_is_final,
+    check_a_resolution_someone_else_wrote_first_is_judged_on_a_fresh_read,
     check_attempts_count_and_survive_a_new_runtime,
     check_store_compare_and_swap_conflicts_are_typed,
     check_store_lists_the_present_keys_under_a_prefix,

@@ -37,6 +37,42 @@ def test_memory_runtime_keeps_the_ledger_contract(
     check(make)
 
 
+class CountingStore(MemoryRuntimeStore):
+    """Counts the store calls a ledger makes: each is a round trip on a KV store."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def get(self, key: str) -> tuple[bytes, int] | None:
+        self.calls.append("get")
+        return super().get(key)
+
+    def create(self, key: str, value: bytes) -> int:
+        self.calls.append("create")
+        return super().create(key, value)
+
+    def update(self, key: str, value: bytes, expected_revision: int) -> int:
+        self.calls.append("update")
+        return super().update(key, value, expected_revision)
+
+
+def test_a_publication_is_entered_and_resolved_in_two_round_trips_each() -> None:
+    # The outbox is written for every output that travels by ref: a fenced create,
+    # then a fenced update of the revision it wrote -- no read of a record that
+    # cannot exist yet, none of the one just written.
+    store = CountingStore()
+    runtime = FlowRuntime(store, "flow-1", "run-1", "cam")
+    runtime.claim_owner()
+    store.calls.clear()
+    runtime.record_publication("cam:1:1", ["ref"], ["fuse"])
+    assert store.calls == ["get", "create"]  # the fence's read of the owner epoch
+    store.calls.clear()
+    assert runtime.resolve_publication("cam:1:1", 42).stream_seq == 42
+    assert store.calls == ["get", "update"]
+    assert runtime.publication("cam:1:1").status == "accepted"
+
+
 def test_memory_runtime_concurrent_counts_never_lose_an_increment(
     make: runtime_contract.Factory,
 ) -> None:

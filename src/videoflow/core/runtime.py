@@ -44,6 +44,10 @@ _CAS_ATTEMPTS: Final = 256
 up with RevisionConflict. Each loss means another writer made progress, so this only
 runs out under a pathological number of concurrent writers on one record."""
 
+_ENTERED_KEPT: Final = 4096
+"""How many of its own unresolved outbox entries a runtime remembers the revision of
+(its window holds at most 1,024 outputs; older ones resolve by a read)."""
+
 _KEY_SAFE: Final = frozenset(
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_/"
 )
@@ -222,6 +226,8 @@ class FlowRuntime:
         self.replica_id = replica_id
         self._epoch: int | None = None
         self._replica_prefix = f"{self._node_prefix(node)}r{replica_id}."
+        # Outbox entries this runtime created and has not resolved: (entry, revision).
+        self._entered: dict[str, tuple[Publication, int]] = {}
 
     @classmethod
     def in_memory(cls, flow_id: str, run_id: str, node: str,
@@ -364,14 +370,23 @@ class FlowRuntime:
         """
         key = self._node_key("outbox", publication_id)
         epoch = self._fence()
-
-        def enter(current: Publication | None) -> Publication:
-            return current if current is not None else Publication(
-                publication_id, tuple(payload_refs), tuple(obligations), epoch=epoch
-            )
-
-        record: Publication = self._read_modify_write(key, _DECODE_PUBLICATION, enter)
-        return record
+        entry = Publication(publication_id, tuple(payload_refs), tuple(obligations), epoch=epoch)
+        try:
+            # A new id is the rule, so create it outright: one round trip, not a read
+            # that finds nothing and then a create.
+            revision = self.store.create(key, _ENCODER.encode(entry))
+        except RevisionConflict:
+            found = self.store.get(key)
+            if found is not None:  # a retried send: the first entry stands
+                return _DECODE_PUBLICATION.decode(found[0])
+            # Deleted between the create and the read: enter it as any absent record.
+            record: Publication = self._read_modify_write(
+                key, _DECODE_PUBLICATION, lambda current: current or entry, fenced=False)
+            return record
+        self._entered[publication_id] = (entry, revision)
+        while len(self._entered) > _ENTERED_KEPT:  # unresolved ones (unknown outcomes)
+            del self._entered[next(iter(self._entered))]
+        return entry
 
     def resolve_publication(self, publication_id: str, stream_seq: int | None) -> Publication:
         """Record a publication's definite outcome: accepted at stream_seq, or
@@ -389,6 +404,18 @@ class FlowRuntime:
         """
         key = self._node_key("outbox", publication_id)
         status: PublicationStatus = "refused" if stream_seq is None else "accepted"
+        entered = self._entered.pop(publication_id, None)
+        if entered is not None:
+            # This runtime entered it: update the revision it wrote, with no read. A
+            # lost race (someone else wrote it since) takes the general path below.
+            entry, revision = entered
+            self._fence()
+            resolved = msgspec.structs.replace(entry, status=status, stream_seq=stream_seq)
+            try:
+                self.store.update(key, _ENCODER.encode(resolved), revision)
+                return resolved
+            except RevisionConflict:
+                pass
 
         def resolve(current: Publication | None) -> Publication:
             if current is None:
