@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,12 +26,14 @@ from videoflow.backends.messaging import (
     Unknown,
 )
 from videoflow.backends.payload import MemoryPayloadStore, intent_id
+from videoflow.backends.shm_payload import SharedMemoryPayloadStore
 from videoflow.core.runtime import FlowRuntime
 from videoflow.core.runtime_store import MemoryRuntimeStore
 from videoflow.errors import PayloadMissing
 from videoflow.messaging.obligations import (
     ObligationLedger,
     RuntimeObligationLedger,
+    StoreObligationLedger,
     reconcile,
     subscription_for,
 )
@@ -367,3 +370,44 @@ def test_reconcile_skips_refs_already_reclaimed(
     payloads.release(ref, "sink")  # the releases happened: nothing is lost
     assert ledger.required_obligations() == {ref: ()}
     assert reconcile(payloads, ledger) == 0
+
+
+# ------------------------------------------- a store that keeps its own outbox
+
+
+@pytest.fixture
+def shm(tmp_path: Path) -> SharedMemoryPayloadStore:
+    return SharedMemoryPayloadStore(tmp_path / "payloads")
+
+
+def publish_kept(backend: Blind, payloads: SharedMemoryPayloadStore, readers: tuple[str, ...],
+                 pid: str, *, resolve: bool = True) -> tuple[str, int]:
+    """What a publisher does when the store keeps the outbox: put naming its channel,
+    send, and resolve the intent with the stream sequence. No run-ledger entry."""
+    ref = payloads.put(b"payload-" + pid.encode(), readers, pid, channel=PARENT)
+    outcome = backend.publish(Envelope(CHANNEL, "data", ref.encode(), pid),
+                              time.monotonic() + 1)
+    assert isinstance(outcome, Accepted), outcome
+    if resolve:
+        payloads.resolve_intent(ref, pid, accepted=True, stream_seq=outcome.stream_seq)
+    return ref, outcome.stream_seq
+
+
+def test_a_store_kept_outbox_is_judged_by_the_same_floors(
+    backend: Blind, ledger: RuntimeObligationLedger, shm: SharedMemoryPayloadStore,
+) -> None:
+    subs = provision(backend, ("sink", "audit"))
+    store_ledger = StoreObligationLedger(shm, ledger.runtime, backend, [PARENT])
+    first, _ = publish_kept(backend, shm, ("sink", "audit"), "p1")
+    unresolved, _ = publish_kept(backend, shm, ("sink", "audit"), "p2", resolve=False)
+    elsewhere = shm.put(b"another node's", ("sink",), "q1", channel="other")
+    settle_all(backend, subs["sink"])  # sink settled both; its releases were lost
+    assert ledger.required_obligations() == {}  # nothing in the run ledger's outbox
+    required = store_ledger.required_obligations()
+    assert required == {first: ("audit",),
+                        unresolved: ("audit", "intent/p2", "sink")}  # PAY-007
+    assert elsewhere not in required  # not a judged channel
+    assert reconcile(shm, store_ledger) == 1  # sink's lost release on the accepted one
+    assert shm.obligations(first) == ("audit",)
+    assert shm.obligations(unresolved) == ("audit", "intent/p2", "sink")
+    assert shm.obligations(elsewhere) == ("intent/q1", "sink")

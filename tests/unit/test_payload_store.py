@@ -1,7 +1,7 @@
 """PayloadStore obligations (BLOB-5, BLOB-7, BLOB-14, PAY-006, PAY-007/013).
 
 The test bodies take a ``stores`` factory and a ``clock``; this module binds them to
-the memory and filesystem stores, tests/integration/test_payload_nats.py imports the
+the memory, filesystem and shared-memory stores, tests/integration/test_payload_nats.py imports the
 same bodies and binds them to the NATS object store.
 """
 
@@ -27,6 +27,7 @@ from videoflow.backends.payload import (
     intent_id,
     should_offload,
 )
+from videoflow.backends.shm_payload import SharedMemoryPayloadStore
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.errors import PayloadMissing
 
@@ -72,25 +73,30 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=["memory", "filesystem"])
+@pytest.fixture(params=["memory", "filesystem", "shm"])
 def stores(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> Iterator[Stores]:
+    directory = tmp_path / "payloads"
     if request.param == "memory":
         made = Stores(lambda **o: MemoryPayloadStore(clock=clock, **o))
-    else:
-        directory = tmp_path / "payloads"
+    elif request.param == "filesystem":
         made = Stores(lambda **o: FilesystemPayloadStore(directory, clock=clock, **o))
+    else:
+        made = Stores(lambda **o: SharedMemoryPayloadStore(directory, clock=clock, **o))
     try:
         yield made
     finally:
         made.close()
 
 
-@pytest.fixture
-def durable_stores(tmp_path: Path, clock: FakeClock) -> Iterator[Stores]:
+@pytest.fixture(params=["filesystem", "shm"])
+def durable_stores(request: pytest.FixtureRequest, tmp_path: Path,
+                   clock: FakeClock) -> Iterator[Stores]:
     """The stores whose records outlive an instance (the memory store dies with its
-    instance by design, so it has no such promise to test)."""
+    instance by design, so it has no such promise to test; the shared-memory store's
+    records outlive it on one host)."""
     directory = tmp_path / "payloads"
-    made = Stores(lambda **o: FilesystemPayloadStore(directory, clock=clock, **o))
+    kind = FilesystemPayloadStore if request.param == "filesystem" else SharedMemoryPayloadStore
+    made = Stores(lambda **o: kind(directory, clock=clock, **o))
     try:
         yield made
     finally:

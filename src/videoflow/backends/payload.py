@@ -25,6 +25,7 @@ import abc
 import asyncio
 import contextlib
 import fcntl
+import itertools
 import json
 import math
 import os
@@ -152,6 +153,10 @@ class PayloadRecord:
         expires_at: wall-clock seconds (the store's clock) after which the ref is
             reclaimed whatever is still held (BLOB-7).
         size: the payload's length in bytes.
+        channel: the publishing node, when the put named it (a store that keeps
+            its own outbox, keeps_outbox).
+        stream_seq: the publication's stream sequence once it was accepted, when
+            resolve_intent was told it; None while unresolved.
     """
 
     obligations: frozenset[str]
@@ -159,18 +164,22 @@ class PayloadRecord:
     publication_id: str
     expires_at: float
     size: int
+    channel: str | None = None
+    stream_seq: int | None = None
 
     def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "obligations": sorted(self.obligations),
-                "readers": sorted(self.readers),
-                "publication_id": self.publication_id,
-                "expires_at": self.expires_at,
-                "size": self.size,
-            },
-            separators=(",", ":"),
-        ).encode()
+        fields: dict[str, Any] = {
+            "obligations": sorted(self.obligations),
+            "readers": sorted(self.readers),
+            "publication_id": self.publication_id,
+            "expires_at": self.expires_at,
+            "size": self.size,
+        }
+        if self.channel is not None:
+            fields["channel"] = self.channel
+        if self.stream_seq is not None:
+            fields["stream_seq"] = self.stream_seq
+        return json.dumps(fields, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, data: bytes, ref: str) -> PayloadRecord:
@@ -187,6 +196,8 @@ class PayloadRecord:
                 publication_id=str(raw["publication_id"]),
                 expires_at=float(raw["expires_at"]),
                 size=int(raw["size"]),
+                channel=None if raw.get("channel") is None else str(raw["channel"]),
+                stream_seq=None if raw.get("stream_seq") is None else int(raw["stream_seq"]),
             )
         except (ValueError, TypeError, KeyError) as error:  # JSONDecodeError is a ValueError
             raise UnobservableState(
@@ -222,7 +233,16 @@ class PayloadStore(abc.ABC):
     Attributes:
         reclaimed: how many refs this instance reclaimed (other processes sharing the
             store count their own).
+        offload_above: payloads larger than this are cheaper by ref through this store
+            than inline through the broker; None: only those over the broker's
+            inline limit go by ref.
     """
+
+    offload_above: int | None = None
+    keeps_outbox: bool = False
+    """Whether the records are the publisher's outbox (channel and stream_seq kept
+    in them), so reconciliation reads them instead of the run ledger's: a store whose
+    records share the payload's fate needs no second, remote copy of them."""
 
     def __init__(
         self,
@@ -284,6 +304,7 @@ class PayloadStore(abc.ABC):
         publication_id: str,
         *,
         ttl_seconds: float | None = None,
+        channel: str | None = None,
     ) -> str:
         """Stores a payload, acquiring its reader obligations and the publisher's intent.
 
@@ -294,6 +315,7 @@ class PayloadStore(abc.ABC):
             publication_id: the publication that will carry the ref; acquires
                 ``intent/<publication_id>``, owed until resolve_intent.
             ttl_seconds: this ref's TTL; None takes the store's.
+            channel: the publishing node, kept in the record (keeps_outbox).
 
         Returns:
             The new ref.
@@ -306,7 +328,8 @@ class PayloadStore(abc.ABC):
         if not isinstance(publication_id, str) or not publication_id:
             raise ValueError(f"publication_id must be a non-empty str, not {publication_id!r}")
         ttl = self.ttl_seconds if ttl_seconds is None else _checked_ttl(ttl_seconds)
-        blob = bytes(data)
+        blob = data if isinstance(data, bytes) else bytes(data)
+        self._admit(len(blob))
         ref = uuid.uuid4().hex
         record = PayloadRecord(
             obligations=readers | {intent_id(publication_id)},
@@ -314,6 +337,7 @@ class PayloadStore(abc.ABC):
             publication_id=publication_id,
             expires_at=self.clock() + ttl,
             size=len(blob),
+            channel=channel,
         )
         # The record goes first: bytes without a record would belong to nobody, while a
         # record without bytes (a crash in between) is reclaimed by its TTL.
@@ -325,6 +349,20 @@ class PayloadStore(abc.ABC):
                 self._mutate(ref, lambda _old: (None, None))
             raise
         return ref
+
+    def _admit(self, size: int) -> None:  # noqa: B027 - only a budgeted store waits
+        """Wait until a payload of size bytes fits the store's budget, and reserve it
+        (the shared-memory store); unbounded stores admit everything."""
+
+    def view(self, ref: str) -> memoryview:
+        """A payload's bytes as a read-only buffer: the stored bytes themselves where
+        the store can map them (the shared-memory store), else a view of a copy.
+        Messages decoded from it hold zero-copy arrays of it.
+
+        Raises:
+            PayloadMissing: as get.
+        """
+        return memoryview(self.get(ref)).toreadonly()
 
     def get(self, ref: str) -> bytes:
         """Fetches a payload.
@@ -351,6 +389,11 @@ class PayloadStore(abc.ABC):
                 an empty tuple, which would read as "nothing owed".
         """
         return tuple(sorted(self._live_record(ref).obligations))
+
+    def records(self) -> dict[str, PayloadRecord]:
+        """Every ref's record, as it is now (refs reclaimed meanwhile are left out)."""
+        found = ((ref, self._read_record(ref)) for ref in self._list_refs())
+        return {ref: record for ref, record in found if record is not None}
 
     def refs(self) -> tuple[str, ...]:
         """Every ref that has a record (expired ones included until reclaim_expired)."""
@@ -421,7 +464,8 @@ class PayloadStore(abc.ABC):
             raise ValueError(f"reconciliation never cancels a pin ({obligation_id!r})")
         return self._remove(ref, obligation_id)
 
-    def resolve_intent(self, ref: str, publication_id: str, *, accepted: bool) -> bool:
+    def resolve_intent(self, ref: str, publication_id: str, *, accepted: bool,
+                       stream_seq: int | None = None) -> bool:
         """Settles the publisher's intent once the publication's outcome is definite.
 
         An accepted publication releases ``intent/<publication_id>``; the readers now
@@ -430,12 +474,25 @@ class PayloadStore(abc.ABC):
         put acquired go at once, and the ref is reclaimed unless a pin holds it
         (PAY-007, PAY-013). Leave an unresolved publication's intent alone.
 
+        Arguments:
+            stream_seq: where an accepted publication was stored, kept in the record
+                for reconciliation (keeps_outbox).
+
         Returns:
             True if the intent was held and is now resolved; False if it was not held.
         """
         intent = intent_id(publication_id)
-        if accepted:
+        if accepted and stream_seq is None:
             return self._remove(ref, intent)
+        if accepted:
+            def accept(old: PayloadRecord | None) -> tuple[PayloadRecord | None, bool]:
+                if old is None or intent not in old.obligations:
+                    return old, False
+                left = old.obligations - {intent}
+                return (replace(old, obligations=left, stream_seq=stream_seq)
+                        if left else None), True
+
+            return self._mutate(ref, accept)
 
         def change(old: PayloadRecord | None) -> tuple[PayloadRecord | None, bool]:
             if old is None or intent not in old.obligations:
@@ -605,29 +662,42 @@ class FilesystemPayloadStore(PayloadStore):
     def __init__(self, directory: str | os.PathLike[str], **options: Any) -> None:
         super().__init__(**options)
         self.directory = Path(directory)
-        self._blobs = self.directory / "blobs"
-        self._records = self.directory / "records"
-        self._blobs.mkdir(parents=True, exist_ok=True)
-        self._records.mkdir(parents=True, exist_ok=True)
-        self._lock_path = self.directory / ".lock"
-        self._thread_lock = threading.Lock()
+        # Plain strings: pathlib's joins cost more than the syscalls they name.
+        self._blobs = str(self.directory / "blobs")
+        self._records = str(self.directory / "records")
+        os.makedirs(self._blobs, exist_ok=True)
+        os.makedirs(self._records, exist_ok=True)
+        self._lock_path = str(self.directory / ".lock")
+        # One lock per 16th of the refs (by their first hex digit) for record changes,
+        # and the folder's .lock for what spans refs: writers of different refs do
+        # not queue behind each other.
+        self._thread_locks = {stripe: threading.Lock() for stripe in "0123456789abcdef"}
+        self._thread_locks[""] = threading.Lock()
+
+    durable: bool = True
+    """Whether writes are fsynced: a store in memory (tmpfs) has no disk to reach."""
+
+    def _forgotten(self, record: PayloadRecord) -> None:
+        """A record was deleted (under the lock): a budgeted store frees its bytes."""
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self, stripe: str = "") -> Iterator[None]:
         # flock excludes other processes; the thread lock keeps this process's threads
-        # from each opening the lock file only to queue on it.
-        with self._thread_lock, open(self._lock_path, "a+b") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        # from each opening the lock file only to queue on it. A record change holds
+        # its ref's stripe and may take the folder's lock inside it, never the reverse.
+        with self._thread_locks[stripe]:
+            fd = os.open(self._lock_path + stripe, os.O_RDWR | os.O_CREAT, 0o600)
             try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
                 yield
             finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+                os.close(fd)  # closing the last descriptor lets the flock go
 
-    def _record_path(self, ref: str) -> Path:
-        return self._records / f"{ref}.json"
+    def _record_path(self, ref: str) -> str:
+        return f"{self._records}/{ref}.json"
 
     def _transact(self, ref: str, change: Change[T]) -> tuple[T, bool]:
-        with self._locked():
+        with self._locked(ref[:1] if ref[:1] in self._thread_locks else ""):
             old = self._read_record(ref)
             new, result, write = _apply(old, change)
             if not write:
@@ -635,30 +705,33 @@ class FilesystemPayloadStore(PayloadStore):
             if new is None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self._record_path(ref))
-                _fsync_directory(self._records)
+                if self.durable:
+                    _fsync_directory(self._records)
+                if old is not None:
+                    self._forgotten(old)
                 return result, True
-            _write_atomically(self._record_path(ref), new.to_json())
+            _write_atomically(self._record_path(ref), new.to_json(), self.durable)
             return result, False
 
     def _read_record(self, ref: str) -> PayloadRecord | None:
         try:
-            data = self._record_path(ref).read_bytes()
+            data = _read_file(self._record_path(ref))
         except FileNotFoundError:
             return None
         return PayloadRecord.from_json(data, ref)
 
     def _write_blob(self, ref: str, data: bytes) -> None:
-        _write_atomically(self._blobs / ref, data)
+        _write_atomically(f"{self._blobs}/{ref}", data, self.durable)
 
     def _read_blob(self, ref: str) -> bytes | None:
         try:
-            return (self._blobs / ref).read_bytes()
+            return _read_file(f"{self._blobs}/{ref}")
         except FileNotFoundError:
             return None
 
     def _drop_blob(self, ref: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._blobs / ref)
+            os.unlink(f"{self._blobs}/{ref}")
 
     def _list_refs(self) -> list[str]:
         return [
@@ -671,22 +744,42 @@ class FilesystemPayloadStore(PayloadStore):
         return [name for name in os.listdir(self._blobs) if _REF.match(name)]
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+def _read_file(path: str) -> bytes:
+    # os-level calls: io.open's buffered layers cost more than the read of a record.
+    fd = os.open(path, os.O_RDONLY)
     try:
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        size = max(os.fstat(fd).st_size, 4096)
+        chunks = []
+        while chunk := os.read(fd, size):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _write_atomically(path: str, data: bytes, durable: bool = True) -> None:
+    folder, name = os.path.split(path)
+    temporary = f"{folder}/.{name}.{os.getpid()}.{next(_TEMPORARIES)}.tmp"
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
-    _fsync_directory(path.parent)
+    if durable:
+        _fsync_directory(folder)
 
 
-def _fsync_directory(directory: Path) -> None:
+def _fsync_directory(directory: str) -> None:
     # A rename or unlink is durable only once the directory entry is on disk.
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -694,6 +787,9 @@ def _fsync_directory(directory: Path) -> None:
     finally:
         os.close(fd)
 
+
+_TEMPORARIES: Final = itertools.count()
+"""Names a write's temporary file, with the pid: unique without a uuid per write."""
 
 _CAS_ATTEMPTS: Final = 64
 _WRONG_LAST_CODES: Final = (10071, 10164)  # JetStream's "wrong last sequence" codes

@@ -40,7 +40,13 @@ from videoflow.backends.payload import INTENT_PREFIX, PINNED_PREFIXES, PayloadSt
 from videoflow.core.runtime import FlowRuntime, Publication
 from videoflow.errors import PayloadMissing
 
-__all__ = ["ObligationLedger", "RuntimeObligationLedger", "reconcile", "subscription_for"]
+__all__ = [
+    "ObligationLedger",
+    "RuntimeObligationLedger",
+    "StoreObligationLedger",
+    "reconcile",
+    "subscription_for",
+]
 
 _PARTITIONED: Final = re.compile(r"^(?P<child>.+)/p(?P<replica>0|[1-9][0-9]*)$")
 """A partitioned replica's reader id, '<child>/p<i>' (compiler.NodeSpec.blob_reader_ids)."""
@@ -138,24 +144,57 @@ class RuntimeObligationLedger(ObligationLedger):
     # -- judging ------------------------------------------------------------------
 
     def _judge(self) -> _Judged:
-        required: dict[str, set[str]] = {}
-        readers: set[str] = set()
-        intents: set[str] = set()
-        for node in self.channels:
-            judge = _ChannelJudge(self.backend, ChannelId(
-                self.runtime.flow_id, self.runtime.run_id, node))
-            for publication in self.runtime.outbox(node):
-                owed = judge.owed(publication)
-                intents.add(intent_id(publication.publication_id))
-                readers.update(o for o in publication.obligations
-                               if not o.startswith(PINNED_PREFIXES + (INTENT_PREFIX,)))
-                for ref in publication.payload_refs:
-                    required.setdefault(ref, set()).update(owed)
-        return _Judged(
-            required={ref: tuple(sorted(owed)) for ref, owed in required.items()},
-            readers=frozenset(readers),
-            intents=frozenset(intents),
-        )
+        return _judge(self.backend, self.runtime.flow_id, self.runtime.run_id,
+                      {node: self.runtime.outbox(node) for node in self.channels})
+
+
+class StoreObligationLedger(RuntimeObligationLedger):
+    """The obligation ledger of a store that keeps its own outbox (keeps_outbox: the
+    shared-memory store): the publications are the store's records, each naming its
+    channel and, once accepted, its stream sequence; the rules are the same.
+
+    Arguments:
+        store: the payload store.
+        runtime: the node's ledger, for the flow and run ids only.
+        backend / channels: as RuntimeObligationLedger.
+    """
+
+    def __init__(self, store: PayloadStore, runtime: FlowRuntime, backend: MessagingBackend,
+                 channels: Sequence[str]) -> None:
+        super().__init__(runtime, backend, channels)
+        self.store = store
+
+    def _judge(self) -> _Judged:
+        outboxes: dict[str, list[Publication]] = {node: [] for node in self.channels}
+        for ref, record in self.store.records().items():
+            if record.channel in outboxes:
+                outboxes[record.channel].append(Publication(
+                    record.publication_id, (ref,), tuple(sorted(record.readers)),
+                    status="unresolved" if record.stream_seq is None else "accepted",
+                    stream_seq=record.stream_seq))
+        return _judge(self.backend, self.runtime.flow_id, self.runtime.run_id, outboxes)
+
+
+def _judge(backend: MessagingBackend, flow_id: str, run_id: str,
+           outboxes: Mapping[str, Sequence[Publication]]) -> _Judged:
+    """One pass over the publications of each channel (publishing node)."""
+    required: dict[str, set[str]] = {}
+    readers: set[str] = set()
+    intents: set[str] = set()
+    for node, publications in outboxes.items():
+        judge = _ChannelJudge(backend, ChannelId(flow_id, run_id, node))
+        for publication in publications:
+            owed = judge.owed(publication)
+            intents.add(intent_id(publication.publication_id))
+            readers.update(o for o in publication.obligations
+                           if not o.startswith(PINNED_PREFIXES + (INTENT_PREFIX,)))
+            for ref in publication.payload_refs:
+                required.setdefault(ref, set()).update(owed)
+    return _Judged(
+        required={ref: tuple(sorted(owed)) for ref, owed in required.items()},
+        readers=frozenset(readers),
+        intents=frozenset(intents),
+    )
 
 
 class _ChannelJudge:

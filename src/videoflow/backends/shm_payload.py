@@ -1,0 +1,266 @@
+"""The shared-memory payload store: frames at memory speed for replicas on one host.
+
+A SharedMemoryPayloadStore is a FilesystemPayloadStore in a memory filesystem
+(/dev/shm, else the temporary directory): the producer writes a payload's bytes once,
+into a file of its own, and every reader maps that file read-only, so a frame decoded
+from ``view`` is a numpy array over the shared pages, never a copy. The obligation rules
+are the PayloadStore's (BLOB-14): a put acquires the readers' obligations and the
+publisher's intent, readers release by id after a confirmed settlement (PAY-004), the
+TTL reclaims what a crash left (BLOB-7), reconciliation cancels releases a crash lost
+(PAY-006). Writes are not fsynced: the memory they live in does not outlast the host.
+
+Memory is bounded by a budget shared by every process of the store. A put that does not
+fit waits until readers' releases make room (backpressure: the publisher stops taking
+input), and past ``budget_wait_seconds`` fails with PayloadBudgetExhausted, naming the
+budget, rather than dropping anything. Payloads above ``offload_above`` (64 KiB) travel
+by ref through it; the broker then carries only envelopes.
+
+A reader keeps its mapping while anything holds a view of it, so a payload reclaimed
+(or deleted by hand) under a reader's feet stays readable to that reader; one deleted
+before it was read is a PayloadMissing, which the messenger dead-letters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from videoflow.backends.payload import PINNED_PREFIXES, FilesystemPayloadStore, PayloadRecord
+from videoflow.errors import PayloadMissing, UnobservableState, VideoflowError
+
+__all__ = [
+    "DEFAULT_BUDGET_BYTES",
+    "OFFLOAD_ABOVE_BYTES",
+    "PayloadBudgetExhausted",
+    "SharedMemoryPayloadStore",
+    "shm_root",
+    "sweep_expired",
+]
+
+DEFAULT_BUDGET_BYTES: Final = 1 << 30
+"""How much shared memory a flow's payloads may hold at once (1 GiB): about a second
+of eight 1080p cameras at 30 fps, or 3,400 VGA frames."""
+
+OFFLOAD_ABOVE_BYTES: Final = 64 * 1024
+"""Payloads larger than this go by ref: past it, a copy through the broker (in, out,
+and to its store) costs more than a file write and a mapping."""
+
+BUDGET_WAIT_SECONDS: Final = 60.0
+"""How long a put waits for room before it fails: long enough for any reader that is
+moving, short enough that a budget too small for the flow (its readers hold more than
+it, waiting on outputs that need room) is reported instead of hanging."""
+
+_RECOUNT_SECONDS: Final = 0.5
+_USAGE: Final = "usage"
+_BUDGET: Final = "budget"
+
+
+class PayloadBudgetExhausted(VideoflowError, RuntimeError):
+    """A payload did not fit the shared-memory budget: larger than the budget itself,
+    or no room was made within budget_wait_seconds (raise the budget, or the flow's
+    readers are not releasing).
+
+    Attributes:
+        size / budget / used: the payload's bytes, the budget, the bytes held.
+    """
+
+    def __init__(self, message: str, *, size: int, budget: int, used: int) -> None:
+        super().__init__(message)
+        self.size, self.budget, self.used = size, budget, used
+
+
+def shm_root() -> Path:
+    """Where shared-memory stores live: this user's folder under /dev/shm, else under
+    the temporary directory (a platform without /dev/shm; memory-backed or not, the
+    mapping still spares the broker and the copies)."""
+    base = Path("/dev/shm")
+    if not (base.is_dir() and os.access(base, os.W_OK)):
+        base = Path(tempfile.gettempdir())
+    return base / f"videoflow-{os.getuid()}" if hasattr(os, "getuid") else base / "videoflow"
+
+
+class SharedMemoryPayloadStore(FilesystemPayloadStore):
+    """A PayloadStore in shared memory whose reads are zero-copy (see the module).
+
+    Arguments:
+        directory: the store's folder, shared by every process that opens it.
+        budget_bytes: the bound on the bytes held; None keeps the one the folder was
+            made with (DEFAULT_BUDGET_BYTES for a new folder). Given, it is recorded
+            for the processes that open the folder after.
+        budget_wait_seconds: how long a put waits for room.
+        **options: PayloadStore's (flow_type, ttl_seconds, clock).
+
+    Attributes:
+        budget_waits: puts of this instance that had to wait for room.
+
+    Raises:
+        OSError: the folder cannot be created or written.
+        ValueError: a budget that is not a positive int.
+    """
+
+    durable = False
+    offload_above = OFFLOAD_ABOVE_BYTES
+    keeps_outbox = True  # the records share the payloads' fate: no remote copy needed
+
+    def __init__(self, directory: str | os.PathLike[str], *, budget_bytes: int | None = None,
+                 budget_wait_seconds: float = BUDGET_WAIT_SECONDS, **options: Any) -> None:
+        super().__init__(directory, **options)
+        if budget_bytes is not None and (
+                isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int)
+                or budget_bytes <= 0):
+            raise ValueError(f"budget_bytes must be an int > 0, not {budget_bytes!r}")
+        budget_file = self.directory / _BUDGET
+        if budget_bytes is not None:
+            _write_int(budget_file, budget_bytes)
+        self.budget_bytes = budget_bytes or _read_int(budget_file, DEFAULT_BUDGET_BYTES)
+        self.budget_wait_seconds = budget_wait_seconds
+        self.budget_waits = 0
+        self._usage_path = str(self.directory / _USAGE)
+
+    # --- the budget ----------------------------------------------------------------
+
+    def used_bytes(self) -> int:
+        """The bytes the store's payloads hold now, by the shared count."""
+        with self._locked():
+            return _read_int(self._usage_path, 0)
+
+    def _admit(self, size: int) -> None:
+        if size > self.budget_bytes:
+            raise PayloadBudgetExhausted(
+                f"a payload of {size} bytes is larger than the shared-memory budget of "
+                f"{self.budget_bytes} bytes", size=size, budget=self.budget_bytes, used=0)
+        deadline = time.monotonic() + self.budget_wait_seconds
+        delay, recounted_at, waited = 0.001, -_RECOUNT_SECONDS, False
+        while True:
+            with self._locked():
+                used = _read_int(self._usage_path, 0)
+                if used + size > self.budget_bytes and (
+                        time.monotonic() - recounted_at >= _RECOUNT_SECONDS):
+                    # The count drifts only upward (a crash between a reservation and
+                    # its record, bytes deleted by hand); what is mapped is the truth.
+                    used, recounted_at = self._count_bytes(), time.monotonic()
+                if used + size <= self.budget_bytes:
+                    _write_int(self._usage_path, used + size)
+                    return
+            if not waited:
+                waited = True
+                self.budget_waits += 1
+            if time.monotonic() >= deadline:
+                raise PayloadBudgetExhausted(
+                    f"no room for a payload of {size} bytes in the shared-memory budget of "
+                    f"{self.budget_bytes} bytes ({used} held) within "
+                    f"{self.budget_wait_seconds:g} s: raise the budget, or find the reader "
+                    "that is not releasing", size=size, budget=self.budget_bytes, used=used)
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
+
+    def _forgotten(self, record: PayloadRecord) -> None:
+        with self._locked():
+            used = _read_int(self._usage_path, 0)
+            _write_int(self._usage_path, max(0, used - record.size))
+
+    def _count_bytes(self) -> int:
+        with os.scandir(self._blobs) as entries:
+            return sum(entry.stat().st_size for entry in entries if entry.is_file())
+
+    # --- zero-copy reads -----------------------------------------------------------
+
+    def view(self, ref: str) -> memoryview:
+        """The payload's bytes mapped read-only: arrays decoded from it share the
+        store's pages (no copy).
+
+        Raises:
+            PayloadMissing: ref unknown, reclaimed, expired, or its bytes are gone.
+            UnobservableState: the bytes do not match the record's size.
+        """
+        record = self._live_record(ref)
+        try:
+            fd = os.open(f"{self._blobs}/{ref}", os.O_RDONLY)
+        except FileNotFoundError:
+            raise PayloadMissing(f"payload {ref} has no bytes in {self._blobs} (reclaimed, "
+                                 "or deleted from shared memory)", ref=ref) from None
+        try:
+            size = os.fstat(fd).st_size
+            if size != record.size:
+                raise UnobservableState(
+                    f"payload {ref} holds {size} bytes, its record says {record.size}",
+                    reason="malformed")
+            if size == 0:
+                return memoryview(b"")
+            return memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_READ))
+        finally:
+            os.close(fd)
+
+    # --- the end of a run ----------------------------------------------------------
+
+    def clear(self) -> int:
+        """Reclaim every payload nothing pins (archive/*, dlq/*), and remove the
+        folder once it is empty: the end of a run, when no reader is left to owe a
+        release. Pinned payloads stay until their TTL.
+
+        Returns:
+            How many payloads were reclaimed.
+        """
+        def unpinned(old: PayloadRecord | None) -> tuple[PayloadRecord | None, bool]:
+            if old is None or any(o.startswith(PINNED_PREFIXES) for o in old.obligations):
+                return old, False
+            return None, True
+
+        cleared = sum(1 for ref in self._list_refs() if self._mutate(ref, unpinned))
+        self.reclaim_expired()
+        if not self._list_refs():
+            shutil.rmtree(self.directory, ignore_errors=True)
+        return cleared
+
+
+def sweep_expired(root: Path | None = None) -> int:
+    """Reclaim what crashed runs left past its TTL in every store under root (shm_root()
+    when None), removing the folders left empty: nothing outlives its TTL even when no
+    run of its flow comes back (BLOB-7).
+
+    Returns:
+        How many payloads were reclaimed.
+    """
+    root = shm_root() if root is None else root
+    reclaimed = 0
+    for lock in sorted(root.glob("*/*/.lock")) if root.is_dir() else ():
+        folder = lock.parent
+        with contextlib.suppress(OSError, UnobservableState):
+            store = SharedMemoryPayloadStore(folder)
+            reclaimed += store.reclaim_expired()
+            if not store.refs():
+                shutil.rmtree(folder, ignore_errors=True)
+    return reclaimed
+
+
+def _read_int(path: str | Path, default: int) -> int:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return default
+    try:
+        text = os.read(fd, 64)
+    finally:
+        os.close(fd)
+    try:
+        return int(text or default)
+    except ValueError as error:
+        raise UnobservableState(f"{path} does not hold a count: {error}",
+                                reason="malformed") from error
+
+
+def _write_int(path: str | Path, value: int) -> None:
+    # Written in place under the store's lock, which every reader of the count holds.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        data = str(value).encode()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)

@@ -1,0 +1,171 @@
+"""The shared-memory payload store's own promises: zero-copy reads, a budget that is
+backpressure and never a drop, a vanished segment as a typed error, the end of a run
+and the sweep of what crashed runs left. The obligation rules it shares with every
+store are tested in test_payload_store.py."""
+
+from __future__ import annotations
+
+import mmap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from videoflow.backends.shm_payload import (
+    OFFLOAD_ABOVE_BYTES,
+    PayloadBudgetExhausted,
+    SharedMemoryPayloadStore,
+    shm_root,
+    sweep_expired,
+)
+from videoflow.errors import PayloadMissing
+from videoflow.wire.serialization import decode_message, encode_message
+
+FRAME = np.arange(480 * 640, dtype=np.uint32).astype(np.uint8).reshape(480, 640)
+
+
+def base_of(array: np.ndarray) -> object:
+    """The object that owns an array's memory, down its chain of views."""
+    owner: object = array
+    while isinstance(owner, np.ndarray) and owner.base is not None:
+        owner = owner.base
+    while isinstance(owner, memoryview):
+        owner = owner.obj
+    return owner
+
+
+def test_a_frame_read_back_is_a_read_only_view_of_the_shared_pages(tmp_path: Path) -> None:
+    store = SharedMemoryPayloadStore(tmp_path)
+    ref = store.put(encode_message({"frame": FRAME, "k": 3}), ["fuse"], "cam:1:3")
+    message = decode_message(store.view(ref))
+    frame = message["frame"]
+    assert message["k"] == 3 and np.array_equal(frame, FRAME)
+    assert isinstance(base_of(frame), mmap.mmap)  # no copy: the mapping itself
+    assert not frame.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        frame[0, 0] = 1
+
+
+def test_a_view_outlives_its_payload_but_a_payload_gone_before_it_was_read_is_missing(
+    tmp_path: Path,
+) -> None:
+    store = SharedMemoryPayloadStore(tmp_path)
+    held = store.put(encode_message(FRAME), ["fuse"], "p1")
+    lost = store.put(encode_message(FRAME), ["fuse"], "p2")
+    frame = decode_message(store.view(held))
+    for obligation in ("fuse", "intent/p1"):
+        store.release(held, obligation)
+    assert held not in store.refs()
+    assert np.array_equal(frame, FRAME)  # the reader's mapping keeps the pages
+    (tmp_path / "blobs" / lost).unlink()  # a manual delete, a host's cleanup
+    with pytest.raises(PayloadMissing, match="no bytes") as caught:
+        store.view(lost)
+    assert caught.value.ref == lost
+
+
+def test_the_budget_counts_what_is_held_and_frees_it_with_the_last_obligation(
+    tmp_path: Path,
+) -> None:
+    store = SharedMemoryPayloadStore(tmp_path, budget_bytes=10_000)
+    first = store.put(b"a" * 4000, ["fuse"], "p1")
+    store.put(b"b" * 3000, ["fuse"], "p2")
+    assert store.used_bytes() == 7000
+    store.release(first, "fuse")
+    assert store.used_bytes() == 7000  # the intent still holds it
+    store.resolve_intent(first, "p1", accepted=True)
+    assert store.used_bytes() == 3000
+
+
+def test_a_full_budget_holds_the_put_back_until_a_reader_releases(tmp_path: Path) -> None:
+    store = SharedMemoryPayloadStore(tmp_path, budget_bytes=10_000, budget_wait_seconds=10)
+    held = store.put(b"a" * 6000, ["fuse"], "p1")
+    store.resolve_intent(held, "p1", accepted=True)
+    released_at: list[float] = []
+
+    def reader() -> None:
+        time.sleep(0.3)
+        released_at.append(time.monotonic())
+        store.release(held, "fuse")
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    ref = store.put(b"b" * 6000, ["fuse"], "p2")  # does not fit until the release
+    put_at = time.monotonic()
+    thread.join()
+    assert released_at and put_at >= released_at[0]
+    assert store.get(ref) == b"b" * 6000
+    assert store.budget_waits == 1 and store.used_bytes() == 6000
+
+
+def test_a_budget_that_never_makes_room_fails_the_put_with_its_figures(tmp_path: Path) -> None:
+    store = SharedMemoryPayloadStore(tmp_path, budget_bytes=10_000, budget_wait_seconds=0.2)
+    store.put(b"a" * 6000, ["fuse"], "p1")
+    with pytest.raises(PayloadBudgetExhausted, match="within 0.2 s") as caught:
+        store.put(b"b" * 6000, ["fuse"], "p2")
+    assert (caught.value.size, caught.value.budget, caught.value.used) == (6000, 10_000, 6000)
+    with pytest.raises(PayloadBudgetExhausted, match="larger than the shared-memory budget"):
+        store.put(b"c" * 10_001, ["fuse"], "p3")
+    assert len(store.refs()) == 1  # neither failed put left anything behind
+
+
+def test_a_count_left_too_high_by_a_crash_is_corrected_from_what_is_mapped(
+    tmp_path: Path,
+) -> None:
+    store = SharedMemoryPayloadStore(tmp_path, budget_bytes=10_000, budget_wait_seconds=1)
+    store.put(b"a" * 3000, ["fuse"], "p1")
+    (tmp_path / "usage").write_text("9500")  # a reservation whose put never finished
+    ref = store.put(b"b" * 6000, ["fuse"], "p2")  # fits the 3,000 really held
+    assert store.get(ref) == b"b" * 6000
+    assert store.used_bytes() == 9000
+
+
+def test_every_process_of_a_folder_keeps_the_budget_it_was_made_with(tmp_path: Path) -> None:
+    SharedMemoryPayloadStore(tmp_path, budget_bytes=123_456)
+    assert SharedMemoryPayloadStore(tmp_path).budget_bytes == 123_456
+    with pytest.raises(ValueError, match="budget_bytes must be an int > 0"):
+        SharedMemoryPayloadStore(tmp_path, budget_bytes=0)
+
+
+def test_it_takes_what_the_broker_would_copy_and_keeps_its_own_outbox(tmp_path: Path) -> None:
+    store = SharedMemoryPayloadStore(tmp_path)
+    assert store.offload_above == OFFLOAD_ABOVE_BYTES == 64 * 1024
+    assert store.keeps_outbox
+    ref = store.put(b"frame", ["fuse"], "cam:1:7", channel="cam")
+    assert store.records()[ref].stream_seq is None  # unresolved: its intent is owed
+    assert store.resolve_intent(ref, "cam:1:7", accepted=True, stream_seq=42)
+    record = store.records()[ref]
+    assert (record.channel, record.stream_seq, record.obligations) == ("cam", 42,
+                                                                      frozenset({"fuse"}))
+
+
+def test_the_end_of_a_run_reclaims_all_but_pinned_payloads(tmp_path: Path) -> None:
+    folder = tmp_path / "flow" / "run"
+    store = SharedMemoryPayloadStore(folder)
+    store.put(b"owed", ["fuse"], "p1")  # a reader that died owing its release
+    pinned = store.put(b"dead letter", ["fuse"], "p2")
+    store.acquire(pinned, "dlq/fuse:cam:7")
+    assert store.clear() == 1
+    assert store.refs() == (pinned,) and store.get(pinned) == b"dead letter"
+    store.release(pinned, "dlq/fuse:cam:7")
+    assert store.clear() == 1 and not folder.exists()  # empty: the folder goes too
+
+
+def test_the_sweep_reclaims_what_crashed_runs_left_past_its_ttl(tmp_path: Path) -> None:
+    now = [1_000_000.0]
+    stale = SharedMemoryPayloadStore(tmp_path / "flow" / "old", clock=lambda: now[0],
+                                     ttl_seconds=10)
+    stale.put(b"left by a crash", ["fuse"], "p1")
+    live = SharedMemoryPayloadStore(tmp_path / "flow" / "new")
+    kept = live.put(b"still owed", ["fuse"], "p2")
+    assert sweep_expired(tmp_path) == 1  # the stale record expired long ago (real clock)
+    assert not (tmp_path / "flow" / "old").exists()
+    assert live.get(kept) == b"still owed"
+
+
+def test_the_root_is_this_users_folder_in_shared_memory_where_there_is_one() -> None:
+    root = shm_root()
+    assert root.name.startswith("videoflow")
+    if Path("/dev/shm").is_dir():
+        assert root.parent == Path("/dev/shm")
