@@ -309,3 +309,76 @@ class FreezeBrokerMidWindow(ProcessorNode):
                 os.replace(partial, self.marker)
                 os.kill(self.broker_pid, 19)  # SIGSTOP (the test sends SIGCONT)
         return value
+
+
+class Frames(ProducerNode):
+    """count VGA frames, frame i filled with i % 251. With vanish_after, once that many
+    are published it deletes every payload still in the run's shared-memory store (a
+    host's cleanup, a manual rm), then leaves `marker` for the sink to start."""
+
+    def __init__(self, count: int, vanish_after: int | None = None, marker: str = "",
+                 **options: Any) -> None:
+        super().__init__(**options)
+        self.count, self.vanish_after, self.marker, self.i = count, vanish_after, marker, 0
+
+    def next(self) -> dict[str, Any]:
+        import numpy as np
+
+        if self.i == self.vanish_after:
+            self._vanish()
+        if self.i >= self.count:
+            raise StopIteration
+        value, self.i = self.i, self.i + 1
+        return {"i": value, "frame": np.full((480, 640), value % 251, np.uint8)}
+
+    def _vanish(self) -> None:
+        from videoflow.backends.shm_payload import shm_root
+        from videoflow.messaging.naming import sanitize
+
+        assert self.context is not None
+        messenger = _messenger_of(self)
+        messenger.drain()  # every frame so far is published, none yet read
+        blobs = shm_root() / sanitize(self.context.flow_id) / sanitize(self.context.run_id)
+        for blob in (blobs / "blobs").iterdir():
+            blob.unlink()
+        Path(self.marker).write_text("gone")
+
+
+class FrameCheck(ConsumerNode):
+    """Checks each frame against its index and records, per frame, whether it arrived
+    as a read-only view of a mapping; waits in open() for `hold` to exist when set."""
+
+    def __init__(self, directory: str, hold: str = "", pace: float = 0.0,
+                 **options: Any) -> None:
+        super().__init__(**options)
+        self.directory, self.hold, self.pace = directory, hold, pace
+
+    def open(self) -> None:
+        deadline = time.monotonic() + 60
+        while self.hold and not Path(self.hold).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def consume(self, message: dict[str, Any]) -> None:
+        import mmap
+
+        import numpy as np
+
+        frame, i = message["frame"], message["i"]
+        owner = frame
+        while isinstance(owner, np.ndarray) and owner.base is not None:
+            owner = owner.base
+        mapped = isinstance(getattr(owner, "obj", None), mmap.mmap)
+        whole = bool(np.all(frame == i % 251)) and frame.shape == (480, 640)
+        if self.pace:
+            time.sleep(self.pace)
+        line = f"{i} {int(whole)} {int(frame.flags.writeable)} {int(mapped)}\n"
+        with open(Path(self.directory) / "frames.log", "a") as log:
+            log.write(line)
+
+
+def frames_seen(directory: Path) -> list[tuple[int, bool, bool, bool]]:
+    """What a FrameCheck sink saw: (index, whole, writeable, mapped) per frame."""
+    log = directory / "frames.log"
+    rows = log.read_text().split("\n") if log.exists() else []
+    return [(int(i), w == "1", r == "1", m == "1")
+            for i, w, r, m in (row.split() for row in rows if row)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import inspect
+import mmap
 import random
 import re
 import threading
@@ -32,6 +33,7 @@ from videoflow.backends.messaging import (
     Unknown,
 )
 from videoflow.backends.payload import MemoryPayloadStore
+from videoflow.backends.shm_payload import SharedMemoryPayloadStore
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.core.engine import CHECKPOINT_METADATA_KEY
 from videoflow.core.policies import PoisonMessage, WorkerFatal
@@ -444,6 +446,55 @@ def test_a_confirmed_ack_releases_the_payload_and_it_is_reclaimed(flows) -> None
     sink.ack_inputs()
     assert store.refs() == ()  # released after the confirmed ack, and so reclaimed
     assert sink.receive_message()["cam"]["is_stop_signal"]
+
+
+def test_through_shared_memory_a_frame_goes_by_ref_past_64_kib_and_arrives_as_a_mapping(
+    flows, tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    flow = flows({"cam": [], "sink": ["cam"]})
+    store = SharedMemoryPayloadStore(tmp_path)
+    cam = flow.messenger("cam", payload_store=store, blob_reader_ids=["sink"])
+    sink = flow.messenger("sink", payload_store=store)
+    frame = np.arange(480 * 640, dtype=np.uint32).astype(np.uint8).reshape(480, 640)
+    small = np.zeros(1000, np.uint8)  # far below the store's threshold: inline
+    cam.publish_message({"frame": frame})
+    cam.publish_message({"frame": small})
+    cam.publish_stop_signal()
+    (ref,) = store.refs()  # only the 300 KB frame, though the broker would take it
+    assert store.records()[ref].channel == "cam"
+    assert store.records()[ref].stream_seq is not None  # the accepted sequence, kept
+    assert cam.runtime.outbox() == []  # the store's record is the outbox entry
+    got = sink.receive_message()["cam"]["message"]["frame"]
+    assert np.array_equal(got, frame) and not got.flags.writeable
+    owner = got.base
+    while isinstance(owner, np.ndarray):
+        owner = owner.base
+    assert isinstance(owner.obj, mmap.mmap)  # a view of the mapping, no copy
+    sink.ack_inputs()
+    assert store.refs() == () and store.used_bytes() == 0
+    assert np.array_equal(got, frame)  # still readable: the mapping outlives the payload
+    assert np.array_equal(sink.receive_message()["cam"]["message"]["frame"], small)
+
+
+def test_a_payload_gone_from_shared_memory_is_dead_lettered_and_the_next_input_follows(
+    flows, tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    flow = flows({"cam": [], "sink": ["cam"]})
+    store = SharedMemoryPayloadStore(tmp_path)
+    cam = flow.messenger("cam", payload_store=store, blob_reader_ids=["sink"])
+    sink = flow.messenger("sink", payload_store=store)
+    cam.publish_message(np.zeros(100_000, np.uint8))
+    for blob in (tmp_path / "blobs").iterdir():
+        blob.unlink()  # a host's cleanup, or a manual delete
+    run_producer(cam, ["after"])
+    *groups, _ = run_node(sink, None)
+    assert [g["cam"]["message"] for g in groups] == ["after"]
+    assert sink.take_drops()["undecodable"] == 1
+    (only,) = flow.broker.dead_letters(FLOW)
+    record = decode_dead_letter(only[1])
+    assert (record.node, record.parent, record.reason) == ("sink", "cam", "undecodable")
+    assert record.error_type.endswith("PayloadMissing") and "no bytes" in record.error_message
+    assert sink.dead_lettered == 1
 
 
 @pytest.mark.timeout(30)

@@ -169,3 +169,18 @@ def test_the_root_is_this_users_folder_in_shared_memory_where_there_is_one() -> 
     assert root.name.startswith("videoflow")
     if Path("/dev/shm").is_dir():
         assert root.parent == Path("/dev/shm")
+
+
+def test_a_waiting_put_lets_its_publisher_resolve_what_it_holds(tmp_path: Path) -> None:
+    # The room is held by this publisher's own unresolved intent: only the publisher
+    # can free it, so a put that merely slept would wait out its deadline.
+    store = SharedMemoryPayloadStore(tmp_path, budget_bytes=10_000, budget_wait_seconds=5)
+    held = store.put(b"a" * 6000, [], "p1")
+    calls: list[int] = []
+
+    def resolve() -> None:
+        calls.append(1)
+        store.resolve_intent(held, "p1", accepted=True)
+
+    ref = store.put(b"b" * 6000, ["fuse"], "p2", while_waiting=resolve)
+    assert calls and held not in store.refs() and store.get(ref) == b"b" * 6000

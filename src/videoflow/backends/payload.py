@@ -305,6 +305,7 @@ class PayloadStore(abc.ABC):
         *,
         ttl_seconds: float | None = None,
         channel: str | None = None,
+        while_waiting: Callable[[], None] | None = None,
     ) -> str:
         """Stores a payload, acquiring its reader obligations and the publisher's intent.
 
@@ -316,6 +317,9 @@ class PayloadStore(abc.ABC):
                 ``intent/<publication_id>``, owed until resolve_intent.
             ttl_seconds: this ref's TTL; None takes the store's.
             channel: the publishing node, kept in the record (keeps_outbox).
+            while_waiting: called between polls while a budgeted store waits for room:
+                the publisher's chance to resolve what it holds (its own intents
+                are among what can make room).
 
         Returns:
             The new ref.
@@ -329,7 +333,7 @@ class PayloadStore(abc.ABC):
             raise ValueError(f"publication_id must be a non-empty str, not {publication_id!r}")
         ttl = self.ttl_seconds if ttl_seconds is None else _checked_ttl(ttl_seconds)
         blob = data if isinstance(data, bytes) else bytes(data)
-        self._admit(len(blob))
+        self._admit(len(blob), while_waiting)
         ref = uuid.uuid4().hex
         record = PayloadRecord(
             obligations=readers | {intent_id(publication_id)},
@@ -350,7 +354,8 @@ class PayloadStore(abc.ABC):
             raise
         return ref
 
-    def _admit(self, size: int) -> None:  # noqa: B027 - only a budgeted store waits
+    def _admit(self, size: int,  # noqa: B027 - only a budgeted store waits
+               while_waiting: Callable[[], None] | None) -> None:
         """Wait until a payload of size bytes fits the store's budget, and reserve it
         (the shared-memory store); unbounded stores admit everything."""
 

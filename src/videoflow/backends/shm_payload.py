@@ -28,6 +28,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -130,7 +131,7 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
         with self._locked():
             return _read_int(self._usage_path, 0)
 
-    def _admit(self, size: int) -> None:
+    def _admit(self, size: int, while_waiting: Callable[[], None] | None) -> None:
         if size > self.budget_bytes:
             raise PayloadBudgetExhausted(
                 f"a payload of {size} bytes is larger than the shared-memory budget of "
@@ -157,6 +158,8 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
                     f"{self.budget_bytes} bytes ({used} held) within "
                     f"{self.budget_wait_seconds:g} s: raise the budget, or find the reader "
                     "that is not releasing", size=size, budget=self.budget_bytes, used=used)
+            if while_waiting is not None:
+                while_waiting()
             time.sleep(delay)
             delay = min(2 * delay, 0.05)
 

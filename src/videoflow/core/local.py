@@ -29,7 +29,7 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from videoflow.core.compiler import CompiledFlow, compile_flow
 from videoflow.core.constants import REALTIME
@@ -38,6 +38,9 @@ from videoflow.core.report import NodeReport, RunReport
 from videoflow.core.task import Task
 from videoflow.core.worker import ReplicaJob, run_replica
 from videoflow.progress import LiveView, NodeProgress
+
+if TYPE_CHECKING:
+    from videoflow.backends.shm_payload import SharedMemoryPayloadStore
 
 NATS_URL_ENV = "VIDEOFLOW_NATS_URL"
 """The environment variable naming the broker when no nats_url is given."""
@@ -111,6 +114,23 @@ class _Run:
     gate: Any = None  # a multiprocessing Event: producers may start
 
 
+def _shared_payloads(payloads: bool | str, flow_id: str, run_id: str,
+                     budget: int | None) -> SharedMemoryPayloadStore | None:
+    """The run's shared-memory payload store when payloads is 'shm' (None otherwise),
+    once what crashed runs left past its TTL is swept."""
+    if payloads not in (True, False, "shm", "object_store"):
+        raise ValueError(f"payloads must be 'shm', 'object_store', True or False, "
+                         f"not {payloads!r}")
+    if payloads != "shm":
+        return None
+    from videoflow.backends.shm_payload import SharedMemoryPayloadStore, shm_root, sweep_expired
+    from videoflow.messaging.naming import sanitize
+
+    sweep_expired()
+    return SharedMemoryPayloadStore(shm_root() / sanitize(flow_id) / sanitize(run_id),
+                                    budget_bytes=budget)
+
+
 def run_flow(
     flow: Any,
     nats_url: str | None = None,
@@ -124,7 +144,8 @@ def run_flow(
     stop_after: float | None = None,
     max_restarts: int = 3,
     ledger: str = "kv",
-    payloads: bool = True,
+    payloads: bool | str = "shm",
+    payload_budget: int | None = None,
     teardown: bool = True,
     view: LiveView | None | bool = None,
 ) -> RunReport:
@@ -142,8 +163,16 @@ def run_flow(
             None runs until the producers end.
         max_restarts: per replica, how often a process that died without a word is
             started again.
-        ledger / payloads: as ReplicaJob.
-        teardown: delete the run's streams at the end (never the dead-letter stream).
+        ledger: as ReplicaJob.
+        payloads: how outputs too large to travel inline go by ref: 'shm' (the
+            default: every replica runs on this host, so through a shared-memory store
+            whose readers map the bytes, SharedMemoryPayloadStore; anything over 64 KiB
+            goes by ref), 'object_store' or True (the flow's NATS object store, as
+            workers on several hosts use), or False (none: such outputs fail).
+        payload_budget: the shared-memory store's bound in bytes (DEFAULT_BUDGET_BYTES
+            when None); a full budget holds publishers back until readers release.
+        teardown: delete the run's streams at the end (never the dead-letter stream),
+            and the run's shared-memory payloads that no dead letter pins.
         view: a LiveView; None shows one on a terminal (stderr), False shows none.
 
     Returns:
@@ -171,6 +200,7 @@ def run_flow(
         server = EmbeddedServer(store_dir).start()
         url = server.url
     run = _Run(compiled, url, run_id or new_run_id())
+    shared = _shared_payloads(payloads, compiled.flow_id, run.run_id, payload_budget)
     started = time.monotonic()
     try:
         provision_flow_sync(url, list(compiled.specs), compiled.flow_id, run.run_id,
@@ -181,7 +211,8 @@ def run_flow(
             for replica in range(spec.nb_tasks):
                 job = ReplicaJob(compiled.flow_id, run.run_id, compiled.flow_type, spec,
                                  replica, url, ack_wait, max_retries, eos_quiescence_ms,
-                                 ledger, payloads)
+                                 ledger, bool(payloads),
+                                 None if shared is None else str(shared.directory))
                 run.replicas[job.key] = _Replica(job, nodes[spec.name])
         _supervise(run, max_restarts, stop_after, view if isinstance(view, LiveView) else None)
     finally:
@@ -191,6 +222,8 @@ def run_flow(
             if teardown:
                 torn_down = tear_down(url, compiled.flow_id, run.run_id,
                                       timeout=provision_timeout).complete
+                if shared is not None:
+                    shared.clear()
         finally:
             if server is not None:
                 server.stop()

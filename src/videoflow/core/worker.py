@@ -38,6 +38,9 @@ class ReplicaJob:
             counted across replicas) or 'memory' (dies with the process).
         payloads: whether outputs above the broker's inline limit travel by ref
             through the flow's NATS object store.
+        payload_dir: when set, payloads travel by ref through the shared-memory store
+            in this folder instead (replicas on one host; SharedMemoryPayloadStore,
+            whose own threshold sends anything over 64 KiB by ref).
     """
 
     flow_id: str
@@ -51,6 +54,7 @@ class ReplicaJob:
     eos_quiescence_ms: int = 500
     ledger: str = "kv"
     payloads: bool = True
+    payload_dir: str | None = None
 
     @property
     def key(self) -> str:
@@ -92,7 +96,8 @@ def run_replica(job: ReplicaJob, node: Node, *,
         BrokerUnavailable: the broker, its ledger or payload store unreachable.
         Exception: whatever killed the node (after its abort was published).
     """
-    from videoflow.backends.payload import NatsObjectPayloadStore
+    from videoflow.backends.payload import NatsObjectPayloadStore, PayloadStore
+    from videoflow.backends.shm_payload import SharedMemoryPayloadStore
     from videoflow.core.runtime import FlowRuntime, NatsKvRuntimeStore
     from videoflow.messaging.nats_messenger import NATSMessenger
 
@@ -106,8 +111,10 @@ def run_replica(job: ReplicaJob, node: Node, *,
             runtime = FlowRuntime(store, job.flow_id, job.run_id, spec.name, job.replica_id)
         elif job.ledger != "memory":
             raise ValueError(f"ledger must be 'kv' or 'memory', got {job.ledger!r}")
-        payload_store = None
-        if job.payloads:
+        payload_store: PayloadStore | None = None
+        if job.payloads and job.payload_dir is not None:
+            payload_store = SharedMemoryPayloadStore(job.payload_dir, flow_type=job.flow_type)
+        elif job.payloads:
             payload_store = NatsObjectPayloadStore(job.nats_url, payload_bucket(job.flow_id),
                                                    flow_type=job.flow_type)
             stack.callback(payload_store.close)

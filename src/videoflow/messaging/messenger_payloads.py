@@ -20,19 +20,22 @@ What to publish, and whether it was published, stays the messenger's
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from videoflow.backends.messaging import MessagingBackend
 from videoflow.backends.payload import PayloadStore
 from videoflow.core.runtime import FlowRuntime
 from videoflow.messaging.dead_letters import dead_letter_msg_id
-from videoflow.messaging.obligations import RuntimeObligationLedger, reconcile
+from videoflow.messaging.obligations import (
+    RuntimeObligationLedger,
+    StoreObligationLedger,
+    reconcile,
+)
 from videoflow.messaging.stream_configs import DLQ_RETENTION_SECONDS
 from videoflow.wire.serialization import (
     BlobStore,
     decode_message,
-    encode_message,
-    offload_message,
     restore_message,
 )
 
@@ -83,8 +86,10 @@ class MessengerPayloads:
 
     # ------------------------------------------------------------------ the writer
 
-    def put(self, message: Any, msg_id: str) -> str:
-        """Put an output's message where the ref its envelope carries will point.
+    def put(self, blob: bytes, msg_id: str,
+            while_waiting: Callable[[], None] | None = None) -> str:
+        """Put an output's message (encoded alone, encode_message) where the ref its
+        envelope carries will point.
 
         Into the payload store: with its readers' obligations and this publication's
         intent acquired, and recorded in the outbox (PAY-007/013). Else into the counter
@@ -92,20 +97,24 @@ class MessengerPayloads:
         leaves it to the store's TTL; RFC 0002, BLOB-5).
 
         Arguments:
-            message: the output's message.
+            blob: the output's message, encode_message's bytes.
             msg_id: the publication's msg_id, the intent's name.
+            while_waiting: what to do while a budgeted store waits for room (the
+                publisher's window resolving what it can).
 
         Returns:
             The ref.
         """
         if self.payload_store is not None:
             ttl = {} if self.blob_ttl_seconds is None else {"ttl_seconds": self.blob_ttl_seconds}
-            ref = self.payload_store.put(encode_message(message), self.blob_reader_ids,
-                                         msg_id, **ttl)
-            self.runtime.record_publication(msg_id, (ref,), self.blob_reader_ids)
+            store = self.payload_store
+            ref = store.put(blob, self.blob_reader_ids, msg_id, channel=self.node_name,
+                            while_waiting=while_waiting, **ttl)
+            if not store.keeps_outbox:  # else the record just written is the entry
+                self.runtime.record_publication(msg_id, (ref,), self.blob_reader_ids)
             return ref
         assert self.blob_store is not None
-        ref = offload_message(message, self.blob_store)
+        ref = self.blob_store.put(blob)
         if self.blob_readers is not None:
             self.runtime.count_blob_readers(ref, self.blob_readers)
         return ref
@@ -115,7 +124,8 @@ class MessengerPayloads:
         once (the intent resolved as refused, or the counted payload deleted)."""
         if self.payload_store is not None:
             self.payload_store.resolve_intent(ref, msg_id, accepted=False)
-            self.runtime.resolve_publication(msg_id, None)
+            if not self.payload_store.keeps_outbox:
+                self.runtime.resolve_publication(msg_id, None)
         else:
             assert self.blob_store is not None
             self.blob_store.delete(ref)
@@ -124,7 +134,9 @@ class MessengerPayloads:
         """The publication carrying ref was accepted at stream_seq: release its intent
         (the readers' obligations keep the payload). A counted payload has no intent:
         its readers count it down."""
-        if self.payload_store is not None:
+        if self.payload_store is not None and self.payload_store.keeps_outbox:
+            self.payload_store.resolve_intent(ref, msg_id, accepted=True, stream_seq=stream_seq)
+        elif self.payload_store is not None:
             self.payload_store.resolve_intent(ref, msg_id, accepted=True)
             self.runtime.resolve_publication(msg_id, stream_seq)
 
@@ -139,7 +151,9 @@ class MessengerPayloads:
             WireError: the payload does not decode.
         """
         if self.payload_store is not None:
-            return decode_message(self.payload_store.get(ref), what=f"payload {ref!r}")
+            # A view, not a copy: from the shared-memory store, arrays in the message
+            # are the stored pages themselves.
+            return decode_message(self.payload_store.view(ref), what=f"payload {ref!r}")
         if self.blob_store is not None:
             return restore_message(ref, self.blob_store)
         raise KeyError(f"payload {ref!r} arrived by ref and no payload store is set")
@@ -193,8 +207,13 @@ class MessengerPayloads:
         if now - self._reconciled_at < self.ack_wait:
             return 0
         self._reconciled_at = now
-        ledger = RuntimeObligationLedger(self.runtime, self.backend,
-                                         [*self.parent_names, self.node_name])
+        channels = [*self.parent_names, self.node_name]
+        if self.payload_store.keeps_outbox:
+            self.payload_store.reclaim_expired()  # its records die with the host, not a ledger
+            ledger: RuntimeObligationLedger = StoreObligationLedger(
+                self.payload_store, self.runtime, self.backend, channels)
+        else:
+            ledger = RuntimeObligationLedger(self.runtime, self.backend, channels)
         return reconcile(self.payload_store, ledger)
 
 

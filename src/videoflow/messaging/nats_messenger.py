@@ -77,7 +77,7 @@ from videoflow.core.engine import (
     Messenger,
 )
 from videoflow.core.runtime import FlowRuntime
-from videoflow.errors import DurabilityUnavailable, WireError
+from videoflow.errors import DurabilityUnavailable, PayloadMissing, WireError
 from videoflow.messaging.credit import (
     PRODUCER_WINDOW,
     RECEIVE_PREFETCH,
@@ -285,6 +285,7 @@ class NATSMessenger(Messenger):
         self._encoder = OutputEncoder(producer_name=self.node_name, flow_id=flow_id,
                                       run_id=run_id, replica_id=replica_id)
         self.payload_store = payload_store
+        self._sizes_first = getattr(payload_store, "offload_above", None) is not None
         # The older counter store (RFC 0002), used when no payload_store is given.
         self.blob_store = None if payload_store is not None else blob_store
         self.blob_readers = blob_readers
@@ -526,16 +527,23 @@ class NATSMessenger(Messenger):
             msg_id = f"{self.node_name}:{self.last_input_key()}:{self._group_outputs}"
             event_ts = self._event_ts if self._event_ts is not None else group.event_ts
         partition_key, self._event_ts, self._partition_key = self._partition_key, None, None
-        data = self._encoder.encode(message, trace_id, seq, metadata, event_ts, partition_key)
+        header = (trace_id, seq, metadata, event_ts, partition_key)
         accepted: list[Accepted] = []
         if pending_state is not None:
             on_accepted = _also(on_accepted, accepted.append)
-        if not self.payloads.offloads or len(data) <= self._inline_threshold():
-            self.window.send(Envelope(self.channel, "data", data, msg_id), self.flow_type,
-                             on_accepted=on_accepted)
+        # With a store cheaper than the broker past some size (shared memory), most
+        # large messages go by ref: encode the message alone first, so a frame is not
+        # also encoded into an envelope that is thrown away.
+        blob = encode_message(message) if self._sizes_first else None
+        if blob is not None and len(blob) > self._inline_threshold():
+            self._publish_by_ref(blob, header, msg_id, on_accepted)
         else:
-            self._publish_by_ref(message, (trace_id, seq, metadata, event_ts, partition_key),
-                                 msg_id, on_accepted)
+            data = self._encoder.encode(message, *header)
+            if not self.payloads.offloads or len(data) <= self._inline_threshold():
+                self.window.send(Envelope(self.channel, "data", data, msg_id),
+                                 self.flow_type, on_accepted=on_accepted)
+            else:
+                self._publish_by_ref(encode_message(message), header, msg_id, on_accepted)
         if pending_state is not None:
             self.window.resolve_current()
             self._commit_offset(force=True)
@@ -580,10 +588,14 @@ class NATSMessenger(Messenger):
             if not isinstance(max_payload, Known):
                 raise PublicationFailed(f"{self.node_name}: the broker's max_payload is "
                                         f"unknown ({max_payload}), so no inline limit")
-            self._inline_limit = inline_threshold(max_payload.value)
+            limit = inline_threshold(max_payload.value)
+            cheaper = getattr(self.payload_store, "offload_above", None)
+            # A store that is cheaper than the broker past some size (shared memory)
+            # takes everything past it.
+            self._inline_limit = limit if cheaper is None else min(limit, cheaper)
         return self._inline_limit
 
-    def _publish_by_ref(self, message: Any, header: _Header, msg_id: str,
+    def _publish_by_ref(self, blob: bytes, header: _Header, msg_id: str,
                         on_accepted: Callable[[Accepted], None] | None) -> None:
         """Put the message in the store (MessengerPayloads.put), publish the envelope
         carrying its ref, and resolve the put by the outcome: its intent released once
@@ -593,7 +605,9 @@ class NATSMessenger(Messenger):
         if self.payload_store is not None and not self.blob_reader_ids:
             raise PublicationFailed(f"{self.node_name}: an output over the inline limit "
                                     "needs blob_reader_ids (whose reads it must outlive)")
-        ref = self.payloads.put(message, msg_id)
+        # A full budget waits for readers' releases, and for this node's own intents,
+        # which only its window resolves: it goes on resolving while it waits.
+        ref = self.payloads.put(blob, msg_id, while_waiting=self.window.advance)
         data = self._encoder.encode(None, *header, blob_ref=ref)  # header: as publish_message's
 
         def accepted(outcome: Accepted) -> None:
@@ -793,7 +807,14 @@ class NATSMessenger(Messenger):
             entry = EnvelopeEntry.from_decoded(decode_envelope(delivery.data))
             if entry.blob_ref is not None:
                 entry = replace(entry, message=self.payloads.restore(entry.blob_ref))
-        except (WireError, KeyError) as error:  # PayloadMissing is a KeyError too
+        except PayloadMissing as error:
+            # The envelope is whole, its payload gone (reclaimed, deleted from shared
+            # memory): dead-lettered, so the envelope and the reason are kept.
+            self.deliveries.drops["undecodable"] += 1
+            self.deliveries.dead_letter(_Handle(self, parent, sub, delivery), error,
+                                        "undecodable: payload missing", "undecodable")
+            return
+        except (WireError, KeyError) as error:
             self.deliveries.drops["undecodable"] += 1
             self.deliveries.terminate(parent, delivery, f"undecodable: {error!r}")
             return
