@@ -271,9 +271,15 @@ def test_time_message_joins_the_nearest_group_within_tolerance(core):
 
 def test_time_message_beyond_tolerance_seeds_its_own_group(core):
     a = timed(core, timeout_ms=None)
-    a.add("a", entry("a1", 1, 10.0), Handle("a1"))
+    first = Handle("a1")
+    a.add("a", entry("a1", 1, 10.0), first)
     a.add("b", entry("b1", 1, 10.0051), Handle("b1"))
-    assert a.pop_ready(0.0) is None and a.pending_count() == 2
+    assert a.pop_ready(0.0) is None and a.pending_count() == 1
+    # b is past a1's group (10.0051 > 10.0 + 5 ms): its member is not coming, and
+    # below quorum the group is given up with no timeout at all.
+    assert first.events == ["expired"]
+    a.add("a", entry("a2", 2, 10.0052), Handle("a2"))
+    assert members(a.pop_ready(0.0)) == {"a": ("a2", 2), "b": ("b1", 1)}
 
 
 def test_time_message_skips_groups_already_holding_its_parent(core):
@@ -317,6 +323,55 @@ def test_time_below_quorum_at_timeout_expires_per_missing_policy(core):
     a.add("c1", entry("c1", 1, 7.0), h)
     assert a.pop_ready(0.2) is None
     assert h.events == ["expired"] and a.evictions == 1
+
+
+def test_time_a_dropped_frame_is_given_up_as_soon_as_its_camera_moves_on(core):
+    # c3 dropped its frame at 7.0: its next one (7.1, beyond the 5 ms tolerance) says
+    # so, and the group goes out with c3 None at once, not at the 10 s timeout.
+    clock = Clock(0.0)
+    a = timed(core, parents=("c1", "c2", "c3"), clock=clock, timeout_ms=10_000, quorum=2)
+    for p in ("c1", "c2"):
+        a.add(p, entry(p, 1, 7.0), Handle(p))
+    assert a.pop_ready(0.0) is None
+    a.add("c3", entry("c3", 2, 7.1), Handle("c3"))
+    group = a.pop_ready(0.0)
+    assert members(group) == {"c1": ("c1", 1), "c2": ("c2", 1), "c3": None}
+    assert a.pending_count() == 1  # c3's own frame seeded the next group
+
+
+def test_time_a_lagging_parent_is_waited_for_while_its_data_still_arrives(core):
+    # b runs a second behind a in event time but keeps sending: a's group at 1.0 is
+    # not given up on at the 100 ms timeout, however long b takes, and is whole.
+    clock = Clock(0.0)
+    a = timed(core, parents=("a", "b"), clock=clock, timeout_ms=100, quorum=1)
+    a.add("a", entry("a1", 1, 1.0), Handle("a1"))
+    for k in range(10):
+        clock.now = 0.05 * (k + 1)
+        a.add("b", entry(f"b{k}", k, 0.1 * k), Handle(f"b{k}"))  # 0.0 .. 0.9, late
+        drain(a, clock.now)
+    assert a.pending_count() == 1 and clock.now == 0.5  # five timeouts later
+    a.add("b", entry("b10", 10, 1.0), Handle("b10"))
+    (group,) = drain(a, clock.now)
+    assert members(group) == {"a": ("a1", 1), "b": ("b10", 10)}
+
+
+def test_time_a_silent_parent_is_given_up_once_silent_for_the_timeout(core):
+    # b's last word came at clock 0.0; a's group begins at 0.05. b has been silent for
+    # the 100 ms timeout at 0.1, so the group waits 50 ms, not a timeout of its own.
+    # c was never heard from: for it, silence counts from the group's creation.
+    clock = Clock(0.0)
+    a = timed(core, parents=("a", "b"), clock=clock, timeout_ms=100, quorum=1)
+    a.add("b", entry("b0", 0, 0.9), Handle("b0"))
+    clock.now = 0.05
+    a.add("a", entry("a1", 1, 1.0), Handle("a1"))
+    (first,) = drain(a, 0.0999)  # b0's group: a's watermark passed it, a gave it up
+    assert members(first) == {"a": None, "b": ("b0", 0)}
+    assert a.pending_count() == 1
+    assert members(a.pop_ready(0.1001)) == {"a": ("a1", 1), "b": None}
+    never = timed(core, parents=("a", "c"), clock=Clock(5.0), timeout_ms=100, quorum=1)
+    never.add("a", entry("a1", 1, 1.0), Handle("a1"))
+    assert never.pop_ready(5.0999) is None
+    assert members(never.pop_ready(5.1001)) == {"a": ("a1", 1), "c": None}
 
 
 def test_time_redelivery_supersedes_and_keeps_one_group(core):
@@ -382,14 +437,40 @@ def test_collect_window_closes_on_the_event_time_watermark(core):
     assert max(window.event_ts) == pytest.approx(10.02)
 
 
-def test_collect_window_closes_after_the_window_in_wall_time(core):
+def test_collect_window_waits_for_a_lagging_sensor_past_the_window_and_the_timeout(core):
+    # The IMU is alive but behind: its samples for the frame's window arrive long after
+    # the window's length and the timeout have passed in wall time; none is lost.
+    clock = Clock(500.0)
+    a = fused(core, clock, timeout_ms=100)
+    a.add("cam", entry("f0", 0, 10.0), Handle("f0"))
+    for k in range(71):  # 9.950 .. 10.020, one every 10 ms of wall time
+        clock.now = 500.0 + 0.01 * k
+        a.add("imu", entry(f"imu{k}", k, round(9.95 + 0.001 * k, 6)), Handle(f"imu{k}"))
+        assert a.pop_ready(clock.now) is None  # open: no sample beyond 10.02 yet
+    assert clock.now == pytest.approx(500.7)  # 0.7 s after the frame
+    a.add("imu", entry("imu71", 71, 10.021), Handle("imu71"))
+    group = a.pop_ready(clock.now)
+    assert len(group.entries["imu"].event_ts) == 41  # 9.980 .. 10.020, every one
+
+
+def test_collect_window_backstop_is_a_sensor_silent_for_the_timeout(core):
+    clock = Clock(500.0)
+    a = fused(core, clock, timeout_ms=100)
+    feed_imu(a, 9.99, 10.0)  # the IMU's last samples, at clock 500.0
+    a.add("cam", entry("f0", 0, 10.0), Handle("f0"))
+    assert a.pop_ready(500.099) is None
+    group = a.pop_ready(500.1)
+    assert len(group.entries["imu"].event_ts) == 11
+
+
+def test_collect_window_without_a_timeout_waits_for_the_watermark_alone(core):
     clock = Clock(500.0)
     a = fused(core, clock, timeout_ms=None)
     feed_imu(a, 9.99, 10.0)
     a.add("cam", entry("f0", 0, 10.0), Handle("f0"))
-    assert a.pop_ready(500.019) is None
-    group = a.pop_ready(500.02)
-    assert len(group.entries["imu"].event_ts) == 11
+    assert a.pop_ready(10_000.0) is None
+    a.add("imu", entry("next", 99, 10.03), Handle("next"))
+    assert len(a.pop_ready(10_000.0).entries["imu"].event_ts) == 11
 
 
 def test_collect_sample_in_two_windows_travels_once_in_the_last_group(core):

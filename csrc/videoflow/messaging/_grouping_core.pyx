@@ -498,9 +498,11 @@ cdef class TimeCore(_Core):
     cdef double tol
     cdef double* g_time
     cdef double* g_completed
-    cdef SortedTimes order
+    cdef char* g_waiting
+    cdef SortedTimes order, waiting
     cdef SlotQueue closing
     cdef double* wm
+    cdef double* last
     cdef double* wm_sorted
     cdef double horizon
     cdef list c_names
@@ -508,6 +510,7 @@ cdef class TimeCore(_Core):
     cdef dict c_index
     cdef double* c_window
     cdef double* c_wm
+    cdef double* c_last
     cdef list c_buf
     cdef Py_ssize_t* c_live
     cdef Py_ssize_t* carry_from
@@ -519,20 +522,26 @@ cdef class TimeCore(_Core):
     def __cinit__(self, *args, **kwargs):
         self.g_time = NULL
         self.g_completed = NULL
+        self.g_waiting = NULL
         self.wm = NULL
+        self.last = NULL
         self.wm_sorted = NULL
         self.c_window = NULL
         self.c_wm = NULL
+        self.c_last = NULL
         self.c_live = NULL
         self.carry_from = NULL
 
     def __dealloc__(self):
         PyMem_Free(self.g_time)
         PyMem_Free(self.g_completed)
+        PyMem_Free(self.g_waiting)
         PyMem_Free(self.wm)
+        PyMem_Free(self.last)
         PyMem_Free(self.wm_sorted)
         PyMem_Free(self.c_window)
         PyMem_Free(self.c_wm)
+        PyMem_Free(self.c_last)
         PyMem_Free(self.c_live)
         PyMem_Free(self.carry_from)
 
@@ -545,6 +554,7 @@ cdef class TimeCore(_Core):
                     ready_factory)
         self.tol = tolerance_s
         self.order = SortedTimes()
+        self.waiting = SortedTimes()
         self.closing = SlotQueue()
         self.horizon = -INFINITY
         self.c_names = list(collect_names)
@@ -552,20 +562,25 @@ cdef class TimeCore(_Core):
         self.c_index = {name: i for i, name in enumerate(self.c_names)}
         m = max(self.n, 1)
         self.wm = <double*>PyMem_Malloc(<size_t>m * sizeof(double))
+        self.last = <double*>PyMem_Malloc(<size_t>m * sizeof(double))
         self.wm_sorted = <double*>PyMem_Malloc(<size_t>m * sizeof(double))
         m = max(self.nc, 1)
         self.c_window = <double*>PyMem_Malloc(<size_t>m * sizeof(double))
         self.c_wm = <double*>PyMem_Malloc(<size_t>m * sizeof(double))
+        self.c_last = <double*>PyMem_Malloc(<size_t>m * sizeof(double))
         self.c_live = <Py_ssize_t*>PyMem_Malloc(<size_t>m * sizeof(Py_ssize_t))
         self.carry_from = <Py_ssize_t*>PyMem_Malloc(<size_t>m * sizeof(Py_ssize_t))
-        if (self.wm == NULL or self.wm_sorted == NULL or self.c_window == NULL
-                or self.c_wm == NULL or self.c_live == NULL or self.carry_from == NULL):
+        if (self.wm == NULL or self.last == NULL or self.wm_sorted == NULL
+                or self.c_window == NULL or self.c_wm == NULL or self.c_last == NULL
+                or self.c_live == NULL or self.carry_from == NULL):
             raise MemoryError()
         for i in range(self.n):
             self.wm[i] = -INFINITY
+            self.last[i] = -INFINITY
         for i in range(self.nc):
             self.c_window[i] = windows_s[i]
             self.c_wm[i] = -INFINITY
+            self.c_last[i] = -INFINITY
             self.c_live[i] = 0
             self.carry_from[i] = 0
         self.c_buf = [SortedTimes() for _ in range(self.nc)]
@@ -582,7 +597,63 @@ cdef class TimeCore(_Core):
         grow_buffer(<void**>&self.g_time, &c, cap, sizeof(double))
         c = self.g_cap
         grow_buffer(<void**>&self.g_completed, &c, cap, sizeof(double))
+        c = self.g_cap
+        grow_buffer(<void**>&self.g_waiting, &c, cap, sizeof(char))
         return 0
+
+    cdef inline void _unwait(self, Py_ssize_t slot) noexcept:
+        if self.g_waiting[slot]:
+            self.g_waiting[slot] = 0
+            self.waiting.remove(self.g_time[slot], slot)
+
+    cdef int _stage(self, Py_ssize_t slot) except -1:
+        self._unwait(slot)
+        return _Core._stage(self, slot)
+
+    cdef bint _given_up(self, Py_ssize_t slot, double now) noexcept:
+        cdef double beyond = self.g_time[slot] + self.tol, created = self.g_created[slot]
+        cdef double since
+        cdef uint64_t mask = self.g_mask[slot]
+        cdef Py_ssize_t p
+        for p in range(self.n):
+            if (mask >> p) & 1 or self.wm[p] > beyond:
+                continue
+            since = self.last[p] if self.last[p] > -INFINITY else created
+            if self.timeout < 0 or now < since + self.timeout:
+                return False
+        return True
+
+    cdef int _resolve(self, double now) except -1:
+        cdef SortedTimes waiting = self.waiting
+        cdef Py_ssize_t k, slot
+        cdef list due = None
+        for k in range(waiting.lo, waiting.n):
+            slot = waiting.s[k]
+            if slot < 0:
+                continue
+            if not self._given_up(slot, now):
+                break
+            if due is None:
+                due = []
+            due.append(slot)
+        if due is None:
+            return 0
+        for slot in due:  # decided first: a discard edits the index being walked
+            if self.g_count[slot] >= self.quorum:
+                self._complete(slot)  # its collect windows still close on their own
+            elif self.missing_wait:
+                self._unwait(slot)
+                self.g_expired[slot] = 1
+            else:
+                self._discard_group(slot, "expired")
+        return 0
+
+    cpdef sweep(self, now=None):
+        cdef double t_now = self.clock() if now is None else now
+        self._resolve(t_now)
+        self._promote(t_now)  # a group just resolved may find its windows closed already
+        self._compact_fifo()
+        self._sweep_extra(t_now)
 
     def has_pending_from(self, parent_name):
         c = self.c_index.get(parent_name)
@@ -612,13 +683,16 @@ cdef class TimeCore(_Core):
             self._add_sample(co, entry, handle)
             return
         cdef Py_ssize_t p = po
+        cdef double now = self.clock()
         cdef double ts = _event_time(entry, self.clock)
         cdef int64_t seq = _seq_of(entry)
         cdef SortedTimes order = self.order
         cdef double tol = self.tol, d, best_d = 0.0
         cdef uint64_t bit = (<uint64_t>1) << p
         cdef Py_ssize_t best = -1, i, j, k, slot, m
-        if ts > self.wm[p]:
+        cdef bint advanced = ts > self.wm[p]
+        self.last[p] = now
+        if advanced:
             self.wm[p] = ts
             if self.nc:
                 self._update_horizon()
@@ -639,15 +713,20 @@ cdef class TimeCore(_Core):
                     best = slot
                     best_d = d
         if best < 0:
-            best = self._alloc(self.clock())
+            best = self._alloc(now)
             self.g_time[best] = ts
             order.insert(ts, best)
+            self.waiting.insert(ts, best)
+            self.g_waiting[best] = 1
             self._evict_over_capacity()
         self._join(best, p, ts, entry, handle, seq)
+        if advanced:
+            self._resolve(now)
 
     cdef int _complete(self, Py_ssize_t slot) except -1:
         if self.nc == 0:
             return self._stage(slot)
+        self._unwait(slot)
         self.assembling -= 1
         self.g_state[slot] = CLOSING
         self.g_completed[slot] = self.clock()
@@ -655,12 +734,13 @@ cdef class TimeCore(_Core):
         return 0
 
     cdef int _forget(self, Py_ssize_t slot) except -1:
+        self._unwait(slot)
         self.order.remove(self.g_time[slot], slot)
         return 0
 
     cdef int _promote(self, double now) except -1:
         cdef Py_ssize_t k, keep = 0, slot, c
-        cdef double t, done, w
+        cdef double t, done, since
         cdef bint open_
         if self.closing.n == 0:
             return 0
@@ -674,8 +754,10 @@ cdef class TimeCore(_Core):
             done = self.g_completed[slot]
             open_ = False
             for c in range(self.nc):
-                w = self.c_window[c]
-                if not (self.c_wm[c] > t + w or now >= done + w):
+                if self.c_wm[c] > t + self.c_window[c]:
+                    continue
+                since = self.c_last[c] if self.c_last[c] > -INFINITY else done
+                if self.timeout < 0 or now < since + self.timeout:
                     open_ = True
                     break
             if open_:
@@ -702,6 +784,7 @@ cdef class TimeCore(_Core):
         return s + w < self.horizon - self.tol and not self._covered(s, w)
 
     cdef int _add_sample(self, Py_ssize_t c, object entry, object handle) except -1:
+        self.c_last[c] = self.clock()
         cdef double ts = _event_time(entry, self.clock)
         cdef SortedTimes buf = <SortedTimes>self.c_buf[c]
         cdef Py_ssize_t i, j, k, x

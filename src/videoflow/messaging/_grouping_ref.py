@@ -8,16 +8,36 @@ It favours plain code over speed: the compiled twin is where speed lives.
 
 Rules (both cores):
 
-- A group's deadline is ``created + timeout`` in the caller's clock. At the
-  deadline an assembling group with at least ``quorum`` sync members is staged
-  for emission (missing parents as None, collect windows closed as they stand);
-  below quorum it is discarded ('expired') unless ``missing='wait'``, in which
-  case it keeps assembling and is staged as soon as it reaches quorum.
+- *Resolving* an incomplete group: with at least ``quorum`` sync members it is
+  staged for emission (missing parents as None, collect windows closed as they
+  stand); below quorum it is discarded ('expired') unless ``missing='wait'``, in
+  which case it keeps assembling and is staged as soon as it reaches quorum.
+- Trace core: a group is resolved at its deadline, ``created + timeout`` in the
+  caller's clock.
+- Time core: a group is resolved once every parent it lacks is *given up on*. A
+  parent p is given up on for a group at time t when its event-time watermark (the
+  greatest event_ts seen from p) has passed ``t + tolerance`` -- its data says its
+  member is not coming, whatever the clock says -- or, the backstop, when p has
+  been silent for ``timeout``: no message from p since its last arrival (since the
+  group's creation, for a parent never heard from) by the caller's clock. Incomplete groups are resolved in
+  time order: the oldest one that cannot be resolved yet holds the later ones (a
+  parent that is behind the group is behind every later group it lacks too), so
+  each call resolves what it can and stops. A parent that runs ahead, lags or
+  replays loses nothing that is complete in its data, and a dropped frame costs
+  one frame period of waiting, not the whole timeout.
 - Beyond ``max_pending`` assembling groups, the oldest (by creation) is
   discarded ('evicted').
 - A redelivery (same parent, trace_id and seq as a held message) swaps the
   held entry and handle in place and calls ``supersede()`` on the old handle.
 - Ready groups come out in the order they became ready.
+
+A time group with every sync parent present, or resolved with a quorum, waits for
+its collect windows: the window of parent c closes
+once c's watermark has passed ``t + w``, or, the backstop, once c has been silent
+for ``timeout`` since its last arrival (since the group's completion, for a parent
+never heard from). Never by
+the window's length in wall time: samples that exist are in the window, however
+late they arrive. With no timeout there is no backstop.
 
 Collect samples (time core): a sample at ``s`` of a parent with window ``w``
 belongs to every group whose time ``t`` has ``|t - s| <= w``. It is *settled*
@@ -540,13 +560,19 @@ class TimeCore(_Core):
         self.order = SortedTimes()
         self.closing: list[tuple[int, int]] = []
         self.wm = [_NEG_INF] * self.n
+        self.last = [_NEG_INF] * self.n  # clock reading at each parent's latest arrival
         self.horizon = _NEG_INF
+        # The assembling groups no resolution has judged yet, by time: what the
+        # resolution scan walks, so it never passes over ready or closing groups.
+        self.waiting = SortedTimes()
+        self.g_waiting: list[bool] = []
         # collect parents
         self.c_names = list(collect_names)
         self.nc = len(self.c_names)
         self.c_index = {name: i for i, name in enumerate(self.c_names)}
         self.c_window = list(windows_s)
         self.c_wm = [_NEG_INF] * self.nc
+        self.c_last = [_NEG_INF] * self.nc
         self.c_buf = [SortedTimes() for _ in range(self.nc)]
         self.c_held = [0] * self.nc
         self.c_live = [0] * self.nc
@@ -564,7 +590,60 @@ class TimeCore(_Core):
         if slot == len(self.g_time):
             self.g_time.append(0.0)
             self.g_completed.append(0.0)
+            self.g_waiting.append(False)
         return slot
+
+    def _unwait(self, slot: int) -> None:
+        if self.g_waiting[slot]:
+            self.g_waiting[slot] = False
+            self.waiting.remove(self.g_time[slot], slot)
+
+    def _stage(self, slot: int) -> None:
+        self._unwait(slot)
+        super()._stage(slot)
+
+    def _given_up(self, slot: int, now: float) -> bool:
+        """Whether every sync parent the group lacks is given up on (module rules)."""
+        beyond = self.g_time[slot] + self.tol
+        created = self.g_created[slot]
+        mask = self.g_mask[slot]
+        timeout = self.timeout
+        for p in range(self.n):
+            if mask >> p & 1 or self.wm[p] > beyond:
+                continue
+            since = self.last[p] if self.last[p] > _NEG_INF else created
+            if timeout < 0 or now < since + timeout:
+                return False
+        return True
+
+    def _resolve(self, now: float) -> None:
+        """Resolves, oldest first, the waiting groups whose missing parents are all
+        given up on, up to the first that is not."""
+        waiting = self.waiting
+        due = []
+        for k in range(waiting.lo, len(waiting.s)):
+            slot = waiting.s[k]
+            if slot < 0:
+                continue
+            if not self._given_up(slot, now):
+                break
+            due.append(slot)
+        for slot in due:  # decided first: a discard edits the index being walked
+            if self.g_count[slot] >= self.quorum:
+                self._complete(slot)  # its collect windows still close on their own
+            elif self.missing_wait:
+                self._unwait(slot)
+                self.g_expired[slot] = True
+            else:
+                self._discard_group(slot, "expired")
+
+    def sweep(self, now: float | None = None) -> None:
+        if now is None:
+            now = self.clock()
+        self._resolve(now)
+        self._promote(now)  # a group just resolved may find its windows closed already
+        self._compact_fifo()
+        self._sweep_extra(now)
 
     def has_pending_from(self, parent_name: str) -> bool:
         c = self.c_index.get(parent_name)
@@ -580,9 +659,12 @@ class TimeCore(_Core):
                 raise KeyError(parent_name)
             self._add_sample(c, entry, handle)
             return
+        now = self.clock()
         ts = event_time(entry, self.clock)
         seq = seq_of(entry)
-        if ts > self.wm[p]:
+        self.last[p] = now
+        advanced = ts > self.wm[p]
+        if advanced:
             self.wm[p] = ts
             if self.nc:
                 self.horizon = sorted(self.wm)[self.quorum - 1]
@@ -607,22 +689,28 @@ class TimeCore(_Core):
                     best = slot
                     best_d = d
         if best < 0:
-            best = self._alloc(self.clock())
+            best = self._alloc(now)
             self.g_time[best] = ts
             order.insert(ts, best)
+            self.waiting.insert(ts, best)
+            self.g_waiting[best] = True
             self._evict_over_capacity()
         self._join(best, p, ts, entry, handle, seq)
+        if advanced:
+            self._resolve(now)
 
     def _complete(self, slot: int) -> None:
         if self.nc == 0:
             self._stage(slot)
             return
+        self._unwait(slot)
         self.assembling -= 1
         self.g_state[slot] = _CLOSING
         self.g_completed[slot] = self.clock()
         self.closing.append((slot, self.g_serial[slot]))
 
     def _forget(self, slot: int) -> None:
+        self._unwait(slot)
         self.order.remove(self.g_time[slot], slot)
 
     def _promote(self, now: float) -> None:
@@ -636,8 +724,9 @@ class TimeCore(_Core):
             t = self.g_time[slot]
             done = self.g_completed[slot]
             for c in range(self.nc):
-                w = self.c_window[c]
-                if not (self.c_wm[c] > t + w or now >= done + w):
+                since = self.c_last[c] if self.c_last[c] > _NEG_INF else done
+                if not (self.c_wm[c] > t + self.c_window[c] or (
+                        self.timeout >= 0 and now >= since + self.timeout)):
                     still.append(item)
                     break
             else:
@@ -658,6 +747,7 @@ class TimeCore(_Core):
         return s + w < self.horizon - self.tol and not self._covered(s, w)
 
     def _add_sample(self, c: int, entry: Any, handle: Any) -> None:
+        self.c_last[c] = self.clock()
         ts = event_time(entry, self.clock)
         if ts > self.c_wm[c]:
             self.c_wm[c] = ts
