@@ -21,7 +21,8 @@ starts the embedded nats-server (or uses --nats-url) and captures for 10 s, afte
 - The IMU samples at 400 Hz on the true clock; a group takes every sample within
   20 ms of its time (a collect parent).
 - The fusion node sees one camera frame per parent, None for a camera missing from a
-  quorum group (emitted once the group times out after 300 ms with 3 of 4 present),
+  quorum group (emitted with 3 of 4 present once the missing camera's next frame
+  shows its frame is not coming; after 300 ms of silence, for a camera that stopped),
   and the IMU window as a list. It sends on a small summary, not the frames.
 - The verify sink checks every fused group against the ground truth each frame
   carries (its capture instant k): a group is correct when all its frames belong to
@@ -337,14 +338,14 @@ class DemoResult:
         correctness: correct groups as a percentage of the groups; None for no group.
         imu_per_group: (min, mean, max) IMU samples per group; imu_span_ms: the earliest
             and latest sample relative to its group's frames' mean stamp. A window
-            closes at the first sample beyond it or, as a backstop, window ms of wall
-            time after its group completed: one whose last samples are still in
-            transit then closes short, hence a minimum below the mean.
+            closes at the first sample beyond it or, as a backstop, once the IMU has
+            been silent for the join's timeout.
         camera_lag_ms: the most a frame was published behind its capture instant (a
-            replica that started after the first instant, a busy machine). The join's
-            timeout and the IMU windows' backstop run on wall time: a large lag can turn
-            a complete group into a quorum group, or close an IMU window before its
-            samples arrive, and the figures then differ from the expected ones.
+            replica that started after the first instant, a busy machine). A camera
+            or IMU that falls silent for the join's timeout (300 ms) is given up on,
+            so a machine too busy to keep them sending can turn complete groups into
+            quorum groups or close IMU windows short, and the figures then differ
+            from the expected ones.
         expected: what the seed says the join must produce.
         drops: drops by reason per node that dropped anything (RunReport).
     """
@@ -423,12 +424,12 @@ class DemoResult:
              f"{self.correct} of {self.groups} groups hold frames of one capture instant"),
             ("join latency", "-" if p50 is None or p99 is None
              else f"p50 {p50:.1f} ms, p99 {p99:.1f} ms",
-             f"a quorum group waits out the {TIMEOUT_MS:g} ms timeout"),
+             "a quorum group waits until its missing camera's next frame"),
             ("IMU per group", imu, ""),
             ("camera lag", "-" if self.camera_lag_ms is None
              else f"{self.camera_lag_ms:.1f} ms", "most a frame was sent behind real time"
-             + (f"; above {LAG_WARNING_MS:g} ms the wall-clock timeout and IMU windows "
-                "may split groups: raise --start-delay or lighten the machine"
+             + (f"; above {LAG_WARNING_MS:g} ms a camera silent for the {TIMEOUT_MS:g} ms "
+                "timeout is given up on: raise --start-delay or lighten the machine"
                 if (self.camera_lag_ms or 0) > LAG_WARNING_MS else "")),
             ("drops", drops, "" if e is None
              else f"expected: fusion join_evicted {e.evicted}, frames of instants below "

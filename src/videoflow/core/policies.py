@@ -38,8 +38,11 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
             fuses independent producers by event time.
         tolerance_ms: how far apart (ms) sync members of one time group may be; required
             in time mode.
-        timeout_ms: how long (wall ms since a group was seeded) an incomplete group may
-            wait; None waits forever.
+        timeout_ms: the backstop for a parent that stopped: trace mode gives up on an
+            incomplete group this long (wall ms) after it was seeded; time mode gives
+            up on a missing parent once it has been silent this long (a parent whose
+            event time has passed the group is given up on at once). None waits
+            forever.
         missing: what happens to a group that times out below quorum: 'drop' evicts and
             counts it, 'dead_letter' terminates its halves against a dead letter, 'wait'
             never gives up.

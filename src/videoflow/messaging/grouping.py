@@ -303,12 +303,18 @@ class TimeGroupAssembler(GroupAssembler):
     attached as a CollectEntry at emission time (every sample within that parent's
     window of the group's time).
 
-    A group is ready when every sync parent is present and every collect window has
-    closed: as soon as a sample beyond group time + window arrives from that parent
-    (event-time watermark), or once the window has elapsed in wall time since the
-    group completed, whichever comes first. When the policy timeout expires, a group
-    with at least quorum sync parents is emitted (missing parents as None); below
-    quorum it is evicted per the missing policy.
+    Each parent's watermark is the greatest event_ts seen from it. A group lacking
+    parent p gives p up once p's watermark passes group time + tolerance (its data
+    says the member is not coming, whatever the wall clock says), or once p has been
+    silent for the policy timeout (the backstop for a parent that stopped). A group
+    whose missing parents are all given up is resolved, oldest first: with at least
+    quorum sync parents it is emitted (missing parents as None), below quorum it is
+    evicted per the missing policy. A group with its sync parents (or a quorum of
+    them, resolved) waits for every collect window to close: once a sample beyond
+    group time + window arrives from that parent, or once it has been silent for the
+    timeout -- never after the window's length in wall time, so late samples that
+    exist are in the window. A parent that runs ahead, lags or replays loses nothing
+    complete in its data; the rules are in _grouping_ref's docstring.
 
     Messages without an event_ts (pre-v3 upstream) fall back to their arrival time.
     """
