@@ -19,8 +19,9 @@ Rules (both cores):
   greatest event_ts seen from p) has passed ``t + tolerance`` -- its data says its
   member is not coming, whatever the clock says -- or, the backstop, when p has
   been silent for ``timeout``: no message from p since its last arrival (since the
-  group's creation, for a parent never heard from) by the caller's clock. Incomplete groups are resolved in
-  time order: the oldest one that cannot be resolved yet holds the later ones (a
+  group's creation, for a parent never heard from) by the caller's clock.
+  Incomplete groups are resolved in time order: the oldest one that cannot be
+  resolved yet holds the later ones (a
   parent that is behind the group is behind every later group it lacks too), so
   each call resolves what it can and stops. A parent that runs ahead, lags or
   replays loses nothing that is complete in its data, and a dropped frame costs
