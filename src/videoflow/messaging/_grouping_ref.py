@@ -21,11 +21,10 @@ Rules (both cores):
   been silent for ``timeout``: no message from p since its last arrival (since the
   group's creation, for a parent never heard from) by the caller's clock.
   Incomplete groups are resolved in time order: the oldest one that cannot be
-  resolved yet holds the later ones (a
-  parent that is behind the group is behind every later group it lacks too), so
-  each call resolves what it can and stops. A parent that runs ahead, lags or
-  replays loses nothing that is complete in its data, and a dropped frame costs
-  one frame period of waiting, not the whole timeout.
+  resolved yet holds the later ones (a parent behind the group is behind every
+  later group it lacks too), so each call resolves what it can and stops. A
+  parent that runs ahead, lags or replays loses nothing that is complete in its
+  data, and a dropped frame costs one frame period of waiting, not the timeout.
 - Beyond ``max_pending`` assembling groups, the oldest (by creation) is
   discarded ('evicted').
 - A redelivery (same parent, trace_id and seq as a held message) swaps the
