@@ -230,12 +230,15 @@ cdef class _Core:
                 and self.g_state[fifo.slot[self.age_head]] == ASSEMBLING):
             self.age_head += 1
         if self.timeout < 0:
+            # No deadlines: the deadline head follows the age head, and never walks the
+            # groups held below quorum under missing='wait' (as many as max_pending).
             self.dl_head = self.age_head
-        while self.dl_head < fifo.n and not (
-                self._valid(fifo, self.dl_head)
-                and self.g_state[fifo.slot[self.dl_head]] == ASSEMBLING
-                and not self.g_expired[fifo.slot[self.dl_head]]):
-            self.dl_head += 1
+        else:
+            while self.dl_head < fifo.n and not (
+                    self._valid(fifo, self.dl_head)
+                    and self.g_state[fifo.slot[self.dl_head]] == ASSEMBLING
+                    and not self.g_expired[fifo.slot[self.dl_head]]):
+                self.dl_head += 1
         head = min(self.dl_head, self.age_head)
         if head > COMPACT_SLACK and head * 2 > fifo.n:
             fifo.drop_prefix(head)

@@ -283,13 +283,16 @@ class _Core:
         ):
             self.age_head += 1
         if self.timeout < 0:
+            # No deadlines: the deadline head follows the age head, and never walks the
+            # groups held below quorum under missing='wait' (as many as max_pending).
             self.dl_head = self.age_head
-        while self.dl_head < len(fifo) and not (
-            self._valid(fifo[self.dl_head])
-            and self.g_state[fifo[self.dl_head][0]] == _ASSEMBLING
-            and not self.g_expired[fifo[self.dl_head][0]]
-        ):
-            self.dl_head += 1
+        else:
+            while self.dl_head < len(fifo) and not (
+                self._valid(fifo[self.dl_head])
+                and self.g_state[fifo[self.dl_head][0]] == _ASSEMBLING
+                and not self.g_expired[fifo[self.dl_head][0]]
+            ):
+                self.dl_head += 1
         head = min(self.dl_head, self.age_head)
         if head > _COMPACT_SLACK and head * 2 > len(fifo):
             del fifo[:head]
