@@ -22,7 +22,6 @@ member; the expected counts come from a brute-force model of the matching rule
 from __future__ import annotations
 
 import math
-
 import random
 from collections.abc import Callable
 from functools import cache

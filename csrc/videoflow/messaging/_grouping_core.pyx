@@ -507,7 +507,7 @@ cdef class TimeCore(_Core):
     cdef double* wm
     cdef double* last
     cdef double* wm_sorted
-    cdef double horizon
+    cdef double horizon, now_seen
     cdef list c_names
     cdef Py_ssize_t nc
     cdef dict c_index
@@ -560,6 +560,7 @@ cdef class TimeCore(_Core):
         self.waiting = SortedTimes()
         self.closing = SlotQueue()
         self.horizon = -INFINITY
+        self.now_seen = -INFINITY
         self.c_names = list(collect_names)
         self.nc = len(self.c_names)
         self.c_index = {name: i for i, name in enumerate(self.c_names)}
@@ -653,6 +654,7 @@ cdef class TimeCore(_Core):
 
     cpdef sweep(self, now=None):
         cdef double t_now = self.clock() if now is None else now
+        self.now_seen = t_now
         self._resolve(t_now)
         self._promote(t_now)  # a group just resolved may find its windows closed already
         self._compact_fifo()
@@ -686,15 +688,15 @@ cdef class TimeCore(_Core):
             self._add_sample(co, entry, handle)
             return
         cdef Py_ssize_t p = po
-        cdef double now = self.clock()
+        cdef double now = self.now_seen  # no clock call per message: see the reference
         cdef double ts = _event_time(entry, self.clock)
         cdef int64_t seq = _seq_of(entry)
         cdef SortedTimes order = self.order
         cdef double tol = self.tol, d, best_d = 0.0
         cdef uint64_t bit = (<uint64_t>1) << p
-        cdef Py_ssize_t best = -1, i, j, k, slot, m
+        cdef Py_ssize_t best = -1, i, j, k, slot, m, head
+        cdef SortedTimes waiting = self.waiting
         cdef bint advanced = ts > self.wm[p]
-        self.last[p] = now
         if advanced:
             self.wm[p] = ts
             if self.nc:
@@ -716,15 +718,23 @@ cdef class TimeCore(_Core):
                     best = slot
                     best_d = d
         if best < 0:
+            now = self.clock()
+            self.now_seen = now
             best = self._alloc(now)
             self.g_time[best] = ts
             order.insert(ts, best)
             self.waiting.insert(ts, best)
             self.g_waiting[best] = 1
             self._evict_over_capacity()
+        self.last[p] = now
         self._join(best, p, ts, entry, handle, seq)
-        if advanced:
-            self._resolve(now)
+        if advanced and waiting.lo < waiting.n:
+            # Only the oldest waiting group can be resolved first, and p's watermark
+            # moved: worth a scan only when that group lacks p and p has passed it.
+            # (What silence resolves meanwhile, the next sweep does.)
+            head = waiting.s[waiting.lo]
+            if not ((self.g_mask[head] >> p) & 1) and ts > self.g_time[head] + tol:
+                self._resolve(now)
 
     cdef int _complete(self, Py_ssize_t slot) except -1:
         if self.nc == 0:
