@@ -43,8 +43,14 @@ extensions = [
 # force: pip builds in the source tree, and cythonize/build_ext judge staleness by
 # timestamps alone, so switching VIDEOFLOW_DEBUG would otherwise reuse the other mode's
 # generated C and compiled module. Regenerating the C makes build_ext recompile too.
+# Both steps use every core: the modules are independent, and CI builds them twice (the
+# dev install, the packaging test's wheel). cythonize's workers are processes, which
+# spawn-start platforms would re-run this script in: POSIX only.
+WORKERS = os.cpu_count() or 1
 setup(
     ext_modules=cythonize(
-        extensions, compiler_directives=DIRECTIVES, include_path=["csrc"], force=True
-    )
+        extensions, compiler_directives=DIRECTIVES, include_path=["csrc"], force=True,
+        nthreads=WORKERS if os.name == "posix" else 0,
+    ),
+    options={"build_ext": {"parallel": WORKERS}},
 )
