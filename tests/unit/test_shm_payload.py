@@ -150,6 +150,7 @@ def test_the_end_of_a_run_reclaims_all_but_pinned_payloads(tmp_path: Path) -> No
     assert store.refs() == (pinned,) and store.get(pinned) == b"dead letter"
     store.release(pinned, "dlq/fuse:cam:7")
     assert store.clear() == 1 and not folder.exists()  # empty: the folder goes too
+    assert not folder.parent.exists()  # and the flow's, with no other run in it
 
 
 def test_the_sweep_reclaims_what_crashed_runs_left_past_its_ttl(tmp_path: Path) -> None:
@@ -162,6 +163,7 @@ def test_the_sweep_reclaims_what_crashed_runs_left_past_its_ttl(tmp_path: Path) 
     assert sweep_expired(tmp_path) == 1  # the stale record expired long ago (real clock)
     assert not (tmp_path / "flow" / "old").exists()
     assert live.get(kept) == b"still owed"
+    assert (tmp_path / "flow").is_dir()  # the live run's flow folder stays
 
 
 def test_the_root_is_this_users_folder_in_shared_memory_where_there_is_one() -> None:

@@ -218,7 +218,7 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
         cleared = sum(1 for ref in self._list_refs() if self._mutate(ref, unpinned))
         self.reclaim_expired()
         if not self._list_refs():
-            shutil.rmtree(self.directory, ignore_errors=True)
+            _remove_with_empty_parent(self.directory)
         return cleared
 
 
@@ -238,8 +238,15 @@ def sweep_expired(root: Path | None = None) -> int:
             store = SharedMemoryPayloadStore(folder)
             reclaimed += store.reclaim_expired()
             if not store.refs():
-                shutil.rmtree(folder, ignore_errors=True)
+                _remove_with_empty_parent(folder)
     return reclaimed
+
+
+def _remove_with_empty_parent(folder: Path) -> None:
+    """Remove a run's folder, and its flow's folder once no run is left in it."""
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):  # another run of the flow is still there
+        folder.parent.rmdir()
 
 
 def _read_int(path: str | Path, default: int) -> int:
