@@ -15,3 +15,11 @@ from videoflow import server as embedded
 def nats_server(tmp_path: Path) -> Iterator[embedded.EmbeddedServer]:
     with embedded.start(tmp_path / "jetstream-store") as server:
         yield server
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    """Where the sinks write (the broker's store is elsewhere in tmp_path)."""
+    made = tmp_path / "out"
+    made.mkdir()
+    return made

@@ -53,13 +53,6 @@ def videoflow(*args: str, env: dict[str, str] | None = None,
 
 
 @pytest.fixture
-def out(tmp_path: Path) -> Path:
-    made = tmp_path / "out"
-    made.mkdir()
-    return made
-
-
-@pytest.fixture
 def workers() -> Iterator[list[subprocess.Popen[str]]]:
     started: list[subprocess.Popen[str]] = []
     yield started

@@ -30,14 +30,6 @@ from videoflow.ops import dlq_list
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def out(tmp_path: Path) -> Path:
-    """Where the sinks write (the broker's store is elsewhere in tmp_path)."""
-    made = tmp_path / "out"
-    made.mkdir()
-    return made
-
-
 def test_a_linear_batch_flow_delivers_every_message_exactly_once(
     nats_server: embedded.EmbeddedServer, out: Path,
 ) -> None:

@@ -19,13 +19,6 @@ from videoflow.ops import dlq_list
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def out(tmp_path: Path) -> Path:
-    made = tmp_path / "out"
-    made.mkdir()
-    return made
-
-
 def test_frames_arrive_whole_as_read_only_views_of_shared_memory_which_is_freed_after(
     nats_server: embedded.EmbeddedServer, out: Path,
 ) -> None:

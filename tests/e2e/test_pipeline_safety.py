@@ -58,14 +58,6 @@ from videoflow.ops import dlq_list
 ATTEMPTS = range(3)
 
 
-@pytest.fixture
-def out(tmp_path: Path) -> Path:
-    """Where the sinks write (the broker's store is elsewhere in tmp_path)."""
-    made = tmp_path / "out"
-    made.mkdir()
-    return made
-
-
 # ------------------------------------------------------------------------ helpers
 
 

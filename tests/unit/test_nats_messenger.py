@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from shm_helpers import base_of
 
 from videoflow.backends.memory import MemoryBroker, MemoryMessagingBackend
 from videoflow.backends.messaging import (
@@ -448,13 +449,18 @@ def test_a_confirmed_ack_releases_the_payload_and_it_is_reclaimed(flows) -> None
     assert sink.receive_message()["cam"]["is_stop_signal"]
 
 
+def shared_memory_pair(flows, directory: Path):  # type: ignore[no-untyped-def]
+    """A camera and its sink over one shared-memory payload store in directory."""
+    flow = flows({"cam": [], "sink": ["cam"]})
+    store = SharedMemoryPayloadStore(directory)
+    cam = flow.messenger("cam", payload_store=store, blob_reader_ids=["sink"])
+    return flow, store, cam, flow.messenger("sink", payload_store=store)
+
+
 def test_through_shared_memory_a_frame_goes_by_ref_past_64_kib_and_arrives_as_a_mapping(
     flows, tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
-    flow = flows({"cam": [], "sink": ["cam"]})
-    store = SharedMemoryPayloadStore(tmp_path)
-    cam = flow.messenger("cam", payload_store=store, blob_reader_ids=["sink"])
-    sink = flow.messenger("sink", payload_store=store)
+    _, store, cam, sink = shared_memory_pair(flows, tmp_path)
     frame = np.arange(480 * 640, dtype=np.uint32).astype(np.uint8).reshape(480, 640)
     small = np.zeros(1000, np.uint8)  # far below the store's threshold: inline
     cam.publish_message({"frame": frame})
@@ -466,10 +472,7 @@ def test_through_shared_memory_a_frame_goes_by_ref_past_64_kib_and_arrives_as_a_
     assert cam.runtime.outbox() == []  # the store's record is the outbox entry
     got = sink.receive_message()["cam"]["message"]["frame"]
     assert np.array_equal(got, frame) and not got.flags.writeable
-    owner = got.base
-    while isinstance(owner, np.ndarray):
-        owner = owner.base
-    assert isinstance(owner.obj, mmap.mmap)  # a view of the mapping, no copy
+    assert isinstance(base_of(got), mmap.mmap)  # a view of the mapping, no copy
     sink.ack_inputs()
     assert store.refs() == () and store.used_bytes() == 0
     assert np.array_equal(got, frame)  # still readable: the mapping outlives the payload
@@ -479,10 +482,7 @@ def test_through_shared_memory_a_frame_goes_by_ref_past_64_kib_and_arrives_as_a_
 def test_a_payload_gone_from_shared_memory_is_dead_lettered_and_the_next_input_follows(
     flows, tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
-    flow = flows({"cam": [], "sink": ["cam"]})
-    store = SharedMemoryPayloadStore(tmp_path)
-    cam = flow.messenger("cam", payload_store=store, blob_reader_ids=["sink"])
-    sink = flow.messenger("sink", payload_store=store)
+    flow, _, cam, sink = shared_memory_pair(flows, tmp_path)
     cam.publish_message(np.zeros(100_000, np.uint8))
     for blob in (tmp_path / "blobs").iterdir():
         blob.unlink()  # a host's cleanup, or a manual delete

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shm_helpers import base_of
 
 from videoflow.backends.shm_payload import (
     OFFLOAD_ABOVE_BYTES,
@@ -24,16 +25,6 @@ from videoflow.errors import PayloadMissing
 from videoflow.wire.serialization import decode_message, encode_message
 
 FRAME = np.arange(480 * 640, dtype=np.uint32).astype(np.uint8).reshape(480, 640)
-
-
-def base_of(array: np.ndarray) -> object:
-    """The object that owns an array's memory, down its chain of views."""
-    owner: object = array
-    while isinstance(owner, np.ndarray) and owner.base is not None:
-        owner = owner.base
-    while isinstance(owner, memoryview):
-        owner = owner.obj
-    return owner
 
 
 def test_a_frame_read_back_is_a_read_only_view_of_the_shared_pages(tmp_path: Path) -> None:
