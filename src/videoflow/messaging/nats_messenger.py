@@ -56,6 +56,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+import msgspec
+
 from videoflow.backends.messaging import (
     Accepted,
     ChannelId,
@@ -285,7 +287,9 @@ class NATSMessenger(Messenger):
         self._encoder = OutputEncoder(producer_name=self.node_name, flow_id=flow_id,
                                       run_id=run_id, replica_id=replica_id)
         self.payload_store = payload_store
-        self._sizes_first = getattr(payload_store, "offload_above", None) is not None
+        # Past this size a store is cheaper than the broker (shared memory); None: only
+        # what the broker refuses goes by ref.
+        self._offload_above = None if payload_store is None else payload_store.offload_above
         # The older counter store (RFC 0002), used when no payload_store is given.
         self.blob_store = None if payload_store is not None else blob_store
         self.blob_readers = blob_readers
@@ -531,19 +535,23 @@ class NATSMessenger(Messenger):
         accepted: list[Accepted] = []
         if pending_state is not None:
             on_accepted = _also(on_accepted, accepted.append)
-        # With a store cheaper than the broker past some size (shared memory), most
-        # large messages go by ref: encode the message alone first, so a frame is not
-        # also encoded into an envelope that is thrown away.
-        blob = encode_message(message) if self._sizes_first else None
+        # With a store cheaper than the broker past some size (shared memory), the
+        # message is encoded alone first: a frame then goes by ref without also being
+        # encoded into an envelope thrown away, and a small message's bytes go into
+        # its envelope as they are (msgspec.Raw), not encoded a second time.
+        blob = None if self._offload_above is None else encode_message(message)
         if blob is not None and len(blob) > self._inline_threshold():
             self._publish_by_ref(blob, header, msg_id, on_accepted)
         else:
-            data = self._encoder.encode(message, *header)
+            data = self._encoder.encode(message if blob is None else msgspec.Raw(blob),
+                                        *header)
             if not self.payloads.offloads or len(data) <= self._inline_threshold():
                 self.window.send(Envelope(self.channel, "data", data, msg_id),
                                  self.flow_type, on_accepted=on_accepted)
             else:
-                self._publish_by_ref(encode_message(message), header, msg_id, on_accepted)
+                if blob is None:
+                    blob = encode_message(message)
+                self._publish_by_ref(blob, header, msg_id, on_accepted)
         if pending_state is not None:
             self.window.resolve_current()
             self._commit_offset(force=True)
@@ -589,9 +597,7 @@ class NATSMessenger(Messenger):
                 raise PublicationFailed(f"{self.node_name}: the broker's max_payload is "
                                         f"unknown ({max_payload}), so no inline limit")
             limit = inline_threshold(max_payload.value)
-            cheaper = getattr(self.payload_store, "offload_above", None)
-            # A store that is cheaper than the broker past some size (shared memory)
-            # takes everything past it.
+            cheaper = self._offload_above
             self._inline_limit = limit if cheaper is None else min(limit, cheaper)
         return self._inline_limit
 
