@@ -487,17 +487,8 @@ class PayloadStore(abc.ABC):
             True if the intent was held and is now resolved; False if it was not held.
         """
         intent = intent_id(publication_id)
-        if accepted and stream_seq is None:
-            return self._remove(ref, intent)
         if accepted:
-            def accept(old: PayloadRecord | None) -> tuple[PayloadRecord | None, bool]:
-                if old is None or intent not in old.obligations:
-                    return old, False
-                left = old.obligations - {intent}
-                return (replace(old, obligations=left, stream_seq=stream_seq)
-                        if left else None), True
-
-            return self._mutate(ref, accept)
+            return self._remove(ref, intent, stream_seq=stream_seq)
 
         def change(old: PayloadRecord | None) -> tuple[PayloadRecord | None, bool]:
             if old is None or intent not in old.obligations:
@@ -546,12 +537,16 @@ class PayloadStore(abc.ABC):
             raise PayloadMissing(f"payload {ref} expired (BLOB-7 TTL)", ref=ref)
         return record
 
-    def _remove(self, ref: str, obligation_id: str) -> bool:
+    def _remove(self, ref: str, obligation_id: str, stream_seq: int | None = None) -> bool:
+        """Drop one obligation (recording stream_seq with it, when given)."""
         def change(old: PayloadRecord | None) -> tuple[PayloadRecord | None, bool]:
             if old is None or obligation_id not in old.obligations:
                 return old, False
             left = old.obligations - {obligation_id}
-            return (replace(old, obligations=left) if left else None), True
+            if not left:
+                return None, True
+            seq = old.stream_seq if stream_seq is None else stream_seq
+            return replace(old, obligations=left, stream_seq=seq), True
 
         if not isinstance(ref, str) or not _REF.match(ref):
             return False
