@@ -50,6 +50,7 @@ from videoflow.messaging.jetstream_backend import (
     subscription_spec_for,
 )
 from videoflow.messaging.jetstream_loop import (
+    KEEP_SECONDS,
     ErrorLog,
     LoopRunner,
     close_client,
@@ -126,14 +127,15 @@ def batch_channel(
 # ------------------------------------------------------------------ layer 1: the loop
 
 
-def test_runner_propagates_results_and_exceptions_from_its_own_thread() -> None:
+def test_runner_propagates_results_and_exceptions_run_on_the_waiting_thread() -> None:
     runner = LoopRunner()
     runner.start()
     try:
         async def which_thread() -> int:
             return threading.get_ident()
 
-        assert runner.run(which_thread(), timeout=5) != threading.get_ident()
+        # Nobody else runs the loop: the caller runs it while it waits.
+        assert runner.run(which_thread(), timeout=5) == threading.get_ident()
 
         async def boom() -> None:
             raise KeyError("from the loop")
@@ -147,6 +149,54 @@ def test_runner_propagates_results_and_exceptions_from_its_own_thread() -> None:
     assert not runner.running
     with pytest.raises(BrokerUnavailable, match="not running"):
         runner.run(asyncio.sleep(0), timeout=1)
+
+
+def test_the_keeper_runs_the_loop_while_no_caller_waits_and_hands_it_back() -> None:
+    runner = LoopRunner()
+    runner.start()
+    try:
+        ran: list[int] = []
+        # Handed over, then the caller busy with code of its own: the keeper runs the
+        # loop once it has rested KEEP_SECONDS, so the callback does not wait for the
+        # caller's next wait.
+        runner.call_soon(lambda: ran.append(threading.get_ident()))
+        time.sleep(10 * KEEP_SECONDS)
+        assert ran and ran[0] != threading.get_ident()
+
+        async def which_thread() -> int:
+            return threading.get_ident()
+
+        # A waiting caller takes the loop back from the keeper.
+        started = time.monotonic()
+        assert runner.run(which_thread(), timeout=5) == threading.get_ident()
+        assert time.monotonic() - started < 1.0
+    finally:
+        runner.stop()
+
+
+def test_two_threads_waiting_on_one_runner_both_get_their_answers() -> None:
+    runner = LoopRunner()
+    runner.start()
+    try:
+        async def nap(seconds: float) -> tuple[float, int]:
+            await asyncio.sleep(seconds)
+            return seconds, threading.get_ident()
+
+        answers: dict[str, tuple[float, int]] = {}
+
+        def other() -> None:
+            answers["other"] = runner.run(nap(0.2), timeout=5)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        answers["main"] = runner.run(nap(0.4), timeout=5)
+        thread.join(5)
+        # One ran the loop for both; neither waited past its own answer's bound.
+        assert answers["main"][0] == 0.4 and answers["other"][0] == 0.2
+        assert {answers["main"][1], answers["other"][1]} <= {threading.get_ident(),
+                                                            thread.ident}
+    finally:
+        runner.stop()
 
 
 def test_connect_and_close_on_the_runner_loop(nats_server: embedded.EmbeddedServer) -> None:

@@ -310,6 +310,10 @@ ADDITIONS = {"publish_async", "settle_async", "settle_many", "settle_many_async"
 # Additions every adapter implements itself: the flow's dead-letter stream (STREAM-8),
 # which the reference's provisioning creates but no reference member binds.
 ABSTRACT_ADDITIONS = {"ensure_dead_letters"}
+# An addition whose default does nothing: the moment a caller that hands work over
+# and then runs code of its own gives an adapter whose loop runs on the caller's
+# thread (issue 10).
+IDLE_ADDITIONS = {"catch_up"}
 
 # The shared design folder sits beside the repository (in every session and in CI).
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "spec" / "messaging-api-reference.txt"
@@ -320,7 +324,8 @@ def _declared_members() -> set[str]:
 
 
 def test_backend_declares_exactly_the_reference_members_and_the_pipelined_additions() -> None:
-    assert _declared_members() == REFERENCE_MEMBERS | ADDITIONS | ABSTRACT_ADDITIONS
+    assert _declared_members() == (REFERENCE_MEMBERS | ADDITIONS | ABSTRACT_ADDITIONS
+                                   | IDLE_ADDITIONS)
 
 
 def test_backend_abstract_members_are_all_but_the_documented_defaults() -> None:
@@ -334,7 +339,7 @@ def test_backend_cannot_be_instantiated() -> None:
 
 
 def test_backend_members_all_carry_a_promise() -> None:
-    for name in REFERENCE_MEMBERS | ADDITIONS | ABSTRACT_ADDITIONS:
+    for name in REFERENCE_MEMBERS | ADDITIONS | ABSTRACT_ADDITIONS | IDLE_ADDITIONS:
         member = vars(MessagingBackend)[name]
         doc = (member.fget if isinstance(member, property) else member).__doc__
         assert doc and doc.strip(), name

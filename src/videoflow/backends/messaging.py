@@ -17,9 +17,10 @@ from __future__ import annotations
 import abc
 import concurrent.futures
 import threading
+import time
 from asyncio import AbstractEventLoop
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from videoflow.backends.messaging_types import (
     DURABLE_CONTROL,
@@ -143,24 +144,39 @@ _WAITER_LOCK = threading.Lock()
 T = TypeVar("T")
 
 
+class LoopDriver(Protocol):
+    """What a Receipt needs of the loop its answer comes from (the JetStream
+    adapter's LoopRunner): a wait that runs the loop on the waiting thread, and a
+    poke when an answer is set."""
+
+    def wait_until(self, done: Callable[[], bool], deadline: float | None,
+                   block: Callable[[float], Any]) -> None: ...
+
+    def poke(self) -> None: ...
+
+
 class Receipt(Generic[T]):
-    """The answer to one publish_async or settle_async: set once, by the adapter's
-    thread, and read by the caller's.
+    """The answer to one publish_async or settle_async: set once, by the adapter, and
+    read by the caller.
 
     A concurrent.futures.Future would do, but it builds a Condition per call and
     takes its lock on every look, and a node makes tens of thousands a second; a
-    receipt is two slots, and an Event only once somebody has to wait. The first
+    receipt is three slots, and an Event only once somebody has to wait. The first
     answer set is the answer; later ones are ignored (None is never an answer).
 
     Arguments:
         answer: the answer, when it is known already (nothing to wait for).
+        runner: the adapter's loop runner, when the answer comes from a loop the
+            waiting thread should run itself while it waits (LoopRunner.wait_until);
+            None: the answer is set by another thread, and result() just waits.
     """
 
-    __slots__ = ("_answer", "_waiter")
+    __slots__ = ("_answer", "_runner", "_waiter")
 
-    def __init__(self, answer: T | None = None) -> None:
+    def __init__(self, answer: T | None = None, runner: LoopDriver | None = None) -> None:
         self._answer = answer
         self._waiter: threading.Event | None = None
+        self._runner = runner
 
     def done(self) -> bool:
         return self._answer is not None
@@ -174,6 +190,8 @@ class Receipt(Generic[T]):
         waiter = self._waiter
         if waiter is not None:
             waiter.set()
+        if self._runner is not None:
+            self._runner.poke()
 
     def result(self, timeout: float | None = None) -> T:
         """The answer, waiting up to timeout seconds (None: for as long as it takes).
@@ -189,7 +207,11 @@ class Receipt(Generic[T]):
                 waiter = self._waiter
             answer = self._answer
             if answer is None:
-                waiter.wait(timeout)
+                if self._runner is not None:
+                    deadline = None if timeout is None else time.monotonic() + timeout
+                    self._runner.wait_until(self.done, deadline, waiter.wait)
+                else:
+                    waiter.wait(timeout)
                 answer = self._answer
                 if answer is None:
                     raise concurrent.futures.TimeoutError("no answer yet")
@@ -404,6 +426,14 @@ class MessagingBackend(abc.ABC):
             returns False: the caller then decides on the receiving side.
         """
         return False
+
+    def catch_up(self) -> None:
+        """Let the adapter's I/O run on the caller's thread for a moment, without
+        blocking: what was handed over goes out, what has arrived is read. A caller
+        that hands work over and then runs code of its own (a producer between
+        next() calls) calls it between the two. The default does nothing: an adapter
+        whose I/O runs on threads of its own needs no such moment."""
+        return None
 
     def prefetched(self, subscription: SubscriptionId) -> int:
         """Deliveries fetched and parked locally for subscription (default: 0, for a

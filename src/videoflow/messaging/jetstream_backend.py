@@ -17,21 +17,25 @@ What the contract buys, concretely:
   server's reply, as ack_sync is, and reports SettleUnknown when the acknowledgement
   is not confirmed within the timeout (PAY-004). Terminal requires a durable record
   reference (DELIV-15).
+- The loop runs on the thread that waits on it (jetstream_loop.LoopRunner): a node's
+  task thread reads, parks and takes its deliveries, and sends its publications and
+  settlements, itself, with no wake-up between threads; a keeper thread runs the
+  loop while the task runs code of its own for longer than KEEP_SECONDS.
 - Settlement and publication are pipelined (settle_async, settle_many_async,
-  settle_many, publish_async): calls made while the loop is busy go out on one
-  wake-up (shared by both), a run of acknowledgements of one durable is confirmed by
+  settle_many, publish_async): calls made between two runs of the loop go out
+  together on its next run, a run of acknowledgements of one durable is confirmed by
   one request (jetstream_settle), and publications are all in flight at once, each
   Receipt filled in as its own PubAck arrives.
 - Receiving costs the caller no call onto the loop: deliveries are parked by the
   inbox handler inside nats-py's read loop (jetstream_settle.subscribe_inline), and
-  receive_any takes them from the caller's thread and waits on their arrival.
+  receive_any takes them and, while it waits, runs the loop until one is parked.
 - Publication outcomes are typed (MSG-013, MSG-014); observe_publication resolves an
   unknown send by an idempotent re-publish inside the stream's duplicate window.
 - Observations distinguish zero from unknown, and unresolved counts the server's
   MAX_DELIVERIES advisories and mark_exhausted (MSG-012).
 - Stop-receive is separate from shutdown (RUN-030).
 
-The pieces live beside this module: jetstream_loop (the loop thread, the hand-off to
+The pieces live beside this module: jetstream_loop (who runs the loop, the hand-off to
 it and the fail-fast connect), jetstream_outcomes (publication outcomes),
 jetstream_receive (pull loops and settlement), jetstream_settle (the reply inbox and
 how a batch of settlements goes on the wire), jetstream_specs (specs to configs,
@@ -284,8 +288,8 @@ class JetStreamMessagingBackend(MessagingBackend):
         self._wanted = prefetch  # set_receive_depth
         self._replies: ReplyMux | None = None
         self._send_lock: asyncio.Lock | None = None
-        # Rung on the loop by every binding as it parks a delivery, and waited on by
-        # receive_any on the caller's thread: a wait costs no call onto the loop.
+        # Rung on the loop by every binding as it parks a delivery; receive_any waits
+        # on it only while another thread runs the loop (it runs the loop otherwise).
         self._arrivals = threading.Condition(threading.Lock())
         self._arrived = 0
         self._ring_scheduled = False
@@ -537,6 +541,7 @@ class JetStreamMessagingBackend(MessagingBackend):
                 admit=admit, on_skip=on_skip,
                 replies=self._replies, on_parked=self._ring)
             receiver.wanted = self._wanted  # before its pull loop's first request
+            receiver.schedule = self._runner.call_soon
             if self.keepalive:
                 receiver.keep_alive(spec.ack_wait_seconds / 3)
             advisory = None
@@ -573,8 +578,8 @@ class JetStreamMessagingBackend(MessagingBackend):
         return on_advisory
 
     def subscribe_control(self, callback: Callable[[], None]) -> None:
-        """Invoke callback (on the loop thread) when the run's flow-wide stop is
-        published (core NATS, vf.{flow}.{run}._control.stop)."""
+        """Invoke callback (on the loop, whichever thread runs it) when the run's
+        flow-wide stop is published (core NATS, vf.{flow}.{run}._control.stop)."""
         client, _ = self._require()
 
         async def on_stop(_msg: Msg) -> None:
@@ -599,7 +604,7 @@ class JetStreamMessagingBackend(MessagingBackend):
         if self._js is None or not self.connected:
             return Receipt(Rejected("the JetStream backend is not connected; nothing "
                                     "was sent", retryable=True))
-        receipt: Receipt[PublishOutcome] = Receipt()
+        receipt: Receipt[PublishOutcome] = Receipt(runner=self._runner)
         self._publications.put((self.subject_for(envelope.channel, envelope.kind), envelope,
                                 deadline, receipt))
         return receipt
@@ -687,9 +692,10 @@ class JetStreamMessagingBackend(MessagingBackend):
         """Waits until deadline (monotonic) for any of the subscriptions' queues to hold
         a delivery and returns everything that became ready in that wait — nothing is
         dequeued that is not returned. Subscriptions not bound here contribute
-        nothing. The caller's thread takes the deliveries itself and waits on the
-        bindings' arrivals (_ring), with no call onto the loop: a poll that finds
-        nothing costs a lock, not a round trip.
+        nothing. The caller's thread takes the deliveries itself, and while it waits
+        runs the loop itself (LoopRunner.wait_until) until a binding parks one
+        (_ring): a delivery is read, parked and taken on one thread, with no wake-up
+        between threads.
 
         Raises:
             BrokerUnavailable: the backend's loop is not running.
@@ -700,16 +706,32 @@ class JetStreamMessagingBackend(MessagingBackend):
             return []
         if not self._runner.running:
             raise BrokerUnavailable("the JetStream backend's loop is not running")
-        arrivals = self._arrivals
+        arrivals, runner = self._arrivals, self._runner
+        # What was handed over (a group's outputs, its settlements) goes out, and what
+        # has arrived is parked, before the take: on this thread, with no wake-up.
+        runner.turn()
         while True:
             seen = self._arrived  # read before the take: a park after it is not missed
             taken = take_round_robin(receivers, item_credit, byte_credit)
             remaining = deadline - time.monotonic()
             if taken or remaining <= 0:
                 return taken
-            with arrivals:
-                if self._arrived == seen:
-                    arrivals.wait(remaining)
+
+            def arrived(seen: int = seen) -> bool:
+                return self._arrived != seen
+
+            def block(seconds: float, seen: int = seen) -> None:
+                with arrivals:
+                    if self._arrived == seen:
+                        arrivals.wait(seconds)
+
+            runner.wait_until(arrived, deadline, block)
+
+    def catch_up(self) -> None:
+        """Run what the loop has ready on the caller's thread, without blocking
+        (LoopRunner.turn): handed-over publications and settlements go out."""
+        if self._runner.running:
+            self._runner.turn()
 
     def _ring(self) -> None:
         # On the loop, for each delivery parked. The waiter is woken once the read loop
@@ -724,6 +746,7 @@ class JetStreamMessagingBackend(MessagingBackend):
         with self._arrivals:
             self._arrived += 1
             self._arrivals.notify_all()
+        self._runner.poke()  # a receive_any running the loop on its own thread
 
     def set_admission(
         self,
@@ -798,7 +821,8 @@ class JetStreamMessagingBackend(MessagingBackend):
                 queued then).
         """
         require_settle_outcomes(settlements)
-        receipts: list[Receipt[SettleResult]] = [Receipt() for _ in settlements]
+        receipts: list[Receipt[SettleResult]] = [Receipt(runner=self._runner)
+                                                 for _ in settlements]
         by_binding: dict[SubscriptionId, list[int]] = {}
         for index, (token, _, _) in enumerate(settlements):
             by_binding.setdefault(token.subscription, []).append(index)

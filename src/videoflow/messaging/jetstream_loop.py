@@ -1,10 +1,11 @@
-"""The JetStream adapter's own event loop: a daemon thread, a runner that carries
-coroutines over from the caller's thread, and the fail-fast connect.
+"""The JetStream adapter's own event loop: a runner that runs it on whichever thread
+waits on it (a keeper thread when none does), the handoffs that carry work onto it,
+and the fail-fast connect.
 
 Part of videoflow.messaging.jetstream_backend. Every MessagingBackend method is
 synchronous (videoflow.backends.messaging), while nats-py is asyncio only, so the
-adapter runs one loop of its own in a daemon thread and submits each broker call to
-it with a bound; nothing here knows about streams, deliveries or outcomes.
+adapter keeps one loop of its own and runs each broker call on it with a bound;
+nothing here knows about streams, deliveries or outcomes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, Generic, TypeVar
 
@@ -33,21 +35,48 @@ _ERRORS_KEPT: Final = 64
 grow the list without bound."""
 
 
+KEEP_SECONDS: Final = 0.02
+"""How long the loop may go unrun before the keeper thread runs it. A caller that
+waits on the loop runs it itself; between waits (a node's own code) the loop rests,
+and past this the keeper takes it over, so timers, heartbeats and lease renewals
+never wait longer than this for a long-running node."""
+
+_TURN_PASSES: Final = 8
+"""At most this many loop passes in one turn: handing work over takes a few (the
+drain, the task it starts, nats-py's flusher), and a turn never blocks."""
+
+
 class LoopRunner:
-    """One asyncio loop running forever in a daemon thread, and the bridge to it.
+    """One asyncio loop, run by whichever thread waits on it, with a keeper thread
+    that runs it whenever no caller has for KEEP_SECONDS.
+
+    A caller that waits (run, wait_until, a Receipt made with this runner) runs the
+    loop on its own thread until what it waits for is done, so the I/O it waits on is
+    read, handled and answered on one thread: handing each message between two
+    threads cost two thread wake-ups a hop, which on a loaded 2-core host were most
+    of a node's latency and much of its CPU. Only one thread runs the loop at a time;
+    a second caller waits on its own signal while the first runs it, and takes over
+    when it is done. The keeper gives the loop back to a waiting caller at once.
 
     Arguments:
-        name: the thread's name (shows up in thread dumps).
+        name: the keeper thread's name (shows up in thread dumps).
     """
 
     def __init__(self, name: str = "videoflow-jetstream-loop") -> None:
         self.name = name
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._keeper: threading.Thread | None = None
+        self._state = threading.Condition(threading.Lock())
+        self._driver: int | None = None  # the thread running the loop now
+        self._keeper_id: int | None = None
+        self._rested_since = 0.0  # when the loop was last let go (monotonic)
+        self._kicked = False  # the keeper should run the loop now
+        self._closing = False
+        self._until: Callable[[], bool] | None = None  # what the driver waits for
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        """The running loop.
+        """The loop.
 
         Raises:
             BrokerUnavailable: before start or after stop.
@@ -61,20 +90,173 @@ class LoopRunner:
         return self._loop is not None
 
     def start(self) -> None:
-        """Start a fresh loop in a fresh daemon thread. Idempotent."""
+        """Make a fresh loop and start its keeper thread. Idempotent."""
         if self._loop is not None:
             return
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=loop.run_forever, name=self.name, daemon=True)
-        thread.start()
-        self._loop, self._thread = loop, thread
+        self._loop = asyncio.new_event_loop()
+        self._closing, self._rested_since = False, time.monotonic()
+        keeper = threading.Thread(target=self._keep, args=(self._loop,), name=self.name,
+                                  daemon=True)
+        keeper.start()
+        self._keeper = keeper
 
     def in_loop_thread(self) -> bool:
-        """Whether the caller is on the loop's own thread (where run would deadlock)."""
-        return self._thread is not None and threading.current_thread() is self._thread
+        """Whether the caller is running the loop right now (inside a callback of it,
+        where waiting on the loop would deadlock)."""
+        return self._driver is not None and self._driver == threading.get_ident()
+
+    # ------------------------------------------------------------------ who runs it
+
+    def _keep(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The keeper: run the loop whenever it has rested for KEEP_SECONDS (or at a
+        kick), until a caller asks for it back; end at stop."""
+        self._keeper_id = me = threading.get_ident()
+        state = self._state
+        while True:
+            with state:
+                while not self._closing:
+                    if self._driver is None:
+                        rest = self._rested_since + KEEP_SECONDS - time.monotonic()
+                        if self._kicked or rest <= 0:
+                            break
+                    else:
+                        rest = KEEP_SECONDS  # looked at again, unnotified: see _let_go
+                    state.wait(rest)
+                if self._closing:
+                    return
+                self._driver, self._kicked = me, False
+            try:
+                loop.run_forever()  # until a caller reclaims it (_take) or stop
+            finally:
+                with state:
+                    self._driver, self._rested_since = None, time.monotonic()
+                    state.notify_all()
+
+    def _take(self, reclaim: bool = True) -> bool:
+        """Become the thread running the loop: at once when nobody runs it, after the
+        keeper hands it back when the keeper does (reclaim). False when another
+        caller runs it, or this thread runs a loop already (this one: no nesting;
+        another one, say a caller that is itself a coroutine: two loops cannot run on
+        one thread), or the loop is stopped."""
+        me, state, loop = threading.get_ident(), self._state, self._loop
+        if loop is None or asyncio._get_running_loop() is not None:
+            return False
+        with state:
+            while True:
+                driver = self._driver
+                if driver is None:
+                    self._driver = me
+                    return True
+                if not reclaim or driver != self._keeper_id or self._closing:
+                    return False
+                # The keeper runs it: ask for it back, and wait for its release.
+                with contextlib.suppress(RuntimeError):  # closed meanwhile
+                    loop.call_soon_threadsafe(loop.stop)
+                state.wait(KEEP_SECONDS)
+
+    def _kick(self) -> None:
+        with self._state:
+            if self._driver is None and not self._kicked:
+                self._kicked = True
+                self._state.notify_all()
+
+    def _let_go(self) -> None:
+        # Nobody is notified: the keeper looks on its own every KEEP_SECONDS, and a
+        # wake-up per wait is the very cost this class avoids.
+        with self._state:
+            self._driver, self._rested_since = None, time.monotonic()
+
+    def _drive(self, done: Callable[[], bool], deadline: float | None) -> None:
+        """Run the loop on this thread (holding it) until done() or the deadline."""
+        loop = self.loop
+        timer = None if deadline is None else loop.call_at(deadline, loop.stop)
+        self._until = done
+        try:
+            while not done() and (deadline is None or time.monotonic() < deadline):
+                loop.run_forever()  # stopped by poke, the timer, or a reclaim
+        finally:
+            self._until = None
+            if timer is not None:
+                timer.cancel()
+
+    def poke(self) -> None:
+        """Tell the thread running the loop for a caller that what it waits for may be
+        done (called wherever an answer is set; cheap when nobody waits)."""
+        until, loop = self._until, self._loop
+        if until is None or loop is None or not until():
+            return
+        if self._driver == threading.get_ident():
+            loop.stop()
+        else:
+            with contextlib.suppress(RuntimeError):  # closed meanwhile
+                loop.call_soon_threadsafe(loop.stop)
+
+    # ------------------------------------------------------------------ waiting
+
+    def wait_until(self, done: Callable[[], bool], deadline: float | None,
+                   block: Callable[[float], Any]) -> None:
+        """Return once done() or at the monotonic deadline (None: no deadline), running
+        the loop on this thread meanwhile whenever no other thread does.
+
+        Arguments:
+            done: whether the wait is over; looked at on this thread and, while this
+                thread runs the loop, by poke.
+            deadline: when to give up (the caller sees done() still False).
+            block: waits up to the given seconds on a thread-safe signal of done
+                (used while another thread runs the loop).
+        """
+        while not done():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
+            if self._take():
+                try:
+                    self._drive(done, deadline)
+                finally:
+                    self._let_go()
+            else:
+                self._kick()  # this thread cannot run it: the keeper should, now
+                block(KEEP_SECONDS if remaining is None else min(remaining, KEEP_SECONDS))
+
+    def turn(self) -> None:
+        """Run what the loop has ready, on this thread, without blocking: what was
+        handed over goes out and what has arrived is read. Nothing when another thread
+        runs the loop (it does that work itself)."""
+        loop = self._loop
+        if loop is None or not self._take(reclaim=False):
+            return
+        try:
+            # BaseEventLoop keeps its ready callbacks in _ready; without it (another
+            # loop implementation) every pass is run.
+            ready = getattr(loop, "_ready", None)
+            for _ in range(_TURN_PASSES):
+                loop.call_soon(loop.stop)
+                loop.run_forever()
+                if ready is not None and not ready:
+                    break
+        finally:
+            self._let_go()
+
+    def call_soon(self, callback: Callable[[], Any]) -> None:
+        """Have callback run on the loop: now-ish when a thread runs it (woken when
+        that is another thread), else by the next thread that does. Safe from any
+        thread.
+
+        Raises:
+            BrokerUnavailable: the loop is not running.
+        """
+        loop = self.loop
+        with self._state:
+            if self._driver is None or self._driver == threading.get_ident():
+                # Nobody is blocked in the loop's select: no wake-up to write. Under
+                # the lock, so the keeper cannot start running it in between.
+                loop.call_soon(callback)
+                return
+        loop.call_soon_threadsafe(callback)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
-        """Run coro on the loop and wait for its result from the caller's thread.
+        """Run coro on the loop and wait for its result, running the loop on the
+        caller's thread when no other thread does.
 
         Arguments:
             coro: the coroutine; it is closed unrun when the loop is not running.
@@ -88,7 +270,7 @@ class LoopRunner:
         Raises:
             BrokerUnavailable: the loop is not running.
             TimeoutError: no result within timeout.
-            RuntimeError: called from the loop's own thread (it would deadlock).
+            RuntimeError: called from inside the loop (it would deadlock).
         """
         if self._loop is None:
             coro.close()
@@ -97,27 +279,23 @@ class LoopRunner:
             coro.close()
             raise RuntimeError("LoopRunner.run called on its own loop thread")
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result(timeout=max(timeout, 0.0))
-        except concurrent.futures.TimeoutError as error:
-            # On 3.11 this is the builtin TimeoutError, which the coroutine itself may
-            # have raised (nats.errors.TimeoutError is one): re-raise that unchanged.
-            if future.done() and not future.cancelled():
-                raise
+        future.add_done_callback(lambda _: self.poke())
+        self.wait_until(future.done, time.monotonic() + max(timeout, 0.0),
+                        lambda seconds: concurrent.futures.wait((future,), seconds))
+        if not future.done():
             future.cancel()
-            raise TimeoutError(
-                f"no result from the backend's loop within {timeout:.3f}s"
-            ) from error
+            raise TimeoutError(f"no result from the backend's loop within {timeout:.3f}s")
+        try:
+            return future.result()
         except concurrent.futures.CancelledError:
             raise TimeoutError("the backend's loop cancelled the call") from None
 
     def stop(self, timeout: float = CLOSE_TIMEOUT_SECONDS) -> None:
-        """Cancel whatever still runs on the loop, stop it, join the thread and close
-        the loop. Idempotent."""
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
+        """Cancel whatever still runs on the loop, stop the keeper and close the loop.
+        Idempotent."""
+        loop, keeper = self._loop, self._keeper
+        if loop is None or keeper is None:
             return
-        self._loop, self._thread = None, None
 
         async def cancel_rest() -> None:
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -126,10 +304,15 @@ class LoopRunner:
             await asyncio.gather(*tasks, return_exceptions=True)
 
         with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(cancel_rest(), loop).result(timeout)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout)
-        if not thread.is_alive():
+            self.run(cancel_rest(), timeout)
+        self._loop, self._keeper = None, None
+        with self._state:
+            self._closing = True
+            self._state.notify_all()
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(loop.stop)
+        keeper.join(timeout)
+        if not loop.is_running():
             loop.close()
 
 
@@ -154,7 +337,9 @@ class LoopWake:
         self._handoffs.append(handoff)
 
     def ring(self) -> None:
-        """Have every handoff drained on the loop soon (once, however many ring).
+        """Have every handoff drained on the loop soon (once, however many ring): at
+        once when a thread runs the loop, else by the next thread that does — the
+        caller's own next wait or turn, or the keeper (LoopRunner.call_soon).
 
         Raises:
             BrokerUnavailable / RuntimeError: there is no running loop to wake.
@@ -164,7 +349,7 @@ class LoopWake:
                 return
             self._scheduled = True
         try:
-            self._runner.loop.call_soon_threadsafe(self._drain)
+            self._runner.call_soon(self._drain)
         except BaseException:
             with self._lock:
                 self._scheduled = False
@@ -280,6 +465,7 @@ async def close_client(client: Client, timeout: float = CLOSE_TIMEOUT_SECONDS) -
 
 __all__ = [
     "CLOSE_TIMEOUT_SECONDS",
+    "KEEP_SECONDS",
     "ErrorLog",
     "Handoff",
     "LoopWake",

@@ -38,6 +38,7 @@ from videoflow.backends.messaging import (
     SubscriptionId,
     Terminal,
 )
+from videoflow.errors import BrokerUnavailable
 from videoflow.messaging.jetstream_settle import (
     ReplyMux,
     Send,
@@ -240,6 +241,10 @@ class SubscriptionReceiver:
         self.last_error: BaseException | None = None
         self._mean_size = 0.0  # of the deliveries parked so far (depth)
         self.wanted = prefetch  # set by the backend's set_receive_depth
+        # How the caller's thread hands the pull loop its wake-up: the backend's
+        # LoopRunner.call_soon (no self-pipe write when the caller runs the loop next
+        # itself); None: the loop's call_soon_threadsafe.
+        self.schedule: Callable[[Callable[[], Any]], None] | None = None
 
     # ------------------------------------------------------------------ pull loop
 
@@ -512,8 +517,9 @@ class SubscriptionReceiver:
     def _wake_pull_loop(self) -> None:
         loop = self._loop
         if loop is not None:
-            with contextlib.suppress(RuntimeError):  # a closed loop: nobody to wake
-                loop.call_soon_threadsafe(self._space.set)
+            # A closed or stopped loop: nobody to wake.
+            with contextlib.suppress(RuntimeError, BrokerUnavailable):
+                (self.schedule or loop.call_soon_threadsafe)(self._space.set)
 
     def put_back(self, delivery: Delivery) -> None:
         """Return a delivery just taken (and not handed to anyone) to the queue's head."""

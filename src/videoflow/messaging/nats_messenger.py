@@ -416,6 +416,9 @@ class NATSMessenger(Messenger):
         self.backend.stop_receiving()
 
     def check_for_termination(self) -> bool:
+        # Asked between a producer's next() calls: the outputs just handed over go
+        # out now, and a published stop is read, on this thread (catch_up).
+        self.backend.catch_up()
         return self._terminated or self._quiesced
 
     def stop_reason(self) -> str | None:
