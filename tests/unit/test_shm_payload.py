@@ -5,10 +5,14 @@ store are tested in test_payload_store.py."""
 
 from __future__ import annotations
 
+import contextlib
 import mmap
+import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -110,6 +114,30 @@ def test_a_count_left_too_high_by_a_crash_is_corrected_from_what_is_mapped(
     ref = store.put(b"b" * 6000, ["fuse"], "p2")  # fits the 3,000 really held
     assert store.get(ref) == b"b" * 6000
     assert store.used_bytes() == 9000
+
+
+def test_the_recount_skips_a_file_another_process_moved_away_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = SharedMemoryPayloadStore(tmp_path, budget_bytes=10_000, budget_wait_seconds=1)
+    store.put(b"a" * 3000, ["fuse"], "p1")
+    # A writer's temporary file, renamed into place between the listing and the stat
+    # (the 8-camera demo met it with its budget full).
+    moved = tmp_path / "blobs" / ".p2.tmp"
+    moved.write_bytes(b"b" * 2000)
+    real_scandir = os.scandir
+
+    @contextlib.contextmanager
+    def listing_then_rename(path: Any) -> Iterator[list[os.DirEntry[str]]]:
+        with real_scandir(path) as entries:
+            listed = list(entries)
+        moved.unlink()
+        yield listed
+
+    monkeypatch.setattr(os, "scandir", listing_then_rename)
+    (tmp_path / "usage").write_text("9500")  # so the next put recounts
+    ref = store.put(b"c" * 6000, ["fuse"], "p3")
+    assert store.get(ref) == b"c" * 6000 and store.used_bytes() == 9000
 
 
 def test_every_process_of_a_folder_keeps_the_budget_it_was_made_with(tmp_path: Path) -> None:

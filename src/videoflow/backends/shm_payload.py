@@ -169,8 +169,16 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
             _write_int(self._usage_path, max(0, used - record.size))
 
     def _count_bytes(self) -> int:
+        total = 0
         with os.scandir(self._blobs) as entries:
-            return sum(entry.stat().st_size for entry in entries if entry.is_file())
+            for entry in entries:
+                # Another process renames its temporary file into place, or removes a
+                # released payload, between the listing and the stat: gone, it holds
+                # nothing.
+                with contextlib.suppress(FileNotFoundError):
+                    if entry.is_file():
+                        total += entry.stat().st_size
+        return total
 
     # --- zero-copy reads -----------------------------------------------------------
 
