@@ -97,6 +97,7 @@ from videoflow.backends.messaging import (
     require_settle_outcomes,
 )
 from videoflow.messaging.jetstream_loop import (
+    COALESCE_SECONDS,
     ErrorLog,
     Handoff,
     LoopRunner,
@@ -708,8 +709,10 @@ class JetStreamMessagingBackend(MessagingBackend):
             raise BrokerUnavailable("the JetStream backend's loop is not running")
         arrivals, runner = self._arrivals, self._runner
         # What was handed over (a group's outputs, its settlements) goes out, and what
-        # has arrived is parked, before the take: on this thread, with no wake-up.
-        runner.turn()
+        # has arrived is parked, before the take: on this thread, with no wake-up. A
+        # caller working through a backlog turns once per COALESCE_SECONDS, so a
+        # batch of its outputs and settlements shares one write.
+        runner.turn(COALESCE_SECONDS)
         while True:
             seen = self._arrived  # read before the take: a park after it is not missed
             taken = take_round_robin(receivers, item_credit, byte_credit)
@@ -731,7 +734,7 @@ class JetStreamMessagingBackend(MessagingBackend):
         """Run what the loop has ready on the caller's thread, without blocking
         (LoopRunner.turn): handed-over publications and settlements go out."""
         if self._runner.running:
-            self._runner.turn()
+            self._runner.turn(COALESCE_SECONDS)
 
     def _ring(self) -> None:
         # On the loop, for each delivery parked. The waiter is woken once the read loop

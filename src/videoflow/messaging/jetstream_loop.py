@@ -41,6 +41,11 @@ waits on the loop runs it itself; between waits (a node's own code) the loop res
 and past this the keeper takes it over, so timers, heartbeats and lease renewals
 never wait longer than this for a long-running node."""
 
+COALESCE_SECONDS: Final = 0.0005
+"""A caller that comes back within this lets its handed-over work wait for its next
+turn (LoopRunner.turn's unless_within): at most this much latency added to a fast
+sender's messages, for one write per batch of them."""
+
 _TURN_PASSES: Final = 8
 """At most this many loop passes in one turn: handing work over takes a few (the
 drain, the task it starts, nats-py's flusher), and a turn never blocks."""
@@ -218,12 +223,22 @@ class LoopRunner:
                 self._kick()  # this thread cannot run it: the keeper should, now
                 block(KEEP_SECONDS if remaining is None else min(remaining, KEEP_SECONDS))
 
-    def turn(self) -> None:
+    def turn(self, unless_within: float = 0.0) -> None:
         """Run what the loop has ready, on this thread, without blocking: what was
         handed over goes out and what has arrived is read. Nothing when another thread
-        runs the loop (it does that work itself)."""
+        runs the loop (it does that work itself).
+
+        Arguments:
+            unless_within: do nothing when the loop last rested less than this many
+                seconds ago. A caller that turns after every message (a fast
+                producer) so sends one write per batch of them: a socket write costs
+                a wake-up of the server's thread, tens of times a message's own cost.
+        """
         loop = self._loop
-        if loop is None or not self._take(reclaim=False):
+        if loop is None or (unless_within and
+                            time.monotonic() - self._rested_since < unless_within):
+            return
+        if not self._take(reclaim=False):
             return
         try:
             # BaseEventLoop keeps its ready callbacks in _ready; without it (another
@@ -465,6 +480,7 @@ async def close_client(client: Client, timeout: float = CLOSE_TIMEOUT_SECONDS) -
 
 __all__ = [
     "CLOSE_TIMEOUT_SECONDS",
+    "COALESCE_SECONDS",
     "KEEP_SECONDS",
     "ErrorLog",
     "Handoff",
