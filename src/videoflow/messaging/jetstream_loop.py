@@ -137,9 +137,9 @@ class LoopRunner:
                     self._driver, self._rested_since = None, time.monotonic()
                     state.notify_all()
 
-    def _take(self, reclaim: bool = True) -> bool:
+    def _take(self) -> bool:
         """Become the thread running the loop: at once when nobody runs it, after the
-        keeper hands it back when the keeper does (reclaim). False when another
+        keeper hands it back when the keeper does. False when another
         caller runs it, or this thread runs a loop already (this one: no nesting;
         another one, say a caller that is itself a coroutine: two loops cannot run on
         one thread), or the loop is stopped."""
@@ -152,7 +152,7 @@ class LoopRunner:
                 if driver is None:
                     self._driver = me
                     return True
-                if not reclaim or driver != self._keeper_id or self._closing:
+                if driver != self._keeper_id or self._closing:
                     return False
                 # The keeper runs it: ask for it back, and wait for its release.
                 with contextlib.suppress(RuntimeError):  # closed meanwhile
@@ -225,8 +225,10 @@ class LoopRunner:
 
     def turn(self, unless_within: float = 0.0) -> None:
         """Run what the loop has ready, on this thread, without blocking: what was
-        handed over goes out and what has arrived is read. Nothing when another thread
-        runs the loop (it does that work itself).
+        handed over goes out and what has arrived is read. A loop the keeper runs is
+        taken back first: left with the keeper, every handoff would wake it, the very
+        cost this class avoids. Nothing when another caller runs the loop (it does
+        that work itself).
 
         Arguments:
             unless_within: do nothing when the loop last rested less than this many
@@ -238,7 +240,7 @@ class LoopRunner:
         if loop is None or (unless_within and
                             time.monotonic() - self._rested_since < unless_within):
             return
-        if not self._take(reclaim=False):
+        if not self._take():
             return
         try:
             # BaseEventLoop keeps its ready callbacks in _ready; without it (another
