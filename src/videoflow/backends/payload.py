@@ -802,8 +802,9 @@ class NatsObjectPayloadStore(PayloadStore):
     Record changes are compare-and-swap on the KV revision (NATS_FACTS §9: ``update``
     with ``last``, ``create`` for a new key, ``delete`` with ``last``), so workers on
     any host sharing the broker never lose a release nor reclaim twice. nats-py is
-    asyncio only: the store runs its own loop in a daemon thread (the backend's
-    LoopRunner) and every public method waits for its call there, bounded by timeout.
+    asyncio only: the store keeps its own loop (a LoopRunner, which the waiting
+    caller's thread runs) and every public method waits for its call there, bounded
+    by timeout.
 
     Arguments:
         nats_url: e.g. ``nats://127.0.0.1:4222``.

@@ -152,7 +152,7 @@ class NatsKvRuntimeStore(RuntimeStore):
 
     Arguments:
         nats_url: the server to connect to; the store then owns its connection and
-            a loop thread of its own. Give this or client.
+            a loop of its own (a LoopRunner). Give this or client.
         bucket: the KV bucket, bound if it exists and created (history 1) if not.
         client: an already connected nats-py client to use instead (not closed by
             close()); runner must then be the LoopRunner whose loop it runs on.

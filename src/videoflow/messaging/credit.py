@@ -27,8 +27,8 @@ confirmed, inputs not yet settled (videoflow.messaging.messenger_window)."""
 
 PRODUCER_WINDOW: Final = 16 * WINDOW_GROUPS
 """Outputs a producer keeps in flight (its window's byte bound still applies). Its
-groups are single outputs with no inputs to hold, and the loop thread that sends them
-and reads their PubAcks is what paces it: the more it finds to send in one turn, the
+groups are single outputs with no inputs to hold, and the turns of the loop that send
+them and read their PubAcks are what pace it: the more one turn finds to send, the
 less each costs. Measured in one process on the embedded server: 9,000 outputs/s at 64,
 13,500-14,300 at 256, 17,500-18,500 at 1,024."""
 

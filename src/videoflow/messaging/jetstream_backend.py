@@ -306,7 +306,7 @@ class JetStreamMessagingBackend(MessagingBackend):
         return self._client, self._js
 
     def start(self) -> None:
-        """Connect on a fresh loop thread. Idempotent.
+        """Connect on a fresh loop and its keeper thread (LoopRunner). Idempotent.
 
         Raises:
             BrokerUnavailable: the server cannot be reached within connect_timeout
@@ -361,7 +361,7 @@ class JetStreamMessagingBackend(MessagingBackend):
 
     def shutdown(self, hand_back: bool = True) -> None:
         """Stop the pull loops, hand back every delivery this receiver still holds,
-        flush pending publishes, close the connection and the loop thread.
+        flush pending publishes, close the connection, the loop and its keeper thread.
 
         Arguments:
             hand_back: False closes without the NAKs — what a crashed process looks
