@@ -569,12 +569,11 @@ class NATSMessenger(Messenger):
         elif self.flow_type == REALTIME:
             # A REALTIME stream keeps only its newest message, so outputs that leave in
             # one burst supersede each other before any reader is handed them: a node
-            # working through the inputs it took at once would otherwise hold the
-            # interpreter until its loop thread sends them all together. Yielding lets
-            # the loop send this one now (the linear REALTIME bench's sink received
-            # about 3x more). Not for a producer: it is paced by its source, and the
-            # yield per output cost an unpaced one nine tenths of its rate.
-            time.sleep(0)
+            # working through the inputs it took at once would otherwise send them all
+            # together at its next receive. catch_up sends this one now (at most one
+            # write per COALESCE_SECONDS). Not for a producer: its own catch_up comes
+            # with every output already (check_for_termination).
+            self.backend.catch_up()
 
     def _offset_confirmed(self, offset: int) -> None:
         self._confirmed_offset = max(self._confirmed_offset, offset)
