@@ -655,6 +655,34 @@ def test_admission_skips_are_acked_and_reported_off_the_loop(backends) -> None: 
     assert isinstance(observed, Known) and observed.value.dropped == 1
 
 
+def test_a_lease_is_kept_alive_while_the_caller_runs_code_of_its_own(backends) -> None:  # type: ignore[no-untyped-def]
+    # A node's long call: the caller touches nothing for three ack_waits. The keeper
+    # runs the loop meanwhile, so the keepalive renews the lease (ack_wait / 3) and the
+    # message is neither redelivered nor its token made stale (MSG-011).
+    backend = backends()
+    sub = provisioned(backend, "longcall", ack_wait=1.0)
+    send(backend, "longcall", 1)
+    (delivery,) = receive_n(backend, sub, 1)
+    time.sleep(3.0)
+    assert backend.settle(delivery.token, Completed(), "done") == SettleConfirmed()
+    assert receive_n(backend, sub, 1, wait=1.5) == []
+
+
+def test_a_waiting_receiver_parks_and_takes_on_its_own_thread(backends) -> None:  # type: ignore[no-untyped-def]
+    # No thread hands a delivery over: the caller waiting in receive runs the loop, so
+    # the admission filter (which runs where deliveries are parked) runs on it.
+    backend = backends()
+    sub = provisioned(backend, "inline")
+    seen: list[int] = []
+    backend.set_admission(sub, lambda delivery: seen.append(threading.get_ident()) or True)
+    other = threading.Thread(target=send, args=(backends(), "inline", 1))
+    other.start()
+    (delivery,) = receive_n(backend, sub, 1)
+    other.join(5)
+    assert seen == [threading.get_ident()]
+    assert backend.settle(delivery.token, Completed(), "done") == SettleConfirmed()
+
+
 def test_max_deliveries_advisory_and_mark_exhausted_count_as_unresolved(backends) -> None:  # type: ignore[no-untyped-def]
     backend = backends(keepalive=False)
     sub = provisioned(backend, "exhaust", ack_wait=1.0, max_deliver=1)
