@@ -427,12 +427,17 @@ class MessagingBackend(abc.ABC):
         """
         return False
 
-    def catch_up(self) -> None:
+    def catch_up(self, at_once: bool = False) -> None:
         """Let the adapter's I/O run on the caller's thread for a moment, without
         blocking: what was handed over goes out, what has arrived is read. A caller
         that hands work over and then runs code of its own (a producer between
         next() calls) calls it between the two. The default does nothing: an adapter
-        whose I/O runs on threads of its own needs no such moment."""
+        whose I/O runs on threads of its own needs no such moment.
+
+        Arguments:
+            at_once: send now even when the adapter would batch a fast caller's
+                work (a REALTIME output, which a newer one supersedes while it
+                waits)."""
         return None
 
     def prefetched(self, subscription: SubscriptionId) -> int:

@@ -730,11 +730,12 @@ class JetStreamMessagingBackend(MessagingBackend):
 
             runner.wait_until(arrived, deadline, block)
 
-    def catch_up(self) -> None:
+    def catch_up(self, at_once: bool = False) -> None:
         """Run what the loop has ready on the caller's thread, without blocking
-        (LoopRunner.turn): handed-over publications and settlements go out."""
+        (LoopRunner.turn): handed-over publications and settlements go out, at most
+        one write per COALESCE_SECONDS for a fast caller unless at_once."""
         if self._runner.running:
-            self._runner.turn(COALESCE_SECONDS)
+            self._runner.turn(0.0 if at_once else COALESCE_SECONDS)
 
     def _ring(self) -> None:
         # On the loop, for each delivery parked. The waiter is woken once the read loop

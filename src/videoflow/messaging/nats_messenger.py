@@ -570,10 +570,10 @@ class NATSMessenger(Messenger):
             # A REALTIME stream keeps only its newest message, so outputs that leave in
             # one burst supersede each other before any reader is handed them: a node
             # working through the inputs it took at once would otherwise send them all
-            # together at its next receive. catch_up sends this one now (at most one
-            # write per COALESCE_SECONDS). Not for a producer: its own catch_up comes
-            # with every output already (check_for_termination).
-            self.backend.catch_up()
+            # together at its next receive. catch_up sends this one now. Not for a
+            # producer: its own catch_up comes with every output already
+            # (check_for_termination), batched while it is fast.
+            self.backend.catch_up(at_once=True)
 
     def _offset_confirmed(self, offset: int) -> None:
         self._confirmed_offset = max(self._confirmed_offset, offset)
