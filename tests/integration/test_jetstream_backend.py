@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +41,7 @@ from videoflow.backends.messaging import (
     Unknown,
 )
 from videoflow.core.constants import BATCH
+from videoflow.core.worker import _stop_signals
 from videoflow.errors import BrokerUnavailable
 from videoflow.messaging.dead_letters import dead_letter, dead_letter_for, decode_dead_letter
 from videoflow.messaging.jetstream_backend import (
@@ -681,6 +684,35 @@ def test_a_waiting_receiver_parks_and_takes_on_its_own_thread(backends) -> None:
     other.join(5)
     assert seen == [threading.get_ident()]
     assert backend.settle(delivery.token, Completed(), "done") == SettleConfirmed()
+
+
+def test_sigterm_while_the_task_waits_in_the_loop_quiesces_it(backends) -> None:  # type: ignore[no-untyped-def]
+    # RUN-030 from the worker's SIGTERM handler, landing while the main thread runs the
+    # loop inside a receive: the parked deliveries still go back at once.
+    backend = backends()
+    sub, idle = provisioned(backend, "leaving"), provisioned(backend, "idle")
+    send(backend, "leaving", 3)
+    deadline = time.monotonic() + 5
+    while backend.prefetched(sub) < 3 and time.monotonic() < deadline:
+        backend.receive_any([idle], 1, 0, time.monotonic() + 0.05)
+    assert backend.prefetched(sub) == 3
+
+    class Quiescing:  # what the handler calls: Task.quiesce
+        handed: int | None = None
+
+        def quiesce(self) -> None:
+            self.handed = backend.stop_receiving()
+
+    task = Quiescing()
+    with _stop_signals(task, sigint_quiesces=False):  # type: ignore[arg-type]
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.start()
+        assert backend.receive_any([idle], 1, 0, time.monotonic() + 1.5) == []
+        timer.join()
+    deadline = time.monotonic() + 5
+    while task.handed is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert task.handed == 3 and backend.prefetched(sub) == 0
 
 
 def test_max_deliveries_advisory_and_mark_exhausted_count_as_unresolved(backends) -> None:  # type: ignore[no-untyped-def]

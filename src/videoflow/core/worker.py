@@ -152,7 +152,11 @@ def _stop_signals(task: Task, sigint_quiesces: bool) -> Iterator[None]:
         return
 
     def quiesce(_signum: int, _frame: FrameType | None) -> None:
-        task.quiesce()
+        # The handler runs on the main thread wherever it was: often inside a run of
+        # the broker's loop (a receive waiting runs it, LoopRunner), where a quiesce
+        # cannot wait on the broker. A thread of its own can: the waiting task's loop
+        # serves it, and the task sees the quiesce at its next receive.
+        threading.Thread(target=task.quiesce, name="videoflow-quiesce", daemon=True).start()
 
     previous: dict[int, Any] = {signal.SIGTERM: signal.signal(signal.SIGTERM, quiesce)}
     previous[signal.SIGINT] = signal.signal(

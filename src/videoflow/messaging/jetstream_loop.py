@@ -141,10 +141,10 @@ class LoopRunner:
 
     def _take(self) -> bool:
         """Become the thread running the loop: at once when nobody runs it, after the
-        keeper hands it back when the keeper does. False when another
-        caller runs it, or this thread runs a loop already (this one: no nesting;
-        another one, say a caller that is itself a coroutine: two loops cannot run on
-        one thread), or the loop is stopped."""
+        keeper hands it back when the keeper does. False when another caller runs it,
+        or this thread runs a loop already (this one: no nesting; another one, say a
+        caller that is itself a coroutine: two loops cannot run on one thread), or the
+        loop is stopped."""
         me, state, loop = threading.get_ident(), self._state, self._loop
         if loop is None or asyncio._get_running_loop() is not None:
             return False
