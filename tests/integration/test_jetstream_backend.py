@@ -43,6 +43,7 @@ from videoflow.backends.messaging import (
 from videoflow.core.constants import BATCH
 from videoflow.core.worker import _stop_signals
 from videoflow.errors import BrokerUnavailable
+from videoflow.messaging import jetstream_loop
 from videoflow.messaging.dead_letters import dead_letter, dead_letter_for, decode_dead_letter
 from videoflow.messaging.jetstream_backend import (
     ACK_CONFIRM_SECONDS,
@@ -173,6 +174,34 @@ def test_the_keeper_runs_the_loop_while_no_caller_waits_and_hands_it_back() -> N
         started = time.monotonic()
         assert runner.run(which_thread(), timeout=5) == threading.get_ident()
         assert time.monotonic() - started < 1.0
+    finally:
+        runner.stop()
+
+
+def test_a_coalesced_turn_nobody_comes_back_for_is_sent_by_the_keeper(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A fast producer's last output before a long next(): its turn was skipped to
+    # batch writes. The keeper sends it at the end of the coalescing window, not only
+    # once the loop has rested KEEP_SECONDS (made long here, so only that can pass).
+    monkeypatch.setattr(jetstream_loop, "KEEP_SECONDS", 30.0)
+    runner = LoopRunner()
+    runner.start()
+    try:
+        ran: list[int] = []
+        runner.turn()  # the loop has just run
+        runner.call_soon(lambda: ran.append(threading.get_ident()))
+        runner.turn(unless_within=0.05)  # back within the window: skipped
+        assert ran == []
+        deadline = time.monotonic() + 5
+        while not ran and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ran and ran[0] != threading.get_ident()
+        # Sent, the keeper lets go: the next caller runs the loop itself at once.
+        async def which_thread() -> int:
+            return threading.get_ident()
+
+        assert runner.run(which_thread(), timeout=5) == threading.get_ident()
     finally:
         runner.stop()
 

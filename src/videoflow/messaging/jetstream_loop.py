@@ -78,6 +78,8 @@ class LoopRunner:
         self._keeper_id: int | None = None
         self._rested_since = 0.0  # when the loop was last let go (monotonic)
         self._kicked = False  # the keeper should run the loop now
+        self._flush_due = 0.0  # a coalesced turn's latest send time (monotonic; 0: none)
+        self._handed = False  # call_soon left work for the next run of the loop
         self._closing = False
         self._until: Callable[[], bool] | None = None  # what the driver waits for
 
@@ -116,16 +118,24 @@ class LoopRunner:
 
     def _keep(self, loop: asyncio.AbstractEventLoop) -> None:
         """The keeper: run the loop whenever it has rested for KEEP_SECONDS (or at a
-        kick), until a caller asks for it back; end at stop."""
+        kick), until a caller asks for it back; run one turn for a coalesced turn
+        nobody came back for by its flush time; end at stop."""
         self._keeper_id = me = threading.get_ident()
         state = self._state
         while True:
+            flush = False
             with state:
                 while not self._closing:
                     if self._driver is None:
-                        rest = self._rested_since + KEEP_SECONDS - time.monotonic()
+                        now = time.monotonic()
+                        rest = self._rested_since + KEEP_SECONDS - now
                         if self._kicked or rest <= 0:
                             break
+                        if self._flush_due:
+                            flush = self._flush_due <= now
+                            if flush:
+                                break
+                            rest = min(rest, self._flush_due - now)
                     else:
                         rest = KEEP_SECONDS  # looked at again, unnotified: see _let_go
                     state.wait(rest)
@@ -133,10 +143,14 @@ class LoopRunner:
                     return
                 self._driver, self._kicked = me, False
             try:
-                loop.run_forever()  # until a caller reclaims it (_take) or stop
+                if flush:
+                    self._passes(loop)  # send it, and let go: the caller is still busy
+                else:
+                    loop.run_forever()  # until a caller reclaims it (_take) or stop
             finally:
                 with state:
                     self._driver, self._rested_since = None, time.monotonic()
+                    self._flush_due, self._handed = 0.0, False
                     state.notify_all()
 
     def _take(self) -> bool:
@@ -169,9 +183,11 @@ class LoopRunner:
 
     def _let_go(self) -> None:
         # Nobody is notified: the keeper looks on its own every KEEP_SECONDS, and a
-        # wake-up per wait is the very cost this class avoids.
+        # wake-up per wait is the very cost this class avoids. Whatever a coalesced
+        # turn left has just gone out with this run.
         with self._state:
             self._driver, self._rested_since = None, time.monotonic()
+            self._flush_due, self._handed = 0.0, False
 
     def _drive(self, done: Callable[[], bool], deadline: float | None) -> None:
         """Run the loop on this thread (holding it) until done() or the deadline."""
@@ -239,22 +255,39 @@ class LoopRunner:
                 a wake-up of the server's thread, tens of times a message's own cost.
         """
         loop = self._loop
-        if loop is None or (unless_within and
-                            time.monotonic() - self._rested_since < unless_within):
+        if loop is None:
             return
+        if unless_within:
+            rested = self._rested_since
+            if time.monotonic() - rested < unless_within:
+                if self._handed and not self._flush_due:
+                    # Should the caller not come back (a burst's last message, then a
+                    # long next()), the keeper sends it at the window's end: once per
+                    # window, a wake-up of the keeper, against KEEP_SECONDS of delay.
+                    with self._state:
+                        if not self._flush_due and self._driver is None:
+                            self._flush_due = rested + unless_within
+                            self._state.notify_all()
+                return
         if not self._take():
             return
         try:
-            # BaseEventLoop keeps its ready callbacks in _ready; without it (another
-            # loop implementation) every pass is run.
-            ready = getattr(loop, "_ready", None)
-            for _ in range(_TURN_PASSES):
-                loop.call_soon(loop.stop)
-                loop.run_forever()
-                if ready is not None and not ready:
-                    break
+            self._passes(loop)
         finally:
             self._let_go()
+
+    @staticmethod
+    def _passes(loop: asyncio.AbstractEventLoop) -> None:
+        """Run the loop's ready callbacks, and what they make ready, without blocking
+        (at most _TURN_PASSES passes)."""
+        # BaseEventLoop keeps its ready callbacks in _ready; without it (another loop
+        # implementation) every pass is run.
+        ready = getattr(loop, "_ready", None)
+        for _ in range(_TURN_PASSES):
+            loop.call_soon(loop.stop)
+            loop.run_forever()
+            if ready is not None and not ready:
+                break
 
     def call_soon(self, callback: Callable[[], Any]) -> None:
         """Have callback run on the loop: now-ish when a thread runs it (woken when
@@ -270,6 +303,7 @@ class LoopRunner:
                 # Nobody is blocked in the loop's select: no wake-up to write. Under
                 # the lock, so the keeper cannot start running it in between.
                 loop.call_soon(callback)
+                self._handed = True
                 return
         loop.call_soon_threadsafe(callback)
 
