@@ -131,13 +131,25 @@ def batch_channel(
 # ------------------------------------------------------------------ layer 1: the loop
 
 
+async def which_thread() -> int:
+    """The thread the loop runs a coroutine on."""
+    return threading.get_ident()
+
+
+@pytest.fixture
+def runner():  # type: ignore[no-untyped-def]
+    made = LoopRunner()
+    made.start()
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
 def test_runner_propagates_results_and_exceptions_run_on_the_waiting_thread() -> None:
     runner = LoopRunner()
     runner.start()
     try:
-        async def which_thread() -> int:
-            return threading.get_ident()
-
         # Nobody else runs the loop: the caller runs it while it waits.
         assert runner.run(which_thread(), timeout=5) == threading.get_ident()
 
@@ -155,80 +167,60 @@ def test_runner_propagates_results_and_exceptions_run_on_the_waiting_thread() ->
         runner.run(asyncio.sleep(0), timeout=1)
 
 
-def test_the_keeper_runs_the_loop_while_no_caller_waits_and_hands_it_back() -> None:
-    runner = LoopRunner()
-    runner.start()
-    try:
-        ran: list[int] = []
-        # Handed over, then the caller busy with code of its own: the keeper runs the
-        # loop once it has rested KEEP_SECONDS, so the callback does not wait for the
-        # caller's next wait.
-        runner.call_soon(lambda: ran.append(threading.get_ident()))
-        time.sleep(10 * KEEP_SECONDS)
-        assert ran and ran[0] != threading.get_ident()
-
-        async def which_thread() -> int:
-            return threading.get_ident()
-
-        # A waiting caller takes the loop back from the keeper.
-        started = time.monotonic()
-        assert runner.run(which_thread(), timeout=5) == threading.get_ident()
-        assert time.monotonic() - started < 1.0
-    finally:
-        runner.stop()
+def test_the_keeper_runs_the_loop_while_no_caller_waits_and_hands_it_back(
+    runner: LoopRunner,
+) -> None:
+    ran: list[int] = []
+    # Handed over, then the caller busy with code of its own: the keeper runs the
+    # loop once it has rested KEEP_SECONDS, so the callback does not wait for the
+    # caller's next wait.
+    runner.call_soon(lambda: ran.append(threading.get_ident()))
+    time.sleep(10 * KEEP_SECONDS)
+    assert ran and ran[0] != threading.get_ident()
+    # A waiting caller takes the loop back from the keeper.
+    started = time.monotonic()
+    assert runner.run(which_thread(), timeout=5) == threading.get_ident()
+    assert time.monotonic() - started < 1.0
 
 
 def test_a_coalesced_turn_nobody_comes_back_for_is_sent_by_the_keeper(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, runner: LoopRunner,
 ) -> None:
     # A fast producer's last output before a long next(): its turn was skipped to
     # batch writes. The keeper sends it at the end of the coalescing window, not only
     # once the loop has rested KEEP_SECONDS (made long here, so only that can pass).
     monkeypatch.setattr(jetstream_loop, "KEEP_SECONDS", 30.0)
-    runner = LoopRunner()
-    runner.start()
-    try:
-        ran: list[int] = []
-        runner.turn()  # the loop has just run
-        runner.call_soon(lambda: ran.append(threading.get_ident()))
-        runner.turn(unless_within=0.05)  # back within the window: skipped
-        assert ran == []
-        deadline = time.monotonic() + 5
-        while not ran and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert ran and ran[0] != threading.get_ident()
-        # Sent, the keeper lets go: the next caller runs the loop itself at once.
-        async def which_thread() -> int:
-            return threading.get_ident()
-
-        assert runner.run(which_thread(), timeout=5) == threading.get_ident()
-    finally:
-        runner.stop()
+    ran: list[int] = []
+    runner.turn()  # the loop has just run
+    runner.call_soon(lambda: ran.append(threading.get_ident()))
+    runner.turn(unless_within=0.05)  # back within the window: skipped
+    assert ran == []
+    deadline = time.monotonic() + 5
+    while not ran and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran and ran[0] != threading.get_ident()
+    # Sent, the keeper lets go: the next caller runs the loop itself at once.
+    assert runner.run(which_thread(), timeout=5) == threading.get_ident()
 
 
-def test_two_threads_waiting_on_one_runner_both_get_their_answers() -> None:
-    runner = LoopRunner()
-    runner.start()
-    try:
-        async def nap(seconds: float) -> tuple[float, int]:
-            await asyncio.sleep(seconds)
-            return seconds, threading.get_ident()
+def test_two_threads_waiting_on_one_runner_both_get_their_answers(runner: LoopRunner) -> None:
+    async def nap(seconds: float) -> tuple[float, int]:
+        await asyncio.sleep(seconds)
+        return seconds, threading.get_ident()
 
-        answers: dict[str, tuple[float, int]] = {}
+    answers: dict[str, tuple[float, int]] = {}
 
-        def other() -> None:
-            answers["other"] = runner.run(nap(0.2), timeout=5)
+    def other() -> None:
+        answers["other"] = runner.run(nap(0.2), timeout=5)
 
-        thread = threading.Thread(target=other)
-        thread.start()
-        answers["main"] = runner.run(nap(0.4), timeout=5)
-        thread.join(5)
-        # One ran the loop for both; neither waited past its own answer's bound.
-        assert answers["main"][0] == 0.4 and answers["other"][0] == 0.2
-        assert {answers["main"][1], answers["other"][1]} <= {threading.get_ident(),
-                                                            thread.ident}
-    finally:
-        runner.stop()
+    thread = threading.Thread(target=other)
+    thread.start()
+    answers["main"] = runner.run(nap(0.4), timeout=5)
+    thread.join(5)
+    # One ran the loop for both; neither waited past its own answer's bound.
+    assert answers["main"][0] == 0.4 and answers["other"][0] == 0.2
+    assert {answers["main"][1], answers["other"][1]} <= {threading.get_ident(),
+                                                        thread.ident}
 
 
 def test_connect_and_close_on_the_runner_loop(nats_server: embedded.EmbeddedServer) -> None:
