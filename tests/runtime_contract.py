@@ -139,6 +139,17 @@ def check_store_compare_and_swap_conflicts_are_typed(make: Factory) -> None:
     assert store.keys("cas.") == ["cas.key"]
 
 
+def check_store_creates_a_batch_and_skips_keys_that_exist(make: Factory) -> None:
+    store = make().store
+    first = store.create("many.b", b"old")
+    made = store.create_many([("many.a", b"1"), ("many.b", b"2"), ("many.c", b"3")])
+    assert made[1] is None  # present already: nothing written
+    assert made[0] is not None and made[2] is not None and made[0] != made[2]
+    assert store.get("many.a") == (b"1", made[0]) and store.get("many.c") == (b"3", made[2])
+    assert store.get("many.b") == (b"old", first)
+    assert store.create_many([]) == []
+
+
 def check_store_lists_the_present_keys_under_a_prefix(make: Factory) -> None:
     store = make().store
     for key in ("list.a.1", "list.a.2", "list.ab.1", "list.b.1", "other.1"):
@@ -226,6 +237,27 @@ def check_terminal_log_and_handoffs_are_listable(make: Factory) -> None:
     other = make(replica_id=3)
     assert [e.key for e in other.terminal_entries()] == ["in-1", "in-2"]
     assert [h.key for h in other.pending_handoffs()] == ["in-4"]
+
+
+def check_a_batch_of_terminations_is_logged_and_keeps_first_entries(make: Factory) -> None:
+    # DELIV-15 in bulk (a join evicting a burst): every entry logged, in order; one
+    # already in the log keeps its first record, as log_terminal does.
+    runtime = claimed(make)
+    runtime.log_terminal("in-2", "dlq/2", "poison")
+    kept = runtime.log_terminals([("in-1", "terminal/in-1", "join expired"),
+                                  ("in-2", "terminal/in-2", "join expired"),
+                                  ("in-3", "terminal/in-3", "join evicted")])
+    assert [(e.key, e.record_ref, e.reason) for e in kept] == [
+        ("in-1", "terminal/in-1", "join expired"), ("in-2", "dlq/2", "poison"),
+        ("in-3", "terminal/in-3", "join evicted")]
+    assert [(e.key, e.record_ref) for e in runtime.terminal_entries()] == [
+        ("in-1", "terminal/in-1"), ("in-2", "dlq/2"), ("in-3", "terminal/in-3")]
+    assert runtime.log_terminals([]) == []
+    # Fenced like every write: a superseded owner logs nothing (RUN-023).
+    claimed(make)
+    with pytest.raises(SupersededOwner):
+        runtime.log_terminals([("in-4", "terminal/in-4", "join expired")])
+    assert [e.key for e in runtime.terminal_entries()] == ["in-1", "in-2", "in-3"]
 
 
 def check_eos_received_sets(make: Factory) -> None:
@@ -337,9 +369,11 @@ SHARED: list[Callable[[Factory], None]] = [
     check_a_resolution_someone_else_wrote_first_is_judged_on_a_fresh_read,
     check_attempts_count_and_survive_a_new_runtime,
     check_store_compare_and_swap_conflicts_are_typed,
+    check_store_creates_a_batch_and_skips_keys_that_exist,
     check_store_lists_the_present_keys_under_a_prefix,
     check_a_second_owner_supersedes_the_first,
     check_terminal_log_and_handoffs_are_listable,
+    check_a_batch_of_terminations_is_logged_and_keeps_first_entries,
     check_eos_received_sets,
     check_open_groups_round_trip,
     check_source_offset_only_moves_forward,

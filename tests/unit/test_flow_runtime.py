@@ -4,7 +4,7 @@ and what only a ledger that dies with the process does — refuse durability."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 from hypothesis import given
@@ -17,7 +17,7 @@ from videoflow.core.runtime import (
     key_token,
     token_text,
 )
-from videoflow.errors import DurabilityUnavailable, LedgerError, VideoflowError
+from videoflow.errors import DurabilityUnavailable, LedgerError, RevisionConflict, VideoflowError
 
 
 @pytest.fixture
@@ -52,6 +52,16 @@ class CountingStore(MemoryRuntimeStore):
         self.calls.append("create")
         return super().create(key, value)
 
+    def create_many(self, items: Sequence[tuple[str, bytes]]) -> list[int | None]:
+        self.calls.append("create_many")
+        made = []
+        for key, value in items:
+            try:
+                made.append(MemoryRuntimeStore.create(self, key, value))
+            except RevisionConflict:
+                made.append(None)
+        return made
+
     def update(self, key: str, value: bytes, expected_revision: int) -> int:
         self.calls.append("update")
         return super().update(key, value, expected_revision)
@@ -71,6 +81,18 @@ def test_a_publication_is_entered_and_resolved_in_two_round_trips_each() -> None
     assert runtime.resolve_publication("cam:1:1", 42).stream_seq == 42
     assert store.calls == ["get", "update"]
     assert runtime.publication("cam:1:1").status == "accepted"
+
+
+def test_a_batch_of_terminations_is_fenced_once() -> None:
+    # A join that evicts a burst logs it as one fence read and one batch of creates
+    # (a NATS KV store sends those together): it paid a fence, a fenced read and a
+    # create per input, four round trips each, while falling further behind.
+    store = CountingStore()
+    runtime = FlowRuntime(store, "flow-1", "run-1", "fuse")
+    runtime.claim_owner()
+    store.calls.clear()
+    runtime.log_terminals([(f"cam:{i}", f"terminal/cam:{i}", "join expired") for i in range(5)])
+    assert store.calls == ["get", "create_many"]
 
 
 def test_memory_runtime_concurrent_counts_never_lose_an_increment(

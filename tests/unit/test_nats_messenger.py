@@ -551,6 +551,33 @@ def test_a_join_half_that_times_out_is_dead_lettered_and_the_flow_still_ends(flo
     assert fuse.take_drops()["join_evicted"] == 1
 
 
+def test_a_burst_of_evicted_join_halves_is_logged_as_one_batch(flows) -> None:  # type: ignore[no-untyped-def]
+    # missing='drop': each timed-out half is terminated against the terminal log
+    # (DELIV-15), and the halves a receive gives up on together are logged together.
+    flow = flows({"left": [], "right": [], "fuse": ["left", "right"], "sink": ["fuse"]})
+    left, right = flow.messenger("left"), flow.messenger("right")
+    fuse = flow.messenger("fuse", join_policy={"mode": "time", "tolerance_ms": 5.0,
+                                               "timeout_ms": 1000.0, "missing": "drop"})
+    batches: list[int] = []
+    log_terminals = fuse.runtime.log_terminals
+
+    def counted(entries):  # type: ignore[no-untyped-def]
+        batches.append(len(entries))
+        return log_terminals(entries)
+
+    fuse.runtime.log_terminals = counted
+    for t in range(1, 6):
+        left.set_output_event_timestamp(float(t))
+        left.publish_message(f"alone-{t}")  # their partners never come
+    left.publish_stop_signal()
+    right.publish_stop_signal()
+    assert fuse.receive_message()["left"]["is_stop_signal"]  # the end flushes them all
+    assert batches == [5]
+    assert len(fuse.terminal_entries()) == 5
+    assert fuse.take_drops()["join_evicted"] == 5
+    assert flow.broker.dead_letters(FLOW) == []
+
+
 def test_pending_counts_what_waits_here_and_on_the_broker_and_status_reads_the_join(
     flows,  # type: ignore[no-untyped-def]
 ) -> None:

@@ -159,6 +159,7 @@ class Deliveries:
         self.unconfirmed_acks = 0  # acks the broker did not confirm (redelivered later)
         self._counted: set[str] = set()  # inputs whose failures this process counted
         self._to_settle: list[tuple[Delivery, SettleOutcome]] = []
+        self._to_terminate: list[tuple[Delivery, tuple[str, str, str]]] = []
         # Completed settlements not sent yet, and in flight, oldest first
         # (complete_later, send_completed).
         self._unsent: list[tuple[Held, tuple[DeliveryToken, SettleOutcome, str]]] = []
@@ -320,17 +321,29 @@ class Deliveries:
 
     def terminate(self, parent: str, delivery: Delivery, reason: str) -> None:
         """Give a delivery up against a terminal-log record (DELIV-15), settled with
-        the next settle_pending."""
+        the next settle_pending, which logs every termination queued by then in one
+        batch first."""
         key = f"{parent}:{delivery.stream_seq}"
-        entry = self.runtime.log_terminal(key, f"terminal:{self.node_name}:{key}", reason)
-        self.settle_later(delivery, Terminal(entry.record_ref))
+        self._to_terminate.append((delivery, (key, f"terminal:{self.node_name}:{key}", reason)))
 
     def settle_later(self, delivery: Delivery, outcome: SettleOutcome) -> None:
         """Queue a settlement for the next settle_pending."""
         self._to_settle.append((delivery, outcome))
 
     def settle_pending(self) -> None:
-        """Settle everything queued, in one batch."""
+        """Settle everything queued, in one batch; a termination only once its
+        terminal-log entry is written (DELIV-15).
+
+        Raises:
+            SupersededOwner / LedgerError / BrokerUnavailable: the terminal log could
+                not be written (FlowRuntime.log_terminals); everything stays queued.
+        """
+        if self._to_terminate:
+            entries = self.runtime.log_terminals([entry for _, entry in self._to_terminate])
+            self._to_settle.extend(
+                (delivery, Terminal(entry.record_ref))
+                for (delivery, _), entry in zip(self._to_terminate, entries, strict=True))
+            self._to_terminate = []
         pending, self._to_settle = self._to_settle, []
         for delivery, _ in pending:
             self.let_go(delivery)
