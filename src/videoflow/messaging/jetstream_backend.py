@@ -708,17 +708,21 @@ class JetStreamMessagingBackend(MessagingBackend):
         if not self._runner.running:
             raise BrokerUnavailable("the JetStream backend's loop is not running")
         arrivals, runner = self._arrivals, self._runner
-        # What was handed over (a group's outputs, its settlements) goes out, and what
-        # has arrived is parked, before the take: on this thread, with no wake-up. A
-        # caller working through a backlog turns once per COALESCE_SECONDS, so a
-        # batch of its outputs and settlements shares one write.
-        runner.turn(COALESCE_SECONDS)
+        ran = False  # whether this call has run the loop yet
         while True:
             seen = self._arrived  # read before the take: a park after it is not missed
             taken = take_round_robin(receivers, item_credit, byte_credit)
-            remaining = deadline - time.monotonic()
-            if taken or remaining <= 0:
+            if taken or ran and deadline <= time.monotonic():
+                if not ran:
+                    # What was handed over (a group's outputs, its settlements) goes
+                    # out, on this thread: a caller working through a backlog turns
+                    # once per COALESCE_SECONDS, so a batch of them shares one write.
+                    runner.turn(COALESCE_SECONDS)
                 return taken
+            ran = True
+            if deadline <= time.monotonic():  # a poll: what the loop has ready, once
+                runner.turn(COALESCE_SECONDS)
+                continue
 
             def arrived(seen: int = seen) -> bool:
                 return self._arrived != seen
@@ -728,6 +732,8 @@ class JetStreamMessagingBackend(MessagingBackend):
                     if self._arrived == seen:
                         arrivals.wait(seconds)
 
+            # The wait runs the loop, which sends what was handed over at once: no
+            # turn before it (a coalesced one only woke the keeper for nothing).
             runner.wait_until(arrived, deadline, block)
 
     def catch_up(self, at_once: bool = False) -> None:
