@@ -216,6 +216,24 @@ def test_observations_are_known_when_present_and_missing_never_zero_when_absent(
     assert isinstance(floor, Unknown) and floor.reason == "missing"
 
 
+def test_observations_read_together_answer_each_subscription_in_order(
+    harness: Harness,
+) -> None:
+    # What a join's status reads for all its parents at once: each subscription its
+    # own answer, a missing one Unknown beside the others' counts, never 0 for it.
+    backend = harness.receiver()
+    harness.provision(backend, LONG_ACK_WAIT)
+    publish(harness, backend, b"a", b"b")
+    ghost = SubscriptionId("ghost", harness.channel)
+    first, missing, again = backend.observe_subscriptions([harness.sub, ghost, harness.sub])
+    for seen in (first, again):
+        assert isinstance(seen, Known), seen
+        assert seen.value.available + seen.value.leased == 2
+        assert seen.value == observed(backend, harness.sub)
+    assert isinstance(missing, Unknown) and missing.reason == "missing"
+    assert backend.observe_subscriptions([]) == []
+
+
 def test_a_message_out_of_deliveries_is_unresolved_never_nothing_pending(
     harness: Harness,
 ) -> None:

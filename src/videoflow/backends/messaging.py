@@ -562,6 +562,14 @@ class MessagingBackend(abc.ABC):
         not be read. Unresolved includes exhausted messages the broker retains but
         will never resolve, so such work is never "nothing pending" (MSG-012)."""
 
+    def observe_subscriptions(
+        self, subscriptions: Sequence[SubscriptionId]
+    ) -> list[Known[SubscriptionObservation] | Unknown]:
+        """observe_subscription for each subscription, in order. The default asks for
+        one after another; an adapter with a network between it and the counts asks
+        for them together."""
+        return [self.observe_subscription(subscription) for subscription in subscriptions]
+
     @abc.abstractmethod
     def observe_ack_floor(self, subscription: SubscriptionId) -> Known[int] | Unknown:
         """The stream sequence at or below which every message is settled for any data

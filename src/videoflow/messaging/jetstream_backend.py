@@ -960,24 +960,50 @@ class JetStreamMessagingBackend(MessagingBackend):
         (num_ack_pending), unresolved (MAX_DELIVERIES advisories and mark_exhausted
         for messages still in the stream) and dropped (admission skips). Unknown when
         either the durable or its stream could not be read."""
+        return self.observe_subscriptions([subscription])[0]
+
+    def observe_subscriptions(
+        self, subscriptions: Sequence[SubscriptionId]
+    ) -> list[Known[SubscriptionObservation] | Unknown]:
+        """observe_subscription for each, the broker asked for all of them at once: a
+        join's status over nine parents was eighteen round trips one after another,
+        a fifth of its time on a loaded host. The stream is read only for a
+        subscription with exhausted marks (its first sequence says which still count);
+        with none, unresolved is 0 whatever the stream holds."""
         if self._js is None:
-            return Unknown("unreachable", "the JetStream backend is not connected")
-        js, stream = self._js, stream_of(subscription.channel)
-        durable = durable_of(subscription, self.instance_id)
+            return [Unknown("unreachable", "the JetStream backend is not connected")
+                    for _ in subscriptions]
+        js = self._js
 
-        async def read() -> tuple[Any, Any]:
-            return (await js.consumer_info(stream, durable), await js.stream_info(stream))
+        async def read(subscription: SubscriptionId) -> tuple[Any, int | None]:
+            stream = stream_of(subscription.channel)
+            info = await js.consumer_info(stream, durable_of(subscription, self.instance_id))
+            if not self._exhausted.holds(subscription):
+                return info, None
+            return info, (await js.stream_info(stream)).state.first_seq
 
-        answer = self._observe(read())
-        if isinstance(answer, Unknown):
-            return answer
-        info, stream_info = answer
-        unresolved = self._exhausted.count(subscription, stream_info.state.first_seq)
+        async def read_all() -> list[Any]:
+            return await asyncio.gather(*(read(s) for s in subscriptions),
+                                        return_exceptions=True)
+
+        answers = self._observe(read_all())
+        if isinstance(answers, Unknown):
+            return [answers for _ in subscriptions]
+        return [self._subscription_observation(s, a)
+                for s, a in zip(subscriptions, answers, strict=True)]
+
+    def _subscription_observation(
+        self, subscription: SubscriptionId, answer: Any
+    ) -> Known[SubscriptionObservation] | Unknown:
+        if isinstance(answer, BaseException):
+            return unknown_from(answer, self.errors.texts())
+        info, first_seq = answer
+        unresolved = 0 if first_seq is None else self._exhausted.count(subscription, first_seq)
         try:
             return Known(SubscriptionObservation(
                 available=info.num_pending or 0, leased=info.num_ack_pending or 0,
                 unresolved=unresolved, dropped=self.skipped(subscription)))
-        except ValueError as error:
+        except (ValueError, AttributeError) as error:
             return Unknown("malformed", str(error))
 
     def observe_ack_floor(self, subscription: SubscriptionId) -> Known[int] | Unknown:

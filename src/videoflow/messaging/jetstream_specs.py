@@ -222,6 +222,12 @@ class ExhaustedMarks:
             elif self._anonymous.get(subscription, 0) > 0:
                 self._anonymous[subscription] -= 1
 
+    def holds(self, subscription: SubscriptionId) -> bool:
+        """Whether any mark of subscription's is kept (else count is 0 for any
+        first_seq)."""
+        with self._lock:
+            return bool(self._seqs.get(subscription)) or self._anonymous.get(subscription, 0) > 0
+
     def count(self, subscription: SubscriptionId, first_seq: int) -> int:
         """Marks still unresolved; a marked message below the stream's first_seq left
         the stream and is forgotten."""

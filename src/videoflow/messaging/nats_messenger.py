@@ -446,8 +446,9 @@ class NATSMessenger(Messenger):
         """Per parent, the backend's observation of this node's data subscription
         (available, leased, unresolved, dropped), or Unknown when it could not be
         read (MSG-012: unresolved is never 'all done')."""
-        return {parent: self.backend.observe_subscription(sub)
-                for parent, sub in self._data_subs.items()}
+        parents = list(self._data_subs)
+        seen = self.backend.observe_subscriptions([self._data_subs[p] for p in parents])
+        return dict(zip(parents, seen, strict=True))
 
     def pending_observation(self) -> Known[int] | Unknown:
         """Messages waiting for this node across its parents -- prefetched here, held
