@@ -149,6 +149,20 @@ def test_release_is_idempotent_and_reclaims_once(stores: Stores) -> None:
     assert store.reclaimed == 1
 
 
+def test_a_batch_of_releases_answers_each_and_reclaims_the_ones_it_ends(
+    stores: Stores,
+) -> None:
+    store = stores.new()
+    kept = store.put(b"still read", ["fuse", "view"], "pub-1")
+    ended = store.put(b"done", ["fuse"], "pub-2")
+    store.resolve_intent(kept, "pub-1", accepted=True)
+    store.resolve_intent(ended, "pub-2", accepted=True)
+    assert store.release_many([kept, ended, ended], "fuse") == [True, True, False]
+    assert store.obligations(kept) == ("view",)
+    assert ended not in store.refs() and store.reclaimed == 1
+    assert store.release_many([], "fuse") == []
+
+
 def test_releasing_an_obligation_nobody_holds_changes_nothing(stores: Stores) -> None:
     store = stores.new()
     ref = store.put(b"frame", ["fuse"], "pub-1")

@@ -73,6 +73,31 @@ def test_the_budget_counts_what_is_held_and_frees_it_with_the_last_obligation(
     assert store.used_bytes() == 3000
 
 
+def test_a_batch_of_releases_counts_the_budget_down_once(tmp_path: Path) -> None:
+    # A reader done with a group's frames: each payload whose last obligation goes is
+    # reclaimed, and the shared count (behind the store-wide lock every put takes)
+    # goes down once, by their sum.
+    store = SharedMemoryPayloadStore(tmp_path, budget_bytes=10_000)
+    refs = [store.put(bytes([i]) * 1000, ["fuse"], f"p{i}") for i in range(4)]
+    for i, ref in enumerate(refs):
+        store.resolve_intent(ref, f"p{i}", accepted=True)
+    held = store.put(b"h" * 2000, ["fuse", "view"], "p9")
+    store.resolve_intent(held, "p9", accepted=True)
+    assert store.used_bytes() == 6000
+    count_downs: list[int] = []
+    count_down = store._count_down
+
+    def counted(size: int) -> None:
+        count_downs.append(size)
+        count_down(size)
+
+    store._count_down = counted  # type: ignore[method-assign]
+    assert store.release_many([*refs, held], "fuse") == [True] * 5
+    assert count_downs == [4000] and store.used_bytes() == 2000  # "view" still holds one
+    assert store.release(held, "view") and count_downs == [4000, 2000]
+    assert store.used_bytes() == 0
+
+
 def test_a_full_budget_holds_the_put_back_until_a_reader_releases(tmp_path: Path) -> None:
     store = SharedMemoryPayloadStore(tmp_path, budget_bytes=10_000, budget_wait_seconds=10)
     held = store.put(b"a" * 6000, ["fuse"], "p1")

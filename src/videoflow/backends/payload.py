@@ -453,6 +453,15 @@ class PayloadStore(abc.ABC):
         _checked_id(obligation_id)
         return self._remove(ref, obligation_id)
 
+    def release_many(self, refs: Sequence[str], obligation_id: str) -> list[bool]:
+        """release(ref, obligation_id) for each of refs (one reader done with several
+        payloads: a group's frames, whose settlements were confirmed together).
+
+        Returns:
+            per ref, in order, what release returned.
+        """
+        return [self.release(ref, obligation_id) for ref in refs]
+
     def cancel(self, ref: str, obligation_id: str) -> bool:
         """Cancels an obligation whose release was lost in a crash (PAY-006), on the
         authority of the runtime's obligation ledger.

@@ -27,8 +27,9 @@ import mmap
 import os
 import shutil
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -124,6 +125,7 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
         self.budget_waits = 0
         self._usage_path = str(self.directory / _USAGE)
         self._recounted_at = -_RECOUNT_SECONDS
+        self._freeing = threading.local()  # bytes a release_many has freed so far
 
     # --- the budget ----------------------------------------------------------------
 
@@ -167,9 +169,31 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
             delay = min(2 * delay, 0.05)
 
     def _forgotten(self, record: PayloadRecord) -> None:
+        freed = getattr(self._freeing, "bytes", None)
+        if freed is not None:  # inside release_many: counted down once, at its end
+            self._freeing.bytes = freed + record.size
+            return
+        self._count_down(record.size)
+
+    def _count_down(self, size: int) -> None:
         with self._locked():
             used = _read_int(self._usage_path, 0)
-            _write_int(self._usage_path, max(0, used - record.size))
+            _write_int(self._usage_path, max(0, used - size))
+
+    def release_many(self, refs: Sequence[str], obligation_id: str) -> list[bool]:
+        """release for each ref, with the shared count of bytes held taken down once
+        for all of them. A release took the store-wide lock for the count, inside its
+        ref's record lock: a join releasing each of a group's frames queued on that
+        lock behind eight cameras' puts, a third of its time on a loaded host. A crash
+        before the count goes down leaves it high, which the budget's recount
+        corrects."""
+        self._freeing.bytes = 0
+        try:
+            return [self.release(ref, obligation_id) for ref in refs]
+        finally:
+            freed, self._freeing.bytes = self._freeing.bytes, None
+            if freed:
+                self._count_down(freed)
 
     def _count_bytes(self) -> int:
         total = 0

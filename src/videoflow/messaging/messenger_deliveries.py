@@ -235,20 +235,24 @@ class Deliveries:
         """
         if wait:
             self.send_completed()
-        settling = self._settling
-        while settling:
-            handle, future = settling[0]
-            if not future.done() and not wait:
-                return
-            settling.popleft()
-            try:
-                result = future.result(timeout=self.ack_wait)
-            except concurrent.futures.TimeoutError:
-                result = SettleUnknown("the backend did not answer the settlement")
-            if isinstance(result, SettleUnknown):
-                self.unconfirmed_acks += 1
-            elif handle.blob_ref is not None and isinstance(result, SettleConfirmed):
-                self.payloads.read_done(handle.blob_ref)
+        settling, done = self._settling, []
+        try:
+            while settling:
+                handle, future = settling[0]
+                if not future.done() and not wait:
+                    return
+                settling.popleft()
+                try:
+                    result = future.result(timeout=self.ack_wait)
+                except concurrent.futures.TimeoutError:
+                    result = SettleUnknown("the backend did not answer the settlement")
+                if isinstance(result, SettleUnknown):
+                    self.unconfirmed_acks += 1
+                elif handle.blob_ref is not None and isinstance(result, SettleConfirmed):
+                    done.append(handle.blob_ref)
+        finally:
+            if done:  # the payloads of every confirmed settlement, released together
+                self.payloads.read_done_many(done)
 
     def fail(self, handles: Sequence[Held], exc: BaseException) -> None:
         """Execute the delivery policy's verdict for exc on every handle of one group:

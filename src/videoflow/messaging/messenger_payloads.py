@@ -20,7 +20,7 @@ What to publish, and whether it was published, stays the messenger's
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from videoflow.backends.messaging import MessagingBackend
@@ -166,6 +166,15 @@ class MessengerPayloads:
             self.payload_store.release(ref, self.reader_id)
         elif self.blob_store is not None and self.runtime.blob_read(ref) == 0:
             self.blob_store.delete(ref)
+
+    def read_done_many(self, refs: Sequence[str]) -> None:
+        """read_done for each of refs, released together where the store can
+        (PayloadStore.release_many)."""
+        if self.payload_store is not None:
+            self.payload_store.release_many(refs, self.reader_id)
+        else:
+            for ref in refs:
+                self.read_done(ref)
 
     def pin_for_dead_letter(self, ref: str, parent: str, stream_seq: int) -> bool:
         """Keep a payload for as long as dead letters are kept, before the dead letter of
