@@ -367,3 +367,22 @@ def test_a_filesystem_record_that_does_not_parse_is_unobservable(tmp_path: Path)
     with pytest.raises(UnobservableState, match="unreadable") as caught:
         store.obligations(ref)
     assert caught.value.reason == "malformed"
+
+
+def test_bytes_are_written_once_under_their_ref_and_cut_short_read_as_malformed(
+    durable_stores: Stores,
+) -> None:
+    # Written straight under the new ref (no temporary file renamed into place): what
+    # a crash cut short disagrees with its record's size and is never read as a payload.
+    from videoflow.errors import UnobservableState
+
+    store = durable_stores.new()
+    refs = [store.put(bytes([i]) * 5000, ["fuse"], f"pub-{i}") for i in range(3)]
+    blobs = Path(store.directory) / "blobs"  # type: ignore[attr-defined]
+    assert sorted(p.name for p in blobs.iterdir()) == sorted(refs)
+    assert store.get(refs[1]) == bytes([1]) * 5000
+    with open(blobs / refs[2], "r+b") as cut:
+        cut.truncate(1200)
+    with pytest.raises(UnobservableState, match="1200 bytes") as caught:
+        store.get(refs[2])
+    assert caught.value.reason == "malformed"

@@ -661,10 +661,13 @@ class MemoryPayloadStore(PayloadStore):
 class FilesystemPayloadStore(PayloadStore):
     """A PayloadStore in a directory: ``blobs/<ref>`` beside ``records/<ref>.json``.
 
-    Every file is written whole (a temporary file, fsync, os.replace), so a reader or
-    a restarted process sees the old version or the new one, never half of one. Record
-    changes hold an exclusive flock on ``.lock``, so processes sharing the directory
-    (on one host) never lose a release.
+    Every record is written whole (a temporary file, fsync, os.replace), so a reader or
+    a restarted process sees the old version or the new one, never half of one. A
+    payload's bytes are written once, straight under their new ref, after its record
+    and before any publication names the ref: bytes a crash cut short are never read
+    as a payload (their size disagrees with the record, which the TTL reclaims).
+    Record changes hold an exclusive flock on ``.lock``, so processes sharing the
+    directory (on one host) never lose a release.
 
     Arguments:
         directory: created when missing.
@@ -736,7 +739,26 @@ class FilesystemPayloadStore(PayloadStore):
         return PayloadRecord.from_json(data, ref)
 
     def _write_blob(self, ref: str, data: bytes) -> None:
-        _write_atomically(f"{self._blobs}/{ref}", data, self.durable)
+        # Straight to its name, not a temporary file renamed (a second directory
+        # operation per payload, under the lock every writer of the folder takes): a
+        # ref is new, and nothing reads its bytes before the publication carrying it,
+        # which waits for this write; bytes a crash cut short never got one.
+        path = f"{self._blobs}/{ref}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if self.durable:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            raise
+        os.close(fd)
+        if self.durable:
+            _fsync_directory(self._blobs)
 
     def _read_blob(self, ref: str) -> bytes | None:
         try:
