@@ -967,7 +967,7 @@ class JetStreamMessagingBackend(MessagingBackend):
     ) -> list[Known[SubscriptionObservation] | Unknown]:
         """observe_subscription for each, the broker asked for all of them at once: a
         join's status over nine parents was eighteen round trips one after another,
-        a fifth of its time on a loaded host. The stream is read only for a
+        over a quarter of its time on a loaded host. The stream is read only for a
         subscription with exhausted marks (its first sequence says which still count);
         with none, unresolved is 0 whatever the stream holds."""
         if self._js is None:
