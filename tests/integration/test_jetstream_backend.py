@@ -183,29 +183,6 @@ def test_the_keeper_runs_the_loop_while_no_caller_waits_and_hands_it_back(
     assert time.monotonic() - started < 1.0
 
 
-def test_a_turn_runs_what_its_callbacks_make_ready_and_never_blocks(
-    runner: LoopRunner,
-) -> None:
-    # A handover takes a few passes (the drain, the task it starts, the flusher): a
-    # turn runs each pass's follow-ups, up to its bound, on the caller's thread, and
-    # returns at once though a timer is due much later.
-    ran: list[tuple[int, int]] = []
-
-    def chain(depth: int) -> None:
-        ran.append((depth, threading.get_ident()))
-        if depth < 3 * jetstream_loop._TURN_PASSES:  # the rest is left for later runs
-            runner.loop.call_soon(chain, depth + 1)
-
-    runner.loop.call_later(30, lambda: None)  # something to wait for, were it to block
-    runner.call_soon(lambda: chain(1))
-    started = time.monotonic()
-    runner.turn()
-    assert time.monotonic() - started < 1.0
-    # The turn ran the first links here; the keeper may run the rest later, elsewhere.
-    here = [depth for depth, thread in ran if thread == threading.get_ident()]
-    assert here == list(range(1, jetstream_loop._TURN_PASSES + 1))
-
-
 def test_a_coalesced_turn_nobody_comes_back_for_is_sent_by_the_keeper(
     monkeypatch: pytest.MonkeyPatch, runner: LoopRunner,
 ) -> None:

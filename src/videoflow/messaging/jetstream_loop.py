@@ -279,25 +279,15 @@ class LoopRunner:
     @staticmethod
     def _passes(loop: asyncio.AbstractEventLoop) -> None:
         """Run the loop's ready callbacks, and what they make ready, without blocking
-        (at most _TURN_PASSES passes), in one run of the loop: starting and ending a
-        run costs about as much as a pass itself."""
+        (at most _TURN_PASSES passes)."""
         # BaseEventLoop keeps its ready callbacks in _ready; without it (another loop
         # implementation) every pass is run.
         ready = getattr(loop, "_ready", None)
-        passes = 0
-
-        def after_pass() -> None:
-            # Runs last in its pass (scheduled after what was ready); what that pass
-            # made ready runs in the next one.
-            nonlocal passes
-            passes += 1
-            if passes < _TURN_PASSES and (ready is None or ready):
-                loop.call_soon(after_pass)
-            else:
-                loop.stop()
-
-        loop.call_soon(after_pass)
-        loop.run_forever()
+        for _ in range(_TURN_PASSES):
+            loop.call_soon(loop.stop)
+            loop.run_forever()
+            if ready is not None and not ready:
+                break
 
     def call_soon(self, callback: Callable[[], Any]) -> None:
         """Have callback run on the loop: now-ish when a thread runs it (woken when
