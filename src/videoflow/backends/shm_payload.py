@@ -184,7 +184,7 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
         """release for each ref, with the shared count of bytes held taken down once
         for all of them. A release took the store-wide lock for the count, inside its
         ref's record lock: a join releasing each of a group's frames queued on that
-        lock behind eight cameras' puts, a third of its time on a loaded host. A crash
+        lock behind eight cameras' puts, 60% of its wall time on a loaded host. A crash
         before the count goes down leaves it high, which the budget's recount
         corrects."""
         self._freeing.bytes = 0

@@ -283,12 +283,7 @@ class NatsKvRuntimeStore(RuntimeStore):
                 return None
 
         async def every() -> list[int | None]:
-            results = await asyncio.gather(*(one(k, bytes(v)) for k, v in items),
-                                           return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
-            return [r for r in results if not isinstance(r, BaseException)]
+            return list(await asyncio.gather(*(one(k, bytes(v)) for k, v in items)))
 
         return self._call(every(), f"create {len(items)} keys from {items[0][0]!r}")
 
