@@ -374,6 +374,45 @@ def test_time_a_silent_parent_is_given_up_once_silent_for_the_timeout(core):
     assert members(never.pop_ready(5.1001)) == {"a": ("a1", 1), "c": None}
 
 
+def test_time_a_parent_heard_from_is_not_silent_however_long_the_caller_was_away(core):
+    # The node was away (its own code, a stall) for ten timeouts while b's data waited
+    # for it: heard(b) at its return keeps b's member coming; b given up on only once
+    # it has been silent for a timeout since it was last heard.
+    clock = Clock(0.0)
+    a = timed(core, parents=("a", "b"), clock=clock, timeout_ms=100, quorum=1)
+    a.add("a", entry("a1", 1, 1.0), Handle("a1"))
+    a.heard("b", 1.0)
+    assert a.pop_ready(1.0) is None and a.pending_count() == 1
+    a.add("b", entry("b1", 1, 1.001), Handle("b1"))
+    (whole,) = drain(a, 1.0)
+    assert members(whole) == {"a": ("a1", 1), "b": ("b1", 1)}
+    a.add("a", entry("a2", 2, 2.0), Handle("a2"))
+    a.heard("b", 1.5)
+    assert a.pop_ready(1.5999) is None
+    assert members(a.pop_ready(1.6001)) == {"a": ("a2", 2), "b": None}
+    with pytest.raises(KeyError):
+        a.heard("nobody", 2.0)
+
+
+def test_time_a_sensor_heard_from_keeps_its_window_open(core):
+    clock = Clock(500.0)
+    a = fused(core, clock, timeout_ms=100)
+    feed_imu(a, 9.99, 10.0)
+    a.add("cam", entry("f0", 0, 10.0), Handle("f0"))
+    a.heard("imu", 500.5)  # samples still queued for the node, not fed yet
+    assert a.pop_ready(500.5999) is None
+    group = a.pop_ready(500.6)
+    assert len(group.entries["imu"].event_ts) == 11
+
+
+def test_trace_deadline_runs_from_creation_whatever_is_heard(core):
+    a = trace(core, clock=Clock(0.0), timeout_ms=100, quorum=1)
+    a.add("a", entry("t1", 1, 1.0), Handle("a"))
+    a.heard("b", 0.099)
+    assert a.pop_ready(0.099) is None
+    assert members(a.pop_ready(0.1001)) == {"a": ("t1", 1), "b": None}
+
+
 def test_time_redelivery_supersedes_and_keeps_one_group(core):
     a = timed(core, timeout_ms=None)
     old, new = Handle("old"), Handle("new")

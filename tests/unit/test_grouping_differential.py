@@ -73,6 +73,7 @@ class Scenario:
     ("pop", now | None)    pop_ready(now); None: pop_ready() reading the clock as it stands
     ("drain", now)         pop_ready(now) until it returns None
     ("sweep", now)
+    ("heard", now, parent)  heard(parent, now): input of parent's waits, not fed yet
     ("flush", now)         a final flush is always appended when the ops do not end in one
     """
 
@@ -111,8 +112,9 @@ def _weighted(*pairs):
 
 
 _MAX_PENDING = _weighted((1024, 4), (1, 1), (2, 1), (3, 1), (5, 1))  # small: evictions
-_EAGER = _weighted(("", 5), ("pop", 2), ("drain", 2), ("sweep", 1), ("popnow", 1))
-_LAZY = _weighted(("", 20), ("sweep", 1), ("pop", 1))  # groups pile up for the flush
+_EAGER = _weighted(("", 5), ("pop", 2), ("drain", 2), ("sweep", 1), ("popnow", 1),
+                   ("heard", 1))
+_LAZY = _weighted(("", 20), ("sweep", 1), ("pop", 1), ("heard", 1))  # groups pile up for the flush
 
 
 def _interleave(draw, msgs, span_ms, timeout_ms, start=BASE):
@@ -133,6 +135,7 @@ def _interleave(draw, msgs, span_ms, timeout_ms, start=BASE):
         )
     )
     actions = _LAZY if draw(st.booleans()) else _EAGER
+    parents = sorted({m[1] for m in msgs})
     ops: list[tuple] = []
     clock_ms = -math.inf
     shift = 0.0
@@ -145,6 +148,8 @@ def _interleave(draw, msgs, span_ms, timeout_ms, start=BASE):
         action = draw(actions)
         if action == "popnow":
             ops.append(("pop", None))
+        elif action == "heard":
+            ops.append(("heard", now, draw(st.sampled_from(parents))))
         elif action:
             ops.append((action, now))
     end = 0 if clock_ms == -math.inf else clock_ms
@@ -284,8 +289,9 @@ def chaotic_streams(draw) -> Scenario:
         st.one_of(st.none(), st.integers(0, 15)),
         _DT_MS,
     )
-    control = _weighted(("pop", 3), ("drain", 3), ("sweep", 2), ("popnow", 1), ("flush", 1))
-    ctl = st.tuples(control, _DT_MS)
+    control = _weighted(("pop", 3), ("drain", 3), ("sweep", 2), ("popnow", 1), ("flush", 1),
+                        ("heard", 2))
+    ctl = st.tuples(control, st.sampled_from(sync + col), _DT_MS)
     raw = draw(st.lists(st.one_of(add, add, add, ctl), min_size=8, max_size=80))
     ops: list[tuple] = []
     clock_ms = 0
@@ -298,6 +304,8 @@ def chaotic_streams(draw) -> Scenario:
             ops.append(("add", parent, trace_id, seq, event_ts, now))
         elif op[0] == "popnow":
             ops.append(("pop", None))
+        elif op[0] == "heard":
+            ops.append(("heard", now, op[1]))
         else:
             ops.append((op[0], now))
     collect = tuple(zip(col, windows, strict=True))
@@ -421,6 +429,8 @@ class Side:
                 groups.append(g)
         elif kind == "sweep":
             self.asm.sweep(op[1])
+        elif kind == "heard":
+            self.asm.heard(op[2], op[1])
         elif kind == "flush":
             groups = self.asm.flush(op[1])
             assert isinstance(groups, list), f"flush returned {groups!r}"
@@ -487,6 +497,8 @@ class Side:
                     assert reason == "evicted", f"{where}: add discarded another handle: {ev}"
             elif kind in ("pop", "sweep"):
                 assert reason == "expired", f"{where}: {ev}"
+            elif kind == "heard":
+                raise AssertionError(f"{where}: heard resolved a handle: {ev}")
             else:
                 assert reason == "flushed", f"{where}: {ev}"
             if not d.is_sample:

@@ -660,6 +660,18 @@ cdef class TimeCore(_Core):
         self._compact_fifo()
         self._sweep_extra(t_now)
 
+    def heard(self, parent_name, now=None):
+        cdef double t_now = self.clock() if now is None else now
+        self.now_seen = t_now
+        c = self.c_index.get(parent_name)
+        if c is not None:
+            self.c_last[<Py_ssize_t>c] = t_now
+            return
+        po = self.index.get(parent_name)
+        if po is None:
+            raise KeyError(parent_name)
+        self.last[<Py_ssize_t>po] = t_now
+
     def has_pending_from(self, parent_name):
         c = self.c_index.get(parent_name)
         if c is not None:

@@ -21,7 +21,11 @@ Rules (both cores):
   been silent for ``timeout``: no message from p since its last arrival (since the
   group's creation, for a parent never heard from) by the caller's clock. An
   arrival is stamped with the clock's latest reading the core has taken: when a
-  group is seeded, and at each sweep (and so each pop).
+  group is seeded, and at each sweep (and so each pop). ``heard(p, now)`` counts
+  as an arrival from p at now: the caller says p has input waiting that it has not
+  fed yet (parked locally, or still on the broker), so p is not silent, however
+  long the caller itself was away -- a node that falls behind its parents, stalls
+  in its own code, or starts late gives up on nothing its parents have sent.
   Incomplete groups are resolved in time order: the oldest one that cannot be
   resolved yet holds the later ones (a parent behind the group is behind every
   later group it lacks too), so each call resolves what it can and stops. A
@@ -36,8 +40,8 @@ Rules (both cores):
 A time group with every sync parent present, or resolved with a quorum, waits for
 its collect windows: the window of parent c closes
 once c's watermark has passed ``t + w``, or, the backstop, once c has been silent
-for ``timeout`` since its last arrival (since the group's completion, for a parent
-never heard from). Never by
+for ``timeout`` since its last arrival or ``heard`` (since the group's completion,
+for a parent never heard from). Never by
 the window's length in wall time: samples that exist are in the window, however
 late they arrive. With no timeout there is no backstop.
 
@@ -651,6 +655,19 @@ class TimeCore(_Core):
         self._promote(now)  # a group just resolved may find its windows closed already
         self._compact_fifo()
         self._sweep_extra(now)
+
+    def heard(self, parent_name: str, now: float | None = None) -> None:
+        if now is None:
+            now = self.clock()
+        self.now_seen = now
+        c = self.c_index.get(parent_name)
+        if c is not None:
+            self.c_last[c] = now
+            return
+        p = self.index.get(parent_name)
+        if p is None:
+            raise KeyError(parent_name)
+        self.last[p] = now
 
     def has_pending_from(self, parent_name: str) -> bool:
         c = self.c_index.get(parent_name)

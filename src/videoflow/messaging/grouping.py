@@ -269,6 +269,16 @@ class GroupAssembler:
         emission)."""
         self._core.sweep(now)
 
+    def heard(self, parent_name: str, now: float | None = None) -> None:
+        """parent_name has input waiting that has not been fed yet (parked here, or
+        still on the broker): it is not silent as of now (the assembler's clock), so
+        the silence backstop gives nothing of it up while the node is merely behind.
+        Nothing in trace mode, whose deadlines run from each group's creation.
+
+        Raises:
+            KeyError: if parent_name is not a parent of this node (time mode).
+        """
+
 
 class TraceGroupAssembler(GroupAssembler):
     """Groups by exact trace_id. A group is ready when every parent's half with the
@@ -318,6 +328,9 @@ class TimeGroupAssembler(GroupAssembler):
 
     Messages without an event_ts (pre-v3 upstream) fall back to their arrival time.
     """
+
+    def heard(self, parent_name: str, now: float | None = None) -> None:
+        self._core.heard(parent_name, now)
 
     def _make_core(self, impl: ModuleType, quorum: int) -> Any:
         policy = self.policy
