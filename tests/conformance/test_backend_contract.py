@@ -234,6 +234,50 @@ def test_observations_read_together_answer_each_subscription_in_order(
     assert backend.observe_subscriptions([]) == []
 
 
+def test_backlog_counts_what_waits_for_a_subscription_without_a_round_trip(
+    harness: Harness,
+) -> None:
+    # What a time join reads before each sweep (GroupAssembler.heard): what was
+    # stored and not yet taken waits, parked or still on the broker; what was taken
+    # does not; once all is taken the backlog reads 0, and Unknown (never 0) for a
+    # subscription nothing is known of.
+    first = harness.receiver()  # makes the durable, so the stream keeps what follows
+    spec = harness.provision(first, LONG_ACK_WAIT)
+    assert first.stop_receiving() == 0
+    publish(harness, first, b"a", b"b", b"c", b"d", b"e")  # stored before this bind:
+    backend = harness.receiver()  # every delivery's count is the stream's final one
+    harness.bind(backend, spec)
+    taken = harness.receive(backend, harness.wait, credit=2)
+    assert len(taken) in (1, 2)
+    waiting = backend.backlog(harness.sub)
+    assert isinstance(waiting, Known) and waiting.value == 5 - len(taken), waiting
+    rest = harness.receive_all(backend, 5 - len(taken), harness.wait)
+    assert len(taken) + len(rest) == 5
+    emptied = backend.backlog(harness.sub)
+    assert isinstance(emptied, Known) and emptied.value == 0, emptied
+    ghost = backend.backlog(SubscriptionId("ghost", harness.channel))
+    assert isinstance(ghost, Unknown), ghost
+
+
+def test_backlog_of_messages_stored_after_the_latest_answer_is_at_least_what_is_parked(
+    harness: Harness,
+) -> None:
+    # Without a round trip the broker's count is the one its latest delivery carried:
+    # messages stored after it may be missing from it, never counted twice. Anything
+    # parked always counts, so a parent whose input waits here is never read as idle.
+    backend = harness.receiver()
+    harness.provision(backend, LONG_ACK_WAIT)
+    publish(harness, backend, b"a", b"b", b"c", b"d", b"e")
+    taken = harness.receive(backend, harness.wait, credit=1)
+    assert len(taken) == 1
+    deadline = time.monotonic() + harness.wait
+    while backend.prefetched(harness.sub) < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    waiting = backend.backlog(harness.sub)
+    assert isinstance(waiting, Known), waiting
+    assert backend.prefetched(harness.sub) <= waiting.value <= 4, waiting
+
+
 def test_a_message_out_of_deliveries_is_unresolved_never_nothing_pending(
     harness: Harness,
 ) -> None:

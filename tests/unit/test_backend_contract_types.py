@@ -307,8 +307,8 @@ DEFAULTED = {"budget_waits", "prefetched", "receive", "set_admission", "skipped"
 # Members the contract adds to the reference, each with a default built on a reference
 # member: the pipelined forms of settle and publish (issue 3, section 7), and the
 # subscription counts read together (issue 10).
-ADDITIONS = {"observe_subscriptions", "publish_async", "settle_async", "settle_many",
-             "settle_many_async"}
+ADDITIONS = {"backlog", "observe_subscriptions", "publish_async", "settle_async",
+             "settle_many", "settle_many_async"}
 # Additions every adapter implements itself: the flow's dead-letter stream (STREAM-8),
 # which the reference's provisioning creates but no reference member binds.
 ABSTRACT_ADDITIONS = {"ensure_dead_letters"}

@@ -54,7 +54,8 @@ def test_every_run_ends_in_its_only_request_and_order_is_kept(must: list[bool]) 
 def test_delivery_position_reads_what_nats_py_metadata_reads(reply: str) -> None:
     msg = Msg(None, subject="s", reply=reply, data=b"")  # type: ignore[arg-type]
     meta = Msg(None, subject="s", reply=reply, data=b"").metadata  # type: ignore[arg-type]
-    assert delivery_position(msg) == (meta.sequence.stream, meta.num_delivered) == (1234, 3)
+    assert delivery_position(msg) == (
+        meta.sequence.stream, meta.num_delivered, meta.num_pending) == (1234, 3, 5)
 
 
 @pytest.mark.parametrize("reply", ["", "inbox.1", "$JS.ACK.s.c.x.1.1.1.1", "$JS.ACK.a.b.c"])

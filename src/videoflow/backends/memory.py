@@ -538,6 +538,16 @@ class MemoryMessagingBackend(MessagingBackend):
         binding = self._bindings.get(subscription)
         return 0 if binding is None else binding.skipped
 
+    def backlog(self, subscription: SubscriptionId) -> Known[int] | Unknown:
+        """Parked deliveries plus what the broker holds available for the durable."""
+        binding = self._bindings.get(subscription)
+        if binding is None:
+            return Unknown("unread", f"{subscription!r} is not bound here")
+        observation = self.broker.observe_durable(self._wire(subscription))
+        if observation is None:
+            return Unknown("missing", f"no subscription {subscription!r}")
+        return Known(len(binding.parked) + observation.available)
+
     def resident_bytes(self) -> int:
         with self.broker.lock:
             return sum(d.size for d in self._held.values())

@@ -450,6 +450,16 @@ class MessagingBackend(abc.ABC):
         consumer's behalf (default: 0, no filter)."""
         return 0
 
+    def backlog(self, subscription: SubscriptionId) -> Known[int] | Unknown:
+        """Deliveries waiting to be taken for subscription, as far as this adapter knows
+        without asking the broker: parked locally plus what the broker said it still
+        held at its latest answer (a delivery, or a fetch that ended short). Cheap
+        enough to ask before every sweep of a time join, which counts a parent with a
+        backlog as heard from (GroupAssembler.heard): a node that is only behind its
+        parents gives up on nothing they sent. The default, and an adapter that has
+        heard nothing yet, answer Unknown, which counts as no backlog."""
+        return Unknown("unread", "this adapter does not track what waits for a subscription")
+
     @abc.abstractmethod
     def resident_bytes(self) -> int:
         """Envelope bytes this receiver holds unsettled right now, parked or handed out

@@ -793,6 +793,15 @@ class JetStreamMessagingBackend(MessagingBackend):
         binding = self._bindings.get(subscription)
         return 0 if binding is None else binding.receiver.skipped
 
+    def backlog(self, subscription: SubscriptionId) -> Known[int] | Unknown:
+        """Parked deliveries plus the broker's num_pending as the latest delivery's reply
+        subject carried it (0 once a fetch ended short: 404/408); no round trip."""
+        binding = self._bindings.get(subscription)
+        waiting = None if binding is None else binding.receiver.backlog()
+        if waiting is None:
+            return Unknown("unread", f"nothing received for {subscription.consumer} yet")
+        return Known(waiting)
+
     def resident_bytes(self) -> int:
         """Envelope bytes this receiver holds unsettled right now (parked or handed
         out)."""

@@ -97,21 +97,23 @@ def term_payload(record_ref: str) -> bytes:
     return TERM + b" " + reason.encode()
 
 
-def delivery_position(msg: Msg) -> tuple[int, int]:
-    """(stream sequence, delivery count) of a JetStream delivery, read from its reply
-    subject by the token positions nats-py's Msg.Metadata._from_reply uses
-    ($JS.ACK.<stream>.<consumer>.<delivered>.<sseq>... for 9 tokens, and the domain
-    form with delivered and sseq at 6 and 7 for 11 or more). Msg.metadata builds
-    three dataclasses and a datetime per message, several times the cost of this;
-    anything unexpected goes to it, which raises on a reply that is not JetStream's."""
+def delivery_position(msg: Msg) -> tuple[int, int, int]:
+    """(stream sequence, delivery count, messages still pending for the consumer) of a
+    JetStream delivery, read from its reply subject by the token positions nats-py's
+    Msg.Metadata._from_reply uses ($JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.
+    <cseq>.<ts>.<pending> for 9 tokens, and the domain form with delivered at 6 and
+    pending at 10 for 11 or more). Msg.metadata builds three dataclasses and a
+    datetime per message, several times the cost of this; anything unexpected goes to
+    it, which raises on a reply that is not JetStream's."""
     tokens: list[str] = msg.reply.split(".") if msg.reply else []
     if len(tokens) >= 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
         at = 4 if len(tokens) == 9 else 6
-        delivered, seq = tokens[at], tokens[at + 1]
-        if delivered.isdigit() and seq.isdigit() and len(tokens) != 10:
-            return int(seq), int(delivered)
+        delivered, seq, pending = tokens[at], tokens[at + 1], tokens[at + 4]
+        if (delivered.isdigit() and seq.isdigit() and pending.isdigit()
+                and len(tokens) != 10):
+            return int(seq), int(delivered), int(pending)
     meta = msg.metadata
-    return meta.sequence.stream, meta.num_delivered
+    return meta.sequence.stream, meta.num_delivered, meta.num_pending
 
 
 _JS_API: Final = "$JS.API"
@@ -240,6 +242,9 @@ class SubscriptionReceiver:
         self._tasks: set[asyncio.Task[None]] = set()  # skips and straggler naks
         self.last_error: BaseException | None = None
         self._mean_size = 0.0  # of the deliveries parked so far (depth)
+        # What the broker still held for the consumer at the latest delivery (its reply
+        # subject says), or 0 once a request ended short; None before either.
+        self._broker_pending: int | None = None
         self.wanted = prefetch  # set by the backend's set_receive_depth
         # How the caller's thread hands the pull loop its wake-up: the backend's
         # LoopRunner.call_soon (no self-pipe write when the caller runs the loop next
@@ -382,7 +387,11 @@ class SubscriptionReceiver:
             return
         self._pulls.pop(msg.subject, None)
         self._space.set()
-        if status not in ("404", "408"):  # 404/408: no messages, or the request expired
+        if status in ("404", "408"):
+            # No messages, or the request expired short: the consumer had nothing more
+            # it could deliver.
+            self._broker_pending = 0
+        else:
             # 409 (consumer deleted, a request limit exceeded, ...) or 503 (no consumer
             # at all, S14): keep it for observation, and hold the next request off.
             self.refusals += 1
@@ -396,7 +405,7 @@ class SubscriptionReceiver:
         return self.may_fetch is None or self.may_fetch()
 
     def _park(self, msg: Msg) -> None:
-        seq, attempt = delivery_position(msg)
+        seq, attempt, pending = delivery_position(msg)
         token = DeliveryToken(self.subscription, seq, attempt, self.generation)
         delivery = Delivery(token=token, data=msg.data, num_delivered=attempt, stream_seq=seq)
         # A moving mean of the sizes, for depth(): recent sizes weigh most.
@@ -409,11 +418,13 @@ class SubscriptionReceiver:
                 with contextlib.suppress(ValueError):
                     self._parked.remove(old.delivery)
         if self.admit is not None and not self.admit(delivery):
+            self._broker_pending = pending
             self._background(self._skip(delivery, msg))
             return
-        with self._hand:
+        with self._hand:  # with the count, so backlog never misses the one in between
             self._current[seq] = _Held(delivery, msg)
             self._parked.append(delivery)
+            self._broker_pending = pending
         if self.on_parked is not None:
             self.on_parked()
 
@@ -479,6 +490,16 @@ class SubscriptionReceiver:
     def parked(self) -> int:
         """Deliveries fetched and parked, not yet handed out."""
         return len(self._parked)
+
+    def backlog(self) -> int | None:
+        """Deliveries waiting to be taken: parked here, plus what the broker still held
+        for the consumer as of the latest delivery or short-ended request (no round
+        trip); None before the broker has said anything. The broker's count covers
+        what it can deliver now: messages it holds back (max_ack_pending reached) end
+        a request short and count as none."""
+        with self._hand:
+            pending = self._broker_pending
+            return None if pending is None else len(self._parked) + pending
 
     def resident_bytes(self) -> int:
         """Envelope bytes held live here, parked or handed out."""
