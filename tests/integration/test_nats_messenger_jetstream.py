@@ -524,3 +524,58 @@ def test_four_cameras_and_an_imu_fuse_by_capture_instant_on_jetstream(
         fuse.close()
     assert sorted(emitted) == [k for k in range(instants)
                                if sum((c, k) in dropped for c in cams) <= 1]
+
+
+def test_a_fusion_slower_than_its_timeout_gives_up_on_nothing_still_waiting_for_it(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    # Two cameras and a 400 Hz IMU recorded ahead (a backlog on the broker), fused by a
+    # node that takes half a second of its clock per group, five times the 100 ms
+    # timeout: each time it comes back every parent looks silent by the clock, but
+    # their input waits for it (parked, or on the broker), so no camera is given up and
+    # no IMU window closes early (GroupAssembler.heard, MessagingBackend.backlog).
+    cams = ["cam0", "cam1"]
+    policy = {"mode": "time", "tolerance_ms": 5.0, "timeout_ms": 100.0, "missing": "drop",
+              "collect": {"imu": 20.0}}
+    specs = [*(NodeSpec(c, "producer") for c in [*cams, "imu"]),
+             NodeSpec("fuse", "consumer", parents=(*cams, "imu"), join_policy=policy)]
+    provision_flow_sync(nats_server.url, specs, FLOW, RUN, BATCH, timeout=30)
+    instants = 30
+    for cam in cams:
+        producer = messenger(nats_server.url, cam, [])
+        try:
+            for k in range(instants):
+                producer.set_output_event_timestamp(k / 30 + 0.0001)  # off the boundary
+                producer.publish_message({"camera": cam, "instant": k})
+            producer.publish_stop_signal()
+        finally:
+            producer.close()
+    imu = messenger(nats_server.url, "imu", [])
+    try:
+        for i in range(-20, int(instants / 30 * 400) + 20):
+            imu.set_output_event_timestamp(i / 400)
+            imu.publish_message(i)
+        imu.publish_stop_signal()
+    finally:
+        imu.close()
+    now = [1000.0]
+    fuse = NATSMessenger(SimpleNamespace(name="fuse"), [*cams, "imu"], nats_server.url, FLOW,
+                         BATCH, RUN, join_policy=policy, eos_quiescence_ms=200,
+                         clock=lambda: now[0])
+    windows: dict[int, list[int]] = {}
+    try:
+        while True:
+            inputs = fuse.receive_message()
+            if all(e is not None and e["is_stop_signal"] for e in inputs.values()):
+                break
+            (k,) = {inputs[c]["message"]["instant"] for c in cams}  # both cameras, always
+            windows[k] = sorted(inputs["imu"]["message"])
+            now[0] += 0.5  # the node's own work, longer than the timeout
+            fuse.ack_inputs()
+    finally:
+        fuse.close()
+    assert sorted(windows) == list(range(instants))
+    for k, samples in windows.items():
+        t = k / 30 + 0.0001
+        assert samples == [i for i in range(-20, 440) if abs(i / 400 - t) <= 0.020], k
+    assert fuse.deliveries.drops["join_evicted"] == 0

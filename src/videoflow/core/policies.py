@@ -41,8 +41,9 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
         timeout_ms: the backstop for a parent that stopped: trace mode gives up on an
             incomplete group this long (wall ms) after it was seeded; time mode gives
             up on a missing parent once it has been silent this long (a parent whose
-            event time has passed the group is given up on at once). None waits
-            forever.
+            event time has passed the group is given up on at once; one with input
+            still waiting for the node, parked or on the broker, is not silent). None
+            waits forever.
         missing: what happens to a group that times out below quorum: 'drop' evicts and
             counts it, 'dead_letter' terminates its halves against a dead letter, 'wait'
             never gives up.

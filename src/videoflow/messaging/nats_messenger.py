@@ -48,6 +48,7 @@ to match), and a worker-fatal failure never spends an attempt.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 import zlib
@@ -350,6 +351,11 @@ class NATSMessenger(Messenger):
                                             clock=clock)
             self._join_missing = policy.missing
             self._join_timeout = policy.timeout_ms
+            # A time join's silence backstop is told which parents still have input
+            # waiting (_hear_backlogs), at most every eighth of its timeout.
+            self._hear_every = (policy.timeout_ms / 8000.0 if policy.mode == "time"
+                                and policy.timeout_ms is not None else None)
+            self._heard_at = -math.inf
             self._collect = set(self.parent_names) - set(policy.sync_parents(self.parent_names))
             self._bind(partition_by is not None, join_policy, delivery_policy, max_retries)
 
@@ -777,7 +783,10 @@ class NATSMessenger(Messenger):
     def _next_group(self) -> ReadyGroup | None:
         if self._ready:
             return self._ready.popleft()
-        group = self.assembler.pop_ready(self.clock())
+        now = self.clock()
+        if self._hear_every is not None and not now - self._heard_at < self._hear_every:
+            self._hear_backlogs(now)
+        group = self.assembler.pop_ready(now)
         self.deliveries.settle_pending()
         if group is not None:
             return group
@@ -790,6 +799,20 @@ class NATSMessenger(Messenger):
             self.deliveries.settle_pending()
             return self._ready.popleft() if self._ready else None
         return None
+
+    def _hear_backlogs(self, now: float) -> None:
+        """Tell the assembler which parents have input waiting for this node (parked,
+        or still on the broker: MessagingBackend.backlog), before it sweeps: such a
+        parent is not silent, however long this node was away (its own code, a stall,
+        a late start), so the backstop gives up on nothing its parents sent while the
+        node is only behind. Refreshed at most every eighth of the timeout: a parent
+        heard that recently is not silent anyway. On a partitioned durable the broker's
+        count includes other replicas' messages, skipped as they arrive."""
+        self._heard_at = now
+        for parent, sub in self._data_subs.items():
+            waiting = self.backend.backlog(sub)
+            if isinstance(waiting, Known) and waiting.value > 0:
+                self.assembler.heard(parent, now)
 
     def _receive_once(self) -> None:
         self.reconciled += self.payloads.reconcile()  # PAY-006, at most once per ack_wait
