@@ -1,8 +1,9 @@
 """``videoflow demo``: simulated cameras and an IMU fused by event time, checked end to end.
 
 The flow the library is built for, runnable with nothing but ``pip install``: it
-starts the embedded nats-server (or uses --nats-url) and captures for 10 s, after
-3 s for every node's process to start (about 20 s in all, the wind-down included)::
+starts the embedded nats-server (or uses --nats-url) and captures for 10 s, from
+half a second after every node's process is up (about 20 s in all, start-up and
+wind-down included)::
 
     videoflow demo                          # the live view, then the figures
     videoflow demo --cameras 6 --json       # machine output
@@ -72,9 +73,13 @@ TOLERANCE_MS = 8.0
 TIMEOUT_MS = 300.0
 IMU_WINDOW_MS = 20.0
 LAG_WARNING_MS = 100.0  # cameras this far behind real time may make the figures drift
-START_DELAY_S = 3.0
-"""How far in the future the first capture is: every replica process has started by
-then (spawned, each importing numpy and connecting to the broker)."""
+START_DELAY_S = 0.5
+"""How long after the last node's process is up the first capture is (StartGate): the
+processes start one after another (spawned, each importing numpy and connecting to the
+broker), and a camera that captured before the others were up would start behind."""
+
+GATE_PATIENCE_S = 120.0
+"""How long a producer waits for every node's process to be up before it fails."""
 
 
 # --------------------------------------------------------------------------------------
@@ -130,6 +135,50 @@ def expected(cameras: int, instants: int, drop_rate: float, seed: int) -> Expect
                     evicted=int(present[~grouped].sum()))
 
 
+@dataclass(frozen=True)
+class StartGate:
+    """The first capture instant, the same for every process of the flow: each node
+    marks itself up (arrive, in open) with a file in a shared directory, and the
+    producers capture from delay seconds after the last mark's time (t0), which every
+    process reads from the same files. Capture does not start while some cameras are
+    still starting: they would begin behind real time, silent for the join's timeout.
+
+    Arguments:
+        directory: the shared directory (the flow's temporary one).
+        names: every node of the flow.
+        delay: seconds from the last node up to the first capture.
+    """
+
+    directory: str
+    names: tuple[str, ...]
+    delay: float
+
+    def arrive(self, name: str) -> None:
+        """Mark name up. A restarted process marks nothing new: the first mark stays."""
+        try:
+            with open(os.path.join(self.directory, f"{name}.up"), "x"):
+                pass
+        except FileExistsError:
+            pass
+
+    def t0(self, patience: float = GATE_PATIENCE_S) -> float:
+        """Wait until every node is up, and return the first capture instant (epoch s).
+
+        Raises:
+            TimeoutError: some node was not up within patience seconds.
+        """
+        paths = [os.path.join(self.directory, f"{name}.up") for name in self.names]
+        deadline = time.monotonic() + patience
+        while True:
+            missing = [name for name, path in zip(self.names, paths, strict=True)
+                       if not os.path.exists(path)]
+            if not missing:
+                return max(os.stat(path).st_mtime for path in paths) + self.delay
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"demo: {', '.join(missing)} not up after {patience:g} s")
+            time.sleep(0.01)
+
+
 def _sleep_until(instant: float) -> None:
     delay = instant - time.time()
     if delay > 0:
@@ -142,21 +191,25 @@ def _sleep_until(instant: float) -> None:
 
 
 class Camera(ProducerNode):
-    """A camera capturing at fps from t0: one frame per instant k it does not drop,
-    stamped with its own clock. The message carries the ground truth (k)."""
+    """A camera capturing at fps from the gate's t0: one frame per instant k it does
+    not drop, stamped with its own clock. The message carries the ground truth (k)."""
 
-    def __init__(self, index: int, t0: float, fps: float, instants: int,
+    def __init__(self, index: int, gate: StartGate, fps: float, instants: int,
                  frame_size: tuple[int, int], drop_rate: float, seed: int) -> None:
         super().__init__(name=f"cam{index}")
-        self.index, self.t0, self.fps, self.instants = index, t0, fps, instants
+        self.index, self.gate, self.fps, self.instants = index, gate, fps, instants
         self.frame_size, self.drop_rate, self.seed = frame_size, drop_rate, seed
 
     def open(self) -> None:
         self.offset, self.dropped, self.jitter = camera_schedule(
             self.seed, self.index, self.instants, self.drop_rate)
         self.k = 0
+        self.gate.arrive(self.name)
+        self.t0: float | None = None
 
     def next(self) -> dict[str, Any]:
+        if self.t0 is None:
+            self.t0 = self.gate.t0()
         while self.k < self.instants and self.dropped[self.k]:
             self.k += 1  # a dropped frame: the camera skips the instant
         if self.k >= self.instants:
@@ -169,7 +222,7 @@ class Camera(ProducerNode):
         self.context.set_event_timestamp(stamp)
         width, height = self.frame_size
         frame = np.full((height, width), k % 256, dtype=np.uint8)
-        lag_ms = (time.time() - capture) * 1000.0  # behind real time: a late start, a busy CPU
+        lag_ms = (time.time() - capture) * 1000.0  # behind real time: a busy CPU
         return {"camera": self.name, "k": k, "t": stamp, "lag_ms": lag_ms, "frame": frame}
 
 
@@ -177,13 +230,19 @@ class Imu(ProducerNode):
     """An IMU sampling at hz on the true clock, from a window before the first capture
     to a window after the last, so every group's window is full."""
 
-    def __init__(self, t0: float, hz: float, seconds: float) -> None:
+    def __init__(self, gate: StartGate, hz: float, seconds: float) -> None:
         super().__init__(name="imu")
-        self.t0, self.hz = t0, hz
+        self.gate, self.hz = gate, hz
         lead = math.ceil(IMU_WINDOW_MS / 1000.0 * hz)
         self.j, self.end = -lead, math.ceil(seconds * hz) + lead
 
+    def open(self) -> None:
+        self.gate.arrive(self.name)
+        self.t0: float | None = None
+
     def next(self) -> dict[str, Any]:
+        if self.t0 is None:
+            self.t0 = self.gate.t0()
         if self.j >= self.end:
             raise StopIteration
         j, self.j = self.j, self.j + 1
@@ -197,6 +256,13 @@ class Imu(ProducerNode):
 class Fusion(ProcessorNode):
     """The join: process(cam0, ..., camN, imu_samples) for each group. Its output is a
     summary of the group (the frames stay here)."""
+
+    def __init__(self, gate: StartGate, **options: Any) -> None:
+        super().__init__(**options)
+        self.gate = gate
+
+    def open(self) -> None:
+        self.gate.arrive(self.name)
 
     def process(self, *inputs: Any) -> dict[str, Any]:
         *frames, imu = inputs
@@ -217,11 +283,12 @@ class Verify(ConsumerNode):
     """Checks every fused group against the ground truth; close() writes the counts
     as JSON to path."""
 
-    def __init__(self, path: str, cameras: int) -> None:
+    def __init__(self, path: str, cameras: int, gate: StartGate) -> None:
         super().__init__(name="verify")
-        self.path, self.cameras = path, cameras
+        self.path, self.cameras, self.gate = path, cameras, gate
 
     def open(self) -> None:
+        self.gate.arrive(self.name)
         self.seen: set[str] = set()
         self.groups = self.quorum_groups = self.correct = self.frames = 0
         self.lag_ms = 0.0
@@ -303,7 +370,8 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
             seed: the simulation (see the module docstring).
         summary_path: where the verify sink writes its counts at its end; None picks a
             file in a fresh temporary directory (flow.consumers[0].path).
-        start_delay: seconds from now to the first capture.
+        start_delay: seconds from the last node's process up to the first capture
+            (StartGate).
 
     Returns:
         the Flow, named 'demo', of type BATCH (nothing published is lost).
@@ -314,15 +382,16 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
     check_options(cameras, fps, duration, frame_size, imu_hz, drop_rate, seed)
     if summary_path is None:
         summary_path = os.path.join(tempfile.mkdtemp(prefix="videoflow-demo-"), "summary.json")
-    t0 = time.time() + start_delay
     instants = int(duration * fps)
-    cams = [Camera(i, t0, fps, instants, frame_size, drop_rate, seed) for i in range(cameras)]
-    imu = Imu(t0, imu_hz, instants / fps)
-    fusion = Fusion(name="fusion", join_policy={
+    names = (*(f"cam{i}" for i in range(cameras)), "imu", "fusion", "verify")
+    gate = StartGate(os.path.dirname(os.path.abspath(summary_path)), names, start_delay)
+    cams = [Camera(i, gate, fps, instants, frame_size, drop_rate, seed) for i in range(cameras)]
+    imu = Imu(gate, imu_hz, instants / fps)
+    fusion = Fusion(gate, name="fusion", join_policy={
         "mode": "time", "tolerance_ms": TOLERANCE_MS, "quorum": quorum_for(cameras),
         "timeout_ms": TIMEOUT_MS, "missing": "drop", "max_pending": 1024,
         "collect": {"imu": IMU_WINDOW_MS}})(*cams, imu)
-    sink = Verify(summary_path, cameras)(fusion)
+    sink = Verify(summary_path, cameras, gate)(fusion)
     return Flow([*cams, imu], [sink], flow_type=BATCH, name="demo")
 
 
@@ -428,8 +497,9 @@ class DemoResult:
             ("IMU per group", imu, ""),
             ("camera lag", "-" if self.camera_lag_ms is None
              else f"{self.camera_lag_ms:.1f} ms", "most a frame was sent behind real time"
-             + (f"; above {LAG_WARNING_MS:g} ms a camera silent for the {TIMEOUT_MS:g} ms "
-                "timeout is given up on: raise --start-delay or lighten the machine"
+             + (f"; above {LAG_WARNING_MS:g} ms the machine is short of CPU for real "
+                f"time, and a camera silent for the {TIMEOUT_MS:g} ms timeout is given up "
+                "on: lighten the machine"
                 if (self.camera_lag_ms or 0) > LAG_WARNING_MS else "")),
             ("drops", drops, "" if e is None
              else f"expected: fusion join_evicted {e.evicted}, frames of instants below "
@@ -544,8 +614,8 @@ def register(subparsers: Any) -> None:
     demo.add_argument("--drop-rate", type=float, default=0.02,
                       help="share of frames each camera drops (default: 0.02)")
     demo.add_argument("--start-delay", type=float, default=START_DELAY_S, metavar="SECONDS",
-                      help="seconds for the node processes to start before the first "
-                           f"capture (default: {START_DELAY_S:g})")
+                      help="seconds from the last node process up to the first capture "
+                           f"(default: {START_DELAY_S:g})")
     demo.add_argument("--seed", type=int, default=DEFAULT_SEED,
                       help=f"seeds offsets, jitter and drops (default: {DEFAULT_SEED})")
     nats_url_option(demo, required_default=False)

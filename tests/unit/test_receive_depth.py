@@ -84,3 +84,47 @@ def test_a_slow_node_asks_its_backend_for_a_shallow_prefetch() -> None:
     finally:
         sink.close()
         cam.close()
+
+
+def test_a_join_asks_a_collect_parent_for_a_depth_of_its_messages_per_group() -> None:
+    """An IMU sending ten samples per camera frame is read ten times as deep as the
+    camera (up to RECEIVE_PREFETCH): at the camera's depth it was read a few samples
+    per round trip, fell behind, and every group waited for its window."""
+    import time
+    from types import SimpleNamespace
+
+    from test_nats_messenger import Flow
+
+    from videoflow.messaging.nats_messenger import NATSMessenger
+
+    flow = Flow({"cam": [], "imu": [], "fuse": ["cam", "imu"]})
+    cam, imu = flow.messenger("cam"), flow.messenger("imu")
+    for k in range(8):
+        cam.set_output_event_timestamp(k / 10)
+        cam.publish_message(k)
+    for i in range(-5, 85):
+        imu.set_output_event_timestamp(i / 100)
+        imu.publish_message(i)
+    backend = flow.backend()
+    asked: list[tuple[int, SubscriptionId | None]] = []
+    backend.set_receive_depth = lambda depth, subscription=None: asked.append(  # type: ignore[attr-defined]
+        (depth, subscription))
+    policy = {"mode": "time", "tolerance_ms": 5.0, "timeout_ms": None,
+              "collect": {"imu": 20.0}}
+    fuse = NATSMessenger(SimpleNamespace(name="fuse"), ["cam", "imu"], "nats://unused",
+                         "flow", flow.flow_type, "run", backend=backend, join_policy=policy)
+    try:
+        for _ in range(5):
+            fuse.receive_message()
+            time.sleep(0.02)  # 20 ms a group: a camera depth of about DEPTH_SECONDS / 0.02
+            fuse.ack_inputs()
+        shared = [depth for depth, sub in asked if sub is None]
+        imu_depths = [depth for depth, sub in asked if sub is not None and sub.channel.node == "imu"]
+        assert shared and imu_depths
+        assert imu_depths[-1] == min(RECEIVE_PREFETCH, shared[-1] * (
+            fuse.received["imu"] // fuse.received["cam"]))
+        assert imu_depths[-1] >= 5 * shared[-1]
+    finally:
+        fuse.close()
+        cam.close()
+        imu.close()
