@@ -119,7 +119,8 @@ def test_a_join_asks_a_collect_parent_for_a_depth_of_its_messages_per_group() ->
             time.sleep(0.02)  # 20 ms a group: a camera depth of about DEPTH_SECONDS / 0.02
             fuse.ack_inputs()
         shared = [depth for depth, sub in asked if sub is None]
-        imu_depths = [depth for depth, sub in asked if sub is not None and sub.channel.node == "imu"]
+        imu_depths = [depth for depth, sub in asked
+                      if sub is not None and sub.channel.node == "imu"]
         assert shared and imu_depths
         assert imu_depths[-1] == min(RECEIVE_PREFETCH, shared[-1] * (
             fuse.received["imu"] // fuse.received["cam"]))
