@@ -75,3 +75,19 @@ def test_publishers_on_many_threads_share_the_ledger():
     for t in threads:
         t.join(60)
     assert errors == []
+
+
+def test_a_batch_is_recorded_at_once_and_each_of_its_sends_is_found():
+    clock = Clock()
+    ledger = PublicationLedger(clock)
+    ledger.sent_all([envelope("a"), envelope(None), envelope("b")], horizon=10.0)
+    clock.now = 2.0
+    ledger.sent_all([envelope("b"), envelope("c")], horizon=10.0)
+    assert [ledger.first_sent(envelope(k)) for k in "abc"] == [0.0, 0.0, 2.0]
+    assert ledger.first_sent(envelope("a")) == 0.0  # looked up again: the same answer
+    ledger.resolved(envelope("b"))
+    assert ledger.first_sent(envelope("b")) is None and len(ledger) == 2
+    clock.now = 10.5  # the first batch is past the horizon; the second is not
+    ledger.sent_all([envelope("b")], horizon=10.0)
+    assert ledger.first_sent(envelope("a")) is None
+    assert ledger.first_sent(envelope("b")) == 10.5 and ledger.first_sent(envelope("c")) == 2.0

@@ -163,7 +163,9 @@ class PublishWindow:
             abandoned: the node failed on the group (abandon_group).
         """
         outputs, self._current = self._current, []
-        size = sum(output.envelope.size for output in outputs)
+        # One output is the usual group (every producer's): no generator for it.
+        size = (outputs[0].envelope.size if len(outputs) == 1
+                else sum(output.envelope.size for output in outputs))
         self._groups.append(_Group(outputs, handles, key, size, abandoned))
         self._bytes += size
         self.advance(wait=False)
@@ -194,8 +196,11 @@ class PublishWindow:
         """
         groups = self._groups
         while groups:
-            if not wait and not all(output.receipt.done() for output in groups[0].outputs):
-                break
+            if not wait:
+                outputs = groups[0].outputs
+                if not (outputs[0].receipt.done() if len(outputs) == 1
+                        else all(output.receipt.done() for output in outputs)):
+                    break
             self._resolve_oldest()
         self.deliveries.collect_settled(wait=False)
 
