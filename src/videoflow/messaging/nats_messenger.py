@@ -54,7 +54,7 @@ import uuid
 import zlib
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
@@ -837,9 +837,11 @@ class NATSMessenger(Messenger):
         if delivery.num_delivered == 1:
             self.received[parent] += 1
         try:
-            entry = EnvelopeEntry.from_decoded(decode_envelope(delivery.data))
-            if entry.blob_ref is not None:
-                entry = replace(entry, message=self.payloads.restore(entry.blob_ref))
+            decoded = decode_envelope(delivery.data)
+            ref = decoded.get("blob_ref")
+            if ref is not None:  # restored before the entry is built: one entry per input
+                decoded["message"] = self.payloads.restore(ref)
+            entry = EnvelopeEntry.from_decoded(decoded)
         except PayloadMissing as error:
             # The envelope is whole, its payload gone (reclaimed, deleted from shared
             # memory): dead-lettered, so the envelope and the reason are kept.
