@@ -603,3 +603,34 @@ def test_seq_beyond_64_bits_is_an_overflow_error(core, mode):
     with pytest.raises(OverflowError, match="outside the signed 64-bit range"):
         a.add("a", entry("big", 2**63, 1.0), Handle("big"))
     assert a.pending_count() == 0
+
+
+def test_time_a_silent_camera_is_not_given_up_while_the_imu_window_holds_the_group(core):
+    # cam1 falls silent past the timeout, but the group also waits for its IMU window
+    # (the IMU is behind, still sending): giving cam1 up would gain nothing, and its
+    # late frame still joins. Once the window could close, silence gives cam1 up.
+    def cams(group):
+        return {p: m for p, m in members_of(group).items() if p != "imu"}
+
+    def members_of(group):
+        return {p: None if e is None else (e.trace_id, e.seq)
+                for p, e in group.entries.items() if p != "imu"}
+
+    clock = Clock(500.0)
+    a = timed(core, parents=("cam0", "cam1", "imu"), clock=clock, collect={"imu": 20},
+              timeout_ms=100, quorum=1)
+    feed_imu(a, 9.90, 9.95)
+    a.add("cam0", entry("f0", 0, 10.0), Handle("f0"))
+    a.heard("imu", 500.2)  # more samples wait for the node
+    assert a.pop_ready(500.2) is None  # cam1 silent for 200 ms: held by the window
+    a.add("cam1", entry("g0", 0, 10.001), Handle("g0"))
+    feed_imu(a, 9.951, 10.03)
+    whole = a.pop_ready(500.2)
+    assert cams(whole) == {"cam0": ("f0", 0), "cam1": ("g0", 0)}
+    assert len(whole.entries["imu"].event_ts) == 41
+    a.add("cam0", entry("f1", 1, 10.1), Handle("f1"))  # cam1 silent from here
+    feed_imu(a, 10.031, 10.13)
+    assert a.pop_ready(500.2999) is None
+    late = a.pop_ready(500.3001)
+    assert cams(late) == {"cam0": ("f1", 1), "cam1": None}
+    assert len(late.entries["imu"].event_ts) == 41

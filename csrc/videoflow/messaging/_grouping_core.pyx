@@ -619,11 +619,24 @@ cdef class TimeCore(_Core):
         cdef double since
         cdef uint64_t mask = self.g_mask[slot]
         cdef Py_ssize_t p
+        cdef bint silence = False
         for p in range(self.n):
             if (mask >> p) & 1 or self.wm[p] > beyond:
                 continue
             since = self.last[p] if self.last[p] > -INFINITY else created
             if self.timeout < 0 or now < since + self.timeout:
+                return False
+            silence = True
+        return not silence or self._windows_due(slot, now)
+
+    cdef bint _windows_due(self, Py_ssize_t slot, double now) noexcept:
+        # Every collect window of the group could close now (see the reference).
+        cdef double t = self.g_time[slot], created = self.g_created[slot], since
+        cdef Py_ssize_t c
+        for c in range(self.nc):
+            since = self.c_last[c] if self.c_last[c] > -INFINITY else created
+            if not (self.c_wm[c] > t + self.c_window[c] or (
+                    self.timeout >= 0 and now >= since + self.timeout)):
                 return False
         return True
 

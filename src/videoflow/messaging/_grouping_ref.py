@@ -19,7 +19,9 @@ Rules (both cores):
   greatest event_ts seen from p) has passed ``t + tolerance`` -- its data says its
   member is not coming, whatever the clock says -- or, the backstop, when p has
   been silent for ``timeout``: no message from p since its last arrival (since the
-  group's creation, for a parent never heard from) by the caller's clock. An
+  group's creation, for a parent never heard from) by the caller's clock -- and
+  then only once every collect window of the group could close (below): while a
+  window still holds the group, a late member still joins it. An
   arrival is stamped with the clock's latest reading the core has taken: when a
   group is seeded, and at each sweep (and so each pop). ``heard(p, now)`` counts
   as an arrival from p at now: the caller says p has input waiting that it has not
@@ -618,11 +620,26 @@ class TimeCore(_Core):
         created = self.g_created[slot]
         mask = self.g_mask[slot]
         timeout = self.timeout
+        silence = False
         for p in range(self.n):
             if mask >> p & 1 or self.wm[p] > beyond:
                 continue
             since = self.last[p] if self.last[p] > _NEG_INF else created
             if timeout < 0 or now < since + timeout:
+                return False
+            silence = True
+        return not silence or self._windows_due(slot, now)
+
+    def _windows_due(self, slot: int, now: float) -> bool:
+        """Whether every collect window of the group could close now: its parent's
+        watermark has passed it, or that parent has been silent for the timeout (since
+        the group's creation, for one never heard from)."""
+        t = self.g_time[slot]
+        created = self.g_created[slot]
+        for c in range(self.nc):
+            since = self.c_last[c] if self.c_last[c] > _NEG_INF else created
+            if not (self.c_wm[c] > t + self.c_window[c] or (
+                    self.timeout >= 0 and now >= since + self.timeout)):
                 return False
         return True
 

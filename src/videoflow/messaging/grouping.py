@@ -316,7 +316,8 @@ class TimeGroupAssembler(GroupAssembler):
     Each parent's watermark is the greatest event_ts seen from it. A group lacking
     parent p gives p up once p's watermark passes group time + tolerance (its data
     says the member is not coming, whatever the wall clock says), or once p has been
-    silent for the policy timeout (the backstop for a parent that stopped). A group
+    silent for the policy timeout (the backstop for a parent that stopped) and the
+    group's collect windows could close (while they hold it, a late member joins). A group
     whose missing parents are all given up is resolved, oldest first: with at least
     quorum sync parents it is emitted (missing parents as None), below quorum it is
     evicted per the missing policy. A group with its sync parents (or a quorum of
