@@ -170,18 +170,26 @@ def expected_time_counts(stream: Stream, quorum: int | None, end: float) -> tupl
     its camera, else seeds one at its own time; a group is emitted when complete. An
     incomplete one is resolved, oldest first, once every camera it lacks has passed
     it in event time (watermark beyond its time + tolerance) or been silent for the
-    timeout: emitted with at least ``quorum`` members, expired below it."""
+    timeout -- silence counting only once the IMU's window (when the stream has one)
+    could close: its samples past the window, or the IMU silent for the timeout:
+    emitted with at least ``quorum`` members, expired below it."""
     tol = TOLERANCE_MS / 1000.0
     timeout = TIMEOUT_MS / 1000.0
     need = len(CAMERAS) if quorum is None else quorum
     open_groups: list[tuple[float, float, set[str]]] = []  # (time, created, cameras)
-    watermark = dict.fromkeys(CAMERAS, -math.inf)
+    watermark = dict.fromkeys([*CAMERAS, "imu"], -math.inf)
     last: dict[str, float] = {}
     emitted = expired = 0
+    window = IMU_WINDOW_MS / 1000.0 if any(p == "imu" for p, *_ in stream) else None
+
+    def window_due(group: tuple[float, float, set[str]], now: float) -> bool:
+        return window is None or watermark["imu"] > group[0] + window or (
+            now >= last.get("imu", group[1]) + timeout)
 
     def given_up(group: tuple[float, float, set[str]], now: float) -> bool:
-        return all(watermark[c] > group[0] + tol or now >= last.get(c, group[1]) + timeout
-                   for c in CAMERAS if c not in group[2])
+        missing = [c for c in CAMERAS if c not in group[2] and watermark[c] <= group[0] + tol]
+        return all(now >= last.get(c, group[1]) + timeout for c in missing) and (
+            not missing or window_due(group, now))
 
     def resolve(now: float) -> None:
         nonlocal emitted, expired
@@ -210,6 +218,9 @@ def expected_time_counts(stream: Stream, quorum: int | None, end: float) -> tupl
             if len(group[2]) == len(CAMERAS):
                 open_groups.remove(group)
                 emitted += 1
+        else:
+            last[parent] = now
+            watermark[parent] = max(watermark[parent], entry.event_ts)
         resolve(now)
     resolve(end)
     return emitted, expired
