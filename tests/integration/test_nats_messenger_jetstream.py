@@ -39,6 +39,18 @@ def messenger(url: str, node: str, parents: list[str]) -> NATSMessenger:
                          ack_wait=30, eos_quiescence_ms=200)
 
 
+def publish_stamped(url: str, node: str, stamped: list[tuple[float, Any]]) -> None:
+    """Publish (event_ts, message) pairs as producer node, then its end of stream."""
+    producer = messenger(url, node, [])
+    try:
+        for event_ts, message in stamped:
+            producer.set_output_event_timestamp(event_ts)
+            producer.publish_message(message)
+        producer.publish_stop_signal()
+    finally:
+        producer.close()
+
+
 def node_loop(m: NATSMessenger, work: Callable[[dict[str, Any]], Any] | None,
               out: list[Any]) -> None:
     """The task loop of one node (see tests/unit/test_nats_messenger.py)."""
@@ -493,14 +505,8 @@ def test_four_cameras_and_an_imu_fuse_by_capture_instant_on_jetstream(
             producer.publish_stop_signal()
         finally:
             producer.close()
-    imu = messenger(nats_server.url, "imu", [])
-    try:
-        for i in range(int(instants / 30 * 400)):
-            imu.set_output_event_timestamp(i / 400)
-            imu.publish_message(i)
-        imu.publish_stop_signal()
-    finally:
-        imu.close()
+    publish_stamped(nats_server.url, "imu",
+                    [(i / 400, i) for i in range(int(instants / 30 * 400))])
     # A replay: the fusion's clock stands still, so only event time closes windows.
     fuse = NATSMessenger(SimpleNamespace(name="fuse"), [*cams, "imu"], nats_server.url, FLOW,
                          BATCH, RUN, join_policy=policy, eos_quiescence_ms=200,
@@ -541,23 +547,11 @@ def test_a_fusion_slower_than_its_timeout_gives_up_on_nothing_still_waiting_for_
              NodeSpec("fuse", "consumer", parents=(*cams, "imu"), join_policy=policy)]
     provision_flow_sync(nats_server.url, specs, FLOW, RUN, BATCH, timeout=30)
     instants = 30
-    for cam in cams:
-        producer = messenger(nats_server.url, cam, [])
-        try:
-            for k in range(instants):
-                producer.set_output_event_timestamp(k / 30 + 0.0001)  # off the boundary
-                producer.publish_message({"camera": cam, "instant": k})
-            producer.publish_stop_signal()
-        finally:
-            producer.close()
-    imu = messenger(nats_server.url, "imu", [])
-    try:
-        for i in range(-20, int(instants / 30 * 400) + 20):
-            imu.set_output_event_timestamp(i / 400)
-            imu.publish_message(i)
-        imu.publish_stop_signal()
-    finally:
-        imu.close()
+    for cam in cams:  # stamped off the window's boundary
+        publish_stamped(nats_server.url, cam, [(k / 30 + 0.0001, {"camera": cam, "instant": k})
+                                               for k in range(instants)])
+    publish_stamped(nats_server.url, "imu",
+                    [(i / 400, i) for i in range(-20, int(instants / 30 * 400) + 20)])
     now = [1000.0]
     fuse = NATSMessenger(SimpleNamespace(name="fuse"), [*cams, "imu"], nats_server.url, FLOW,
                          BATCH, RUN, join_policy=policy, eos_quiescence_ms=200,

@@ -627,16 +627,17 @@ cdef class TimeCore(_Core):
             if self.timeout < 0 or now < since + self.timeout:
                 return False
             silence = True
-        return not silence or self._windows_due(slot, now)
+        return not silence or self._windows_due(slot, now, created)
 
-    cdef bint _windows_due(self, Py_ssize_t slot, double now) noexcept:
+    cdef bint _windows_due(self, Py_ssize_t slot, double now, double unheard_since) noexcept:
         # Every collect window of the group could close now (see the reference).
-        cdef double t = self.g_time[slot], created = self.g_created[slot], since
+        cdef double t = self.g_time[slot], since
         cdef Py_ssize_t c
         for c in range(self.nc):
-            since = self.c_last[c] if self.c_last[c] > -INFINITY else created
-            if not (self.c_wm[c] > t + self.c_window[c] or (
-                    self.timeout >= 0 and now >= since + self.timeout)):
+            if self.c_wm[c] > t + self.c_window[c]:
+                continue
+            since = self.c_last[c] if self.c_last[c] > -INFINITY else unheard_since
+            if self.timeout < 0 or now < since + self.timeout:
                 return False
         return True
 
@@ -777,9 +778,7 @@ cdef class TimeCore(_Core):
         return 0
 
     cdef int _promote(self, double now) except -1:
-        cdef Py_ssize_t k, keep = 0, slot, c
-        cdef double t, done, since
-        cdef bint open_
+        cdef Py_ssize_t k, keep = 0, slot
         if self.closing.n == 0:
             return 0
         for k in range(self.closing.n):
@@ -788,22 +787,12 @@ cdef class TimeCore(_Core):
             slot = self.closing.slot[k]
             if self.g_state[slot] != CLOSING:
                 continue
-            t = self.g_time[slot]
-            done = self.g_completed[slot]
-            open_ = False
-            for c in range(self.nc):
-                if self.c_wm[c] > t + self.c_window[c]:
-                    continue
-                since = self.c_last[c] if self.c_last[c] > -INFINITY else done
-                if self.timeout < 0 or now < since + self.timeout:
-                    open_ = True
-                    break
-            if open_:
+            if self._windows_due(slot, now, self.g_completed[slot]):
+                self._stage(slot)
+            else:
                 self.closing.slot[keep] = slot
                 self.closing.serial[keep] = self.closing.serial[k]
                 keep += 1
-            else:
-                self._stage(slot)
         self.closing.n = keep
         return 0
 

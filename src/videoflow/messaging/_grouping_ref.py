@@ -628,16 +628,15 @@ class TimeCore(_Core):
             if timeout < 0 or now < since + timeout:
                 return False
             silence = True
-        return not silence or self._windows_due(slot, now)
+        return not silence or self._windows_due(slot, now, created)
 
-    def _windows_due(self, slot: int, now: float) -> bool:
+    def _windows_due(self, slot: int, now: float, unheard_since: float) -> bool:
         """Whether every collect window of the group could close now: its parent's
         watermark has passed it, or that parent has been silent for the timeout (since
-        the group's creation, for one never heard from)."""
+        unheard_since, for one never heard from)."""
         t = self.g_time[slot]
-        created = self.g_created[slot]
         for c in range(self.nc):
-            since = self.c_last[c] if self.c_last[c] > _NEG_INF else created
+            since = self.c_last[c] if self.c_last[c] > _NEG_INF else unheard_since
             if not (self.c_wm[c] > t + self.c_window[c] or (
                     self.timeout >= 0 and now >= since + self.timeout)):
                 return False
@@ -771,16 +770,10 @@ class TimeCore(_Core):
             if not self._valid(item) or self.g_state[item[0]] != _CLOSING:
                 continue
             slot = item[0]
-            t = self.g_time[slot]
-            done = self.g_completed[slot]
-            for c in range(self.nc):
-                since = self.c_last[c] if self.c_last[c] > _NEG_INF else done
-                if not (self.c_wm[c] > t + self.c_window[c] or (
-                        self.timeout >= 0 and now >= since + self.timeout)):
-                    still.append(item)
-                    break
-            else:
+            if self._windows_due(slot, now, self.g_completed[slot]):
                 self._stage(slot)
+            else:
+                still.append(item)
         self.closing = still
 
     # -- collect samples ---------------------------------------------------------

@@ -357,7 +357,8 @@ class NATSMessenger(Messenger):
             self._hear_every = (policy.timeout_ms / 8000.0 if policy.mode == "time"
                                 and policy.timeout_ms is not None else None)
             self._heard_at = -math.inf
-            self._collect = set(self.parent_names) - set(policy.sync_parents(self.parent_names))
+            self._sync = policy.sync_parents(self.parent_names)
+            self._collect = set(self.parent_names) - set(self._sync)
             self._bind(partition_by is not None, join_policy, delivery_policy, max_retries)
 
     def _bind(self, partitioned: bool, join_policy: dict[str, Any] | None,
@@ -942,8 +943,7 @@ class NATSMessenger(Messenger):
             # cameras at 60 fps): its depth is DEPTH_SECONDS of groups' worth of its
             # messages, or it is read a few per round trip, falls behind, and every
             # group waits for its window (holding its frames) while it catches up.
-            sync = [p for p in self.parent_names if p not in self._collect]
-            groups = max(1, min(self.received[p] for p in sync)) if sync else 1
+            groups = max(1, min(self.received[p] for p in self._sync)) if self._sync else 1
             for parent in self._collect:
                 wanted = max(1, min(RECEIVE_PREFETCH,
                                     depth * max(1, self.received[parent] // groups)))
