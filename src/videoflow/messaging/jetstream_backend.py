@@ -287,7 +287,6 @@ class JetStreamMessagingBackend(MessagingBackend):
         self._pipelined: set[asyncio.Task[None]] = set()
         self._subjects: dict[tuple[ChannelId, str], str] = {}
         self._wanted = prefetch  # set_receive_depth
-        self._wanted_for: dict[SubscriptionId, int] = {}  # set_receive_depth(subscription=)
         self._replies: ReplyMux | None = None
         self._send_lock: asyncio.Lock | None = None
         # Rung on the loop by every binding as it parks a delivery; receive_any waits
@@ -542,8 +541,7 @@ class JetStreamMessagingBackend(MessagingBackend):
                 may_fetch=None if self.byte_budget is None else self._budget_admits,
                 admit=admit, on_skip=on_skip,
                 replies=self._replies, on_parked=self._ring)
-            # Before its pull loop's first request.
-            receiver.wanted = self._wanted_for.get(spec.id, self._wanted)
+            receiver.wanted = self._wanted  # before its pull loop's first request
             receiver.schedule = self._runner.call_soon
             if self.keepalive:
                 receiver.keep_alive(spec.ack_wait_seconds / 3)
@@ -779,23 +777,13 @@ class JetStreamMessagingBackend(MessagingBackend):
             binding.receiver.admit, binding.receiver.on_skip = admit, on_skip
         return True
 
-    def set_receive_depth(self, depth: int, subscription: SubscriptionId | None = None,
-                          ) -> None:
+    def set_receive_depth(self, depth: int) -> None:
         """Park at most depth deliveries per subscription (never more than prefetch):
         a slow node that parks a deep prefetch holds inputs a competing replica could
-        be processing, and has more to hand back when it leaves. With subscription,
-        for that one alone, from then on (a join's high-rate parent needs a depth per
-        group of many of its messages, not of one)."""
-        wanted = max(1, min(self.prefetch, depth))
-        if subscription is not None:
-            self._wanted_for[subscription] = wanted
-            binding = self._bindings.get(subscription)
-            if binding is not None:
-                binding.receiver.wanted = wanted
-            return
-        self._wanted = wanted
-        for sub, binding in list(self._bindings.items()):
-            binding.receiver.wanted = self._wanted_for.get(sub, wanted)
+        be processing, and has more to hand back when it leaves."""
+        self._wanted = max(1, min(self.prefetch, depth))
+        for binding in list(self._bindings.values()):
+            binding.receiver.wanted = self._wanted
 
     def prefetched(self, subscription: SubscriptionId) -> int:
         binding = self._bindings.get(subscription)

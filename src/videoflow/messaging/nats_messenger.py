@@ -342,7 +342,6 @@ class NATSMessenger(Messenger):
         self._handed_at = 0.0  # when the group last returned was handed to the node
         self._group_seconds: float | None = None  # the node's mean time per group
         self._depth = RECEIVE_PREFETCH  # the receive depth last asked of the backend
-        self._collect_depth: dict[str, int] = {}  # per collect parent, last asked
         self.reconciled = 0  # obligations reconciliation cancelled (PAY-006)
         if self.parent_names:
             policy = effective_join_policy(flow_type, join_policy)
@@ -357,8 +356,7 @@ class NATSMessenger(Messenger):
             self._hear_every = (policy.timeout_ms / 8000.0 if policy.mode == "time"
                                 and policy.timeout_ms is not None else None)
             self._heard_at = -math.inf
-            self._sync = policy.sync_parents(self.parent_names)
-            self._collect = set(self.parent_names) - set(self._sync)
+            self._collect = set(self.parent_names) - set(policy.sync_parents(self.parent_names))
             self._bind(partition_by is not None, join_policy, delivery_policy, max_retries)
 
     def _bind(self, partitioned: bool, join_policy: dict[str, Any] | None,
@@ -932,24 +930,11 @@ class NATSMessenger(Messenger):
         self._group_seconds = mean
         depth = RECEIVE_PREFETCH if mean <= 0 else int(DEPTH_SECONDS / mean)
         depth = max(1, min(RECEIVE_PREFETCH, depth))
-        set_depth = getattr(self.backend, "set_receive_depth", None)
-        if set_depth is None:
-            return
         if depth != self._depth:
-            set_depth(depth)
+            set_depth = getattr(self.backend, "set_receive_depth", None)
+            if set_depth is not None:
+                set_depth(depth)
             self._depth = depth
-        if self._collect:
-            # A collect parent sends many messages per group (an IMU at 1 kHz against
-            # cameras at 60 fps): its depth is DEPTH_SECONDS of groups' worth of its
-            # messages, or it is read a few per round trip, falls behind, and every
-            # group waits for its window (holding its frames) while it catches up.
-            groups = max(1, min(self.received[p] for p in self._sync)) if self._sync else 1
-            for parent in self._collect:
-                wanted = max(1, min(RECEIVE_PREFETCH,
-                                    depth * max(1, self.received[parent] // groups)))
-                if self._collect_depth.get(parent) != wanted:
-                    set_depth(wanted, self._data_subs[parent])
-                    self._collect_depth[parent] = wanted
 
     def _discarded(self, handle: _Handle, reason: str) -> None:
         if handle.parent in self._collect and reason in ("expired", "flushed"):
