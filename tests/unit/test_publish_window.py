@@ -35,7 +35,9 @@ from videoflow.backends.messaging import (
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.core.runtime import FlowRuntime
 from videoflow.core.runtime_store import MemoryRuntimeStore
+from videoflow.messaging import messenger_deliveries
 from videoflow.messaging.credit import PRODUCER_WINDOW, WINDOW_GROUPS
+from videoflow.messaging.messenger_deliveries import SETTLE_BATCH
 from videoflow.messaging.nats_messenger import NATSMessenger
 
 __all__ = ["flows"]  # the fixture, imported for the tests below
@@ -344,3 +346,63 @@ def test_a_full_stream_is_backpressure_in_batch_and_a_counted_drop_in_realtime(
     else:  # freshest wins: dropped, and counted
         assert drops["publish_discarded"] == 1
         assert cam.publication_stats["dropped"] == 1
+
+
+class CountedSettlements(MemoryMessagingBackend):
+    """Records the size of every batch of settlements started without waiting."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches: list[int] = []
+
+    def settle_many_async(self, settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]],
+                          ) -> list[Receipt[SettleResult]]:
+        self.batches.append(len(settlements))
+        return super().settle_many_async(settlements)
+
+
+def counted_sink(flow: Flow) -> tuple[NATSMessenger, CountedSettlements]:
+    backend = CountedSettlements(flow.broker, flow_id=FLOW, run_id=RUN)
+    backend.start()
+    sink = NATSMessenger(type("N", (), {"name": "sink"})(), flow.edges["sink"],
+                         "nats://unused", FLOW, flow.flow_type, RUN, backend=backend)
+    flow.made.append(sink)
+    return sink, backend
+
+
+def test_acks_of_groups_done_one_wait_apart_go_out_together_once_the_oldest_lingered(
+    flows, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    # A sink idling between inputs finishes one group per wait: its acks are gathered
+    # for SETTLE_LINGER_SECONDS (here made long, so nothing is due by itself), and
+    # leave as one batch once the oldest is due.
+    monkeypatch.setattr(messenger_deliveries, "SETTLE_LINGER_SECONDS", 60.0)
+    flow = flows({"cam": [], "sink": ["cam"]})
+    run_producer(flow.messenger("cam"), list(range(5)))
+    sink, backend = counted_sink(flow)
+    for _ in range(5):
+        assert sink.receive_message() is not None
+        sink.ack_inputs()
+    assert backend.batches == [] and leased(flow, "sink", "cam") == 5
+    monkeypatch.setattr(messenger_deliveries, "SETTLE_LINGER_SECONDS", 0.0)
+    sink.receive_message()  # its receive loop finds the oldest due: all five go
+    assert backend.batches == [5]
+    sink.close()
+    assert leased(flow, "sink", "cam") == 0
+
+
+def test_acks_never_wait_past_a_full_batch_or_a_drain(
+    flows, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    monkeypatch.setattr(messenger_deliveries, "SETTLE_LINGER_SECONDS", 60.0)
+    flow = flows({"cam": [], "sink": ["cam"]})
+    count = SETTLE_BATCH + 3
+    run_producer(flow.messenger("cam"), list(range(count)))
+    sink, backend = counted_sink(flow)
+    for _ in range(count):
+        assert sink.receive_message() is not None
+        sink.ack_inputs()
+    assert backend.batches == [SETTLE_BATCH]  # a full batch goes at once
+    sink.window.drain()  # what an end of stream, a checkpoint or quiesce waits for
+    assert backend.batches == [SETTLE_BATCH, 3]
+    assert leased(flow, "sink", "cam") == 0

@@ -117,6 +117,16 @@ class _ParentEnd:
 SETTLE_BATCH: Final = 64
 """Completed settlements gathered at most before they are sent (send_completed)."""
 
+SETTLE_LINGER_SECONDS: Final = 0.01
+"""How long a gathered Completed settlement may wait for others before it is sent
+(send_completed_due). A node that idles between inputs resolves one group per wait:
+sent at every wait, each ack was a confirming round trip of its own. At 700 inputs/s
+through a linear BATCH flow on the 2-core bench host, gathering for 10 ms took the
+sink from 530 to 460 us of CPU per input and the server from 880 to 700-730, and the
+p50 latency per hop from 2.6-2.7 ms to 1.2-1.8 ms. An input is already processed and
+its outputs confirmed: its ack waiting a little longer only delays its release from the
+broker's credit."""
+
 _COMPLETED: Final = Completed()
 
 
@@ -163,6 +173,7 @@ class Deliveries:
         # Completed settlements not sent yet, and in flight, oldest first
         # (complete_later, send_completed).
         self._unsent: list[tuple[Held, tuple[DeliveryToken, SettleOutcome, str]]] = []
+        self._unsent_since = 0.0  # monotonic: when the oldest unsent one was gathered
         self._settling: deque[tuple[Held, Receipt[SettleResult]]] = deque()
         self._ends: dict[str, _ParentEnd] = {p: _ParentEnd() for p in self.parent_names}
         # Deliveries of each parent the messenger holds unsettled (in the assembler or
@@ -201,6 +212,8 @@ class Deliveries:
                 if counted in self._counted:  # it failed before: its count is done with
                     self._counted.discard(counted)
                     self.runtime.clear_attempts(counted)
+            if not self._unsent:
+                self._unsent_since = time.monotonic()
             self._unsent.append((handle, (handle.delivery.token, _COMPLETED,
                                           f"ack:{key}:{index}")))
         if len(self._unsent) >= SETTLE_BATCH or any(h.blob_ref is not None for h in handles):
@@ -208,11 +221,19 @@ class Deliveries:
             # frame's memory is worth a round trip of its own.
             self.send_completed()
 
+    def send_completed_due(self) -> None:
+        """send_completed once the oldest gathered settlement has waited
+        SETTLE_LINGER_SECONDS (complete_later sends at SETTLE_BATCH on its own, and
+        collect_settled(wait=True) sends them all before any drain)."""
+        if self._unsent and time.monotonic() - self._unsent_since >= SETTLE_LINGER_SECONDS:
+            self.send_completed()
+
     def send_completed(self) -> None:
         """Send the Completed settlements complete_later gathered, as one batch: the
         groups of a burst resolve one by one, and one batch costs one confirming round
-        trip where one settlement each cost one each. The messenger sends them before
-        it waits for input, so none waits longer than the task's next receive."""
+        trip where one settlement each cost one each. The messenger sends them from its
+        receive loop once due (send_completed_due), so none waits much longer than
+        SETTLE_LINGER_SECONDS."""
         if not self._unsent:
             return
         unsent, self._unsent = self._unsent, []
@@ -405,4 +426,5 @@ class Deliveries:
         return entries
 
 
-__all__ = ["DROP_REASONS", "SETTLE_BATCH", "Deliveries", "Held", "end_entry", "end_marker"]
+__all__ = ["DROP_REASONS", "SETTLE_BATCH", "SETTLE_LINGER_SECONDS", "Deliveries", "Held",
+           "end_entry", "end_marker"]

@@ -818,7 +818,9 @@ class NATSMessenger(Messenger):
         self.reconciled += self.payloads.reconcile()  # PAY-006, at most once per ack_wait
         window = self.window
         window.advance()
-        self.deliveries.send_completed()  # the groups resolved since the last wait, at once
+        # The groups resolved since the last wait go out together once the oldest has
+        # lingered; the short poll below, while any is unsent, keeps that bound.
+        self.deliveries.send_completed_due()
         poll = WINDOW_POLL_SECONDS if window.in_flight or self.deliveries.settling else POLL_SECONDS
         got = self.backend.receive_any(self._all_subs, RECEIVE_BATCH, 0,
                                        time.monotonic() + poll)
