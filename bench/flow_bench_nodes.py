@@ -117,22 +117,31 @@ def transform(value: dict[str, Any]) -> dict[str, Any]:
 
 
 class Window:
-    """First and last monotonic time of a stage's messages, and how many it handled."""
+    """First and last monotonic time of a stage's messages, how many it handled, and
+    the CPU its process spent from the first one (cpu_since)."""
 
     def __init__(self) -> None:
         self.count = 0
         self.first: float | None = None
         self.last: float | None = None
+        self.cpu_first = 0.0
 
     def tick(self, n: int = 1) -> None:
         now = time.monotonic()
         if self.first is None:
-            self.first = now
+            self.first, self.cpu_first = now, time.process_time()
         self.last = now
         self.count += n
 
     def fields(self) -> dict[str, Any]:
-        return {"count": self.count, "first": self.first, "last": self.last}
+        return {"count": self.count, "first": self.first, "last": self.last,
+                "cpu": cpu_since(self.cpu_first) if self.first is not None else None}
+
+
+def cpu_since(cpu_first: float) -> float:
+    """CPU seconds this process (every thread of it) spent since time.process_time()
+    read cpu_first: what a stage cost, from its first message to its end."""
+    return time.process_time() - cpu_first
 
 
 class Tally:
@@ -192,13 +201,14 @@ class Numbers(ProducerNode):
         self.i = 0
         self.first: float | None = None
         self.ended: float | None = None
+        self.cpu_first = 0.0
 
     def next(self) -> dict[str, Any]:
         if self.first is None:
             wait_ready(self.out, self.readers)
         now = time.monotonic()
         if self.first is None:
-            self.first = now
+            self.first, self.cpu_first = now, time.process_time()
         if self.i >= self.count:
             self.ended = now
             raise StopIteration
@@ -209,7 +219,8 @@ class Numbers(ProducerNode):
         return value
 
     def close(self) -> None:
-        write_stats(self.out, self.name, count=self.i, first=self.first, last=self.ended)
+        write_stats(self.out, self.name, count=self.i, first=self.first, last=self.ended,
+                    cpu=None if self.first is None else cpu_since(self.cpu_first))
 
 
 class Camera(ProducerNode):
@@ -380,6 +391,7 @@ async def peer_producer(url: str, out: str, stage: str, subject: str, count: int
     js = nc.jetstream(publish_async_max_pending=2 * PUBLISH_WINDOW)
     window: collections.deque[Any] = collections.deque()
     first: float | None = None
+    cpu_first = 0.0
     try:
         await asyncio.to_thread(wait_ready, out, readers)
         for i in range(count):
@@ -394,7 +406,7 @@ async def peer_producer(url: str, out: str, stage: str, subject: str, count: int
             future = await js.publish_async(subject, ENCODE(value),
                                             headers={"Nats-Msg-Id": f"{stage}-{i}"})
             if first is None:
-                first = time.monotonic()
+                first, cpu_first = time.monotonic(), time.process_time()
             window.append(future)
             if len(window) >= PUBLISH_WINDOW:
                 await _confirmed([window.popleft() for _ in range(PUBLISH_CHUNK)], stage)
@@ -402,7 +414,8 @@ async def peer_producer(url: str, out: str, stage: str, subject: str, count: int
         last = time.monotonic()
         if errors:
             raise StageFailed(f"{stage}: {errors}")
-        write_stats(out, stage, count=count, first=first, last=last)
+        write_stats(out, stage, count=count, first=first, last=last,
+                    cpu=None if first is None else cpu_since(cpu_first))
     finally:
         await nc.close()
 

@@ -59,7 +59,11 @@ How to read it: the table at the end of the run gives per case the videoflow and
 peer figures and their ratio (videoflow / peer: a rate ratio below 1 means videoflow is
 slower, a latency ratio above 1 that it adds more per hop), from the best of the
 rounds (on a shared 2-core machine the least disturbed one); extra_info has every
-round's figures. Compare ratios within one run, never absolute numbers across runs.
+round's figures. Under each linear case, "stage CPU us/msg" is the CPU the stages'
+processes spent per message (from each one's first message to its end, the broker's
+own not counted), the median over rounds: steadier than a rate or a latency on a host
+whose load comes and goes, and what a latency at a paced rate mostly follows. Compare
+ratios within one run, never absolute numbers across runs.
 The pytest-benchmark times themselves are whole runs (process start-up included) and
 are not the figures.
 
@@ -168,6 +172,17 @@ def p50_ms(latencies: list[float]) -> float:
     return statistics.median(latencies) * 1e3
 
 
+def cpu_us_per_message(out: Path, stages: list[str], n: int) -> float | None:
+    """The CPU every stage's process spent, from its first message to its end, summed
+    and divided by the n messages of the round, in microseconds; None (unknown, never
+    0) when a stage did not say. The broker's own CPU is not in it."""
+    spent = [read_stats(out, stage).get("cpu") for stage in stages]
+    known = [float(cpu) for cpu in spent if cpu is not None]
+    if n <= 0 or len(known) < len(spent):
+        return None
+    return 1e6 * sum(known) / n
+
+
 def record(benchmark: Any, case: str, side: str, rounds: list[dict[str, Any]],
            key: str, unit: str, lower_is_better: bool = False) -> dict[str, Any]:
     """Keep one side's figures for the summary and extra_info.
@@ -221,6 +236,17 @@ def write_summary(write: Callable[[str], None]) -> None:
         paced = {kept["rounds"][0].get("paced_rate") for kept in (vf, peer) if kept} - {None}
         if paced:
             write(f"  {'':<22}paced at " + " / ".join(f"{r:,.0f}" for r in paced) + " msg/s")
+        cpu = [median_of(kept, "cpu_us_per_msg") for kept in (vf, peer)]
+        if any(c is not None for c in cpu):
+            shown = ["-" if c is None else f"{c:,.0f}" for c in cpu]
+            write(f"  {'':<22}{'stage CPU us/msg':<14}{shown[0]:>18}{shown[1]:>18}"
+                  "  (median; broker not included)")
+
+
+def median_of(kept: dict[str, Any] | None, key: str) -> float | None:
+    """The median of a figure over a side's rounds, None when no round has it."""
+    values = [r[key] for r in (kept or {}).get("rounds", []) if r.get(key) is not None]
+    return statistics.median(values) if values else None
 
 
 def run_rounds(benchmark: Any, rounds: int, target: Callable[[], None]) -> None:
@@ -298,6 +324,8 @@ def videoflow_linear(url: str, out: Path, n: int, flow_type: str, *, processor: 
         figures["superseded"] = n - got["count"]
         figures["last_arrived"] = got["last_id"] == n - 1  # shown, not required
     figures["rate"] = rate_of(got)
+    figures["cpu_us_per_msg"] = cpu_us_per_message(
+        out, ["numbers", "transform", "sink"] if processor else ["numbers", "sink"], n)
     if latency:
         figures["p50_ms_per_hop"] = p50_ms(got["latencies"]) / (HOPS if processor else 1)
         figures["paced_rate"] = rate
@@ -463,6 +491,8 @@ def peer_linear(url: str, out: Path, n: int, flow_type: str, *, processor: bool 
         if processor:
             assert processed["count"] == n, processed
     figures["rate"] = rate_of(got)
+    figures["cpu_us_per_msg"] = cpu_us_per_message(
+        out, ["producer", "processor", "sink"] if processor else ["producer", "sink"], n)
     if latency:
         figures["p50_ms_per_hop"] = p50_ms(got["latencies"]) / (HOPS if processor else 1)
         figures["paced_rate"] = rate
