@@ -205,6 +205,8 @@ class Deliveries:
             handles: the group's handles.
             key: the group's identity ({trace_id}:{seq}), naming the settlements.
         """
+        if not self._unsent:
+            self._unsent_since = time.monotonic()
         for index, handle in enumerate(handles):
             self.let_go(handle.delivery)
             if self._counted:  # only after failures: no key is built on the usual path
@@ -212,8 +214,6 @@ class Deliveries:
                 if counted in self._counted:  # it failed before: its count is done with
                     self._counted.discard(counted)
                     self.runtime.clear_attempts(counted)
-            if not self._unsent:
-                self._unsent_since = time.monotonic()
             self._unsent.append((handle, (handle.delivery.token, _COMPLETED,
                                           f"ack:{key}:{index}")))
         if len(self._unsent) >= SETTLE_BATCH or any(h.blob_ref is not None for h in handles):
