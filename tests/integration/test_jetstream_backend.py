@@ -659,6 +659,29 @@ def test_shutdown_hands_back_what_was_handed_out(backends) -> None:  # type: ign
     assert (redelivered.stream_seq, redelivered.num_delivered) == (1, 2)
 
 
+def test_leaving_never_waits_out_an_open_pull_request_nor_strands_what_follows(backends) -> None:  # type: ignore[no-untyped-def]
+    # A receiver with nothing to read keeps a pull request open for fetch_timeout.
+    # Quiesce and shutdown withdraw its inbox instead of waiting for the request to
+    # end (which held every node's exit for up to fetch_timeout), and the server then
+    # hands nothing to the dropped request: what is published next goes to a
+    # survivor at once, not after ack_wait (RUN-030).
+    long_fetch = 20.0
+    for leave in ("stop_receiving", "shutdown"):
+        node = f"idle-{leave.replace('_', '-')}"
+        leaving = backends(fetch_timeout=long_fetch)
+        sub = provisioned(leaving, node, ack_wait=60.0)
+        time.sleep(0.3)  # its pull loop has a request open on the server by now
+        started = time.monotonic()
+        getattr(leaving, leave)()
+        assert time.monotonic() - started < long_fetch / 4, leave
+        survivor = backends()
+        provisioned(survivor, node, ack_wait=60.0)
+        send(survivor, node, 2)
+        got = receive_n(survivor, sub, 2, wait=5.0)
+        assert sorted(d.stream_seq for d in got) == [1, 2], leave
+        assert all(d.num_delivered == 1 for d in got), leave
+
+
 def test_admission_skips_are_acked_and_reported_off_the_loop(backends) -> None:  # type: ignore[no-untyped-def]
     backend = backends()
     sub = data_sub("admit")

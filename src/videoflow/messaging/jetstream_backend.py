@@ -213,9 +213,8 @@ class _Binding:
 
 
 async def _stop_all(receivers: list[SubscriptionReceiver]) -> None:
-    """Stop every pull loop at once: each waits up to fetch_timeout for its open
-    requests to end, so one after another a node with many parents would wait that
-    long per subscription and outlast the bound on the whole call."""
+    """Stop every pull loop at once: each withdraws its inbox with a round trip of its
+    own, which one after another a node with many parents would pay per subscription."""
     await asyncio.gather(*(receiver.stop() for receiver in receivers))
 
 class JetStreamMessagingBackend(MessagingBackend):

@@ -455,34 +455,46 @@ class SubscriptionReceiver:
             await asyncio.get_running_loop().run_in_executor(None, self.on_skip, delivery)
 
     async def stop(self) -> None:
-        """Stop the pull loop, and return once the requests still open have ended
-        (their last message, or the server's 408 at expiry: at most fetch_timeout).
-        Parked deliveries stay parked, with whatever those requests brought; hand_back
-        returns them. Waiting matters: a delivery NAKed while a request of this binding
-        is still open on the server is redelivered straight into it, again and again,
-        instead of reaching a survivor (RUN-030)."""
+        """Stop the pull loop and withdraw the delivery inbox (_withdraw): what the
+        requests still open on the server had sent is parked by the time this returns,
+        and nothing more arrives. Parked deliveries stay parked; hand_back returns
+        them, and no request of this binding is left for the server to redeliver a
+        NAKed one straight into, instead of to a survivor (RUN-030)."""
         task, self._task = self._task, None
         self._stopping = True
         self._space.set()
         if task is not None:
-            task.cancel()  # it only ever waits; requests already sent are waited for below
+            task.cancel()  # it only ever waits; requests already sent end in _withdraw
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self._requests_ended()
+        await self._withdraw()
         if self._keepalive is not None:
             self._keepalive.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._keepalive
             self._keepalive = None
 
-    async def _requests_ended(self) -> None:
-        deadline = time.monotonic() + self.fetch_timeout + _PULL_GRACE_SECONDS
-        while self._pulls and time.monotonic() < deadline:
-            self._forget_expired_pulls()
-            self._space.clear()
-            with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
-                await asyncio.wait_for(self._space.wait(),
-                                       min(deadline - time.monotonic(), 0.1))
+    async def _withdraw(self) -> None:
+        """Drop the inbox's interest and take in what is already on its way to it: an
+        UNSUB and a flush's round trip (Subscription.drain), after which every delivery
+        the server sent into this binding's open requests has been parked, inline in
+        the read loop, and none can follow. The server hands a waiting pull request
+        nothing once its reply subject has no subscriber: it drops the request and
+        keeps the message for the next one (checked on nats-server 2.15.1, for an
+        unsubscribed inbox and a closed connection alike). Waiting for the open
+        requests to end instead (their 408 at expiry) held every node's shutdown for up
+        to fetch_timeout. Idempotent; the durable stays."""
+        sub, self._inbox_sub = self._inbox_sub, None
+        if sub is None:
+            return
+        try:
+            await asyncio.wait_for(sub.drain(), self.fetch_timeout + _PULL_GRACE_SECONDS)
+        except (nats.errors.Error, asyncio.TimeoutError, TimeoutError):
+            # Closed, draining or frozen: whatever is still on its way stays leased
+            # until ack_wait, as after a crash; the client's own record of it goes.
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        self._pulls.clear()  # the server dropped them with the interest
 
     # ------------------------------------------------------------------- handing out
 
@@ -761,14 +773,8 @@ class SubscriptionReceiver:
         return handed
 
     async def unsubscribe(self) -> None:
-        """Drop the delivery inbox (the durable stays) — once the requests still open
-        have ended (stop waits for that too), so nothing they deliver goes to an inbox
-        nobody reads, where it would sit leased until ack_wait (RUN-030)."""
-        await self._requests_ended()
-        sub, self._inbox_sub = self._inbox_sub, None
-        if sub is not None:
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
+        """Withdraw the delivery inbox (the durable stays): stop does it too."""
+        await self._withdraw()
 
 
 def take_round_robin(
