@@ -38,7 +38,7 @@ from videoflow.core.runtime_store import MemoryRuntimeStore
 from videoflow.messaging import messenger_deliveries
 from videoflow.messaging.credit import PRODUCER_WINDOW, WINDOW_GROUPS
 from videoflow.messaging.messenger_deliveries import SETTLE_BATCH
-from videoflow.messaging.nats_messenger import NATSMessenger
+from videoflow.messaging.nats_messenger import POLL_SECONDS, NATSMessenger
 
 __all__ = ["flows"]  # the fixture, imported for the tests below
 
@@ -349,11 +349,18 @@ def test_a_full_stream_is_backpressure_in_batch_and_a_counted_drop_in_realtime(
 
 
 class CountedSettlements(MemoryMessagingBackend):
-    """Records the size of every batch of settlements started without waiting."""
+    """Records the size of every batch of settlements started without waiting, and how
+    long each receive_any was given."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.batches: list[int] = []
+        self.waits: list[float] = []
+
+    def receive_any(self, subscriptions: Sequence[SubscriptionId], item_credit: int,
+                    byte_credit: int, deadline: float) -> list[tuple[SubscriptionId, Any]]:
+        self.waits.append(deadline - time.monotonic())
+        return super().receive_any(subscriptions, item_credit, byte_credit, deadline)
 
     def settle_many_async(self, settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]],
                           ) -> list[Receipt[SettleResult]]:
@@ -389,6 +396,47 @@ def test_acks_of_groups_done_one_wait_apart_go_out_together_once_the_oldest_ling
     assert backend.batches == [5]
     sink.close()
     assert leased(flow, "sink", "cam") == 0
+
+
+def test_an_idle_node_waits_for_input_until_its_gathered_acks_are_due_not_in_short_polls(
+    flows, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    # Every wake-up of an idle node costs CPU the host's other processes need. With
+    # acks gathered, a receive waits until the oldest is due, and they go then; with
+    # nothing gathered or in flight, the plain poll. Polled every 2 ms instead, a
+    # paced flow's nodes spent most of their CPU waking for nothing.
+    linger = 0.8 * POLL_SECONDS  # the plain poll is the longest any receive waits
+    monkeypatch.setattr(messenger_deliveries, "SETTLE_LINGER_SECONDS", linger)
+    flow = flows({"cam": [], "sink": ["cam"]})
+    cam = flow.messenger("cam")
+    cam.set_output_event_timestamp(1000.0)
+    cam.publish_message(0)  # its end marker comes later, from another thread
+    sink, backend = counted_sink(flow)
+    sent: list[float] = []
+    settle_many_async = backend.settle_many_async
+
+    def timed(settlements: Any) -> Any:
+        sent.append(time.monotonic())
+        return settle_many_async(settlements)
+
+    backend.settle_many_async = timed  # type: ignore[method-assign]
+    assert sink.receive_message() is not None
+    sink.ack_inputs()
+    acked = time.monotonic()
+    idle = 15 * linger
+    ender = threading.Timer(idle, cam.publish_stop_signal)
+    ender.start()
+    try:
+        ended = sink.receive_message()  # idles until the end marker
+    finally:
+        ender.join()
+    assert all(entry["is_stop_signal"] for entry in ended.values())
+    # sent once due: not before, and long before the end marker came
+    assert len(sent) == 1 and linger * 0.9 <= sent[0] - acked <= linger + idle / 2
+    assert backend.waits[0] > linger / 2  # the first wait ran to the acks' due time
+    # then plain polls: about one per POLL_SECONDS, not one every few ms
+    assert len(backend.waits) <= 2 + 1.5 * idle / POLL_SECONDS, backend.waits
+    sink.close()
 
 
 def test_acks_never_wait_past_a_full_batch_or_a_drain(

@@ -228,6 +228,13 @@ class Deliveries:
         if self._unsent and time.monotonic() - self._unsent_since >= SETTLE_LINGER_SECONDS:
             self.send_completed()
 
+    def linger_left(self) -> float | None:
+        """Seconds until send_completed_due sends what is gathered (0 when overdue);
+        None when nothing is gathered."""
+        if not self._unsent:
+            return None
+        return max(0.0, self._unsent_since + SETTLE_LINGER_SECONDS - time.monotonic())
+
     def send_completed(self) -> None:
         """Send the Completed settlements complete_later gathered, as one batch: the
         groups of a burst resolve one by one, and one batch costs one confirming round

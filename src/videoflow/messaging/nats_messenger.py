@@ -119,9 +119,12 @@ POLL_SECONDS: Final = 0.05
 RECEIVE_BATCH: Final = 256
 """The most deliveries one receive takes: everything ready, in one hand-off."""
 
-WINDOW_POLL_SECONDS: Final = 0.002
-"""How long one receive waits while outputs are in flight, so their groups' inputs are
-settled soon after their receipts arrive."""
+WINDOW_POLL_SECONDS: Final = 0.01
+"""How long one receive waits while outputs are in flight, so a group's inputs are
+gathered for settlement soon after its outputs' receipts arrive (they then linger up to
+SETTLE_LINGER_SECONDS for others, and a receive waits no longer than that either).
+Polled every 2 ms, and while any settlement was unanswered, a node idling between
+inputs woke 500 times a second."""
 
 DEPTH_SECONDS: Final = 0.05
 """How much of the node's work a replica parks ahead: its backend's receive depth
@@ -821,7 +824,12 @@ class NATSMessenger(Messenger):
         # The groups resolved since the last wait go out together once the oldest has
         # lingered; the short poll below, while any is unsent, keeps that bound.
         self.deliveries.send_completed_due()
-        poll = WINDOW_POLL_SECONDS if window.in_flight or self.deliveries.settling else POLL_SECONDS
+        # A wait ends by the linger's due time; settlement answers need no poll (each
+        # wait runs the loop that reads them, and the next collects them).
+        poll = WINDOW_POLL_SECONDS if window.in_flight else POLL_SECONDS
+        linger = self.deliveries.linger_left()
+        if linger is not None:
+            poll = min(poll, linger)
         got = self.backend.receive_any(self._all_subs, RECEIVE_BATCH, 0,
                                        time.monotonic() + poll)
         self._idle = not got
