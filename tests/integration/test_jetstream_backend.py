@@ -55,8 +55,10 @@ from videoflow.messaging.jetstream_backend import (
 )
 from videoflow.messaging.jetstream_loop import (
     KEEP_SECONDS,
+    READ_CHUNK_BYTES,
     ErrorLog,
     LoopRunner,
+    bound_reads,
     close_client,
     connect_fail_fast,
 )
@@ -233,6 +235,29 @@ def test_connect_and_close_on_the_runner_loop(nats_server: embedded.EmbeddedServ
         runner.run(close_client(client), timeout=10)
         assert client.is_closed
         assert errors.reports == []
+    finally:
+        runner.stop()
+
+
+def test_a_connection_reads_in_bounded_chunks_and_a_larger_message_still_arrives_whole(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    # bound_reads reaches inside nats-py (no option exists): on the nats-py this
+    # project pins it must take hold, or every socket read maps memory again.
+    runner = LoopRunner()
+    runner.start()
+    try:
+        client = runner.run(connect_fail_fast(nats_server.url, 5.0, ErrorLog()), timeout=10)
+        assert bound_reads(client) is True  # connect_fail_fast already set it; again is fine
+        payload = bytes(range(256)) * (3 * READ_CHUNK_BYTES // 256 + 7)
+
+        async def echo() -> bytes:
+            sub = await client.subscribe("bounded.reads")
+            await client.publish("bounded.reads", payload)
+            return (await sub.next_msg(timeout=5)).data
+
+        assert runner.run(echo(), timeout=10) == payload
+        runner.run(close_client(client), timeout=10)
     finally:
         runner.stop()
 

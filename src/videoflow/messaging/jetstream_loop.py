@@ -48,6 +48,14 @@ sender's messages, for one write per batch of them. On the producer bench (5,000
 outputs) 0.5 ms gave 8,700-11,800 msg/s and 2 ms 14,400-14,900; a sender slower than
 one message per COALESCE_SECONDS has each sent at once."""
 
+READ_CHUNK_BYTES: Final = 64 * 1024
+"""The most one read of the connection's socket takes. asyncio reads up to 256 KiB at a
+time into a fresh bytes object, which glibc maps with mmap (above its 128 KiB
+threshold) and, shrunk to what arrived, keeps mapped: three system calls and a page
+fault per read (a paced producer's keeper thread made 445 of each in 4 s). From the
+heap instead: 4-7% less CPU per message in each stage of a linear flow at 700 msg/s.
+A large message takes a few more reads."""
+
 _TURN_PASSES: Final = 8
 """At most this many loop passes in one turn: handing work over takes a few (the
 drain, the task it starts, nats-py's flusher), and a turn never blocks."""
@@ -501,10 +509,30 @@ async def connect_fail_fast(url: str, connect_timeout: float, errors: ErrorLog) 
     """
     options = connect_options_for(connect_timeout, True, errors.record)
     try:
-        return await asyncio.wait_for(nats.connect(url, **options), connect_timeout)
+        client = await asyncio.wait_for(nats.connect(url, **options), connect_timeout)
     except Exception as error:
         reason, detail = observation_failure(error, errors.texts())
         raise BrokerUnavailable(f"cannot connect to {url} ({reason}): {detail}") from error
+    bound_reads(client)
+    return client
+
+
+def bound_reads(client: Client, chunk: int = READ_CHUNK_BYTES) -> bool:
+    """Have the client's socket read at most chunk bytes at a time (READ_CHUNK_BYTES).
+
+    nats-py 2.15 keeps its asyncio stream in a transport of its own (aio/transport.py,
+    TcpTransport._io_writer) and offers no option for it, hence the reach inside;
+    another shape (a websocket, a later nats-py) is left as it is.
+
+    Returns:
+        whether the bound was set.
+    """
+    writer = getattr(getattr(client, "_transport", None), "_io_writer", None)
+    transport = getattr(writer, "transport", None)
+    if transport is None or not isinstance(getattr(transport, "max_size", None), int):
+        return False
+    transport.max_size = chunk
+    return True
 
 
 async def close_client(client: Client, timeout: float = CLOSE_TIMEOUT_SECONDS) -> None:
@@ -520,10 +548,12 @@ __all__ = [
     "CLOSE_TIMEOUT_SECONDS",
     "COALESCE_SECONDS",
     "KEEP_SECONDS",
+    "READ_CHUNK_BYTES",
     "ErrorLog",
     "Handoff",
     "LoopWake",
     "LoopRunner",
+    "bound_reads",
     "close_client",
     "connect_fail_fast",
 ]
