@@ -12,6 +12,7 @@ from videoflow.core.flow import Flow
 from videoflow.core.node import ConsumerNode, ProcessorNode, ProducerNode
 from videoflow.messaging.credit import (
     RECEIVE_PREFETCH,
+    SETTLE_BATCH,
     WINDOW_GROUPS,
     consumer_credit,
     join_item_credit,
@@ -87,10 +88,10 @@ def test_the_derived_credit_and_max_deliver_are_what_provisioning_creates() -> N
     compiled = compile_flow(Flow(cams, [Sink()(fusion)], BATCH, name="f"), max_retries=3)
     plan = compiled.plans["fusion"]
     spec = compiled.spec("fusion")
-    # Two replicas, each holding its working set, the publication window and its
-    # prefetch unsettled.
+    # Two replicas, each holding its working set, the publication window, its gathered
+    # acks and its prefetch unsettled.
     assert plan.credit == consumer_credit(2, False, join_item_credit(
-        spec.parents, spec.join_policy, BATCH), WINDOW_GROUPS + RECEIVE_PREFETCH)
+        spec.parents, spec.join_policy, BATCH), WINDOW_GROUPS + SETTLE_BATCH + RECEIVE_PREFETCH)
     assert plan.max_deliver == max_deliver_for(BATCH, 3, spec.delivery)
     data_durables = {durable_name_for("fusion", parent) for parent in spec.parents}
     provisioned = {config.durable_name: config for _, config in

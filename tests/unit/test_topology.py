@@ -485,6 +485,17 @@ def test_join_item_credit_matches_joinpolicy_working_set():
     assert t.join_item_credit(parents, policy, BATCH) == expected
 
 
+def test_node_credit_admits_everything_a_replica_holds_unsettled():
+    # A replica holds unsettled, per durable: the group in processing, its window's
+    # groups, the acks it gathers before sending (fewer than SETTLE_BATCH) and its
+    # parked prefetch. A credit below that has the broker hold its input back while
+    # the acks wait for their linger.
+    holds = 1 + t.WINDOW_GROUPS + (t.SETTLE_BATCH - 1) + t.RECEIVE_PREFETCH
+    assert t.node_credit(1, False, ["cam"], None, BATCH) >= holds
+    assert t.node_credit(3, False, ["cam"], None, BATCH) >= 3 * holds
+    assert t.node_credit(3, True, ["cam"], None, BATCH) >= holds
+
+
 def test_join_item_credit_errors():
     with pytest.raises(ValueError):
         t.join_item_credit(["a", "b"], None, "nope")

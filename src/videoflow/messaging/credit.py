@@ -37,10 +37,18 @@ RECEIVE_PREFETCH: Final = 64
 for up to this many at once, and the task takes everything ready in one hand-off. At
 DEFAULT_PREFETCH's depth a node spent most of its time asking the broker for more."""
 
-PIPELINE_PREFETCH: Final = WINDOW_GROUPS + RECEIVE_PREFETCH
+SETTLE_BATCH: Final = 64
+"""Completed settlements a replica gathers at most before it sends them
+(videoflow.messaging.messenger_deliveries); until then their inputs stay unsettled on
+the broker."""
+
+PIPELINE_PREFETCH: Final = WINDOW_GROUPS + SETTLE_BATCH + RECEIVE_PREFETCH
 """What a node replica holds unsettled per durable beyond the group it is processing:
-its window's groups and its parked prefetch. node_credit passes it as consumer_credit's
-prefetch."""
+its window's groups, the settled groups whose acks are gathered (fewer than
+SETTLE_BATCH) and its parked prefetch. node_credit passes it as consumer_credit's
+prefetch. Without the gathered acks, a processor with a full window and a linger's
+worth of acks gathered reached max_ack_pending, and the broker held its input back
+until they went."""
 
 LEGACY_BIND_CREDIT: Final = DEFAULT_PREFETCH + 2
 """The max_ack_pending a worker bound its durable with before RFC 0006 (its local queue

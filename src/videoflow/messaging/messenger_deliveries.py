@@ -43,6 +43,7 @@ from videoflow.backends.messaging import (
 )
 from videoflow.core.policies import WORKER_FATAL, DeliveryPolicy, classify_error
 from videoflow.core.runtime import FlowRuntime
+from videoflow.messaging.credit import SETTLE_BATCH  # gathered at most before send_completed
 from videoflow.messaging.dead_letters import Reason, dead_letter, dead_letter_for
 from videoflow.messaging.messenger_payloads import MessengerPayloads
 from videoflow.wire.serialization import encode_envelope
@@ -113,9 +114,6 @@ class _ParentEnd:
     markers: dict[int, dict[str, Any]] = field(default_factory=dict)
     last_data: float = 0.0
 
-
-SETTLE_BATCH: Final = 64
-"""Completed settlements gathered at most before they are sent (send_completed)."""
 
 SETTLE_LINGER_SECONDS: Final = 0.01
 """How long a gathered Completed settlement may wait for others before it is sent
