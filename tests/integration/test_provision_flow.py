@@ -29,11 +29,11 @@ LABELS = "videoflow.io/"
 # Expected values are written out here rather than derived with the functions under
 # test: DeliveryPolicy presets (REALTIME best_effort -> 1 delivery; BATCH at_least_once
 # with 3 retries -> 4), the credit = (item credit + a window of 64 groups in flight +
-# prefetch 64) x competing replicas, and a join's item credit = (max_pending + 1) x sync
-# parents (RUN-005).
+# up to 64 gathered acks + prefetch 64) x competing replicas, and a join's item credit =
+# (max_pending + 1) x sync parents (RUN-005).
 MAX_DELIVER = {REALTIME: 1, BATCH: 4}
 RETENTION = {REALTIME: "limits", BATCH: "interest"}
-IN_FLIGHT = 64 + 64
+IN_FLIGHT = 64 + 64 + 64
 SINGLE_PARENT_CREDIT = 1 + IN_FLIGHT
 JOIN_MAX_PENDING = 16
 JOIN_CREDIT = (JOIN_MAX_PENDING + 1) * 2 + IN_FLIGHT
