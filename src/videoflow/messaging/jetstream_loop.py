@@ -521,13 +521,14 @@ def bound_reads(client: Client, chunk: int = READ_CHUNK_BYTES) -> bool:
     """Have the client's socket read at most chunk bytes at a time (READ_CHUNK_BYTES).
 
     nats-py 2.15 keeps its asyncio stream in a transport of its own (aio/transport.py,
-    TcpTransport._io_writer) and offers no option for it, hence the reach inside;
-    another shape (a websocket, a later nats-py) is left as it is.
+    TcpTransport: _bare_io_writer is the socket's stream, under TLS too) and offers no
+    option for it, hence the reach inside; another shape (a websocket, a later nats-py)
+    is left as it is.
 
     Returns:
         whether the bound was set.
     """
-    writer = getattr(getattr(client, "_transport", None), "_io_writer", None)
+    writer = getattr(getattr(client, "_transport", None), "_bare_io_writer", None)
     transport = getattr(writer, "transport", None)
     if transport is None or not isinstance(getattr(transport, "max_size", None), int):
         return False
