@@ -205,6 +205,28 @@ def test_a_coalesced_turn_nobody_comes_back_for_is_sent_by_the_keeper(
     assert runner.run(which_thread(), timeout=5) == threading.get_ident()
 
 
+def test_a_caller_back_once_per_coalescing_window_sends_its_work_itself(
+    monkeypatch: pytest.MonkeyPatch, runner: LoopRunner,
+) -> None:
+    # A paced producer comes back every ~1 ms, inside the window: its first call after
+    # the window sends what waited, on its own thread. The keeper's backstop comes a
+    # window later, so it never has to wake for it (a wake-up and a trade of the
+    # interpreter between two threads per write).
+    monkeypatch.setattr(jetstream_loop, "KEEP_SECONDS", 30.0)
+    window = 0.25
+    ran: list[int] = []
+    runner.turn()
+    started = time.monotonic()
+    runner.call_soon(lambda: ran.append(threading.get_ident()))
+    runner.turn(unless_within=window)  # within the window: skipped
+    time.sleep(0.6 * window)
+    runner.turn(unless_within=window)  # still within it: skipped
+    assert ran == []
+    time.sleep(max(0.0, started + 1.2 * window - time.monotonic()))
+    runner.turn(unless_within=window)  # past it, before the keeper's backstop
+    assert ran == [threading.get_ident()]
+
+
 def test_two_threads_waiting_on_one_runner_both_get_their_answers(runner: LoopRunner) -> None:
     async def nap(seconds: float) -> tuple[float, int]:
         await asyncio.sleep(seconds)
