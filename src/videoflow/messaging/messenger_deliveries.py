@@ -223,7 +223,7 @@ class Deliveries:
         """send_completed once the oldest gathered settlement has waited
         SETTLE_LINGER_SECONDS (complete_later sends at SETTLE_BATCH on its own, and
         collect_settled(wait=True) sends them all before any drain)."""
-        if self._unsent and time.monotonic() - self._unsent_since >= SETTLE_LINGER_SECONDS:
+        if self.linger_left() == 0.0:
             self.send_completed()
 
     def linger_left(self) -> float | None:
