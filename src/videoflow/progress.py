@@ -1,4 +1,5 @@
-"""The live view of a running flow: per node, its rate, what waits for it, its drops.
+"""The live view of a running flow: per node, its rate, what waits for it, its drops,
+and for a time join the parent furthest behind in event time.
 
 On a terminal the view redraws in place; otherwise (a log, a pipe, CI) it prints a
 plain line per node every interval. An unknown pending count is shown as unknown,
@@ -51,6 +52,19 @@ class NodeProgress:
             return f"unknown ({unknown[0]})"
         return str(sum(v for v in self.pending.values() if isinstance(v, int)))
 
+    def behind_text(self) -> str:
+        """A time join's parent furthest behind the most advanced one in event time,
+        and by how much, as of the latest word ('-' for other nodes, and when none is
+        behind)."""
+        lags: dict[str, float] = {}
+        for stats in self.replicas.values():
+            for parent, lag in (stats.get("watermark_lag") or {}).items():
+                lags[parent] = max(lags.get(parent, 0.0), lag)
+        parent = max(lags, key=lambda p: lags[p], default=None)
+        if parent is None or lags[parent] <= 0:
+            return "-"
+        return f"{parent} {lags[parent] * 1000.0:.0f} ms"
+
     def mark(self, now: float) -> None:
         """Update the rate from the count since the last mark."""
         count = self.count()
@@ -85,10 +99,10 @@ class LiveView:
         self._next = now + self.interval
         for progress in nodes.values():
             progress.mark(now)
-        rows = [("node", "done", "rate/s", "pending", "dropped", "dead-let.")]
+        rows = [("node", "done", "rate/s", "pending", "dropped", "dead-let.", "behind")]
         for name, p in nodes.items():
             rows.append((name, str(p.count()), f"{p.rate:.0f}", p.pending_text(),
-                         str(p.drops()), str(p.total("dead_lettered"))))
+                         str(p.drops()), str(p.total("dead_lettered")), p.behind_text()))
         lines = [title + (f"  {extra}" if extra else ""), *format_table(rows)]
         if self.tty:
             if self._drawn:

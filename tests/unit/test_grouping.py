@@ -7,6 +7,7 @@ import importlib
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from grouping_helpers import Clock, Handle, entry
@@ -253,10 +254,11 @@ def test_trace_flush_emits_quorum_groups_and_flushes_the_rest(core):
 # -- time groups ------------------------------------------------------------------------
 
 
-def timed(core, parents=("a", "b"), clock=None, **policy) -> TimeGroupAssembler:
+def timed(core, parents=("a", "b"), clock=None, epoch=None, **policy) -> TimeGroupAssembler:
     policy.setdefault("tolerance_ms", 5)
     return TimeGroupAssembler(
-        "fuse", list(parents), JoinPolicy(mode="time", **policy), clock=clock or Clock(), core=core
+        "fuse", list(parents), JoinPolicy(mode="time", **policy), clock=clock or Clock(),
+        epoch=epoch or Clock(), core=core
     )
 
 
@@ -424,13 +426,68 @@ def test_time_redelivery_supersedes_and_keeps_one_group(core):
     assert group.entries["a"].message == "y" and new in group.handles and old not in group.handles
 
 
-def test_time_entry_without_event_ts_falls_back_to_arrival_time(core):
-    clock = Clock(1000.0)
-    a = timed(core, clock=clock, timeout_ms=None)
+def test_time_entry_without_event_ts_falls_back_to_its_arrival_on_the_epoch_clock(core):
+    # Event times are epoch seconds; the monotonic clock only times the backstop.
+    a = timed(core, clock=Clock(5.0), epoch=Clock(1000.0), timeout_ms=None)
     a.add("a", entry("a1", 1, None), Handle("a"))
     a.add("b", entry("b1", 1, 1000.002), Handle("b"))
-    group = a.pop_ready(1000.0)
+    group = a.pop_ready(5.0)
     assert group is not None and group.event_ts == 1000.0
+
+
+def test_assemblers_time_their_backstop_on_the_monotonic_clock_by_default(core):
+    for policy in (JoinPolicy(), JoinPolicy(mode="time", tolerance_ms=5)):
+        a = make_assembler("j", ["a", "b"], policy)
+        assert (a.clock, a.epoch) == (time.monotonic, time.time)
+
+
+@pytest.mark.parametrize("step", [-3600.0, 3600.0])
+def test_time_a_wall_clock_step_moves_no_timeout(core, step):
+    # A step of the wall clock (epoch) leaves the backstop alone: the silent parent
+    # is given up on one timeout after its group began on the monotonic clock, not an
+    # hour early or late, and oldest_wait_seconds says how long the group waited.
+    mono, wall = Clock(50.0), Clock(1_000_000.0)
+    a = timed(core, parents=("a", "b"), clock=mono, epoch=wall, timeout_ms=100, quorum=1)
+    a.add("a", entry("a1", 1, None), Handle("a1"))  # stamped on the wall clock
+    wall.now += step
+    mono.now += 0.05
+    assert a.pop_ready() is None and a.oldest_wait_seconds() == pytest.approx(0.05)
+    assert a.waiting_for() == ["b"]
+    mono.now += 0.06
+    group = a.pop_ready()
+    assert group is not None and members(group) == {"a": ("a1", 1), "b": None}
+    assert group.event_ts == 1_000_000.0 and a.oldest_wait_seconds() == 0.0
+
+
+def test_time_waiting_for_names_the_parents_the_oldest_group_still_expects(core):
+    a = timed(core, parents=("c1", "c2", "c3"), timeout_ms=1000, quorum=3)
+    assert a.waiting_for() == []
+    a.add("c1", entry("x1", 1, 1.0), Handle("x1"))
+    assert a.waiting_for() == ["c2", "c3"]
+    # c2's data passes the group without a member for it: not waited for any more,
+    # though the group still waits for c3 (its data has not passed it).
+    a.add("c2", entry("y2", 2, 1.5), Handle("y2"))
+    assert a.waiting_for() == ["c3"]
+
+
+def test_time_watermark_lags_say_how_far_each_parent_is_behind_the_most_advanced(core):
+    a = timed(core, parents=("cam0", "cam1", "cam2", "imu"), collect={"imu": 20},
+              timeout_ms=None)
+    assert a.watermarks() == dict.fromkeys(("cam0", "cam1", "cam2", "imu"))
+    assert a.watermark_lags() == dict.fromkeys(("cam0", "cam1", "cam2", "imu"))
+    a.add("cam0", entry("a", 1, 10.0), Handle("a"))
+    a.add("cam1", entry("b", 1, 10.25), Handle("b"))
+    a.add("cam0", entry("a", 2, 9.0), Handle("a2"))  # behind its watermark: kept at 10.0
+    a.add("imu", entry("i", 1, 10.5), Handle("i"))
+    assert a.watermarks() == {"cam0": 10.0, "cam1": 10.25, "cam2": None, "imu": 10.5}
+    assert a.watermark_lags() == {"cam0": 0.5, "cam1": 0.25, "cam2": None, "imu": 0.0}
+
+
+def test_trace_waiting_for_names_the_missing_halves_and_there_are_no_watermarks(core):
+    a = trace(core, parents=("a", "b", "c"))
+    a.add("b", entry("t1", 1), Handle("b"))
+    assert a.waiting_for() == ["a", "c"]
+    assert a.watermarks() == {} and a.watermark_lags() == {}
 
 
 def test_time_beyond_max_pending_evicts_the_oldest_group(core):

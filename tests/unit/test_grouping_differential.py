@@ -397,7 +397,10 @@ class Side:
         self.log: list[tuple] = []
         self.handles: list[RecordingHandle] = []
         cls = TimeGroupAssembler if scn.mode == "time" else TraceGroupAssembler
-        self.asm = cls("join", scn.parents(), scn.policy(), clock=clock, core=module)
+        # One fake clock for both: the oracle stamps an entry without event_ts with the
+        # clock's reading at its add (eff_ts).
+        self.asm = cls("join", scn.parents(), scn.policy(), clock=clock, epoch=clock,
+                       core=module)
         assert type(self.asm._core).__module__ == module.__name__, "assembler ignored core="
         self.quorum = len(scn.sync) if scn.quorum is None else scn.quorum
         self.tol = None if scn.tolerance_ms is None else scn.tolerance_ms / 1000.0
@@ -445,6 +448,8 @@ class Side:
             self.asm.evictions,
             {p: self.asm.has_pending_from(p) for p in self.scn.parents()},
             self.asm.oldest_wait_seconds(now),
+            self.asm.waiting_for(),
+            self.asm.watermarks(),
         )
 
     # -- oracle --------------------------------------------------------------------
@@ -508,8 +513,18 @@ class Side:
         for g in groups:
             self.check_group(where, g)
         # counters
-        pending, evictions, has_pending, wait = after
+        pending, evictions, has_pending, wait, waiting_for, marks = after
         assert 0 <= pending <= self.scn.max_pending, f"{where}: pending_count {pending}"
+        assert set(waiting_for) <= set(self.scn.sync) and (pending > 0 or not waiting_for), (
+            f"{where}: waiting_for {waiting_for} with {pending} pending")
+        if self.scn.mode == "time":  # a watermark is the greatest event time seen
+            seen: dict[str, float] = {}
+            for d in self.deliveries:
+                seen[d.parent] = max(seen.get(d.parent, -math.inf), self.eff_ts(d))
+            assert marks == {p: seen.get(p) for p in marks} and set(marks) == set(
+                self.scn.parents()), f"{where}: watermarks {marks}, adds say {seen}"
+        else:
+            assert marks == {}, f"{where}: a trace join has no watermarks: {marks}"
         delta = evictions - before[1]
         assert 0 <= delta <= sync_discards and (delta > 0) == (sync_discards > 0), (
             f"{where}: evictions went {before[1]} -> {evictions} with {sync_discards} sync discards"
@@ -689,7 +704,8 @@ def run_differential(scn: Scenario) -> tuple[Side, Side]:
             )
             new_obs = [s.observe() for s in sides]
             assert new_obs[0] == new_obs[1], (
-                f"op #{i} {step!r}: (pending_count, evictions, has_pending_from, oldest_wait) "
+                f"op #{i} {step!r}: (pending_count, evictions, has_pending_from, oldest_wait, "
+                "waiting_for, watermarks) "
                 f"differ\n compiled:  {new_obs[0]}\n reference: {new_obs[1]}"
             )
             for s, o, b, a in zip(sides, outcomes, obs, new_obs, strict=True):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from videoflow.core.report import NodeReport, RunReport, percentile
 from videoflow.progress import LiveView, NodeProgress
 
@@ -56,13 +58,33 @@ def test_the_plain_view_prints_unknown_pending_as_unknown_never_zero() -> None:
     view.update("flow run", {"cam": cam, "sink": sink})
     lines = out.getvalue().splitlines()
     assert lines[0] == "flow run"
-    assert lines[1].split() == ["node", "done", "rate/s", "pending", "dropped", "dead-let."]
+    assert lines[1].split() == ["node", "done", "rate/s", "pending", "dropped", "dead-let.",
+                                "behind"]
     assert lines[2].split()[:2] == ["cam", "12"] and lines[2].split()[3] == "-"
     assert lines[3].split()[:2] == ["sink", "10"] and "unknown (timeout)" in lines[3]
     sink.pending["sink[1]"] = 2
     view.update("flow run", {"cam": cam, "sink": sink}, force=True)
     assert out.getvalue().splitlines()[-1].split()[3] == "6"
     assert "\x1b[" not in out.getvalue()  # no cursor movement off a terminal
+
+
+def test_the_view_and_the_report_say_which_parent_of_a_time_join_is_behind() -> None:
+    out = io.StringIO()
+    fuse = NodeProgress("processor", replicas={
+        "fuse[0]": {"processed": 5, "watermark_lag": {"cam0": 0.0, "cam1": 0.013}},
+        "fuse[1]": {"processed": 4, "watermark_lag": {"cam0": 0.002, "cam1": 0.0}}})
+    sink = NodeProgress("consumer", replicas={"sink[0]": {"processed": 9}})
+    LiveView(out, tty=False).update("flow run", {"fuse": fuse, "sink": sink})
+    rows = out.getvalue().splitlines()
+    assert rows[2].split()[0] == "fuse" and rows[2].split()[-3:] == ["cam1", "13", "ms"]
+    assert rows[3].split()[0] == "sink" and rows[3].split()[-1] == "-"
+    report = NodeReport.from_replicas("processor", {
+        "fuse[0]": {"watermark_lag_max": {"cam0": 0.004, "cam1": 0.040}},
+        "fuse[1]": {"watermark_lag_max": {"cam0": 0.010, "cam1": 0.0}}})
+    assert report.watermark_lag_max_ms == pytest.approx({"cam0": 10.0, "cam1": 40.0})
+    text = RunReport("f", "r", "batch", "nats://x", nodes={"fuse": report}).format()
+    assert "fuse: parents' event time behind the most advanced, at most: cam1 40.0 ms, " \
+        "cam0 10.0 ms" in text
 
 
 def test_the_terminal_view_redraws_in_place() -> None:

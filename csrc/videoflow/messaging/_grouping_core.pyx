@@ -22,6 +22,7 @@ from videoflow.messaging._timeline cimport (
 )
 
 import hashlib
+import time
 
 CORE_KIND = "compiled"
 
@@ -40,10 +41,10 @@ cdef int64_t _seq_of(object entry) except? -1:
         raise OverflowError(f"seq {entry.seq} is outside the signed 64-bit range") from None
 
 
-cdef double _event_time(object entry, object clock) except? -1.0:
-    """An entry's event time in seconds, or the clock's time for one without."""
+cdef double _event_time(object entry, object epoch) except? -1.0:
+    """An entry's event time in seconds, or the epoch clock's time for one without."""
     cdef object tso = entry.event_ts
-    cdef double ts = clock() if tso is None else tso
+    cdef double ts = epoch() if tso is None else tso
     if not isfinite(ts):
         raise ValueError(f"event_ts {tso!r} is not a finite time")
     return ts
@@ -384,17 +385,34 @@ cdef class _Core:
     def pending_count(self):
         return self.assembling
 
-    def oldest_wait(self, now=None):
-        cdef double t_now
+    cdef Py_ssize_t _oldest(self) noexcept:
         cdef Py_ssize_t slot
         if self.assembling == 0:
-            return 0.0
-        t_now = self.clock() if now is None else now
+            return -1
         while True:
             slot = self.fifo.slot[self.age_head]
             if self._valid(self.fifo, self.age_head) and self.g_state[slot] == ASSEMBLING:
-                return max(0.0, t_now - self.g_created[slot])
+                return slot
             self.age_head += 1
+
+    def oldest_wait(self, now=None):
+        cdef Py_ssize_t slot = self._oldest()
+        if slot < 0:
+            return 0.0
+        cdef double t_now = self.clock() if now is None else now
+        return max(0.0, t_now - self.g_created[slot])
+
+    def waiting_for(self):
+        """The parents the oldest incomplete group waits for (see the reference)."""
+        cdef Py_ssize_t slot = self._oldest(), p
+        if slot < 0:
+            return []
+        cdef uint64_t mask = self.g_mask[slot]
+        return [self.names[p] for p in range(self.n)
+                if not (mask >> p) & 1 and self._awaits(slot, p)]
+
+    cdef bint _awaits(self, Py_ssize_t slot, Py_ssize_t p) noexcept:
+        return True
 
     def has_pending_from(self, parent_name):
         return self.held[<Py_ssize_t>self.index[parent_name]] > 0
@@ -520,7 +538,7 @@ cdef class TimeCore(_Core):
     cdef list x_entry, x_handle, x_free
     cdef bytearray x_taken
     cdef list carry, carry_c
-    cdef object collect_factory
+    cdef object collect_factory, epoch
 
     def __cinit__(self, *args, **kwargs):
         self.g_time = NULL
@@ -551,10 +569,11 @@ cdef class TimeCore(_Core):
     def __init__(self, list parent_names, list collect_names, list windows_s,
                  double tolerance_s, double timeout_s, Py_ssize_t quorum,
                  Py_ssize_t max_pending, bint missing_wait, object clock,
-                 object ready_factory, object collect_factory):
+                 object ready_factory, object collect_factory, object epoch=None):
         cdef Py_ssize_t i, m
         self._setup(parent_names, timeout_s, quorum, max_pending, missing_wait, clock,
                     ready_factory)
+        self.epoch = time.time if epoch is None else epoch
         self.tol = tolerance_s
         self.order = SortedTimes()
         self.waiting = SortedTimes()
@@ -686,6 +705,19 @@ cdef class TimeCore(_Core):
             raise KeyError(parent_name)
         self.last[<Py_ssize_t>po] = t_now
 
+    cdef bint _awaits(self, Py_ssize_t slot, Py_ssize_t p) noexcept:
+        return self.wm[p] <= self.g_time[slot] + self.tol
+
+    def watermarks(self):
+        """Each parent's watermark, None before its first message (see the reference)."""
+        cdef Py_ssize_t i
+        marks = {}
+        for i in range(self.n):
+            marks[self.names[i]] = None if self.wm[i] == -INFINITY else self.wm[i]
+        for i in range(self.nc):
+            marks[self.c_names[i]] = None if self.c_wm[i] == -INFINITY else self.c_wm[i]
+        return marks
+
     def has_pending_from(self, parent_name):
         c = self.c_index.get(parent_name)
         if c is not None:
@@ -715,7 +747,7 @@ cdef class TimeCore(_Core):
             return
         cdef Py_ssize_t p = po
         cdef double now = self.now_seen  # no clock call per message: see the reference
-        cdef double ts = _event_time(entry, self.clock)
+        cdef double ts = _event_time(entry, self.epoch)
         cdef int64_t seq = _seq_of(entry)
         cdef SortedTimes order = self.order
         cdef double tol = self.tol, d, best_d = 0.0
@@ -812,7 +844,7 @@ cdef class TimeCore(_Core):
 
     cdef int _add_sample(self, Py_ssize_t c, object entry, object handle) except -1:
         self.c_last[c] = self.clock()
-        cdef double ts = _event_time(entry, self.clock)
+        cdef double ts = _event_time(entry, self.epoch)
         cdef SortedTimes buf = <SortedTimes>self.c_buf[c]
         cdef Py_ssize_t i, j, k, x
         if ts > self.c_wm[c]:

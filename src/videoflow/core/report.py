@@ -34,6 +34,9 @@ class NodeReport:
         join_latency_p50_ms / join_latency_p99_ms: over every group's wait in the
             join, from its first member's arrival; None for a producer, or when no
             group was received.
+        watermark_lag_max_ms: a time join's parents, the most each one's event-time
+            watermark fell behind the most advanced parent's, over every replica (the
+            clock-skew and lag diagnostic); {} for other nodes.
         outcomes: per replica, how it ended ('ended', 'quiesced', 'aborted',
             'failed', 'lost' when its process died without a word and was not started
             again); per dead process of a restarted replica ('<replica>~<n>'),
@@ -54,6 +57,7 @@ class NodeReport:
     throughput: float = 0.0
     join_latency_p50_ms: float | None = None
     join_latency_p99_ms: float | None = None
+    watermark_lag_max_ms: dict[str, float] = field(default_factory=dict)
     outcomes: dict[str, str] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     restarts: int = 0
@@ -90,6 +94,9 @@ class NodeReport:
             if stats.get("ended") is not None:
                 ends.append(stats["ended"])
             latencies += stats.get("join_latencies") or []
+            for parent, lag in (stats.get("watermark_lag_max") or {}).items():
+                most = report.watermark_lag_max_ms
+                most[parent] = max(most.get(parent, 0.0), lag * 1000.0)
         if starts and ends:
             report.seconds = max(0.0, max(ends) - min(starts))
         count = report.emitted if kind == "producer" else report.processed
@@ -141,6 +148,11 @@ class RunReport:
                          f"{n.throughput:.1f}", _drops(n.dropped), str(n.dead_lettered),
                          _ms(n.join_latency_p50_ms), _ms(n.join_latency_p99_ms)))
         lines = [head, *format_table(rows, left=2)]
+        for name, n in self.nodes.items():
+            if any(n.watermark_lag_max_ms.values()):
+                lags = sorted(n.watermark_lag_max_ms.items(), key=lambda kv: -kv[1])
+                lines.append(f"  {name}: parents' event time behind the most advanced, at "
+                             "most: " + ", ".join(f"{p} {lag:.1f} ms" for p, lag in lags))
         for n in self.nodes.values():
             for key, error in n.errors.items():
                 lines.append(f"  {key} {n.outcomes.get(key, '')}: {error}")

@@ -113,6 +113,9 @@ class TaskStats:
         received: first deliveries per parent.
         join_latencies: seconds from a group's first member arriving to the node
             receiving the group (sampled, see LATENCY_SAMPLES).
+        watermark_lag / watermark_lag_max: a time join's parents, how far each one's
+            event-time watermark is behind the most advanced parent's, in seconds:
+            the latest sample, and the most seen (parents not heard from are absent).
         started / ended: wall-clock seconds.
         outcome: 'running', 'ended' (its stream ended), 'quiesced', 'aborted' (a
             parent died; relayed) or 'failed' (this node died).
@@ -126,6 +129,8 @@ class TaskStats:
     drops: dict[str, int] = field(default_factory=dict)
     received: dict[str, int] = field(default_factory=dict)
     join_latencies: list[float] = field(default_factory=list)
+    watermark_lag: dict[str, float] = field(default_factory=dict)
+    watermark_lag_max: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     ended: float | None = None
     outcome: str = "running"
@@ -148,6 +153,8 @@ class TaskStats:
         return {"processed": self.processed, "emitted": self.emitted, "failed": self.failed,
                 "dead_lettered": self.dead_lettered, "drops": dict(self.drops),
                 "received": dict(self.received),
+                "watermark_lag": dict(self.watermark_lag),
+                "watermark_lag_max": dict(self.watermark_lag_max),
                 "started": self.started, "ended": self.ended, "outcome": self.outcome,
                 "error": self.error}
 
@@ -235,6 +242,8 @@ class Task:
         self.stats.failed += failed - self._failed_publications
         self._failed_publications = failed
         self.stats.received = dict(getattr(self.messenger, "received", {}))
+        self.stats.watermark_lag = dict(getattr(self.messenger, "watermark_lags", {}))
+        self.stats.watermark_lag_max = dict(getattr(self.messenger, "watermark_lag_max", {}))
 
     def _tick(self) -> None:
         if self._progress is not None and time.monotonic() >= self._next_progress:

@@ -6,20 +6,25 @@ differential tests feed both the same streams and require identical output, so
 this file is the executable specification of every rule the compiled core keeps.
 It favours plain code over speed: the compiled twin is where speed lives.
 
+Clocks: ``clock`` (and every ``now``) is the caller's monotonic clock; it times
+the timeouts and the silence backstop, so a step of the wall clock moves none of
+them. Event times are epoch seconds; an entry without one is stamped with ``epoch``
+(the wall clock) as it is added.
+
 Rules (both cores):
 
 - *Resolving* an incomplete group: with at least ``quorum`` sync members it is
   staged for emission (missing parents as None, collect windows closed as they
   stand); below quorum it is discarded ('expired') unless ``missing='wait'``, in
   which case it keeps assembling and is staged as soon as it reaches quorum.
-- Trace core: a group is resolved at its deadline, ``created + timeout`` in the
-  caller's clock.
+- Trace core: a group is resolved at its deadline, ``created + timeout`` on the
+  monotonic clock.
 - Time core: a group is resolved once every parent it lacks is *given up on*. A
   parent p is given up on for a group at time t when its event-time watermark (the
   greatest event_ts seen from p) has passed ``t + tolerance`` -- its data says its
   member is not coming, whatever the clock says -- or, the backstop, when p has
   been silent for ``timeout``: no message from p since its last arrival (since the
-  group's creation, for a parent never heard from) by the caller's clock -- and
+  group's creation, for a parent never heard from) on the monotonic clock -- and
   then only once every collect window of the group could close (below): while a
   window still holds the group, a late member still joins it. An
   arrival is stamped with the clock's latest reading the core has taken: when a
@@ -33,6 +38,10 @@ Rules (both cores):
   later group it lacks too), so each call resolves what it can and stops. A
   parent that runs ahead, lags or replays loses nothing that is complete in its
   data, and a dropped frame costs one frame period of waiting, not the timeout.
+- Diagnostics: ``waiting_for()`` names the parents the oldest incomplete group
+  lacks and has not given up on by their data (trace core: every one it lacks);
+  ``watermarks()`` (time core) is each parent's watermark, None before its first
+  message.
 - Beyond ``max_pending`` assembling groups, the oldest (by creation) is
   discarded ('evicted').
 - A redelivery (same parent, trace_id and seq as a held message) swaps the
@@ -67,6 +76,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from typing import Any
@@ -93,14 +103,15 @@ def seq_of(entry: Any) -> int:
     return seq
 
 
-def event_time(entry: Any, clock: Callable[[], float]) -> float:
-    """An entry's event time in seconds, or the clock's time for one without.
+def event_time(entry: Any, epoch: Callable[[], float]) -> float:
+    """An entry's event time in epoch seconds, or the epoch clock's time (its arrival)
+    for one without.
 
     Raises:
         ValueError: for a NaN or infinite event time, which no tolerance can match.
     """
     ts = entry.event_ts
-    ts = float(clock() if ts is None else ts)
+    ts = float(epoch() if ts is None else ts)
     if not math.isfinite(ts):
         raise ValueError(f"event_ts {entry.event_ts!r} is not a finite time")
     return ts
@@ -445,16 +456,37 @@ class _Core:
     def pending_count(self) -> int:
         return self.assembling
 
-    def oldest_wait(self, now: float | None = None) -> float:
+    def _oldest(self) -> int:
+        """The slot of the oldest incomplete group (by creation), -1 for none."""
         if self.assembling == 0:
-            return 0.0
-        if now is None:
-            now = self.clock()
+            return -1
         while True:
             item = self.fifo[self.age_head]
             if self._valid(item) and self.g_state[item[0]] == _ASSEMBLING:
-                return max(0.0, now - self.g_created[item[0]])
+                return item[0]
             self.age_head += 1
+
+    def oldest_wait(self, now: float | None = None) -> float:
+        slot = self._oldest()
+        if slot < 0:
+            return 0.0
+        if now is None:
+            now = self.clock()
+        return max(0.0, now - self.g_created[slot])
+
+    def waiting_for(self) -> list[str]:
+        """The parents the oldest incomplete group waits for, in parent order: those
+        it lacks and has not given up on by their data ([] when none is held)."""
+        slot = self._oldest()
+        if slot < 0:
+            return []
+        mask = self.g_mask[slot]
+        return [name for p, name in enumerate(self.names)
+                if not mask >> p & 1 and self._awaits(slot, p)]
+
+    def _awaits(self, slot: int, p: int) -> bool:
+        """Whether a group lacking parent p may still get p's member from its data."""
+        return True
 
     def has_pending_from(self, parent_name: str) -> bool:
         return self.held[self.index[parent_name]] > 0
@@ -561,10 +593,12 @@ class TimeCore(_Core):
         clock: Callable[[], float],
         ready_factory: Callable[..., Any],
         collect_factory: Callable[..., Any],
+        epoch: Callable[[], float] | None = None,
     ) -> None:
         super().__init__(
             parent_names, timeout_s, quorum, max_pending, missing_wait, clock, ready_factory
         )
+        self.epoch = time.time if epoch is None else epoch
         self.tol = tolerance_s
         self.g_time: list[float] = []
         self.g_completed: list[float] = []
@@ -685,6 +719,16 @@ class TimeCore(_Core):
             raise KeyError(parent_name)
         self.last[p] = now
 
+    def _awaits(self, slot: int, p: int) -> bool:
+        return self.wm[p] <= self.g_time[slot] + self.tol
+
+    def watermarks(self) -> dict[str, float | None]:
+        """Each parent's watermark (the greatest event_ts seen from it; None before its
+        first message): the sync parents in order, then the collect parents."""
+        marks = [*zip(self.names, self.wm, strict=True),
+                 *zip(self.c_names, self.c_wm, strict=True)]
+        return {name: None if mark == _NEG_INF else mark for name, mark in marks}
+
     def has_pending_from(self, parent_name: str) -> bool:
         c = self.c_index.get(parent_name)
         if c is not None:
@@ -702,7 +746,7 @@ class TimeCore(_Core):
         # No clock call per message (it cost a sixth of an add): an arrival is stamped
         # with the latest reading seen, taken afresh only when a group is seeded.
         now = self.now_seen
-        ts = event_time(entry, self.clock)
+        ts = event_time(entry, self.epoch)
         seq = seq_of(entry)
         advanced = ts > self.wm[p]
         if advanced:
@@ -791,7 +835,7 @@ class TimeCore(_Core):
 
     def _add_sample(self, c: int, entry: Any, handle: Any) -> None:
         self.c_last[c] = self.clock()
-        ts = event_time(entry, self.clock)
+        ts = event_time(entry, self.epoch)
         if ts > self.c_wm[c]:
             self.c_wm[c] = ts
         buf = self.c_buf[c]

@@ -24,10 +24,13 @@ required and its absence is an ImportError, never a silent slow fallback. The co
 holds entries and handles as opaque objects next to its numeric tables: a
 Python-side slot table would cost more per message than the whole compiled path.
 
-Clock: ``now`` arguments and the optional ``clock`` are wall-clock seconds
-(``time.time`` by default), the same scale as producer-stamped event_ts, which is
-also in seconds. All methods are called from the single task thread; no locking
-is needed.
+Clocks: ``now`` arguments and the optional ``clock`` are monotonic seconds
+(``time.monotonic`` by default): they time the timeouts and the silence backstop
+(oldest_wait_seconds, sweep, heard, pop_ready, flush), which a step of the wall
+clock must not move. Event times are epoch seconds, as producers stamp them; a
+message without an event_ts falls back to its arrival on ``epoch`` (``time.time``
+by default). All methods are called from the single task thread; no locking is
+needed.
 """
 
 from __future__ import annotations
@@ -175,8 +178,10 @@ class GroupAssembler:
         node_name (str): the join node, for messages.
         parent_names (list[str]): the node's parents.
         policy (JoinPolicy): validated against parent_names.
-        clock (callable): wall-clock seconds, ``time.time`` by default; tests pass
-            a fake one.
+        clock (callable): monotonic seconds for timeouts and the silence backstop,
+            ``time.monotonic`` by default; tests pass a fake one.
+        epoch (callable): epoch seconds, the event time of a message that carries
+            none (time mode), ``time.time`` by default.
         core (module): the core implementation, the process-wide one (CORE_KIND)
             by default; tests pass each in turn.
 
@@ -190,13 +195,14 @@ class GroupAssembler:
         parent_names: list[str],
         policy: JoinPolicy,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        epoch: Callable[[], float] = time.time,
         core: ModuleType | None = None,
     ) -> None:
         self.node_name = node_name
         self.parent_names = list(parent_names)
         self.policy = policy
-        self.clock = clock
+        self.clock, self.epoch = clock, epoch
         self.sync_parents = policy.validate_for(self.parent_names)
         quorum = len(self.sync_parents) if policy.quorum is None else policy.quorum
         self._core = self._make_core(_core if core is None else core, quorum)
@@ -240,6 +246,29 @@ class GroupAssembler:
     def pending_count(self) -> int:
         """Incomplete groups held right now."""
         return int(self._core.pending_count())
+
+    def waiting_for(self) -> list[str]:
+        """The parents the oldest incomplete group waits for, in parent order ([] when
+        none is held). In time mode, a parent whose data has passed the group is not
+        waited for: the group waits only on the silence backstop or a collect window
+        for it."""
+        waiting: list[str] = self._core.waiting_for()
+        return waiting
+
+    def watermarks(self) -> dict[str, float | None]:
+        """Each parent's event-time watermark, the greatest event_ts seen from it (None
+        before its first message); {} in trace mode, which has none."""
+        return {}
+
+    def watermark_lags(self) -> dict[str, float | None]:
+        """How far each parent's watermark is behind the most advanced parent's, in
+        seconds (0 for the most advanced; None for a parent not heard from yet, or when
+        none is): the clock-skew and lag diagnostic of a time join. {} in trace mode."""
+        marks = self.watermarks()
+        known = [mark for mark in marks.values() if mark is not None]
+        lead = max(known) if known else None
+        return {name: None if mark is None or lead is None else lead - mark
+                for name, mark in marks.items()}
 
     def pop_ready(self, now: float | None = None) -> ReadyGroup | None:
         """Returns the next ready group, or None. Applies the timeout first (sweep),
@@ -333,6 +362,10 @@ class TimeGroupAssembler(GroupAssembler):
     def heard(self, parent_name: str, now: float | None = None) -> None:
         self._core.heard(parent_name, now)
 
+    def watermarks(self) -> dict[str, float | None]:
+        marks: dict[str, float | None] = self._core.watermarks()
+        return marks
+
     def _make_core(self, impl: ModuleType, quorum: int) -> Any:
         policy = self.policy
         if policy.tolerance_ms is None:  # pragma: no cover - JoinPolicy enforces it
@@ -350,13 +383,15 @@ class TimeGroupAssembler(GroupAssembler):
             self.clock,
             ReadyGroup,
             CollectEntry,
+            self.epoch,
         )
 
 
 def make_assembler(node_name: str, parent_names: list[str], policy: JoinPolicy, *,
-                   clock: Callable[[], float] = time.time) -> GroupAssembler:
+                   clock: Callable[[], float] = time.monotonic,
+                   epoch: Callable[[], float] = time.time) -> GroupAssembler:
     """Returns the assembler the policy's mode asks for ('trace' or 'time'), on clock
-    (wall-clock seconds, for timeouts and collect-window backstops)."""
-    if policy.mode == "time":
-        return TimeGroupAssembler(node_name, parent_names, policy, clock=clock)
-    return TraceGroupAssembler(node_name, parent_names, policy, clock=clock)
+    (monotonic seconds, for timeouts and the silence backstop) and epoch (the event
+    time of a message without one)."""
+    kind = TimeGroupAssembler if policy.mode == "time" else TraceGroupAssembler
+    return kind(node_name, parent_names, policy, clock=clock, epoch=epoch)

@@ -120,6 +120,9 @@ RECEIVE_BATCH: Final = 256
 """The most deliveries one receive takes: everything ready, in one hand-off."""
 
 WINDOW_POLL_SECONDS: Final = 0.01
+
+LAG_SAMPLE_SECONDS: Final = 0.05
+"""How often a time join samples its parents' watermark lags (watermark_lags)."""
 """How long one receive waits while outputs are in flight, so a group's inputs are
 gathered for settlement soon after its outputs' receipts arrive (they then linger up to
 SETTLE_LINGER_SECONDS for others, and a receive waits no longer than that either).
@@ -212,8 +215,10 @@ class NATSMessenger(Messenger):
             restart deduplicates at the broker, and the last accepted offset is kept in
             the ledger (resume_offset).
         prefetch_bytes: the default backend's byte budget (RUN-025).
-        clock: wall-clock seconds for the assembler's timeouts and collect-window
-            backstops, and for dead letters' timestamps (tests pass one).
+        clock: monotonic seconds for the join's timeouts and silence backstop, which
+            a step of the wall clock must not move (tests pass one).
+        epoch: epoch seconds, for dead letters' timestamps and the event time of an
+            input that carries none.
     """
 
     def __init__(
@@ -243,7 +248,8 @@ class NATSMessenger(Messenger):
         replayable: bool = False,
         prefetch_bytes: int | None = None,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        epoch: Callable[[], float] = time.time,
     ) -> None:
         if envelope_version not in (None, ENVELOPE_VERSION):
             raise ValueError(f"envelope_version: this messenger writes v{ENVELOPE_VERSION} "
@@ -259,7 +265,7 @@ class NATSMessenger(Messenger):
         self.partition_by = partition_by
         self.eos_quiescence = eos_quiescence_ms / 1000.0
         self.ack_wait = ack_wait
-        self.clock = clock
+        self.clock, self.epoch = clock, epoch
         self.delivery_policy = effective_delivery_policy(flow_type, max_retries, delivery_policy)
         self.channel = ChannelId(flow_id, run_id, self.node_name)
         if backend is None:
@@ -319,6 +325,11 @@ class NATSMessenger(Messenger):
         self._partition_key: Any = None
         self._group: ReadyGroup | None = None
         self.last_join_latency: float | None = None  # seconds the last group waited
+        # A time join's parents' watermark lags behind the most advanced one, seconds:
+        # the latest sample and the most seen, per parent heard from (RunReport).
+        self.watermark_lags: dict[str, float] = {}
+        self.watermark_lag_max: dict[str, float] = {}
+        self._lags_at = -math.inf
         # First deliveries per parent: against the parent's outputs, what never reached
         # this node (a REALTIME stream keeps only the newest).
         self.received: dict[str, int] = dict.fromkeys(self.parent_names, 0)
@@ -328,7 +339,7 @@ class NATSMessenger(Messenger):
             self.node_name, flow_id, run_id, self.parent_names, backend, self.runtime,
             self.payloads, delivery_policy=self.delivery_policy,
             ledger_budget=self.ledger_budget, ack_wait=ack_wait,
-            eos_quiescence=self.eos_quiescence, clock=clock)
+            eos_quiescence=self.eos_quiescence, clock=epoch)
         self.failed_publications = 0  # input groups failed because an output was not
         self.window = PublishWindow(
             self.node_name, backend, self.deliveries, self.publication_stats_counter,
@@ -348,11 +359,12 @@ class NATSMessenger(Messenger):
         self.reconciled = 0  # obligations reconciliation cancelled (PAY-006)
         if self.parent_names:
             policy = effective_join_policy(flow_type, join_policy)
-            # On this messenger's clock: timeouts and collect windows' wall-time
-            # backstops run on the clock the caller chose.
+            # On this messenger's clocks: the backstops on the monotonic one the
+            # caller chose, a missing event time on its epoch clock.
             self.assembler = make_assembler(self.node_name, self.parent_names, policy,
-                                            clock=clock)
+                                            clock=clock, epoch=epoch)
             self._join_missing = policy.missing
+            self._time_join = policy.mode == "time"
             self._join_timeout = policy.timeout_ms
             # A time join's silence backstop is told which parents still have input
             # waiting (_hear_backlogs), at most every eighth of its timeout.
@@ -448,6 +460,8 @@ class NATSMessenger(Messenger):
         return {
             "waiting_groups": self.assembler.pending_count(),
             "oldest_wait_seconds": self.assembler.oldest_wait_seconds(self.clock()),
+            "waiting_for": self.assembler.waiting_for(),
+            "watermark_lag_seconds": self.assembler.watermark_lags(),
             "gives_up": self._join_missing != "wait" and self._join_timeout is not None,
         }
 
@@ -789,6 +803,8 @@ class NATSMessenger(Messenger):
         now = self.clock()
         if self._hear_every is not None and not now - self._heard_at < self._hear_every:
             self._hear_backlogs(now)
+        if self._time_join and not now - self._lags_at < LAG_SAMPLE_SECONDS:
+            self._sample_lags(now)
         group = self.assembler.pop_ready(now)
         self.deliveries.settle_pending()
         if group is not None:
@@ -802,6 +818,15 @@ class NATSMessenger(Messenger):
             self.deliveries.settle_pending()
             return self._ready.popleft() if self._ready else None
         return None
+
+    def _sample_lags(self, now: float) -> None:
+        self._lags_at = now
+        lags = {p: lag for p, lag in self.assembler.watermark_lags().items() if lag is not None}
+        self.watermark_lags = lags
+        most = self.watermark_lag_max
+        for parent, lag in lags.items():
+            if lag > most.get(parent, -1.0):
+                most[parent] = lag
 
     def _hear_backlogs(self, now: float) -> None:
         """Tell the assembler which parents have input waiting for this node (parked,
