@@ -4,9 +4,11 @@ one, the command in a subprocess, and its usage errors."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -32,14 +34,17 @@ def command(*args: str) -> subprocess.CompletedProcess[str]:
 
 def check(result: demo.DemoResult) -> None:
     """A run whose every group holds one capture instant and that produced what the
-    seed says, every captured frame either fused or counted as evicted."""
+    seed says, every captured frame either fused or counted as evicted, every IMU
+    window full."""
     assert result.report.outcome == "completed", result.report.format()
-    assert result.ok
+    assert result.ok, result.failures
     assert result.expected is not None
     assert result.groups == result.expected.groups > 0
     assert result.correct == result.groups and result.incorrect == 0
     assert result.correctness == 100.0
-    assert result.quorum_groups >= result.expected.quorum_groups > 0
+    assert result.quorum_groups == result.expected.quorum_groups > 0
+    assert result.imu_completeness is not None and result.imu_completeness >= 99.0
+    assert 0 < result.imu_in_window <= result.imu_expected
     p50, p99 = result.join_latency_p50_ms, result.join_latency_p99_ms
     assert p50 is not None and p99 is not None and 0 <= p50 <= p99
     # The only drops: frames of instants below the quorum, dropped by the join.
@@ -50,7 +55,10 @@ def check(result: demo.DemoResult) -> None:
     # Every window full: +-20 ms at 400 Hz. A window closes on the IMU's event time, and
     # the wall-time backstop never while its samples wait for the join.
     assert result.imu_per_group is not None and result.imu_per_group[0] >= 16
-    assert result.camera_lag_ms is not None and result.camera_lag_ms >= 0
+    if result.backlog:  # ahead of real time by design: no lag to speak of
+        assert result.camera_lag_ms is None
+    else:
+        assert result.camera_lag_ms is not None and result.camera_lag_ms >= 0
 
 
 def test_expected_figures_follow_the_seed_and_include_drops() -> None:
@@ -62,21 +70,155 @@ def test_expected_figures_follow_the_seed_and_include_drops() -> None:
     assert demo.expected(4, instants, 0.0, SEED) == demo.Expected(4 * instants, instants, 0, 0)
 
 
+COMPLETED = RunReport("demo", "r1", "batch", "nats://x", outcome="completed")
+EXPECTED = demo.Expected(frames=2380, groups=595, quorum_groups=85, evicted=30)
+
+
+def checked(groups: int = 595, quorum_groups: int = 85, imu_in_window: int = 23800,
+            imu_expected: int = 23800, expected: demo.Expected | None = EXPECTED,
+            ) -> demo.DemoResult:
+    """A DemoResult of 8 cameras at 60 fps, every group correct; by default every
+    figure the seed predicts."""
+    completeness = 100.0 * imu_in_window / imu_expected if imu_expected else None
+    return demo.DemoResult(COMPLETED, 8, 7, 60.0, 10.0, 1000.0, groups=groups,
+                           quorum_groups=quorum_groups, correct=groups, correctness=100.0,
+                           expected=expected, imu_in_window=imu_in_window,
+                           imu_expected=imu_expected, imu_completeness=completeness)
+
+
+def test_a_demo_that_fused_every_predicted_group_with_full_windows_is_ok() -> None:
+    result = checked()
+    assert result.ok and result.failures == []
+    assert result.format().endswith("demo OK")
+    printed = result.to_dict()
+    assert printed["ok"] is True and printed["failures"] == []
+    assert printed["imu_completeness"] == 100.0
+
+
 def test_a_demo_whose_join_gave_up_on_groups_fails_though_every_group_is_correct() -> None:
     # 8 cameras of VGA frames on a 2-core machine fused 240 of 595 groups, all correct,
     # and the demo printed OK: recall is what the user asked for.
-    report = RunReport("demo", "r1", "batch", "nats://x", outcome="completed")
-    expected = demo.Expected(frames=2380, groups=595, quorum_groups=85, evicted=30)
+    result = checked(groups=240)
+    assert not result.ok
+    assert result.failures == ["groups fused 240, expected 595"]
+    assert "demo FAILED:\n  groups fused 240, expected 595" in result.format()
+    nothing_to_check = checked(groups=5, expected=None)
+    assert not nothing_to_check.ok
+    assert nothing_to_check.failures == ["no expected figures to check the groups against"]
 
-    def result(groups: int) -> demo.DemoResult:
-        return demo.DemoResult(report, 8, 7, 60.0, 10.0, 1000.0, groups=groups,
-                               correct=groups, correctness=100.0, expected=expected)
 
-    assert result(595).ok
-    assert not result(240).ok
-    assert "demo FAILED" in result(240).format()
-    assert not demo.DemoResult(report, 8, 7, 60.0, 10.0, 1000.0, groups=5, correct=5,
-                               correctness=100.0).ok  # nothing to check recall against
+def test_a_demo_whose_quorum_groups_differ_from_the_seeds_fails_and_says_so() -> None:
+    # A camera given up on by the silence backstop turns a complete group into a
+    # quorum group: the groups match, the quorum groups do not.
+    result = checked(quorum_groups=90)
+    assert result.failures == ["quorum groups 90, expected 85"]
+    assert not result.ok and not result.to_dict()["ok"]
+    assert "  quorum groups 90, expected 85" in result.format()
+
+
+def test_a_demo_whose_imu_windows_hold_under_99_percent_fails_and_says_so() -> None:
+    assert checked(imu_in_window=23562).ok  # 99.0 % exactly
+    short = checked(imu_in_window=23561)
+    assert short.imu_completeness is not None and short.imu_completeness < 99.0
+    assert short.failures == ["IMU completeness 99.00 % is below 99 %: the windows held "
+                              "23561 of the 23800 samples within them"]
+    assert "demo FAILED:\n  IMU completeness 99.00 % is below 99 %" in short.format()
+    assert short.to_dict()["imu_completeness"] == short.imu_completeness
+
+
+def test_a_demo_whose_imu_completeness_is_unknown_fails_rather_than_reporting_zero() -> None:
+    unknown = checked(imu_in_window=0, imu_expected=0)
+    assert unknown.imu_completeness is None and unknown.to_dict()["imu_completeness"] is None
+    assert unknown.failures == ["IMU completeness unknown: no group window could be counted"]
+    assert "IMU complete   -" in unknown.format()
+
+
+def test_a_demo_failing_several_checks_names_each_in_its_output() -> None:
+    result = checked(groups=590, quorum_groups=80, imu_in_window=20000)
+    assert [line.split(" ")[0] + " " + line.split(" ")[1] for line in result.failures] == [
+        "groups fused", "quorum groups", "IMU completeness"]
+    verdict = result.format().split("demo FAILED:\n")[1].splitlines()
+    assert verdict == [f"  {failure}" for failure in result.failures]
+
+
+@pytest.mark.parametrize("fps", [1.0, 30.0, 60.0, 61.0, 120.0, 239.0, demo.MAX_FPS])
+def test_at_every_frame_rate_the_tolerance_separates_capture_instants(fps: float) -> None:
+    # spread <= tolerance: an instant's frames find its group; tolerance < period -
+    # spread: a neighbour instant's never do.
+    timing = demo.timing_for(fps)
+    assert timing.spread_ms < timing.tolerance_ms < timing.period_ms - timing.spread_ms
+    # And so do the stamps the cameras make (16 of them, 2 s).
+    instants = int(2 * fps)
+    stamps = []
+    for index in range(demo.MAX_CAMERAS):
+        offset, _, jitter = demo.camera_schedule(SEED, index, instants, 0.0, fps)
+        stamps.append([k / fps + offset + float(jitter[k]) for k in range(instants)])
+    by_instant = list(zip(*stamps, strict=True))
+    spread = max(max(one) - min(one) for one in by_instant)
+    gap = min(min(b) - max(a) for a, b in pairwise(by_instant))
+    assert spread * 1000 <= timing.spread_ms < timing.tolerance_ms < gap * 1000
+
+
+def test_the_default_frame_rates_keep_their_skews_and_tolerance() -> None:
+    for fps in (30.0, 60.0):
+        assert demo.timing_for(fps) == demo.Timing(1000.0 / fps, 1.5, 1.0, 8.0)
+    assert demo.timing_for(240.0) == demo.Timing(1000.0 / 240, 0.375, 0.25, 2.0)
+
+
+@pytest.mark.parametrize("hz", [400.0, 1000.0, 2000.0])
+def test_the_imu_window_is_20_ms_at_the_usual_rates(hz: float) -> None:
+    assert demo.imu_window_ms(hz) == 20.0
+
+
+@pytest.mark.parametrize("hz", [30.0, 333.0, 400.0, 1000.0, 1999.0])
+def test_an_imu_window_holds_as_many_samples_whichever_frame_seeded_the_group(
+        hz: float) -> None:
+    window_ms = demo.imu_window_ms(hz)
+    periods = round(2 * window_ms / 1000 * hz)
+    assert math.isclose(2 * window_ms / 1000 * hz, periods)
+    t0, samples = 1.7e9, demo.imu_range(hz, 1.0, 30.0)
+    w = window_ms / 1000
+    for t in (t0 + 0.1003 + 0.00037 * i for i in range(7)):  # across 2.6 ms, off the grid
+        window = [t0 + j / hz for j in range(*samples) if demo.in_window(t0 + j / hz, t, w)]
+        assert len(window) == periods
+        stamps = [t, t - 0.0011, t + 0.0023]  # the group's own stamp (seed) is one
+        assert demo.imu_tally(window, stamps, t0, hz, samples, window_ms) == (
+            periods, periods)
+        assert demo.imu_tally(window[1:], stamps, t0, hz, samples, window_ms) == (
+            periods - 1, periods)
+
+
+def test_an_imu_window_counts_only_the_samples_that_exist() -> None:
+    # A window reaching past the IMU's last sample expects only what was sampled.
+    t0, hz = 1.7e9, 1000.0
+    first, end = demo.imu_range(hz, 1.0, 30.0)
+    t = t0 + (end - 1) / hz + 0.0004  # by the last sample: half the window lies past it
+    window = [t0 + j / hz for j in range(end - 20, end)]
+    assert demo.imu_tally(window, [t], t0, hz, (first, end), 20.0) == (20, 20)
+
+
+def test_the_imu_samples_cover_every_groups_window_at_the_largest_skew() -> None:
+    for fps, hz in ((30.0, 400.0), (60.0, 1000.0), (240.0, 2000.0)):
+        first, end = demo.imu_range(hz, 2.0, fps)
+        reach = (demo.imu_window_ms(hz) + demo.timing_for(fps).skew_ms) / 1000
+        assert first / hz <= -reach and (end - 1) / hz >= 2.0 - 1 / fps + reach
+
+
+@pytest.mark.parametrize(("fps", "imu_hz"), [(240.0, 2000.0), (0.5, 0.1)])
+def test_the_fastest_and_slowest_options_are_accepted(fps: float, imu_hz: float) -> None:
+    demo.check_options(4, fps, 10.0, (64, 48), imu_hz, 0.02)
+
+
+@pytest.mark.parametrize(("fps", "imu_hz", "message"), [
+    (241.0, 400.0, "--fps must be above 0 and at most 240, got 241"),
+    (30.0, 2000.5, "--imu-hz must be above 0 and at most 2000, got 2000.5"),
+    (0.0, 400.0, "--fps must be above 0"),
+    (30.0, 0.0, "--imu-hz must be above 0"),
+])
+def test_a_frame_rate_or_imu_rate_beyond_the_caps_is_rejected(fps: float, imu_hz: float,
+                                                               message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        demo.check_options(4, fps, 10.0, (64, 48), imu_hz, 0.02)
 
 
 def test_demo_fuses_every_group_correctly_on_a_nats_server(
@@ -87,6 +229,17 @@ def test_demo_fuses_every_group_correctly_on_a_nats_server(
     assert result.report.nats_url == nats_server.url
     text = result.format()
     assert "correctness    100.0 %" in text and "demo OK" in text
+
+
+def test_a_backlog_demo_publishing_ahead_of_real_time_meets_every_recall_check(
+        nats_server: EmbeddedServer) -> None:
+    result = demo.run_demo(duration=SECONDS, drop_rate=DROP_RATE, seed=SEED,
+                           nats_url=nats_server.url, view=False, backlog=True)
+    assert result.backlog
+    check(result)
+    text = result.format()
+    assert "published as a backlog" in text and "demo OK" in text
+    assert "camera lag     -  (a backlog: the producers ran ahead of real time)" in text
 
 
 def test_demo_runs_on_the_embedded_server_without_a_url(
@@ -104,6 +257,8 @@ def test_demo_command_prints_json_and_exits_zero() -> None:
     printed = json.loads(done.stdout)
     assert printed["ok"] is True and printed["outcome"] == "completed"
     assert printed["correctness"] == 100.0 and printed["groups"] > 0
+    assert printed["imu_completeness"] >= 99.0 and printed["failures"] == []
+    assert printed["quorum_groups"] == printed["expected"]["quorum_groups"]
     assert printed["join_latency_p50_ms"] is not None
     assert printed["report"]["nodes"]["fusion"]["processed"] == printed["groups"]
 
@@ -111,7 +266,8 @@ def test_demo_command_prints_json_and_exits_zero() -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (("--cameras", "0"), "--cameras must be 1 to 16, got 0"),
     (("--frame-size", "64by48"), "--frame-size is WIDTHxHEIGHT"),
-    (("--fps", "120"), "--fps must be above 0 and at most 60"),
+    (("--fps", "241"), "--fps must be above 0 and at most 240"),
+    (("--imu-hz", "2001"), "--imu-hz must be above 0 and at most 2000"),
 ])
 def test_demo_command_rejects_a_bad_option_in_one_line(args: tuple[str, ...],
                                                        message: str) -> None:
