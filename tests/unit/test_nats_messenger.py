@@ -600,6 +600,9 @@ def test_pending_counts_what_waits_here_and_on_the_broker_and_status_reads_the_j
     # Two left halves wait for partners, and missing='wait' never gives up on them.
     assert status["waiting_groups"] == 2 and status["gives_up"] is False
     assert status["oldest_wait_seconds"] == pytest.approx(7.5)
+    # right's data has passed them, but missing='wait' still takes its member.
+    assert status["waiting_for"] == ["right"]
+    assert status["watermark_lag_seconds"] == {"left": 0.0, "right": 0.0}
     observed = fuse.pending_observation()
     assert observed == Known(fuse.pending_count()) and observed.value >= 2
     assert set(fuse.subscription_status()) == {"left", "right"}

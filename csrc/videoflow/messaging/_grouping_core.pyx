@@ -706,7 +706,7 @@ cdef class TimeCore(_Core):
         self.last[<Py_ssize_t>po] = t_now
 
     cdef bint _awaits(self, Py_ssize_t slot, Py_ssize_t p) noexcept:
-        return self.wm[p] <= self.g_time[slot] + self.tol
+        return self.g_expired[slot] or self.wm[p] <= self.g_time[slot] + self.tol
 
     def watermarks(self):
         """Each parent's watermark, None before its first message (see the reference)."""

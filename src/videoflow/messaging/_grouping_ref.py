@@ -39,7 +39,8 @@ Rules (both cores):
   parent that runs ahead, lags or replays loses nothing that is complete in its
   data, and a dropped frame costs one frame period of waiting, not the timeout.
 - Diagnostics: ``waiting_for()`` names the parents the oldest incomplete group
-  lacks and has not given up on by their data (trace core: every one it lacks);
+  lacks and has not given up on by their data (trace core, and a group held below
+  quorum under ``missing='wait'``: every one it lacks);
   ``watermarks()`` (time core) is each parent's watermark, None before its first
   message.
 - Beyond ``max_pending`` assembling groups, the oldest (by creation) is
@@ -720,7 +721,8 @@ class TimeCore(_Core):
         self.last[p] = now
 
     def _awaits(self, slot: int, p: int) -> bool:
-        return self.wm[p] <= self.g_time[slot] + self.tol
+        # A group held below quorum under missing='wait' takes any member still.
+        return self.g_expired[slot] or self.wm[p] <= self.g_time[slot] + self.tol
 
     def watermarks(self) -> dict[str, float | None]:
         """Each parent's watermark (the greatest event_ts seen from it; None before its

@@ -250,8 +250,8 @@ class GroupAssembler:
     def waiting_for(self) -> list[str]:
         """The parents the oldest incomplete group waits for, in parent order ([] when
         none is held). In time mode, a parent whose data has passed the group is not
-        waited for: the group waits only on the silence backstop or a collect window
-        for it."""
+        waited for (it is given up on), unless the group is held below quorum under
+        missing='wait', which takes any member still."""
         waiting: list[str] = self._core.waiting_for()
         return waiting
 
