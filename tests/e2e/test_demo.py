@@ -135,8 +135,10 @@ def test_a_demo_whose_imu_completeness_is_unknown_fails_rather_than_reporting_ze
 
 def test_a_demo_failing_several_checks_names_each_in_its_output() -> None:
     result = checked(groups=590, quorum_groups=80, imu_in_window=20000)
-    assert [line.split(" ")[0] + " " + line.split(" ")[1] for line in result.failures] == [
-        "groups fused", "quorum groups", "IMU completeness"]
+    assert result.failures == [
+        "groups fused 590, expected 595", "quorum groups 80, expected 85",
+        "IMU completeness 84.03 % is below 99 %: the windows held 20000 of the 23800 "
+        "samples within them"]
     verdict = result.format().split("demo FAILED:\n")[1].splitlines()
     assert verdict == [f"  {failure}" for failure in result.failures]
 
