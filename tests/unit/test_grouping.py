@@ -426,6 +426,50 @@ def test_time_redelivery_supersedes_and_keeps_one_group(core):
     assert group.entries["a"].message == "y" and new in group.handles and old not in group.handles
 
 
+def test_time_a_failed_group_redelivered_behind_the_watermarks_forms_again(core):
+    # A group the node failed comes back (nak, redelivery) after both parents have
+    # moved on: its members are behind their watermarks, and no watermark can say
+    # they are not coming, so the first one waits for the others, not given up.
+    clock = Clock(0.0)
+    a = timed(core, clock=clock, timeout_ms=100, quorum=2)
+    for ts in (1.0, 2.0):
+        a.add("a", entry(f"a{ts}", int(ts), ts), Handle("a"))
+        a.add("b", entry(f"b{ts}", int(ts), ts), Handle("b"))
+    assert len(drain(a, 0.0)) == 2
+    first = Handle("a-again")
+    a.add("a", entry("a1.0", 1, 1.0), first)
+    clock.now = 0.05
+    assert a.pop_ready() is None and first.events == [] and a.waiting_for() == ["b"]
+    a.add("b", entry("b1.0", 1, 1.0), Handle("b-again"))
+    (group,) = drain(a)
+    assert members(group) == {"a": ("a1.0", 1), "b": ("b1.0", 1)}
+
+
+def test_time_a_late_message_no_group_takes_is_dropped_as_late_at_its_deadline(core):
+    clock = Clock(0.0)
+    a = timed(core, parents=("a", "b"), clock=clock, timeout_ms=100, quorum=2)
+    a.add("a", entry("a5", 5, 5.0), Handle("a5"))
+    a.add("b", entry("b5", 5, 5.0), Handle("b5"))
+    late = Handle("a1")
+    a.add("a", entry("a1", 1, 1.0), late)  # behind a's watermark; b has passed it too
+    # It holds up no group behind it: b's data gives the newer group's a up at once.
+    a.add("b", entry("b6", 6, 6.0), Handle("b6"))
+    a.add("b", entry("b7", 7, 7.0), Handle("b7"))
+    clock.now = 0.099
+    assert len(drain(a)) == 1 and late.events == []
+    clock.now = 0.1
+    assert drain(a) == [] and late.events == ["late"]
+
+
+def test_time_without_a_timeout_a_late_message_no_group_takes_is_dropped_at_once(core):
+    a = timed(core, parents=("a", "b"), timeout_ms=None, quorum=2)
+    a.add("a", entry("a5", 5, 5.0), Handle("a5"))
+    a.add("b", entry("b5", 5, 5.0), Handle("b5"))
+    late = Handle("a1")
+    a.add("a", entry("a1", 1, 1.0), late)
+    assert drain(a, 0.0)[0].trace_id and a.pending_count() == 0 and late.events == ["late"]
+
+
 def test_time_entry_without_event_ts_falls_back_to_its_arrival_on_the_epoch_clock(core):
     # Event times are epoch seconds; the monotonic clock only times the backstop.
     a = timed(core, clock=Clock(5.0), epoch=Clock(1000.0), timeout_ms=None)

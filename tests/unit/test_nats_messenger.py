@@ -182,7 +182,7 @@ def test_a_chain_carries_every_message_its_trace_and_its_event_time_to_the_end(f
     assert cam.publication_stats["accepted"] == 6  # five messages and the end marker
     for messenger in (cam, double, sink):
         assert messenger.take_drops() == dict.fromkeys(
-            ("exhausted", "undecodable", "join_evicted", "publish_discarded"), 0)
+            ("exhausted", "undecodable", "join_evicted", "join_late", "publish_discarded"), 0)
 
 
 def test_a_diamond_joins_the_two_branches_of_each_event_by_trace(flows) -> None:  # type: ignore[no-untyped-def]
@@ -549,6 +549,36 @@ def test_a_join_half_that_times_out_is_dead_lettered_and_the_flow_still_ends(flo
     record = decode_dead_letter(only[1])
     assert (record.node, record.parent, record.reason) == ("fuse", "left", "join_incomplete")
     assert fuse.take_drops()["join_evicted"] == 1
+
+
+def test_a_late_input_no_group_can_take_is_dropped_as_join_late_at_its_deadline(flows) -> None:  # type: ignore[no-untyped-def]
+    # left sends 1.0 after 5.0: behind its own watermark, with no group left to take
+    # it. It waits a timeout (a redelivery's partners would come by then), then goes,
+    # counted as join_late, not as an evicted half.
+    now = [1000.0]
+    flow = flows({"left": [], "right": [], "fuse": ["left", "right"], "sink": ["fuse"]})
+    left, right = flow.messenger("left"), flow.messenger("right")
+    fuse = flow.messenger("fuse", join_policy={"mode": "time", "tolerance_ms": 5.0,
+                                               "timeout_ms": 1000.0, "missing": "drop"},
+                          clock=lambda: now[0])
+    for ts in (5.0, 1.0, 6.0):
+        left.set_output_event_timestamp(ts)
+        left.publish_message(ts)
+    for ts in (5.0, 6.0):
+        right.set_output_event_timestamp(ts)
+        right.publish_message(ts)
+    for ts in (5.0, 6.0):
+        inputs = fuse.receive_message()
+        assert inputs["left"]["message"] == inputs["right"]["message"] == ts
+        fuse.ack_inputs()
+    assert fuse.join_status()["waiting_for"] == ["right"]  # the late one, until its deadline
+    now[0] += 1.5
+    left.publish_stop_signal()
+    right.publish_stop_signal()
+    assert fuse.receive_message()["left"]["is_stop_signal"]
+    drops = fuse.take_drops()
+    assert (drops["join_late"], drops["join_evicted"]) == (1, 0)
+    assert [e["reason"] for e in fuse.terminal_entries()] == ["join late"]
 
 
 def test_a_burst_of_evicted_join_halves_is_logged_as_one_batch(flows) -> None:  # type: ignore[no-untyped-def]

@@ -520,8 +520,10 @@ cdef class TimeCore(_Core):
     cdef double* g_time
     cdef double* g_completed
     cdef char* g_waiting
+    cdef char* g_late
     cdef SortedTimes order, waiting
-    cdef SlotQueue closing
+    cdef SlotQueue closing, late
+    cdef Py_ssize_t late_head
     cdef double* wm
     cdef double* last
     cdef double* wm_sorted
@@ -544,6 +546,7 @@ cdef class TimeCore(_Core):
         self.g_time = NULL
         self.g_completed = NULL
         self.g_waiting = NULL
+        self.g_late = NULL
         self.wm = NULL
         self.last = NULL
         self.wm_sorted = NULL
@@ -557,6 +560,7 @@ cdef class TimeCore(_Core):
         PyMem_Free(self.g_time)
         PyMem_Free(self.g_completed)
         PyMem_Free(self.g_waiting)
+        PyMem_Free(self.g_late)
         PyMem_Free(self.wm)
         PyMem_Free(self.last)
         PyMem_Free(self.wm_sorted)
@@ -578,6 +582,8 @@ cdef class TimeCore(_Core):
         self.order = SortedTimes()
         self.waiting = SortedTimes()
         self.closing = SlotQueue()
+        self.late = SlotQueue()
+        self.late_head = 0
         self.horizon = -INFINITY
         self.now_seen = -INFINITY
         self.c_names = list(collect_names)
@@ -622,6 +628,8 @@ cdef class TimeCore(_Core):
         grow_buffer(<void**>&self.g_completed, &c, cap, sizeof(double))
         c = self.g_cap
         grow_buffer(<void**>&self.g_waiting, &c, cap, sizeof(char))
+        c = self.g_cap
+        grow_buffer(<void**>&self.g_late, &c, cap, sizeof(char))
         return 0
 
     cdef inline void _unwait(self, Py_ssize_t slot) noexcept:
@@ -676,18 +684,40 @@ cdef class TimeCore(_Core):
         if due is None:
             return 0
         for slot in due:  # decided first: a discard edits the index being walked
-            if self.g_count[slot] >= self.quorum:
-                self._complete(slot)  # its collect windows still close on their own
-            elif self.missing_wait:
-                self._unwait(slot)
-                self.g_expired[slot] = 1
-            else:
-                self._discard_group(slot, "expired")
+            self._give_up(slot, "late" if self.g_late[slot] else "expired")
+        return 0
+
+    cdef int _give_up(self, Py_ssize_t slot, str reason) except -1:
+        if self.g_count[slot] >= self.quorum:
+            self._complete(slot)  # its collect windows still close on their own
+        elif self.missing_wait:
+            self._unwait(slot)
+            self.g_expired[slot] = 1
+        else:
+            self._discard_group(slot, reason)
+        return 0
+
+    cdef int _expire_late(self, double now) except -1:
+        # The late groups past their deadline, oldest first (see the reference).
+        cdef SlotQueue late = self.late
+        cdef Py_ssize_t slot
+        while self.late_head < late.n:
+            slot = late.slot[self.late_head]
+            if (self._valid(late, self.late_head) and self.g_state[slot] == ASSEMBLING
+                    and not self.g_expired[slot]):
+                if now < self.g_created[slot] + self.timeout:
+                    break
+                self._give_up(slot, "late")
+            self.late_head += 1
+        if self.late_head > COMPACT_SLACK and self.late_head * 2 > late.n:
+            late.drop_prefix(self.late_head)
+            self.late_head = 0
         return 0
 
     cpdef sweep(self, now=None):
         cdef double t_now = self.clock() if now is None else now
         self.now_seen = t_now
+        self._expire_late(t_now)
         self._resolve(t_now)
         self._promote(t_now)  # a group just resolved may find its windows closed already
         self._compact_fifo()
@@ -706,7 +736,8 @@ cdef class TimeCore(_Core):
         self.last[<Py_ssize_t>po] = t_now
 
     cdef bint _awaits(self, Py_ssize_t slot, Py_ssize_t p) noexcept:
-        return self.g_expired[slot] or self.wm[p] <= self.g_time[slot] + self.tol
+        return (self.g_expired[slot] or (self.g_late[slot] and self.timeout >= 0)
+                or self.wm[p] <= self.g_time[slot] + self.tol)
 
     def watermarks(self):
         """Each parent's watermark, None before its first message (see the reference)."""
@@ -754,7 +785,7 @@ cdef class TimeCore(_Core):
         cdef uint64_t bit = (<uint64_t>1) << p
         cdef Py_ssize_t best = -1, i, j, k, slot, m, head
         cdef SortedTimes waiting = self.waiting
-        cdef bint advanced = ts > self.wm[p]
+        cdef bint advanced = ts > self.wm[p], late = ts < self.wm[p]
         if advanced:
             self.wm[p] = ts
             if self.nc:
@@ -781,8 +812,13 @@ cdef class TimeCore(_Core):
             best = self._alloc(now)
             self.g_time[best] = ts
             order.insert(ts, best)
-            self.waiting.insert(ts, best)
-            self.g_waiting[best] = 1
+            self.g_late[best] = late
+            if late and self.timeout >= 0:
+                self.late.push(best, self.g_serial[best])  # its deadline decides it
+                self.g_waiting[best] = 0  # stale on a reused slot, unset on a new one
+            else:
+                self.waiting.insert(ts, best)
+                self.g_waiting[best] = 1
             self._evict_over_capacity()
         self.last[p] = now
         self._join(best, p, ts, entry, handle, seq)

@@ -38,9 +38,17 @@ Rules (both cores):
   later group it lacks too), so each call resolves what it can and stops. A
   parent that runs ahead, lags or replays loses nothing that is complete in its
   data, and a dropped frame costs one frame period of waiting, not the timeout.
+- A *late* group is one seeded by a message behind its own parent's watermark
+  that no held group takes (a redelivery or retry after its group was gone, or
+  another replica of the parent). Its other members can only come out of order
+  too, so no watermark gives one of them up: with a timeout it is resolved at its
+  deadline, ``created + timeout``, and stands apart from the time order (it holds
+  up no group behind it); with none, the watermarks judge it like any group. A
+  late group resolved below quorum is discarded as 'late', not 'expired'.
 - Diagnostics: ``waiting_for()`` names the parents the oldest incomplete group
-  lacks and has not given up on by their data (trace core, and a group held below
-  quorum under ``missing='wait'``: every one it lacks);
+  lacks and has not given up on by their data (trace core, a late group with a
+  timeout, and a group held below quorum under ``missing='wait'``: every one it
+  lacks);
   ``watermarks()`` (time core) is each parent's watermark, None before its first
   message.
 - Beyond ``max_pending`` assembling groups, the oldest (by creation) is
@@ -613,6 +621,11 @@ class TimeCore(_Core):
         # resolution scan walks, so it never passes over ready or closing groups.
         self.waiting = SortedTimes()
         self.g_waiting: list[bool] = []
+        # Late groups (seeded behind their parent's watermark), by creation: their
+        # deadlines, created + timeout, come in this order.
+        self.g_late: list[bool] = []
+        self.late: list[tuple[int, int]] = []
+        self.late_head = 0
         # collect parents
         self.c_names = list(collect_names)
         self.nc = len(self.c_names)
@@ -638,6 +651,7 @@ class TimeCore(_Core):
             self.g_time.append(0.0)
             self.g_completed.append(0.0)
             self.g_waiting.append(False)
+            self.g_late.append(False)
         return slot
 
     def _unwait(self, slot: int) -> None:
@@ -677,6 +691,33 @@ class TimeCore(_Core):
                 return False
         return True
 
+    def _give_up(self, slot: int, reason: str) -> None:
+        """Resolves an incomplete group: emitted with a quorum, else held (missing=
+        'wait') or discarded for reason."""
+        if self.g_count[slot] >= self.quorum:
+            self._complete(slot)  # its collect windows still close on their own
+        elif self.missing_wait:
+            self._unwait(slot)
+            self.g_expired[slot] = True
+        else:
+            self._discard_group(slot, reason)
+
+    def _expire_late(self, now: float) -> None:
+        """Resolves, oldest first, the late groups whose deadline has passed."""
+        late = self.late
+        while self.late_head < len(late):
+            item = late[self.late_head]
+            slot = item[0]
+            if (self._valid(item) and self.g_state[slot] == _ASSEMBLING
+                    and not self.g_expired[slot]):
+                if now < self.g_created[slot] + self.timeout:
+                    break
+                self._give_up(slot, "late")
+            self.late_head += 1
+        if self.late_head > _COMPACT_SLACK and self.late_head * 2 > len(late):
+            del late[: self.late_head]
+            self.late_head = 0
+
     def _resolve(self, now: float) -> None:
         """Resolves, oldest first, the waiting groups whose missing parents are all
         given up on, up to the first that is not."""
@@ -690,18 +731,13 @@ class TimeCore(_Core):
                 break
             due.append(slot)
         for slot in due:  # decided first: a discard edits the index being walked
-            if self.g_count[slot] >= self.quorum:
-                self._complete(slot)  # its collect windows still close on their own
-            elif self.missing_wait:
-                self._unwait(slot)
-                self.g_expired[slot] = True
-            else:
-                self._discard_group(slot, "expired")
+            self._give_up(slot, "late" if self.g_late[slot] else "expired")
 
     def sweep(self, now: float | None = None) -> None:
         if now is None:
             now = self.clock()
         self.now_seen = now
+        self._expire_late(now)
         self._resolve(now)
         self._promote(now)  # a group just resolved may find its windows closed already
         self._compact_fifo()
@@ -721,8 +757,10 @@ class TimeCore(_Core):
         self.last[p] = now
 
     def _awaits(self, slot: int, p: int) -> bool:
-        # A group held below quorum under missing='wait' takes any member still.
-        return self.g_expired[slot] or self.wm[p] <= self.g_time[slot] + self.tol
+        # A group held below quorum under missing='wait' takes any member still, and
+        # a late group any until its deadline.
+        return (self.g_expired[slot] or (self.g_late[slot] and self.timeout >= 0)
+                or self.wm[p] <= self.g_time[slot] + self.tol)
 
     def watermarks(self) -> dict[str, float | None]:
         """Each parent's watermark (the greatest event_ts seen from it; None before its
@@ -750,7 +788,7 @@ class TimeCore(_Core):
         now = self.now_seen
         ts = event_time(entry, self.epoch)
         seq = seq_of(entry)
-        advanced = ts > self.wm[p]
+        advanced, late = ts > self.wm[p], ts < self.wm[p]
         if advanced:
             self.wm[p] = ts
             if self.nc:
@@ -780,8 +818,15 @@ class TimeCore(_Core):
             best = self._alloc(now)
             self.g_time[best] = ts
             order.insert(ts, best)
-            self.waiting.insert(ts, best)
-            self.g_waiting[best] = True
+            self.g_late[best] = late
+            if late and self.timeout >= 0:
+                # Its members can only come out of order too: only its deadline gives
+                # it up, and it holds up no group behind it (module rules).
+                self.late.append((best, self.g_serial[best]))
+                self.g_waiting[best] = False  # stale on a reused slot, unset on a new one
+            else:
+                self.waiting.insert(ts, best)
+                self.g_waiting[best] = True
             self._evict_over_capacity()
         self.last[p] = now
         self._join(best, p, ts, entry, handle, seq)

@@ -10,7 +10,7 @@ Two strategies, testable without a broker:
 
 An assembler is fed decoded envelope entries paired with their broker ack handles.
 It owns the pending buffers and resolves the handles of anything it discards
-(``handle.discard(reason)`` with reason 'evicted', 'expired' or 'flushed') and
+(``handle.discard(reason)`` with reason 'evicted', 'expired', 'late' or 'flushed') and
 supersedes (``handle.supersede()``: retired locally, no broker settlement);
 handles of everything it emits travel out unresolved inside the ReadyGroup for the
 task loop to ack/fail after processing. Handle methods must not raise.
@@ -354,7 +354,12 @@ class TimeGroupAssembler(GroupAssembler):
     group time + window arrives from that parent, or once it has been silent for the
     timeout -- never after the window's length in wall time, so late samples that
     exist are in the window. A parent that runs ahead, lags or replays loses nothing
-    complete in its data; the rules are in _grouping_ref's docstring.
+    complete in its data. A message behind its own parent's watermark that no held
+    group takes (a redelivery, a retry) seeds a late group: no watermark can say its
+    partners are not coming, so it waits for them until its deadline (created +
+    timeout; judged by the watermarks when there is no timeout), holds up no group
+    behind it, and is discarded as 'late' if it is still below quorum then. The rules
+    are in _grouping_ref's docstring.
 
     Messages without an event_ts (pre-v3 upstream) fall back to their arrival time.
     """

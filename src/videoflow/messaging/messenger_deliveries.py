@@ -48,7 +48,8 @@ from videoflow.messaging.dead_letters import Reason, dead_letter, dead_letter_fo
 from videoflow.messaging.messenger_payloads import MessengerPayloads
 from videoflow.wire.serialization import encode_envelope
 
-DROP_REASONS: Final = ("exhausted", "undecodable", "join_evicted", "publish_discarded")
+DROP_REASONS: Final = ("exhausted", "undecodable", "join_evicted", "join_late",
+                        "publish_discarded")
 
 
 def end_marker(node_name: str, flow_id: str, run_id: str, replica_id: int, nb_tasks: int,

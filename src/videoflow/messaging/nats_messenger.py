@@ -976,7 +976,8 @@ class NATSMessenger(Messenger):
             # A sample no group took, released once no group could: done, not lost.
             self.deliveries.settle_later(handle.delivery, Completed())
             return
-        self.deliveries.drops["join_evicted"] += 1
+        # A late one came behind its parent's watermark and no group could take it.
+        self.deliveries.drops["join_late" if reason == "late" else "join_evicted"] += 1
         if self._join_missing == "dead_letter":
             self.deliveries.let_go(handle.delivery)
             self.deliveries.dead_letter(handle, None, f"join {reason}", "join_incomplete")
