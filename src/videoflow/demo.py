@@ -8,6 +8,7 @@ wind-down included)::
     videoflow demo                          # the live view, then the figures
     videoflow demo --cameras 6 --json       # machine output
     videoflow demo --backlog                # the replay case: producers ahead of the join
+    videoflow demo --fusion-delay 10        # the join starts 10 s late and catches up
 
     cam0 ─┐
     cam1 ─┤
@@ -26,6 +27,9 @@ wind-down included)::
   group's window to after the last one's; a group takes every sample within 20 ms of
   its time (a collect parent). The window is a whole number of sample periods long
   (imu_window_ms), 20 ms exactly at 400, 1000 and 2000 Hz.
+- With --fusion-delay the fusion node takes its first input that long after the
+  first capture: what the cameras and the IMU sent meanwhile waits on the broker,
+  and the join, going by event time, loses none of it.
 - The fusion node sees one camera frame per parent, None for a camera missing from a
   quorum group (emitted with 3 of 4 present once the missing camera's next frame
   shows its frame is not coming; after 300 ms of silence, for a camera that stopped),
@@ -390,13 +394,19 @@ class Fusion(ProcessorNode):
     the samples that exist (imu_tally; hz, samples and window_ms as the IMU's)."""
 
     def __init__(self, gate: StartGate, hz: float, samples: tuple[int, int],
-                 window_ms: float, **options: Any) -> None:
+                 window_ms: float, delay: float = 0.0, **options: Any) -> None:
         super().__init__(**options)
         self.gate, self.hz, self.samples, self.window_ms = gate, hz, samples, window_ms
+        self.delay = delay
 
     def open(self) -> None:
         self.gate.arrive(self.name)
         self.t0: float | None = None
+        if self.delay:
+            # A node that starts late: what its parents send meanwhile waits for it on
+            # the broker, and it catches up on that backlog.
+            self.t0 = self.gate.t0()
+            _sleep_until(self.t0 + self.delay)
 
     def process(self, *inputs: Any) -> dict[str, Any]:
         if self.t0 is None:
@@ -508,7 +518,8 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
                frame_size: tuple[int, int] = (64, 48), imu_hz: float = 400.0,
                drop_rate: float = 0.02, seed: int = DEFAULT_SEED,
                summary_path: str | None = None,
-               start_delay: float = START_DELAY_S, backlog: bool = False) -> Flow:
+               start_delay: float = START_DELAY_S, backlog: bool = False,
+               fusion_delay: float = 0.0) -> Flow:
     """The demo flow: cameras and an IMU -> fusion -> verify.
 
     Arguments:
@@ -520,6 +531,8 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
             (StartGate).
         backlog: the producers publish as fast as they can rather than in real time,
             with the same stamps (the replay case).
+        fusion_delay: seconds from the first capture until the fusion node takes its
+            first input (a node that starts late, then catches up).
 
     Returns:
         the Flow, named 'demo', of type BATCH (nothing published is lost).
@@ -538,7 +551,7 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
     samples = imu_range(imu_hz, instants / fps, fps)
     window_ms = imu_window_ms(imu_hz)
     imu = Imu(gate, imu_hz, samples, backlog)
-    fusion = Fusion(gate, imu_hz, samples, window_ms, name="fusion", join_policy={
+    fusion = Fusion(gate, imu_hz, samples, window_ms, fusion_delay, name="fusion", join_policy={
         "mode": "time", "tolerance_ms": timing_for(fps).tolerance_ms,
         "quorum": quorum_for(cameras), "timeout_ms": TIMEOUT_MS, "missing": "drop",
         "max_pending": 1024, "collect": {"imu": window_ms}})(*cams, imu)
@@ -574,6 +587,7 @@ class DemoResult:
         imu_completeness: imu_in_window as a percentage of imu_expected; None when no
             window could be counted.
         backlog: the producers ran ahead of real time.
+        fusion_delay: seconds the fusion node started after the first capture.
     """
 
     report: RunReport
@@ -597,6 +611,7 @@ class DemoResult:
     imu_expected: int = 0
     imu_completeness: float | None = None
     backlog: bool = False
+    fusion_delay: float = 0.0
 
     @property
     def join_latency_p50_ms(self) -> float | None:
@@ -651,6 +666,7 @@ class DemoResult:
             "ok": self.ok, "failures": self.failures, "outcome": self.report.outcome,
             "cameras": self.cameras, "quorum": self.quorum, "fps": self.fps,
             "duration": self.duration, "imu_hz": self.imu_hz, "backlog": self.backlog,
+            "fusion_delay": self.fusion_delay,
             "tolerance_ms": timing.tolerance_ms, "clock_offset_ms": timing.offset_ms,
             "jitter_ms": timing.jitter_ms, "imu_window_ms": imu_window_ms(self.imu_hz),
             "groups": self.groups,
@@ -714,6 +730,8 @@ class DemoResult:
         head = (f"demo: {cameras} at {self.fps:g} fps and an IMU at "
                 f"{self.imu_hz:g} Hz for {self.duration:g} s"
                 + (" published as a backlog" if self.backlog else "")
+                + (f", the fusion starting {self.fusion_delay:g} s late"
+                   if self.fusion_delay else "")
                 + f", fused by event time (tolerance {timing_for(self.fps).tolerance_ms:g} ms,"
                 f" IMU window ±{imu_window_ms(self.imu_hz):g} ms)")
         lines = [head] + [f"  {label:<14} {value}" + (f"  ({note})" if note else "")
@@ -728,11 +746,12 @@ def run_demo(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
              frame_size: tuple[int, int] = (64, 48), imu_hz: float = 400.0,
              drop_rate: float = 0.02, seed: int = DEFAULT_SEED, nats_url: str | None = None,
              start_delay: float = START_DELAY_S,
-             view: LiveView | bool | None = None, backlog: bool = False) -> DemoResult:
+             view: LiveView | bool | None = None, backlog: bool = False,
+             fusion_delay: float = 0.0) -> DemoResult:
     """Build the demo flow, run it to its end and check it.
 
     Arguments:
-        cameras ... seed / start_delay / backlog: as build_flow.
+        cameras ... seed / start_delay / backlog / fusion_delay: as build_flow.
         nats_url: the broker; None takes VIDEOFLOW_NATS_URL, else starts the embedded
             nats-server.
         view: as run_flow (None: a live view on a terminal).
@@ -747,13 +766,13 @@ def run_demo(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
     with tempfile.TemporaryDirectory(prefix="videoflow-demo-") as directory:
         summary_path = Path(directory) / "summary.json"
         flow = build_flow(cameras, fps, duration, frame_size, imu_hz, drop_rate, seed,
-                          str(summary_path), start_delay, backlog)
+                          str(summary_path), start_delay, backlog, fusion_delay)
         report = flow.run(nats_url, view=view)
         counts = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     instants = int(duration * fps)
     result = DemoResult(report, cameras, quorum_for(cameras), fps, instants / fps, imu_hz,
                         expected=expected(cameras, instants, drop_rate, seed),
-                        backlog=backlog)
+                        backlog=backlog, fusion_delay=fusion_delay)
     for name in ("groups", "quorum_groups", "correct", "incorrect", "frames",
                  "imu_in_window", "imu_expected"):
         setattr(result, name, int(counts.get(name, 0)))
@@ -793,11 +812,14 @@ def _command(args: argparse.Namespace) -> int:
                       args.drop_rate, args.seed)
         if not 0 <= args.start_delay <= 60:
             raise ValueError(f"--start-delay must be 0 to 60 s, got {args.start_delay:g}")
+        if not 0 <= args.fusion_delay <= 60:
+            raise ValueError(f"--fusion-delay must be 0 to 60 s, got {args.fusion_delay:g}")
     except ValueError as error:
         raise CommandError(str(error)) from error
     result = run_demo(args.cameras, args.fps, args.duration, size, args.imu_hz,
                       args.drop_rate, args.seed, args.nats_url, args.start_delay,
-                      view=False if args.json else LiveView(), backlog=args.backlog)
+                      view=False if args.json else LiveView(), backlog=args.backlog,
+                      fusion_delay=args.fusion_delay)
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
     return 0 if result.ok else EXIT_FAILED
 
@@ -840,6 +862,10 @@ def register(subparsers: Any) -> None:
                       help="the cameras and the IMU publish as fast as they can rather "
                            "than in real time, with the same stamps: the replay case, "
                            "producers running ahead of the join")
+    demo.add_argument("--fusion-delay", type=float, default=0.0, metavar="SECONDS",
+                      help="the fusion node takes its first input this long after the "
+                           "first capture, then catches up on what waited for it "
+                           "(default: 0)")
     nats_url_option(demo, required_default=False)
     demo.add_argument("--json", action="store_true",
                       help="print the result as JSON (no live view)")

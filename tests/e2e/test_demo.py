@@ -244,6 +244,18 @@ def test_a_backlog_demo_publishing_ahead_of_real_time_meets_every_recall_check(
     assert "camera lag     -  (a backlog: the producers ran ahead of real time)" in text
 
 
+def test_a_fusion_started_ten_seconds_after_its_producers_replays_their_backlog_whole(
+        nats_server: EmbeddedServer) -> None:
+    # Everything the cameras and the IMU published waited on the broker for 10 s: a
+    # join that gave up by wall time would lose it; by event time it loses nothing.
+    result = demo.run_demo(cameras=8, fps=60.0, duration=SECONDS, imu_hz=1000.0,
+                           drop_rate=DROP_RATE, seed=SEED, nats_url=nats_server.url,
+                           view=False, backlog=True, fusion_delay=10.0)
+    check(result)
+    assert result.fusion_delay == 10.0 and result.quorum == 7
+    assert "the fusion starting 10 s late" in result.format()
+
+
 def test_demo_runs_on_the_embedded_server_without_a_url(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VIDEOFLOW_NATS_URL", raising=False)
@@ -270,6 +282,7 @@ def test_demo_command_prints_json_and_exits_zero() -> None:
     (("--frame-size", "64by48"), "--frame-size is WIDTHxHEIGHT"),
     (("--fps", "241"), "--fps must be above 0 and at most 240"),
     (("--imu-hz", "2001"), "--imu-hz must be above 0 and at most 2000"),
+    (("--fusion-delay", "61"), "--fusion-delay must be 0 to 60 s, got 61"),
 ])
 def test_demo_command_rejects_a_bad_option_in_one_line(args: tuple[str, ...],
                                                        message: str) -> None:
