@@ -14,44 +14,11 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from videoflow.core.node import ConsumerNode, ProducerNode
-
-
-@dataclass(frozen=True)
-class StartGate:
-    """The first capture instant t0, the same for every process: each node marks
-    itself up in open() with a file in directory, and t0 is delay seconds after the
-    last mark, read from the same files by every process. A restarted process marks
-    nothing new, so its t0 is the run's."""
-
-    directory: str
-    names: tuple[str, ...]
-    delay: float
-
-    def arrive(self, name: str) -> None:
-        try:
-            with open(os.path.join(self.directory, f"{name}.up"), "x"):
-                pass
-        except FileExistsError:
-            pass
-
-    def t0(self, patience: float = 60.0) -> float:
-        """Wait until every node is up; returns t0 (epoch seconds).
-
-        Raises:
-            TimeoutError: some node was not up within patience seconds.
-        """
-        paths = [os.path.join(self.directory, f"{name}.up") for name in self.names]
-        deadline = time.monotonic() + patience
-        while not all(os.path.exists(path) for path in paths):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"not every node of {self.names} up in {patience:g} s")
-            time.sleep(0.01)
-        return max(os.stat(path).st_mtime for path in paths) + self.delay
+from videoflow.demo import StartGate  # one first-capture instant for every process
 
 
 def _sleep_until(instant: float) -> None:
