@@ -47,6 +47,10 @@ def check(result: demo.DemoResult) -> None:
     assert 0 < result.imu_in_window <= result.imu_expected
     p50, p99 = result.join_latency_p50_ms, result.join_latency_p99_ms
     assert p50 is not None and p99 is not None and 0 <= p50 <= p99
+    # The report says how far behind the most advanced parent each one fell.
+    lags = result.report.nodes["fusion"].watermark_lag_max_ms
+    assert set(lags) == {f"cam{i}" for i in range(result.cameras)} | {"imu"}, lags
+    assert all(lag >= 0.0 for lag in lags.values()) and max(lags.values()) > 0.0
     # The only drops: frames of instants below the quorum, dropped by the join.
     assert set(result.drops) <= {"fusion"}
     evicted = result.drops.get("fusion", {})
