@@ -120,14 +120,14 @@ RECEIVE_BATCH: Final = 256
 """The most deliveries one receive takes: everything ready, in one hand-off."""
 
 WINDOW_POLL_SECONDS: Final = 0.01
-
-LAG_SAMPLE_SECONDS: Final = 0.05
-"""How often a time join samples its parents' watermark lags (watermark_lags)."""
 """How long one receive waits while outputs are in flight, so a group's inputs are
 gathered for settlement soon after its outputs' receipts arrive (they then linger up to
 SETTLE_LINGER_SECONDS for others, and a receive waits no longer than that either).
 Polled every 2 ms, and while any settlement was unanswered, a node idling between
 inputs woke 500 times a second."""
+
+LAG_SAMPLE_SECONDS: Final = 0.05
+"""How often a time join samples its parents' watermark lags (watermark_lags)."""
 
 DEPTH_SECONDS: Final = 0.05
 """How much of the node's work a replica parks ahead: its backend's receive depth
