@@ -13,6 +13,7 @@ from videoflow.messaging.dead_letters import (
     REASONS,
     dead_letter_for,
     dead_letter_msg_id,
+    dead_letter_record_id,
     decode_dead_letter,
     encode_dead_letter,
 )
@@ -68,6 +69,18 @@ def test_the_msg_id_names_the_delivery_so_a_retried_publish_deduplicates() -> No
     assert len({dead_letter_msg_id("fusion", "cam1", 42), dead_letter_msg_id("fusion", "cam2", 42),
                 dead_letter_msg_id("fusion", "cam1", 43), dead_letter_msg_id("sink", "cam1", 42)}
                ) == 4
+
+
+def test_the_record_id_names_the_run_so_a_second_run_is_never_a_duplicate() -> None:
+    # The flow's dead-letter stream outlives runs and every run's parent streams number
+    # from 1 again: the same (node, parent, seq) in run-2 is another dead letter.
+    first = dead_letter_record_id("run-1", "fusion", "cam1", 42)
+    assert first == dead_letter_record_id("run-1", "fusion", "cam1", 42)
+    assert first != dead_letter_record_id("run-2", "fusion", "cam1", 42)
+    assert len({first, dead_letter_record_id("run-1", "fusion", "cam2", 42),
+                dead_letter_record_id("run-1", "fusion", "cam1", 43),
+                dead_letter_record_id("run-1", "sink", "cam1", 42)}) == 4
+    assert first == "dlq:run-1:fusion:cam1:42"
 
 
 def test_a_future_version_or_a_foreign_record_is_a_wire_error() -> None:

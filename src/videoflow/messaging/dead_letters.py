@@ -7,10 +7,10 @@ republishes what the parent sent) and enough provenance to find and explain it: 
 node gave up, on which parent's message, after how many attempts, and why. Records are
 msgpack (msgspec), versioned by a leading tag so later fields can be added.
 
-Its msg_id is a function of the delivery's identity (node, parent, stream sequence),
-so a dead-letter publish retried after an unknown outcome is one record in the
-stream's duplicate window, never two; the Terminal settlement names that id as its
-record_ref.
+Its msg_id is a function of the delivery's identity (run, node, parent, stream
+sequence), so a dead-letter publish retried after an unknown outcome is one record in
+the stream's duplicate window, never two, while another run's dead letters are never
+taken for duplicates; the Terminal settlement names that id as its record_ref.
 """
 
 from __future__ import annotations
@@ -111,9 +111,33 @@ def dead_letter_for(
                       message, at, bytes(envelope))
 
 
-def dead_letter_msg_id(node: str, parent: str, stream_seq: int) -> str:
+def dead_letter_record_id(run_id: str, node: str, parent: str, stream_seq: int) -> str:
     """The dead letter's broker msg_id, and the record_ref its Terminal settlement
-    carries (DELIV-15): one per delivery identity, so a retried publish deduplicates."""
+    carries (DELIV-15).
+
+    One per delivery identity within a run, so a dead-letter publish retried after an
+    unknown outcome is stored once. The run is part of it because the flow's
+    dead-letter stream outlives runs and a parent's stream sequences start at 1 again
+    in every run: without it, a second run within the stream's duplicate window (2 min)
+    would have its dead letters dropped as duplicates of the first run's.
+
+    Arguments:
+        run_id: the run the delivery belongs to.
+        node: the node that gave up on it.
+        parent: the parent whose stream delivered it.
+        stream_seq: its sequence on that stream.
+
+    Returns:
+        ``dlq:{run}:{node}:{parent}:{stream_seq}``.
+    """
+    return f"dlq:{run_id}:{node}:{parent}:{stream_seq}"
+
+
+def dead_letter_msg_id(node: str, parent: str, stream_seq: int) -> str:
+    """The delivery's identity within its run, ``dlq:{node}:{parent}:{stream_seq}``:
+    what names a payload's dead-letter pin (a pin is held on one payload ref, which
+    belongs to one run). Not unique across runs, so never the broker msg_id of a
+    dead letter: that is dead_letter_record_id."""
     return f"dlq:{node}:{parent}:{stream_seq}"
 
 
@@ -172,7 +196,7 @@ def dead_letter(
         deadline: monotonic time after which nothing more is tried.
         attempt_seconds: the most one publish waits for its receipt.
     """
-    msg_id = dead_letter_msg_id(record.node, record.parent, record.stream_seq)
+    msg_id = dead_letter_record_id(record.run_id, record.node, record.parent, record.stream_seq)
     envelope = Envelope(ChannelId(record.flow_id, record.run_id, record.node), "dlq",
                         encode_dead_letter(record), msg_id)
     published = publish_until_known(backend, envelope, BATCH, deadline,
@@ -190,6 +214,7 @@ __all__ = [
     "dead_letter",
     "dead_letter_for",
     "dead_letter_msg_id",
+    "dead_letter_record_id",
     "decode_dead_letter",
     "encode_dead_letter",
 ]
