@@ -1,7 +1,10 @@
 """Session-wide checks: which grouping core and envelope decoder this run loaded."""
 
 import os
+import uuid
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import settings
 
 from videoflow.messaging import grouping
@@ -23,6 +26,19 @@ assert grouping.CORE_KIND == EXPECTED_CORE, (
 assert serialization.DECODER_KIND == EXPECTED_CORE, (
     f"loaded the {serialization.DECODER_KIND} envelope decoder, expected {EXPECTED_CORE}"
 )
+
+
+@pytest.fixture(autouse=True)
+def _broker_store_in_tmp(tmp_path_factory: pytest.TempPathFactory,
+                         monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test, and every command it starts, keeps the embedded broker's default
+    store under pytest's tmp dir, never in the user's data directory: a run or an
+    operator command without a broker URL otherwise writes to ~/.local/share. The
+    directory is only named here (made when a server starts on it), one per test, so
+    tests never share or lock each other's store."""
+    store = tmp_path_factory.getbasetemp() / "broker-stores" / uuid.uuid4().hex
+    monkeypatch.setenv("VIDEOFLOW_STORE_DIR", str(store))
+    yield
 
 
 def pytest_report_header() -> str:

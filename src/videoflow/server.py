@@ -7,6 +7,16 @@ chooses (``-p -1``), read back from its log together with its readiness, so two
 servers never race for a port. Its store directory is temporary unless given; a
 temporary one is removed at stop, a given one is kept for the next run.
 
+The engine and the operator commands keep a persistent store by default
+(store_dir_for: ``--store-dir``, else ``VIDEOFLOW_STORE_DIR``, else the per-user data
+directory default_store_dir), so the dead letters of a run are still there for
+``videoflow dlq list`` after it. nats-server itself does not lock its store directory
+(2.15.1: two servers on one ``-sd`` both start and both write), so a server started
+with ``lock=True`` holds an exclusive lock on ``videoflow.lock`` in the store for as
+long as the nats-server process lives, and records where it listens in
+``videoflow-server.json`` beside it: a second one on that store raises StoreBusy,
+which names the running server, instead of corrupting the store.
+
 Usage::
 
     with videoflow.server.start() as server:
@@ -15,17 +25,21 @@ Usage::
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Final, Literal
 
 from videoflow.errors import EmbeddedServerError
 
@@ -34,6 +48,21 @@ STARTUP_TIMEOUT_SECONDS = 10.0
 
 STOP_GRACE_SECONDS = 5.0
 """How long stop waits after SIGTERM before it kills the server."""
+
+LOCK_WAIT_SECONDS = 30.0
+"""How long a locked start waits for a store held by an operator command (or by a server
+still starting up) to be let go; a store held by a run is refused at once."""
+
+ENV_STORE_DIR: Final = "VIDEOFLOW_STORE_DIR"
+"""The environment variable naming the embedded broker's persistent store."""
+
+LOCK_FILE: Final = "videoflow.lock"
+"""The file in a store directory whose exclusive lock says a server runs on it."""
+
+SERVER_RECORD: Final = "videoflow-server.json"
+"""The file in a store directory that says where the server holding its lock listens."""
+
+Purpose = Literal["run", "command"]
 
 _LISTENING = re.compile(r"Listening for client connections on (\S+):(\d+)")
 _READY = "Server is ready"
@@ -76,6 +105,158 @@ def find_binary() -> str:
     )
 
 
+def default_store_dir(
+    platform: str | None = None, environ: Mapping[str, str] | None = None,
+    home: str | os.PathLike[str] | None = None,
+) -> Path:
+    """The per-user directory the embedded broker keeps its store in by default.
+
+    Arguments:
+        platform: a ``sys.platform`` value; this one when None.
+        environ: the environment to read; ``os.environ`` when None.
+        home: the user's home directory; ``Path.home()`` when None.
+
+    Returns:
+        ``%LOCALAPPDATA%\\videoflow\\nats`` on Windows (``~\\AppData\\Local`` when
+        unset), ``~/Library/Application Support/videoflow/nats`` on macOS, and
+        ``$XDG_DATA_HOME/videoflow/nats`` elsewhere (``~/.local/share`` when unset or
+        relative, as the XDG base directory specification says).
+    """
+    platform = sys.platform if platform is None else platform
+    environ = os.environ if environ is None else environ
+    base = Path.home() if home is None else Path(home)
+    if platform == "win32":
+        local = environ.get("LOCALAPPDATA")
+        root = Path(local) if local else base / "AppData" / "Local"
+    elif platform == "darwin":
+        root = base / "Library" / "Application Support"
+    else:
+        xdg = environ.get("XDG_DATA_HOME", "")
+        root = Path(xdg) if os.path.isabs(xdg) else base / ".local" / "share"
+    return root / "videoflow" / "nats"
+
+
+def store_dir_for(
+    store_dir: str | os.PathLike[str] | None = None, *, ephemeral: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> Path | None:
+    """Which store the embedded broker of a run or an operator command uses.
+
+    Arguments:
+        store_dir: the store asked for (``--store-dir``), if any.
+        ephemeral: a throwaway temporary store (``--ephemeral``).
+        environ: the environment to read; ``os.environ`` when None.
+
+    Returns:
+        None for a temporary store (ephemeral); else store_dir, else
+        ``VIDEOFLOW_STORE_DIR``, else default_store_dir(), with ``~`` expanded.
+
+    Raises:
+        ValueError: both store_dir and ephemeral.
+    """
+    if ephemeral:
+        if store_dir is not None:
+            raise ValueError("a store directory and an ephemeral store exclude each other")
+        return None
+    environ = os.environ if environ is None else environ
+    chosen = store_dir if store_dir is not None else environ.get(ENV_STORE_DIR) or None
+    if chosen is None:
+        return default_store_dir(environ=environ)
+    return Path(chosen).expanduser()
+
+
+@dataclass(frozen=True, slots=True)
+class ServerRecord:
+    """What ``videoflow-server.json`` says about the server that holds a store.
+
+    Attributes:
+        url: where it listens.
+        pid: the nats-server process.
+        owner_pid: the videoflow process that started it.
+        purpose: 'run' (an engine's broker, for the length of a run) or 'command' (an
+            operator command's, for a few seconds).
+    """
+
+    url: str
+    pid: int
+    owner_pid: int
+    purpose: Purpose
+
+
+def read_server_record(store_dir: str | os.PathLike[str]) -> ServerRecord | None:
+    """The record of the server holding store_dir's lock, or None when there is none or
+    it does not parse (a server still starting, or one that was killed with its
+    record half written)."""
+    try:
+        data = json.loads((Path(store_dir) / SERVER_RECORD).read_text())
+        purpose = data["purpose"]
+        if purpose not in ("run", "command"):
+            return None
+        return ServerRecord(str(data["url"]), int(data["pid"]), int(data["owner_pid"]),
+                            purpose)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def answers(url: str, timeout: float = 1.0) -> bool:
+    """Whether a NATS server answers at url: it accepts a connection and greets with INFO.
+
+    Arguments:
+        url: ``nats://host:port``.
+        timeout: the bound on connecting and on the greeting, in seconds.
+    """
+    host, _, port = url.removeprefix("nats://").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            return sock.recv(4).upper() == b"INFO"
+    except (OSError, ValueError):
+        return False
+
+
+class StoreBusy(EmbeddedServerError):
+    """Another embedded server runs on the store directory asked for (its lock is held).
+
+    Attributes:
+        store_dir: the store.
+        record: where that server listens, who started it and why; None when it did
+            not say (still starting, or its record was lost).
+    """
+
+    def __init__(self, store_dir: Path, record: ServerRecord | None) -> None:
+        if record is None:
+            holder = "another embedded nats-server"
+        else:
+            holder = (f"the embedded nats-server of a videoflow {record.purpose} "
+                      f"(nats-server pid {record.pid} at {record.url}, started by pid "
+                      f"{record.owner_pid})")
+        super().__init__(
+            f"the broker store {store_dir} is in use by {holder}; wait for it to end, or "
+            "give this one a store of its own: --store-dir DIR (VIDEOFLOW_STORE_DIR) or "
+            "--ephemeral")
+        self.store_dir = store_dir
+        self.record = record
+
+
+def _try_lock(fd: int) -> bool:
+    """Takes an exclusive lock on the open file fd without waiting; False when held."""
+    if sys.platform == "win32":
+        import msvcrt
+
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError:
+            return False
+        return True
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 def _own_process_group() -> dict[str, Any]:
     """Popen options that keep the child out of the terminal's signal group."""
     if sys.platform == "win32":
@@ -101,6 +282,17 @@ class EmbeddedServer:
             server — no ``-js``, no store directory, store_dir ignored — on which every
             JetStream API request finds no responder: what a broker deployed without
             JetStream looks like to videoflow.
+        lock: hold the given store's lock (``videoflow.lock``) for as long as the
+            server process lives, and record where it listens (``videoflow-server.json``),
+            so no second locked server runs on that store (nats-server does not lock it
+            itself). The lock is passed to the nats-server process (POSIX), so a server
+            that outlives a killed owner still holds its store. Ignored for a temporary
+            store, which nothing else can name.
+        purpose: what the record says the server is for: 'run' or 'command'. A locked
+            start that finds the store held for a 'command' (a few seconds' work), or by
+            a server that has not recorded itself yet, waits up to lock_wait seconds for
+            it; one held for a 'run' is refused at once.
+        lock_wait: seconds a locked start waits for a store to be let go.
 
     Attributes:
         host, port, url: where clients connect, known once started.
@@ -117,6 +309,9 @@ class EmbeddedServer:
         stop_grace: float = STOP_GRACE_SECONDS,
         extra_args: tuple[str, ...] = (),
         jetstream: bool = True,
+        lock: bool = False,
+        purpose: Purpose = "run",
+        lock_wait: float = LOCK_WAIT_SECONDS,
     ) -> None:
         self.store_dir = None if store_dir is None else Path(store_dir)
         self.binary = binary
@@ -126,6 +321,10 @@ class EmbeddedServer:
         self.stop_grace = stop_grace
         self.extra_args = tuple(extra_args)
         self.jetstream = jetstream
+        self.lock = lock
+        self.purpose: Purpose = purpose
+        self.lock_wait = lock_wait
+        self._lock_fd: int | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path: Path | None = None
         self._owned_store = False
@@ -146,8 +345,10 @@ class EmbeddedServer:
             self, running.
 
         Raises:
-            EmbeddedServerError: if the binary is missing, the process exits, or it is
-                not ready within startup_timeout; the message quotes its fatal log lines.
+            StoreBusy: lock is set and another server holds the store (see lock).
+            EmbeddedServerError: if the binary is missing, the store cannot be made or
+                locked, the process exits, or it is not ready within startup_timeout; the
+                message quotes its fatal log lines.
         """
         if self.process is not None:
             raise EmbeddedServerError("the server is already started")
@@ -159,29 +360,86 @@ class EmbeddedServer:
                 self._owned_store = True
             elif not self.store_dir.exists():
                 # Anything else at that path is left for the server to diagnose in its log.
-                self.store_dir.mkdir(parents=True)
+                try:
+                    self.store_dir.mkdir(parents=True)
+                except OSError as exc:
+                    raise EmbeddedServerError(
+                        f"cannot make the broker store {self.store_dir}: {exc}") from exc
+            if self.lock and not self._owned_store:
+                self._take_lock(self.store_dir)
             args += ["-js", "-sd", str(self.store_dir)]
-        # The log lives apart from the store, so a given store holds only JetStream data.
+        # The log lives apart from the store, so a given store holds only JetStream data
+        # (and, when locked, videoflow's lock and record).
         self._log_dir = tempfile.mkdtemp(prefix="videoflow-nats-log-")
         self.log_path = Path(self._log_dir) / "nats-server.log"
         self._log = open(self.log_path, "wb")  # closed in stop()
+        inherit: dict[str, Any] = {}
+        if self._lock_fd is not None and sys.platform != "win32":
+            # The lock is on the open file, shared with the child: it holds for as long as
+            # the nats-server writes the store, even past a SIGKILLed owner.
+            inherit["pass_fds"] = (self._lock_fd,)
         try:
             # A session (process group) of its own: a terminal's Ctrl-C goes to the
             # whole foreground group, and a broker that died with it would leave the
             # flow nothing to drain through; stop() ends the server instead.
             self.process = subprocess.Popen(
                 [*args, *self.extra_args], stdout=self._log, stderr=subprocess.STDOUT,
-                **_own_process_group(),
+                **_own_process_group(), **inherit,
             )
         except OSError as exc:
             self.stop()
             raise EmbeddedServerError(f"cannot run {binary!r}: {exc}") from exc
         try:
             self._await_ready()
+            if self._lock_fd is not None:
+                self._write_record()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _take_lock(self, store_dir: Path) -> None:
+        """Takes store_dir's lock, waiting for a command's or a starting server's hold.
+
+        Raises:
+            StoreBusy: the store is held by a run, or still held after lock_wait.
+            EmbeddedServerError: the lock file cannot be opened.
+        """
+        path = store_dir / LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise EmbeddedServerError(f"cannot open the store's lock {path}: {exc}") from exc
+        deadline = time.monotonic() + self.lock_wait
+        while not _try_lock(fd):
+            record = read_server_record(store_dir)
+            if (record is not None and record.purpose == "run") or \
+                    time.monotonic() >= deadline:
+                os.close(fd)
+                raise StoreBusy(store_dir, record)
+            time.sleep(0.05)
+        self._lock_fd = fd
+
+    def _write_record(self) -> None:
+        assert self.store_dir is not None and self.process is not None
+        path = self.store_dir / SERVER_RECORD
+        partial = path.with_name(path.name + ".partial")
+        # Whole or not at all: a reader never sees half a record.
+        partial.write_text(json.dumps({
+            "url": self.url, "pid": self.process.pid, "owner_pid": os.getpid(),
+            "purpose": self.purpose}))
+        os.replace(partial, path)
+
+    def _release_lock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is None:
+            return
+        if self.store_dir is not None:
+            try:
+                (self.store_dir / SERVER_RECORD).unlink()
+            except FileNotFoundError:
+                pass
+        os.close(fd)  # the server has exited, so this was the last holder
 
     def _await_ready(self) -> None:
         assert self.process is not None
@@ -230,6 +488,7 @@ class EmbeddedServer:
                 process.kill()
                 process.wait()
         self.port = 0
+        self._release_lock()
         if self._log is not None:
             self._log.close()
             self._log = None
