@@ -136,7 +136,8 @@ def run_flow(
     nats_url: str | None = None,
     *,
     run_id: str | None = None,
-    store_dir: str | None = None,
+    store_dir: str | os.PathLike[str] | None = None,
+    ephemeral: bool = False,
     provision_timeout: float = 30.0,
     ack_wait: int = 30,
     max_retries: int = 3,
@@ -156,7 +157,15 @@ def run_flow(
         nats_url: the broker; None takes VIDEOFLOW_NATS_URL, else starts the embedded
             nats-server (stopped at the end).
         run_id: the run's id; a fresh one (new_run_id) when None.
-        store_dir: the embedded server's JetStream store (a temporary one when None).
+        store_dir: the embedded server's JetStream store, kept after the run so its
+            dead letters stay listable (`videoflow dlq list`); None takes
+            VIDEOFLOW_STORE_DIR, else the per-user default (server.store_dir_for). The
+            run holds the store's lock for its length: a second run on a store another
+            run's server holds fails at once with StoreBusy (it does not share that
+            server, which stops when its own run ends); an operator command's brief hold
+            is waited for.
+        ephemeral: a throwaway temporary store instead, removed when the run ends (not
+            with store_dir).
         provision_timeout: the bound on provisioning, connect included.
         ack_wait / max_retries / eos_quiescence_ms: as ReplicaJob.
         stop_after: seconds after which the flow is asked to stop (as a first Ctrl-C);
@@ -180,13 +189,16 @@ def run_flow(
 
     Raises:
         ValueError: the flow does not compile, or a node cannot be sent to a worker
-            process (its constructor arguments do not pickle).
+            process (its constructor arguments do not pickle); both store_dir and
+            ephemeral.
         BrokerUnavailable / TimeoutError: the broker unreachable, provisioning not done
             within provision_timeout.
+        StoreBusy: the embedded server's store is held by another run's server.
+        EmbeddedServerError: the embedded server could not start.
     """
     from videoflow.messaging.topology import provision_flow_sync
     from videoflow.ops import teardown as tear_down
-    from videoflow.server import EmbeddedServer
+    from videoflow.server import EmbeddedServer, store_dir_for
 
     kv = ledger == "kv"
     compiled = compile_flow(flow, max_retries, ledger_budget=kv)
@@ -197,7 +209,8 @@ def run_flow(
     url = nats_url or os.environ.get(NATS_URL_ENV) or None
     server = None
     if url is None:
-        server = EmbeddedServer(store_dir).start()
+        server = EmbeddedServer(store_dir_for(store_dir, ephemeral=ephemeral),
+                                lock=True, purpose="run").start()
         url = server.url
     run = _Run(compiled, url, run_id or new_run_id())
     shared = _shared_payloads(payloads, compiled.flow_id, run.run_id, payload_budget)
