@@ -1,17 +1,24 @@
 """The ``videoflow`` command.
 
-    videoflow run MODULE:FLOW [--nats-url URL] [--stop-after S] [--json]
+    videoflow run MODULE:FLOW [--nats-url URL | --store-dir DIR | --ephemeral]
+                  [--stop-after S] [--json]
     videoflow demo [--cameras N] [--fps F] [--duration S] [--frame-size WxH] [--nats-url URL]
     videoflow provision MODULE:FLOW --out FILE [--run RUN] [--nats-url URL]
     videoflow worker --spec FILE --node NAME [--replica I] [--nats-url URL]
-    videoflow teardown --flow FLOW --run RUN [--nats-url URL]
-    videoflow status --flow FLOW --run RUN [--nats-url URL] [--json]
+    videoflow teardown --flow FLOW --run RUN [--nats-url URL | --store-dir DIR]
+    videoflow status --flow FLOW --run RUN [--nats-url URL | --store-dir DIR] [--json]
     videoflow dlq list|show|replay|purge --flow FLOW ...
+    videoflow buckets list|remove [--flow FLOW] ...
 
 A flow is named by ``module:attribute`` (the module imported from the current
 directory or sys.path; the attribute a Flow, or a function returning one), the unit
 both the local engine and workers on other hosts load. Bad arguments and an
 unreachable broker get one line on stderr and a non-zero exit, never a traceback.
+
+Without a broker URL, `run` starts the embedded nats-server on a persistent store (the
+per-user data directory, or --store-dir / VIDEOFLOW_STORE_DIR; --ephemeral for a
+throwaway one), so the operator commands, also given no URL, find the run's dead
+letters on the same store afterwards.
 """
 
 from __future__ import annotations
@@ -90,7 +97,8 @@ def _run(args: argparse.Namespace) -> int:
     # A live view on a terminal, plain progress lines otherwise; none with --json,
     # whose stdout is for machines.
     report = run_flow(flow, nats_url=args.nats_url, stop_after=args.stop_after,
-                      run_id=args.run, view=False if args.json else LiveView())
+                      run_id=args.run, view=False if args.json else LiveView(),
+                      store_dir=args.store_dir, ephemeral=args.ephemeral)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -156,6 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a flow to its end on this machine")
     run.add_argument("flow", help="the flow, as module:attribute")
     nats_url_option(run, required_default=False)
+    store = run.add_mutually_exclusive_group()
+    store.add_argument("--store-dir", metavar="DIR",
+                       help="the embedded broker's store, kept after the run (default: "
+                            "$VIDEOFLOW_STORE_DIR, else the per-user data directory); "
+                            "not used with a broker URL")
+    store.add_argument("--ephemeral", action="store_true",
+                       help="a throwaway store for the embedded broker, removed at the end "
+                            "(the run's dead letters go with it)")
     run.add_argument("--run", help="the run id (default: a fresh one)")
     run.add_argument("--stop-after", type=float, metavar="SECONDS",
                      help="ask the flow to stop after this long")
@@ -192,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns its exit code."""
-    from videoflow.errors import BrokerUnavailable
+    from videoflow.errors import BrokerUnavailable, EmbeddedServerError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -205,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandError as error:
         print(f"videoflow: error: {error}", file=sys.stderr)
         return error.code
+    except EmbeddedServerError as error:  # no binary, a busy store (it says what to do)
+        print(f"videoflow: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
     except (BrokerUnavailable, TimeoutError) as error:
         print(f"videoflow: error: the broker at {getattr(args, 'nats_url', None) or '?'} "
               f"did not answer: {error}", file=sys.stderr)

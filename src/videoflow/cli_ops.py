@@ -7,25 +7,33 @@ its namespace, a function(args) -> exit code. Output is a plain table, or JSON w
 {"unknown": reason, "detail": ...}), never as 0. Every failure is one line on stderr,
 `videoflow: error: ...`, and a non-zero exit code — never a traceback.
 
+The broker is --nats-url, else VIDEOFLOW_NATS_URL, else the embedded nats-server on
+the store a `videoflow run` without a broker URL keeps (--store-dir, else
+VIDEOFLOW_STORE_DIR, else the per-user default): started for the length of the command,
+or, while a run holds that store, that run's own server (ops.embedded_broker).
+
 Exit codes: 0 done; 1 the operation failed or is incomplete (broker unavailable, a
-missing dead letter, a replay with failures, a teardown that left streams); 2 a usage
-error (argparse's own code), a purge without --yes included.
+missing dead letter, a replay with failures, a teardown that left streams, no store to
+start the embedded broker on); 2 a usage error (argparse's own code), a purge without
+--yes included.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, TextIO
 
 from videoflow import ops
 from videoflow.backends.messaging import CleanupObservation, Known, Unknown
 from videoflow.errors import VideoflowError
+from videoflow.server import ENV_STORE_DIR
 
 ENV_NATS_URL: Final = "VIDEOFLOW_NATS_URL"
 DEFAULT_NATS_URL: Final = "nats://127.0.0.1:4222"
@@ -74,8 +82,23 @@ def _guarded(handler: Handler) -> Handler:
     return run
 
 
-def _url(args: argparse.Namespace) -> str:
-    return str(args.nats_url or os.environ.get(ENV_NATS_URL) or DEFAULT_NATS_URL)
+def _given_url(args: argparse.Namespace) -> str | None:
+    """--nats-url, else VIDEOFLOW_NATS_URL, else None (the embedded broker)."""
+    url = args.nats_url or os.environ.get(ENV_NATS_URL)
+    return str(url) if url else None
+
+
+@contextlib.contextmanager
+def _broker(args: argparse.Namespace) -> Iterator[str]:
+    """The URL the command talks to: the one given, else the embedded broker on the
+    store (--store-dir, else the environment's, else the per-user default) for the
+    length of the with block."""
+    url = _given_url(args)
+    if url is not None:
+        yield url
+        return
+    with ops.embedded_broker(args.store_dir) as embedded_url:
+        yield embedded_url
 
 
 def _text(value: object) -> str:
@@ -173,7 +196,8 @@ def _status_text(status: ops.RunStatus) -> str:
 
 @_guarded
 def cmd_status(args: argparse.Namespace) -> int:
-    status = ops.run_status(_url(args), args.flow, args.run, timeout=args.timeout)
+    with _broker(args) as url:
+        status = ops.run_status(url, args.flow, args.run, timeout=args.timeout)
     if args.json:
         _dump(_status_json(status))
     else:
@@ -218,8 +242,9 @@ def _error_text(entry: ops.DeadLetterEntry) -> str:
 
 @_guarded
 def cmd_dlq_list(args: argparse.Namespace) -> int:
-    entries = ops.dlq_list(_url(args), args.flow, run_id=args.run, node=args.node,
-                           limit=args.limit, timeout=args.timeout)
+    with _broker(args) as url:
+        entries = ops.dlq_list(url, args.flow, run_id=args.run, node=args.node,
+                               limit=args.limit, timeout=args.timeout)
     if args.json:
         _dump([_entry_json(e) for e in entries])
         return EXIT_OK
@@ -241,7 +266,8 @@ def cmd_dlq_list(args: argparse.Namespace) -> int:
 
 @_guarded
 def cmd_dlq_show(args: argparse.Namespace) -> int:
-    entry = ops.dlq_show(_url(args), args.flow, args.seq, timeout=args.timeout)
+    with _broker(args) as url:
+        entry = ops.dlq_show(url, args.flow, args.seq, timeout=args.timeout)
     if args.json:
         _dump(_entry_json(entry, envelope=True))
         return EXIT_OK
@@ -279,8 +305,9 @@ def _selection(args: argparse.Namespace) -> list[int] | None:
 @_guarded
 def cmd_dlq_replay(args: argparse.Namespace) -> int:
     seqs = _selection(args)
-    report = ops.dlq_replay(_url(args), args.flow, seqs, run_id=args.run, node=args.node,
-                            timeout=args.timeout)
+    with _broker(args) as url:
+        report = ops.dlq_replay(url, args.flow, seqs, run_id=args.run, node=args.node,
+                                into_run=args.into_run, timeout=args.timeout)
     if args.json:
         _dump({
             "results": [{"seq": r.seq, "outcome": r.outcome, "subject": r.subject,
@@ -307,8 +334,9 @@ def cmd_dlq_purge(args: argparse.Namespace) -> int:
     if not args.yes:
         _error("dlq purge deletes dead letters for good; add --yes to confirm")
         return EXIT_USAGE
-    removed = ops.dlq_purge(_url(args), args.flow, run_id=args.run, node=args.node,
-                            seqs=seqs, timeout=args.timeout)
+    with _broker(args) as url:
+        removed = ops.dlq_purge(url, args.flow, run_id=args.run, node=args.node,
+                                seqs=seqs, timeout=args.timeout)
     if args.json:
         _dump({"purged": removed})
     else:
@@ -328,7 +356,8 @@ def _cleanup_json(flow: str, run: str, cleanup: CleanupObservation) -> dict[str,
 
 @_guarded
 def cmd_teardown(args: argparse.Namespace) -> int:
-    cleanup = ops.teardown(_url(args), args.flow, args.run, timeout=args.timeout)
+    with _broker(args) as url:
+        cleanup = ops.teardown(url, args.flow, args.run, timeout=args.timeout)
     if args.json:
         _dump(_cleanup_json(args.flow, args.run, cleanup))
     else:
@@ -372,12 +401,22 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _common(parser: argparse.ArgumentParser, *, run: str | None) -> None:
-    """--nats-url, --flow, --json, --timeout, and --run when run is 'required' or
-    'optional'."""
+def broker_options(parser: argparse.ArgumentParser) -> None:
+    """--nats-url and --store-dir: the broker an operator command talks to."""
     parser.add_argument(
         "--nats-url", default=None,
-        help=f"the broker (default: ${ENV_NATS_URL}, else {DEFAULT_NATS_URL})")
+        help=f"the broker (default: ${ENV_NATS_URL}, else the embedded broker on the "
+             "store a `videoflow run` without a URL keeps; see --store-dir)")
+    parser.add_argument(
+        "--store-dir", default=None, metavar="DIR",
+        help=f"the embedded broker's store, when no broker URL is given (default: "
+             f"${ENV_STORE_DIR}, else the per-user data directory)")
+
+
+def _common(parser: argparse.ArgumentParser, *, run: str | None) -> None:
+    """--nats-url, --store-dir, --flow, --json, --timeout, and --run when run is
+    'required' or 'optional'."""
+    broker_options(parser)
     parser.add_argument("--flow", required=True, help="the flow id")
     if run == "required":
         parser.add_argument("--run", required=True, help="the run id")
@@ -433,10 +472,17 @@ def register(subparsers: Any) -> None:
     replay = dlq_sub.add_parser(
         "replay", help="publish dead letters' envelopes again on their parent's stream",
         description="Re-publishes each record's original envelope on the data subject of "
-                    "the parent that delivered it, in the record's run. Every child of "
-                    "that parent receives it. Replaying twice within the stream's "
-                    "duplicate window stores it once. Records are kept (see purge).")
+                    "the parent that delivered it, in the record's run (or in the run "
+                    "--into-run names). Every child of that parent receives it. A run "
+                    "that has ended was torn down, so nothing reads its streams: replay "
+                    "into a live run of the flow instead. Replaying twice within the "
+                    "stream's duplicate window stores it once. Records are kept (see "
+                    "purge).")
     _selection_args(replay)
+    replay.add_argument(
+        "--into-run", default=None, metavar="RUN",
+        help="publish onto the parent's stream of this run of the flow (one whose "
+             "workers are running) instead of the record's own run")
     replay.set_defaults(func=cmd_dlq_replay)
 
     purge = dlq_sub.add_parser("purge", help="delete dead letters for good (needs --yes)")
@@ -453,6 +499,7 @@ def register(subparsers: Any) -> None:
 __all__ = [
     "DEFAULT_NATS_URL",
     "ENV_NATS_URL",
+    "broker_options",
     "cmd_dlq_list",
     "cmd_dlq_purge",
     "cmd_dlq_replay",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -28,11 +29,26 @@ def test_every_command_sets_func_and_the_url_falls_back_to_the_environment(
         assert callable(parse(argv).func)
     args = parse(["status", "--flow", "f", "--run", "r"])
     monkeypatch.delenv(cli_ops.ENV_NATS_URL, raising=False)
-    assert cli_ops._url(args) == "nats://127.0.0.1:4222"
+    assert cli_ops._given_url(args) is None  # the embedded broker on the store
     monkeypatch.setenv(cli_ops.ENV_NATS_URL, "nats://broker:4222")
-    assert cli_ops._url(args) == "nats://broker:4222"
-    assert cli_ops._url(parse(["status", "--flow", "f", "--run", "r", "--nats-url",
-                               "nats://x:1"])) == "nats://x:1"
+    assert cli_ops._given_url(args) == "nats://broker:4222"
+    assert cli_ops._given_url(parse(["status", "--flow", "f", "--run", "r", "--nats-url",
+                                     "nats://x:1"])) == "nats://x:1"
+
+
+def test_without_a_url_and_without_a_store_there_is_one_line_and_nothing_is_made(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A status of nothing that ever ran must not make a store (or start a broker) to
+    # report an empty one.
+    monkeypatch.delenv(cli_ops.ENV_NATS_URL, raising=False)
+    nowhere = tmp_path / "never-used"
+    args = parse(["dlq", "list", "--flow", "f", "--store-dir", str(nowhere)])
+    assert args.func(args) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"videoflow: error: no broker store at {nowhere}")
+    assert "--nats-url" in line and "--store-dir" in line
+    assert not nowhere.exists()
 
 
 def test_purge_without_yes_refuses_in_one_line_with_exit_code_2_before_connecting(

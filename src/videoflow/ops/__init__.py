@@ -12,6 +12,9 @@ subject (STREAM-14, provisioning._owned_stream) — never by a stream-name prefi
 cannot tell run r-x from run r. Dead letters live on the flow-scoped stream
 vf-{flow}-dlq (STREAM-8) under vf.{flow}._dlq.{run}.{node}; nothing here but dlq_purge
 ever removes one, and teardown never touches that stream.
+
+Given no broker URL, the commands talk to the embedded nats-server on the store a
+`videoflow run` without a URL keeps (embedded_broker).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from videoflow.ops._broker import MESSAGE_NOT_FOUND as MESSAGE_NOT_FOUND
 from videoflow.ops._broker import STREAM_NOT_FOUND as STREAM_NOT_FOUND
 from videoflow.ops._broker import Count as Count
 from videoflow.ops.dead_letters import DeadLetterEntry, DeadLetterNotFound, dlq_list, dlq_show
+from videoflow.ops.embedded import embedded_broker
 from videoflow.ops.purge import dlq_purge
+from videoflow.ops.replay import REPLAY_INTO_LIVE_RUN as REPLAY_INTO_LIVE_RUN
 from videoflow.ops.replay import REPLAY_MSG_ID_PREFIX, ReplayReport, ReplayResult, dlq_replay
 from videoflow.ops.replay import TORN_DOWN as TORN_DOWN
 from videoflow.ops.replay import ReplayOutcome as ReplayOutcome
@@ -51,6 +56,7 @@ __all__ = [
     "dlq_purge",
     "dlq_replay",
     "dlq_show",
+    "embedded_broker",
     "run_status",
     "run_status_async",
     "teardown",

@@ -36,6 +36,11 @@ same record twice within the parent stream's duplicate window stores it once."""
 
 TORN_DOWN: Final = "the run's streams were torn down"
 
+REPLAY_INTO_LIVE_RUN: Final = (
+    "nothing reads that run any more; the record is kept: replay it into a run of the "
+    "flow whose workers are running (--into-run RUN)")
+"""What a replay into a torn-down run says can be done instead."""
+
 ReplayOutcome = Literal["replayed", "duplicate", "failed"]
 
 
@@ -84,13 +89,14 @@ class ReplayReport:
 
 
 async def _replay_one(nc: Client, entry: DeadLetterEntry, budget: _Budget,
-                      errors: ErrorLog) -> ReplayResult:
+                      errors: ErrorLog, into_run: str | None = None) -> ReplayResult:
     record = entry.record
     if record is None:
         return ReplayResult(entry.seq, "failed", reason=f"undecodable record: {entry.error}")
+    run_id = record.run_id if into_run is None else into_run
     try:
-        subject = subject_for(record.flow_id, record.run_id, record.parent)
-        stream = stream_name_for(record.flow_id, record.run_id, record.parent)
+        subject = subject_for(record.flow_id, run_id, record.parent)
+        stream = stream_name_for(record.flow_id, run_id, record.parent)
     except ValueError as error:
         return ReplayResult(entry.seq, "failed", reason=f"unusable provenance: {error}")
     js = nc.jetstream()
@@ -98,8 +104,9 @@ async def _replay_one(nc: Client, entry: DeadLetterEntry, budget: _Budget,
         await budget.run(js.stream_info(stream))
     except Exception as error:
         if _is(error, STREAM_NOT_FOUND):
-            return ReplayResult(entry.seq, "failed", subject,
-                                reason=f"{TORN_DOWN} ({stream} does not exist)")
+            return ReplayResult(entry.seq, "failed", subject, reason=(
+                f"{TORN_DOWN} ({stream} of run {run_id!r} does not exist): "
+                f"{REPLAY_INTO_LIVE_RUN}"))
         reason, detail = observation_failure(error, errors.texts())
         return ReplayResult(entry.seq, "failed", subject,
                             reason=f"{stream} could not be read ({reason}): {detail}")
@@ -108,8 +115,8 @@ async def _replay_one(nc: Client, entry: DeadLetterEntry, budget: _Budget,
         ack = await budget.run(js.publish(subject, record.envelope, timeout=budget.left(),
                                           stream=stream, headers=headers))
     except nats.js.errors.NoStreamResponseError:
-        return ReplayResult(entry.seq, "failed", subject,
-                            reason=f"{TORN_DOWN} (no stream captures {subject})")
+        return ReplayResult(entry.seq, "failed", subject, reason=(
+            f"{TORN_DOWN} (no stream captures {subject}): {REPLAY_INTO_LIVE_RUN}"))
     except (asyncio.TimeoutError, nats.errors.TimeoutError) as error:
         # NATS_FACTS S3: it may be stored anyway; the msg id makes a retry safe.
         return ReplayResult(entry.seq, "failed", subject, reason=(
@@ -130,19 +137,24 @@ def dlq_replay(
     *,
     run_id: str | None = None,
     node: str | None = None,
+    into_run: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> ReplayReport:
     """Publish dead letters' original envelopes again, onto the data subject of the
     parent that first delivered them in the record's own run
-    (subject_for(flow, run, parent)), each confirmed by a real publish ack.
+    (subject_for(flow, run, parent)), or in into_run, each confirmed by a real publish
+    ack.
 
     Every child of that parent receives the replayed message — a parent's stream fans
     out to one durable per child — not only the node that dead-lettered it; the message
     gets a new sequence on the parent's stream. Each replay carries the Nats-Msg-Id
     dlq-replay:{dlq seq}, so replaying a record again within the stream's duplicate
     window (120 s) is reported as a duplicate and stored once. Replay only helps while
-    workers of that run still read the parent's stream; the record itself is left on
-    the dead-letter stream (dlq_purge removes it).
+    workers of that run still read the parent's stream: a run that has ended was torn
+    down, and its records fail with TORN_DOWN and what to do instead — replay them
+    into_run, a run of the same flow whose workers are running (its parent's stream
+    must exist: the same parent node). The record itself is left on the dead-letter
+    stream (dlq_purge removes it).
 
     Arguments:
         nats_url: the broker.
@@ -150,6 +162,7 @@ def dlq_replay(
         seqs: the DLQ sequences to replay; None replays every record matching run_id
             and node.
         run_id / node: filters for seqs=None (not combinable with seqs).
+        into_run: the run to replay into; None for each record's own run.
         timeout: overall bound in seconds, connect included; a record not replayed
             within it is reported failed.
 
@@ -165,6 +178,8 @@ def dlq_replay(
         ValueError: seqs together with run_id/node, a bad seq, name or timeout.
     """
     subject_filter, wanted = _selection(flow_id, run_id, node, seqs)
+    if into_run is not None:
+        subject_for(flow_id, into_run, "node")  # ValueError for an empty or reserved id
 
     async def work(nc: Client, budget: _Budget, errors: ErrorLog) -> ReplayReport:
         results: list[ReplayResult] = []
@@ -184,7 +199,7 @@ def dlq_replay(
                 results.append(ReplayResult(entry.seq, "failed",
                                             reason="the timeout elapsed before its turn"))
                 continue
-            results.append(await _replay_one(nc, entry, budget, errors))
+            results.append(await _replay_one(nc, entry, budget, errors, into_run))
         return ReplayReport(tuple(sorted(results, key=lambda r: r.seq)))
 
     return _run_sync(nats_url, timeout, work)
