@@ -1,5 +1,6 @@
-"""The operator subcommands of `videoflow`: status, dlq (list, show, replay, purge) and
-teardown — argparse wiring and output formatting over videoflow.ops.
+"""The operator subcommands of `videoflow`: status, dlq (list, show, replay, purge),
+teardown and buckets (list, remove) — argparse wiring and output formatting over
+videoflow.ops.
 
 register(subparsers) adds them to the top-level parser's subparsers; each sets func on
 its namespace, a function(args) -> exit code. Output is a plain table, or JSON with
@@ -14,8 +15,8 @@ or, while a run holds that store, that run's own server (ops.embedded_broker).
 
 Exit codes: 0 done; 1 the operation failed or is incomplete (broker unavailable, a
 missing dead letter, a replay with failures, a teardown that left streams, no store to
-start the embedded broker on); 2 a usage error (argparse's own code), a purge without
---yes included.
+start the embedded broker on, a bucket removal refused while runs use the buckets); 2 a
+usage error (argparse's own code), a purge or bucket removal without --yes included.
 """
 
 from __future__ import annotations
@@ -377,6 +378,50 @@ def cmd_teardown(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------
+# buckets
+# --------------------------------------------------------------------------------------
+
+
+@_guarded
+def cmd_buckets_list(args: argparse.Namespace) -> int:
+    with _broker(args) as url:
+        found = ops.buckets_list(url, args.flow, timeout=args.timeout)
+    if args.json:
+        _dump([{"name": b.name, "kind": b.kind, "flow": b.flow, "stream": b.stream,
+                "messages": _json_value(b.messages), "bytes": _json_value(b.bytes)}
+               for b in found])
+    elif not found:
+        print("no flow buckets" + ("" if args.flow is None else f" of flow {args.flow!r}"))
+    else:
+        print(_table([("BUCKET", "KIND", "FLOW", "MESSAGES", "BYTES")] + [
+            (b.name, b.kind, b.flow, _text(b.messages), _text(b.bytes)) for b in found]))
+    return EXIT_OK
+
+
+@_guarded
+def cmd_buckets_remove(args: argparse.Namespace) -> int:
+    if not args.yes:
+        _error("buckets remove deletes a flow's ledger and payloads for good; add --yes "
+               "to confirm")
+        return EXIT_USAGE
+    with _broker(args) as url:
+        removal = ops.buckets_remove(url, args.flow, run_id=args.run, timeout=args.timeout)
+    if args.json:
+        _dump({"flow": removal.flow_id, "run": removal.run_id,
+               "removed": list(removal.removed), "purged_records": removal.purged_records})
+    elif removal.run_id is not None:
+        print(f"purged {removal.purged_records} ledger record"
+              f"{'' if removal.purged_records == 1 else 's'} of run {removal.run_id!r} of "
+              f"flow {removal.flow_id!r} (its payloads stay until the flow's buckets are "
+              "removed)")
+    elif removal.removed:
+        print("removed: " + ", ".join(removal.removed))
+    else:
+        print(f"flow {removal.flow_id!r} has no buckets to remove")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------
 # Wiring
 # --------------------------------------------------------------------------------------
 
@@ -439,7 +484,8 @@ def _selection_args(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: Any) -> None:
-    """Add status, dlq (list, show, replay, purge) and teardown to a top-level parser.
+    """Add status, dlq (list, show, replay, purge), teardown and buckets (list, remove)
+    to a top-level parser.
 
     Arguments:
         subparsers: what ArgumentParser.add_subparsers returned. Every command sets
@@ -495,11 +541,40 @@ def register(subparsers: Any) -> None:
     _common(teardown, run="required")
     teardown.set_defaults(func=cmd_teardown)
 
+    buckets = subparsers.add_parser(
+        "buckets", help="list or remove the buckets flows leave on the broker",
+        description="A flow's ledger (KV vf-ledger-{flow}) and by-ref payloads (object "
+                    "store vf-payloads-{flow}, KV vf-payloads-{flow}-obligations) outlive "
+                    "its runs.")
+    buckets_sub = buckets.add_subparsers(dest="buckets_command", required=True,
+                                         metavar="COMMAND")
+    listing = buckets_sub.add_parser("list", help="every flow's buckets, or one flow's")
+    broker_options(listing)
+    listing.add_argument("--flow", default=None, help="only this flow's buckets")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.add_argument("--timeout", type=_positive_float,
+                         default=ops.DEFAULT_TIMEOUT_SECONDS,
+                         help="overall bound in seconds, connect included (default: "
+                              "%(default)s)")
+    listing.set_defaults(func=cmd_buckets_list)
+
+    remove = buckets_sub.add_parser(
+        "remove", help="delete a flow's buckets, or a run's ledger records (needs --yes)",
+        description="Without --run, deletes the flow's ledger, payload store and payload "
+                    "records (refused while a run of the flow has streams; dead letters "
+                    "carrying a payload ref can no longer be replayed). With --run, "
+                    "purges only that run's ledger records.")
+    _common(remove, run="optional")
+    remove.add_argument("--yes", action="store_true", help="confirm the deletion")
+    remove.set_defaults(func=cmd_buckets_remove)
+
 
 __all__ = [
     "DEFAULT_NATS_URL",
     "ENV_NATS_URL",
     "broker_options",
+    "cmd_buckets_list",
+    "cmd_buckets_remove",
     "cmd_dlq_list",
     "cmd_dlq_purge",
     "cmd_dlq_replay",

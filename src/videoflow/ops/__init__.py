@@ -1,5 +1,5 @@
-"""The operator's side of a flow on NATS JetStream: what `videoflow status`, `videoflow dlq`
-and `videoflow teardown` do, as plain synchronous functions.
+"""The operator's side of a flow on NATS JetStream: what `videoflow status`, `videoflow dlq`,
+`videoflow teardown` and `videoflow buckets` do, as plain synchronous functions.
 
 Every function opens a short-lived connection of its own with the fail-fast options
 (NATS_FACTS S4, §8), bounds everything it asks of the broker by one overall timeout, and
@@ -25,6 +25,14 @@ from videoflow.ops._broker import MESSAGE_DELETE_FAILED as MESSAGE_DELETE_FAILED
 from videoflow.ops._broker import MESSAGE_NOT_FOUND as MESSAGE_NOT_FOUND
 from videoflow.ops._broker import STREAM_NOT_FOUND as STREAM_NOT_FOUND
 from videoflow.ops._broker import Count as Count
+from videoflow.ops.buckets import (
+    BucketRemoval,
+    BucketsInUse,
+    FlowBucket,
+    buckets_list,
+    buckets_remove,
+    flow_bucket_names,
+)
 from videoflow.ops.dead_letters import DeadLetterEntry, DeadLetterNotFound, dlq_list, dlq_show
 from videoflow.ops.embedded import embedded_broker
 from videoflow.ops.purge import dlq_purge
@@ -43,6 +51,12 @@ from videoflow.ops.status import (
 )
 
 __all__ = [
+    "BucketRemoval",
+    "BucketsInUse",
+    "FlowBucket",
+    "buckets_list",
+    "buckets_remove",
+    "flow_bucket_names",
     "DEFAULT_TIMEOUT_SECONDS",
     "REPLAY_MSG_ID_PREFIX",
     "DeadLetterEntry",
