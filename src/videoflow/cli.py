@@ -109,19 +109,54 @@ def _run(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------- provision
 
 
+def writable_output(path: str) -> Path:
+    """path, once it is known that a file can be written there: its directory exists
+    and is writable, and path is not a directory (an existing file must be writable).
+
+    Raises:
+        CommandError: any of those is not so (exit code 2).
+    """
+    out = Path(path)
+    directory = out.parent
+    if out.is_dir():
+        raise CommandError(f"--out {path!r} is a directory, not a file")
+    if not directory.exists():
+        raise CommandError(f"--out {path!r}: the directory {str(directory)!r} does not exist")
+    if not directory.is_dir():
+        raise CommandError(f"--out {path!r}: {str(directory)!r} is not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK) or (
+            out.exists() and not os.access(out, os.W_OK)):
+        raise CommandError(f"--out {path!r} is not writable")
+    return out
+
+
 def _provision(args: argparse.Namespace) -> int:
     from videoflow.core.local import new_run_id
     from videoflow.core.runspec import RunSpec
     from videoflow.messaging.topology import provision_flow_sync
 
+    # Checked before anything exists on the broker: a run provisioned without its spec
+    # is one nobody can start workers for.
+    out = writable_output(args.out)
     flow = load_flow(args.flow)
     spec = RunSpec.for_flow(args.flow, flow, run_id=args.run or new_run_id(),
                             ack_wait=args.ack_wait, max_retries=args.max_retries)
+    # The run id first, so whatever happens from here the operator knows what to tear
+    # down.
+    print(f"provisioning run {spec.run_id} of flow {spec.flow_id!r}", flush=True)
     provision_flow_sync(args.nats_url, list(spec.compiled(flow).specs), spec.flow_id,
                         spec.run_id, spec.flow_type, timeout=args.timeout,
                         ack_wait=spec.ack_wait, max_retries=spec.max_retries,
                         ledger_budget=spec.ledger == "kv")
-    Path(args.out).write_text(spec.to_json())
+    try:
+        out.write_text(spec.to_json())
+    except OSError as error:
+        raise CommandError(
+            f"provisioned run {spec.run_id} of flow {spec.flow_id!r}, but could not write "
+            f"its spec to {args.out!r} ({error.strerror or error}); remove the run with "
+            f"`videoflow teardown --flow {spec.flow_id} --run {spec.run_id} --nats-url "
+            f"{args.nats_url}`, or provision it again with --run {spec.run_id} and another "
+            "--out", EXIT_FAILED) from error
     print(f"provisioned run {spec.run_id} of flow {spec.flow_id!r}; spec in {args.out}")
     return 0
 
