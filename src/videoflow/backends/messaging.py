@@ -246,6 +246,15 @@ class MessagingBackend(abc.ABC):
     def loop(self) -> AbstractEventLoop:
         """The event loop the adapter's broker I/O and callbacks run on."""
 
+    def pursue_until(self) -> float:
+        """Until when (monotonic) an outcome a broker outage left unknown or unsent may
+        still be pursued past its own deadline: while the broker is away, until the
+        adapter's outage budget runs out; shortly after it is back, so what the outage
+        left unresolved resolves then. The publication ladder waits on this instead of
+        failing a group whose broker is only away. 0.0 (the default, for an adapter
+        whose broker cannot go away) means no extension."""
+        return 0.0
+
     @abc.abstractmethod
     def stop_receiving(self) -> int:
         """Stop admitting input on every bound subscription — the quiesce half of a

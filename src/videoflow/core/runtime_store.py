@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final, TypeVar
 
 import nats.errors
@@ -22,6 +23,13 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from videoflow.errors import BrokerUnavailable, RevisionConflict
+from videoflow.messaging.broker_link import (
+    Outage,
+    outage_budget_from_env,
+    retry_until,
+    transient,
+    wait_back,
+)
 
 T = TypeVar("T")
 
@@ -178,7 +186,11 @@ class NatsKvRuntimeStore(RuntimeStore):
         client: an already connected nats-py client to use instead (not closed by
             close()); runner must then be the LoopRunner whose loop it runs on.
         runner: see client.
-        timeout: the bound in seconds on each KV round trip.
+        timeout: the bound in seconds on each KV round trip; a round trip that fails
+            transiently (a timeout, the broker away or electing a leader) is made again
+            within the outage budget.
+        outage_budget: seconds the store's own connection waits for a broker that went
+            away (None: VIDEOFLOW_OUTAGE_BUDGET, else 60).
 
     Raises:
         BrokerUnavailable: the server could not be reached or the bucket neither
@@ -188,7 +200,8 @@ class NatsKvRuntimeStore(RuntimeStore):
 
     def __init__(self, nats_url: str | None = None, bucket: str = DEFAULT_BUCKET, *,
                  client: Client | None = None, runner: Any = None,
-                 timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+                 timeout: float = DEFAULT_TIMEOUT_SECONDS,
+                 outage_budget: float | None = None) -> None:
         # Imported here: the loop bridge lives with the JetStream adapter, and a
         # memory-only user of the ledger should not need it loaded.
         from videoflow.messaging.jetstream_loop import (
@@ -204,6 +217,11 @@ class NatsKvRuntimeStore(RuntimeStore):
             raise ValueError("a client needs the LoopRunner its loop runs on")
         self.bucket = bucket
         self._timeout = timeout
+        # The store's own connection rides out a broker outage within this budget; a
+        # given client's outages are its owner's, and only transient failures are
+        # retried on it (TRANSIENT_RETRY_SECONDS).
+        self.outage = Outage(outage_budget_from_env() if outage_budget is None
+                             else outage_budget, where=str(nats_url or "the broker"))
         self._close_client = close_client
         self._owns_client = client is None
         if client is None:
@@ -211,8 +229,8 @@ class NatsKvRuntimeStore(RuntimeStore):
             self._runner.start()
             try:
                 client = self._runner.run(
-                    connect_fail_fast(str(nats_url), timeout, ErrorLog()), timeout * 2
-                )
+                    connect_fail_fast(str(nats_url), timeout, ErrorLog(), self.outage),
+                    timeout * 2)
             except BaseException:
                 self._runner.stop()
                 raise
@@ -220,7 +238,7 @@ class NatsKvRuntimeStore(RuntimeStore):
             self._runner = runner
         self._client: Client = client
         try:
-            self._kv = self._call(self._bind(), f"bind bucket {bucket!r}")
+            self._kv = self._call(self._bind, f"bind bucket {bucket!r}")
         except BaseException:
             self.close()
             raise
@@ -234,22 +252,50 @@ class NatsKvRuntimeStore(RuntimeStore):
             # racing here both end up bound to the one bucket.
             return await js.create_key_value(bucket=self.bucket, history=1)
 
-    def _call(self, coro: Coroutine[Any, Any, T], what: str) -> T:
-        try:
-            return self._runner.run(coro, self._timeout * 2)
-        except (RevisionConflict, BrokerUnavailable):
-            raise
-        except nats.js.errors.KeyWrongLastSequenceError:
-            raise  # mapped by the callers, which know the key and revision
-        except nats.js.errors.InvalidKeyError as error:
-            # A caller's bug (FlowRuntime escapes its keys), not the broker's state.
-            raise ValueError(f"runtime store {self.bucket!r}: {what}: not a KV key") from error
-        except (TimeoutError, nats.errors.Error, OSError) as error:
-            # A timed-out write may still have landed: callers that care re-read.
-            raise BrokerUnavailable(
-                f"runtime store {self.bucket!r}: {what} failed: {type(error).__name__}: "
-                f"{error}", code=getattr(error, "err_code", None),
-            ) from error
+    def _call(self, make: Callable[[], Coroutine[Any, Any, T]], what: str,
+              landed: Callable[[], T | None] | None = None) -> T:
+        """make()'s coroutine run on the store's loop, made again while it fails
+        transiently (a timeout, the broker away or between two leaders) within the
+        connection's outage budget (broker_link.retry_until).
+
+        Arguments:
+            make: makes the request's coroutine (one per attempt).
+            what: the request, for error messages.
+            landed: for a conditional write: after a retry answered 'wrong last
+                sequence', whether the earlier attempt had landed after all (its
+                revision, else None) — a timed-out write may have been stored.
+        """
+        started, retried = time.monotonic(), False
+        while True:
+            try:
+                return self._runner.run(make(), self._timeout * 2)
+            except (RevisionConflict, BrokerUnavailable):
+                raise
+            except nats.js.errors.KeyWrongLastSequenceError:
+                if retried and landed is not None:
+                    revision = landed()
+                    if revision is not None:
+                        return revision
+                raise  # mapped by the callers, which know the key and revision
+            except nats.js.errors.InvalidKeyError as error:
+                # A caller's bug (FlowRuntime escapes its keys), not the broker's state.
+                raise ValueError(f"runtime store {self.bucket!r}: {what}: not a KV key") from error
+            except (TimeoutError, nats.errors.Error, OSError) as error:
+                until = retry_until(self.outage, started)
+                if transient(error) and time.monotonic() < until:
+                    retried = True
+                    wait_back(self._client, self.outage, until)
+                    continue
+                reason = self.outage.given_up or f"{type(error).__name__}: {error}"
+                raise BrokerUnavailable(
+                    f"runtime store {self.bucket!r}: {what} failed: {reason}",
+                    code=getattr(error, "err_code", None),
+                ) from error
+
+    def _holds(self, key: str, value: bytes) -> int | None:
+        """The revision of key if it holds exactly value (a write of it landed)."""
+        found = self.get(key)
+        return found[1] if found is not None and found[0] == bytes(value) else None
 
     def durable_shared(self) -> bool:
         return True
@@ -262,11 +308,12 @@ class NatsKvRuntimeStore(RuntimeStore):
                 return None
             return bytes(entry.value or b""), int(entry.revision)
 
-        return self._call(read(), f"get {key!r}")
+        return self._call(read, f"get {key!r}")
 
     def create(self, key: str, value: bytes) -> int:
         try:
-            return int(self._call(self._kv.create(key, bytes(value)), f"create {key!r}"))
+            return int(self._call(lambda: self._kv.create(key, bytes(value)), f"create {key!r}",
+                                  lambda: self._holds(key, value)))
         except nats.js.errors.KeyWrongLastSequenceError as error:
             raise RevisionConflict(f"ledger key {key!r} already exists", key=key) from error
 
@@ -285,7 +332,7 @@ class NatsKvRuntimeStore(RuntimeStore):
         async def every() -> list[int | None]:
             return list(await asyncio.gather(*(one(k, bytes(v)) for k, v in items)))
 
-        return self._call(every(), f"create {len(items)} keys from {items[0][0]!r}")
+        return self._call(every, f"create {len(items)} keys from {items[0][0]!r}")
 
     def update(self, key: str, value: bytes, expected_revision: int) -> int:
         if expected_revision <= 0:
@@ -294,8 +341,8 @@ class NatsKvRuntimeStore(RuntimeStore):
             raise ValueError(f"expected_revision must be > 0, got {expected_revision}")
         try:
             return int(self._call(
-                self._kv.update(key, bytes(value), last=expected_revision), f"update {key!r}"
-            ))
+                lambda: self._kv.update(key, bytes(value), last=expected_revision),
+                f"update {key!r}", lambda: self._holds(key, value)))
         except nats.js.errors.KeyWrongLastSequenceError as error:
             raise RevisionConflict(
                 f"ledger key {key!r} is no longer at revision {expected_revision}",
@@ -303,7 +350,7 @@ class NatsKvRuntimeStore(RuntimeStore):
             ) from error
 
     def delete(self, key: str) -> None:
-        self._call(self._kv.delete(key), f"delete {key!r}")
+        self._call(lambda: self._kv.delete(key), f"delete {key!r}")
 
     def keys(self, prefix: str) -> list[str]:
         async def scan() -> list[str]:
@@ -312,7 +359,7 @@ class NatsKvRuntimeStore(RuntimeStore):
             return await present_keys(self._client.jetstream(timeout=self._timeout),
                                       self.bucket, prefix)
 
-        return self._call(scan(), f"list {prefix!r}")
+        return self._call(scan, f"list {prefix!r}")
 
     def close(self) -> None:
         if not self._owns_client or not self._runner.running:

@@ -96,6 +96,7 @@ from videoflow.backends.messaging import (
     VerifiedSubscription,
     require_settle_outcomes,
 )
+from videoflow.messaging.broker_link import Outage, outage_budget_from_env
 from videoflow.messaging.jetstream_loop import (
     COALESCE_SECONDS,
     ErrorLog,
@@ -234,6 +235,13 @@ class JetStreamMessagingBackend(MessagingBackend):
             handed out — before its pull loops pause (RUN-025; VF_PREFETCH_BYTES). A
             fetch already in flight when the budget fills still lands, so the resident
             total may exceed it by what that fetch brings. None: unbounded.
+
+    The connection rides out a broker that goes away (restarted, frozen, a cluster
+    electing a leader) for up to the outage budget — VIDEOFLOW_OUTAGE_BUDGET seconds,
+    else DEFAULT_OUTAGE_BUDGET_SECONDS (60); set outage.budget before start to change
+    it. Meanwhile the client reconnects, outcomes stay Unknown, and pursue_until
+    extends the publication ladder's deadlines; past it the connection is closed and
+    every call says why.
     """
 
     def __init__(
@@ -261,6 +269,8 @@ class JetStreamMessagingBackend(MessagingBackend):
         self.connect_timeout, self.byte_budget = connect_timeout, byte_budget
         self.instance_id = uuid.uuid4().hex[:12]  # names this process's EOS durables
         self.errors = ErrorLog()
+        self.outage = Outage(outage_budget_from_env(), where=nats_url)
+        self.outage.on_back.append(self._reconnected)
         self._runner = LoopRunner()
         self._client: Client | None = None
         self._js: JetStreamContext | None = None
@@ -301,8 +311,26 @@ class JetStreamMessagingBackend(MessagingBackend):
 
     def _require(self) -> tuple[Client, JetStreamContext]:
         if self._client is None or self._js is None or not self._client.is_connected:
-            raise BrokerUnavailable("the JetStream backend is not connected")
+            raise BrokerUnavailable(self._not_connected())
         return self._client, self._js
+
+    def _not_connected(self) -> str:
+        """Why nothing can be sent now, in words an operator can act on."""
+        if self.outage.given_up is not None:
+            return self.outage.given_up
+        if self.outage.away:
+            return (f"the broker {self.nats_url} is away (reconnecting for up to "
+                    f"{self.outage.budget:g} s)")
+        return "the JetStream backend is not connected"
+
+    def _reconnected(self) -> None:
+        """The broker is back: the pull requests open before the outage died with the
+        old connection, so every binding asks again at once."""
+        for binding in list(self._bindings.values()):
+            binding.receiver.reconnected()
+
+    def pursue_until(self) -> float:
+        return self.outage.pursue_until()
 
     def start(self) -> None:
         """Connect on a fresh loop and its keeper thread (LoopRunner). Idempotent.
@@ -316,7 +344,8 @@ class JetStreamMessagingBackend(MessagingBackend):
         self._runner.start()
         try:
             client = self._call(
-                connect_fail_fast(self.nats_url, self.connect_timeout, self.errors),
+                connect_fail_fast(self.nats_url, self.connect_timeout, self.errors,
+                                  self.outage),
                 self.connect_timeout)
         except BaseException:
             self._runner.stop()
@@ -602,8 +631,9 @@ class JetStreamMessagingBackend(MessagingBackend):
         (jetstream_outcomes.publish_pipelined). The receipt always resolves, to what
         publish would return."""
         if self._js is None or not self.connected:
-            return Receipt(Rejected("the JetStream backend is not connected; nothing "
-                                    "was sent", retryable=True))
+            # Nothing was sent; waiting helps unless the connection was given up.
+            return Receipt(Rejected(f"{self._not_connected()}; nothing was sent",
+                                    retryable=self.outage.given_up is None))
         receipt: Receipt[PublishOutcome] = Receipt(runner=self._runner)
         self._publications.put((self.subject_for(envelope.channel, envelope.kind), envelope,
                                 deadline, receipt))
@@ -661,8 +691,8 @@ class JetStreamMessagingBackend(MessagingBackend):
         stored and stores it now when it was not — either way one accepted copy.
         Outside the window nothing can be known: Unresolvable."""
         if self._js is None or not self.connected:
-            return Rejected("the JetStream backend is not connected; nothing was sent",
-                            retryable=True)
+            # The earlier send may have been stored: still unknown, never a refusal.
+            return PublicationUnknown(self._not_connected())
         subject = self.subject_for(envelope.channel, envelope.kind)
         try:
             outcome: PublishOutcome = self._call(

@@ -18,12 +18,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, Generic, TypeVar
 
-import nats
 from nats.aio.client import Client
 
 from videoflow.errors import BrokerUnavailable
+from videoflow.messaging.broker_link import Outage, connect
 from videoflow.messaging.stream_configs import connect_options_for
-from videoflow.messaging.verification import observation_failure
 
 T = TypeVar("T")
 
@@ -490,34 +489,29 @@ class ErrorLog:
         return [f"{type(e).__name__}: {e}" for e in self.reports]
 
 
-async def connect_fail_fast(url: str, connect_timeout: float, errors: ErrorLog) -> Client:
-    """Connect once, failing fast, with error_cb recording into errors.
-
-    nats-py retries a refused connect inside _select_next_server whatever
-    allow_reconnect says (NATS_FACTS S4, aio/client.py), so the fail-fast options
-    (connect_options_for: max_reconnect_attempts=1, reconnect_time_wait=0.1, no
-    reconnects) are used and the whole connect is bounded by connect_timeout as well.
+async def connect_fail_fast(url: str, connect_timeout: float, errors: ErrorLog,
+                            outage: Outage | None = None) -> Client:
+    """Connect, failing fast, with error_cb recording into errors; once connected, the
+    client rides out broker outages within outage's budget (broker_link.connect).
 
     Arguments:
-        url: the server.
-        connect_timeout: the overall bound in seconds (> 0).
+        url: the server, or several comma-separated (a cluster's seeds).
+        connect_timeout: the overall bound of the first connect, in seconds (> 0).
         errors: receives every error_cb report.
+        outage: the connection's outage record and budget; None: the default budget,
+            unrecorded.
 
     Returns:
-        a connected client.
+        a connected client, its socket reads bounded (bound_reads).
 
     Raises:
         BrokerUnavailable: refused (NoServersError), hung handshake (a bare
             asyncio.TimeoutError, S20), the bound elapsed, or credentials refused; the
             message carries the observation_failure reason and error_cb's reports.
-        ValueError: connect_timeout is not a finite number > 0.
+        ValueError: connect_timeout is not a finite number > 0, or an empty server list.
     """
-    options = connect_options_for(connect_timeout, True, errors.record)
-    try:
-        client = await asyncio.wait_for(nats.connect(url, **options), connect_timeout)
-    except Exception as error:
-        reason, detail = observation_failure(error, errors.texts())
-        raise BrokerUnavailable(f"cannot connect to {url} ({reason}): {detail}") from error
+    connect_options_for(connect_timeout, True, errors.record)  # validates the timeout
+    client = await connect(url, connect_timeout, errors.record, outage)
     bound_reads(client)
     return client
 

@@ -128,6 +128,9 @@ server's buffer for the connection (a slow consumer, disconnected)."""
 _FIRST_DEPTH: Final = 4
 """The depth asked for before any delivery's size is known."""
 
+_AWAY_POLL_SECONDS: Final = 0.05
+"""How often a pull loop looks whether a broker that went away is back."""
+
 _PULL_GRACE_SECONDS: Final = 1.0
 """How long past its expiry a pull request is still counted, waiting for its 408."""
 
@@ -286,6 +289,12 @@ class SubscriptionReceiver:
         under a byte budget, one message at a time.
         """
         while not self._stopping:
+            if not self.client.is_connected:
+                # The broker is away: a request now would only wait in the client's
+                # buffer, and the one the outage ended is asked again on its return
+                # (reconnected).
+                await asyncio.sleep(_AWAY_POLL_SECONDS)
+                continue
             self._forget_expired_pulls()
             hold = self._refused_until - time.monotonic()
             if hold > 0:
@@ -327,6 +336,15 @@ class SubscriptionReceiver:
             with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
                 await asyncio.wait_for(self._space.wait(), self.fetch_timeout)
             self._space_waiting = False
+
+    def reconnected(self) -> None:
+        """The connection is back after an outage: the server forgot the pull requests
+        open on the old one (a restarted server knows none, a reconnect to another
+        server never had them), so none is counted any more and the loop asks at once.
+        A request that did survive only delivers into the inbox as before."""
+        self._pulls.clear()
+        self._refused_until = 0.0
+        self._space.set()
 
     def depth(self) -> int:
         """How many deliveries to keep asked for or parked: the prefetch, or fewer once

@@ -54,6 +54,7 @@ from videoflow.messaging.messenger_deliveries import Deliveries, Held
 from videoflow.messaging.publication import (
     ATTEMPT_SECONDS,
     PublicationStats,
+    due,
     publish_until_known,
 )
 
@@ -267,7 +268,8 @@ class PublishWindow:
             if output.on_accepted is not None:
                 output.on_accepted(first)
             return None
-        if isinstance(first, PublicationUnknown) and output.deadline > time.monotonic():
+        if (isinstance(first, PublicationUnknown)
+                and due(self.backend, output.deadline) > time.monotonic()):
             first = self.backend.observe_publication(output.envelope)
             if not isinstance(first, PublicationUnknown):
                 self._ask_after_unknowns(output, siblings)
@@ -305,7 +307,7 @@ class PublishWindow:
         def ask(output: _Output) -> PublishOutcome:
             # Past its deadline (by its turn, the broker may have stalled again): left
             # unknown, so the re-ask ends soon after the last deadline.
-            if output.deadline <= time.monotonic():
+            if due(self.backend, output.deadline) <= time.monotonic():
                 return output.receipt.result()
             return self.backend.observe_publication(output.envelope)
 

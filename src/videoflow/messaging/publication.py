@@ -15,6 +15,10 @@ is decided here once:
   (an idempotent re-publish of the same msg_id inside the duplicate window), again
   until the deadline; PublicationUnresolvable once the window has passed.
 
+A broker outage moves the deadline (due): while the broker is away the ladder waits
+for it, within the backend's outage budget, and resolves what the outage left unknown
+once it is back.
+
 Nothing here sleeps on the broker's loop or guesses: an outcome still unknown at the
 deadline is returned unknown.
 """
@@ -127,7 +131,7 @@ def publish_until_known(
                 return Published(outcome, dropped=False, attempts=attempts)
             if flow_type == REALTIME:
                 return Published(outcome, dropped=True, attempts=attempts)
-        remaining = deadline - clock()
+        remaining = due(backend, deadline) - clock()
         if remaining <= 0:
             return Published(outcome, dropped=False, attempts=attempts)
         sleep(min(backoff, remaining))
@@ -137,6 +141,13 @@ def publish_until_known(
             outcome = backend.observe_publication(envelope)
         else:  # a retryable refusal in BATCH: the stream may have room now
             outcome = backend.publish(envelope, min(deadline, clock() + attempt_seconds))
+
+
+def due(backend: MessagingBackend, deadline: float) -> float:
+    """A publication's deadline as a broker outage extends it: the ladder goes on
+    while the broker is away, within the backend's outage budget, and a little after
+    it is back (MessagingBackend.pursue_until), instead of failing the group."""
+    return max(deadline, backend.pursue_until())
 
 
 class PublicationStats:
@@ -164,5 +175,6 @@ __all__ = [
     "STAT_KEYS",
     "PublicationStats",
     "Published",
+    "due",
     "publish_until_known",
 ]

@@ -1,0 +1,339 @@
+"""A connection that rides out its broker: server lists, the outage budget, and the one
+connect every long-lived connection of videoflow goes through (the JetStream backend,
+the KV ledger, the payload store, the operator commands).
+
+nats-py has one retry setting for the first connect and for reconnects alike
+(max_reconnect_attempts; NATS_FACTS S4, §8). videoflow wants both: the first connect
+fails fast (a wrong URL is reported in a tenth of a second, not retried for two
+minutes), and once connected the client reconnects for as long as the outage budget
+allows. So connect() connects with the fail-fast options and, once connected, turns the
+client's own reconnect settings to "forever" (its options dict is read afresh at every
+attempt, aio/client.py _select_next_server); the budget is enforced here, by a watchdog
+that closes the client once its broker has been away for longer than the budget.
+
+A broker that stops answering without closing the socket (a frozen process, a lost
+route) is found by the client's pings: every PING_SECONDS, and given up as a stale
+connection after MAX_OUTSTANDING_PINGS unanswered, which starts the same reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+
+from videoflow.errors import BrokerUnavailable
+from videoflow.messaging.verification import observation_failure
+
+DEFAULT_OUTAGE_BUDGET_SECONDS: Final = 60.0
+"""How long a connection waits for its broker to come back before it gives up."""
+
+OUTAGE_BUDGET_ENV: Final = "VIDEOFLOW_OUTAGE_BUDGET"
+"""The environment variable that overrides DEFAULT_OUTAGE_BUDGET_SECONDS (seconds)."""
+
+RECOVERY_SECONDS: Final = 15.0
+"""After the broker is back, how long outcomes it left unknown may still be pursued:
+the acknowledgements, publications and ledger writes of the outage resolve in it."""
+
+RECONNECT_FIRST_WAIT: Final = 0.1
+RECONNECT_MAX_WAIT: Final = 1.0
+"""The wait between reconnect attempts to one server: RECONNECT_FIRST_WAIT, doubling
+with each second of the outage, up to RECONNECT_MAX_WAIT."""
+
+PING_SECONDS: Final = 3
+MAX_OUTSTANDING_PINGS: Final = 2
+"""A broker that answers no ping for about (MAX_OUTSTANDING_PINGS + 1) * PING_SECONDS
+is taken for gone and reconnected to (nats-py's default finds a frozen broker after
+six minutes)."""
+
+WATCH_SECONDS: Final = 0.25
+"""How often the watchdog looks at an outage."""
+
+_SCHEME: Final = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
+
+
+def servers_of(url: str) -> list[str]:
+    """The server URLs of a broker address: one URL, or several separated by commas
+    (and optional spaces), as the NATS tools take them — a cluster's seed servers.
+
+    Arguments:
+        url: e.g. 'nats://a:4222' or 'nats://a:4222,nats://b:4222'; a server without
+            a scheme is taken as nats://.
+
+    Returns:
+        The URLs, in the order given.
+
+    Raises:
+        ValueError: no server at all, or an empty entry ('a,,b').
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError(f"a broker URL is required, got {url!r}")
+    servers = [part.strip() for part in url.split(",")]
+    if any(not part for part in servers):
+        raise ValueError(f"empty server in the URL list {url!r}")
+    return [part if _SCHEME.match(part) else f"nats://{part}" for part in servers]
+
+
+def outage_budget_from_env(default: float = DEFAULT_OUTAGE_BUDGET_SECONDS) -> float:
+    """The outage budget VIDEOFLOW_OUTAGE_BUDGET sets, else default.
+
+    Raises:
+        ValueError: the variable is set but not a finite number >= 0.
+    """
+    text = os.environ.get(OUTAGE_BUDGET_ENV)
+    if text is None or not text.strip():
+        return default
+    return check_budget(_number(text))
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{OUTAGE_BUDGET_ENV} must be a number of seconds, "
+                         f"got {text!r}") from None
+
+
+def check_budget(budget: float) -> float:
+    """budget, once checked to be a finite number of seconds >= 0.
+
+    Raises:
+        ValueError: it is not.
+    """
+    if (isinstance(budget, bool) or not isinstance(budget, (int, float))
+            or not 0 <= budget < float("inf")):
+        raise ValueError(f"the outage budget must be a finite number of seconds >= 0, "
+                         f"got {budget!r}")
+    return float(budget)
+
+
+class Outage:
+    """Whether a connection's broker is away, since when, and for how long it may be.
+
+    Arguments:
+        budget: seconds the broker may be away before the connection is given up
+            (0: at once, as a connection without reconnects).
+        where: the broker, for messages.
+        clock: monotonic seconds.
+
+    Attributes:
+        down_since: when the current outage began, None while connected.
+        back_at: when the latest outage ended, None before any.
+        outages: how many outages began.
+        longest: the longest outage that ended, in seconds.
+        given_up: why the connection was given up (the budget ran out), else None.
+    """
+
+    def __init__(self, budget: float = DEFAULT_OUTAGE_BUDGET_SECONDS, where: str = "",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.budget = check_budget(budget)
+        self.where = where
+        self.clock = clock
+        self.down_since: float | None = None
+        self.back_at: float | None = None
+        self.outages = 0
+        self.longest = 0.0
+        self.given_up: str | None = None
+        self.on_back: list[Callable[[], None]] = []  # called on the loop as it returns
+        self._watch: asyncio.Task[None] | None = None
+
+    @property
+    def away(self) -> bool:
+        return self.down_since is not None
+
+    def pursue_until(self) -> float:
+        """Until when (monotonic) an outcome the outage left unknown or unsent may still
+        be pursued: while the broker is away, until the budget runs out; once it is
+        back, RECOVERY_SECONDS more; 0.0 without a recent outage or once given up."""
+        if self.given_up is not None:
+            return 0.0
+        if self.down_since is not None:
+            return self.down_since + self.budget + RECOVERY_SECONDS
+        if self.back_at is not None:
+            return self.back_at + RECOVERY_SECONDS
+        return 0.0
+
+    def went_away(self) -> None:
+        if self.down_since is None:
+            self.down_since = self.clock()
+            self.outages += 1
+
+    def came_back(self) -> None:
+        if self.down_since is not None:
+            now = self.clock()
+            self.longest = max(self.longest, now - self.down_since)
+            self.down_since, self.back_at = None, now
+        for callback in list(self.on_back):
+            callback()
+
+    def overdue(self) -> bool:
+        """Whether the current outage has outlasted the budget."""
+        return self.down_since is not None and self.clock() - self.down_since > self.budget
+
+    def reason(self) -> str:
+        """Why the connection was given up, in words an operator can act on."""
+        return (f"the broker {self.where} was unreachable for more than "
+                f"{self.budget:g} s (the outage budget; raise it with outage_budget= "
+                f"or {OUTAGE_BUDGET_ENV})")
+
+    def reconnect_wait(self) -> float:
+        """The wait between reconnect attempts now: short at first, longer as the
+        outage goes on."""
+        if self.down_since is None:
+            return RECONNECT_FIRST_WAIT
+        doublings = int(max(self.clock() - self.down_since, 0.0))
+        return min(RECONNECT_MAX_WAIT, RECONNECT_FIRST_WAIT * 2 ** min(doublings, 8))
+
+    async def watch(self, client: Client) -> None:
+        """Give the client up once an outage outlasts the budget (closing it fails
+        everything waiting on it at once); meanwhile, lengthen its reconnect wait."""
+        while not client.is_closed:
+            await asyncio.sleep(WATCH_SECONDS)
+            client.options["reconnect_time_wait"] = self.reconnect_wait()
+            if self.overdue():
+                self.given_up = self.reason()
+                with contextlib.suppress(Exception):
+                    await client.close()
+                return
+
+
+TRANSIENT_RETRY_SECONDS: Final = 20.0
+"""How long a request that failed transiently is tried again without an outage on
+record: a cluster electing a stream's or the meta leader answers 'no responders' or
+'JetStream unavailable' for a few seconds (about 5 s seen), with the connection up."""
+
+
+def transient(error: BaseException) -> bool:
+    """Whether a failed request may succeed if simply made again: a timeout, the
+    connection lost or reconnecting, no responders (a stream or KV bucket between two
+    leaders), or the JetStream API answering 503 (not ready after a restart, no
+    leader). A closed connection counts too: the caller asks the outage whether it
+    was given up."""
+    if isinstance(error, nats.js.errors.APIError):
+        return error.code == 503
+    return isinstance(error, (
+        asyncio.TimeoutError, TimeoutError, nats.errors.TimeoutError,
+        nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
+        nats.errors.NoRespondersError, nats.errors.StaleConnectionError,
+        nats.errors.FlushTimeoutError, nats.errors.OutboundBufferLimitError,
+        nats.js.errors.NoStreamResponseError, ConnectionError,
+    ))
+
+
+def retry_until(outage: Outage, started: float) -> float:
+    """Until when (monotonic) a request first made at `started` that failed
+    transiently may be made again: TRANSIENT_RETRY_SECONDS, or as long as the
+    outage extends it; 0.0 once the connection was given up."""
+    if outage.given_up is not None:
+        return 0.0
+    return max(started + TRANSIENT_RETRY_SECONDS, outage.pursue_until())
+
+
+def wait_back(client: Client, outage: Outage, until: float, step: float = 0.1) -> None:
+    """Block the calling thread (never the client's loop) until the client is
+    connected again, `until` (monotonic) passes, or the connection is given up."""
+    while (not client.is_connected and outage.given_up is None
+           and outage.clock() < until and not client.is_closed):
+        time.sleep(step)
+    time.sleep(min(step, max(until - outage.clock(), 0.0)))
+
+
+ErrorCallback = Callable[[BaseException], Awaitable[None]]
+
+
+async def connect(
+    url: str,
+    connect_timeout: float,
+    error_cb: ErrorCallback,
+    outage: Outage | None = None,
+    **options: Any,
+) -> Client:
+    """Connect to the first server of url that answers, failing fast, then reconnect
+    after any outage for as long as outage's budget allows.
+
+    Arguments:
+        url: one server or several, comma-separated (servers_of).
+        connect_timeout: the bound of the whole first connect, in seconds (> 0).
+        error_cb: the client's error callback (every failed attempt reaches it).
+        outage: tracks this connection's outages and holds its budget; None keeps no
+            record and gives a broker DEFAULT_OUTAGE_BUDGET_SECONDS.
+        **options: further nats.connect keyword arguments.
+
+    Returns:
+        a connected client.
+
+    Raises:
+        BrokerUnavailable: no server answered within connect_timeout (refused, a hung
+            handshake, credentials refused); the message names the servers.
+        ValueError: an empty server list.
+    """
+    servers = servers_of(url)
+    tracked = outage if outage is not None else Outage(where=url)
+    if not tracked.where:
+        tracked.where = url
+    seen: list[BaseException] = []
+
+    async def record(error: BaseException) -> None:
+        seen.append(error)
+        del seen[:-8]
+        await error_cb(error)
+
+    async def disconnected() -> None:
+        tracked.went_away()
+
+    async def reconnected() -> None:
+        tracked.came_back()
+
+    settings: dict[str, Any] = {
+        # NATS_FACTS §8: fail fast on the first connect (NoServersError after two
+        # refused attempts per server, a bare TimeoutError on a hung handshake).
+        "allow_reconnect": True,
+        "max_reconnect_attempts": 1,
+        "reconnect_time_wait": RECONNECT_FIRST_WAIT,
+        "connect_timeout": max(min(2.0, connect_timeout), 0.1),
+        "ping_interval": PING_SECONDS,
+        "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
+        "error_cb": record,
+        "disconnected_cb": disconnected,
+        "reconnected_cb": reconnected,
+    }
+    settings.update(options)
+    try:
+        client = await asyncio.wait_for(nats.connect(servers, **settings), connect_timeout)
+    except Exception as error:
+        reason, detail = observation_failure(error, [f"{type(e).__name__}: {e}"
+                                                     for e in seen])
+        raise BrokerUnavailable(f"cannot connect to {url} ({reason}): {detail}") from error
+    if tracked.budget > 0:
+        # Connected: from now on, reconnect until the watchdog gives up.
+        client.options["max_reconnect_attempts"] = -1
+        tracked._watch = asyncio.get_running_loop().create_task(
+            tracked.watch(client), name="videoflow-outage-watch")
+    else:
+        client.options["allow_reconnect"] = False
+    return client
+
+
+__all__ = [
+    "DEFAULT_OUTAGE_BUDGET_SECONDS",
+    "OUTAGE_BUDGET_ENV",
+    "RECOVERY_SECONDS",
+    "TRANSIENT_RETRY_SECONDS",
+    "Outage",
+    "check_budget",
+    "connect",
+    "outage_budget_from_env",
+    "retry_until",
+    "servers_of",
+    "transient",
+    "wait_back",
+]
