@@ -221,21 +221,42 @@ class StoreBusy(EmbeddedServerError):
         store_dir: the store.
         record: where that server listens, who started it and why; None when it did
             not say (still starting, or its record was lost).
+        orphaned: the process that started it is gone (killed before it could stop
+            its server), so it will not end on its own.
     """
 
-    def __init__(self, store_dir: Path, record: ServerRecord | None) -> None:
+    def __init__(self, store_dir: Path, record: ServerRecord | None,
+                 orphaned: bool = False) -> None:
         if record is None:
             holder = "another embedded nats-server"
         else:
             holder = (f"the embedded nats-server of a videoflow {record.purpose} "
                       f"(nats-server pid {record.pid} at {record.url}, started by pid "
                       f"{record.owner_pid})")
+        if orphaned and record is not None:
+            advice = (f"pid {record.owner_pid} is gone and left its server running: stop "
+                      f"it (kill {record.pid}), or")
+        else:
+            advice = "wait for it to end, or"
         super().__init__(
-            f"the broker store {store_dir} is in use by {holder}; wait for it to end, or "
-            "give this one a store of its own: --store-dir DIR (VIDEOFLOW_STORE_DIR) or "
-            "--ephemeral")
+            f"the broker store {store_dir} is in use by {holder}; {advice} give this one "
+            "a store of its own: --store-dir DIR (VIDEOFLOW_STORE_DIR) or --ephemeral")
         self.store_dir = store_dir
         self.record = record
+        self.orphaned = orphaned
+
+
+def _running(pid: int) -> bool:
+    """Whether a process with this pid exists (it may be a zombie: close enough)."""
+    if sys.platform == "win32":
+        return True  # not told apart there: the message then only says to wait
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's
+    return True
 
 
 def _try_lock(fd: int) -> bool:
@@ -416,7 +437,8 @@ class EmbeddedServer:
             if (record is not None and record.purpose == "run") or \
                     time.monotonic() >= deadline:
                 os.close(fd)
-                raise StoreBusy(store_dir, record)
+                raise StoreBusy(store_dir, record, orphaned=record is not None
+                                and not _running(record.owner_pid))
             time.sleep(0.05)
         self._lock_fd = fd
 

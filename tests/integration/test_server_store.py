@@ -41,6 +41,7 @@ def test_a_locked_store_refuses_a_second_run_naming_the_first_and_the_way_out(
             embedded.EmbeddedServer(store, lock=True).start()
         assert time.monotonic() - started < 5  # a run's hold is refused, not waited on
         assert busy.value.record == record and first.url in str(busy.value)
+        assert not busy.value.orphaned and "wait for it to end" in str(busy.value)
     # Let go at stop: the record is gone and the next server takes the store.
     assert not (store / SERVER_RECORD).exists() and (store / LOCK_FILE).exists()
     with embedded.EmbeddedServer(store, lock=True) as second:
@@ -88,9 +89,11 @@ def test_the_lock_outlives_a_killed_owner_for_as_long_as_its_server_runs(
     try:
         owner.send_signal(signal.SIGKILL)  # no stop(): the nats-server is orphaned
         owner.wait(timeout=10)
-        with pytest.raises(StoreBusy) as busy:
+        with pytest.raises(StoreBusy, match=f"pid {owner.pid} is gone .*kill {server_pid}"
+                           ) as busy:
             embedded.EmbeddedServer(store, lock=True).start()
         assert busy.value.record is not None and busy.value.record.pid == server_pid
+        assert busy.value.orphaned
         assert embedded.answers(busy.value.record.url)
     finally:
         os.kill(server_pid, signal.SIGTERM)
