@@ -100,12 +100,22 @@ def test_two_runs_of_a_poisoning_flow_within_a_minute_both_keep_their_dead_lette
 # -------------------------------------------------- the default embedded broker
 
 
+def default_store_env(tmp_path: Path, out: Path, **values: Any) -> tuple[dict[str, str], Path]:
+    """An environment whose per-user data directory is in tmp_path and that names no
+    store and no broker: the commands take the default of a fresh user."""
+    env = poison_env(out, **values)
+    env.pop("VIDEOFLOW_STORE_DIR", None)
+    env.update(HOME=str(tmp_path / "home"), XDG_DATA_HOME=str(tmp_path / "user-data"),
+               LOCALAPPDATA=str(tmp_path / "user-data"))
+    return env, embedded.default_store_dir(environ=env, home=tmp_path / "home")
+
+
 def test_run_then_dlq_list_then_dlq_replay_on_the_default_embedded_broker(
     tmp_path: Path, out_dirs: tuple[Path, Path],
 ) -> None:
-    store = tmp_path / "user-data" / "videoflow" / "nats"
-    env = poison_env(out_dirs[0], store, count=30)
-    report = run_json(env=env)  # no --nats-url, no VIDEOFLOW_NATS_URL
+    env, store = default_store_env(tmp_path, out_dirs[0], count=30)
+    assert store.is_relative_to(tmp_path)
+    report = run_json(env=env)  # no --nats-url, no VIDEOFLOW_NATS_URL, no store named
     run = report["run_id"]
     assert report["nodes"]["reject_multiples_of"]["dead_lettered"] == 4
     assert report["torn_down"] is True
@@ -136,7 +146,7 @@ def test_run_then_dlq_list_then_dlq_replay_on_the_default_embedded_broker(
 
     # Replayed into a run of the flow that is running, the dead letters are processed
     # again by its workers (and, still poison, dead-lettered again under that run).
-    live_env = poison_env(out_dirs[1], store, count=200, pace=0.05)
+    live_env, _ = default_store_env(tmp_path, out_dirs[1], count=200, pace=0.05)
     live = subprocess.Popen(command("run", "flows:poison", "--json", "--run", "live"),
                             cwd=HERE, env=live_env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -146,7 +156,7 @@ def test_run_then_dlq_list_then_dlq_replay_on_the_default_embedded_broker(
         assert holder is not None and holder.purpose == "run"
 
         # A second engine on the same store is refused at once, in one line.
-        second = videoflow("run", "flows:poison", env=poison_env(out_dirs[0], store))
+        second = videoflow("run", "flows:poison", env=env)
         assert second.returncode == 1
         (line,) = second.stderr.strip().splitlines()
         assert line.startswith(f"videoflow: error: the broker store {store} is in use")
