@@ -61,7 +61,7 @@ def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match=">= 1"):
         record(attempts=0)
     assert set(REASONS) == {"poison", "retries_exhausted", "undecodable", "best_effort_failed",
-                            "join_incomplete"}
+                            "join_incomplete", "crashed_worker"}
 
 
 def test_the_msg_id_names_the_delivery_so_a_retried_publish_deduplicates() -> None:

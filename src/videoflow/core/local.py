@@ -9,34 +9,58 @@ ack_wait lapses, its ledger lets the replacement take over), and the run ends wh
 every replica reached its end. Then the run's streams are deleted (never the
 dead-letter stream) and the embedded server stopped.
 
-Ctrl-C: the first asks the flow to stop (the run's control stop: producers stop
+Ctrl-C, and SIGTERM alike (what systemd, docker stop, Kubernetes and ``timeout``
+send): the first asks the flow to stop (the run's control stop: producers stop
 producing and end their streams, everything already published is still processed,
-so a BATCH flow loses nothing); a second quiesces every replica (SIGTERM: held work
-goes back to the broker); a third kills what is left. Nothing is left running.
+so a BATCH flow loses nothing, and the report is printed); a second quiesces every
+replica (SIGTERM: held work goes back to the broker); a third kills what is left.
+Nothing is left running: a replica also ends when the engine itself dies, SIGKILL
+included (videoflow.core.supervision.die_with_parent).
+
+A process that dies while its node processes an input counts one death against each
+delivery it had in hand (recorded in a slot the engine reads after the death); a
+redelivery of an input that coincided with crash_limit deaths is dead-lettered as
+'crashed_worker' and the flow goes on, where it would otherwise kill every restart.
+This covers the local engine's own replicas only (videoflow.core.supervision).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
+import functools
 import multiprocessing
 import os
 import pickle
 import queue as queue_module
+import shutil
 import signal
+import tempfile
 import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from videoflow.core.compiler import CompiledFlow, compile_flow
 from videoflow.core.constants import REALTIME
 from videoflow.core.node import Node
-from videoflow.core.report import NodeReport, RunReport
+from videoflow.core.report import NodeReport, ProcessDeath, RunReport
+from videoflow.core.supervision import (
+    CrashBook,
+    StopSignals,
+    create_slot,
+    die_with_parent,
+    exit_description,
+    read_in_hand,
+)
 from videoflow.core.task import Task
 from videoflow.core.worker import ReplicaJob, run_replica
+from videoflow.messaging.naming import sanitize
 from videoflow.progress import LiveView, NodeProgress
 
 if TYPE_CHECKING:
@@ -54,6 +78,10 @@ STOP_GRACE_SECONDS = 15.0
 
 START_GATE_SECONDS = 120.0
 """The most a REALTIME producer waits for its readers to bind before it starts anyway."""
+
+CRASH_LIMIT = 2
+"""run_flow's default crash_limit: an input in hand at two process deaths of its node
+is not handed to a third."""
 
 
 def new_run_id() -> str:
@@ -99,6 +127,7 @@ class _Replica:
     final: dict[str, Any] | None = None
     lost: bool = False
     dead: list[dict[str, Any]] = field(default_factory=list)  # its dead processes' last words
+    deaths: list[ProcessDeath] = field(default_factory=list)  # how each of them ended
 
 
 @dataclass
@@ -112,6 +141,10 @@ class _Run:
     failed: bool = False
     bound: set[str] = field(default_factory=set)  # replicas whose durables are bound
     gate: Any = None  # a multiprocessing Event: producers may start
+    started: float = field(default_factory=time.monotonic)
+    crashes: CrashBook | None = None  # deaths per input, per node (crash_limit)
+    # Ctrl-C and SIGTERM: run_flow's handler on the main thread (else never counting)
+    signals: StopSignals = field(default_factory=StopSignals)
 
 
 def _shared_payloads(payloads: bool | str, flow_id: str, run_id: str,
@@ -131,6 +164,31 @@ def _shared_payloads(payloads: bool | str, flow_id: str, run_id: str,
                                     budget_bytes=budget)
 
 
+_SIGNALS: contextvars.ContextVar[StopSignals | None] = contextvars.ContextVar(
+    "videoflow_stop_signals", default=None)
+
+
+def _handling_stop_signals(function: Callable[..., RunReport]) -> Callable[..., RunReport]:
+    """run_flow with the engine's SIGINT and SIGTERM handler (StopSignals) installed for
+    its whole length when it runs on the main thread, the previous handlers restored
+    after, however it ends: Ctrl-C and SIGTERM raise KeyboardInterrupt until the
+    replicas start, are counted from then on (through the run's reaping and teardown,
+    which they do not cut short)."""
+
+    @functools.wraps(function)
+    def run(*args: Any, **options: Any) -> RunReport:
+        signals = StopSignals().install()
+        token = _SIGNALS.set(signals)
+        try:
+            return function(*args, **options)
+        finally:
+            _SIGNALS.reset(token)
+            signals.restore()
+
+    return run
+
+
+@_handling_stop_signals
 def run_flow(
     flow: Any,
     nats_url: str | None = None,
@@ -144,6 +202,7 @@ def run_flow(
     eos_quiescence_ms: int = 500,
     stop_after: float | None = None,
     max_restarts: int = 3,
+    crash_limit: int | None = CRASH_LIMIT,
     ledger: str = "kv",
     payloads: bool | str = "shm",
     payload_budget: int | None = None,
@@ -172,6 +231,11 @@ def run_flow(
             None runs until the producers end.
         max_restarts: per replica, how often a process that died without a word is
             started again.
+        crash_limit: how many process deaths of a node an input may have been in hand
+            at before a redelivery of it is dead-lettered as 'crashed_worker' instead
+            of processed; None never gives up on one (then an input that kills every
+            process fails the run once max_restarts are spent). At most max_restarts,
+            so the input is given up on before the replica is.
         ledger: as ReplicaJob.
         payloads: how outputs too large to travel inline go by ref: 'shm' (the
             default: every replica runs on this host, so through a shared-memory store
@@ -190,7 +254,7 @@ def run_flow(
     Raises:
         ValueError: the flow does not compile, or a node cannot be sent to a worker
             process (its constructor arguments do not pickle); both store_dir and
-            ephemeral.
+            ephemeral; crash_limit neither None nor from 1 to max_restarts.
         BrokerUnavailable / TimeoutError: the broker unreachable, provisioning not done
             within provision_timeout.
         StoreBusy: the embedded server's store is held by another run's server.
@@ -200,6 +264,9 @@ def run_flow(
     from videoflow.ops import teardown as tear_down
     from videoflow.server import EmbeddedServer, store_dir_for
 
+    if crash_limit is not None and not 1 <= crash_limit <= max_restarts:
+        raise ValueError(f"crash_limit must be None or from 1 to max_restarts "
+                         f"({max_restarts}), got {crash_limit!r}")
     kv = ledger == "kv"
     compiled = compile_flow(flow, max_retries, ledger_budget=kv)
     nodes = {name: _portable(name, node) for name, node in compiled.nodes.items()}
@@ -215,6 +282,9 @@ def run_flow(
     run = _Run(compiled, url, run_id or new_run_id())
     shared = _shared_payloads(payloads, compiled.flow_id, run.run_id, payload_budget)
     started = time.monotonic()
+    run.started, run.signals = started, _SIGNALS.get() or run.signals
+    supervision = Path(tempfile.mkdtemp(prefix="videoflow-supervision-", dir=_shared_dir()))
+    run.crashes = CrashBook(supervision)
     try:
         provision_flow_sync(url, list(compiled.specs), compiled.flow_id, run.run_id,
                             compiled.flow_type, timeout=provision_timeout,
@@ -222,14 +292,20 @@ def run_flow(
         for spec in compiled.specs:
             run.progress[spec.name] = NodeProgress(spec.kind)
             for replica in range(spec.nb_tasks):
+                slot = supervision / f"{sanitize(spec.name)}.{replica}.in-hand"
+                create_slot(slot)
                 job = ReplicaJob(compiled.flow_id, run.run_id, compiled.flow_type, spec,
                                  replica, url, ack_wait, max_retries, eos_quiescence_ms,
                                  ledger, bool(payloads),
-                                 None if shared is None else str(shared.directory))
+                                 None if shared is None else str(shared.directory),
+                                 str(slot), str(run.crashes.path(spec.name)), crash_limit)
                 run.replicas[job.key] = _Replica(job, nodes[spec.name])
         _supervise(run, max_restarts, stop_after, view if isinstance(view, LiveView) else None)
     finally:
-        _reap(run)
+        try:
+            _reap(run)
+        finally:
+            shutil.rmtree(supervision, ignore_errors=True)
         torn_down = False
         try:
             if teardown:
@@ -244,11 +320,14 @@ def run_flow(
                        seconds=time.monotonic() - started, torn_down=torn_down)
     for spec in compiled.specs:
         ours = {key: r for key, r in run.replicas.items() if r.job.spec.name == spec.name}
-        finals = {key: r.final or {"outcome": "lost"} for key, r in ours.items()}
+        finals = {key: r.final or _lost(r) for key, r in ours.items()}
         for key, entry in ours.items():
             finals.update({f"{key}~{n}": dead for n, dead in enumerate(entry.dead, 1)})
         restarts = sum(r.restarts for r in ours.values())
-        report.nodes[spec.name] = NodeReport.from_replicas(spec.kind, finals, restarts)
+        deaths = sorted((d for r in ours.values() for d in r.deaths),
+                        key=lambda d: d.at_seconds)
+        report.nodes[spec.name] = NodeReport.from_replicas(spec.kind, finals, restarts,
+                                                           deaths)
     if compiled.flow_type == REALTIME:
         _count_superseded(report, compiled)
     outcomes = [o for n in report.nodes.values() for o in n.outcomes.values()]
@@ -257,6 +336,16 @@ def run_flow(
     elif run.stop_requested:
         report.outcome = "stopped"
     return report
+
+
+def _lost(replica: _Replica) -> dict[str, Any]:
+    """The final word of a replica that never gave one: lost, and why."""
+    if not replica.deaths:
+        return {"outcome": "lost", "error": "its process ended without a report"}
+    last, n = replica.deaths[-1], replica.restarts
+    return {"outcome": "lost",
+            "error": f"lost after {n} restart{'s' if n != 1 else ''}; the last "
+                     f"{last.describe()}"}
 
 
 def _count_superseded(report: RunReport, compiled: CompiledFlow) -> None:
@@ -279,6 +368,12 @@ def _count_superseded(report: RunReport, compiled: CompiledFlow) -> None:
 
 def _accounted(node: NodeReport) -> bool:
     return node.restarts == 0 and all(o == "ended" for o in node.outcomes.values())
+
+
+def _shared_dir() -> str | None:
+    """Where a run's supervision files go: /dev/shm where there is one (its slots are
+    written per input group, so memory, not a disk), else the temporary directory."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 def _portable(name: str, node: Node) -> bytes:
@@ -304,42 +399,66 @@ def _supervise(run: _Run, max_restarts: int, stop_after: float | None,
     run.gate = context.Event()
     if run.compiled.flow_type != REALTIME:
         run.gate.set()
+    # Ctrl-C and SIGTERM are counted by run.signals from here on, and acted on
+    # between the loop's steps (one 0.2 s wait at most), never in the middle of one.
+    # They stay counted once the loop is done: the reaping and the teardown that
+    # follow are not cut short.
+    run.signals.supervising = True
     for replica in run.replicas.values():
         _start(context, replica, reports, run.gate)
+    _watch(context, run, reports, max_restarts, stop_after, view)
+
+
+def _watch(context: Any, run: _Run, reports: Any, max_restarts: int,
+           stop_after: float | None, view: LiveView | None) -> None:
+    """Supervise until every replica's process ended: read their reports, restart
+    the dead, act on each Ctrl-C or SIGTERM, stop the flow when asked or when a
+    replica is lost, and keep the live view up to date."""
     began = time.monotonic()
     interrupts = 0
     lost_at: float | None = None
     title = f"{run.compiled.flow_id} {run.run_id}"
     while True:
-        try:
-            _drain(run, reports, timeout=0.2)
-            for replica in run.replicas.values():
-                _check(context, run, replica, reports, max_restarts)
-            _open_gate(run)
-            if lost_at is None and any(r.lost for r in run.replicas.values()):
-                lost_at = time.monotonic()
-                _request_stop(run)
-            if lost_at is not None and time.monotonic() - lost_at > LOST_GRACE_SECONDS:
-                _signal_all(run, signal.SIGTERM)
-                lost_at = float("inf")
-            if stop_after is not None and time.monotonic() - began >= stop_after:
-                _request_stop(run)
-                stop_after = None
-            if view is not None:
-                view.update(title, run.progress)
-            if all(not _alive(r) for r in run.replicas.values()):
-                _drain(run, reports, timeout=0.0)
-                break
-        except KeyboardInterrupt:
+        while interrupts < run.signals.received:
             interrupts += 1
-            if interrupts == 1:
-                _request_stop(run)
-            elif interrupts == 2:
-                _signal_all(run, signal.SIGTERM)
-            else:
-                _signal_all(run, signal.SIGKILL)
+            _interrupt(run, interrupts)
+        _drain(run, reports, timeout=0.2)
+        for replica in run.replicas.values():
+            _check(context, run, replica, reports, max_restarts)
+        _open_gate(run)
+        if lost_at is None and any(r.lost for r in run.replicas.values()):
+            lost_at = time.monotonic()
+            _request_stop(run)
+        if lost_at is not None and time.monotonic() - lost_at > LOST_GRACE_SECONDS:
+            _signal_all(run, signal.SIGTERM)
+            lost_at = float("inf")
+        if stop_after is not None and time.monotonic() - began >= stop_after:
+            _request_stop(run)
+            stop_after = None
+        if view is not None:
+            view.update(title, run.progress, _restarts_text(run))
+        if all(not _alive(r) for r in run.replicas.values()):
+            _drain(run, reports, timeout=0.0)
+            break
     if view is not None:
-        view.update(title, run.progress, force=True)
+        view.update(title, run.progress, _restarts_text(run), force=True)
+
+
+def _interrupt(run: _Run, count: int) -> None:
+    """The count-th Ctrl-C or SIGTERM: the first asks the flow to stop, the second
+    quiesces every replica, the third and later kill what is left."""
+    if count == 1:
+        _request_stop(run)
+    elif count == 2:
+        _signal_all(run, signal.SIGTERM)
+    else:
+        _signal_all(run, signal.SIGKILL)
+
+
+def _restarts_text(run: _Run) -> str:
+    """The live view's word on restarts: how many so far, '' for none."""
+    n = sum(r.restarts for r in run.replicas.values())
+    return f"{n} restart{'s' if n != 1 else ''}" if n else ""
 
 
 def _open_gate(run: _Run) -> None:
@@ -361,7 +480,8 @@ def _alive(replica: _Replica) -> bool:
 
 def _start(context: Any, replica: _Replica, reports: Any, run_gate: Any = None) -> None:
     replica.process = context.Process(
-        target=_child_main, args=(replica.job, replica.node_bytes, reports, run_gate),
+        target=_child_main,
+        args=(replica.job, replica.node_bytes, reports, run_gate, os.getpid()),
         name=f"videoflow {replica.job.key}", daemon=False)
     # A terminal's Ctrl-C reaches every process of its group, the replicas too; the
     # engine alone decides what it means. An ignored SIGINT survives the exec of a
@@ -398,12 +518,34 @@ def _check(context: Any, run: _Run, replica: _Replica, reports: Any,
         dead = dict(last, outcome="restarted")
         progress.replicas[f"{key}~{replica.restarts + 1}"] = dead
         replica.dead.append(dead)
-    if replica.restarts < max_restarts and not run.stop_requested:
+    restart = replica.restarts < max_restarts and not run.stop_requested
+    replica.deaths.append(ProcessDeath(
+        key, process.pid, exit_description(process.exitcode),
+        time.monotonic() - run.started, _count_crash(run, replica), restart))
+    if restart:
         replica.restarts += 1
         _start(context, replica, reports, run.gate)
     else:
         replica.lost = True
         run.failed = True
+
+
+def _count_crash(run: _Run, replica: _Replica) -> list[str]:
+    """What the dead process had in hand: each such delivery counts one death in the
+    node's crash book (crash_limit), and the slot is cleared for the next process.
+
+    Returns:
+        the deliveries, as '<parent>:<stream_seq>'.
+    """
+    job = replica.job
+    if job.in_hand_path is None or run.crashes is None:
+        return []
+    in_hand = read_in_hand(job.in_hand_path, job.spec.parents)
+    create_slot(job.in_hand_path)  # a next process that dies before its first group
+    if in_hand:
+        run.crashes.count(job.spec.name, in_hand,
+                          exit_description(replica.process.exitcode))
+    return [f"{parent}:{seq}" for parent, seq in in_hand]
 
 
 def _drain(run: _Run, reports: Any, timeout: float) -> None:
@@ -472,9 +614,13 @@ def _reap(run: _Run) -> None:
         process.join()
 
 
-def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = None) -> None:
-    """A replica process: the engine coordinates Ctrl-C, so SIGINT is ignored here. A
-    reader says once it is bound; a producer waits for the gate (REALTIME)."""
+def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = None,
+                engine_pid: int | None = None) -> None:
+    """A replica process: it ends when the engine dies (die_with_parent, first of
+    all); the engine coordinates Ctrl-C, so SIGINT is ignored here. A reader says once
+    it is bound; a producer waits for the gate (REALTIME)."""
+    if engine_pid is not None:
+        die_with_parent(engine_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     started = False
 

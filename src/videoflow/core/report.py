@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -15,6 +15,35 @@ def percentile(values: list[float], q: float) -> float | None:
     ordered = sorted(values)
     rank = max(0, min(len(ordered) - 1, math.ceil(q / 100.0 * len(ordered)) - 1))
     return ordered[rank]
+
+
+@dataclass
+class ProcessDeath:
+    """One replica process that died without its final report.
+
+    Attributes:
+        replica: the replica's key ('<node>[<i>]').
+        pid: the process's id.
+        how: how it ended: 'killed by SIGKILL', 'exit code 1'.
+        at_seconds: when the engine saw it dead, in seconds from the run's start.
+        in_hand: the deliveries its node was processing, as '<parent>:<stream_seq>'
+            (each counted one death towards its crash_limit).
+        restarted: whether the replica was started again (False: given up on).
+    """
+
+    replica: str
+    pid: int | None
+    how: str
+    at_seconds: float
+    in_hand: list[str] = field(default_factory=list)
+    restarted: bool = True
+
+    def describe(self) -> str:
+        """One line: which process, how, when, what it held, what followed."""
+        held = f", processing {', '.join(self.in_hand)}" if self.in_hand else ""
+        then = "started again" if self.restarted else "not started again"
+        return (f"process {self.pid} {self.how} {self.at_seconds:.1f} s into the run"
+                f"{held}; {then}")
 
 
 @dataclass
@@ -41,8 +70,12 @@ class NodeReport:
             'failed', 'lost' when its process died without a word and was not started
             again); per dead process of a restarted replica ('<replica>~<n>'),
             'restarted'. The counts include what those processes last reported.
-        errors: per replica that failed or relayed an abort, why.
+        errors: per replica that failed, was lost or relayed an abort, why: the error
+            its final report gave, or for a lost one 'lost after N restarts' and how
+            its last process ended.
         restarts: replica processes started again after dying.
+        deaths: every process that died without its final report, in order: which,
+            how, when, what it had in hand, whether it was started again.
     """
 
     kind: str
@@ -61,6 +94,7 @@ class NodeReport:
     outcomes: dict[str, str] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     restarts: int = 0
+    deaths: list[ProcessDeath] = field(default_factory=list)
 
     @property
     def dropped_total(self) -> int:
@@ -68,12 +102,13 @@ class NodeReport:
 
     @classmethod
     def from_replicas(cls, kind: str, replicas: Mapping[str, Mapping[str, Any]],
-                      restarts: int = 0) -> NodeReport:
-        """Sum replica stats (TaskStats.snapshot() plus 'join_latencies')."""
+                      restarts: int = 0, deaths: Sequence[ProcessDeath] = ()) -> NodeReport:
+        """Sum replica stats (TaskStats.snapshot() plus 'join_latencies'; 'error' says
+        why a replica failed or was lost), with the processes that died."""
         # A key '<replica>~<n>' is a process of that replica that died and was started
         # again (its counts as last reported), not another replica.
         report = cls(kind=kind, replicas=sum("~" not in key for key in replicas),
-                     restarts=restarts)
+                     restarts=restarts, deaths=list(deaths))
         starts: list[float] = []
         ends: list[float] = []
         latencies: list[float] = []
@@ -119,6 +154,8 @@ class RunReport:
         seconds: wall-clock duration.
         nodes: NodeReport by node name, in the flow's order.
         torn_down: whether the run's streams were deleted (never the DLQ).
+        kept: when they were not: what was kept and how to resume the run or delete
+            it ('' when torn down, or when teardown was not asked for).
     """
 
     flow_id: str
@@ -129,6 +166,7 @@ class RunReport:
     seconds: float = 0.0
     nodes: dict[str, NodeReport] = field(default_factory=dict)
     torn_down: bool = False
+    kept: str = ""
 
     @property
     def ok(self) -> bool:
@@ -138,9 +176,12 @@ class RunReport:
         return asdict(self)
 
     def format(self) -> str:
-        """A plain-text table, one line per node."""
+        """A plain-text table, one line per node; then each parent's lag behind, each
+        process death (restarted or not) and each replica's failure, with its reason."""
+        restarts = sum(n.restarts for n in self.nodes.values())
         head = (f"run {self.run_id} of flow {self.flow_id!r} ({self.flow_type}): "
-                f"{self.outcome} in {self.seconds:.1f} s")
+                f"{self.outcome} in {self.seconds:.1f} s"
+                + (f", {restarts} restart{'s' if restarts != 1 else ''}" if restarts else ""))
         rows = [("node", "kind", "processed", "emitted", "rate/s", "dropped", "dead-let.",
                  "join p50 ms", "join p99 ms")]
         for name, n in self.nodes.items():
@@ -154,8 +195,13 @@ class RunReport:
                 lines.append(f"  {name}: parents' event time behind the most advanced, at "
                              "most: " + ", ".join(f"{p} {lag:.1f} ms" for p, lag in lags))
         for n in self.nodes.values():
+            for death in n.deaths:
+                lines.append(f"  {death.replica} died: {death.describe()}")
+        for n in self.nodes.values():
             for key, error in n.errors.items():
                 lines.append(f"  {key} {n.outcomes.get(key, '')}: {error}")
+        if self.kept:
+            lines.append(f"  {self.kept}")
         return "\n".join(lines)
 
 
@@ -180,4 +226,4 @@ def format_table(rows: Iterable[tuple[str, ...]], left: int = 1) -> list[str]:
             for r in rows]
 
 
-__all__ = ["NodeReport", "RunReport", "format_table", "percentile"]
+__all__ = ["NodeReport", "ProcessDeath", "RunReport", "format_table", "percentile"]

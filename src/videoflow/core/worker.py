@@ -41,6 +41,11 @@ class ReplicaJob:
         payload_dir: when set, payloads travel by ref through the shared-memory store
             in this folder instead (replicas on one host; SharedMemoryPayloadStore,
             whose own threshold sends anything over 64 KiB by ref).
+        in_hand_path / crashes_path / crash_limit: the local engine's crash
+            bookkeeping (videoflow.core.supervision): the replica's in-hand slot, its
+            node's crash counts, and the process deaths an input may coincide with
+            before it is dead-lettered as crashed_worker (None: never). None for a
+            ``videoflow worker``, whose restarts its own supervisor makes.
     """
 
     flow_id: str
@@ -55,6 +60,9 @@ class ReplicaJob:
     ledger: str = "kv"
     payloads: bool = True
     payload_dir: str | None = None
+    in_hand_path: str | None = None
+    crashes_path: str | None = None
+    crash_limit: int | None = None
 
     @property
     def key(self) -> str:
@@ -127,6 +135,14 @@ def run_replica(job: ReplicaJob, node: Node, *,
             payload_store=payload_store,
             blob_reader_ids=list(spec.blob_reader_ids or ()) or None, runtime=runtime,
             replayable=bool(getattr(node, "replayable", False)))
+        if job.in_hand_path is not None and spec.parents:
+            from videoflow.core.supervision import CrashCounts, InHandSlot
+
+            slot = InHandSlot(job.in_hand_path, spec.parents)
+            stack.callback(slot.close)
+            messenger.deliveries.watch_crashes(
+                slot, None if job.crashes_path is None else CrashCounts(job.crashes_path),
+                job.crash_limit)
         context = RuntimeContext(messenger, spec.name, parents=spec.parents,
                                  publishes=spec.publishes, replica_id=job.replica_id,
                                  nb_tasks=spec.nb_tasks, flow_id=job.flow_id,

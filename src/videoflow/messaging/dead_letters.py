@@ -30,18 +30,26 @@ from videoflow.backends.messaging import (
     Terminal,
 )
 from videoflow.core.constants import BATCH
-from videoflow.errors import WireError
+from videoflow.errors import VideoflowError, WireError
 from videoflow.messaging.publication import ATTEMPT_SECONDS, Published, publish_until_known
 
 RECORD_VERSION: Final = 1
 
 Reason = Literal["poison", "retries_exhausted", "undecodable", "best_effort_failed",
-                 "join_incomplete"]
+                 "join_incomplete", "crashed_worker"]
 REASONS: Final = ("poison", "retries_exhausted", "undecodable", "best_effort_failed",
-                  "join_incomplete")
+                  "join_incomplete", "crashed_worker")
 """Why a delivery was dead-lettered: the node declared it poison, its retry budget
-ran out, its bytes were not an envelope, a best-effort node failed it once, or it was
-one half of a join group given up on under a missing='dead_letter' policy."""
+ran out, its bytes were not an envelope, a best-effort node failed it once, it was
+one half of a join group given up on under a missing='dead_letter' policy, or its
+delivery coincided with the run's crash_limit deaths of the node's processes (the
+local engine's count: videoflow.core.supervision)."""
+
+
+class WorkerCrashed(VideoflowError):
+    """What a 'crashed_worker' dead letter carries as its error: the input was in hand
+    each time a process of the node died without a word (os._exit, a segfault, the
+    OOM killer), so it is given up on rather than handed to yet another process."""
 
 
 class DeadLetter(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag=RECORD_VERSION,
@@ -211,6 +219,7 @@ __all__ = [
     "RECORD_VERSION",
     "DeadLetter",
     "DeadLettered",
+    "WorkerCrashed",
     "dead_letter",
     "dead_letter_for",
     "dead_letter_msg_id",

@@ -5,7 +5,11 @@ Every delivery the messenger holds unsettled (in the assembler, or in the group 
 out) is its own share of its durable's leases, until it is settled: completed, handed
 back to be retried, dead-lettered, or terminated. A delivery is given up on only against
 a durable record (DELIV-15): the dead letter when one was accepted, else an entry in the
-node's terminal log. What counts as a drop is counted by reason (DROP_REASONS).
+node's terminal log. What counts as a drop is counted by reason (DROP_REASONS). Under
+the local engine, the group handed to the node is recorded where the engine reads it
+after a process death, and a redelivered input that coincided with the run's
+crash_limit deaths is dead-lettered as crashed_worker instead of handed out again
+(watch_crashes).
 
 End of stream: a node publishes one marker per replica on its channel's EOS subject,
 carrying its replica count in metadata ({"replicas": n}), so a child knows how many
@@ -44,7 +48,12 @@ from videoflow.backends.messaging import (
 from videoflow.core.policies import WORKER_FATAL, DeliveryPolicy, classify_error
 from videoflow.core.runtime import FlowRuntime
 from videoflow.messaging.credit import SETTLE_BATCH  # gathered at most before send_completed
-from videoflow.messaging.dead_letters import Reason, dead_letter, dead_letter_for
+from videoflow.messaging.dead_letters import (
+    Reason,
+    WorkerCrashed,
+    dead_letter,
+    dead_letter_for,
+)
 from videoflow.messaging.messenger_payloads import MessengerPayloads
 from videoflow.wire.serialization import encode_envelope
 
@@ -178,6 +187,10 @@ class Deliveries:
         # Deliveries of each parent the messenger holds unsettled (in the assembler or
         # in the group handed out): its own share of the durable's leases.
         self._held: dict[str, set[DeliveryToken]] = {p: set() for p in self.parent_names}
+        # The local engine's crash bookkeeping (watch_crashes); None elsewhere.
+        self._in_hand: Any = None
+        self._crashes: Any = None
+        self._crash_limit = 0
 
     # ------------------------------------------------------------------ holding
 
@@ -192,6 +205,53 @@ class Deliveries:
     def let_go(self, delivery: Delivery) -> None:
         """The messenger no longer holds this delivery (settled, or about to be)."""
         self._held[delivery.token.subscription.channel.node].discard(delivery.token)
+
+    # ------------------------------------------------------------------ crashes
+
+    def watch_crashes(self, in_hand: Any, crashes: Any, limit: int | None) -> None:
+        """Take part in the local engine's crash bookkeeping (videoflow.core.supervision):
+        record the group in hand in in_hand, and dead-letter a redelivered input whose
+        delivery coincided with limit deaths of this node's processes as crashed_worker.
+
+        Arguments:
+            in_hand: an InHandSlot (hold(handles), release()).
+            crashes: a CrashCounts (deaths(parent, stream_seq) -> how each ended).
+            limit: the deaths after which an input is given up on; None: never.
+        """
+        self._in_hand, self._crashes = in_hand, crashes
+        self._crash_limit = limit or 0
+
+    def hand_out(self, handles: Sequence[Held]) -> None:
+        """The node gets this group now: until hand_back, a death of this process
+        counts against each of its deliveries."""
+        if self._in_hand is not None:
+            self._in_hand.hold(handles)
+
+    def hand_back(self) -> None:
+        """The group handed out is done with (acknowledged or failed)."""
+        if self._in_hand is not None:
+            self._in_hand.release()
+
+    def crash_looped(self, handle: Held) -> bool:
+        """Dead-letter this delivery as crashed_worker, instead of handing it to the
+        node, if the engine counted crash_limit process deaths while it was in hand
+        (only a redelivery can have any: the first delivery is always processed).
+
+        Returns:
+            whether it was given up on (its dead letter accepted or, when not, left
+            alive for a later attempt as dead_letter does): the caller holds it no more.
+        """
+        delivery = handle.delivery
+        if self._crashes is None or not self._crash_limit or delivery.num_delivered < 2:
+            return False
+        deaths = self._crashes.deaths(handle.parent, delivery.stream_seq)
+        if len(deaths) < self._crash_limit:
+            return False
+        error = WorkerCrashed(
+            f"{len(deaths)} processes of {self.node_name} died while this input was in "
+            f"hand ({', '.join(deaths)}); not processed again")
+        self.dead_letter(handle, error, "crashed_worker", "crashed_worker")
+        return True
 
     # ------------------------------------------------------------------ settling
 

@@ -785,6 +785,7 @@ class NATSMessenger(Messenger):
             group = self._next_group()
             if group is not None:
                 self._group = group
+                self.deliveries.hand_out(group.handles)
                 self._handed_at = time.monotonic()
                 arrivals = [h.arrived for h in group.handles if h.parent not in self._collect]
                 # RunReport's join latency: the group's first member's arrival to now.
@@ -887,9 +888,11 @@ class NATSMessenger(Messenger):
             self.deliveries.drops["undecodable"] += 1
             self.deliveries.terminate(parent, delivery, f"undecodable: {error!r}")
             return
+        handle = _Handle(self, parent, sub, delivery, entry.blob_ref, time.monotonic())
+        if delivery.num_delivered > 1 and self.deliveries.crash_looped(handle):
+            return  # it was in hand at each of crash_limit process deaths: dead-lettered
         self.deliveries.hold(parent, delivery.token)
-        self.assembler.add(parent, entry, _Handle(self, parent, sub, delivery, entry.blob_ref,
-                                                  time.monotonic()))
+        self.assembler.add(parent, entry, handle)
 
     def _on_end_marker(self, parent: str, delivery: Delivery) -> None:
         try:
@@ -942,6 +945,7 @@ class NATSMessenger(Messenger):
         An unconfirmed settlement leaves its delivery to be redelivered (PAY-004)."""
         group, self._group = self._group, None
         if group is not None:
+            self.deliveries.hand_back()
             self._timed_group()
             self.window.close_group(group.handles, f"{group.trace_id}:{group.seq}")
 
@@ -953,6 +957,7 @@ class NATSMessenger(Messenger):
         group, self._group = self._group, None
         self.window.abandon_group()
         if group is not None:
+            self.deliveries.hand_back()
             self._timed_group()
             self.deliveries.fail(group.handles, exc)
 

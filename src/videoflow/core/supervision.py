@@ -1,0 +1,358 @@
+"""Process supervision of the local engine: what it needs beside starting processes.
+
+- StopSignals: the engine's SIGINT and SIGTERM, counted alike (the first asks the flow
+  to stop, the second quiesces every replica, the third kills them), so what systemd,
+  docker stop, Kubernetes or ``timeout`` send behaves as a first Ctrl-C.
+- die_with_parent: a replica process never outlives its engine (Linux:
+  PR_SET_PDEATHSIG; everywhere: a thread that watches the parent's pid).
+- InHandSlot / read_in_hand: which deliveries a replica has in hand (the input group
+  its node is processing), in a small file-backed mapping the engine created, so the
+  engine can read them after the process died without a word.
+- CrashBook / CrashCounts: per node, how many process deaths each input coincided
+  with; the engine keeps the book, replicas read it, and a redelivered input whose
+  count reached the run's crash_limit is dead-lettered as 'crashed_worker' instead of
+  being processed again (messenger_deliveries.Deliveries.crash_looped).
+
+Scope: the local engine (videoflow.core.local.run_flow), whose replicas are its own
+child processes. ``videoflow worker`` processes on other hosts are restarted by their
+own supervisor (systemd, Kubernetes), which knows nothing of their inputs: they are
+not covered, and an input that crashes them is redelivered until its delivery policy's
+broker-side max_deliver runs out.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import signal
+import struct
+import sys
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any, Final
+
+PR_SET_PDEATHSIG: Final = 1
+"""prctl option: the signal this process gets when the thread that forked it dies."""
+
+PARENT_SIGNAL: Final = signal.SIGTERM
+"""What a replica gets when its engine dies. SIGTERM, not SIGKILL: the replica
+quiesces (RUN-030: its prefetched inputs go back to the broker at once, a producer
+stops producing), as the engine's own second Ctrl-C would have it do, rather than
+holding its leases until ack_wait lapses. A replica that cannot quiesce (stuck in a
+node's native code, or blocked on the engine's report pipe, which the other replicas
+still hold open) is ended by die_with_parent's watch ORPHAN_GRACE_SECONDS later."""
+
+WATCH_SECONDS: Final = 1.0
+"""How often a replica checks that its engine still lives."""
+
+ORPHAN_GRACE_SECONDS: Final = 3.0
+"""How long a replica whose engine died may take to quiesce before it exits anyway."""
+
+ORPHAN_EXIT_CODE: Final = 70
+"""The exit code of a replica that ended itself because its engine was gone."""
+
+SLOT_ENTRIES: Final = 64
+"""The most deliveries a slot records for one input group: every member of a join
+(at most 64 sync parents); a collect window's samples, which come after the members,
+beyond that are not recorded."""
+
+_COUNT: Final = struct.Struct("<I")
+_ENTRY: Final = struct.Struct("<IQ")  # parent index, stream sequence
+_HEADER: Final = 8
+SLOT_BYTES: Final = _HEADER + _ENTRY.size * SLOT_ENTRIES
+
+
+def exit_description(exitcode: int | None) -> str:
+    """How a process ended, as the report says it: 'killed by SIGKILL', 'exit code 1'.
+
+    Arguments:
+        exitcode: multiprocessing's exitcode (negative: the signal that ended it), or
+            None for a process not known to have ended.
+    """
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+# ------------------------------------------------------------------ engine signals
+
+
+class StopSignals:
+    """The engine's SIGINT and SIGTERM, both counted as presses of Ctrl-C.
+
+    While the engine supervises (supervising True), the handler only counts: the
+    supervision loop acts on the count between its steps, so a signal never lands in
+    the middle of reading a report off the pipe or of publishing the stop. Before and
+    after, it raises KeyboardInterrupt, as Ctrl-C does there (provisioning is given
+    up, the run torn down).
+
+    Handlers can be installed on the main thread only: elsewhere install() does
+    nothing and the process's own handlers stay.
+
+    Attributes:
+        received: signals counted while supervising.
+        supervising: whether the handler counts (True) or raises (False).
+    """
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.supervising = False
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> StopSignals:
+        """Handle SIGINT and SIGTERM here (main thread only).
+
+        Returns:
+            self.
+        """
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def restore(self) -> None:
+        """Put back the handlers install() replaced."""
+        previous, self._previous = self._previous, {}
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, _signum: int, _frame: FrameType | None) -> None:
+        if not self.supervising:
+            raise KeyboardInterrupt
+        self.received += 1
+
+
+# ------------------------------------------------------------------ parent death
+
+
+def die_with_parent(parent_pid: int, *, pdeathsig: bool = True,
+                    grace: float = ORPHAN_GRACE_SECONDS) -> bool:
+    """Make this process end when its parent (the engine) dies: the first thing a
+    replica process does.
+
+    On Linux, PR_SET_PDEATHSIG asks the kernel for PARENT_SIGNAL when the parent
+    dies (strictly: when the thread that forked this process ends; the engine forks
+    from the thread that supervises, which outlives every replica). Everywhere, and as
+    a backstop on Linux, a daemon thread compares os.getppid() with parent_pid every
+    WATCH_SECONDS: once the parent is gone it sends this process PARENT_SIGNAL (unless
+    the kernel did), and grace seconds later ends the process (os._exit) if it still
+    runs. A parent that died before this call is noticed at once.
+
+    Arguments:
+        parent_pid: the engine's pid, as the engine recorded it.
+        pdeathsig: use PR_SET_PDEATHSIG where there is one (tests turn it off to
+            exercise the watch alone).
+        grace: how long a quiesce may take once the parent is gone.
+
+    Returns:
+        whether the kernel will signal this process (PR_SET_PDEATHSIG took).
+    """
+    armed = pdeathsig and _set_pdeathsig(PARENT_SIGNAL)
+    if os.getppid() != parent_pid:  # died before the prctl: nobody would signal us
+        os._exit(ORPHAN_EXIT_CODE)
+    threading.Thread(target=_watch_parent, args=(parent_pid, armed, grace),
+                     name="videoflow-parent-watch", daemon=True).start()
+    return armed
+
+
+def _set_pdeathsig(signum: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)) == 0
+    except (OSError, AttributeError):  # no libc to ask: the watch alone covers it
+        return False
+
+
+def _watch_parent(parent_pid: int, signalled: bool, grace: float) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(WATCH_SECONDS)
+    if not signalled:
+        os.kill(os.getpid(), PARENT_SIGNAL)
+    time.sleep(grace)
+    os._exit(ORPHAN_EXIT_CODE)
+
+
+# ------------------------------------------------------------------ inputs in hand
+
+
+def create_slot(path: str | os.PathLike[str]) -> None:
+    """Create (or clear) a replica's in-hand slot: the engine, before it starts the
+    replica's first process."""
+    Path(path).write_bytes(bytes(SLOT_BYTES))
+
+
+class InHandSlot:
+    """A replica's record of the deliveries its node has in hand, written into a
+    mapping of the slot file the engine created: no system call per group, so it costs
+    the hot path a few struct packs. The count is written after the entries and
+    cleared before they change, so a process killed mid-write leaves either the
+    previous group cleared or the new one whole.
+
+    Arguments:
+        path: the slot file (create_slot).
+        parents: the node's parents, in wiring order: entries name a parent by index.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], parents: Sequence[str]) -> None:
+        with open(path, "r+b") as file:
+            self._map = mmap.mmap(file.fileno(), SLOT_BYTES)
+        self._index = {parent: i for i, parent in enumerate(parents)}
+        self._held = False
+
+    def hold(self, handles: Iterable[Any]) -> None:
+        """Record the deliveries of one input group (its handles' parent and
+        delivery.stream_seq), the first SLOT_ENTRIES of them."""
+        buffer, index, pack = self._map, self._index, _ENTRY.pack_into
+        if self._held:
+            _COUNT.pack_into(buffer, 0, 0)
+        n = 0
+        for handle in handles:
+            i = index.get(handle.parent)
+            if i is None:
+                continue
+            pack(buffer, _HEADER + _ENTRY.size * n, i, handle.delivery.stream_seq)
+            n += 1
+            if n == SLOT_ENTRIES:
+                break
+        _COUNT.pack_into(buffer, 0, n)
+        self._held = True
+
+    def release(self) -> None:
+        """Nothing in hand any more (the group was acknowledged or failed)."""
+        if self._held:
+            _COUNT.pack_into(self._map, 0, 0)
+            self._held = False
+
+    def close(self) -> None:
+        self._map.close()
+
+
+def read_in_hand(path: str | os.PathLike[str],
+                 parents: Sequence[str]) -> list[tuple[str, int]]:
+    """What a replica's slot says its node had in hand: (parent, stream_seq) pairs.
+
+    Arguments:
+        path: the slot file.
+        parents: the node's parents, in wiring order.
+
+    Returns:
+        the deliveries; [] when nothing was in hand or the file is gone.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return []
+    if len(data) < SLOT_BYTES:
+        return []
+    (count,) = _COUNT.unpack_from(data, 0)
+    found = []
+    for n in range(min(count, SLOT_ENTRIES)):
+        i, seq = _ENTRY.unpack_from(data, _HEADER + _ENTRY.size * n)
+        if i < len(parents):
+            found.append((parents[i], seq))
+    return found
+
+
+# ------------------------------------------------------------------ crash counts
+
+
+class CrashBook:
+    """The engine's count, per node, of the process deaths each delivery coincided
+    with, kept in one file per node that the node's replicas read (CrashCounts).
+    Per node, not per replica: competing replicas share a durable, so an input that
+    killed one replica's process may come back to another.
+
+    Arguments:
+        directory: where the files go (the run's supervision directory).
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self._deaths: dict[str, dict[tuple[str, int], list[str]]] = {}
+
+    def path(self, node: str) -> Path:
+        """The node's file, which its replicas read."""
+        from videoflow.messaging.naming import sanitize
+
+        return self.directory / f"{sanitize(node)}.crashes.json"
+
+    def count(self, node: str, in_hand: Iterable[tuple[str, int]], how: str) -> None:
+        """Count one death of a process of node against each delivery it had in hand,
+        and rewrite the node's file (whole: written aside, then renamed over it).
+
+        Arguments:
+            node: the node.
+            in_hand: the (parent, stream_seq) deliveries (read_in_hand).
+            how: how the process ended (exit_description).
+        """
+        book = self._deaths.setdefault(node, {})
+        for delivery in in_hand:
+            book.setdefault(delivery, []).append(how)
+        rows = [[parent, seq, hows] for (parent, seq), hows in sorted(book.items())]
+        path = self.path(node)
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(json.dumps({"deaths": rows}))
+        os.replace(partial, path)
+
+    def deaths(self, node: str, parent: str, stream_seq: int) -> list[str]:
+        """How each process death the delivery coincided with ended, oldest first."""
+        return list(self._deaths.get(node, {}).get((parent, stream_seq), ()))
+
+
+class CrashCounts:
+    """A replica's reading of its node's CrashBook file. The file is read again only
+    when it changed (one stat per lookup), and lookups are for redeliveries only: an
+    input that came with a process death is always a redelivery.
+
+    Arguments:
+        path: the node's file (CrashBook.path); it need not exist yet.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._seen: tuple[int, int, int] | None = None
+        self._deaths: dict[tuple[str, int], list[str]] = {}
+
+    def deaths(self, parent: str, stream_seq: int) -> list[str]:
+        """How each process death this delivery coincided with ended (empty: none)."""
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return []
+        seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if seen != self._seen:
+            try:
+                rows = json.loads(self.path.read_text())["deaths"]
+            except (OSError, ValueError, KeyError, TypeError):
+                return list(self._deaths.get((parent, stream_seq), ()))
+            self._deaths = {(str(p), int(s)): [str(h) for h in hows] for p, s, hows in rows}
+            self._seen = seen
+        return list(self._deaths.get((parent, stream_seq), ()))
+
+
+__all__ = [
+    "ORPHAN_EXIT_CODE",
+    "ORPHAN_GRACE_SECONDS",
+    "PARENT_SIGNAL",
+    "SLOT_ENTRIES",
+    "CrashBook",
+    "CrashCounts",
+    "InHandSlot",
+    "StopSignals",
+    "create_slot",
+    "die_with_parent",
+    "exit_description",
+    "read_in_hand",
+]

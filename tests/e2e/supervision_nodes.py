@@ -1,0 +1,41 @@
+"""Nodes and flows of the process-supervision tests (test_supervision.py). Module
+level, so the spawned replica processes import them; the flows read their sizes from
+the environment, so `videoflow run` builds them in its own process."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from flow_nodes import Numbers, Record
+
+from videoflow.core.flow import Flow
+from videoflow.core.node import ProcessorNode
+
+
+class CrashOn(ProcessorNode):
+    """Passes values through, but its process dies without a word every time it is
+    handed the value `at`: 'kill' sends itself SIGKILL (a segfault, the OOM killer),
+    'exit' calls os._exit(1) (native code exiting). Each death appends this process's
+    pid to `log`, so the test knows which processes died."""
+
+    def __init__(self, at: int, how: str, log: str, **options: Any) -> None:
+        super().__init__(**options)
+        self.at, self.how, self.log = at, how, log
+
+    def process(self, value: int) -> int:
+        if value == self.at:
+            with open(self.log, "a") as log:
+                log.write(f"{os.getpid()}\n")
+            if self.how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(1)
+        return value
+
+
+def crash_loop(out: str, at: int, how: str, log: str, count: int = 30) -> Flow:
+    """numbers -> crash_on(at) -> record: every process of crash_on dies on `at`."""
+    numbers = Numbers(count)
+    sink = Record(out)(CrashOn(at, how, log)(numbers))
+    return Flow([numbers], [sink], name=f"crashloop-{how}")
