@@ -13,8 +13,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from videoflow import server as embedded
+from videoflow.core.node import ProducerNode
 
 
 def applied_count(out: Path) -> int:
@@ -51,16 +53,18 @@ class Fault:
 
 @contextlib.contextmanager
 def strike_when(out: Path, applied: int, action: Callable[[Fault], None],
-                give_up: float = 120.0) -> Iterator[Fault]:
-    """Run action once the sink writing into out has applied `applied` groups (in a
-    thread), and make sure whatever it started is stopped at the end."""
+                give_up: float = 120.0,
+                also: Callable[[], bool] = lambda: True) -> Iterator[Fault]:
+    """Run action once the sink writing into out has applied `applied` groups and
+    `also` holds (in a thread), and make sure whatever it started is stopped at the
+    end."""
     fault = Fault()
     done = threading.Event()
 
     def watch() -> None:
         deadline = time.monotonic() + give_up
         while not done.is_set() and time.monotonic() < deadline:
-            if applied_count(out) >= applied:
+            if applied_count(out) >= applied and also():
                 try:
                     action(fault)
                 except BaseException as error:  # reported by the test, not lost
@@ -122,3 +126,21 @@ def kill_for_good(server: embedded.EmbeddedServer) -> Callable[[Fault], None]:
         fault.struck_at = time.monotonic()
 
     return act
+
+
+class CountThenMark(ProducerNode):
+    """0 .. count-1 with event times, then a marker file once its stream has ended (the
+    fault can wait for it: whatever then goes missing was already on the broker)."""
+
+    def __init__(self, count: int, marker: str, **options: Any) -> None:
+        super().__init__(**options)
+        self.count, self.marker, self.i = count, marker, 0
+
+    def next(self) -> int:
+        if self.i >= self.count:
+            Path(self.marker).write_text("ended")
+            raise StopIteration
+        value, self.i = self.i, self.i + 1
+        assert self.context is not None
+        self.context.set_event_timestamp(1000.0 + value)
+        return value

@@ -4,10 +4,19 @@ nothing lost and every group applied once (issue 12)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
-from broker_faults import freeze, kill_and_restart, strike_when
+from broker_faults import (
+    CountThenMark,
+    applied_count,
+    freeze,
+    kill_and_restart,
+    kill_for_good,
+    restart_on_same_port,
+    strike_when,
+)
 from flow_nodes import Numbers, Record, Scale
 from test_pipeline_safety import assert_applied_exactly, assert_clean
 
@@ -34,7 +43,7 @@ def assert_whole(report: RunReport, out: Path) -> None:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("down", [3.0])
+@pytest.mark.parametrize("down", [3.0, 30.0])
 def test_a_batch_flow_rides_out_a_broker_killed_and_restarted(
     nats_server: embedded.EmbeddedServer, out: Path, down: float,
 ) -> None:
@@ -46,7 +55,7 @@ def test_a_batch_flow_rides_out_a_broker_killed_and_restarted(
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("seconds", [5.0])
+@pytest.mark.parametrize("seconds", [5.0, 40.0])
 def test_a_batch_flow_rides_out_a_broker_frozen(
     nats_server: embedded.EmbeddedServer, out: Path, seconds: float,
 ) -> None:
@@ -54,3 +63,42 @@ def test_a_batch_flow_rides_out_a_broker_frozen(
         report = run_linear(nats_server.url, out, "frozen")
     assert fault.error is None and fault.recovered_at is not None
     assert_whole(report, out)
+
+
+@pytest.mark.timeout(240)
+def test_a_broker_gone_for_good_fails_the_run_within_its_budget_keeps_it_and_a_resume_completes(
+    nats_server: embedded.EmbeddedServer, out: Path, tmp_path: Path,
+) -> None:
+    budget = 5.0
+    ended = tmp_path / "producer-ended"
+    numbers = CountThenMark(COUNT, str(ended))
+    sink = Record(str(out))(Scale(2, nb_tasks=2)(numbers))
+    flow = Flow([numbers], [sink], BATCH, name="gone")
+    # The broker dies once the producer's whole stream is on it and the sink is
+    # mid-way: everything still to do is the broker's to keep.
+    with strike_when(out, STRIKE_AT, kill_for_good(nats_server), also=ended.exists) as fault:
+        report = flow.run(nats_server.url, view=False, outage_budget=budget)
+    assert fault.error is None and fault.struck_at is not None
+    failed_after = time.monotonic() - fault.struck_at
+    assert report.outcome == "failed", report.format()
+    # The reason says what happened, in the operator's words.
+    text = report.format()
+    assert f"unreachable for more than {budget:g} s" in text, text
+    assert failed_after < budget + 60, failed_after  # within the budget, plus a wind-down
+    # Nothing was deleted: the report says the run was kept, and how to resume it.
+    assert not report.torn_down
+    assert f"--resume {report.run_id}" in report.kept, report.kept
+    done_before = applied_count(out)
+    assert STRIKE_AT <= done_before < COUNT
+
+    restarted = restart_on_same_port(nats_server)
+    try:
+        resumed = Flow([numbers], [sink], BATCH, name="gone").run(
+            restarted.url, view=False, run_id=report.run_id, resume=True)
+        assert resumed.outcome == "completed", resumed.format()
+        assert resumed.torn_down, resumed.kept
+        # The producer had ended: it is not run again, so nothing is published twice.
+        assert resumed.nodes["count_then_mark"].emitted == 0, resumed.format()
+        assert_applied_exactly(out, [2 * i for i in range(COUNT)])
+    finally:
+        restarted.stop()

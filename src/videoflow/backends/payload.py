@@ -41,11 +41,20 @@ import msgspec
 import nats
 import nats.errors
 import nats.js.errors
+from nats.js.api import ObjectStoreConfig
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.errors import BrokerUnavailable, PayloadMissing, UnobservableState
+from videoflow.messaging.broker_link import (
+    Outage,
+    connect,
+    outage_budget_from_env,
+    retry_until,
+    transient,
+    wait_back,
+)
 from videoflow.messaging.jetstream_kv import present_keys, present_objects
 from videoflow.messaging.jetstream_loop import ErrorLog, LoopRunner
 
@@ -846,7 +855,13 @@ class NatsObjectPayloadStore(PayloadStore):
     Arguments:
         nats_url: e.g. ``nats://127.0.0.1:4222``.
         bucket: the object store's name ([A-Za-z0-9_-]).
-        timeout: seconds each call may take (a 25 MB put is ~200 chunk publishes).
+        timeout: seconds each call may take (a 25 MB put is ~200 chunk publishes); a
+            call that fails transiently (a timeout, the broker away or electing a
+            leader) is made again within the connection's outage budget.
+        replicas: the copies a clustered broker keeps of the buckets, when this store
+            creates them (existing ones are bound as they are).
+        outage_budget: seconds the connection waits for a broker that went away (None:
+            VIDEOFLOW_OUTAGE_BUDGET, else 60).
         **options: PayloadStore's (flow_type, ttl_seconds, clock).
 
     Raises:
@@ -860,17 +875,21 @@ class NatsObjectPayloadStore(PayloadStore):
         bucket: str = "videoflow-payloads",
         *,
         timeout: float = 30.0,
+        replicas: int = 1,
+        outage_budget: float | None = None,
         **options: Any,
     ) -> None:
         super().__init__(**options)
-        self.bucket = bucket
+        self.bucket, self.replicas = bucket, replicas
         self.timeout = timeout
+        self.outage = Outage(outage_budget_from_env() if outage_budget is None
+                             else outage_budget, where=nats_url)
         self._errors = ErrorLog()
         self._runner = LoopRunner(name=f"videoflow-payload-{bucket}")
         self._runner.start()
         try:
             self._nc, self._objects, self._kv = self._runner.run(self._open(nats_url), timeout)
-        except (OSError, asyncio.TimeoutError, nats.errors.Error) as error:
+        except (OSError, asyncio.TimeoutError, nats.errors.Error, BrokerUnavailable) as error:
             self._runner.stop()
             raise BrokerUnavailable(
                 f"payload store could not open {bucket!r} on {nats_url}: {error!r} "
@@ -879,20 +898,15 @@ class NatsObjectPayloadStore(PayloadStore):
             ) from error
 
     async def _open(self, url: str) -> tuple[nats.NATS, ObjectStore, KeyValue]:
-        # Fail fast (NATS_FACTS S4): a refused connect otherwise retries for minutes.
-        nc = await nats.connect(
-            url,
-            allow_reconnect=False,
-            max_reconnect_attempts=1,
-            reconnect_time_wait=0.1,
-            connect_timeout=min(self.timeout, 5.0),
-            error_cb=self._errors.record,
-        )
+        # Fail fast on the first connect (NATS_FACTS S4), then ride out outages.
+        nc = await connect(url, min(self.timeout, 5.0), self._errors.record, self.outage)
         try:
             js = nc.jetstream()
             # S19: the bucket name goes positionally.
-            objects = await js.create_object_store(self.bucket)
-            kv = await js.create_key_value(bucket=f"{self.bucket}-obligations", history=1)
+            objects = await js.create_object_store(
+                self.bucket, config=ObjectStoreConfig(replicas=self.replicas))
+            kv = await js.create_key_value(bucket=f"{self.bucket}-obligations", history=1,
+                                           replicas=self.replicas)
         except BaseException:
             await nc.close()
             raise
@@ -910,9 +924,24 @@ class NatsObjectPayloadStore(PayloadStore):
             self._runner.run(self._nc.close(), self.timeout)
         self._runner.stop()
 
-    def _call(self, coro: Coroutine[Any, Any, T], what: str) -> T:
-        """Runs coro on the store's loop; every failure becomes a typed, retryable error
-        (a timed-out change may still have happened: its outcome is unknown)."""
+    def _call(self, make: Callable[[], Coroutine[Any, Any, T]], what: str) -> T:
+        """Runs make()'s coroutine on the store's loop, made again while it fails
+        transiently within the outage budget (every call here is a read, an idempotent
+        write or a compare-and-swap that reads first); every other failure becomes a
+        typed, retryable error (a timed-out change may still have happened: its
+        outcome is unknown)."""
+        started = time.monotonic()
+        while True:
+            try:
+                return self._call_once(make(), what)
+            except (UnobservableState, BrokerUnavailable) as error:
+                until = retry_until(self.outage, started)
+                cause = error.__cause__
+                if (cause is None or not transient(cause)) or time.monotonic() >= until:
+                    raise
+                wait_back(self._nc, self.outage, until)
+
+    def _call_once(self, coro: Coroutine[Any, Any, T], what: str) -> T:
         try:
             return self._runner.run(coro, self.timeout)
         except TimeoutError as error:
@@ -967,13 +996,13 @@ class NatsObjectPayloadStore(PayloadStore):
         )
 
     def _transact(self, ref: str, change: Change[T]) -> tuple[T, bool]:
-        return self._call(self._transact_async(ref, change), f"record change of {ref}")
+        return self._call(lambda: self._transact_async(ref, change), f"record change of {ref}")
 
     def _read_record(self, ref: str) -> PayloadRecord | None:
-        return self._call(self._get_entry(ref), f"record read of {ref}")[0]
+        return self._call(lambda: self._get_entry(ref), f"record read of {ref}")[0]
 
     def _write_blob(self, ref: str, data: bytes) -> None:
-        self._call(self._objects.put(ref, data), f"put of {ref}")
+        self._call(lambda: self._objects.put(ref, data), f"put of {ref}")
 
     def _read_blob(self, ref: str) -> bytes | None:
         async def read() -> bytes | None:
@@ -983,14 +1012,14 @@ class NatsObjectPayloadStore(PayloadStore):
                 return None
             return result.data
 
-        return self._call(read(), f"get of {ref}")
+        return self._call(read, f"get of {ref}")
 
     def _drop_blob(self, ref: str) -> None:
         async def drop() -> None:
             with contextlib.suppress(nats.js.errors.ObjectNotFoundError):
                 await self._objects.delete(ref)
 
-        self._call(drop(), f"delete of {ref}")
+        self._call(drop, f"delete of {ref}")
 
     def _list_refs(self) -> list[str]:
         async def keys() -> list[str]:
@@ -998,7 +1027,7 @@ class NatsObjectPayloadStore(PayloadStore):
             return await present_keys(self._nc.jetstream(timeout=self.timeout),
                                       f"{self.bucket}-obligations")
 
-        return [ref for ref in self._call(keys(), "listing refs") if _REF.match(ref)]
+        return [ref for ref in self._call(keys, "listing refs") if _REF.match(ref)]
 
     def _list_blobs(self) -> list[str]:
         async def names() -> list[str]:
@@ -1007,4 +1036,4 @@ class NatsObjectPayloadStore(PayloadStore):
             return await present_objects(self._nc.jetstream(timeout=self.timeout),
                                          self.bucket)
 
-        return self._call(names(), "listing blobs")
+        return self._call(names, "listing blobs")

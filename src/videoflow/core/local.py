@@ -208,6 +208,9 @@ def run_flow(
     payload_budget: int | None = None,
     teardown: bool = True,
     view: LiveView | None | bool = None,
+    replicas: int = 1,
+    outage_budget: float | None = None,
+    resume: bool = False,
 ) -> RunReport:
     """Run a flow to its end on this machine.
 
@@ -245,8 +248,23 @@ def run_flow(
         payload_budget: the shared-memory store's bound in bytes (DEFAULT_BUDGET_BYTES
             when None); a full budget holds publishers back until readers release.
         teardown: delete the run's streams at the end (never the dead-letter stream),
-            and the run's shared-memory payloads that no dead letter pins.
+            and the run's shared-memory payloads that no dead letter pins. A BATCH run
+            that still holds unprocessed work (it failed, was stopped, or lost its
+            broker past the outage budget) keeps its streams instead, and its report
+            says what was kept and how to resume it (RunReport.kept).
         view: a LiveView; None shows one on a terminal (stderr), False shows none.
+        replicas: the copies a clustered broker keeps of every stream, the dead-letter
+            stream and the ledger and payload buckets (1: a single server); read back
+            at provisioning like every other setting.
+        outage_budget: seconds every connection of the run waits for a broker that
+            went away (restarted, frozen, electing a leader) before the run fails; None
+            takes VIDEOFLOW_OUTAGE_BUDGET, else 60.
+        resume: run_id names a kept run: its streams are reconciled, not created, and
+            every replica that has not ended its stream is started, taking up what its
+            durables still hold; a replica whose clean end is on its stream is not
+            started again. A producer that had not ended is started again only if it
+            is replayable (it resumes from its last accepted source offset); any other
+            would publish its outputs twice, and is refused (ValueError).
 
     Returns:
         the RunReport.
@@ -261,9 +279,10 @@ def run_flow(
         EmbeddedServerError: the embedded server could not start.
     """
     from videoflow.messaging.topology import provision_flow_sync
-    from videoflow.ops import teardown as tear_down
     from videoflow.server import EmbeddedServer, store_dir_for
 
+    if resume and run_id is None:
+        raise ValueError("resume=True needs the run_id of the kept run to resume")
     if crash_limit is not None and not 1 <= crash_limit <= max_restarts:
         raise ValueError(f"crash_limit must be None or from 1 to max_restarts "
                          f"({max_restarts}), got {crash_limit!r}")
@@ -288,7 +307,9 @@ def run_flow(
     try:
         provision_flow_sync(url, list(compiled.specs), compiled.flow_id, run.run_id,
                             compiled.flow_type, timeout=provision_timeout,
-                            max_retries=max_retries, ack_wait=ack_wait, ledger_budget=kv)
+                            max_retries=max_retries, ack_wait=ack_wait, ledger_budget=kv,
+                            replicas=replicas)
+        ended = _ended(url, compiled, run.run_id, nodes, provision_timeout) if resume else {}
         for spec in compiled.specs:
             run.progress[spec.name] = NodeProgress(spec.kind)
             for replica in range(spec.nb_tasks):
@@ -298,26 +319,30 @@ def run_flow(
                                  replica, url, ack_wait, max_retries, eos_quiescence_ms,
                                  ledger, bool(payloads),
                                  None if shared is None else str(shared.directory),
-                                 str(slot), str(run.crashes.path(spec.name)), crash_limit)
+                                 str(slot), str(run.crashes.path(spec.name)), crash_limit,
+                                 replicas=replicas, outage_budget=outage_budget)
                 run.replicas[job.key] = _Replica(job, nodes[spec.name])
+                if replica in ended.get(spec.name, ()):
+                    run.replicas[job.key].final = {"outcome": "ended",
+                                                   "error": "ended before the resume"}
         _supervise(run, max_restarts, stop_after, view if isinstance(view, LiveView) else None)
     finally:
         try:
             _reap(run)
         finally:
             shutil.rmtree(supervision, ignore_errors=True)
-        torn_down = False
+        ended_up: Any = _NotTornDown
         try:
             if teardown:
-                torn_down = tear_down(url, compiled.flow_id, run.run_id,
-                                      timeout=provision_timeout).complete
-                if shared is not None:
+                ended_up = _tear_down(url, compiled, run.run_id, provision_timeout)
+                if shared is not None and ended_up.torn_down:
                     shared.clear()
         finally:
             if server is not None:
                 server.stop()
     report = RunReport(compiled.flow_id, run.run_id, compiled.flow_type, url,
-                       seconds=time.monotonic() - started, torn_down=torn_down)
+                       seconds=time.monotonic() - started, torn_down=ended_up.torn_down,
+                       kept=ended_up.note)
     for spec in compiled.specs:
         ours = {key: r for key, r in run.replicas.items() if r.job.spec.name == spec.name}
         finals = {key: r.final or _lost(r) for key, r in ours.items()}
@@ -336,6 +361,59 @@ def run_flow(
     elif run.stop_requested:
         report.outcome = "stopped"
     return report
+
+
+class _NotTornDown:
+    """What a run asked not to be torn down ends with."""
+
+    torn_down = False
+    note = ""
+
+
+def _tear_down(url: str, compiled: CompiledFlow, run_id: str, timeout: float) -> Any:
+    """The run's end on the broker: a BATCH run is torn down only once nothing of it
+    is left unprocessed (teardown_processed), any other wholly; a broker that cannot be
+    reached deletes nothing, and says so."""
+    from videoflow.errors import BrokerUnavailable
+    from videoflow.ops import RunTeardown, teardown, teardown_processed
+
+    if compiled.flow_type != REALTIME:
+        hint = (f"resume it with `videoflow run MODULE:ATTR --resume {run_id}` "
+                f"(or run_flow(..., run_id={run_id!r}, resume=True))")
+        return teardown_processed(url, compiled.flow_id, run_id, resume_hint=hint,
+                                  timeout=timeout)
+    try:
+        cleanup = teardown(url, compiled.flow_id, run_id, timeout=timeout)
+    except BrokerUnavailable as error:
+        return RunTeardown(False, note=f"run {run_id} was not torn down: {error}")
+    return RunTeardown(cleanup.complete, tuple(cleanup.remaining), note="" if cleanup.complete
+                       else f"run {run_id} was not wholly torn down: "
+                            f"{', '.join(cleanup.remaining) or 'its streams could not be listed'}")
+
+
+def _ended(url: str, compiled: CompiledFlow, run_id: str, nodes: dict[str, bytes],
+           timeout: float) -> dict[str, set[int]]:
+    """For a resumed run: the replicas that already ended their stream, once every
+    producer that has not is known to be replayable.
+
+    Raises:
+        ValueError: a producer that had not ended is not replayable.
+        BrokerUnavailable: the run's streams could not be read, or are gone.
+    """
+    from videoflow.ops.resume import ended_replicas
+
+    ended = ended_replicas(url, compiled.flow_id, run_id,
+                           [s.name for s in compiled.specs if s.kind != "consumer"],
+                           timeout=timeout)
+    for spec in compiled.specs:
+        if spec.kind != "producer" or len(ended.get(spec.name, ())) == spec.nb_tasks:
+            continue
+        if not getattr(pickle.loads(nodes[spec.name]), "replayable", False):
+            raise ValueError(
+                f"run {run_id!r} cannot be resumed: producer {spec.name!r} had not ended "
+                "its stream and is not replayable, so it would publish its outputs again "
+                "(make it replayable, or start a new run)")
+    return ended
 
 
 def _lost(replica: _Replica) -> dict[str, Any]:
@@ -405,7 +483,8 @@ def _supervise(run: _Run, max_restarts: int, stop_after: float | None,
     # follow are not cut short.
     run.signals.supervising = True
     for replica in run.replicas.values():
-        _start(context, replica, reports, run.gate)
+        if replica.final is None:  # a resumed run's ended replicas are not started
+            _start(context, replica, reports, run.gate)
     _watch(context, run, reports, max_restarts, stop_after, view)
 
 

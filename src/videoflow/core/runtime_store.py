@@ -191,6 +191,8 @@ class NatsKvRuntimeStore(RuntimeStore):
             within the outage budget.
         outage_budget: seconds the store's own connection waits for a broker that went
             away (None: VIDEOFLOW_OUTAGE_BUDGET, else 60).
+        replicas: the copies a clustered broker keeps of the bucket, when this store
+            creates it (an existing bucket is bound as it is).
 
     Raises:
         BrokerUnavailable: the server could not be reached or the bucket neither
@@ -201,7 +203,7 @@ class NatsKvRuntimeStore(RuntimeStore):
     def __init__(self, nats_url: str | None = None, bucket: str = DEFAULT_BUCKET, *,
                  client: Client | None = None, runner: Any = None,
                  timeout: float = DEFAULT_TIMEOUT_SECONDS,
-                 outage_budget: float | None = None) -> None:
+                 outage_budget: float | None = None, replicas: int = 1) -> None:
         # Imported here: the loop bridge lives with the JetStream adapter, and a
         # memory-only user of the ledger should not need it loaded.
         from videoflow.messaging.jetstream_loop import (
@@ -215,7 +217,7 @@ class NatsKvRuntimeStore(RuntimeStore):
             raise ValueError("give exactly one of nats_url and client")
         if client is not None and runner is None:
             raise ValueError("a client needs the LoopRunner its loop runs on")
-        self.bucket = bucket
+        self.bucket, self.replicas = bucket, replicas
         self._timeout = timeout
         # The store's own connection rides out a broker outage within this budget; a
         # given client's outages are its owner's, and only transient failures are
@@ -250,7 +252,8 @@ class NatsKvRuntimeStore(RuntimeStore):
         except nats.js.errors.BucketNotFoundError:
             # Creating with the same config twice is fine (§9), so two processes
             # racing here both end up bound to the one bucket.
-            return await js.create_key_value(bucket=self.bucket, history=1)
+            return await js.create_key_value(bucket=self.bucket, history=1,
+                                             replicas=self.replicas)
 
     def _call(self, make: Callable[[], Coroutine[Any, Any, T]], what: str,
               landed: Callable[[], T | None] | None = None) -> T:

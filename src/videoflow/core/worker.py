@@ -8,6 +8,7 @@ replica with a ReplicaJob, so a replica behaves the same wherever it runs.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -18,6 +19,7 @@ from typing import Any
 from videoflow.core.compiler import NodeSpec
 from videoflow.core.node import Node
 from videoflow.core.task import RuntimeContext, Task, TaskStats, task_for
+from videoflow.messaging.broker_link import OUTAGE_BUDGET_ENV, check_budget
 from videoflow.messaging.naming import sanitize
 
 
@@ -46,6 +48,10 @@ class ReplicaJob:
             node's crash counts, and the process deaths an input may coincide with
             before it is dead-lettered as crashed_worker (None: never). None for a
             ``videoflow worker``, whose restarts its own supervisor makes.
+        replicas: the copies a clustered broker keeps of the flow's ledger and payload
+            buckets when this replica creates them (1: a single server).
+        outage_budget: seconds this replica's connections wait for a broker that went
+            away before giving up (None: VIDEOFLOW_OUTAGE_BUDGET, else 60).
     """
 
     flow_id: str
@@ -63,6 +69,8 @@ class ReplicaJob:
     in_hand_path: str | None = None
     crashes_path: str | None = None
     crash_limit: int | None = None
+    replicas: int = 1
+    outage_budget: float | None = None
 
     @property
     def key(self) -> str:
@@ -111,10 +119,15 @@ def run_replica(job: ReplicaJob, node: Node, *,
 
     spec = job.spec
     node._name = spec.name  # the compiler's name, also for unnamed nodes
+    if job.outage_budget is not None:
+        # Every connection of this process reads it: the backend's, the ledger's and
+        # the payload store's (the backend's constructor is the reference's, fixed).
+        os.environ[OUTAGE_BUDGET_ENV] = repr(check_budget(job.outage_budget))
     with ExitStack() as stack:
         runtime = None
         if job.ledger == "kv":
-            store = NatsKvRuntimeStore(job.nats_url, ledger_bucket(job.flow_id))
+            store = NatsKvRuntimeStore(job.nats_url, ledger_bucket(job.flow_id),
+                                       replicas=job.replicas)
             stack.callback(store.close)
             runtime = FlowRuntime(store, job.flow_id, job.run_id, spec.name, job.replica_id)
         elif job.ledger != "memory":
@@ -124,6 +137,7 @@ def run_replica(job: ReplicaJob, node: Node, *,
             payload_store = SharedMemoryPayloadStore(job.payload_dir, flow_type=job.flow_type)
         elif job.payloads:
             payload_store = NatsObjectPayloadStore(job.nats_url, payload_bucket(job.flow_id),
+                                                   replicas=job.replicas,
                                                    flow_type=job.flow_type)
             stack.callback(payload_store.close)
         messenger = NATSMessenger(

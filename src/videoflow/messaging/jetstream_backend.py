@@ -668,7 +668,7 @@ class JetStreamMessagingBackend(MessagingBackend):
         self._ledger.sent_all([envelope for _, envelope, _, _ in queued],
                               horizon=DUPLICATE_WINDOW_SECONDS)
         try:
-            await publish_pipelined(client, replies, queued, send_lock)
+            await publish_pipelined(client, replies, queued, send_lock, self._js)
         except asyncio.CancelledError:
             _resolve_publications(queued, PublicationUnknown(
                 "the backend shut down before the receipt arrived"))
@@ -728,8 +728,11 @@ class JetStreamMessagingBackend(MessagingBackend):
         between threads.
 
         Raises:
-            BrokerUnavailable: the backend's loop is not running.
+            BrokerUnavailable: the backend's loop is not running, or its broker was
+                away for longer than the outage budget (nothing more can arrive).
         """
+        if self.outage.given_up is not None:
+            raise BrokerUnavailable(self.outage.given_up)
         receivers = [(s, self._bindings[s].receiver) for s in subscriptions
                      if s in self._bindings]
         if item_credit < 1 or not receivers:

@@ -61,6 +61,25 @@ def rejection_for(error: nats.js.errors.APIError) -> Rejected:
 
 _decode_json = msgspec.json.Decoder().decode
 
+
+async def no_stream_refusal(js: JetStreamContext, subject: str) -> Rejected:
+    """The refusal of a publish nobody answered (503 no responders): whether waiting
+    helps depends on why. No stream captures the subject: waiting does not create one,
+    so not retryable (MSG-013). A stream that captures it exists: its replicas are
+    electing a leader (a clustered stream answers nothing for a few seconds), so
+    retryable. The lookup itself unanswered (the meta leader being elected too):
+    retryable, as nothing says the stream is missing."""
+    try:
+        stream = await js.find_stream_name_by_subject(subject)
+    except nats.js.errors.NotFoundError:
+        return Rejected(f"no stream captures {subject}", retryable=False)
+    except (nats.errors.Error, asyncio.TimeoutError) as error:
+        return Rejected(f"no stream answered for {subject}, and the streams could not be "
+                        f"looked up ({type(error).__name__}); a cluster may be electing "
+                        "its leaders", retryable=True)
+    return Rejected(f"stream {stream} did not answer for {subject}: it has no leader "
+                    "right now (a cluster electing one)", retryable=True)
+
 async def publish_once(
     js: JetStreamContext, subject: str, envelope: Envelope, timeout: float
 ) -> PublishOutcome:
@@ -78,9 +97,10 @@ async def publish_once(
 
     Returns:
         Accepted(seq, duplicate) for a PubAck (duplicate is None on a first store,
-        NATS_FACTS §2, hence bool()); Rejected(retryable=False) when no stream captures
-        the subject (NoStreamResponseError, 503 no responders) or the payload exceeds
-        max_payload client-side; Rejected per rejection_for for an APIError;
+        NATS_FACTS §2, hence bool()); for a publish nobody answered (503 no
+        responders), no_stream_refusal's verdict: not retryable when no stream captures
+        the subject, retryable while its stream elects a leader; Rejected
+        (retryable=False) when the payload exceeds max_payload client-side; Rejected per rejection_for for an APIError;
         Rejected(retryable=True) when nothing was sent (the deadline had already passed,
         or the connection was closed or draining before the send); PublicationUnknown
         when no PubAck arrived in time — the message is often stored anyway (S3), so a
@@ -94,8 +114,7 @@ async def publish_once(
     try:
         ack = await js.publish(subject, envelope.data, timeout=timeout, headers=headers)
     except nats.js.errors.NoStreamResponseError:
-        # MSG-013: no stream captures the subject — waiting does not create one.
-        return Rejected(f"no stream captures {subject}", retryable=False)
+        return await no_stream_refusal(js, subject)
     except nats.js.errors.APIError as error:
         return rejection_for(error)
     except nats.errors.MaxPayloadError as error:
@@ -120,6 +139,7 @@ async def publish_pipelined(
     replies: ReplyMux,
     batch: Sequence[tuple[str, Envelope, float, Receipt[PublishOutcome]]],
     send_lock: asyncio.Lock,
+    js: JetStreamContext | None = None,
 ) -> None:
     """Publish envelopes all at once, each a request whose reply is its PubAck, and
     fill in each receipt as publish_once would type the answer, as soon as it arrives.
@@ -136,6 +156,9 @@ async def publish_pipelined(
         batch: (subject, envelope, monotonic deadline, receipt) in the order to send.
         send_lock: held while writing, so batches go out in the order they were made
             (asyncio.Lock is first come, first served).
+        js: when given, a publish nobody answered is typed by looking its stream up
+            (no_stream_refusal: retryable while a cluster elects the stream's leader);
+            without it, it is 'no stream captures' (not retryable).
 
     Every receipt is answered: Rejected(retryable=True) for one whose deadline had
     passed before the send (nothing sent), Accepted for its PubAck, Rejected for a
@@ -159,7 +182,7 @@ async def publish_pipelined(
                                             "nothing was sent", retryable=True))
                 continue
             headers = None if envelope.msg_id is None else {MSG_ID_HEADER: envelope.msg_id}
-            inbox = replies.expect_call(functools.partial(_fill, subject, receipt))
+            inbox = replies.expect_call(functools.partial(_fill, subject, receipt, js))
             try:
                 await client.publish(subject, envelope.data, reply=inbox, headers=headers)
             except nats.errors.MaxPayloadError as error:
@@ -183,8 +206,31 @@ async def publish_pipelined(
                                               _expire, replies, sent)
 
 
-def _fill(subject: str, receipt: Receipt[PublishOutcome], reply: Msg) -> None:
+def _fill(subject: str, receipt: Receipt[PublishOutcome], js: JetStreamContext | None,
+          reply: Msg) -> None:
+    if js is not None and no_responders(reply):
+        # Called inside the read loop: the lookup that types the refusal (an unknown
+        # stream, or one electing its leader) runs as a task of its own.
+        task = asyncio.get_running_loop().create_task(no_stream_refusal(js, subject))
+        _LOOKUPS.add(task)
+        task.add_done_callback(functools.partial(_filled_after_lookup, receipt))
+        return
     receipt.set_result(receipt_outcome(subject, reply))
+
+
+_LOOKUPS: set[asyncio.Task[Rejected]] = set()
+"""The stream lookups under way (a task must be referenced until it is done)."""
+
+
+def _filled_after_lookup(receipt: Receipt[PublishOutcome], task: asyncio.Task[Rejected]) -> None:
+    _LOOKUPS.discard(task)
+    if task.cancelled():
+        receipt.set_result(PublicationUnknown("the backend shut down during a stream lookup"))
+        return
+    error = task.exception()
+    receipt.set_result(task.result() if error is None else
+                       Rejected(f"no stream answered, and the lookup failed: {error!r}",
+                                retryable=True))
 
 
 def _expire(replies: ReplyMux, sent: list[tuple[str, Receipt[PublishOutcome]]]) -> None:
@@ -352,6 +398,7 @@ async def observe_by_republish(
 __all__ = [
     "MSG_ID_HEADER",
     "PublicationLedger",
+    "no_stream_refusal",
     "observe_by_republish",
     "publish_once",
     "publish_pipelined",

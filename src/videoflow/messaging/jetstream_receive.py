@@ -290,6 +290,8 @@ class SubscriptionReceiver:
         """
         while not self._stopping:
             if not self.client.is_connected:
+                if self.client.is_closed:
+                    return  # given up (the outage budget ran out) or shut down
                 # The broker is away: a request now would only wait in the client's
                 # buffer, and the one the outage ended is asked again on its return
                 # (reconnected).

@@ -40,7 +40,7 @@ from videoflow.ops.replay import REPLAY_INTO_LIVE_RUN as REPLAY_INTO_LIVE_RUN
 from videoflow.ops.replay import REPLAY_MSG_ID_PREFIX, ReplayReport, ReplayResult, dlq_replay
 from videoflow.ops.replay import TORN_DOWN as TORN_DOWN
 from videoflow.ops.replay import ReplayOutcome as ReplayOutcome
-from videoflow.ops.run_teardown import teardown
+from videoflow.ops.run_teardown import RunTeardown, teardown, teardown_processed, unprocessed_work
 from videoflow.ops.status import CONSUMER_PAGE as CONSUMER_PAGE
 from videoflow.ops.status import (
     DurableStatus,
@@ -52,6 +52,9 @@ from videoflow.ops.status import (
 
 __all__ = [
     "BucketRemoval",
+    "RunTeardown",
+    "teardown_processed",
+    "unprocessed_work",
     "BucketsInUse",
     "FlowBucket",
     "buckets_list",

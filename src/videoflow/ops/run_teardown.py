@@ -1,19 +1,23 @@
 """`videoflow teardown`: deleting every stream a run owns and purging its ledger
-records; the flow's dead-letter stream is never touched."""
+records; the flow's dead-letter stream is never touched. And the end of a BATCH run
+(teardown_processed): torn down only once nothing of it is left unprocessed."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 
 import nats.js.errors
 from nats.aio.client import Client
 
-from videoflow.backends.messaging import CleanupObservation
+from videoflow.backends.messaging import CleanupObservation, Known, Unknown
 from videoflow.errors import BrokerUnavailable
 from videoflow.messaging.jetstream_loop import ErrorLog
 from videoflow.messaging.naming import subject_for
 from videoflow.messaging.provisioning import delete_run_streams
+from videoflow.messaging.naming import KIND_DURABLE
 from videoflow.ops._broker import DEFAULT_TIMEOUT_SECONDS, _Budget, _run_sync
+from videoflow.ops.status import RunStatus, run_status
 
 
 async def _purge_run_ledger(nc: Client, flow_id: str, run_id: str) -> None:
@@ -66,3 +70,96 @@ def teardown(
                 f"{timeout:g} s; re-running it is safe") from error
 
     return _run_sync(nats_url, timeout, work)
+
+
+@dataclass(frozen=True, slots=True)
+class RunTeardown:
+    """How a run's end left its streams (teardown_processed).
+
+    Attributes:
+        torn_down: every stream the run owned is gone.
+        kept: the streams left standing, because they still hold work nobody has
+            processed, or because nothing could be read or deleted.
+        unprocessed: per durable (stream/durable), the messages it has not settled
+            yet (pending + ack pending), or why that is unknown.
+        note: one sentence for the operator: what was kept and how to resume the run
+            or delete it; '' when torn down.
+    """
+
+    torn_down: bool
+    kept: tuple[str, ...] = ()
+    unprocessed: dict[str, int | str] = field(default_factory=dict)
+    note: str = ""
+
+
+def unprocessed_work(status: RunStatus) -> dict[str, int | str] | None:
+    """What a run's data durables have not settled yet: per durable with anything
+    left, pending + ack pending, or why that could not be read (never taken for 0).
+    End-of-stream durables and anchors are not work. None when the streams could not
+    be listed at all."""
+    if isinstance(status.streams, Unknown):
+        return None
+    left: dict[str, int | str] = {}
+    for stream in status.streams:
+        if isinstance(stream.durables, Unknown):
+            left[stream.name] = f"unknown ({stream.durables.reason})"
+            continue
+        for durable in stream.durables:
+            if durable.kind not in ("", KIND_DURABLE):
+                continue
+            counts = (durable.pending, durable.ack_pending)
+            unread = [c for c in counts if isinstance(c, Unknown)]
+            where = f"{stream.name}/{durable.name}"
+            if unread:
+                left[where] = f"unknown ({unread[0].reason})"
+            else:
+                total = sum(c.value for c in counts if isinstance(c, Known))
+                if total:
+                    left[where] = total
+    return left
+
+
+def teardown_processed(
+    nats_url: str, flow_id: str, run_id: str, *, resume_hint: str = "",
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
+) -> RunTeardown:
+    """A BATCH run's end: tear it down (teardown) only once nothing of it is left
+    unprocessed. A run that holds work nobody settled — it failed, was stopped, or lost
+    its broker for longer than the outage budget — keeps every stream it owns, and its
+    ledger records, so the run can be resumed and lose nothing; so does a run whose
+    durables could not be read. A broker that cannot be reached deletes nothing either.
+
+    Arguments:
+        nats_url: the broker.
+        flow_id / run_id: the run.
+        resume_hint: how to resume this run (e.g. the command line), quoted in the note.
+        timeout: overall bound in seconds of the reading and the deleting each.
+
+    Returns:
+        RunTeardown.
+    """
+    resume = resume_hint or f"run the flow again with resume={run_id!r}"
+    delete = f"`videoflow teardown --flow {flow_id} --run {run_id}`"
+    try:
+        status = run_status(nats_url, flow_id, run_id, timeout=timeout)
+    except BrokerUnavailable as error:
+        return RunTeardown(False, note=(
+            f"kept run {run_id}: its broker could not be reached to check or delete its "
+            f"streams ({error}); once it is back, {resume}, or delete it with {delete}"))
+    left = unprocessed_work(status)
+    names = () if isinstance(status.streams, Unknown) else tuple(s.name for s in status.streams)
+    if left is None or left:
+        what = ("its streams could not be listed" if left is None else
+                "unprocessed: " + ", ".join(f"{k} {v}" for k, v in sorted(left.items())))
+        return RunTeardown(False, names, left or {}, note=(
+            f"kept run {run_id} ({what}): {resume}, or delete it with {delete}"))
+    try:
+        cleanup = teardown(nats_url, flow_id, run_id, timeout=timeout)
+    except BrokerUnavailable as error:
+        return RunTeardown(False, names, note=(
+            f"run {run_id} was not torn down ({error}); delete it with {delete}"))
+    if not cleanup.complete:
+        return RunTeardown(False, tuple(cleanup.remaining), note=(
+            f"run {run_id} was not wholly torn down (left: "
+            f"{', '.join(cleanup.remaining) or 'unknown'}); delete it with {delete}"))
+    return RunTeardown(True)
