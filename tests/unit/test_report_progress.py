@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from videoflow.core.report import NodeReport, RunReport, percentile
+from videoflow.core.report import NodeReport, ProcessDeath, RunReport, percentile
 from videoflow.progress import LiveView, NodeProgress
 
 
@@ -45,6 +45,52 @@ def test_a_node_report_sums_its_replicas_and_keeps_why_one_failed() -> None:
     assert "4 (join_evicted 3, undecodable 1)" in text and "19" in text
     assert "fuse[1] failed: ValueError: bad" in text
     assert not run.ok and run.to_dict()["nodes"]["fuse"]["processed"] == 19
+
+
+def test_the_report_names_every_process_death_and_every_failure_with_its_reason() -> None:
+    deaths = [ProcessDeath("scale[0]", 4101, "killed by SIGKILL", 2.25, ["numbers:8"]),
+              ProcessDeath("scale[1]", 4102, "exit code 1", 3.5),
+              ProcessDeath("scale[0]", 4201, "killed by SIGSEGV", 6.0, ["numbers:8"],
+                           restarted=False)]
+    scale = NodeReport.from_replicas("processor", {
+        "scale[0]": {"outcome": "lost", "error": "lost after 1 restart; the last "
+                                                  + deaths[2].describe()},
+        "scale[0]~1": {"processed": 7, "outcome": "restarted"},
+        "scale[1]": {"processed": 20, "outcome": "failed", "error": "ValueError: bad"},
+        "scale[1]~1": {"processed": 1, "outcome": "restarted"},
+    }, restarts=2, deaths=deaths)
+    assert scale.deaths == deaths and scale.restarts == 2
+    run = RunReport("f", "r1", "batch", "nats://x", outcome="failed", seconds=7.0,
+                    nodes={"scale": scale})
+    lines = run.format().splitlines()
+    assert lines[0] == "run r1 of flow 'f' (batch): failed in 7.0 s, 2 restarts"
+    assert lines[3:] == [
+        "  scale[0] died: process 4101 killed by SIGKILL 2.2 s into the run, processing "
+        "numbers:8; started again",
+        "  scale[1] died: process 4102 exit code 1 3.5 s into the run; started again",
+        "  scale[0] died: process 4201 killed by SIGSEGV 6.0 s into the run, processing "
+        "numbers:8; not started again",
+        "  scale[0] lost: lost after 1 restart; the last process 4201 killed by SIGSEGV "
+        "6.0 s into the run, processing numbers:8; not started again",
+        "  scale[1] failed: ValueError: bad"]
+    # The JSON form carries the same, field by field.
+    node = run.to_dict()["nodes"]["scale"]
+    assert node["deaths"][0] == {"replica": "scale[0]", "pid": 4101,
+                                 "how": "killed by SIGKILL", "at_seconds": 2.25,
+                                 "in_hand": ["numbers:8"], "restarted": True}
+    assert node["errors"] == {"scale[0]": scale.errors["scale[0]"],
+                              "scale[1]": "ValueError: bad"}
+    # One restart is one, and a run without any says nothing of restarts.
+    one = RunReport("f", "r2", "batch", "x", nodes={"n": NodeReport("processor",
+                                                                     restarts=1)})
+    assert one.format().splitlines()[0].endswith("completed in 0.0 s, 1 restart")
+    assert "restart" not in RunReport("f", "r3", "batch", "x").format()
+
+
+def test_the_view_says_how_many_restarts_so_far() -> None:
+    out = io.StringIO()
+    LiveView(out, tty=False).update("flow run", {}, "2 restarts")
+    assert out.getvalue().splitlines()[0] == "flow run  2 restarts"
 
 
 def test_the_plain_view_prints_unknown_pending_as_unknown_never_zero() -> None:

@@ -1,0 +1,208 @@
+"""The local engine's supervision pieces without a broker: how a process's end is
+named, the in-hand slot a replica writes and the engine reads, the crash book and a
+replica's reading of it, the engine's Ctrl-C/SIGTERM counting, and a child that ends
+with its parent (PR_SET_PDEATHSIG, and the parent-pid watch alone)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from videoflow.core.supervision import (
+    ORPHAN_GRACE_SECONDS,
+    SLOT_ENTRIES,
+    WATCH_SECONDS,
+    CrashBook,
+    CrashCounts,
+    InHandSlot,
+    StopSignals,
+    create_slot,
+    exit_description,
+    read_in_hand,
+)
+
+
+def handle(parent: str, seq: int) -> SimpleNamespace:
+    return SimpleNamespace(parent=parent, delivery=SimpleNamespace(stream_seq=seq))
+
+
+def test_a_process_end_is_named_by_its_signal_or_its_exit_code() -> None:
+    assert exit_description(-9) == "killed by SIGKILL"
+    assert exit_description(-11) == "killed by SIGSEGV"
+    assert exit_description(1) == "exit code 1"
+    assert exit_description(0) == "exit code 0"
+    assert exit_description(None) == "still running"
+
+
+def test_the_slot_holds_the_group_in_hand_until_it_is_released(tmp_path: Path) -> None:
+    path = tmp_path / "slot"
+    create_slot(path)
+    parents = ["cam", "imu"]
+    slot = InHandSlot(path, parents)
+    try:
+        assert read_in_hand(path, parents) == []
+        slot.hold([handle("cam", 7), handle("imu", 123456789012)])
+        # What the engine reads after a death, from the file, not from the writer.
+        assert read_in_hand(path, parents) == [("cam", 7), ("imu", 123456789012)]
+        slot.hold([handle("imu", 9)])  # the next group replaces it whole
+        assert read_in_hand(path, parents) == [("imu", 9)]
+        slot.release()
+        assert read_in_hand(path, parents) == []
+        slot.release()  # twice is nothing
+        slot.hold([handle("stranger", 1), handle("cam", 3)])  # not a parent: skipped
+        assert read_in_hand(path, parents) == [("cam", 3)]
+    finally:
+        slot.close()
+
+
+def test_the_slot_keeps_the_first_members_of_a_group_too_large_for_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "slot"
+    create_slot(path)
+    slot = InHandSlot(path, ["imu"])
+    try:
+        slot.hold([handle("imu", seq) for seq in range(1, 200)])
+        assert read_in_hand(path, ["imu"]) == [("imu", s) for s in range(1, SLOT_ENTRIES + 1)]
+    finally:
+        slot.close()
+
+
+def test_a_cleared_or_missing_slot_holds_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "slot"
+    assert read_in_hand(path, ["a"]) == []  # never created
+    create_slot(path)
+    slot = InHandSlot(path, ["a"])
+    slot.hold([handle("a", 5)])
+    slot.close()
+    create_slot(path)  # the engine clears it before the next process starts
+    assert read_in_hand(path, ["a"]) == []
+
+
+def test_the_crash_book_counts_deaths_per_delivery_and_replicas_read_them(
+    tmp_path: Path,
+) -> None:
+    book = CrashBook(tmp_path)
+    counts = CrashCounts(book.path("scale"))
+    assert counts.deaths("numbers", 8) == []  # no file yet
+    book.count("scale", [("numbers", 8), ("numbers", 9)], "killed by SIGKILL")
+    assert counts.deaths("numbers", 8) == ["killed by SIGKILL"]
+    book.count("scale", [("numbers", 8)], "exit code 1")
+    # The reader sees the rewritten file, and only its own node's.
+    assert counts.deaths("numbers", 8) == ["killed by SIGKILL", "exit code 1"]
+    assert counts.deaths("numbers", 9) == ["killed by SIGKILL"]
+    assert counts.deaths("other", 8) == []
+    book.count("sink", [("scale", 8)], "exit code 3")
+    assert CrashCounts(book.path("sink")).deaths("scale", 8) == ["exit code 3"]
+    assert book.deaths("scale", "numbers", 8) == ["killed by SIGKILL", "exit code 1"]
+    assert counts.deaths("scale", 8) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "scale.crashes.json", "sink.crashes.json"]  # nothing half-written left
+
+
+def test_stop_signals_raise_before_supervision_and_are_counted_during_it() -> None:
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    signals = StopSignals().install()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)
+        signals.supervising = True
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGINT)
+        assert signals.received == 2
+    finally:
+        signals.restore()
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == previous
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def orphan(tmp_path: Path, *, pdeathsig: bool, ignore_sigterm: bool) -> tuple[int, float]:
+    """Start a parent that starts a child calling die_with_parent, then kill the
+    parent with SIGKILL. Returns the child's pid and when the parent died."""
+    child = textwrap.dedent(f"""
+        import os, signal, sys, time
+        from videoflow.core.supervision import die_with_parent
+        parent = os.getppid()
+        if {ignore_sigterm!r}:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        die_with_parent(parent, pdeathsig={pdeathsig!r})
+        print(os.getpid(), flush=True)
+        time.sleep(120)
+    """)
+    parent = textwrap.dedent(f"""
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", {child!r}], stdout=subprocess.PIPE,
+                                 text=True)
+        print(child.stdout.readline().strip(), flush=True)
+        time.sleep(120)
+    """)
+    process = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE,
+                               text=True)
+    assert process.stdout is not None
+    pid = int(process.stdout.readline())
+    process.kill()
+    process.wait()
+    return pid, time.monotonic()
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.02)
+    return not alive(pid)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
+def test_the_kernel_signals_a_child_whose_parent_died(tmp_path: Path) -> None:
+    script = textwrap.dedent("""
+        import ctypes, os
+        from videoflow.core.supervision import die_with_parent
+        armed = die_with_parent(os.getppid())
+        value = ctypes.c_int(0)
+        ctypes.CDLL(None).prctl(2, ctypes.byref(value), 0, 0, 0)  # PR_GET_PDEATHSIG
+        print(armed, value.value)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=30)
+    assert done.stdout.split() == ["True", str(int(signal.SIGTERM))], done.stderr
+    pid, _ = orphan(tmp_path, pdeathsig=True, ignore_sigterm=False)
+    try:
+        # SIGTERM at once, not a watch period later.
+        assert gone_within(pid, WATCH_SECONDS * 0.8)
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
+@pytest.mark.parametrize("ignore_sigterm", [False, True])
+def test_the_parent_watch_alone_ends_an_orphan(tmp_path: Path, ignore_sigterm: bool) -> None:
+    """Where there is no PR_SET_PDEATHSIG the watch notices the parent gone, signals
+    the child, and ends it after the grace even if it ignores the signal."""
+    pid, died = orphan(tmp_path, pdeathsig=False, ignore_sigterm=ignore_sigterm)
+    try:
+        bound = WATCH_SECONDS + (ORPHAN_GRACE_SECONDS if ignore_sigterm else 0.0) + 2.0
+        assert gone_within(pid, bound)
+        if ignore_sigterm:  # the grace ran out: it did not end before
+            assert time.monotonic() - died >= ORPHAN_GRACE_SECONDS
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
