@@ -206,3 +206,59 @@ def test_the_parent_watch_alone_ends_an_orphan(tmp_path: Path, ignore_sigterm: b
     finally:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("deaths, dead_lettered", [(1, False), (2, True)])
+def test_a_redelivery_in_hand_at_crash_limit_deaths_is_dead_lettered_not_processed(
+    tmp_path: Path, deaths: int, dead_lettered: bool,
+) -> None:
+    """Through the messenger, on the memory adapter: the slot holds each group while
+    the node has it, and a redelivered input the book charged crash_limit deaths to
+    is dead-lettered as crashed_worker; below the limit it is processed again."""
+    from test_nats_messenger import Flow, run_node, run_producer
+
+    from videoflow.core.policies import WorkerFatal
+    from videoflow.messaging.dead_letters import decode_dead_letter
+
+    flow = Flow({"cam": [], "work": ["cam"], "sink": ["work"]})
+    cam, work = flow.messenger("cam"), flow.messenger("work")
+    flow.messenger("sink")
+    slot_path, book = tmp_path / "work.0.in-hand", CrashBook(tmp_path)
+    create_slot(slot_path)
+    slot = InHandSlot(slot_path, ["cam"])
+    work.deliveries.watch_crashes(slot, CrashCounts(book.path("work")), 2)
+    run_producer(cam, [10, 20, 30])
+    seen: list[tuple[int, list[tuple[str, int]]]] = []
+
+    def process(inputs: dict[str, object]) -> object:
+        value = inputs["cam"]["message"]  # type: ignore[index]
+        seen.append((value, read_in_hand(slot_path, ["cam"])))
+        if value == 20 and len([v for v, _ in seen if v == 20]) == 1:
+            # The engine's part: this input was in hand at `deaths` process deaths.
+            for _ in range(deaths):
+                book.count("work", read_in_hand(slot_path, ["cam"]), "killed by SIGKILL")
+            raise WorkerFatal("hand it back")  # redelivered, num_delivered 2
+        return value
+
+    try:
+        run_node(work, process)
+        assert read_in_hand(slot_path, ["cam"]) == []  # nothing in hand at the end
+    finally:
+        for messenger in flow.made:
+            messenger.close()
+        slot.close()
+    # Each group was in the slot, and only it, while the node had it.
+    assert [(v, held) for v, held in seen] == [
+        (10, [("cam", 1)]), (20, [("cam", 2)]), (30, [("cam", 3)]),
+        *([] if dead_lettered else [(20, [("cam", 2)])])]
+    letters = [decode_dead_letter(data) for _, data in flow.broker.dead_letters("flow")]
+    if not dead_lettered:
+        assert letters == [] and work.dead_lettered == 0
+        return
+    (letter,) = letters
+    assert (letter.node, letter.parent, letter.stream_seq, letter.reason, letter.attempts) == (
+        "work", "cam", 2, "crashed_worker", 2)
+    assert letter.error_type.endswith("WorkerCrashed")
+    assert "2 processes of work died while this input was in hand (killed by SIGKILL, " \
+           "killed by SIGKILL)" in letter.error_message
+    assert work.dead_lettered == 1
