@@ -262,3 +262,24 @@ def test_a_redelivery_in_hand_at_crash_limit_deaths_is_dead_lettered_not_process
     assert "2 processes of work died while this input was in hand (killed by SIGKILL, " \
            "killed by SIGKILL)" in letter.error_message
     assert work.dead_lettered == 1
+
+
+@pytest.mark.skipif(os.name != "posix", reason="dead engines are found by pid on POSIX")
+def test_a_dead_engines_supervision_directory_is_swept_and_a_live_ones_kept() -> None:
+    from videoflow.core.supervision import supervision_directory
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
+    ours = supervision_directory()
+    try:
+        dead = ours.parent / f"videoflow-supervision-{int(ended.stdout)}-x"
+        dead.mkdir()
+        (dead / "n.0.in-hand").write_bytes(b"\0")
+        alive_one = supervision_directory()  # sweeps as it makes its own
+        try:
+            assert not dead.exists()
+            assert ours.is_dir() and ours.name.startswith(f"videoflow-supervision-{os.getpid()}-")
+        finally:
+            alive_one.rmdir()
+    finally:
+        ours.rmdir()

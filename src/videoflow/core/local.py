@@ -36,14 +36,12 @@ import pickle
 import queue as queue_module
 import shutil
 import signal
-import tempfile
 import threading
 import time
 import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from videoflow.core.compiler import CompiledFlow, compile_flow
@@ -57,6 +55,7 @@ from videoflow.core.supervision import (
     die_with_parent,
     exit_description,
     read_in_hand,
+    supervision_directory,
 )
 from videoflow.core.task import Task
 from videoflow.core.worker import ReplicaJob, run_replica
@@ -302,7 +301,7 @@ def run_flow(
     shared = _shared_payloads(payloads, compiled.flow_id, run.run_id, payload_budget)
     started = time.monotonic()
     run.started, run.signals = started, _SIGNALS.get() or run.signals
-    supervision = Path(tempfile.mkdtemp(prefix="videoflow-supervision-", dir=_shared_dir()))
+    supervision = supervision_directory()
     run.crashes = CrashBook(supervision)
     try:
         provision_flow_sync(url, list(compiled.specs), compiled.flow_id, run.run_id,
@@ -446,12 +445,6 @@ def _count_superseded(report: RunReport, compiled: CompiledFlow) -> None:
 
 def _accounted(node: NodeReport) -> bool:
     return node.restarts == 0 and all(o == "ended" for o in node.outcomes.values())
-
-
-def _shared_dir() -> str | None:
-    """Where a run's supervision files go: /dev/shm where there is one (its slots are
-    written per input group, so memory, not a disk), else the temporary directory."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 def _portable(name: str, node: Node) -> bytes:

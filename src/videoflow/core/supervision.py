@@ -26,9 +26,11 @@ import ctypes
 import json
 import mmap
 import os
+import shutil
 import signal
 import struct
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -185,6 +187,39 @@ def _watch_parent(parent_pid: int, signalled: bool, grace: float) -> None:
 
 
 # ------------------------------------------------------------------ inputs in hand
+
+DIRECTORY_PREFIX: Final = "videoflow-supervision-"
+
+
+def supervision_directory() -> Path:
+    """A fresh directory for one run's supervision files (slots, crash books), named
+    by this engine's pid: in /dev/shm where there is one (the slots are written per
+    input group: memory, not a disk), else the temporary directory. The directories
+    of engines that died without removing theirs (SIGKILL) are removed first.
+
+    Returns:
+        the directory; the caller removes it at the run's end.
+    """
+    shm = Path("/dev/shm")
+    root = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    _sweep(root)
+    return Path(tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-", dir=root))
+
+
+def _sweep(root: Path) -> None:
+    if os.name != "posix":  # os.kill(pid, 0) probes only on POSIX (Windows kills)
+        return
+    for entry in root.glob(f"{DIRECTORY_PREFIX}*"):
+        pid = entry.name[len(DIRECTORY_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # its engine is gone
+            shutil.rmtree(entry, ignore_errors=True)
+        except PermissionError:  # another user's engine, alive
+            pass
+
 
 
 def create_slot(path: str | os.PathLike[str]) -> None:
@@ -355,4 +390,5 @@ __all__ = [
     "die_with_parent",
     "exit_description",
     "read_in_hand",
+    "supervision_directory",
 ]
