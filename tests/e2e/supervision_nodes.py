@@ -34,8 +34,10 @@ class CrashOn(ProcessorNode):
         return value
 
 
-def crash_loop(out: str, at: int, how: str, log: str, count: int = 30) -> Flow:
-    """numbers -> crash_on(at) -> record: every process of crash_on dies on `at`."""
+def crash_loop(out: str, at: int, how: str, log: str, count: int = 30,
+               replicas: int = 1) -> Flow:
+    """numbers -> crash_on(at) (`replicas` competing replicas) -> record: every process
+    of crash_on dies on `at`."""
     numbers = Numbers(count)
-    sink = Record(out)(CrashOn(at, how, log)(numbers))
+    sink = Record(out)(CrashOn(at, how, log, nb_tasks=replicas)(numbers))
     return Flow([numbers], [sink], name=f"crashloop-{how}")

@@ -201,6 +201,27 @@ def test_an_input_that_kills_every_process_is_dead_lettered_as_crashed_worker(
                 and "processing numbers:8; started again" in text), text
 
 
+def test_competing_replicas_share_the_count_of_an_input_that_kills_them(
+    nats_server: embedded.EmbeddedServer, out: Path, tmp_path: Path,
+) -> None:
+    """The deaths are counted per node: whichever replica the input comes back to,
+    crash_limit deaths in all (not per replica) have it dead-lettered."""
+    log = tmp_path / "deaths.log"
+    flow = crash_loop(str(out), at=7, how="kill", log=str(log), count=60, replicas=2)
+    report = flow.run(nats_server.url, view=False, ack_wait=2, max_restarts=3,
+                      crash_limit=2, stop_after=60)
+    assert report.outcome == "completed", report.format()
+    pids = dead_pids(log)
+    crash = report.nodes["crash_on"]
+    assert len(pids) == 2 and crash.restarts == 2 and crash.dead_lettered == 1
+    assert sorted(d.pid for d in crash.deaths) == sorted(pids)
+    assert all(d.in_hand == ["numbers:8"] for d in crash.deaths)
+    assert sorted(v for (v,) in applied(out)) == [v for v in range(60) if v != 7]
+    letters = [e.record for e in dlq_list(nats_server.url, flow.flow_id,
+                                          run_id=report.run_id)]
+    assert [(r.stream_seq, r.reason) for r in letters if r] == [(8, "crashed_worker")]
+
+
 def test_a_replica_given_up_on_fails_the_run_with_its_reason(
     nats_server: embedded.EmbeddedServer, out: Path, tmp_path: Path,
 ) -> None:
