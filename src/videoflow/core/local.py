@@ -572,7 +572,8 @@ def _start(context: Any, replica: _Replica, reports: Any, run_gate: Any = None) 
 def _check(context: Any, run: _Run, replica: _Replica, reports: Any,
            max_restarts: int) -> None:
     """A replica whose process exited without its final report died (SIGKILL, the
-    OOM killer, a segfault): start it again, or give it up."""
+    OOM killer, a segfault): count the death against what it had in hand, note how
+    and when it died, and start it again, or give it up."""
     process = replica.process
     if process is None or process.exitcode is None or replica.final is not None:
         return
@@ -613,7 +614,8 @@ def _count_crash(run: _Run, replica: _Replica) -> list[str]:
     if job.in_hand_path is None or run.crashes is None:
         return []
     in_hand = read_in_hand(job.in_hand_path, job.spec.parents)
-    create_slot(job.in_hand_path)  # a next process that dies before its first group
+    # Cleared, so a next process that dies before it holds a group is charged nothing.
+    create_slot(job.in_hand_path)
     if in_hand:
         run.crashes.count(job.spec.name, in_hand,
                           exit_description(replica.process.exitcode))
