@@ -283,3 +283,35 @@ def test_a_dead_engines_supervision_directory_is_swept_and_a_live_ones_kept() ->
             alive_one.rmdir()
     finally:
         ours.rmdir()
+
+
+def test_a_report_pipe_torn_by_a_dead_process_is_dropped_and_the_others_still_read() -> None:
+    """Each replica process reports on a pipe of its own: one that died in the middle
+    of a report leaves a torn message, which ends that pipe only."""
+    import multiprocessing
+    import struct
+
+    from videoflow.core.local import _drain
+    from videoflow.progress import NodeProgress
+
+    torn_reader, torn_writer = multiprocessing.Pipe(duplex=False)
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    # A header announcing 1000 bytes, 10 of them written, then the writer is gone.
+    os.write(torn_writer.fileno(), struct.pack("!i", 1000) + b"0123456789")
+    torn_writer.close()
+    writer.send(("progress", "n[1]", ({"processed": 4}, 2)))
+    writer.send(("final", "n[1]", {"processed": 5, "outcome": "ended"}))
+    replicas = {key: SimpleNamespace(reports=pipe, final=None,
+                                     job=SimpleNamespace(spec=SimpleNamespace(name="n")))
+                for key, pipe in (("n[0]", torn_reader), ("n[1]", reader))}
+    run = SimpleNamespace(replicas=replicas, progress={"n": NodeProgress("processor")},
+                          bound=set())
+    started = time.monotonic()
+    _drain(run, timeout=0.0)  # type: ignore[arg-type]
+    assert time.monotonic() - started < 1.0
+    assert replicas["n[0]"].reports is None  # the torn pipe, closed
+    assert replicas["n[1]"].final == {"processed": 5, "outcome": "ended"}
+    assert run.progress["n"].pending == {"n[1]": 0}
+    writer.close()
+    _drain(run, timeout=0.0)  # type: ignore[arg-type]
+    assert replicas["n[1]"].reports is None  # its writer gone: the pipe's end

@@ -31,9 +31,9 @@ import contextvars
 import copy
 import functools
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
-import queue as queue_module
 import shutil
 import signal
 import threading
@@ -127,6 +127,7 @@ class _Replica:
     lost: bool = False
     dead: list[dict[str, Any]] = field(default_factory=list)  # its dead processes' last words
     deaths: list[ProcessDeath] = field(default_factory=list)  # how each of them ended
+    reports: Any = None  # the engine's end of its current process's report pipe
 
 
 @dataclass
@@ -463,7 +464,6 @@ def _portable(name: str, node: Node) -> bytes:
 def _supervise(run: _Run, max_restarts: int, stop_after: float | None,
                view: LiveView | None) -> None:
     context = multiprocessing.get_context("spawn")
-    reports: Any = context.Queue()
     # REALTIME keeps only the newest outputs, so a producer that ran before its readers
     # had bound would lose its first outputs to nobody: producers start once every
     # other replica is bound (or gave up). A BATCH stream keeps them, and so needs none.
@@ -477,12 +477,12 @@ def _supervise(run: _Run, max_restarts: int, stop_after: float | None,
     run.signals.supervising = True
     for replica in run.replicas.values():
         if replica.final is None:  # a resumed run's ended replicas are not started
-            _start(context, replica, reports, run.gate)
-    _watch(context, run, reports, max_restarts, stop_after, view)
+            _start(context, replica, run.gate)
+    _watch(context, run, max_restarts, stop_after, view)
 
 
-def _watch(context: Any, run: _Run, reports: Any, max_restarts: int,
-           stop_after: float | None, view: LiveView | None) -> None:
+def _watch(context: Any, run: _Run, max_restarts: int, stop_after: float | None,
+           view: LiveView | None) -> None:
     """Supervise until every replica's process ended: read their reports, restart
     the dead, act on each Ctrl-C or SIGTERM, stop the flow when asked or when a
     replica is lost, and keep the live view up to date."""
@@ -494,9 +494,9 @@ def _watch(context: Any, run: _Run, reports: Any, max_restarts: int,
         while interrupts < run.signals.received:
             interrupts += 1
             _interrupt(run, interrupts)
-        _drain(run, reports, timeout=0.2)
+        _drain(run, timeout=0.2)
         for replica in run.replicas.values():
-            _check(context, run, replica, reports, max_restarts)
+            _check(context, run, replica, max_restarts)
         _open_gate(run)
         if lost_at is None and any(r.lost for r in run.replicas.values()):
             lost_at = time.monotonic()
@@ -510,7 +510,7 @@ def _watch(context: Any, run: _Run, reports: Any, max_restarts: int,
         if view is not None:
             view.update(title, run.progress, _restarts_text(run))
         if all(not _alive(r) for r in run.replicas.values()):
-            _drain(run, reports, timeout=0.0)
+            _drain(run, timeout=0.0)
             break
     if view is not None:
         view.update(title, run.progress, _restarts_text(run), force=True)
@@ -550,27 +550,42 @@ def _alive(replica: _Replica) -> bool:
                                             or replica.process.exitcode is None)
 
 
-def _start(context: Any, replica: _Replica, reports: Any, run_gate: Any = None) -> None:
+def _start(context: Any, replica: _Replica, run_gate: Any = None) -> None:
+    # Each process reports on a pipe of its own, which it alone writes: one killed in
+    # the middle of a report (SIGKILL, os._exit) tears only its own pipe, dropped with
+    # it. A queue shared by every replica serializes its writers with a lock, which a
+    # process killed while writing holds forever: every other replica then hangs on
+    # its next report, at its exit at the latest (3 of 20 such kills, 100 KB reports).
+    if replica.reports is not None:
+        replica.reports.close()
+    reader, writer = context.Pipe(duplex=False)
+    replica.reports = reader
     replica.process = context.Process(
         target=_child_main,
-        args=(replica.job, replica.node_bytes, reports, run_gate, os.getpid()),
+        args=(replica.job, replica.node_bytes, writer, run_gate, os.getpid()),
         name=f"videoflow {replica.job.key}", daemon=False)
+    try:
+        _spawn(replica.process)
+    finally:
+        writer.close()  # the child's is the only writer left: its end is the pipe's
+
+
+def _spawn(process: Any) -> None:
     # A terminal's Ctrl-C reaches every process of its group, the replicas too; the
     # engine alone decides what it means. An ignored SIGINT survives the exec of a
     # spawned child, so the child ignores it from its first instruction, not only once
     # _child_main runs.
     if threading.current_thread() is not threading.main_thread():
-        replica.process.start()
+        process.start()
         return
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        replica.process.start()
+        process.start()
     finally:
         signal.signal(signal.SIGINT, previous)
 
 
-def _check(context: Any, run: _Run, replica: _Replica, reports: Any,
-           max_restarts: int) -> None:
+def _check(context: Any, run: _Run, replica: _Replica, max_restarts: int) -> None:
     """A replica whose process exited without its final report died (SIGKILL, the
     OOM killer, a segfault): count the death against what it had in hand, note how
     and when it died, and start it again, or give it up."""
@@ -579,7 +594,7 @@ def _check(context: Any, run: _Run, replica: _Replica, reports: Any,
         return
     if replica.lost:
         return
-    _drain(run, reports, timeout=0.0)  # its last words may still be in the queue
+    _drain(run, timeout=0.0)  # its last words may still be in its pipe
     if replica.final is not None:
         return
     # What the dead process did is what it last reported (at most progress_every
@@ -597,7 +612,7 @@ def _check(context: Any, run: _Run, replica: _Replica, reports: Any,
         time.monotonic() - run.started, _count_crash(run, replica), restart))
     if restart:
         replica.restarts += 1
-        _start(context, replica, reports, run.gate)
+        _start(context, replica, run.gate)
     else:
         replica.lost = True
         run.failed = True
@@ -622,37 +637,53 @@ def _count_crash(run: _Run, replica: _Replica) -> list[str]:
     return [f"{parent}:{seq}" for parent, seq in in_hand]
 
 
-def _drain(run: _Run, reports: Any, timeout: float) -> None:
+def _drain(run: _Run, timeout: float) -> None:
+    """Read the replicas' reports until none comes within timeout (0: until none is
+    waiting); a pipe at its end (its process ended, maybe in the middle of a report)
+    is closed."""
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            remaining = max(0.0, deadline - time.monotonic())
-            if remaining:
-                kind, key, payload = reports.get(timeout=remaining)
-            else:
-                kind, key, payload = reports.get_nowait()
-        except queue_module.Empty:
+        pipes = {r.reports: r for r in run.replicas.values() if r.reports is not None}
+        remaining = max(0.0, deadline - time.monotonic())
+        if not pipes:
+            time.sleep(remaining)
             return
-        replica = run.replicas[key]
-        name = replica.job.spec.name
-        if kind == "progress":
-            snapshot, pending = payload
-            run.progress[name].replicas[key] = snapshot
-            if pending is not None:
-                run.progress[name].pending[key] = pending
-        elif kind == "final":
-            replica.final = payload
-            run.progress[name].replicas[key] = payload
-            # A replica that reached its end of stream left nothing waiting; of any
-            # other end, nothing is known any more.
-            if payload.get("outcome") == "ended":
-                run.progress[name].pending[key] = 0
-            else:
-                run.progress[name].pending.pop(key, None)
-        elif kind == "bound":
-            run.bound.add(key)
-        elif kind == "error":  # it died before its task started
-            replica.final = {"outcome": "failed", "error": payload}
+        ready = multiprocessing.connection.wait(list(pipes), remaining)
+        if not ready:
+            return
+        for pipe in ready:
+            replica = pipes[pipe]
+            try:
+                message = replica.reports.recv()
+            except (EOFError, OSError):
+                replica.reports.close()
+                replica.reports = None
+                continue
+            _take(run, *message)
+
+
+def _take(run: _Run, kind: str, key: str, payload: Any) -> None:
+    """One report of a replica's process: progress, final, bound or error."""
+    replica = run.replicas[key]
+    name = replica.job.spec.name
+    if kind == "progress":
+        snapshot, pending = payload
+        run.progress[name].replicas[key] = snapshot
+        if pending is not None:
+            run.progress[name].pending[key] = pending
+    elif kind == "final":
+        replica.final = payload
+        run.progress[name].replicas[key] = payload
+        # A replica that reached its end of stream left nothing waiting; of any
+        # other end, nothing is known any more.
+        if payload.get("outcome") == "ended":
+            run.progress[name].pending[key] = 0
+        else:
+            run.progress[name].pending.pop(key, None)
+    elif kind == "bound":
+        run.bound.add(key)
+    elif kind == "error":  # it died before its task started
+        replica.final = {"outcome": "failed", "error": payload}
 
 
 def _request_stop(run: _Run) -> None:
@@ -686,12 +717,17 @@ def _reap(run: _Run) -> None:
         _signal_all(run, signal.SIGKILL)
     for process in processes:
         process.join()
+    for replica in run.replicas.values():
+        if replica.reports is not None:
+            replica.reports.close()
+            replica.reports = None
 
 
 def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = None,
                 engine_pid: int | None = None) -> None:
     """A replica process: it ends when the engine dies (die_with_parent, first of
-    all); the engine coordinates Ctrl-C, so SIGINT is ignored here. A reader says once
+    all); the engine coordinates Ctrl-C, so SIGINT is ignored here. It reports on its
+    pipe (reports, a Connection it alone writes, from this thread); a reader says once
     it is bound; a producer waits for the gate (REALTIME)."""
     if engine_pid is not None:
         die_with_parent(engine_pid)
@@ -704,9 +740,9 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
         snapshot = task.stats.snapshot()
         if task.stats.ended is not None:
             snapshot["join_latencies"] = list(task.stats.join_latencies)
-            reports.put(("final", job.key, snapshot))
+            reports.send(("final", job.key, snapshot))
             return
-        reports.put(("progress", job.key, (snapshot, _pending(task))))
+        reports.send(("progress", job.key, (snapshot, _pending(task))))
 
     try:
         node = pickle.loads(node_bytes)
@@ -716,10 +752,10 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
                         (lambda: gate.wait(START_GATE_SECONDS)))
         else:
             run_replica(job, node, progress=progress, sigint_quiesces=False,
-                        before_start=lambda: reports.put(("bound", job.key, None)))
+                        before_start=lambda: reports.send(("bound", job.key, None)))
     except Exception as error:
         if not started:
-            reports.put(("error", job.key, f"{type(error).__name__}: {error}"))
+            reports.send(("error", job.key, f"{type(error).__name__}: {error}"))
         traceback.print_exc()
         raise SystemExit(1) from error
 
