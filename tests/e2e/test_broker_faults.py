@@ -4,12 +4,15 @@ nothing lost and every group applied once (issue 12)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from broker_faults import (
     CountThenMark,
+    Fault,
     applied_count,
     freeze,
     kill_and_restart,
@@ -17,6 +20,8 @@ from broker_faults import (
     restart_on_same_port,
     strike_when,
 )
+from broker_reads import stream_names
+from cluster import Cluster
 from flow_nodes import Numbers, Record, Scale
 from test_pipeline_safety import assert_applied_exactly, assert_clean
 
@@ -102,3 +107,75 @@ def test_a_broker_gone_for_good_fails_the_run_within_its_budget_keeps_it_and_a_r
         assert_applied_exactly(out, [2 * i for i in range(COUNT)])
     finally:
         restarted.stop()
+
+
+# ----------------------------------------------------------------- a 3-node cluster
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with Cluster(tmp_path / "cluster") as started:
+        yield started
+
+
+def kill_node(cluster: Cluster, pick: Callable[[], int], down: float = 3.0,
+              ) -> Callable[[Fault], None]:
+    """SIGKILL the node pick() names when the fault strikes, and start it again `down`
+    seconds later."""
+
+    def act(fault: Fault) -> None:
+        index = pick()
+        cluster.kill(index)
+        fault.struck_at = time.monotonic()
+        time.sleep(down)
+        cluster.restart(index)
+        fault.recovered_at = time.monotonic()
+
+    return act
+
+
+def leader_of(cluster: Cluster, flow: str, node: str) -> Callable[[], int]:
+    """The node leading `node`'s stream of the run in progress (its id read from the
+    broker when the fault strikes)."""
+
+    def pick() -> int:
+        return cluster.stream_leader(run_stream(cluster, flow, node))
+
+    return pick
+
+
+def follower_of(cluster: Cluster, flow: str, node: str) -> Callable[[], int]:
+    def pick() -> int:
+        leader = cluster.stream_leader(run_stream(cluster, flow, node))
+        return next(i for i in range(cluster.size) if i != leader)
+
+    return pick
+
+
+def run_stream(cluster: Cluster, flow: str, node: str) -> str:
+    """The name of the one stream of `node` in flow's runs on the cluster."""
+    live = next(n for n in cluster.nodes if n is not None)
+    names = asyncio.run(stream_names(live.url))
+    found = [n for n in names if n.startswith(f"vf-{flow}-") and n.endswith(f"-{node}")]
+    assert len(found) == 1, names
+    return found[0]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("victim", ["follower", "leader of numbers", "leader of scale",
+                                    "first in the URL list"])
+def test_a_batch_flow_on_a_3_node_cluster_rides_out_a_node_killed(
+    cluster: Cluster, out: Path, victim: str,
+) -> None:
+    name = "cl" + "".join(word[0] for word in victim.split())
+    pick: Callable[[], int]
+    if victim == "follower":
+        pick = follower_of(cluster, name, "numbers")
+    elif victim.startswith("leader of "):
+        pick = leader_of(cluster, name, victim.removeprefix("leader of "))
+    else:
+        pick = lambda: 0  # noqa: E731 - the URL list names node 0 first
+    with strike_when(out, STRIKE_AT, kill_node(cluster, pick)) as fault:
+        report = run_linear(cluster.url, out, name, replicas=3)
+    assert fault.error is None and fault.recovered_at is not None
+    assert_whole(report, out)

@@ -99,10 +99,12 @@ def publish_control_stop(nats_url: str, flow_id: str, run_id: str,
     import nats
 
     from videoflow.errors import BrokerUnavailable
+    from videoflow.messaging.broker_link import servers_of
     from videoflow.messaging.naming import control_subject_for
 
     async def send() -> None:
-        nc = await nats.connect(nats_url, allow_reconnect=False, connect_timeout=timeout,
+        nc = await nats.connect(servers_of(nats_url), allow_reconnect=False,
+                                connect_timeout=timeout,
                                 max_reconnect_attempts=1)
         try:
             await nc.publish(control_subject_for(flow_id, run_id), b"stop")

@@ -154,6 +154,10 @@ class _Held:
     delivery: Delivery
     msg: Msg
     parked: bool = True
+    # An acknowledgement went out and its answer never came (a broker outage, a
+    # consumer changing leader): the keepalive stops renewing it, so if the ack was
+    # lost the broker redelivers it after ack_wait instead of holding it forever.
+    acked_unknown: bool = False
 
 
 class SubscriptionReceiver:
@@ -653,10 +657,12 @@ class SubscriptionReceiver:
             if wire:
                 sent = await self._send_confirmed(wire)
                 for index, result in sent.items():
-                    token, _, settlement_id = settlements[index]
+                    token, outcome, settlement_id = settlements[index]
                     if isinstance(result, SettleConfirmed):
                         self._forget(token)
                         self._settled[settlement_id] = (token, result)
+                    elif isinstance(outcome, Completed):
+                        self._lapse(token)
                     results[index] = result
                 while len(self._settled) > _SETTLEMENTS_KEPT:
                     self._settled.popitem(last=False)
@@ -728,6 +734,11 @@ class SubscriptionReceiver:
         if held is not None and (held.delivery.token is token or held.delivery.token == token):
             del self._current[token.stream_seq]
 
+    def _lapse(self, token: DeliveryToken) -> None:
+        held = self._current.get(token.stream_seq)
+        if held is not None and (held.delivery.token is token or held.delivery.token == token):
+            held.acked_unknown = True
+
     def supersede(self, token: DeliveryToken) -> bool:
         """Retire token locally with no broker call; a later settle is SettleStale."""
         live = self.live(token)
@@ -758,10 +769,13 @@ class SubscriptionReceiver:
             self._keepalive = asyncio.get_running_loop().create_task(renewing())
 
     async def renew_all(self) -> int:
-        """in_progress for every live delivery, parked or handed out (the keepalive);
+        """in_progress for every live delivery, parked or handed out (the keepalive),
+        but those acknowledged without an answer (left to lapse, _Held.acked_unknown);
         returns how many were asked."""
         asked = 0
         for held in list(self._current.values()):
+            if held.acked_unknown:
+                continue
             with contextlib.suppress(nats.errors.Error):
                 await held.msg.in_progress()
                 asked += 1

@@ -61,6 +61,11 @@ DROP_REASONS: Final = ("exhausted", "undecodable", "join_evicted", "join_late",
                         "publish_discarded")
 
 
+PASSING_REASONS: Final = ("timeout", "unreachable", "api")
+"""Unknown reasons of an observation the broker may answer if asked again: drained
+waits for its answer instead of falling back to eos_quiescence."""
+
+
 def end_marker(node_name: str, flow_id: str, run_id: str, replica_id: int, nb_tasks: int,
                is_abort: bool, error: Any, origin: str | None = None) -> bytes:
     """The envelope of one replica's end of stream: clean, or an abort carrying why.
@@ -479,6 +484,11 @@ class Deliveries:
             # when it lapses, and someone must still be here to take it.
             held = len(self._held[parent])
             return observed.value.available == 0 and observed.value.leased <= held
+        if observed.reason in PASSING_REASONS:
+            # The broker is there but did not answer now (away, frozen, a cluster
+            # electing the consumer's leader): ask again, never take quiet for drained,
+            # or the node ends with its parent's data still on the broker.
+            return False
         return time.monotonic() - end.last_data >= self.eos_quiescence
 
     def stop_entries(self) -> dict[str, Any]:

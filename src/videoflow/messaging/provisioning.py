@@ -24,6 +24,7 @@ from nats.js.manager import JetStreamManager
 
 from videoflow.backends.messaging import CleanupObservation, Unknown, UnknownReason
 from videoflow.core.compiler import CONSUMER, NodeSpec
+from videoflow.messaging.broker_link import servers_of
 from videoflow.messaging.credit import max_deliver_for, node_credit
 from videoflow.messaging.naming import (
     KIND_DLQ,
@@ -180,7 +181,7 @@ async def _read_back_connect(
     deadline = loop.time() + timeout
     try:
         # S4: a refused connect can loop inside nats.connect; bound it ourselves.
-        nc = await asyncio.wait_for(nats.connect(nats_url, **options), timeout)
+        nc = await asyncio.wait_for(nats.connect(servers_of(nats_url), **options), timeout)
     except Exception as error:
         failed = _failure(error, reported)
         return {node: failed for node in nodes}
@@ -770,7 +771,7 @@ async def provision_flow_connect(
     # A bad spec is reported now, not after waiting for a broker that may never come.
     _flow_plan(specs, flow_id, run_id, flow_type, **kwargs)
     options = {**_default_connect_options(), **(connect_options or {})}
-    nc = await nats.connect(nats_url, **options)
+    nc = await nats.connect(servers_of(nats_url), **options)
     try:
         await provision_flow(nc, specs, flow_id, run_id, flow_type, **kwargs)
     except BaseException:

@@ -13,9 +13,8 @@ from nats.aio.client import Client
 from videoflow.backends.messaging import CleanupObservation, Known, Unknown
 from videoflow.errors import BrokerUnavailable
 from videoflow.messaging.jetstream_loop import ErrorLog
-from videoflow.messaging.naming import subject_for
+from videoflow.messaging.naming import KIND_DURABLE, subject_for
 from videoflow.messaging.provisioning import delete_run_streams
-from videoflow.messaging.naming import KIND_DURABLE
 from videoflow.ops._broker import DEFAULT_TIMEOUT_SECONDS, _Budget, _run_sync
 from videoflow.ops.status import RunStatus, run_status
 
