@@ -151,6 +151,10 @@ def test_a_sigkilled_engine_leaves_no_replica_running(
         applied_then = count_applied(out)
         time.sleep(1.0)
         assert count_applied(out) == applied_then
+        # They quiesced, none failed (a report the dead engine cannot read is no
+        # node's failure, whose abort would reach its descendants).
+        _, stderr = run.communicate(timeout=10)
+        assert "Traceback" not in stderr, stderr
     finally:  # what this test started ends with it, whatever the engine left
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)

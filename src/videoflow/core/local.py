@@ -736,15 +736,24 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     started = False
 
+    def report(kind: str, payload: Any) -> None:
+        try:
+            reports.send((kind, job.key, payload))
+        except OSError:
+            # The engine is gone (a broken pipe): die_with_parent ends this process. A
+            # report nobody reads must not fail the node, whose abort would then reach
+            # every descendant of a run that could still be resumed.
+            pass
+
     def progress(task: Task) -> None:
         nonlocal started
         started = True
         snapshot = task.stats.snapshot()
         if task.stats.ended is not None:
             snapshot["join_latencies"] = list(task.stats.join_latencies)
-            reports.send(("final", job.key, snapshot))
+            report("final", snapshot)
             return
-        reports.send(("progress", job.key, (snapshot, _pending(task))))
+        report("progress", (snapshot, _pending(task)))
 
     try:
         node = pickle.loads(node_bytes)
@@ -754,10 +763,10 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
                         (lambda: gate.wait(START_GATE_SECONDS)))
         else:
             run_replica(job, node, progress=progress, sigint_quiesces=False,
-                        before_start=lambda: reports.send(("bound", job.key, None)))
+                        before_start=lambda: report("bound", None))
     except Exception as error:
         if not started:
-            reports.send(("error", job.key, f"{type(error).__name__}: {error}"))
+            report("error", f"{type(error).__name__}: {error}")
         traceback.print_exc()
         raise SystemExit(1) from error
 

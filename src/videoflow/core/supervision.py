@@ -46,8 +46,8 @@ PARENT_SIGNAL: Final = signal.SIGTERM
 quiesces (RUN-030: its prefetched inputs go back to the broker at once, a producer
 stops producing), as the engine's own second Ctrl-C would have it do, rather than
 holding its leases until ack_wait lapses. A replica that cannot quiesce (stuck in a
-node's native code, or blocked on the engine's report pipe, which the other replicas
-still hold open) is ended by die_with_parent's watch ORPHAN_GRACE_SECONDS later."""
+node's native code, or in a broker call that waits out its timeout) is ended by
+die_with_parent's watch ORPHAN_GRACE_SECONDS later."""
 
 WATCH_SECONDS: Final = 1.0
 """How often a replica checks that its engine still lives."""
