@@ -108,7 +108,7 @@ def test_the_crash_book_counts_deaths_per_delivery_and_replicas_read_them(
         "scale.crashes.json", "sink.crashes.json"]  # nothing half-written left
 
 
-def test_stop_signals_raise_before_supervision_and_are_counted_during_it() -> None:
+def test_stop_signals_raise_before_supervision_count_during_it_and_raise_at_the_third() -> None:
     previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     signals = StopSignals().install()
     try:
@@ -118,6 +118,11 @@ def test_stop_signals_raise_before_supervision_and_are_counted_during_it() -> No
         signal.raise_signal(signal.SIGTERM)
         signal.raise_signal(signal.SIGINT)
         assert signals.received == 2
+        # Once supervision is done, the third in all abandons whatever still waits.
+        signals.finished = True
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)
+        assert signals.received == 3
     finally:
         signals.restore()
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == previous

@@ -474,13 +474,14 @@ def _supervise(run: _Run, max_restarts: int, stop_after: float | None,
         run.gate.set()
     # Ctrl-C and SIGTERM are counted by run.signals from here on, and acted on
     # between the loop's steps (one 0.2 s wait at most), never in the middle of one.
-    # They stay counted once the loop is done: the reaping and the teardown that
-    # follow are not cut short.
+    # Once the loop is done, the reaping and the teardown that follow are cut short
+    # by the third only (StopSignals).
     run.signals.supervising = True
     for replica in run.replicas.values():
         if replica.final is None:  # a resumed run's ended replicas are not started
             _start(context, replica, run.gate)
     _watch(context, run, max_restarts, stop_after, view)
+    run.signals.finished = True
 
 
 def _watch(context: Any, run: _Run, max_restarts: int, stop_after: float | None,

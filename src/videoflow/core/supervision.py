@@ -92,23 +92,28 @@ def exit_description(exitcode: int | None) -> str:
 class StopSignals:
     """The engine's SIGINT and SIGTERM, both counted as presses of Ctrl-C.
 
-    While the engine supervises (supervising True), the handler only counts: the
-    supervision loop acts on the count between its steps, so a signal never lands in
-    the middle of reading a report off the pipe or of publishing the stop. Before and
-    after, it raises KeyboardInterrupt, as Ctrl-C does there (provisioning is given
-    up, the run torn down).
+    Before the engine supervises, the handler raises KeyboardInterrupt, as Ctrl-C
+    does there (provisioning is given up, the run torn down). From then on
+    (supervising True) it only counts: the supervision loop acts on the count between
+    its steps, so a signal never lands in the middle of reading a report off a pipe or
+    of publishing the stop. Once the loop is done (finished True), the reaping and the
+    teardown are not cut short by a first or second signal; the third in all raises
+    KeyboardInterrupt, so a teardown waiting on a broker that is gone can still be
+    abandoned.
 
     Handlers can be installed on the main thread only: elsewhere install() does
     nothing and the process's own handlers stay.
 
     Attributes:
-        received: signals counted while supervising.
+        received: signals counted since supervising.
         supervising: whether the handler counts (True) or raises (False).
+        finished: whether the supervision loop is done.
     """
 
     def __init__(self) -> None:
         self.received = 0
         self.supervising = False
+        self.finished = False
         self._previous: dict[int, Any] = {}
 
     def install(self) -> StopSignals:
@@ -132,6 +137,8 @@ class StopSignals:
         if not self.supervising:
             raise KeyboardInterrupt
         self.received += 1
+        if self.finished and self.received >= 3:
+            raise KeyboardInterrupt
 
 
 # ------------------------------------------------------------------ parent death
