@@ -1,9 +1,10 @@
 """The ``videoflow`` command.
 
-    videoflow run MODULE:FLOW [--nats-url URL | --store-dir DIR | --ephemeral]
-                  [--stop-after S] [--json]
+    videoflow run MODULE:FLOW [--nats-url URL[,URL...] | --store-dir DIR | --ephemeral]
+                  [--stop-after S] [--json] [--replicas N] [--outage-budget S]
+                  [--resume RUN]
     videoflow demo [--cameras N] [--fps F] [--duration S] [--frame-size WxH] [--nats-url URL]
-    videoflow provision MODULE:FLOW --out FILE [--run RUN] [--nats-url URL]
+    videoflow provision MODULE:FLOW --out FILE [--run RUN] [--replicas N] [--nats-url URL]
     videoflow worker --spec FILE --node NAME [--replica I] [--nats-url URL]
     videoflow teardown --flow FLOW --run RUN [--nats-url URL | --store-dir DIR]
     videoflow status --flow FLOW --run RUN [--nats-url URL | --store-dir DIR] [--json]
@@ -56,6 +57,36 @@ def nats_url_option(parser: argparse.ArgumentParser, required_default: bool = Tr
                                 else ", else the embedded server)"))
 
 
+def replicas_option(parser: argparse.ArgumentParser) -> None:
+    """--replicas: the copies a clustered broker keeps of the run's streams."""
+    parser.add_argument("--replicas", type=replica_count, default=1, metavar="N",
+                        help="copies a NATS cluster keeps of the run's streams, its "
+                             "dead-letter stream and the flow's buckets (default: 1; 3 "
+                             "on a 3-node cluster rides out the loss of any one node)")
+
+
+def replica_count(text: str) -> int:
+    """An argparse type: a replica count from 1 to 5 (JetStream's limit)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= 5:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 5, got {value}")
+    return value
+
+
+def budget_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0."""
+    from videoflow.messaging.broker_link import check_budget
+
+    try:
+        return check_budget(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number of seconds >= 0, got {text!r}") from None
+
+
 def load_flow(reference: str) -> Any:
     """The Flow named 'module:attribute' (a Flow or a callable returning one).
 
@@ -96,9 +127,14 @@ def _run(args: argparse.Namespace) -> int:
 
     # A live view on a terminal, plain progress lines otherwise; none with --json,
     # whose stdout is for machines.
+    if args.resume and args.run and args.resume != args.run:
+        raise CommandError(f"--resume {args.resume} and --run {args.run} name two runs")
     report = run_flow(flow, nats_url=args.nats_url, stop_after=args.stop_after,
-                      run_id=args.run, view=False if args.json else LiveView(),
-                      store_dir=args.store_dir, ephemeral=args.ephemeral)
+                      run_id=args.resume or args.run,
+                      view=False if args.json else LiveView(),
+                      store_dir=args.store_dir, ephemeral=args.ephemeral,
+                      replicas=args.replicas, outage_budget=args.outage_budget,
+                      resume=bool(args.resume))
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -140,14 +176,15 @@ def _provision(args: argparse.Namespace) -> int:
     out = writable_output(args.out)
     flow = load_flow(args.flow)
     spec = RunSpec.for_flow(args.flow, flow, run_id=args.run or new_run_id(),
-                            ack_wait=args.ack_wait, max_retries=args.max_retries)
+                            ack_wait=args.ack_wait, max_retries=args.max_retries,
+                            replicas=args.replicas)
     # The run id first, so whatever happens from here the operator knows what to tear
     # down.
     print(f"provisioning run {spec.run_id} of flow {spec.flow_id!r}", flush=True)
     provision_flow_sync(args.nats_url, list(spec.compiled(flow).specs), spec.flow_id,
                         spec.run_id, spec.flow_type, timeout=args.timeout,
                         ack_wait=spec.ack_wait, max_retries=spec.max_retries,
-                        ledger_budget=spec.ledger == "kv")
+                        ledger_budget=spec.ledger == "kv", replicas=spec.replicas)
     try:
         out.write_text(spec.to_json())
     except OSError as error:
@@ -211,6 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stop-after", type=float, metavar="SECONDS",
                      help="ask the flow to stop after this long")
     run.add_argument("--json", action="store_true", help="print the report as JSON")
+    run.add_argument("--resume", metavar="RUN",
+                     help="resume a kept run (one whose report said it was kept): start "
+                          "the replicas that had not ended, on what its streams still hold")
+    replicas_option(run)
+    run.add_argument("--outage-budget", type=budget_seconds, metavar="SECONDS",
+                     help="how long the broker may be away (restarted, frozen, electing "
+                          "a leader) before the run fails (default: "
+                          "$VIDEOFLOW_OUTAGE_BUDGET, else 60)")
     run.set_defaults(func=_run)
 
     provision = sub.add_parser("provision",
@@ -223,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     provision.add_argument("--ack-wait", type=int, default=30, metavar="SECONDS",
                            help="how long a delivery stays leased before it is redelivered")
     provision.add_argument("--max-retries", type=int, default=3)
+    replicas_option(provision)
     nats_url_option(provision)
     provision.set_defaults(func=_provision)
 

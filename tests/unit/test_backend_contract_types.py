@@ -316,6 +316,9 @@ ABSTRACT_ADDITIONS = {"ensure_dead_letters"}
 # and then runs code of its own gives an adapter whose loop runs on the caller's
 # thread (issue 10).
 IDLE_ADDITIONS = {"catch_up"}
+# An addition whose default extends nothing: how long a broker outage lets the
+# publication ladder go on, for an adapter whose broker can go away (issue 12).
+OUTAGE_ADDITIONS = {"pursue_until"}
 
 # The shared design folder sits beside the repository (in every session and in CI).
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "spec" / "messaging-api-reference.txt"
@@ -327,7 +330,7 @@ def _declared_members() -> set[str]:
 
 def test_backend_declares_exactly_the_reference_members_and_the_pipelined_additions() -> None:
     assert _declared_members() == (REFERENCE_MEMBERS | ADDITIONS | ABSTRACT_ADDITIONS
-                                   | IDLE_ADDITIONS)
+                                   | IDLE_ADDITIONS | OUTAGE_ADDITIONS)
 
 
 def test_backend_abstract_members_are_all_but_the_documented_defaults() -> None:
@@ -341,7 +344,8 @@ def test_backend_cannot_be_instantiated() -> None:
 
 
 def test_backend_members_all_carry_a_promise() -> None:
-    for name in REFERENCE_MEMBERS | ADDITIONS | ABSTRACT_ADDITIONS | IDLE_ADDITIONS:
+    for name in (REFERENCE_MEMBERS | ADDITIONS | ABSTRACT_ADDITIONS | IDLE_ADDITIONS
+                 | OUTAGE_ADDITIONS):
         member = vars(MessagingBackend)[name]
         doc = (member.fget if isinstance(member, property) else member).__doc__
         assert doc and doc.strip(), name

@@ -188,3 +188,60 @@ def test_stats_count_every_kind_and_start_at_zero(backend, clock) -> None:  # ty
 def test_an_unknown_flow_type_is_refused(backend, clock) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="flow_type"):
         ladder(backend, clock, envelope(1), "weekly")
+
+
+class AwayThenBack(MemoryMessagingBackend):
+    """A backend whose broker is away: its sends are unknown and it cannot be asked
+    until `back_at` (on the fake clock); meanwhile pursue_until holds the ladder open
+    up to `budget_ends`, as an outage budget does."""
+
+    def __init__(self, clock: FakeClock, back_at: float, budget_ends: float) -> None:
+        super().__init__(MemoryBroker(clock=clock, duplicate_window=120.0),
+                         flow_id="flow", run_id="run")
+        self.clock, self.back_at, self.budget_ends = clock, back_at, budget_ends
+        self.asked_while_away = 0
+
+    def away(self) -> bool:
+        return self.clock() < self.back_at
+
+    def pursue_until(self) -> float:
+        return self.budget_ends if self.away() else self.back_at + 1.0
+
+    def observe_publication(self, envelope: Envelope):  # type: ignore[no-untyped-def]
+        if self.away():
+            self.asked_while_away += 1
+            return PublicationUnknown("the broker is away")
+        return super().observe_publication(envelope)
+
+
+def test_an_unknown_send_waits_out_a_broker_outage_past_its_deadline_and_resolves(clock) -> None:  # type: ignore[no-untyped-def]
+    # The deadline is 2 s off, the broker comes back after 20 s, within a 60 s budget:
+    # the outcome stays unknown while it is away, never a guess, and resolves once back.
+    backend = AwayThenBack(clock, back_at=clock() + 20.0, budget_ends=clock() + 60.0)
+    backend.start()
+    provision(backend)
+    backend.lose_next_receipts(1, stored=True)
+    published = ladder(backend, clock, envelope(1), BATCH, within=2.0)
+    assert published.outcome == Accepted(stream_seq=1, duplicate=True)
+    assert backend.asked_while_away > 3  # asked again and again, unknown each time
+    assert 20.0 <= sum(clock.slept) < 22.0
+    assert stored(backend) == 1
+
+
+def test_a_broker_away_past_its_budget_leaves_the_send_unknown_at_the_budget(clock) -> None:  # type: ignore[no-untyped-def]
+    backend = AwayThenBack(clock, back_at=clock() + 500.0, budget_ends=clock() + 30.0)
+    backend.start()
+    provision(backend)
+    backend.lose_next_receipts(1)
+    published = ladder(backend, clock, envelope(1), BATCH, within=2.0)
+    assert isinstance(published.outcome, PublicationUnknown)  # MSG-014: never Rejected
+    assert sum(clock.slept) == pytest.approx(30.0)
+
+
+def test_without_an_outage_the_deadline_is_the_deadline(backend, clock) -> None:  # type: ignore[no-untyped-def]
+    assert backend.pursue_until() == 0.0  # an in-process broker never goes away
+    provision(backend, batch_max_msgs=1)
+    ladder(backend, clock, envelope(1), BATCH)
+    published = ladder(backend, clock, envelope(2), BATCH, within=2.0)
+    assert isinstance(published.outcome, Rejected)
+    assert sum(clock.slept) == pytest.approx(2.0)

@@ -27,7 +27,9 @@ class RunSpec:
         flow: 'module:attribute' of the Flow.
         flow_id / run_id / flow_type: the run.
         nodes: the compiled NodeSpecs, as dicts.
-        ledger / payloads / ack_wait / max_retries / eos_quiescence_ms: as ReplicaJob.
+        ledger / payloads / ack_wait / max_retries / eos_quiescence_ms / replicas: as
+            ReplicaJob (replicas: the copies a clustered broker keeps of the run's
+            streams and the flow's buckets).
     """
 
     flow: str
@@ -40,6 +42,7 @@ class RunSpec:
     ack_wait: int = 30
     max_retries: int = 3
     eos_quiescence_ms: int = 500
+    replicas: int = 1
 
     @classmethod
     def for_flow(cls, reference: str, flow: Any, run_id: str, **options: Any) -> RunSpec:
@@ -103,7 +106,7 @@ class RunSpec:
                              f"{spec.nb_tasks - 1}; got {replica}")
         job = ReplicaJob(self.flow_id, self.run_id, self.flow_type, spec, replica, nats_url,
                          self.ack_wait, self.max_retries, self.eos_quiescence_ms,
-                         self.ledger, self.payloads)
+                         self.ledger, self.payloads, replicas=self.replicas)
         return job, compiled.nodes[node]
 
 
