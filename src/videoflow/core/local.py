@@ -166,6 +166,8 @@ def _shared_payloads(payloads: bool | str, flow_id: str, run_id: str,
                                     budget_bytes=budget)
 
 
+# How _handling_stop_signals hands its handler to the run_flow it wraps (each thread
+# starts with its own context, so a run on another thread never sees it).
 _SIGNALS: contextvars.ContextVar[StopSignals | None] = contextvars.ContextVar(
     "videoflow_stop_signals", default=None)
 
@@ -174,8 +176,8 @@ def _handling_stop_signals(function: Callable[..., RunReport]) -> Callable[..., 
     """run_flow with the engine's SIGINT and SIGTERM handler (StopSignals) installed for
     its whole length when it runs on the main thread, the previous handlers restored
     after, however it ends: Ctrl-C and SIGTERM raise KeyboardInterrupt until the
-    replicas start, are counted from then on (through the run's reaping and teardown,
-    which they do not cut short)."""
+    replicas start and are counted from then on; the reaping and the teardown are cut
+    short by the third only (StopSignals)."""
 
     @functools.wraps(function)
     def run(*args: Any, **options: Any) -> RunReport:
