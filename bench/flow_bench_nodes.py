@@ -276,6 +276,30 @@ class Transform(_Stage):
         return transform(value)
 
 
+class FailOnce(Transform):
+    """transform() per input, but the first attempt of every `every`-th input raises a
+    transient error (retried by the delivery policy: a NAK with the backoff's delay);
+    every=0 never fails. Records its window and how many attempts it failed."""
+
+    def __init__(self, out: str, every: int, **options: Any) -> None:
+        super().__init__(out, **options)
+        self.every = every
+
+    def open(self) -> None:
+        super().open()
+        self.failed: set[int] = set()
+
+    def process(self, value: dict[str, Any]) -> dict[str, Any]:
+        i = value["i"]
+        if self.every and i % self.every == 0 and i not in self.failed:
+            self.failed.add(i)
+            raise RuntimeError(f"a transient failure of input {i}")
+        return super().process(value)
+
+    def close(self) -> None:
+        write_stats(self.out, self.name, failed=len(self.failed), **self.window.fields())
+
+
 class Fuse(_Stage):
     """One output per join group: the instants of its members (one per camera, in
     wiring order), which the sink checks are all the same."""
