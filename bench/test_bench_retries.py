@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_bench_nodes import FailOnce, Numbers, Sink, read_stats
 
+from flow_bench_nodes import FailOnce, Numbers, Sink, read_stats
 from videoflow import server as embedded
 from videoflow.core.constants import BATCH
 from videoflow.core.flow import Flow
