@@ -100,7 +100,8 @@ async def publish_once(
         NATS_FACTS §2, hence bool()); for a publish nobody answered (503 no
         responders), no_stream_refusal's verdict: not retryable when no stream captures
         the subject, retryable while its stream elects a leader; Rejected
-        (retryable=False) when the payload exceeds max_payload client-side; Rejected per rejection_for for an APIError;
+        (retryable=False) when the payload exceeds max_payload client-side; Rejected
+        per rejection_for for an APIError;
         Rejected(retryable=True) when nothing was sent (the deadline had already passed,
         or the connection was closed or draining before the send); PublicationUnknown
         when no PubAck arrived in time — the message is often stored anyway (S3), so a
