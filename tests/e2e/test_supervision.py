@@ -99,6 +99,34 @@ def test_sigterm_to_videoflow_run_stops_it_as_a_first_ctrl_c_does(
     assert [n for n in asyncio.run(stream_names(nats_server.url)) if run_id in n] == []
 
 
+def test_sigterm_to_the_whole_process_group_is_a_first_ctrl_c_too(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    """systemd (KillMode=control-group, its default) and `timeout` send SIGTERM to
+    every process of the run, the replicas too: they leave it to the engine, which
+    stops the flow and drains it, as after a terminal's Ctrl-C."""
+    run = start_run(out, nats_server.url, "--json")
+    try:
+        wait_for(lambda: count_applied(out) >= 20, 60, "the flow to get going")
+        replicas = replica_pids(run.pid)
+        assert len(replicas) == 3
+        os.killpg(run.pid, signal.SIGTERM)
+    finally:
+        stdout, stderr = finish(run, 60)
+    assert run.returncode == 0, stderr
+    report = json.loads(stdout)
+    assert report["outcome"] == "stopped"
+    # Drained, not quiesced: every replica reached its end of stream, and everything
+    # the producer published was applied, once.
+    assert {key: node["outcomes"] for key, node in report["nodes"].items()} == {
+        "numbers": {"numbers[0]": "ended"}, "scale": {"scale[0]": "ended"},
+        "record": {"record[0]": "ended"}}
+    emitted = report["nodes"]["numbers"]["emitted"]
+    assert 20 <= emitted < 100000
+    assert sorted(v for (v,) in applied(out)) == [2 * i for i in range(emitted)]
+    wait_for(lambda: not any(alive(pid) for pid in replicas), 5, "the replicas to end")
+
+
 def test_a_second_sigterm_quiesces_the_replicas_as_a_second_ctrl_c_does(
     nats_server: embedded.EmbeddedServer, out: Path,
 ) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from videoflow.core.supervision import (
     ORPHAN_GRACE_SECONDS,
+    PARENT_SIGNAL,
     SLOT_ENTRIES,
     WATCH_SECONDS,
     CrashBook,
@@ -135,15 +136,16 @@ def alive(pid: int) -> bool:
         return False
 
 
-def orphan(tmp_path: Path, *, pdeathsig: bool, ignore_sigterm: bool) -> tuple[int, float]:
-    """Start a parent that starts a child calling die_with_parent, then kill the
-    parent with SIGKILL. Returns the child's pid and when the parent died."""
+def orphan(tmp_path: Path, *, pdeathsig: bool, ignore_signal: bool) -> tuple[int, float]:
+    """Start a parent that starts a child calling die_with_parent (ignoring
+    PARENT_SIGNAL when asked), then kill the parent with SIGKILL. Returns the child's
+    pid and when the parent died."""
     child = textwrap.dedent(f"""
         import os, signal, sys, time
         from videoflow.core.supervision import die_with_parent
         parent = os.getppid()
-        if {ignore_sigterm!r}:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if {ignore_signal!r}:
+            signal.signal({int(PARENT_SIGNAL)}, signal.SIG_IGN)
         die_with_parent(parent, pdeathsig={pdeathsig!r})
         print(os.getpid(), flush=True)
         time.sleep(120)
@@ -186,10 +188,10 @@ def test_the_kernel_signals_a_child_whose_parent_died(tmp_path: Path) -> None:
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=30)
-    assert done.stdout.split() == ["True", str(int(signal.SIGTERM))], done.stderr
-    pid, _ = orphan(tmp_path, pdeathsig=True, ignore_sigterm=False)
+    assert done.stdout.split() == ["True", str(int(PARENT_SIGNAL))], done.stderr
+    pid, _ = orphan(tmp_path, pdeathsig=True, ignore_signal=False)
     try:
-        # SIGTERM at once, not a watch period later.
+        # Signalled at once, not a watch period later.
         assert gone_within(pid, WATCH_SECONDS * 0.8)
     finally:
         if alive(pid):
@@ -198,15 +200,15 @@ def test_the_kernel_signals_a_child_whose_parent_died(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
-@pytest.mark.parametrize("ignore_sigterm", [False, True])
-def test_the_parent_watch_alone_ends_an_orphan(tmp_path: Path, ignore_sigterm: bool) -> None:
+@pytest.mark.parametrize("ignore_signal", [False, True])
+def test_the_parent_watch_alone_ends_an_orphan(tmp_path: Path, ignore_signal: bool) -> None:
     """Where there is no PR_SET_PDEATHSIG the watch notices the parent gone, signals
     the child, and ends it after the grace even if it ignores the signal."""
-    pid, died = orphan(tmp_path, pdeathsig=False, ignore_sigterm=ignore_sigterm)
+    pid, died = orphan(tmp_path, pdeathsig=False, ignore_signal=ignore_signal)
     try:
-        bound = WATCH_SECONDS + (ORPHAN_GRACE_SECONDS if ignore_sigterm else 0.0) + 2.0
+        bound = WATCH_SECONDS + (ORPHAN_GRACE_SECONDS if ignore_signal else 0.0) + 2.0
         assert gone_within(pid, bound)
-        if ignore_sigterm:  # the grace ran out: it did not end before
+        if ignore_signal:  # the grace ran out: it did not end before
             assert time.monotonic() - died >= ORPHAN_GRACE_SECONDS
     finally:
         if alive(pid):

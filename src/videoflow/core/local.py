@@ -13,7 +13,9 @@ Ctrl-C, and SIGTERM alike (what systemd, docker stop, Kubernetes and ``timeout``
 send): the first asks the flow to stop (the run's control stop: producers stop
 producing and end their streams, everything already published is still processed,
 so a BATCH flow loses nothing, and the report is printed); a second quiesces every
-replica (SIGTERM: held work goes back to the broker); a third kills what is left.
+replica (QUIESCE_SIGNAL: held work goes back to the broker); a third kills what is
+left. A terminal sends Ctrl-C, and systemd and ``timeout`` send SIGTERM, to the whole
+process group: the replicas ignore both, so the engine alone decides what they mean.
 Nothing is left running: a replica also ends when the engine itself dies, SIGKILL
 included (videoflow.core.supervision.die_with_parent).
 
@@ -49,6 +51,7 @@ from videoflow.core.constants import REALTIME
 from videoflow.core.node import Node
 from videoflow.core.report import NodeReport, ProcessDeath, RunReport
 from videoflow.core.supervision import (
+    QUIESCE_SIGNAL,
     CrashBook,
     StopSignals,
     create_slot,
@@ -507,7 +510,7 @@ def _watch(context: Any, run: _Run, max_restarts: int, stop_after: float | None,
             lost_at = time.monotonic()
             _request_stop(run)
         if lost_at is not None and time.monotonic() - lost_at > LOST_GRACE_SECONDS:
-            _signal_all(run, signal.SIGTERM)
+            _signal_all(run, QUIESCE_SIGNAL)
             lost_at = float("inf")
         if stop_after is not None and time.monotonic() - began >= stop_after:
             _request_stop(run)
@@ -527,7 +530,7 @@ def _interrupt(run: _Run, count: int) -> None:
     if count == 1:
         _request_stop(run)
     elif count == 2:
-        _signal_all(run, signal.SIGTERM)
+        _signal_all(run, QUIESCE_SIGNAL)
     else:
         _signal_all(run, signal.SIGKILL)
 
@@ -576,18 +579,26 @@ def _start(context: Any, replica: _Replica, run_gate: Any = None) -> None:
 
 
 def _spawn(process: Any) -> None:
-    # A terminal's Ctrl-C reaches every process of its group, the replicas too; the
-    # engine alone decides what it means. An ignored SIGINT survives the exec of a
-    # spawned child, so the child ignores it from its first instruction, not only once
-    # _child_main runs.
-    if threading.current_thread() is not threading.main_thread():
-        process.start()
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A terminal's Ctrl-C, and the SIGTERM of systemd or `timeout`, reach every process
+    # of the group, the replicas too; the engine alone decides what they mean. An
+    # ignored SIGINT and a blocked SIGTERM survive the exec of a spawned child, so
+    # neither ends a replica still starting (its _child_main then ignores SIGTERM and
+    # unblocks it); a SIGTERM to the engine waits the few milliseconds of the spawn.
+    blocked = {signal.SIGTERM} if hasattr(signal, "pthread_sigmask") else set()
+    if blocked:
+        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
     try:
-        process.start()
+        if threading.current_thread() is not threading.main_thread():
+            process.start()
+            return
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            process.start()
+        finally:
+            signal.signal(signal.SIGINT, previous)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
 
 
 def _check(context: Any, run: _Run, replica: _Replica, max_restarts: int) -> None:
@@ -698,7 +709,7 @@ def _request_stop(run: _Run) -> None:
     try:
         publish_control_stop(run.url, run.compiled.flow_id, run.run_id)
     except Exception:  # the broker is gone: quiesce them instead
-        _signal_all(run, signal.SIGTERM)
+        _signal_all(run, QUIESCE_SIGNAL)
 
 
 def _signal_all(run: _Run, signum: int) -> None:
@@ -715,7 +726,7 @@ def _reap(run: _Run) -> None:
     """Nothing is left running: quiesce what still runs, then kill what will not end."""
     processes = [r.process for r in run.replicas.values() if r.process is not None]
     if any(p.is_alive() for p in processes):
-        _signal_all(run, signal.SIGTERM)
+        _signal_all(run, QUIESCE_SIGNAL)
         deadline = time.monotonic() + STOP_GRACE_SECONDS
         for process in processes:
             process.join(max(0.0, deadline - time.monotonic()))
@@ -731,12 +742,16 @@ def _reap(run: _Run) -> None:
 def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = None,
                 engine_pid: int | None = None) -> None:
     """A replica process: it ends when the engine dies (die_with_parent, first of
-    all); the engine coordinates Ctrl-C, so SIGINT is ignored here. It reports on its
-    pipe (reports, a Connection it alone writes, from this thread); a reader says once
-    it is bound; a producer waits for the gate (REALTIME)."""
+    all); the engine coordinates Ctrl-C and SIGTERM, so both are ignored here, and it
+    quiesces on QUIESCE_SIGNAL. It reports on its pipe (reports, a Connection it alone
+    writes, from this thread); a reader says once it is bound; a producer waits for the
+    gate (REALTIME)."""
     if engine_pid is not None:
         die_with_parent(engine_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one sent while starting is dropped
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # _spawn blocked it
     started = False
 
     def report(kind: str, payload: Any) -> None:
@@ -762,10 +777,12 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
         node = pickle.loads(node_bytes)
         if job.spec.kind == "producer":
             run_replica(job, node, progress=progress, sigint_quiesces=False,
+                        quiesce_signal=QUIESCE_SIGNAL,
                         before_start=None if gate is None else
                         (lambda: gate.wait(START_GATE_SECONDS)))
         else:
             run_replica(job, node, progress=progress, sigint_quiesces=False,
+                        quiesce_signal=QUIESCE_SIGNAL,
                         before_start=lambda: report("bound", None))
     except Exception as error:
         if not started:

@@ -41,12 +41,18 @@ from typing import Any, Final
 PR_SET_PDEATHSIG: Final = 1
 """prctl option: the signal this process gets when the thread that forked it dies."""
 
-PARENT_SIGNAL: Final = signal.SIGTERM
-"""What a replica gets when its engine dies. SIGTERM, not SIGKILL: the replica
-quiesces (RUN-030: its prefetched inputs go back to the broker at once, a producer
-stops producing), as the engine's own second Ctrl-C would have it do, rather than
-holding its leases until ack_wait lapses. A replica that cannot quiesce (stuck in a
-node's native code, or in a broker call that waits out its timeout) is ended by
+QUIESCE_SIGNAL: Final = getattr(signal, "SIGUSR1", signal.SIGTERM)
+"""What quiesces a replica of the local engine (the engine's second Ctrl-C): SIGUSR1,
+which nobody but the engine sends, not SIGTERM, which systemd and ``timeout`` send to
+the whole process group, replicas included, and which the engine alone answers (as
+it answers Ctrl-C). A ``videoflow worker`` quiesces on SIGTERM."""
+
+PARENT_SIGNAL: Final = QUIESCE_SIGNAL
+"""What a replica gets when its engine dies: the quiesce signal, not SIGKILL. The
+replica quiesces (RUN-030: its prefetched inputs go back to the broker at once, a
+producer stops producing), as the engine's own second Ctrl-C would have it do, rather
+than holding its leases until ack_wait lapses. A replica that cannot quiesce (stuck in
+a node's native code, or in a broker call that waits out its timeout) is ended by
 die_with_parent's watch ORPHAN_GRACE_SECONDS later."""
 
 WATCH_SECONDS: Final = 1.0
@@ -388,6 +394,7 @@ __all__ = [
     "ORPHAN_EXIT_CODE",
     "ORPHAN_GRACE_SECONDS",
     "PARENT_SIGNAL",
+    "QUIESCE_SIGNAL",
     "SLOT_ENTRIES",
     "CrashBook",
     "CrashCounts",

@@ -91,12 +91,15 @@ def payload_bucket(flow_id: str) -> str:
 def run_replica(job: ReplicaJob, node: Node, *,
                 progress: Callable[[Task], None] | None = None,
                 progress_every: float = 1.0, sigint_quiesces: bool = True,
+                quiesce_signal: int = signal.SIGTERM,
                 before_start: Callable[[], Any] | None = None) -> TaskStats:
     """Run one node replica to its end in this (the main) thread.
 
-    SIGTERM quiesces it (RUN-030: it stops taking input, its prefetched inputs go
-    back to the broker at once, it publishes no end of stream); so does SIGINT when
-    sigint_quiesces, else SIGINT is ignored (the local engine coordinates Ctrl-C).
+    quiesce_signal, SIGTERM by default, quiesces it (RUN-030: it stops taking input,
+    its prefetched inputs go back to the broker at once, it publishes no end of
+    stream); so does SIGINT when sigint_quiesces, else SIGINT is ignored. The local
+    engine, which coordinates Ctrl-C and SIGTERM for its whole process group, passes
+    another quiesce_signal: then SIGTERM is ignored too.
 
     Arguments:
         job: the replica.
@@ -165,16 +168,18 @@ def run_replica(job: ReplicaJob, node: Node, *,
                         progress_every=progress_every)
         if before_start is not None:
             before_start()
-        with _stop_signals(task, sigint_quiesces):
+        with _stop_signals(task, sigint_quiesces, quiesce_signal):
             stats = task.run()
     return stats
 
 
 @contextmanager
-def _stop_signals(task: Task, sigint_quiesces: bool) -> Iterator[None]:
-    """SIGTERM (and SIGINT when asked) quiesce the task; SIGINT is otherwise ignored.
-    Only the main thread can install handlers; elsewhere (tests running a replica on
-    a thread) nothing is installed."""
+def _stop_signals(task: Task, sigint_quiesces: bool,
+                  quiesce_signal: int = signal.SIGTERM) -> Iterator[None]:
+    """quiesce_signal (and SIGINT when asked) quiesce the task; SIGINT is otherwise
+    ignored, and so is SIGTERM when it is not quiesce_signal. Only the main thread can
+    install handlers; elsewhere (tests running a replica on a thread) nothing is
+    installed."""
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -188,7 +193,9 @@ def _stop_signals(task: Task, sigint_quiesces: bool) -> Iterator[None]:
         # serves it, and the task sees the quiesce at its next receive.
         threading.Thread(target=task.quiesce, name="videoflow-quiesce", daemon=True).start()
 
-    previous: dict[int, Any] = {signal.SIGTERM: signal.signal(signal.SIGTERM, quiesce)}
+    previous: dict[int, Any] = {quiesce_signal: signal.signal(quiesce_signal, quiesce)}
+    if quiesce_signal != signal.SIGTERM:
+        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     previous[signal.SIGINT] = signal.signal(
         signal.SIGINT, quiesce if sigint_quiesces else signal.SIG_IGN)
     try:
