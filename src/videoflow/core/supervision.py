@@ -199,7 +199,7 @@ def _watch_parent(parent_pid: int, signalled: bool, grace: float) -> None:
     os._exit(ORPHAN_EXIT_CODE)
 
 
-# ------------------------------------------------------------------ inputs in hand
+# ------------------------------------------------------------------ the run's files
 
 DIRECTORY_PREFIX: Final = "videoflow-supervision-"
 
@@ -233,6 +233,8 @@ def _sweep(root: Path) -> None:
         except PermissionError:  # another user's engine, alive
             pass
 
+
+# ------------------------------------------------------------------ inputs in hand
 
 
 def create_slot(path: str | os.PathLike[str]) -> None:
