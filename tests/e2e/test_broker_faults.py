@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import nats
 import pytest
 from broker_faults import (
     CountThenMark,
@@ -33,9 +34,12 @@ from flow_nodes import Numbers, Record, Scale
 from test_pipeline_safety import assert_applied_exactly, assert_clean
 
 from videoflow import server as embedded
+from videoflow.backends.payload import NatsObjectPayloadStore
 from videoflow.core.constants import BATCH
 from videoflow.core.flow import Flow
 from videoflow.core.report import RunReport
+from videoflow.core.runtime_store import NatsKvRuntimeStore
+from videoflow.errors import IncompatibleProfile
 
 RUNS = range(int(os.environ.get("VIDEOFLOW_FAULT_RUNS", "1")))
 LONG = os.environ.get("VIDEOFLOW_LONG_FAULTS") == "1"
@@ -193,3 +197,34 @@ def test_a_batch_flow_on_a_3_node_cluster_rides_out_a_node_killed(
         report = run_linear(cluster.url, out, name, replicas=3)
     assert fault.error is None and fault.recovered_at is not None
     assert_whole(report, out)
+
+
+@pytest.mark.timeout(120)
+def test_the_ledger_and_payload_buckets_keep_the_copies_asked_for_or_say_they_do_not(
+    cluster: Cluster,
+) -> None:
+    url = cluster.url
+    ledger = NatsKvRuntimeStore(url, "vf-ledger-copies", replicas=3)
+    payloads = NatsObjectPayloadStore(url, "vf-payloads-copies", replicas=3)
+    try:
+        assert asyncio.run(bucket_copies(cluster, "KV_vf-ledger-copies")) == 3
+        assert asyncio.run(bucket_copies(cluster, "OBJ_vf-payloads-copies")) == 3
+        assert asyncio.run(bucket_copies(cluster, "KV_vf-payloads-copies-obligations")) == 3
+    finally:
+        ledger.close()
+        payloads.close()
+    # A bucket made earlier with one copy is not quietly taken for three.
+    single = NatsKvRuntimeStore(url, "vf-ledger-single")
+    single.close()
+    with pytest.raises(IncompatibleProfile, match="keeps 1 copy, the run asks for 3"):
+        NatsKvRuntimeStore(url, "vf-ledger-single", replicas=3)
+
+
+async def bucket_copies(cluster: Cluster, stream: str) -> int:
+    live = next(n for n in cluster.nodes if n is not None)
+    nc = await nats.connect(live.url)
+    try:
+        info = await nc.jetstream().stream_info(stream)
+        return int(info.config.num_replicas or 1)
+    finally:
+        await nc.close()

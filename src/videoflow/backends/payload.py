@@ -46,9 +46,15 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from videoflow.core.constants import BATCH, REALTIME
-from videoflow.errors import BrokerUnavailable, PayloadMissing, UnobservableState
+from videoflow.errors import (
+    BrokerUnavailable,
+    IncompatibleProfile,
+    PayloadMissing,
+    UnobservableState,
+)
 from videoflow.messaging.broker_link import (
     Outage,
+    check_bucket_replicas,
     connect,
     outage_budget_from_env,
     retry_until,
@@ -867,6 +873,7 @@ class NatsObjectPayloadStore(PayloadStore):
     Raises:
         BrokerUnavailable: no connection within timeout, or JetStream refused to
             create the buckets.
+        IncompatibleProfile: an existing bucket keeps fewer copies than replicas.
     """
 
     def __init__(
@@ -889,6 +896,9 @@ class NatsObjectPayloadStore(PayloadStore):
         self._runner.start()
         try:
             self._nc, self._objects, self._kv = self._runner.run(self._open(nats_url), timeout)
+        except IncompatibleProfile:
+            self._runner.stop()
+            raise
         except (OSError, asyncio.TimeoutError, nats.errors.Error, BrokerUnavailable) as error:
             self._runner.stop()
             raise BrokerUnavailable(
@@ -907,6 +917,9 @@ class NatsObjectPayloadStore(PayloadStore):
                 self.bucket, config=ObjectStoreConfig(replicas=self.replicas))
             kv = await js.create_key_value(bucket=f"{self.bucket}-obligations", history=1,
                                            replicas=self.replicas)
+            await check_bucket_replicas(js, f"OBJ_{self.bucket}", self.bucket, self.replicas)
+            await check_bucket_replicas(js, f"KV_{self.bucket}-obligations",
+                                        f"{self.bucket}-obligations", self.replicas)
         except BaseException:
             await nc.close()
             raise

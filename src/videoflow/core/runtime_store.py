@@ -22,9 +22,10 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
-from videoflow.errors import BrokerUnavailable, RevisionConflict
+from videoflow.errors import BrokerUnavailable, IncompatibleProfile, RevisionConflict
 from videoflow.messaging.broker_link import (
     Outage,
+    check_bucket_replicas,
     outage_budget_from_env,
     retry_until,
     transient,
@@ -197,6 +198,7 @@ class NatsKvRuntimeStore(RuntimeStore):
     Raises:
         BrokerUnavailable: the server could not be reached or the bucket neither
             bound nor created.
+        IncompatibleProfile: an existing bucket keeps fewer copies than replicas.
         ValueError: neither or both of nats_url and client, or client without runner.
     """
 
@@ -248,12 +250,14 @@ class NatsKvRuntimeStore(RuntimeStore):
     async def _bind(self) -> Any:
         js = self._client.jetstream(timeout=self._timeout)
         try:
-            return await js.key_value(self.bucket)
+            kv = await js.key_value(self.bucket)
         except nats.js.errors.BucketNotFoundError:
             # Creating with the same config twice is fine (§9), so two processes
             # racing here both end up bound to the one bucket.
-            return await js.create_key_value(bucket=self.bucket, history=1,
-                                             replicas=self.replicas)
+            kv = await js.create_key_value(bucket=self.bucket, history=1,
+                                           replicas=self.replicas)
+        await check_bucket_replicas(js, f"KV_{self.bucket}", self.bucket, self.replicas)
+        return kv
 
     def _call(self, make: Callable[[], Coroutine[Any, Any, T]], what: str,
               landed: Callable[[], T | None] | None = None) -> T:
@@ -272,7 +276,7 @@ class NatsKvRuntimeStore(RuntimeStore):
         while True:
             try:
                 return self._runner.run(make(), self._timeout * 2)
-            except (RevisionConflict, BrokerUnavailable):
+            except (RevisionConflict, BrokerUnavailable, IncompatibleProfile):
                 raise
             except nats.js.errors.KeyWrongLastSequenceError:
                 if retried and landed is not None:

@@ -247,6 +247,29 @@ def wait_back(client: Client, outage: Outage, until: float, step: float = 0.1) -
     time.sleep(min(step, max(until - outage.clock(), 0.0)))
 
 
+async def check_bucket_replicas(js: Any, stream: str, bucket: str, replicas: int) -> None:
+    """Read back the copies a KV bucket or object store (its stream) keeps, as the run's
+    streams are read back: an existing bucket is bound as it is, so one made with fewer
+    copies than asked for would quietly keep the flow's ledger or payloads on fewer
+    servers than its streams.
+
+    Raises:
+        IncompatibleProfile: it keeps fewer than replicas; the message says how to mend.
+    """
+    from videoflow.errors import IncompatibleProfile
+
+    if replicas <= 1:
+        return
+    info = await js.stream_info(stream)
+    kept = int(getattr(info.config, "num_replicas", None) or 1)
+    if kept < replicas:
+        raise IncompatibleProfile(
+            f"bucket {bucket!r} keeps {kept} cop{'y' if kept == 1 else 'ies'}, the run asks "
+            f"for {replicas}: remove the flow's buckets (`videoflow buckets remove`) so they "
+            "are made again, or run with the replicas they have",
+            channel=bucket, findings=(f"num_replicas {kept} < {replicas}",))
+
+
 ErrorCallback = Callable[[BaseException], Awaitable[None]]
 
 
@@ -329,6 +352,7 @@ __all__ = [
     "RECOVERY_SECONDS",
     "TRANSIENT_RETRY_SECONDS",
     "Outage",
+    "check_bucket_replicas",
     "check_budget",
     "connect",
     "outage_budget_from_env",
