@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -278,6 +279,15 @@ def _try_lock(fd: int) -> bool:
     return True
 
 
+def _terminate_with_parent() -> None:
+    """In the child before the exec: SIGTERM it when its parent's thread dies (Linux
+    prctl PR_SET_PDEATHSIG, which survives the exec). A libc call and nothing else, as
+    code between fork and exec must be."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+
+
 def _own_process_group() -> dict[str, Any]:
     """Popen options that keep the child out of the terminal's signal group."""
     if sys.platform == "win32":
@@ -314,6 +324,11 @@ class EmbeddedServer:
             a server that has not recorded itself yet, waits up to lock_wait seconds for
             it; one held for a 'run' is refused at once.
         lock_wait: seconds a locked start waits for a store to be let go.
+        die_with_owner: on Linux, the server gets SIGTERM (and shuts down cleanly, its
+            store written) when the thread that started it dies, so an owner that is
+            SIGKILLed leaves no broker behind holding its store (PR_SET_PDEATHSIG, set
+            in the child before the exec). Only for an owner whose starting thread
+            lives as long as it does: the local engine's main thread.
 
     Attributes:
         host, port, url: where clients connect, known once started.
@@ -333,8 +348,10 @@ class EmbeddedServer:
         lock: bool = False,
         purpose: Purpose = "run",
         lock_wait: float = LOCK_WAIT_SECONDS,
+        die_with_owner: bool = False,
     ) -> None:
         self.store_dir = None if store_dir is None else Path(store_dir)
+        self.die_with_owner = die_with_owner
         self.binary = binary
         self.host = host
         self.port = 0
@@ -399,6 +416,8 @@ class EmbeddedServer:
             # The lock is on the open file, shared with the child: it holds for as long as
             # the nats-server writes the store, even past a SIGKILLed owner.
             inherit["pass_fds"] = (self._lock_fd,)
+        if self.die_with_owner and sys.platform.startswith("linux"):
+            inherit["preexec_fn"] = _terminate_with_parent
         try:
             # A session (process group) of its own: a terminal's Ctrl-C goes to the
             # whole foreground group, and a broker that died with it would leave the

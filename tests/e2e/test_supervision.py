@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -286,3 +287,48 @@ def test_crash_limit_must_not_exceed_max_restarts(out: Path) -> None:
         flow.run("nats://127.0.0.1:1", view=False, max_restarts=1)
     with pytest.raises(ValueError, match="got 0"):
         flow.run("nats://127.0.0.1:1", view=False, crash_limit=0)
+
+
+def server_pids(engine: int) -> list[int]:
+    """The engine's embedded nats-server (its child running the nats-server binary)."""
+    found = []
+    for pid in children_of(engine):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"nats-server" in cmdline.split(b"\0")[0]:
+            found.append(pid)
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_sigkilled_engine_leaves_no_embedded_broker_holding_its_store(
+    out: Path, tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    env = environment(out, count=100000, pace=0.005)
+    run = subprocess.Popen(command("run", "flows:chain", "--store-dir", str(store), "--json"),
+                           cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    servers: list[int] = []
+    try:
+        wait_for(lambda: count_applied(out) >= 20, 60, "the flow to get going")
+        servers += server_pids(run.pid)
+        assert len(servers) == 1
+        run.send_signal(signal.SIGKILL)
+        assert run.wait(timeout=10) == -signal.SIGKILL
+        wait_for(lambda: not alive(servers[0]), 10, "the killed engine's broker to end")
+        # Its store is free again: the next run on it starts (and stops at once).
+        again = subprocess.run(command("run", "flows:chain", "--store-dir", str(store),
+                                       "--stop-after", "0", "--json"),
+                               cwd=HERE, env=environment(out, count=10), capture_output=True,
+                               text=True, timeout=120)
+        assert "is in use by" not in again.stderr and again.returncode in (0, 1), again.stderr
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+        for pid in servers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -302,8 +302,12 @@ def run_flow(
     url = nats_url or os.environ.get(NATS_URL_ENV) or None
     server = None
     if url is None:
-        server = EmbeddedServer(store_dir_for(store_dir, ephemeral=ephemeral),
-                                lock=True, purpose="run").start()
+        # A broker that outlived a SIGKILLed engine would hold the store's lock: it
+        # goes with the engine when the engine runs on its main thread (the thread
+        # that starts it must live as long as the run).
+        server = EmbeddedServer(
+            store_dir_for(store_dir, ephemeral=ephemeral), lock=True, purpose="run",
+            die_with_owner=threading.current_thread() is threading.main_thread()).start()
         url = server.url
     run = _Run(compiled, url, run_id or new_run_id())
     shared = _shared_payloads(payloads, compiled.flow_id, run.run_id, payload_budget)
