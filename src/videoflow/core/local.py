@@ -67,6 +67,7 @@ from videoflow.progress import LiveView, NodeProgress
 
 if TYPE_CHECKING:
     from videoflow.backends.shm_payload import SharedMemoryPayloadStore
+    from videoflow.ops.run_teardown import RunTeardown
 
 NATS_URL_ENV = "VIDEOFLOW_NATS_URL"
 """The environment variable naming the broker when no nats_url is given."""
@@ -286,6 +287,7 @@ def run_flow(
         EmbeddedServerError: the embedded server could not start.
     """
     from videoflow.messaging.topology import provision_flow_sync
+    from videoflow.ops.run_teardown import RunTeardown
     from videoflow.server import EmbeddedServer, store_dir_for
 
     if resume and run_id is None:
@@ -342,7 +344,7 @@ def run_flow(
             _reap(run)
         finally:
             shutil.rmtree(supervision, ignore_errors=True)
-        ended_up: Any = _NotTornDown
+        ended_up = RunTeardown(False)  # teardown=False: nothing asked, nothing said
         try:
             if teardown:
                 ended_up = _tear_down(url, compiled, run.run_id, provision_timeout)
@@ -374,19 +376,13 @@ def run_flow(
     return report
 
 
-class _NotTornDown:
-    """What a run asked not to be torn down ends with."""
-
-    torn_down = False
-    note = ""
-
-
-def _tear_down(url: str, compiled: CompiledFlow, run_id: str, timeout: float) -> Any:
+def _tear_down(url: str, compiled: CompiledFlow, run_id: str,
+               timeout: float) -> RunTeardown:
     """The run's end on the broker: a BATCH run is torn down only once nothing of it
     is left unprocessed (teardown_processed), any other wholly; a broker that cannot be
     reached deletes nothing, and says so."""
     from videoflow.errors import BrokerUnavailable
-    from videoflow.ops import RunTeardown, teardown, teardown_processed
+    from videoflow.ops.run_teardown import RunTeardown, teardown, teardown_processed
 
     if compiled.flow_type != REALTIME:
         hint = (f"resume it with `videoflow run MODULE:ATTR --resume {run_id}` "
