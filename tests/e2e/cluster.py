@@ -19,7 +19,7 @@ import nats
 from videoflow import server as embedded
 from videoflow.errors import EmbeddedServerError
 
-READY_SECONDS = 30.0
+READY_SECONDS = 60.0
 """How long start waits for the nodes to agree on a JetStream meta leader."""
 
 _TRIES = 5
