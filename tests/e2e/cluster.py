@@ -3,9 +3,10 @@ for the tests that fault a cluster: each node an EmbeddedServer with a store of 
 own, its client port chosen by the OS, its route port chosen here.
 
 A JetStream cluster needs its routes configured when it starts, so the route ports
-must be known before any node listens: they are drawn at random from a high range,
-and a start that finds one taken (another process's) is stopped and made again with
-fresh ports, so the race costs a retry and never a wrong cluster."""
+must be known before any node listens: they are drawn at random below the kernel's
+ephemeral range (where outgoing connections take theirs), and a start that finds one
+taken (another process's) is stopped and made again with fresh ports, so the race
+costs a retry and never a wrong cluster."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ import nats
 from videoflow import server as embedded
 from videoflow.errors import EmbeddedServerError
 
-READY_SECONDS = 60.0
-"""How long start waits for the nodes to agree on a JetStream meta leader."""
+READY_SECONDS = 30.0
+"""How long one start waits for the nodes to agree on a JetStream meta leader (about 2 s
+here); a start that takes longer is made again."""
 
-_TRIES = 5
+_TRIES = 3
 
 
 class Cluster:
@@ -48,17 +50,22 @@ class Cluster:
         return ",".join(f"nats://127.0.0.1:{port}" for port in self._client_ports)
 
     def start(self) -> Cluster:
+        """Start the nodes and wait for a meta leader; a start whose route port was taken,
+        or whose nodes never agreed on a leader, is stopped and made again on fresh
+        ports (the error of the last attempt is raised, with the nodes' last log lines).
+        """
         for attempt in range(_TRIES):
-            self._route_ports = random.sample(range(20000, 60000), self.size)
+            self._route_ports = random.sample(range(20000, 30000), self.size)
             try:
                 for index in range(self.size):
                     self._start_node(index, client_port=-1)
                 self.wait_ready()
                 return self
             except EmbeddedServerError as error:
+                logs = " | ".join(node.log_text()[-600:] for node in self.nodes if node)
                 self.stop()
-                if "address already in use" not in str(error) or attempt == _TRIES - 1:
-                    raise
+                if attempt == _TRIES - 1:
+                    raise EmbeddedServerError(f"{error}; the nodes logged: {logs}") from error
         raise AssertionError("unreachable")
 
     def _start_node(self, index: int, client_port: int) -> None:
