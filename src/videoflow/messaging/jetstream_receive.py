@@ -155,8 +155,9 @@ class _Held:
     msg: Msg
     parked: bool = True
     # An acknowledgement went out and its answer never came (a broker outage, a
-    # consumer changing leader): the keepalive stops renewing it, so if the ack was
-    # lost the broker redelivers it after ack_wait instead of holding it forever.
+    # consumer changing leader): the keepalive stops renewing it and sends the ack
+    # again instead (reack_unknown), so a lost ack is neither held forever nor left to
+    # ack_wait's redelivery.
     acked_unknown: bool = False
 
 
@@ -347,10 +348,18 @@ class SubscriptionReceiver:
         """The connection is back after an outage: the server forgot the pull requests
         open on the old one (a restarted server knows none, a reconnect to another
         server never had them), so none is counted any more and the loop asks at once.
-        A request that did survive only delivers into the inbox as before."""
+        A request that did survive only delivers into the inbox as before. The
+        acknowledgements the outage left unanswered are sent again (reack_unknown).
+        Called on the loop."""
         self._pulls.clear()
         self._refused_until = 0.0
         self._space.set()
+        if any(h.acked_unknown for h in list(self._current.values())):
+            self._background(self._reack_quietly())
+
+    async def _reack_quietly(self) -> None:
+        with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+            await self.reack_unknown()
 
     def depth(self) -> int:
         """How many deliveries to keep asked for or parked: the prefetch, or fewer once
@@ -779,7 +788,26 @@ class SubscriptionReceiver:
             with contextlib.suppress(nats.errors.Error):
                 await held.msg.in_progress()
                 asked += 1
+        await self.reack_unknown()
         return asked
+
+    async def reack_unknown(self) -> int:
+        """Send again, confirmed, every acknowledgement whose answer never came: the
+        node finished with those deliveries, and +ACK is idempotent, so a lost one is
+        made good as soon as the broker answers again (the next keepalive, or its
+        return after an outage) rather than redelivered to be processed again. Those
+        still unanswered stay so, for the next try or ack_wait.
+
+        Returns:
+            how many were confirmed now.
+        """
+        lapsed = [(h.delivery.token, Completed(),
+                   f"re-ack:{h.delivery.token.stream_seq}:{h.delivery.token.attempt}")
+                  for h in list(self._current.values()) if h.acked_unknown and not h.parked]
+        if not lapsed or self._stopping:
+            return 0
+        results = await self.settle_batch(lapsed)
+        return sum(isinstance(r, SettleConfirmed) for r in results)
 
     # ------------------------------------------------------------------- hand-back
 

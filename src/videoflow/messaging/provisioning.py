@@ -24,7 +24,7 @@ from nats.js.manager import JetStreamManager
 
 from videoflow.backends.messaging import CleanupObservation, Unknown, UnknownReason
 from videoflow.core.compiler import CONSUMER, NodeSpec
-from videoflow.messaging.broker_link import servers_of
+from videoflow.messaging.broker_link import TRANSIENT_RETRY_SECONDS, servers_of, transient
 from videoflow.messaging.credit import max_deliver_for, node_credit
 from videoflow.messaging.naming import (
     KIND_DLQ,
@@ -773,12 +773,38 @@ async def provision_flow_connect(
     options = {**_default_connect_options(), **(connect_options or {})}
     nc = await nats.connect(servers_of(nats_url), **options)
     try:
-        await provision_flow(nc, specs, flow_id, run_id, flow_type, **kwargs)
+        await _provision_riding(nc, specs, flow_id, run_id, flow_type, **kwargs)
     except BaseException:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(nc.close(), CLOSE_TIMEOUT_SECONDS)
         raise
     await nc.drain()
+
+
+async def _provision_riding(nc: Client, specs: list[NodeSpec], flow_id: str, run_id: str,
+                            flow_type: str, **kwargs: Any) -> None:
+    """provision_flow, made again while it fails transiently for up to
+    TRANSIENT_RETRY_SECONDS: a cluster electing its meta leader (a node just lost)
+    answers JetStream requests with a timeout or a 503 for a few seconds, and
+    provisioning reconciles what exists, so doing it again is safe."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while True:
+        try:
+            await provision_flow(nc, specs, flow_id, run_id, flow_type, **kwargs)
+            return
+        except Exception as error:
+            cause = error if transient(error) else error.__cause__
+            if (cause is None or not transient(cause)
+                    or loop.time() - started > TRANSIENT_RETRY_SECONDS):
+                raise
+            logger.warning("provisioning run %r of flow %r: %s; trying again", run_id,
+                           flow_id, error)
+            await asyncio.sleep(PROVISION_RETRY_SECONDS)
+
+
+PROVISION_RETRY_SECONDS: Final = 0.5
+"""The wait before provisioning is made again after a transient failure."""
 
 
 def provision_flow_sync(
