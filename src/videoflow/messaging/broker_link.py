@@ -31,7 +31,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
-from videoflow.errors import BrokerUnavailable
+from videoflow.errors import BrokerUnavailable, IncompatibleProfile
 from videoflow.messaging.verification import observation_failure
 
 DEFAULT_OUTAGE_BUDGET_SECONDS: Final = 60.0
@@ -256,8 +256,6 @@ async def check_bucket_replicas(js: Any, stream: str, bucket: str, replicas: int
     Raises:
         IncompatibleProfile: it keeps fewer than replicas; the message says how to mend.
     """
-    from videoflow.errors import IncompatibleProfile
-
     if replicas <= 1:
         return
     info = await js.stream_info(stream)
