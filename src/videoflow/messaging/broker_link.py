@@ -128,8 +128,6 @@ class Outage:
     Attributes:
         down_since: when the current outage began, None while connected.
         back_at: when the latest outage ended, None before any.
-        outages: how many outages began.
-        longest: the longest outage that ended, in seconds.
         given_up: why the connection was given up (the budget ran out), else None.
     """
 
@@ -140,8 +138,6 @@ class Outage:
         self.clock = clock
         self.down_since: float | None = None
         self.back_at: float | None = None
-        self.outages = 0
-        self.longest = 0.0
         self.given_up: str | None = None
         self.on_back: list[Callable[[], None]] = []  # called on the loop as it returns
         self._watch: asyncio.Task[None] | None = None
@@ -165,13 +161,10 @@ class Outage:
     def went_away(self) -> None:
         if self.down_since is None:
             self.down_since = self.clock()
-            self.outages += 1
 
     def came_back(self) -> None:
         if self.down_since is not None:
-            now = self.clock()
-            self.longest = max(self.longest, now - self.down_since)
-            self.down_since, self.back_at = None, now
+            self.down_since, self.back_at = None, self.clock()
         for callback in list(self.on_back):
             callback()
 
