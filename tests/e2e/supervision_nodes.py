@@ -41,3 +41,34 @@ def crash_loop(out: str, at: int, how: str, log: str, count: int = 30,
     numbers = Numbers(count)
     sink = Record(out)(CrashOn(at, how, log, nb_tasks=replicas)(numbers))
     return Flow([numbers], [sink], name=f"crashloop-{how}")
+
+
+class FailsToStartOnce(ProcessorNode):
+    """Passes values through; the first of its processes to be built (its node
+    unpickled in the replica, before the replica binds or its task starts) fails
+    there: it claims `claim` with an exclusive create, the others find it taken.
+    Copies made in the process that built it (the engine's) are left alone."""
+
+    def __init__(self, claim: str, **options: Any) -> None:
+        super().__init__(**options)
+        self.claim, self.builder = claim, os.getpid()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if os.getpid() == self.builder:
+            return
+        try:
+            os.close(os.open(self.claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+        raise RuntimeError("this replica cannot start")
+
+    def process(self, value: int) -> int:
+        return value
+
+
+def one_fails_to_start(out: str, claim: str, count: int = 30) -> Flow:
+    """numbers -> starts (2 competing replicas, one of which fails to start) -> record."""
+    numbers = Numbers(count)
+    sink = Record(out)(FailsToStartOnce(claim, nb_tasks=2)(numbers))
+    return Flow([numbers], [sink], name="fails-to-start")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from broker_reads import stream_names
 from flow_nodes import applied
-from supervision_nodes import crash_loop
+from supervision_nodes import crash_loop, one_fails_to_start
 from test_cli import HERE, alive, children_of, command, count_applied, environment, wait_for
 
 from videoflow import server as embedded
@@ -278,6 +278,20 @@ def test_a_replica_given_up_on_fails_the_run_with_its_reason(
     assert (f"crash_on[0] lost: lost after 1 restart; the last process {last} "
             "killed by SIGKILL") in text
     assert "not started again" in text
+
+
+def test_a_replica_that_fails_before_its_task_starts_fails_the_run_instead_of_hanging_it(
+    nats_server: embedded.EmbeddedServer, out: Path, tmp_path: Path,
+) -> None:
+    """A replica that fails before its task runs publishes no end of stream: its
+    readers would wait for one forever. The run is stopped and fails with its reason."""
+    flow = one_fails_to_start(str(out), str(tmp_path / "claim"))
+    began = time.monotonic()
+    report = flow.run(nats_server.url, view=False, ack_wait=2)
+    assert time.monotonic() - began < 60, report.format()
+    assert report.outcome == "failed", report.format()
+    errors = report.nodes["fails_to_start_once"].errors
+    assert [e for e in errors.values() if "this replica cannot start" in e], report.format()
 
 
 def test_crash_limit_must_not_exceed_max_restarts(out: Path) -> None:

@@ -698,8 +698,11 @@ def _take(run: _Run, kind: str, key: str, payload: Any) -> None:
             run.progress[name].pending.pop(key, None)
     elif kind == "bound":
         run.bound.add(key)
-    elif kind == "error":  # it died before its task started
+    elif kind == "error":  # it died before its task started: no end marker will come
         replica.final = {"outcome": "failed", "error": payload}
+        # Its readers would wait for it forever: the run is stopped, as for a lost one.
+        replica.lost = True
+        run.failed = True
 
 
 def _request_stop(run: _Run) -> None:

@@ -96,7 +96,13 @@ from videoflow.backends.messaging import (
     VerifiedSubscription,
     require_settle_outcomes,
 )
-from videoflow.messaging.broker_link import Outage, outage_budget_from_env
+from videoflow.messaging.broker_link import (
+    Outage,
+    outage_budget_from_env,
+    retry_until,
+    transient,
+    wait_back,
+)
 from videoflow.messaging.jetstream_loop import (
     COALESCE_SECONDS,
     ErrorLog,
@@ -309,6 +315,31 @@ class JetStreamMessagingBackend(MessagingBackend):
     def _call(self, coro: Any, timeout: float) -> Any:
         return self._runner.run(coro, timeout + CALL_MARGIN_SECONDS)
 
+    def _ride(self, make: Callable[[JetStreamContext], Coroutine[Any, Any, Any]]) -> Any:
+        """make(js)'s idempotent request (a stream, a durable, read back), made again
+        while it fails transiently or the broker is away: a replica starting while a
+        cluster elects a stream's leader, or while its broker restarts, waits for it
+        (broker_link.retry_until) instead of dying on its first timeout.
+
+        Raises:
+            BrokerUnavailable: not connected once retry_until passed, or the
+                connection was given up.
+            the request's error: any that is not transient, or the last one once
+                retry_until passed.
+        """
+        started = time.monotonic()
+        while True:
+            try:
+                _, js = self._require()
+                return self._call(make(js), BROKER_CALL_SECONDS)
+            except (BrokerUnavailable, TimeoutError, nats.errors.Error) as error:
+                away = isinstance(error, BrokerUnavailable)
+                until = retry_until(self.outage, started)
+                if (self._client is None or not (away or transient(error))
+                        or time.monotonic() >= until):
+                    raise
+                wait_back(self._client, self.outage, until)
+
     def _require(self) -> tuple[Client, JetStreamContext]:
         if self._client is None or self._js is None or not self._client.is_connected:
             raise BrokerUnavailable(self._not_connected())
@@ -494,9 +525,8 @@ class JetStreamMessagingBackend(MessagingBackend):
         Raises:
             BrokerUnavailable: not connected, or the broker did not answer.
         """
-        _, js = self._require()
         try:
-            self._call(_ensure_stream(js, dlq_stream_config(self.flow_id)), BROKER_CALL_SECONDS)
+            self._ride(lambda js: _ensure_stream(js, dlq_stream_config(self.flow_id)))
         except (TimeoutError, nats.errors.Error) as error:
             raise BrokerUnavailable(f"ensure_dead_letters for {self.flow_id}: {error}") from error
 
@@ -513,11 +543,9 @@ class JetStreamMessagingBackend(MessagingBackend):
                 the spec.
             BrokerUnavailable: not connected, or the broker did not answer.
         """
-        _, js = self._require()
         name = stream_of(spec.channel)
         try:
-            created, verified = self._call(ensure_channel_stream(js, spec),
-                                           BROKER_CALL_SECONDS)
+            created, verified = self._ride(lambda js: ensure_channel_stream(js, spec))
         except nats.js.errors.APIError as error:
             raise BrokerUnavailable(f"ensure_channel {name}: {error}",
                                     code=error.err_code) from error
@@ -544,7 +572,6 @@ class JetStreamMessagingBackend(MessagingBackend):
             UnobservableState: the channel's stream does not exist (reason 'missing').
             BrokerUnavailable: not connected, or the broker did not answer.
         """
-        client, js = self._require()
         old = self._bindings.get(spec.id)
         if old is not None and old.operation_id == operation_id:
             return old.verified
@@ -554,14 +581,23 @@ class JetStreamMessagingBackend(MessagingBackend):
         generation = self._generations.get(spec.id, -1) + 1
         admit, on_skip = self._admission.get(spec.id, (None, None))
 
-        async def bind() -> tuple[bool, Any, SubscriptionReceiver, Any]:
+        try:
+            created, verified = self._ride(
+                lambda js: ensure_durable(js, stream, durable, config))
+        except nats.js.errors.NotFoundError as error:
+            raise UnobservableState(f"no stream {stream} to bind {durable} to",
+                                    reason="missing", detail=str(error)) from error
+        except (TimeoutError, nats.errors.Error) as error:
+            raise BrokerUnavailable(f"ensure_subscription {durable}: {error}") from error
+        client, _ = self._require()
+
+        async def bind() -> tuple[SubscriptionReceiver, Any]:
             if old is not None:
                 await old.receiver.stop()
                 await old.receiver.hand_back(parked_only=True)
                 await old.receiver.unsubscribe()
                 if old.advisory is not None:
                     await old.advisory.unsubscribe()
-            created, verified = await ensure_durable(js, stream, durable, config)
             receiver = await bind_receiver(
                 client, spec.id, stream, durable, generation, prefetch=self.prefetch,
                 fetch_timeout=self.fetch_timeout,
@@ -578,13 +614,10 @@ class JetStreamMessagingBackend(MessagingBackend):
                 advisory = await client.subscribe(
                     f"{ADVISORY_MAX_DELIVERIES}.{stream}.{durable}",
                     cb=self._advisory_handler(spec.id))
-            return created, verified, receiver, advisory
+            return receiver, advisory
 
         try:
-            created, verified, receiver, advisory = self._call(bind(), BROKER_CALL_SECONDS)
-        except nats.js.errors.NotFoundError as error:
-            raise UnobservableState(f"no stream {stream} to bind {durable} to",
-                                    reason="missing", detail=str(error)) from error
+            receiver, advisory = self._call(bind(), BROKER_CALL_SECONDS)
         except (TimeoutError, nats.errors.Error) as error:
             raise BrokerUnavailable(f"ensure_subscription {durable}: {error}") from error
         if old is not None:
