@@ -54,6 +54,7 @@ from videoflow.errors import (
 )
 from videoflow.messaging.broker_link import (
     Outage,
+    broker_known_from_env,
     check_bucket_replicas,
     connect,
     outage_budget_from_env,
@@ -890,12 +891,14 @@ class NatsObjectPayloadStore(PayloadStore):
         self.bucket, self.replicas = bucket, replicas
         self.timeout = timeout
         self.outage = Outage(outage_budget_from_env() if outage_budget is None
-                             else outage_budget, where=nats_url)
+                             else outage_budget, where=nats_url,
+                             known=broker_known_from_env())
         self._errors = ErrorLog()
         self._runner = LoopRunner(name=f"videoflow-payload-{bucket}")
         self._runner.start()
         try:
-            self._nc, self._objects, self._kv = self._runner.run(self._open(nats_url), timeout)
+            self._nc, self._objects, self._kv = self._runner.run(
+                self._open(nats_url), self.outage.first_connect_bound(timeout))
         except IncompatibleProfile:
             self._runner.stop()
             raise

@@ -25,6 +25,7 @@ from nats.aio.client import Client
 from videoflow.errors import BrokerUnavailable, IncompatibleProfile, RevisionConflict
 from videoflow.messaging.broker_link import (
     Outage,
+    broker_known_from_env,
     check_bucket_replicas,
     outage_budget_from_env,
     retry_until,
@@ -225,7 +226,8 @@ class NatsKvRuntimeStore(RuntimeStore):
         # given client's outages are its owner's, and only transient failures are
         # retried on it (TRANSIENT_RETRY_SECONDS).
         self.outage = Outage(outage_budget_from_env() if outage_budget is None
-                             else outage_budget, where=str(nats_url or "the broker"))
+                             else outage_budget, where=str(nats_url or "the broker"),
+                             known=broker_known_from_env())
         self._close_client = close_client
         self._owns_client = client is None
         if client is None:
@@ -234,7 +236,7 @@ class NatsKvRuntimeStore(RuntimeStore):
             try:
                 client = self._runner.run(
                     connect_fail_fast(str(nats_url), timeout, ErrorLog(), self.outage),
-                    timeout * 2)
+                    self.outage.first_connect_bound(timeout * 2))
             except BaseException:
                 self._runner.stop()
                 raise

@@ -19,7 +19,7 @@ from typing import Any
 from videoflow.core.compiler import NodeSpec
 from videoflow.core.node import Node
 from videoflow.core.task import RuntimeContext, Task, TaskStats, task_for
-from videoflow.messaging.broker_link import OUTAGE_BUDGET_ENV, check_budget
+from videoflow.messaging.broker_link import BROKER_KNOWN_ENV, OUTAGE_BUDGET_ENV, check_budget
 from videoflow.messaging.naming import sanitize
 
 
@@ -126,6 +126,9 @@ def run_replica(job: ReplicaJob, node: Node, *,
         # Every connection of this process reads it: the backend's, the ledger's and
         # the payload store's (the backend's constructor is the reference's, fixed).
         os.environ[OUTAGE_BUDGET_ENV] = repr(check_budget(job.outage_budget))
+    # The run was provisioned on this broker: a replica (re)started while it is away
+    # waits for it, within the budget, instead of failing its first connect.
+    os.environ[BROKER_KNOWN_ENV] = "1"
     with ExitStack() as stack:
         runtime = None
         if job.ledger == "kv":

@@ -40,6 +40,11 @@ DEFAULT_OUTAGE_BUDGET_SECONDS: Final = 60.0
 OUTAGE_BUDGET_ENV: Final = "VIDEOFLOW_OUTAGE_BUDGET"
 """The environment variable that overrides DEFAULT_OUTAGE_BUDGET_SECONDS (seconds)."""
 
+BROKER_KNOWN_ENV: Final = "VIDEOFLOW_BROKER_KNOWN"
+"""Set to 1 in a replica's process: its broker is known to exist (its run was
+provisioned on it), so a first connect that finds it away waits for it, within the
+outage budget, instead of failing fast as a mistyped URL should."""
+
 RECOVERY_SECONDS: Final = 15.0
 """After the broker is back, how long outcomes it left unknown may still be pursued:
 the acknowledgements, publications and ledger writes of the outage resolve in it."""
@@ -95,6 +100,11 @@ def outage_budget_from_env(default: float = DEFAULT_OUTAGE_BUDGET_SECONDS) -> fl
     return check_budget(_number(text))
 
 
+def broker_known_from_env() -> bool:
+    """Whether BROKER_KNOWN_ENV says this process's broker is known to exist."""
+    return os.environ.get(BROKER_KNOWN_ENV, "").strip() == "1"
+
+
 def _number(text: str) -> float:
     try:
         return float(text)
@@ -124,6 +134,8 @@ class Outage:
             (0: at once, as a connection without reconnects).
         where: the broker, for messages.
         clock: monotonic seconds.
+        known: the broker is known to exist (a replica of a provisioned run): a first
+            connect that finds it away is made again within the budget.
 
     Attributes:
         down_since: when the current outage began, None while connected.
@@ -132,15 +144,21 @@ class Outage:
     """
 
     def __init__(self, budget: float = DEFAULT_OUTAGE_BUDGET_SECONDS, where: str = "",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, known: bool = False) -> None:
         self.budget = check_budget(budget)
         self.where = where
         self.clock = clock
+        self.known = known
         self.down_since: float | None = None
         self.back_at: float | None = None
         self.given_up: str | None = None
         self.on_back: list[Callable[[], None]] = []  # called on the loop as it returns
         self._watch: asyncio.Task[None] | None = None
+
+    def first_connect_bound(self, connect_timeout: float) -> float:
+        """How long a first connect may take in all: connect_timeout, plus the budget
+        for a known broker (whose first connect waits for it)."""
+        return connect_timeout + (self.budget if self.known else 0.0)
 
     @property
     def away(self) -> bool:
@@ -321,12 +339,20 @@ async def connect(
         "reconnected_cb": reconnected,
     }
     settings.update(options)
-    try:
-        client = await asyncio.wait_for(nats.connect(servers, **settings), connect_timeout)
-    except Exception as error:
-        reason, detail = observation_failure(error, [f"{type(e).__name__}: {e}"
-                                                     for e in seen])
-        raise BrokerUnavailable(f"cannot connect to {url} ({reason}): {detail}") from error
+    while True:
+        try:
+            client = await asyncio.wait_for(nats.connect(servers, **settings),
+                                            connect_timeout)
+            break
+        except Exception as error:
+            reason, detail = observation_failure(error, [f"{type(e).__name__}: {e}"
+                                                         for e in seen])
+            if not _wait_for_known(tracked, reason):
+                raise BrokerUnavailable(
+                    f"cannot connect to {url} ({reason}): {detail}") from error
+            await asyncio.sleep(RECONNECT_MAX_WAIT)
+    if tracked.away:
+        tracked.came_back()
     if tracked.budget > 0:
         # Connected: from now on, reconnect until the watchdog gives up.
         client.options["max_reconnect_attempts"] = -1
@@ -337,12 +363,25 @@ async def connect(
     return client
 
 
+def _wait_for_known(outage: Outage, reason: str) -> bool:
+    """Whether a first connect that failed for reason is made again: only to a known
+    broker found away (refused or silent, never credentials refused), within the
+    budget counted from the first failure."""
+    if not outage.known or reason not in ("unreachable", "timeout"):
+        return False
+    outage.went_away()
+    assert outage.down_since is not None
+    return outage.clock() - outage.down_since < outage.budget
+
+
 __all__ = [
+    "BROKER_KNOWN_ENV",
     "DEFAULT_OUTAGE_BUDGET_SECONDS",
     "OUTAGE_BUDGET_ENV",
     "RECOVERY_SECONDS",
     "TRANSIENT_RETRY_SECONDS",
     "Outage",
+    "broker_known_from_env",
     "check_bucket_replicas",
     "check_budget",
     "connect",

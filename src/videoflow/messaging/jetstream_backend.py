@@ -98,6 +98,7 @@ from videoflow.backends.messaging import (
 )
 from videoflow.messaging.broker_link import (
     Outage,
+    broker_known_from_env,
     outage_budget_from_env,
     retry_until,
     transient,
@@ -275,7 +276,8 @@ class JetStreamMessagingBackend(MessagingBackend):
         self.connect_timeout, self.byte_budget = connect_timeout, byte_budget
         self.instance_id = uuid.uuid4().hex[:12]  # names this process's EOS durables
         self.errors = ErrorLog()
-        self.outage = Outage(outage_budget_from_env(), where=nats_url)
+        self.outage = Outage(outage_budget_from_env(), where=nats_url,
+                             known=broker_known_from_env())
         self.outage.on_back.append(self._reconnected)
         self._runner = LoopRunner()
         self._client: Client | None = None
@@ -377,7 +379,7 @@ class JetStreamMessagingBackend(MessagingBackend):
             client = self._call(
                 connect_fail_fast(self.nats_url, self.connect_timeout, self.errors,
                                   self.outage),
-                self.connect_timeout)
+                self.outage.first_connect_bound(self.connect_timeout))
         except BaseException:
             self._runner.stop()
             raise
