@@ -1,5 +1,5 @@
 """Throughput of the JetStream messaging backend against the raw nats-py ceiling, on
-the embedded server (videoflow.server.start(), a fresh temporary store).
+the embedded server (videoflow.broker.server.start(), a fresh temporary store).
 
 Two groups, each with the same message count and payload on every side:
 
@@ -54,7 +54,13 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from videoflow import server as embedded
+from videoflow.backends.jetstream.backend import (
+    JetStreamMessagingBackend,
+    channel_spec_for,
+    subscription_spec_for,
+)
+from videoflow.backends.jetstream.durables import ensure_channel_stream, ensure_durable
+from videoflow.backends.jetstream.specs import consumer_config_for_spec, durable_of
 from videoflow.backends.messaging import (
     RELIABLE_WORK,
     Accepted,
@@ -66,21 +72,15 @@ from videoflow.backends.messaging import (
     SettleResult,
     SubscriptionId,
 )
-from videoflow.core.constants import BATCH
-from videoflow.messaging.jetstream_backend import (
-    JetStreamMessagingBackend,
-    channel_spec_for,
-    subscription_spec_for,
-)
-from videoflow.messaging.jetstream_loop import (
+from videoflow.broker import server as embedded
+from videoflow.broker.loop import (
     ErrorLog,
     LoopRunner,
     close_client,
     connect_fail_fast,
 )
-from videoflow.messaging.jetstream_provision import ensure_channel_stream, ensure_durable
-from videoflow.messaging.jetstream_specs import consumer_config_for_spec, durable_of
-from videoflow.messaging.naming import subject_for
+from videoflow.core.constants import BATCH
+from videoflow.core.naming import subject_for
 
 pytestmark = pytest.mark.timeout(300)
 

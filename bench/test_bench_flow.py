@@ -112,9 +112,9 @@ from flow_bench_nodes import (
     read_stats,
     run_stage,
 )
-from videoflow import server as embedded
+from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH, REALTIME
-from videoflow.core.flow import Flow
+from videoflow.flow import Flow
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -368,7 +368,7 @@ class Edge:
 
 def peer_stream_config(edge: Edge, flow_type: str) -> StreamConfig:
     """The stream of one edge, configured as videoflow configures a node's stream
-    (videoflow.messaging.stream_configs), for its one data subject."""
+    (videoflow.backends.jetstream.configs), for its one data subject."""
     if flow_type == REALTIME:
         return StreamConfig(name=edge.stream, subjects=[edge.subject],
                             retention=RetentionPolicy.LIMITS, max_msgs_per_subject=1,

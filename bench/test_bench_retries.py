@@ -31,9 +31,9 @@ from typing import Any
 import pytest
 
 from flow_bench_nodes import FailOnce, Numbers, Sink, read_stats
-from videoflow import server as embedded
+from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH
-from videoflow.core.flow import Flow
+from videoflow.flow import Flow
 
 pytestmark = pytest.mark.timeout(300)
 

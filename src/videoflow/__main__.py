@@ -1,5 +1,5 @@
 """``python -m videoflow``: the videoflow command."""
 
-from videoflow.cli import main
+from videoflow.cli.main import main
 
 raise SystemExit(main())

@@ -4,7 +4,7 @@ and ``harness`` builds the receivers of one run for it.
 
 - memory: every receiver shares one ``MemoryBroker`` on a hand-moved clock, so letting
   time pass for leases is ``clock.advance`` and costs no wall time.
-- jetstream: a real embedded nats-server per test (``videoflow.server.start``, an
+- jetstream: a real embedded nats-server per test (``videoflow.broker.server.start``, an
   OS-chosen port; never a mock), and time passes for real — the lease tests use short
   ack_waits. Receivers are built with ``keepalive=False``: the memory adapter keeps no
   keepalive either, and a lease a keepalive renews never lapses, which is exactly what
@@ -20,7 +20,7 @@ from typing import Final
 
 import pytest
 
-from videoflow import server as embedded
+from videoflow.backends.jetstream.backend import JetStreamMessagingBackend
 from videoflow.backends.memory import MemoryBroker, MemoryMessagingBackend
 from videoflow.backends.messaging import (
     RELIABLE_WORK,
@@ -31,8 +31,8 @@ from videoflow.backends.messaging import (
     SubscriptionId,
     SubscriptionSpec,
 )
+from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH
-from videoflow.messaging.jetstream_backend import JetStreamMessagingBackend
 
 FLOW: Final = "flow"
 RUN: Final = "run"

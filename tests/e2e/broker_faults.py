@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from videoflow import server as embedded
+from videoflow.broker import server as embedded
 from videoflow.core.node import ProducerNode
 
 

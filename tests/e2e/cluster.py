@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nats
 
-from videoflow import server as embedded
+from videoflow.broker import server as embedded
 from videoflow.errors import EmbeddedServerError
 
 READY_SECONDS = 30.0

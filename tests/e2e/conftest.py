@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from videoflow import server as embedded
+from videoflow.broker import server as embedded
 
 
 @pytest.fixture

@@ -333,7 +333,7 @@ class Frames(ProducerNode):
 
     def _vanish(self) -> None:
         from videoflow.backends.shm_payload import shm_root
-        from videoflow.messaging.naming import sanitize
+        from videoflow.core.naming import sanitize
 
         assert self.context is not None
         messenger = _messenger_of(self)

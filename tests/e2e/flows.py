@@ -8,7 +8,7 @@ import os
 
 from flow_nodes import Numbers, Record, RejectMultiplesOf, Scale
 
-from videoflow.core.flow import Flow
+from videoflow.flow import Flow
 
 
 def _env() -> tuple[int, float, str, float]:

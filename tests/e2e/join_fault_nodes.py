@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from videoflow.cli.demo import StartGate  # one first-capture instant for every process
 from videoflow.core.node import ConsumerNode, ProducerNode
-from videoflow.demo import StartGate  # one first-capture instant for every process
 
 
 def _sleep_until(instant: float) -> None:
@@ -34,7 +34,7 @@ class Camera(ProducerNode):
     to come (instant 0 for the first process, which starts before t0), never an
     instant already past. With replay, a process starts over from instant 0 instead
     and sends the instants already past at once, with their stamps (as
-    videoflow.demo's Camera does: its open() resets its instant to 0).
+    videoflow.cli.demo's Camera does: its open() resets its instant to 0).
 
     Faults, at the capture of instant `at`: 'kill' SIGKILLs the process once per
     marker file (the frames before it are confirmed first, so the ground truth holds

@@ -10,8 +10,8 @@ from typing import Any
 
 from flow_nodes import Numbers, Record
 
-from videoflow.core.flow import Flow
 from videoflow.core.node import ProcessorNode
+from videoflow.flow import Flow
 
 
 class CrashOn(ProcessorNode):

@@ -37,13 +37,13 @@ from flow_nodes import Numbers, Record, Scale, applied
 from test_cli import HERE, command, environment
 from test_pipeline_safety import assert_applied_exactly, assert_clean
 
-from videoflow import server as embedded
 from videoflow.backends.payload import NatsObjectPayloadStore
+from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH
-from videoflow.core.flow import Flow
 from videoflow.core.report import RunReport
 from videoflow.core.runtime_store import NatsKvRuntimeStore
 from videoflow.errors import IncompatibleProfile
+from videoflow.flow import Flow
 
 RUNS = range(int(os.environ.get("VIDEOFLOW_FAULT_RUNS", "1")))
 LONG = os.environ.get("VIDEOFLOW_LONG_FAULTS") == "1"

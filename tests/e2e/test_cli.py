@@ -19,7 +19,7 @@ import pytest
 from broker_reads import stream_names
 from flow_nodes import applied
 
-from videoflow import server as embedded
+from videoflow.broker import server as embedded
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -17,8 +17,8 @@ from broker_reads import stream_names
 from test_cli import HERE, base_environment, command, count_applied, videoflow, wait_for
 
 from videoflow import ops
-from videoflow import server as embedded
-from videoflow.server import SERVER_RECORD, read_server_record
+from videoflow.broker import server as embedded
+from videoflow.broker.server import SERVER_RECORD, read_server_record
 
 pytestmark = pytest.mark.timeout(240)
 

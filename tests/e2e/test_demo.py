@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from videoflow import demo
+from videoflow.broker.server import EmbeddedServer
+from videoflow.cli import demo
 from videoflow.core.report import RunReport
-from videoflow.server import EmbeddedServer
 
 pytestmark = pytest.mark.timeout(120)
 

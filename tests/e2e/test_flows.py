@@ -20,10 +20,10 @@ from flow_nodes import (
     applied,
 )
 
-from videoflow import server as embedded
+from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH, REALTIME
-from videoflow.core.flow import Flow
-from videoflow.messaging.naming import dlq_stream_name
+from videoflow.core.naming import dlq_stream_name
+from videoflow.flow import Flow
 from videoflow.messaging.nats_messenger import partition_of
 from videoflow.ops import dlq_list
 

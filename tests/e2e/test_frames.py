@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from flow_nodes import FrameCheck, Frames, frames_seen
 
-from videoflow import server as embedded
 from videoflow.backends.shm_payload import shm_root
+from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH
-from videoflow.core.flow import Flow
-from videoflow.messaging.naming import sanitize
+from videoflow.core.naming import sanitize
+from videoflow.flow import Flow
 from videoflow.ops import dlq_list
 
 pytestmark = pytest.mark.timeout(120)

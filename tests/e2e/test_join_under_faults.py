@@ -13,7 +13,7 @@ instant K:
   groups go on). The replacement takes REBOOT s in open() (a device coming up) and
   is either a live camera, capturing from the next instant to come, R, never
   re-sending the instants it missed, or one that starts over from instant 0 (as
-  videoflow.demo's Camera would), replaying every instant since the start at once:
+  videoflow.cli.demo's Camera would), replaying every instant since the start at once:
   those frames are behind what the join already fused, and each is a counted drop
   (join_late behind the camera's own watermark, join_evicted at or beyond it),
   never a second group of an instant.
@@ -40,10 +40,10 @@ from typing import Any
 import pytest
 from join_fault_nodes import Camera, Fuse, StartGate
 
-from videoflow import server as embedded
+from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH
-from videoflow.core.flow import Flow
 from videoflow.core.report import RunReport
+from videoflow.flow import Flow
 
 CAMERAS = 4
 FPS = 30.0

@@ -47,13 +47,13 @@ from flow_nodes import (
     applied,
 )
 
-from videoflow import server as embedded
+from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH
-from videoflow.core.flow import Flow
+from videoflow.core.credit import node_credit
+from videoflow.core.naming import stream_name_for
 from videoflow.core.report import RunReport
+from videoflow.flow import Flow
 from videoflow.messaging import topology
-from videoflow.messaging.credit import node_credit
-from videoflow.messaging.naming import stream_name_for
 from videoflow.ops import dlq_list
 
 ATTEMPTS = range(int(os.environ.get("VIDEOFLOW_SAFETY_ATTEMPTS", "1")))

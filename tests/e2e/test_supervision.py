@@ -22,7 +22,7 @@ from flow_nodes import applied
 from supervision_nodes import crash_loop, one_fails_to_start
 from test_cli import HERE, alive, children_of, command, count_applied, environment, wait_for
 
-from videoflow import server as embedded
+from videoflow.broker import server as embedded
 from videoflow.ops import dlq_list
 
 pytestmark = [pytest.mark.timeout(180),

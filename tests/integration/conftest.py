@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 from nats.js import JetStreamContext
 
-from videoflow import server as embedded
+from videoflow.broker import server as embedded
 
 
 @pytest.fixture

@@ -12,14 +12,13 @@ import nats
 import pytest
 
 from videoflow import ops
-from videoflow import server as embedded
 from videoflow.backends.messaging import Known
-from videoflow.cli_ops import register
+from videoflow.broker import server as embedded
+from videoflow.cli.ops import register
 from videoflow.core.compiler import NodeSpec
 from videoflow.core.constants import BATCH
+from videoflow.core.naming import dlq_stream_name, ledger_bucket, payload_bucket
 from videoflow.core.runtime import key_token
-from videoflow.core.worker import ledger_bucket, payload_bucket
-from videoflow.messaging.naming import dlq_stream_name
 from videoflow.messaging.topology import provision_flow_sync
 
 pytestmark = pytest.mark.timeout(90)

@@ -1,4 +1,4 @@
-"""The first connect of a replica's connections (videoflow.messaging.broker_link.connect
+"""The first connect of a replica's connections (videoflow.broker.link.connect
 with Outage.known): a broker known to exist (the run was provisioned on it) that is
 away when a replica starts is waited for within the outage budget; any other first
 connect fails fast, as a mistyped URL should (NATS_FACTS S4)."""
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from videoflow import server as embedded
+from videoflow.broker import server as embedded
+from videoflow.broker.link import Outage, connect
 from videoflow.errors import BrokerUnavailable
-from videoflow.messaging.broker_link import Outage, connect
 
 
 async def _ignore(error: BaseException) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import runtime_contract
-from videoflow import server as embedded
+from videoflow.broker import server as embedded
 from videoflow.core.runtime import Checkpoint, FlowRuntime, NatsKvRuntimeStore
 from videoflow.errors import BrokerUnavailable, RevisionConflict, SupersededOwner
 

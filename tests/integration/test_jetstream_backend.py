@@ -17,7 +17,22 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from videoflow import server as embedded
+from videoflow.backends.jetstream.backend import (
+    ACK_CONFIRM_SECONDS,
+    FETCH_TIMEOUT_SECONDS,
+    JetStreamMessagingBackend,
+    channel_spec_for,
+    consumer_credit,
+    subscription_spec_for,
+)
+from videoflow.backends.jetstream.configs import consumer_config_for, stream_config_for
+from videoflow.backends.jetstream.outcomes import (
+    PublicationLedger,
+    observe_by_republish,
+    publish_once,
+)
+from videoflow.backends.jetstream.receive import PullRefused, SubscriptionReceiver, bind_receiver
+from videoflow.backends.jetstream.streams import ensure_consumer, ensure_stream
 from videoflow.backends.messaging import (
     RELIABLE_WORK,
     Accepted,
@@ -40,20 +55,8 @@ from videoflow.backends.messaging import (
     Terminal,
     Unknown,
 )
-from videoflow.core.constants import BATCH
-from videoflow.core.worker import _stop_signals
-from videoflow.errors import BrokerUnavailable
-from videoflow.messaging import jetstream_loop
-from videoflow.messaging.dead_letters import dead_letter, dead_letter_for, decode_dead_letter
-from videoflow.messaging.jetstream_backend import (
-    ACK_CONFIRM_SECONDS,
-    FETCH_TIMEOUT_SECONDS,
-    JetStreamMessagingBackend,
-    channel_spec_for,
-    consumer_credit,
-    subscription_spec_for,
-)
-from videoflow.messaging.jetstream_loop import (
+from videoflow.broker import server as embedded
+from videoflow.broker.loop import (
     KEEP_SECONDS,
     READ_CHUNK_BYTES,
     ErrorLog,
@@ -62,22 +65,19 @@ from videoflow.messaging.jetstream_loop import (
     close_client,
     connect_fail_fast,
 )
-from videoflow.messaging.jetstream_outcomes import (
-    PublicationLedger,
-    observe_by_republish,
-    publish_once,
-)
-from videoflow.messaging.jetstream_receive import PullRefused, SubscriptionReceiver, bind_receiver
-from videoflow.messaging.naming import (
+from videoflow.core.constants import BATCH
+from videoflow.core.naming import (
     control_subject_for,
     dlq_stream_name,
     dlq_subject_for,
     stream_name_for,
     subject_for,
 )
-from videoflow.messaging.provisioning import _ensure_consumer, _ensure_stream
+from videoflow.errors import BrokerUnavailable
+from videoflow.messaging import jetstream_loop
+from videoflow.messaging.dead_letters import dead_letter, dead_letter_for, decode_dead_letter
 from videoflow.messaging.publication import Published, publish_until_known
-from videoflow.messaging.stream_configs import consumer_config_for, stream_config_for
+from videoflow.run.worker import _stop_signals
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -120,13 +120,13 @@ def batch_channel(
     reading it, so published messages are retained. Returns (stream, subject)."""
     stream = stream_name_for(FLOW, RUN, node)
     config = stream_config_for(FLOW, RUN, node, BATCH, batch_max_msgs=max_msgs)
-    verified = wired.run(_ensure_stream(wired.js, config))
+    verified = wired.run(ensure_stream(wired.js, config))
     assert verified.mismatches == ()
     durable = consumer_config_for(FLOW, RUN, "child", node, ack_wait=ack_wait,
                                   max_deliver=max_deliver)
     if max_ack_pending is not None:
         durable.max_ack_pending = max_ack_pending
-    wired.run(_ensure_consumer(wired.js, stream, durable))
+    wired.run(ensure_consumer(wired.js, stream, durable))
     return stream, subject_for(FLOW, RUN, node)
 
 
@@ -885,7 +885,7 @@ def test_control_stop_and_close_by_ownership(backends, wired: Wired) -> None:  #
     wired.run(wired.client.publish(control_subject_for(FLOW, RUN), b""))
     assert heard.wait(5)
     config = stream_config_for(FLOW, RUN, "owned", BATCH, generation="g1")
-    wired.run(_ensure_stream(wired.js, config))
+    wired.run(ensure_stream(wired.js, config))
     owned = ChannelId(FLOW, RUN, "owned")
     assert backend.close([owned], "g2").removed == ()
     cleaned = backend.close([owned], "g1")

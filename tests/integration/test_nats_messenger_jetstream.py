@@ -16,15 +16,15 @@ import nats
 import numpy as np
 import pytest
 
-from videoflow import server as embedded
 from videoflow.backends.payload import NatsObjectPayloadStore
+from videoflow.broker import server as embedded
 from videoflow.core.compiler import NodeSpec
 from videoflow.core.constants import BATCH, REALTIME
+from videoflow.core.naming import dlq_stream_name, stream_name_for, subject_for
 from videoflow.core.policies import PoisonMessage, WorkerFatal
 from videoflow.core.runtime import FlowRuntime, NatsKvRuntimeStore
 from videoflow.errors import SupersededOwner
 from videoflow.messaging.dead_letters import decode_dead_letter
-from videoflow.messaging.naming import dlq_stream_name, stream_name_for, subject_for
 from videoflow.messaging.nats_messenger import NATSMessenger, partition_of
 from videoflow.messaging.topology import provision_flow_sync
 from videoflow.wire.serialization import decode_envelope

@@ -10,7 +10,11 @@ from contextlib import AbstractContextManager
 
 import pytest
 
-from videoflow import server as embedded
+from videoflow.backends.jetstream.backend import (
+    JetStreamMessagingBackend,
+    channel_spec_for,
+    subscription_spec_for,
+)
 from videoflow.backends.messaging import (
     LIVE_LATEST,
     RELIABLE_WORK,
@@ -24,15 +28,11 @@ from videoflow.backends.messaging import (
     Unknown,
 )
 from videoflow.backends.payload import MemoryPayloadStore
+from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.core.runtime import FlowRuntime
 from videoflow.core.runtime_store import MemoryRuntimeStore
 from videoflow.messaging import jetstream_backend
-from videoflow.messaging.jetstream_backend import (
-    JetStreamMessagingBackend,
-    channel_spec_for,
-    subscription_spec_for,
-)
 from videoflow.messaging.obligations import RuntimeObligationLedger, reconcile, subscription_for
 
 pytestmark = pytest.mark.timeout(60)

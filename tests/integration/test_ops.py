@@ -17,19 +17,19 @@ import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from videoflow import ops
-from videoflow import server as embedded
 from videoflow.backends.messaging import Known, Unknown
-from videoflow.cli_ops import register
+from videoflow.broker import server as embedded
+from videoflow.cli.ops import register
 from videoflow.core.compiler import NodeSpec
 from videoflow.core.constants import BATCH
-from videoflow.core.policies import PoisonMessage
-from videoflow.errors import BrokerUnavailable
-from videoflow.messaging.naming import (
+from videoflow.core.naming import (
     dlq_stream_name,
     dlq_subject_for,
     stream_name_for,
     subject_for,
 )
+from videoflow.core.policies import PoisonMessage
+from videoflow.errors import BrokerUnavailable
 from videoflow.messaging.nats_messenger import NATSMessenger
 from videoflow.messaging.topology import provision_flow_sync
 from videoflow.wire.serialization import decode_envelope

@@ -113,7 +113,7 @@ def assert_node_stream(info: StreamInfo, node: str, flow_type: str) -> None:
 async def test_a_chain_gets_a_stream_per_publisher_the_dlq_and_a_durable_per_edge(
     nats_client, jetstream, flow_type, caplog
 ):
-    with caplog.at_level(logging.WARNING, logger="videoflow.messaging.provisioning"):
+    with caplog.at_level(logging.WARNING, logger="videoflow.backends.jetstream.streams"):
         await t.provision_flow(nats_client, chain(), FLOW, RUN, flow_type, generation=GEN)
     # Every read-back matched its request: nothing was reported.
     assert [r.getMessage() for r in caplog.records] == []
@@ -409,7 +409,7 @@ async def test_a_durable_the_broker_holds_differently_is_reported(nats_client, j
     await jetstream.add_consumer("vf-f-r-src", t.consumer_config_for(
         FLOW, RUN, "proc", "src", max_deliver=4, max_ack_pending=5, generation=GEN,
     ).evolve(deliver_policy=DeliverPolicy.NEW))
-    with caplog.at_level(logging.WARNING, logger="videoflow.messaging.provisioning"):
+    with caplog.at_level(logging.WARNING, logger="videoflow.backends.jetstream.streams"):
         await t.provision_flow(nats_client, chain(), FLOW, RUN, BATCH, generation=GEN)
     reported = [r.getMessage() for r in caplog.records
                 if "is not as requested" in r.getMessage()]

@@ -20,8 +20,8 @@ from pathlib import Path
 import nats
 import pytest
 
-from videoflow import server as embedded
 from videoflow.backends.messaging import Unknown
+from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH
 from videoflow.messaging import topology as t
 

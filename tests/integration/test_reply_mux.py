@@ -11,7 +11,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from videoflow.messaging.jetstream_settle import ReplyMux
+from videoflow.backends.jetstream.settle import ReplyMux
 
 
 async def echoing_mux(client: Client) -> ReplyMux:
@@ -55,7 +55,7 @@ async def test_a_failing_handler_is_logged_and_the_connection_lives(
     def broken(_msg: Msg) -> None:
         raise RuntimeError("handler bug")
 
-    with caplog.at_level(logging.ERROR, logger="videoflow.messaging.jetstream_settle"):
+    with caplog.at_level(logging.ERROR, logger="videoflow.backends.jetstream.settle"):
         await nats_client.publish("echo", b"x", reply=mux.expect_call(broken))
         subject, future = mux.expect()
         await nats_client.publish("echo", b"y", reply=subject)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from nats.js import JetStreamContext
 
-from videoflow import server as embedded
+from videoflow.broker import server as embedded
 from videoflow.errors import EmbeddedServerError
 
 pytestmark = pytest.mark.timeout(60)

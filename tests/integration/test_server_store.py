@@ -1,5 +1,5 @@
 """The embedded broker's store held by one server at a time: nats-server does not lock
-its store directory itself, so videoflow's locked servers do (videoflow.server)."""
+its store directory itself, so videoflow's locked servers do (videoflow.broker.server)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from videoflow import server as embedded
-from videoflow.server import LOCK_FILE, SERVER_RECORD, StoreBusy, read_server_record
+from videoflow.broker import server as embedded
+from videoflow.broker.server import LOCK_FILE, SERVER_RECORD, StoreBusy, read_server_record
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -80,7 +80,7 @@ def test_the_lock_outlives_a_killed_owner_for_as_long_as_its_server_runs(
     store = tmp_path / "store"
     owner = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from videoflow import server; "
+         "import sys, time; from videoflow.broker import server; "
          f"s = server.EmbeddedServer({str(store)!r}, lock=True).start(); "
          "print(s.process.pid, flush=True); time.sleep(600)"],
         stdout=subprocess.PIPE, text=True)

@@ -148,7 +148,7 @@ def test_read_back_streams_default_timeout_is_the_documented_constant():
 
 
 # --------------------------------------------------------------------------------------
-# delete_run_streams / _owned_stream
+# delete_run_streams / owned_stream
 # --------------------------------------------------------------------------------------
 
 
@@ -313,7 +313,7 @@ def test_owned_stream_rules_without_a_broker():
 
 
 # --------------------------------------------------------------------------------------
-# _ensure_stream / _ensure_consumer
+# ensure_stream / ensure_consumer
 # --------------------------------------------------------------------------------------
 
 

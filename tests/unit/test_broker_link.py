@@ -1,4 +1,4 @@
-"""The connection plumbing that rides out a broker (videoflow.messaging.broker_link):
+"""The connection plumbing that rides out a broker (videoflow.broker.link):
 server lists, the outage budget's arithmetic, and which failures are worth another
 try. The reconnects themselves are exercised against real servers in
 tests/e2e/test_broker_faults.py."""
@@ -11,7 +11,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from videoflow.messaging.broker_link import (
+from videoflow.broker.link import (
     OUTAGE_BUDGET_ENV,
     RECONNECT_MAX_WAIT,
     RECOVERY_SECONDS,

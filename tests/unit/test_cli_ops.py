@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from videoflow import cli_ops, ops
+from videoflow import ops
 from videoflow.backends.messaging import Known, Unknown
+from videoflow.cli import ops as cli_ops
+from videoflow.cli.common import ENV_NATS_URL
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -28,9 +30,9 @@ def test_every_command_sets_func_and_the_url_falls_back_to_the_environment(
                  ["teardown", "--flow", "f", "--run", "r"]):
         assert callable(parse(argv).func)
     args = parse(["status", "--flow", "f", "--run", "r"])
-    monkeypatch.delenv(cli_ops.ENV_NATS_URL, raising=False)
+    monkeypatch.delenv(ENV_NATS_URL, raising=False)
     assert cli_ops._given_url(args) is None  # the embedded broker on the store
-    monkeypatch.setenv(cli_ops.ENV_NATS_URL, "nats://broker:4222")
+    monkeypatch.setenv(ENV_NATS_URL, "nats://broker:4222")
     assert cli_ops._given_url(args) == "nats://broker:4222"
     assert cli_ops._given_url(parse(["status", "--flow", "f", "--run", "r", "--nats-url",
                                      "nats://x:1"])) == "nats://x:1"
@@ -41,7 +43,7 @@ def test_without_a_url_and_without_a_store_there_is_one_line_and_nothing_is_made
 ) -> None:
     # A status of nothing that ever ran must not make a store (or start a broker) to
     # report an empty one.
-    monkeypatch.delenv(cli_ops.ENV_NATS_URL, raising=False)
+    monkeypatch.delenv(ENV_NATS_URL, raising=False)
     nowhere = tmp_path / "never-used"
     args = parse(["dlq", "list", "--flow", "f", "--store-dir", str(nowhere)])
     assert args.func(args) == 1

@@ -6,11 +6,10 @@ from typing import Any
 
 import pytest
 
+from videoflow.backends.jetstream.streams import _flow_plan
 from videoflow.core.compiler import compile_flow
 from videoflow.core.constants import BATCH, REALTIME
-from videoflow.core.flow import Flow
-from videoflow.core.node import ConsumerNode, ProcessorNode, ProducerNode
-from videoflow.messaging.credit import (
+from videoflow.core.credit import (
     RECEIVE_PREFETCH,
     SETTLE_BATCH,
     WINDOW_GROUPS,
@@ -18,8 +17,9 @@ from videoflow.messaging.credit import (
     join_item_credit,
     max_deliver_for,
 )
-from videoflow.messaging.naming import durable_name_for
-from videoflow.messaging.provisioning import _flow_plan
+from videoflow.core.naming import durable_name_for
+from videoflow.core.node import ConsumerNode, ProcessorNode, ProducerNode
+from videoflow.flow import Flow
 
 
 class Camera(ProducerNode):

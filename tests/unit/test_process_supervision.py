@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from videoflow.core.supervision import (
+from videoflow.run.supervision import (
     ORPHAN_GRACE_SECONDS,
     PARENT_SIGNAL,
     SLOT_ENTRIES,
@@ -142,7 +142,7 @@ def orphan(tmp_path: Path, *, pdeathsig: bool, ignore_signal: bool) -> tuple[int
     pid and when the parent died."""
     child = textwrap.dedent(f"""
         import os, signal, sys, time
-        from videoflow.core.supervision import die_with_parent
+        from videoflow.run.supervision import die_with_parent
         parent = os.getppid()
         if {ignore_signal!r}:
             signal.signal({int(PARENT_SIGNAL)}, signal.SIG_IGN)
@@ -180,7 +180,7 @@ def gone_within(pid: int, seconds: float) -> bool:
 def test_the_kernel_signals_a_child_whose_parent_died(tmp_path: Path) -> None:
     script = textwrap.dedent("""
         import ctypes, os
-        from videoflow.core.supervision import die_with_parent
+        from videoflow.run.supervision import die_with_parent
         armed = die_with_parent(os.getppid())
         value = ctypes.c_int(0)
         ctypes.CDLL(None).prctl(2, ctypes.byref(value), 0, 0, 0)  # PR_GET_PDEATHSIG
@@ -273,7 +273,7 @@ def test_a_redelivery_in_hand_at_crash_limit_deaths_is_dead_lettered_not_process
 
 @pytest.mark.skipif(os.name != "posix", reason="dead engines are found by pid on POSIX")
 def test_a_dead_engines_supervision_directory_is_swept_and_a_live_ones_kept() -> None:
-    from videoflow.core.supervision import supervision_directory
+    from videoflow.run.supervision import supervision_directory
 
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                            capture_output=True, text=True, check=True)
@@ -298,8 +298,8 @@ def test_a_report_pipe_torn_by_a_dead_process_is_dropped_and_the_others_still_re
     import multiprocessing
     import struct
 
-    from videoflow.core.local import _drain
-    from videoflow.progress import NodeProgress
+    from videoflow.run.local import _drain
+    from videoflow.run.progress import NodeProgress
 
     torn_reader, torn_writer = multiprocessing.Pipe(duplex=False)
     reader, writer = multiprocessing.Pipe(duplex=False)

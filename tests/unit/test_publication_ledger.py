@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
+from videoflow.backends.jetstream.outcomes import PublicationLedger
 from videoflow.backends.messaging import ChannelId, Envelope
-from videoflow.messaging.jetstream_outcomes import PublicationLedger
 
 CHANNEL = ChannelId("flow", "run", "node")
 

@@ -33,10 +33,10 @@ from videoflow.backends.messaging import (
     SubscriptionId,
 )
 from videoflow.core.constants import BATCH, REALTIME
+from videoflow.core.credit import PRODUCER_WINDOW, WINDOW_GROUPS
 from videoflow.core.runtime import FlowRuntime
 from videoflow.core.runtime_store import MemoryRuntimeStore
 from videoflow.messaging import messenger_deliveries
-from videoflow.messaging.credit import PRODUCER_WINDOW, WINDOW_GROUPS
 from videoflow.messaging.messenger_deliveries import SETTLE_BATCH
 from videoflow.messaging.nats_messenger import POLL_SECONDS, NATSMessenger
 

@@ -9,9 +9,9 @@ import asyncio
 
 from nats.aio.msg import Msg
 
+from videoflow.backends.jetstream.receive import PARK_BYTES, SubscriptionReceiver
 from videoflow.backends.messaging import ChannelId, SubscriptionId
-from videoflow.messaging.credit import RECEIVE_PREFETCH
-from videoflow.messaging.jetstream_receive import PARK_BYTES, SubscriptionReceiver
+from videoflow.core.credit import RECEIVE_PREFETCH
 
 
 def receiver() -> SubscriptionReceiver:

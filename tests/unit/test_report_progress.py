@@ -8,7 +8,7 @@ import io
 import pytest
 
 from videoflow.core.report import NodeReport, ProcessDeath, RunReport, percentile
-from videoflow.progress import LiveView, NodeProgress
+from videoflow.run.progress import LiveView, NodeProgress
 
 
 def test_percentiles_are_nearest_rank_and_none_without_values() -> None:

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from nats.aio.msg import Msg
 from nats.errors import NotJSMessageError
 
-from videoflow.messaging.jetstream_receive import delivery_position
-from videoflow.messaging.jetstream_settle import plan_sends
+from videoflow.backends.jetstream.receive import delivery_position
+from videoflow.backends.jetstream.settle import plan_sends
 
 
 def test_completed_ones_ride_on_the_next_request() -> None:

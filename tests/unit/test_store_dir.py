@@ -1,4 +1,4 @@
-"""Where the embedded broker keeps its store (videoflow.server.store_dir_for and
+"""Where the embedded broker keeps its store (videoflow.broker.server.store_dir_for and
 default_store_dir): per user, per platform, overridable, or throwaway."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from videoflow.server import ENV_STORE_DIR, default_store_dir, store_dir_for
+from videoflow.broker.server import ENV_STORE_DIR, default_store_dir, store_dir_for
 
 
 def test_linux_follows_xdg_data_home_else_local_share() -> None:

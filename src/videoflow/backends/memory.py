@@ -70,7 +70,7 @@ from videoflow.backends.messaging import (
     VerifiedChannel,
     VerifiedSubscription,
 )
-from videoflow.messaging.naming import (
+from videoflow.core.naming import (
     dlq_subject_for,
     eos_subject_for,
     stream_name_for,

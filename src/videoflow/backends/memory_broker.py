@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from videoflow.backends.messaging_types import (
+    DLQ_RETENTION_SECONDS,
     LIVE_LATEST,
     RELIABLE_WORK,
     Accepted,
@@ -35,7 +36,6 @@ from videoflow.backends.messaging_types import (
     SubscriptionSpec,
 )
 from videoflow.errors import IncompatibleProfile
-from videoflow.messaging.stream_configs import DLQ_RETENTION_SECONDS
 
 DEFAULT_DUPLICATE_WINDOW_SECONDS = 120.0
 """How long a msg_id is remembered for deduplication — JetStream's window as this

@@ -16,7 +16,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeAlias, TypeVar
+from typing import Final, Generic, Literal, TypeAlias, TypeVar
+
+DUPLICATE_WINDOW_SECONDS: Final = 120.0
+"""How long the broker remembers a Nats-Msg-Id for publish deduplication."""
+
+DLQ_RETENTION_SECONDS: Final = 7 * 24 * 3600
+"""How long dead letters are retained (STREAM-8): the forensic and replay horizon a dead
+letter's payload obligation must cover too (BLOB-14 step 3)."""
+
 
 T = TypeVar("T")
 

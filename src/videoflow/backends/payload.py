@@ -45,14 +45,7 @@ from nats.js.api import ObjectStoreConfig
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from videoflow.core.constants import BATCH, REALTIME
-from videoflow.errors import (
-    BrokerUnavailable,
-    IncompatibleProfile,
-    PayloadMissing,
-    UnobservableState,
-)
-from videoflow.messaging.broker_link import (
+from videoflow.broker.link import (
     Outage,
     broker_known_from_env,
     check_bucket_replicas,
@@ -62,8 +55,15 @@ from videoflow.messaging.broker_link import (
     transient,
     wait_back,
 )
-from videoflow.messaging.jetstream_kv import present_keys, present_objects
-from videoflow.messaging.jetstream_loop import ErrorLog, LoopRunner
+from videoflow.broker.listing import present_keys, present_objects
+from videoflow.broker.loop import ErrorLog, LoopRunner
+from videoflow.core.constants import BATCH, REALTIME
+from videoflow.errors import (
+    BrokerUnavailable,
+    IncompatibleProfile,
+    PayloadMissing,
+    UnobservableState,
+)
 
 __all__ = [
     "BATCH_TTL_SECONDS",
@@ -1039,7 +1039,7 @@ class NatsObjectPayloadStore(PayloadStore):
 
     def _list_refs(self) -> list[str]:
         async def keys() -> list[str]:
-            # Not kv.keys(): its watcher can miss keys (videoflow.messaging.jetstream_kv).
+            # Not kv.keys(): its watcher can miss keys (videoflow.broker.listing).
             return await present_keys(self._nc.jetstream(timeout=self.timeout),
                                       f"{self.bucket}-obligations")
 

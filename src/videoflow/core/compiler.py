@@ -39,7 +39,7 @@ class NodeSpec:
 
     Attributes:
         name: the node's name, unique in the flow; names its stream, subjects and
-            durables (videoflow.messaging.naming).
+            durables (videoflow.core.naming).
         kind: 'producer' (no parents, publishes), 'processor' (parents, publishes) or
             'consumer' (parents, publishes nothing).
         parents: the names of the node's real parents, in the order its inputs are
@@ -230,7 +230,7 @@ def compile_flow(flow: Any, max_retries: int = 3, ledger_budget: bool = False) -
     """Compile a Flow into NodeSpecs.
 
     Arguments:
-        flow: a videoflow.core.flow.Flow.
+        flow: a videoflow.flow.Flow.
         max_retries: the delivery preset's retry count, for max_deliver.
         ledger_budget: retry budgets are counted in a durable shared ledger (a NATS
             KV FlowRuntime), so the broker's cap is lifted (max_deliver_for).
@@ -245,9 +245,9 @@ def compile_flow(flow: Any, max_retries: int = 3, ledger_budget: bool = False) -
             each naming the node.
     """
     from videoflow.core.constants import BATCH
+    from videoflow.core.credit import max_deliver_for, node_credit
+    from videoflow.core.naming import stream_name_for
     from videoflow.core.node import Node
-    from videoflow.messaging.credit import max_deliver_for, node_credit
-    from videoflow.messaging.naming import stream_name_for
 
     order = _topological(flow.producers, flow.consumers)
     names = _names(order)

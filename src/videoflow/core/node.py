@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from videoflow.core.policies import DeliveryPolicy, JoinPolicy
 
 if TYPE_CHECKING:
-    from videoflow.core.task import RuntimeContext
+    from videoflow.core.context import RuntimeContext
 
 
 class Node:

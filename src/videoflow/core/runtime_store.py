@@ -22,8 +22,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
-from videoflow.errors import BrokerUnavailable, IncompatibleProfile, RevisionConflict
-from videoflow.messaging.broker_link import (
+from videoflow.broker.link import (
     Outage,
     broker_known_from_env,
     check_bucket_replicas,
@@ -32,6 +31,7 @@ from videoflow.messaging.broker_link import (
     transient,
     wait_back,
 )
+from videoflow.errors import BrokerUnavailable, IncompatibleProfile, RevisionConflict
 
 T = TypeVar("T")
 
@@ -209,7 +209,7 @@ class NatsKvRuntimeStore(RuntimeStore):
                  outage_budget: float | None = None, replicas: int = 1) -> None:
         # Imported here: the loop bridge lives with the JetStream adapter, and a
         # memory-only user of the ledger should not need it loaded.
-        from videoflow.messaging.jetstream_loop import (
+        from videoflow.broker.loop import (
             ErrorLog,
             LoopRunner,
             close_client,
@@ -363,7 +363,7 @@ class NatsKvRuntimeStore(RuntimeStore):
 
     def keys(self, prefix: str) -> list[str]:
         async def scan() -> list[str]:
-            from videoflow.messaging.jetstream_kv import present_keys
+            from videoflow.broker.listing import present_keys
 
             return await present_keys(self._client.jetstream(timeout=self._timeout),
                                       self.bucket, prefix)

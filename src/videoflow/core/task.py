@@ -19,85 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from videoflow.core.engine import CHECKPOINT_METADATA_KEY, STOP_QUIESCE, Messenger
+from videoflow.core.context import RuntimeContext
+from videoflow.core.engine import STOP_QUIESCE, Messenger
 from videoflow.core.node import ConsumerNode, Node, ProcessorNode, ProducerNode
 from videoflow.errors import LedgerError
 
 LATENCY_SAMPLES = 100_000
 """The most join latencies a task keeps (every one until then, then every other one:
 percentiles stay representative and memory bounded)."""
-
-
-class RuntimeContext:
-    """What a node reaches from inside next/process/consume (``self.context``).
-
-    Arguments:
-        messenger: the replica's messenger.
-        node_name: the node's name in the flow.
-        parents: its parents' names, in wiring order (the order of its inputs).
-        publishes: whether the node has an output (a consumer has none).
-
-    Attributes:
-        node_name, parents, replica_id, nb_tasks, flow_id, run_id: who and where this is.
-    """
-
-    def __init__(self, messenger: Messenger, node_name: str, *,
-                 parents: tuple[str, ...] = (), publishes: bool = True, replica_id: int = 0,
-                 nb_tasks: int = 1, flow_id: str = "", run_id: str = "") -> None:
-        self._messenger = messenger
-        self.node_name, self.parents = node_name, tuple(parents)
-        self.replica_id, self.nb_tasks = replica_id, nb_tasks
-        self.flow_id, self.run_id = flow_id, run_id
-        self._pending: bytes | None = None
-        self._publishes = publishes
-
-    def checkpoint(self, state: bytes) -> None:
-        """Commit the node's state with the input it is processing (RUN-022).
-
-        A consumer's checkpoint is committed now: its input produces no output. A
-        processor's or producer's rides with its next output, committed in the same
-        ledger write once the output is accepted. A ledger that dies with the process
-        refuses (DurabilityUnavailable) rather than faking durability.
-
-        Raises:
-            TypeError: state is not bytes.
-        """
-        if not isinstance(state, bytes):
-            raise TypeError(f"a checkpoint's state must be bytes, got {type(state).__name__}")
-        if self._publishes:
-            self._pending = state
-        else:
-            self._messenger.checkpoint(state)  # type: ignore[attr-defined]
-
-    def restore(self) -> bytes | None:
-        """The state last committed for this node replica, or None (call it in open())."""
-        return self._messenger.restore_checkpoint()  # type: ignore[attr-defined]
-
-    def set_event_timestamp(self, value: float) -> None:
-        """The capture time (epoch seconds) of the next output; by default an output
-        inherits its input group's event time."""
-        self._messenger.set_output_event_timestamp(value)
-
-    def set_partition_key(self, value: Any) -> None:
-        """The key a partitioned child routes the next output by."""
-        self._messenger.set_output_partition_key(value)
-
-    @property
-    def last_input_key(self) -> str | None:
-        """A stable identity of the input group being processed, the same after a
-        redelivery: a sink keys its effects on it to apply each group once."""
-        key = getattr(self._messenger, "last_input_key", None)
-        return None if key is None else key()
-
-    @property
-    def input_info(self) -> dict[str, Any] | None:
-        """Per parent: event_ts, metadata, trace_id and seq of the current group."""
-        info = getattr(self._messenger, "last_input_info", None)
-        return None if info is None else info()
-
-    def _take_metadata(self) -> dict[str, Any] | None:
-        pending, self._pending = self._pending, None
-        return None if pending is None else {CHECKPOINT_METADATA_KEY: pending}
 
 
 @dataclass
@@ -294,7 +223,7 @@ class Task:
                 if self.node.kind == "processor":
                     # In flight once this returns; an output carrying a checkpoint is
                     # waited for, and its failure is the group's (PublicationFailed).
-                    self.messenger.publish_message(output, self.context._take_metadata())
+                    self.messenger.publish_message(output, self.context.take_metadata())
                     self.stats.emitted += 1
             except LedgerError:
                 raise  # a refused checkpoint or a superseded owner: this process must stop
@@ -323,7 +252,7 @@ class ProducerTask(Task):
                 output = node.next()
             except StopIteration:
                 break
-            self.messenger.publish_message(output, self.context._take_metadata())
+            self.messenger.publish_message(output, self.context.take_metadata())
             self.stats.emitted += 1
         if self.messenger.stop_reason() == STOP_QUIESCE:
             self.stats.outcome = "quiesced"

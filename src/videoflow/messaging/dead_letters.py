@@ -43,7 +43,7 @@ REASONS: Final = ("poison", "retries_exhausted", "undecodable", "best_effort_fai
 ran out, its bytes were not an envelope, a best-effort node failed it once, it was
 one half of a join group given up on under a missing='dead_letter' policy, or its
 delivery coincided with the run's crash_limit deaths of the node's processes (the
-local engine's count: videoflow.core.supervision)."""
+local engine's count: videoflow.run.supervision)."""
 
 
 class WorkerCrashed(VideoflowError):

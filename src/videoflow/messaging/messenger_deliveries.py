@@ -45,9 +45,9 @@ from videoflow.backends.messaging import (
     SubscriptionId,
     Terminal,
 )
+from videoflow.core.credit import SETTLE_BATCH  # gathered at most before send_completed
 from videoflow.core.policies import WORKER_FATAL, DeliveryPolicy, classify_error
 from videoflow.core.runtime import FlowRuntime
-from videoflow.messaging.credit import SETTLE_BATCH  # gathered at most before send_completed
 from videoflow.messaging.dead_letters import (
     Reason,
     WorkerCrashed,
@@ -214,7 +214,7 @@ class Deliveries:
     # ------------------------------------------------------------------ crashes
 
     def watch_crashes(self, in_hand: Any, crashes: Any, limit: int | None) -> None:
-        """Take part in the local engine's crash bookkeeping (videoflow.core.supervision):
+        """Take part in the local engine's crash bookkeeping (videoflow.run.supervision):
         record the group in hand in in_hand, and dead-letter a redelivered input whose
         delivery coincided with limit deaths of this node's processes as crashed_worker.
 

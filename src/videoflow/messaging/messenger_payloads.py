@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from videoflow.backends.messaging import MessagingBackend
+from videoflow.backends.messaging_types import DLQ_RETENTION_SECONDS
 from videoflow.backends.payload import PayloadStore
 from videoflow.core.runtime import FlowRuntime
 from videoflow.messaging.dead_letters import dead_letter_msg_id
@@ -32,7 +33,6 @@ from videoflow.messaging.obligations import (
     StoreObligationLedger,
     reconcile,
 )
-from videoflow.messaging.stream_configs import DLQ_RETENTION_SECONDS
 from videoflow.wire.serialization import (
     BlobStore,
     decode_message,

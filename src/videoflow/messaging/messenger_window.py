@@ -48,8 +48,8 @@ from videoflow.backends.messaging import (
     Receipt,
     Rejected,
 )
+from videoflow.core.credit import WINDOW_GROUPS
 from videoflow.errors import VideoflowError
-from videoflow.messaging.credit import WINDOW_GROUPS
 from videoflow.messaging.messenger_deliveries import Deliveries, Held
 from videoflow.messaging.publication import (
     ATTEMPT_SECONDS,

@@ -1,7 +1,7 @@
 """NATSMessenger: the Messenger a node's task talks to, on the MessagingBackend contract.
 
 The transport (connection, streams, durables, prefetch, leases, settlement, publication
-outcomes) is the backend's (videoflow.messaging.jetstream_backend by default, the
+outcomes) is the backend's (videoflow.backends.jetstream.backend by default, the
 memory adapter in tests). What is the messenger's to decide lives here -- trace and
 sequence bookkeeping, join assembly, message ids, publication, checkpoints -- and in
 the two helpers it holds, below.
@@ -59,6 +59,7 @@ from typing import Any, Final
 
 import msgspec
 
+from videoflow.backends.jetstream.specs import subscription_spec_for
 from videoflow.backends.messaging import (
     Accepted,
     ChannelId,
@@ -73,15 +74,7 @@ from videoflow.backends.messaging import (
 )
 from videoflow.backends.payload import PayloadStore, inline_threshold
 from videoflow.core.constants import BATCH, REALTIME
-from videoflow.core.engine import (
-    CHECKPOINT_METADATA_KEY,
-    STOP_CONTROL,
-    STOP_QUIESCE,
-    Messenger,
-)
-from videoflow.core.runtime import FlowRuntime
-from videoflow.errors import DurabilityUnavailable, PayloadMissing, WireError
-from videoflow.messaging.credit import (
+from videoflow.core.credit import (
     PRODUCER_WINDOW,
     RECEIVE_PREFETCH,
     WINDOW_GROUPS,
@@ -90,8 +83,15 @@ from videoflow.messaging.credit import (
     max_deliver_for,
     node_credit,
 )
+from videoflow.core.engine import (
+    CHECKPOINT_METADATA_KEY,
+    STOP_CONTROL,
+    STOP_QUIESCE,
+    Messenger,
+)
+from videoflow.core.runtime import FlowRuntime
+from videoflow.errors import DurabilityUnavailable, PayloadMissing, WireError
 from videoflow.messaging.grouping import EnvelopeEntry, ReadyGroup, make_assembler
-from videoflow.messaging.jetstream_specs import subscription_spec_for
 from videoflow.messaging.messenger_deliveries import (
     DROP_REASONS,
     Deliveries,
@@ -269,7 +269,7 @@ class NATSMessenger(Messenger):
         self.delivery_policy = effective_delivery_policy(flow_type, max_retries, delivery_policy)
         self.channel = ChannelId(flow_id, run_id, self.node_name)
         if backend is None:
-            from videoflow.messaging.jetstream_backend import JetStreamMessagingBackend
+            from videoflow.backends.jetstream.backend import JetStreamMessagingBackend
             backend = JetStreamMessagingBackend(nats_url, flow_id, run_id, flow_type,
                                                 prefetch=RECEIVE_PREFETCH,
                                                 byte_budget=prefetch_bytes)

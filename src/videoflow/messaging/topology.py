@@ -28,7 +28,48 @@ here too.
 
 from __future__ import annotations
 
-from videoflow.messaging.credit import (
+from videoflow.backends.jetstream.configs import (
+    DEFAULT_BATCH_MAX_MSGS,
+    DEFAULT_MAX_ACK_PENDING,
+    DEFAULT_REALTIME_BUFFER,
+    EOS_ACK_WAIT_SECONDS,
+    consumer_config_for,
+    dlq_stream_config,
+    eos_anchor_config,
+    eos_consumer_config,
+    stream_config_for,
+)
+from videoflow.backends.jetstream.streams import (
+    DEFAULT_READ_BACK_TIMEOUT_SECONDS,
+    delete_run_streams,
+    provision_flow,
+    provision_flow_connect,
+    provision_flow_sync,
+    read_back_streams,
+    read_back_streams_async,
+)
+from videoflow.backends.jetstream.verification import (
+    CONSUMER_FIELDS,
+    STREAM_FIELDS,
+    VerifiedConsumer,
+    VerifiedStream,
+    consumer_mismatches,
+    profile_mismatches,
+    stream_mismatches,
+    verify_channel_profiles,
+)
+from videoflow.backends.messaging_types import DLQ_RETENTION_SECONDS, DUPLICATE_WINDOW_SECONDS
+from videoflow.broker.failures import observation_failure
+from videoflow.broker.options import (
+    FAIL_FAST_CONNECT_TIMEOUT,
+    FAIL_FAST_RECONNECT_ATTEMPTS,
+    FAIL_FAST_RECONNECT_WAIT,
+    RETRY_RECONNECT_ATTEMPTS,
+    RETRY_RECONNECT_WAIT,
+    connect_options_for,
+    quiet_error_cb,
+)
+from videoflow.core.credit import (
     DEFAULT_ITEM_CREDIT,
     DEFAULT_PREFETCH,
     LEGACY_BIND_CREDIT,
@@ -42,7 +83,7 @@ from videoflow.messaging.credit import (
     max_deliver_for,
     node_credit,
 )
-from videoflow.messaging.naming import (
+from videoflow.core.naming import (
     CONTROL_TOKEN,
     DLQ_TOKEN,
     EOS_TOKEN,
@@ -76,46 +117,6 @@ from videoflow.messaging.naming import (
     subject_for,
     subject_owner,
     user_metadata,
-)
-from videoflow.messaging.provisioning import (
-    DEFAULT_READ_BACK_TIMEOUT_SECONDS,
-    delete_run_streams,
-    provision_flow,
-    provision_flow_connect,
-    provision_flow_sync,
-    read_back_streams,
-    read_back_streams_async,
-)
-from videoflow.messaging.stream_configs import (
-    DEFAULT_BATCH_MAX_MSGS,
-    DEFAULT_MAX_ACK_PENDING,
-    DEFAULT_REALTIME_BUFFER,
-    DLQ_RETENTION_SECONDS,
-    DUPLICATE_WINDOW_SECONDS,
-    EOS_ACK_WAIT_SECONDS,
-    FAIL_FAST_CONNECT_TIMEOUT,
-    FAIL_FAST_RECONNECT_ATTEMPTS,
-    FAIL_FAST_RECONNECT_WAIT,
-    RETRY_RECONNECT_ATTEMPTS,
-    RETRY_RECONNECT_WAIT,
-    connect_options_for,
-    consumer_config_for,
-    dlq_stream_config,
-    eos_anchor_config,
-    eos_consumer_config,
-    quiet_error_cb,
-    stream_config_for,
-)
-from videoflow.messaging.verification import (
-    CONSUMER_FIELDS,
-    STREAM_FIELDS,
-    VerifiedConsumer,
-    VerifiedStream,
-    consumer_mismatches,
-    observation_failure,
-    profile_mismatches,
-    stream_mismatches,
-    verify_channel_profiles,
 )
 
 __all__ = [

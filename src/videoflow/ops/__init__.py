@@ -19,12 +19,12 @@ Given no broker URL, the commands talk to the embedded nats-server on the store 
 
 from __future__ import annotations
 
-from videoflow.ops._broker import API_PREFIX as API_PREFIX
-from videoflow.ops._broker import DEFAULT_TIMEOUT_SECONDS
-from videoflow.ops._broker import MESSAGE_DELETE_FAILED as MESSAGE_DELETE_FAILED
-from videoflow.ops._broker import MESSAGE_NOT_FOUND as MESSAGE_NOT_FOUND
-from videoflow.ops._broker import STREAM_NOT_FOUND as STREAM_NOT_FOUND
-from videoflow.ops._broker import Count as Count
+from videoflow.ops.broker_calls import API_PREFIX as API_PREFIX
+from videoflow.ops.broker_calls import DEFAULT_TIMEOUT_SECONDS
+from videoflow.ops.broker_calls import MESSAGE_DELETE_FAILED as MESSAGE_DELETE_FAILED
+from videoflow.ops.broker_calls import MESSAGE_NOT_FOUND as MESSAGE_NOT_FOUND
+from videoflow.ops.broker_calls import STREAM_NOT_FOUND as STREAM_NOT_FOUND
+from videoflow.ops.broker_calls import Count as Count
 from videoflow.ops.buckets import (
     BucketRemoval,
     BucketsInUse,

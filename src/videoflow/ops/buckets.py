@@ -18,9 +18,8 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import StreamInfo
 
-from videoflow.errors import VideoflowError
-from videoflow.messaging.jetstream_loop import ErrorLog
-from videoflow.messaging.naming import (
+from videoflow.broker.loop import ErrorLog
+from videoflow.core.naming import (
     KIND_DLQ,
     LABEL_FLOW_ID,
     LABEL_KIND,
@@ -30,16 +29,17 @@ from videoflow.messaging.naming import (
     subject_owner,
     user_metadata,
 )
-from videoflow.ops._broker import (
+from videoflow.errors import VideoflowError
+from videoflow.ops.broker_calls import (
     API_PREFIX,
     DEFAULT_TIMEOUT_SECONDS,
+    Budget,
     Count,
-    _Budget,
-    _count,
-    _run_sync,
-    _unavailable,
+    count_of,
+    run_sync,
+    unavailable,
 )
-from videoflow.ops.status import _all_streams
+from videoflow.ops.status import all_streams
 
 BucketKind = Literal["ledger", "payloads", "payload_obligations"]
 
@@ -54,7 +54,7 @@ def flow_bucket_names(flow_id: str) -> dict[BucketKind, str]:
     Raises:
         ValueError: an empty or reserved flow_id.
     """
-    from videoflow.core.worker import ledger_bucket, payload_bucket
+    from videoflow.core.naming import ledger_bucket, payload_bucket
 
     subject_for(flow_id, "run", "node")  # validates flow_id
     payloads = payload_bucket(flow_id)
@@ -147,8 +147,8 @@ def _bucket(info: StreamInfo) -> FlowBucket | None:
     kind, name, flow = found
     state = info.state
     return FlowBucket(name, kind, flow, stream,
-                      _count(getattr(state, "messages", None), "messages"),
-                      _count(getattr(state, "bytes", None), "bytes"))
+                      count_of(getattr(state, "messages", None), "messages"),
+                      count_of(getattr(state, "bytes", None), "bytes"))
 
 
 def _runs_with_streams(infos: list[StreamInfo], flow_id: str) -> set[str]:
@@ -192,20 +192,20 @@ def buckets_list(
     """
     wanted = None if flow_id is None else set(flow_bucket_names(flow_id).values())
 
-    async def work(nc: Client, budget: _Budget, errors: ErrorLog) -> list[FlowBucket]:
+    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> list[FlowBucket]:
         try:
-            infos = await _all_streams(nc.jsm(), budget)
+            infos = await all_streams(nc.jsm(), budget)
         except Exception as error:
-            raise _unavailable("listing the streams", error, errors) from error
+            raise unavailable("listing the streams", error, errors) from error
         found = [b for b in map(_bucket, infos) if b is not None]
         return sorted((b for b in found if wanted is None or b.name in wanted),
                       key=lambda b: b.name)
 
-    return _run_sync(nats_url, timeout, work)
+    return run_sync(nats_url, timeout, work)
 
 
 async def _purge_run_records(nc: Client, bucket: str, flow_id: str, run_id: str,
-                             budget: _Budget, errors: ErrorLog) -> int:
+                             budget: Budget, errors: ErrorLog) -> int:
     from videoflow.core.runtime import run_key_filter
 
     stream = f"KV_{bucket}"
@@ -218,15 +218,15 @@ async def _purge_run_records(nc: Client, bucket: str, flow_id: str, run_id: str,
                                             timeout=budget.left()))
         answer = json.loads(reply.data)
     except Exception as error:
-        raise _unavailable(f"purging {stream}", error, errors) from error
+        raise unavailable(f"purging {stream}", error, errors) from error
     if not isinstance(answer, dict):
-        raise _unavailable(f"purging {stream}", ValueError(f"answer {answer!r}"), errors)
+        raise unavailable(f"purging {stream}", ValueError(f"answer {answer!r}"), errors)
     failure = answer.get("error")
     if isinstance(failure, dict) and failure.get("err_code") == 10059:
         return 0  # no ledger bucket: nothing of the run's to purge
     purged = answer.get("purged", 0)
     if failure is not None or not answer.get("success") or not isinstance(purged, int):
-        raise _unavailable(f"purging {stream}", ValueError(f"answer {answer!r}"), errors)
+        raise unavailable(f"purging {stream}", ValueError(f"answer {answer!r}"), errors)
     return purged
 
 
@@ -263,12 +263,12 @@ def buckets_remove(
     if run_id is not None:
         subject_for(flow_id, run_id, "node")
 
-    async def work(nc: Client, budget: _Budget, errors: ErrorLog) -> BucketRemoval:
+    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> BucketRemoval:
         jsm = nc.jsm()
         try:
-            infos = await _all_streams(jsm, budget)
+            infos = await all_streams(jsm, budget)
         except Exception as error:
-            raise _unavailable("listing the streams", error, errors) from error
+            raise unavailable("listing the streams", error, errors) from error
         live = _runs_with_streams(infos, flow_id)
         if run_id is not None:
             if run_id in live or sanitize(run_id) in live:
@@ -289,8 +289,8 @@ def buckets_remove(
             except nats.js.errors.NotFoundError:
                 continue  # gone meanwhile: what was asked for
             except Exception as error:
-                raise _unavailable(f"deleting {stream}", error, errors) from error
+                raise unavailable(f"deleting {stream}", error, errors) from error
             removed.append(bucket)
         return BucketRemoval(flow_id, None, tuple(removed), 0)
 
-    return _run_sync(nats_url, timeout, work)
+    return run_sync(nats_url, timeout, work)

@@ -8,18 +8,18 @@ from dataclasses import dataclass
 
 from nats.aio.client import Client
 
+from videoflow.broker.loop import ErrorLog
+from videoflow.core.naming import dlq_stream_name, dlq_subject_filter
 from videoflow.errors import BrokerUnavailable, VideoflowError
 from videoflow.messaging.dead_letters import DeadLetter, decode_dead_letter
-from videoflow.messaging.jetstream_loop import ErrorLog
-from videoflow.messaging.naming import dlq_stream_name, dlq_subject_filter
-from videoflow.ops._broker import (
+from videoflow.ops.broker_calls import (
     DEFAULT_TIMEOUT_SECONDS,
     MESSAGE_NOT_FOUND,
     STREAM_NOT_FOUND,
-    _Budget,
-    _is,
-    _run_sync,
-    _unavailable,
+    Budget,
+    has_err_code,
+    run_sync,
+    unavailable,
 )
 
 
@@ -68,8 +68,8 @@ def _entry(seq: int, subject: str, data: bytes | None) -> DeadLetterEntry:
         return DeadLetterEntry(seq, subject, None, str(error))
 
 
-async def _dlq_entries(
-    nc: Client, flow_id: str, subject_filter: str, limit: int | None, budget: _Budget,
+async def dlq_entries(
+    nc: Client, flow_id: str, subject_filter: str, limit: int | None, budget: Budget,
     errors: ErrorLog,
 ) -> list[DeadLetterEntry]:
     """Records on the flow's DLQ stream matching subject_filter, in sequence order:
@@ -84,13 +84,13 @@ async def _dlq_entries(
             msg = await budget.run(jsm.get_msg(name, seq=seq, subject=subject_filter,
                                                next=True))
         except Exception as error:
-            if _is(error, MESSAGE_NOT_FOUND):
+            if has_err_code(error, MESSAGE_NOT_FOUND):
                 return entries  # nothing at or after seq
-            if _is(error, STREAM_NOT_FOUND):
+            if has_err_code(error, STREAM_NOT_FOUND):
                 raise DeadLetterNotFound(
                     f"flow {flow_id!r} has no dead-letter stream {name}",
                     flow_id=flow_id) from error
-            raise _unavailable(f"reading {name}", error, errors) from error
+            raise unavailable(f"reading {name}", error, errors) from error
         if not isinstance(msg.seq, int) or msg.seq < seq:
             raise BrokerUnavailable(f"reading {name}: the broker answered seq {msg.seq!r} "
                                     f"for a request at or after {seq}")
@@ -140,10 +140,10 @@ def dlq_list(
     subject_filter = dlq_subject_filter(flow_id, run_id, node)
     _check_limit(limit)
 
-    async def work(nc: Client, budget: _Budget, errors: ErrorLog) -> list[DeadLetterEntry]:
-        return await _dlq_entries(nc, flow_id, subject_filter, limit, budget, errors)
+    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> list[DeadLetterEntry]:
+        return await dlq_entries(nc, flow_id, subject_filter, limit, budget, errors)
 
-    return _run_sync(nats_url, timeout, work)
+    return run_sync(nats_url, timeout, work)
 
 
 def _check_seq(seq: int) -> None:
@@ -151,7 +151,7 @@ def _check_seq(seq: int) -> None:
         raise ValueError(f"a DLQ sequence must be an int >= 1, got {seq!r}")
 
 
-def _selection(flow_id: str, run_id: str | None, node: str | None,
+def dlq_selection(flow_id: str, run_id: str | None, node: str | None,
                seqs: Iterable[int] | None) -> tuple[str, list[int] | None]:
     """The records a replay or purge names: a subject filter by run and node, or
     exact sequences (sorted, each checked) -- not both.
@@ -169,19 +169,19 @@ def _selection(flow_id: str, run_id: str | None, node: str | None,
     return subject_filter, wanted
 
 
-async def _dlq_get(nc: Client, flow_id: str, seq: int, budget: _Budget,
+async def dlq_get(nc: Client, flow_id: str, seq: int, budget: Budget,
                    errors: ErrorLog) -> DeadLetterEntry:
     name = dlq_stream_name(flow_id)
     try:
         msg = await budget.run(nc.jsm().get_msg(name, seq=seq))
     except Exception as error:
-        if _is(error, MESSAGE_NOT_FOUND):
+        if has_err_code(error, MESSAGE_NOT_FOUND):
             raise DeadLetterNotFound(f"no dead letter at seq {seq} of {name}",
                                      flow_id=flow_id, seq=seq) from error
-        if _is(error, STREAM_NOT_FOUND):
+        if has_err_code(error, STREAM_NOT_FOUND):
             raise DeadLetterNotFound(f"flow {flow_id!r} has no dead-letter stream {name}",
                                      flow_id=flow_id, seq=seq) from error
-        raise _unavailable(f"reading seq {seq} of {name}", error, errors) from error
+        raise unavailable(f"reading seq {seq} of {name}", error, errors) from error
     return _entry(seq, msg.subject or "", msg.data)
 
 
@@ -209,7 +209,7 @@ def dlq_show(
     dlq_subject_filter(flow_id)
     _check_seq(seq)
 
-    async def work(nc: Client, budget: _Budget, errors: ErrorLog) -> DeadLetterEntry:
-        return await _dlq_get(nc, flow_id, seq, budget, errors)
+    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> DeadLetterEntry:
+        return await dlq_get(nc, flow_id, seq, budget, errors)
 
-    return _run_sync(nats_url, timeout, work)
+    return run_sync(nats_url, timeout, work)

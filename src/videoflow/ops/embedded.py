@@ -9,8 +9,8 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from videoflow.broker.server import EmbeddedServer, StoreBusy, answers, store_dir_for
 from videoflow.errors import EmbeddedServerError
-from videoflow.server import EmbeddedServer, StoreBusy, answers, store_dir_for
 
 
 @contextmanager

@@ -9,20 +9,20 @@ from collections.abc import Iterable, Sequence
 import nats.js.errors
 from nats.aio.client import Client
 
+from videoflow.broker.loop import ErrorLog
+from videoflow.core.naming import dlq_stream_name
 from videoflow.errors import BrokerUnavailable
-from videoflow.messaging.jetstream_loop import ErrorLog
-from videoflow.messaging.naming import dlq_stream_name
-from videoflow.ops._broker import (
+from videoflow.ops.broker_calls import (
     API_PREFIX,
     DEFAULT_TIMEOUT_SECONDS,
     STREAM_NOT_FOUND,
-    _already_deleted,
-    _Budget,
-    _is,
-    _run_sync,
-    _unavailable,
+    Budget,
+    already_deleted,
+    has_err_code,
+    run_sync,
+    unavailable,
 )
-from videoflow.ops.dead_letters import DeadLetterNotFound, _selection
+from videoflow.ops.dead_letters import DeadLetterNotFound, dlq_selection
 
 
 def _api_refusal(failure: object) -> nats.js.errors.APIError:
@@ -36,7 +36,7 @@ def _api_refusal(failure: object) -> nats.js.errors.APIError:
     return nats.js.errors.APIError(description=str(failure))
 
 
-async def _purge_filter(nc: Client, flow_id: str, subject_filter: str, budget: _Budget,
+async def _purge_filter(nc: Client, flow_id: str, subject_filter: str, budget: Budget,
                         errors: ErrorLog) -> int:
     # STREAM.PURGE answers {"success", "purged"}; nats-py's purge_stream keeps only
     # success, so the request is made here to report the count.
@@ -47,21 +47,21 @@ async def _purge_filter(nc: Client, flow_id: str, subject_filter: str, budget: _
             json.dumps({"filter": subject_filter}).encode(), timeout=budget.left()))
         answer = json.loads(reply.data)
     except Exception as error:
-        raise _unavailable(f"purging {name}", error, errors) from error
+        raise unavailable(f"purging {name}", error, errors) from error
     failure = answer.get("error") if isinstance(answer, dict) else None
     if failure is not None:
         refused = _api_refusal(failure)
         if refused.err_code == STREAM_NOT_FOUND:
             raise DeadLetterNotFound(f"flow {flow_id!r} has no dead-letter stream {name}",
                                      flow_id=flow_id)
-        raise _unavailable(f"purging {name}", refused, errors)
+        raise unavailable(f"purging {name}", refused, errors)
     purged = answer.get("purged", 0) if isinstance(answer, dict) else None
     if not answer.get("success") or not isinstance(purged, int):
         raise BrokerUnavailable(f"purging {name}: unexpected answer {answer!r}")
     return purged
 
 
-async def _purge_seqs(nc: Client, flow_id: str, seqs: Sequence[int], budget: _Budget,
+async def _purge_seqs(nc: Client, flow_id: str, seqs: Sequence[int], budget: Budget,
                       errors: ErrorLog) -> int:
     name = dlq_stream_name(flow_id)
     jsm = nc.jsm()
@@ -70,13 +70,13 @@ async def _purge_seqs(nc: Client, flow_id: str, seqs: Sequence[int], budget: _Bu
         try:
             await budget.run(jsm.delete_msg(name, seq))
         except Exception as error:
-            if _already_deleted(error):
+            if already_deleted(error):
                 continue  # already gone: nothing to remove
-            if _is(error, STREAM_NOT_FOUND):
+            if has_err_code(error, STREAM_NOT_FOUND):
                 raise DeadLetterNotFound(
                     f"flow {flow_id!r} has no dead-letter stream {name}",
                     flow_id=flow_id) from error
-            raise _unavailable(f"deleting seq {seq} of {name} ({removed} removed before)",
+            raise unavailable(f"deleting seq {seq} of {name} ({removed} removed before)",
                                error, errors) from error
         removed += 1
     return removed
@@ -112,11 +112,11 @@ def dlq_purge(
             within timeout (some sequences may have been deleted; re-running is safe).
         ValueError: seqs together with run_id/node, a bad seq, name or timeout.
     """
-    subject_filter, wanted = _selection(flow_id, run_id, node, seqs)
+    subject_filter, wanted = dlq_selection(flow_id, run_id, node, seqs)
 
-    async def work(nc: Client, budget: _Budget, errors: ErrorLog) -> int:
+    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> int:
         if wanted is None:
             return await _purge_filter(nc, flow_id, subject_filter, budget, errors)
         return await _purge_seqs(nc, flow_id, wanted, budget, errors)
 
-    return _run_sync(nats_url, timeout, work)
+    return run_sync(nats_url, timeout, work)

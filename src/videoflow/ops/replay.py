@@ -12,22 +12,22 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
-from videoflow.messaging.jetstream_loop import ErrorLog
-from videoflow.messaging.naming import stream_name_for, subject_for
-from videoflow.messaging.verification import observation_failure
-from videoflow.ops._broker import (
+from videoflow.broker.failures import observation_failure
+from videoflow.broker.loop import ErrorLog
+from videoflow.core.naming import stream_name_for, subject_for
+from videoflow.ops.broker_calls import (
     DEFAULT_TIMEOUT_SECONDS,
     STREAM_NOT_FOUND,
-    _Budget,
-    _is,
-    _run_sync,
+    Budget,
+    has_err_code,
+    run_sync,
 )
 from videoflow.ops.dead_letters import (
     DeadLetterEntry,
     DeadLetterNotFound,
-    _dlq_entries,
-    _dlq_get,
-    _selection,
+    dlq_entries,
+    dlq_get,
+    dlq_selection,
 )
 
 REPLAY_MSG_ID_PREFIX: Final = "dlq-replay:"
@@ -88,7 +88,7 @@ class ReplayReport:
         return self._seqs("failed")
 
 
-async def _replay_one(nc: Client, entry: DeadLetterEntry, budget: _Budget,
+async def _replay_one(nc: Client, entry: DeadLetterEntry, budget: Budget,
                       errors: ErrorLog, into_run: str | None = None) -> ReplayResult:
     record = entry.record
     if record is None:
@@ -103,7 +103,7 @@ async def _replay_one(nc: Client, entry: DeadLetterEntry, budget: _Budget,
     try:
         await budget.run(js.stream_info(stream))
     except Exception as error:
-        if _is(error, STREAM_NOT_FOUND):
+        if has_err_code(error, STREAM_NOT_FOUND):
             return ReplayResult(entry.seq, "failed", subject, reason=(
                 f"{TORN_DOWN} ({stream} of run {run_id!r} does not exist): "
                 f"{REPLAY_INTO_LIVE_RUN}"))
@@ -177,19 +177,19 @@ def dlq_replay(
             the records were listed.
         ValueError: seqs together with run_id/node, a bad seq, name or timeout.
     """
-    subject_filter, wanted = _selection(flow_id, run_id, node, seqs)
+    subject_filter, wanted = dlq_selection(flow_id, run_id, node, seqs)
     if into_run is not None:
         subject_for(flow_id, into_run, "node")  # ValueError for an empty or reserved id
 
-    async def work(nc: Client, budget: _Budget, errors: ErrorLog) -> ReplayReport:
+    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> ReplayReport:
         results: list[ReplayResult] = []
         if wanted is None:
-            entries = await _dlq_entries(nc, flow_id, subject_filter, None, budget, errors)
+            entries = await dlq_entries(nc, flow_id, subject_filter, None, budget, errors)
         else:
             entries = []
             for seq in wanted:
                 try:
-                    entries.append(await _dlq_get(nc, flow_id, seq, budget, errors))
+                    entries.append(await dlq_get(nc, flow_id, seq, budget, errors))
                 except DeadLetterNotFound as error:
                     if error.seq is None or budget.left() <= 0:
                         raise
@@ -202,4 +202,4 @@ def dlq_replay(
             results.append(await _replay_one(nc, entry, budget, errors, into_run))
         return ReplayReport(tuple(sorted(results, key=lambda r: r.seq)))
 
-    return _run_sync(nats_url, timeout, work)
+    return run_sync(nats_url, timeout, work)

@@ -20,16 +20,16 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from videoflow.broker.loop import ErrorLog
+from videoflow.core.naming import eos_subject_for, stream_name_for
 from videoflow.errors import BrokerUnavailable
-from videoflow.messaging.jetstream_loop import ErrorLog
-from videoflow.messaging.naming import eos_subject_for, stream_name_for
-from videoflow.ops._broker import DEFAULT_TIMEOUT_SECONDS, _Budget, _run_sync, _unavailable
+from videoflow.ops.broker_calls import DEFAULT_TIMEOUT_SECONDS, Budget, run_sync, unavailable
 from videoflow.wire.serialization import decode_envelope
 
 _FETCH_BATCH = 256
 
 
-async def _clean_ends(nc: Client, budget: _Budget, flow_id: str, run_id: str,
+async def _clean_ends(nc: Client, budget: Budget, flow_id: str, run_id: str,
                       node: str) -> set[int]:
     """The replica ids whose clean end-of-stream marker is on node's stream (an abort
     is no end: that replica is started again)."""
@@ -84,17 +84,17 @@ def ended_replicas(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str
     """
     names = list(nodes)
 
-    async def work(nc: Client, budget: _Budget, errors: ErrorLog) -> dict[str, set[int]]:
+    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> dict[str, set[int]]:
         ended: dict[str, set[int]] = {}
         for node in names:
             try:
                 ended[node] = await _clean_ends(nc, budget, flow_id, run_id, node)
             except (nats.errors.Error, asyncio.TimeoutError) as error:
-                raise _unavailable(f"reading the ends of {node!r} in run {run_id!r}",
+                raise unavailable(f"reading the ends of {node!r} in run {run_id!r}",
                                    error, errors) from error
         return ended
 
-    return _run_sync(nats_url, timeout, work)
+    return run_sync(nats_url, timeout, work)
 
 
 __all__ = ["ended_replicas"]

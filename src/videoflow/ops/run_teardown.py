@@ -10,20 +10,20 @@ from dataclasses import dataclass, field
 import nats.js.errors
 from nats.aio.client import Client
 
+from videoflow.backends.jetstream.streams import delete_run_streams
 from videoflow.backends.messaging import CleanupObservation, Known, Unknown
+from videoflow.broker.loop import ErrorLog
+from videoflow.core.naming import KIND_DURABLE, subject_for
 from videoflow.errors import BrokerUnavailable
-from videoflow.messaging.jetstream_loop import ErrorLog
-from videoflow.messaging.naming import KIND_DURABLE, subject_for
-from videoflow.messaging.provisioning import delete_run_streams
-from videoflow.ops._broker import DEFAULT_TIMEOUT_SECONDS, _Budget, _run_sync
+from videoflow.ops.broker_calls import DEFAULT_TIMEOUT_SECONDS, Budget, run_sync
 from videoflow.ops.status import RunStatus, run_status
 
 
 async def _purge_run_ledger(nc: Client, flow_id: str, run_id: str) -> None:
     """Purge the run's records from the flow's ledger bucket (its FlowRuntime keys);
     a flow whose replicas kept no ledger there has nothing to purge."""
+    from videoflow.core.naming import ledger_bucket
     from videoflow.core.runtime import run_key_filter
-    from videoflow.core.worker import ledger_bucket
 
     bucket = ledger_bucket(flow_id)
     try:
@@ -58,7 +58,7 @@ def teardown(
     """
     subject_for(flow_id, run_id, "node")
 
-    async def work(nc: Client, budget: _Budget, errors: ErrorLog) -> CleanupObservation:
+    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> CleanupObservation:
         try:
             cleanup = await budget.run(delete_run_streams(nc, flow_id, run_id))
             await budget.run(_purge_run_ledger(nc, flow_id, run_id))
@@ -68,7 +68,7 @@ def teardown(
                 f"teardown of run {run_id!r} of flow {flow_id!r} did not finish within "
                 f"{timeout:g} s; re-running it is safe") from error
 
-    return _run_sync(nats_url, timeout, work)
+    return run_sync(nats_url, timeout, work)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,10 @@ from nats.aio.client import Client
 from nats.js.api import ConsumerInfo, StreamInfo
 from nats.js.manager import JetStreamManager
 
+from videoflow.backends.jetstream.streams import owned_stream
 from videoflow.backends.messaging import Known, Unknown
-from videoflow.messaging.jetstream_loop import ErrorLog
-from videoflow.messaging.naming import (
+from videoflow.broker.loop import ErrorLog
+from videoflow.core.naming import (
     LABEL_KIND,
     LABEL_NODE,
     dlq_stream_name,
@@ -21,17 +22,16 @@ from videoflow.messaging.naming import (
     subject_owner,
     user_metadata,
 )
-from videoflow.messaging.provisioning import _owned_stream
-from videoflow.ops._broker import (
+from videoflow.ops.broker_calls import (
     DEFAULT_TIMEOUT_SECONDS,
     STREAM_NOT_FOUND,
+    Budget,
     Count,
-    _Budget,
-    _check_timeout,
-    _count,
-    _is,
-    _run_sync,
-    _unknown,
+    check_timeout,
+    count_of,
+    has_err_code,
+    run_sync,
+    unknown_from,
 )
 
 CONSUMER_PAGE: Final = 256
@@ -117,7 +117,7 @@ class RunStatus:
         return Known(bool(self.streams))
 
 
-async def _all_streams(jsm: JetStreamManager, budget: _Budget) -> list[StreamInfo]:
+async def all_streams(jsm: JetStreamManager, budget: Budget) -> list[StreamInfo]:
     """Every stream of the account, page by page (STREAM.LIST pages)."""
     infos: list[StreamInfo] = []
     while True:
@@ -129,7 +129,7 @@ async def _all_streams(jsm: JetStreamManager, budget: _Budget) -> list[StreamInf
 
 
 async def _all_consumers(jsm: JetStreamManager, stream: str,
-                         budget: _Budget) -> list[ConsumerInfo]:
+                         budget: Budget) -> list[ConsumerInfo]:
     consumers: list[ConsumerInfo] = []
     while True:
         page = await budget.run(jsm.consumers_info(stream, offset=len(consumers)))
@@ -155,16 +155,16 @@ def _durable_status(info: ConsumerInfo) -> DurableStatus:
         name=info.name,
         kind=user_metadata(getattr(config, "metadata", None)).get(LABEL_KIND, ""),
         filter_subject=config.filter_subject or "",
-        pending=_count(info.num_pending, "num_pending"),
-        ack_pending=_count(info.num_ack_pending, "num_ack_pending"),
-        redelivered=_count(info.num_redelivered, "num_redelivered"),
+        pending=count_of(info.num_pending, "num_pending"),
+        ack_pending=count_of(info.num_ack_pending, "num_ack_pending"),
+        redelivered=count_of(info.num_redelivered, "num_redelivered"),
         unresolved=Unknown(
             "unread", "counted only by the run's own receivers (MAX_DELIVERIES advisories)"
         ),
     )
 
 
-async def _stream_status(jsm: JetStreamManager, info: StreamInfo, budget: _Budget,
+async def _stream_status(jsm: JetStreamManager, info: StreamInfo, budget: Budget,
                          errors: ErrorLog) -> StreamStatus:
     name = info.config.name or ""
     state = info.state
@@ -174,30 +174,30 @@ async def _stream_status(jsm: JetStreamManager, info: StreamInfo, budget: _Budge
         durables = tuple(sorted((_durable_status(c) for c in consumers),
                                 key=lambda d: d.name))
     except Exception as error:  # every failure is reported, never inferred
-        durables = _unknown(error, errors)
+        durables = unknown_from(error, errors)
     retention = info.config.retention
     return StreamStatus(
         name=name,
         node=_node_of(info),
         retention=str(getattr(retention, "value", retention) or "limits"),
-        messages=_count(getattr(state, "messages", None), "messages"),
-        bytes=_count(getattr(state, "bytes", None), "bytes"),
-        first_seq=_count(getattr(state, "first_seq", None), "first_seq"),
-        last_seq=_count(getattr(state, "last_seq", None), "last_seq"),
+        messages=count_of(getattr(state, "messages", None), "messages"),
+        bytes=count_of(getattr(state, "bytes", None), "bytes"),
+        first_seq=count_of(getattr(state, "first_seq", None), "first_seq"),
+        last_seq=count_of(getattr(state, "last_seq", None), "last_seq"),
         durables=durables,
     )
 
 
-async def _dlq_count(jsm: JetStreamManager, flow_id: str, run_id: str, budget: _Budget,
+async def _dlq_count(jsm: JetStreamManager, flow_id: str, run_id: str, budget: Budget,
                      errors: ErrorLog) -> Count:
     name = dlq_stream_name(flow_id)
     try:
         info = await budget.run(
             jsm.stream_info(name, subjects_filter=dlq_subject_filter(flow_id, run_id)))
     except Exception as error:
-        if _is(error, STREAM_NOT_FOUND):
+        if has_err_code(error, STREAM_NOT_FOUND):
             return Unknown("missing", f"the flow has no dead-letter stream {name}")
-        return _unknown(error, errors)
+        return unknown_from(error, errors)
     # The server answered the filtered request: no subjects map means none matched.
     subjects = info.state.subjects or {}
     if not all(isinstance(n, int) for n in subjects.values()):
@@ -226,18 +226,18 @@ async def run_status_async(
         ValueError: an empty or reserved flow_id or run_id, or a bad timeout.
     """
     subject_for(flow_id, run_id, "node")  # validates both before the broker is asked
-    _check_timeout(timeout)
+    check_timeout(timeout)
     log = errors if errors is not None else ErrorLog()
-    budget = _Budget(timeout)
+    budget = Budget(timeout)
     jsm = nc.jsm()
     streams: tuple[StreamStatus, ...] | Unknown
     try:
-        infos = await _all_streams(jsm, budget)
+        infos = await all_streams(jsm, budget)
     except Exception as error:
-        streams = _unknown(error, log)
+        streams = unknown_from(error, log)
     else:
         owned = sorted((i for i in infos if i.config.name
-                        and _owned_stream(i.config, flow_id, run_id)),
+                        and owned_stream(i.config, flow_id, run_id)),
                        key=lambda i: i.config.name or "")
         streams = tuple([await _stream_status(jsm, i, budget, log) for i in owned])
     count = await _dlq_count(jsm, flow_id, run_id, budget, log)
@@ -271,8 +271,8 @@ def run_status(
     """
     subject_for(flow_id, run_id, "node")
 
-    async def work(nc: Client, budget: _Budget, errors: ErrorLog) -> RunStatus:
+    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> RunStatus:
         return await run_status_async(nc, flow_id, run_id,
                                       timeout=max(budget.left(), 0.001), errors=errors)
 
-    return _run_sync(nats_url, timeout, work)
+    return run_sync(nats_url, timeout, work)

@@ -19,7 +19,7 @@ which names the running server, instead of corrupting the store.
 
 Usage::
 
-    with videoflow.server.start() as server:
+    with videoflow.broker.server.start() as server:
         nc = await nats.connect(server.url)
 """
 

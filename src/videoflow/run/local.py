@@ -17,13 +17,13 @@ replica (QUIESCE_SIGNAL: held work goes back to the broker); a third kills what 
 left. A terminal sends Ctrl-C, and systemd and ``timeout`` send SIGTERM, to the whole
 process group: the replicas ignore both, so the engine alone decides what they mean.
 Nothing is left running: a replica also ends when the engine itself dies, SIGKILL
-included (videoflow.core.supervision.die_with_parent).
+included (videoflow.run.supervision.die_with_parent).
 
 A process that dies while its node processes an input counts one death against each
 delivery it had in hand (recorded in a slot the engine reads after the death); a
 redelivery of an input that coincided with crash_limit deaths is dead-lettered as
 'crashed_worker' and the flow goes on, where it would otherwise kill every restart.
-This covers the local engine's own replicas only (videoflow.core.supervision).
+This covers the local engine's own replicas only (videoflow.run.supervision).
 """
 
 from __future__ import annotations
@@ -48,9 +48,12 @@ from typing import TYPE_CHECKING, Any
 
 from videoflow.core.compiler import CompiledFlow, compile_flow
 from videoflow.core.constants import REALTIME
+from videoflow.core.naming import sanitize
 from videoflow.core.node import Node
 from videoflow.core.report import NodeReport, ProcessDeath, RunReport
-from videoflow.core.supervision import (
+from videoflow.core.task import Task
+from videoflow.run.progress import LiveView, NodeProgress
+from videoflow.run.supervision import (
     QUIESCE_SIGNAL,
     CrashBook,
     StopSignals,
@@ -60,10 +63,7 @@ from videoflow.core.supervision import (
     read_in_hand,
     supervision_directory,
 )
-from videoflow.core.task import Task
-from videoflow.core.worker import ReplicaJob, run_replica
-from videoflow.messaging.naming import sanitize
-from videoflow.progress import LiveView, NodeProgress
+from videoflow.run.worker import ReplicaJob, run_replica
 
 if TYPE_CHECKING:
     from videoflow.backends.shm_payload import SharedMemoryPayloadStore
@@ -102,9 +102,9 @@ def publish_control_stop(nats_url: str, flow_id: str, run_id: str,
     """
     import nats
 
+    from videoflow.broker.link import servers_of
+    from videoflow.core.naming import control_subject_for
     from videoflow.errors import BrokerUnavailable
-    from videoflow.messaging.broker_link import servers_of
-    from videoflow.messaging.naming import control_subject_for
 
     async def send() -> None:
         nc = await nats.connect(servers_of(nats_url), allow_reconnect=False,
@@ -163,7 +163,7 @@ def _shared_payloads(payloads: bool | str, flow_id: str, run_id: str,
     if payloads != "shm":
         return None
     from videoflow.backends.shm_payload import SharedMemoryPayloadStore, shm_root, sweep_expired
-    from videoflow.messaging.naming import sanitize
+    from videoflow.core.naming import sanitize
 
     sweep_expired()
     return SharedMemoryPayloadStore(shm_root() / sanitize(flow_id) / sanitize(run_id),
@@ -223,7 +223,7 @@ def run_flow(
     """Run a flow to its end on this machine.
 
     Arguments:
-        flow: a videoflow.core.flow.Flow.
+        flow: a videoflow.flow.Flow.
         nats_url: the broker; None takes VIDEOFLOW_NATS_URL, else starts the embedded
             nats-server (stopped at the end).
         run_id: the run's id; a fresh one (new_run_id) when None.
@@ -286,9 +286,9 @@ def run_flow(
         StoreBusy: the embedded server's store is held by another run's server.
         EmbeddedServerError: the embedded server could not start.
     """
+    from videoflow.broker.server import EmbeddedServer, store_dir_for
     from videoflow.messaging.topology import provision_flow_sync
     from videoflow.ops.run_teardown import RunTeardown
-    from videoflow.server import EmbeddedServer, store_dir_for
 
     if resume and run_id is None:
         raise ValueError("resume=True needs the run_id of the kept run to resume")

@@ -13,7 +13,7 @@
   count reached the run's crash_limit is dead-lettered as 'crashed_worker' instead of
   being processed again (messenger_deliveries.Deliveries.crash_looped).
 
-Scope: the local engine (videoflow.core.local.run_flow), whose replicas are its own
+Scope: the local engine (videoflow.run.local.run_flow), whose replicas are its own
 child processes. ``videoflow worker`` processes on other hosts are restarted by their
 own supervisor (systemd, Kubernetes), which knows nothing of their inputs: they are
 not covered, and an input that crashes them is redelivered until its delivery policy's
@@ -334,7 +334,7 @@ class CrashBook:
 
     def path(self, node: str) -> Path:
         """The node's file, which its replicas read."""
-        from videoflow.messaging.naming import sanitize
+        from videoflow.core.naming import sanitize
 
         return self.directory / f"{sanitize(node)}.crashes.json"
 

@@ -2,7 +2,7 @@
 JetStream's answers (and failures, and MAX_DELIVERIES advisories) to the contract's
 observations.
 
-Part of videoflow.messaging.jetstream_backend, which re-exports channel_spec_for,
+Part of videoflow.backends.jetstream.backend, which re-exports channel_spec_for,
 stream_config_for_spec, subscription_spec_for and consumer_credit. Nothing here talks
 to a broker.
 """
@@ -18,6 +18,11 @@ from typing import Any, Final, cast
 import nats.js.errors
 from nats.js.api import ConsumerConfig, StreamConfig
 
+from videoflow.backends.jetstream.configs import (
+    consumer_config_for,
+    eos_consumer_config,
+    stream_config_for,
+)
 from videoflow.backends.messaging import (
     LIVE_LATEST,
     RELIABLE_WORK,
@@ -30,20 +35,14 @@ from videoflow.backends.messaging import (
     Unknown,
     UnknownReason,
 )
-from videoflow.core.constants import BATCH, REALTIME
-from videoflow.messaging.credit import consumer_credit
-from videoflow.messaging.naming import (
+from videoflow.broker.failures import observation_failure
+from videoflow.core.constants import BATCH, REALTIME, check_flow_type
+from videoflow.core.credit import consumer_credit
+from videoflow.core.naming import (
     eos_durable_name_for,
     partitioned_durable_name_for,
     stream_name_for,
 )
-from videoflow.messaging.stream_configs import (
-    _check_flow_type,
-    consumer_config_for,
-    eos_consumer_config,
-    stream_config_for,
-)
-from videoflow.messaging.verification import observation_failure
 
 ADVISORY_MAX_DELIVERIES: Final = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 """Prefix of the server's max-deliveries advisory, completed by .<stream>.<durable>
@@ -70,7 +69,7 @@ def channel_spec_for(
     Raises:
         ValueError: an unknown flow type, or a field ChannelSpec refuses.
     """
-    _check_flow_type(flow_type)
+    check_flow_type(flow_type)
     return ChannelSpec(
         channel=ChannelId(flow_id, run_id, node), profile=profile, required=tuple(required),
         realtime_buffer=realtime_buffer, batch_max_msgs=batch_max_msgs, replicas=replicas,

@@ -16,7 +16,7 @@ from typing import Any
 
 from videoflow.core.compiler import CompiledFlow, NodeSpec, compile_flow
 from videoflow.core.node import Node
-from videoflow.core.worker import ReplicaJob
+from videoflow.run.worker import ReplicaJob
 
 FORMAT = 1
 

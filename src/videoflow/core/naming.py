@@ -287,3 +287,11 @@ def user_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
     }
 
 
+def ledger_bucket(flow_id: str) -> str:
+    """The KV bucket of a flow's FlowRuntime ledgers."""
+    return f"vf-ledger-{sanitize(flow_id)}"
+
+
+def payload_bucket(flow_id: str) -> str:
+    """The object store of a flow's by-ref payloads."""
+    return f"vf-payloads-{sanitize(flow_id)}"

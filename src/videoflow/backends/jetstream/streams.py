@@ -22,11 +22,28 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, StreamConfig, StreamInfo, StreamsListIterator
 from nats.js.manager import JetStreamManager
 
+from videoflow.backends.jetstream.configs import (
+    DEFAULT_REALTIME_BUFFER,
+    consumer_config_for,
+    dlq_stream_config,
+    eos_anchor_config,
+    stream_config_for,
+)
+from videoflow.backends.jetstream.verification import (
+    STREAM_FIELDS,
+    VerifiedConsumer,
+    VerifiedStream,
+    consumer_mismatches,
+    stream_mismatches,
+)
 from videoflow.backends.messaging import CleanupObservation, Unknown, UnknownReason
+from videoflow.broker.failures import observation_failure
+from videoflow.broker.link import TRANSIENT_RETRY_SECONDS, servers_of, transient
+from videoflow.broker.options import connect_options_for
 from videoflow.core.compiler import CONSUMER, NodeSpec
-from videoflow.messaging.broker_link import TRANSIENT_RETRY_SECONDS, servers_of, transient
-from videoflow.messaging.credit import max_deliver_for, node_credit
-from videoflow.messaging.naming import (
+from videoflow.core.constants import check_flow_type
+from videoflow.core.credit import max_deliver_for, node_credit, positive_int
+from videoflow.core.naming import (
     KIND_DLQ,
     LABEL_FLOW_ID,
     LABEL_GENERATION,
@@ -40,24 +57,6 @@ from videoflow.messaging.naming import (
     subject_for,
     subject_owner,
     user_metadata,
-)
-from videoflow.messaging.stream_configs import (
-    DEFAULT_REALTIME_BUFFER,
-    _check_flow_type,
-    _positive_int,
-    connect_options_for,
-    consumer_config_for,
-    dlq_stream_config,
-    eos_anchor_config,
-    stream_config_for,
-)
-from videoflow.messaging.verification import (
-    STREAM_FIELDS,
-    VerifiedConsumer,
-    VerifiedStream,
-    consumer_mismatches,
-    observation_failure,
-    stream_mismatches,
 )
 
 logger = logging.getLogger(__name__)
@@ -265,7 +264,7 @@ def _run_tokens(flow_id: str, run_id: str) -> tuple[str, str]:
     return tokens[1], tokens[2]
 
 
-def _owned_stream(
+def owned_stream(
     config: StreamConfig,
     flow_id: str,
     run_id: str,
@@ -340,7 +339,7 @@ async def delete_run_streams(
     """Teardown: delete the streams this run owns — by exact ownership, never by name
     prefix — and report truthfully what happened.
 
-    Ownership, per stream (_owned_stream): a stream carrying RFC 0006 owner labels is
+    Ownership, per stream (owned_stream): a stream carrying RFC 0006 owner labels is
     this run's iff the labels equal (flow_id, run_id) verbatim (and generation, when
     given); an unlabelled stream is this run's iff its data subject names this run token
     for token. Neither can mistake run r-x for run r the way startswith('vf-{flow}-{run}-')
@@ -391,7 +390,7 @@ async def delete_run_streams(
         info.config.name
         for info in infos
         if info.config.name
-        and _owned_stream(info.config, flow_id, run_id, nodes, generation)
+        and owned_stream(info.config, flow_id, run_id, nodes, generation)
     ]
     removed: list[str] = []
     remaining: list[str] = []
@@ -438,7 +437,7 @@ def _merged_stream_config(requested: StreamConfig, existing: StreamConfig) -> St
     return existing.evolve(**changes)
 
 
-async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> VerifiedStream:
+async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> VerifiedStream:
     """Create a stream idempotently, then read it back and report what the broker did
     not honour, rather than trusting the create's answer.
 
@@ -482,7 +481,7 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> Verified
     return VerifiedStream(requested, effective, stream_mismatches(requested, effective))
 
 
-async def _ensure_consumer(
+async def ensure_consumer(
     js: JetStreamContext, stream: str, config: ConsumerConfig
 ) -> VerifiedConsumer:
     """Create or update a durable consumer idempotently, then read it back and report
@@ -609,13 +608,13 @@ def _flow_plan(
             the flow or one that publishes nothing, a bad name, or an ack_wait,
             max_retries, max_ack_pending or replica count out of range.
     """
-    _check_flow_type(flow_type)
+    check_flow_type(flow_type)
     if isinstance(ack_wait, bool) or not isinstance(ack_wait, (int, float)) or not (
         0 < ack_wait < float("inf")
     ):
         raise ValueError(f"ack_wait must be a finite number of seconds > 0, got {ack_wait!r}")
     if max_ack_pending is not None:
-        _positive_int("max_ack_pending", max_ack_pending)
+        positive_int("max_ack_pending", max_ack_pending)
     by_name = _checked_specs(specs)
     streams = [dlq_stream_config(flow_id, replicas=replicas)]
     durables: list[tuple[str, ConsumerConfig]] = []
@@ -673,7 +672,7 @@ async def provision_flow(
 
     Required for BATCH: under INTEREST retention a message published with no registered
     consumer interest is discarded immediately, so the durables must exist first. Every
-    resource is read back after creation (_ensure_stream/_ensure_consumer), so a broker
+    resource is read back after creation (ensure_stream/ensure_consumer), so a broker
     that did not honour a requested field is reported — one warning per resource, on
     this module's logger — rather than trusted. Running it again with the same
     arguments changes nothing; with a changed credit or ack_wait it updates the
@@ -710,12 +709,12 @@ async def provision_flow(
     )
     js = nc.jetstream()
     for stream_config in plan.streams:
-        verified = await _ensure_stream(js, stream_config)
+        verified = await ensure_stream(js, stream_config)
         if verified.mismatches:
             logger.warning("provision: stream %s is not as requested: %s",
                            stream_config.name, "; ".join(verified.mismatches))
     for stream, consumer_config in plan.durables:
-        consumer = await _ensure_consumer(js, stream, consumer_config)
+        consumer = await ensure_consumer(js, stream, consumer_config)
         if consumer.mismatches:
             logger.warning("provision: durable %s on %s is not as requested: %s",
                            consumer_config.durable_name, stream,

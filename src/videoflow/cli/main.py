@@ -34,57 +34,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from videoflow.cli_ops import DEFAULT_NATS_URL, ENV_NATS_URL, EXIT_FAILED, EXIT_USAGE
-from videoflow.errors import VideoflowError
-
-
-class CommandError(VideoflowError):
-    """A problem the command reports in one line (exit code in .code)."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def nats_url_option(parser: argparse.ArgumentParser, required_default: bool = True) -> None:
-    """--nats-url, defaulting to VIDEOFLOW_NATS_URL (then the local default port when
-    required_default)."""
-    default = os.environ.get(ENV_NATS_URL) or (
-        DEFAULT_NATS_URL if required_default else None)
-    parser.add_argument("--nats-url", default=default,
-                        help="the NATS server (default: $VIDEOFLOW_NATS_URL"
-                             + (f", else {DEFAULT_NATS_URL})" if required_default
-                                else ", else the embedded server)"))
-
-
-def replicas_option(parser: argparse.ArgumentParser) -> None:
-    """--replicas: the copies a clustered broker keeps of the run's streams."""
-    parser.add_argument("--replicas", type=replica_count, default=1, metavar="N",
-                        help="copies a NATS cluster keeps of the run's streams, its "
-                             "dead-letter stream and the flow's buckets (default: 1; 3 "
-                             "on a 3-node cluster rides out the loss of any one node)")
-
-
-def replica_count(text: str) -> int:
-    """An argparse type: a replica count from 1 to 5 (JetStream's limit)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 1 <= value <= 5:
-        raise argparse.ArgumentTypeError(f"must be from 1 to 5, got {value}")
-    return value
-
-
-def budget_seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds >= 0."""
-    from videoflow.messaging.broker_link import check_budget
-
-    try:
-        return check_budget(float(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be a finite number of seconds >= 0, got {text!r}") from None
+from videoflow.cli import demo, ops
+from videoflow.cli.common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    CommandError,
+    budget_seconds,
+    nats_url_option,
+    replicas_option,
+)
 
 
 def load_flow(reference: str) -> Any:
@@ -94,7 +52,7 @@ def load_flow(reference: str) -> Any:
         CommandError: a malformed reference, a module that does not import, a missing
             attribute, or something that is not a Flow.
     """
-    from videoflow.core.flow import Flow
+    from videoflow.flow import Flow
 
     module_name, sep, attribute = reference.partition(":")
     if not sep or not module_name or not attribute:
@@ -120,10 +78,10 @@ def load_flow(reference: str) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from videoflow.core.local import run_flow
+    from videoflow.run.local import run_flow
 
     flow = load_flow(args.flow)
-    from videoflow.progress import LiveView
+    from videoflow.run.progress import LiveView
 
     # A live view on a terminal, plain progress lines otherwise; none with --json,
     # whose stdout is for machines.
@@ -167,9 +125,9 @@ def writable_output(path: str) -> Path:
 
 
 def _provision(args: argparse.Namespace) -> int:
-    from videoflow.core.local import new_run_id
-    from videoflow.core.runspec import RunSpec
     from videoflow.messaging.topology import provision_flow_sync
+    from videoflow.run.local import new_run_id
+    from videoflow.run.runspec import RunSpec
 
     # Checked before anything exists on the broker: a run provisioned without its spec
     # is one nobody can start workers for.
@@ -202,8 +160,8 @@ def _provision(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from videoflow.core.runspec import RunSpec
-    from videoflow.core.worker import run_replica
+    from videoflow.run.runspec import RunSpec
+    from videoflow.run.worker import run_replica
 
     try:
         spec = RunSpec.from_json(Path(args.spec).read_text())
@@ -280,10 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     nats_url_option(worker)
     worker.set_defaults(func=_worker)
 
-    from videoflow import cli_ops, demo  # each registers its own subcommands
-
     demo.register(sub)
-    cli_ops.register(sub)
+    ops.register(sub)
     return parser
 
 

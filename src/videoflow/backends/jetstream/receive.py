@@ -2,7 +2,7 @@
 bounded local prefetch queue, and the fenced settlement of every token it hands out
 (MSG-011, PAY-004, DELIV-15).
 
-Part of videoflow.messaging.jetstream_backend. Everything here runs on the adapter's
+Part of videoflow.backends.jetstream.backend. Everything here runs on the adapter's
 own loop; a SubscriptionReceiver is created, driven and stopped there.
 """
 
@@ -24,6 +24,13 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from videoflow.backends.jetstream.settle import (
+    ReplyMux,
+    Send,
+    no_responders,
+    plan_sends,
+    subscribe_inline,
+)
 from videoflow.backends.messaging import (
     Completed,
     Delivery,
@@ -39,13 +46,6 @@ from videoflow.backends.messaging import (
     Terminal,
 )
 from videoflow.errors import BrokerUnavailable
-from videoflow.messaging.jetstream_settle import (
-    ReplyMux,
-    Send,
-    no_responders,
-    plan_sends,
-    subscribe_inline,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -887,7 +887,7 @@ async def bind_receiver(
     replies: ReplyMux | None = None,
     on_parked: Callable[[], None] | None = None,
 ) -> SubscriptionReceiver:
-    """Bind an existing durable (provisioned with _ensure_consumer) and start its pull
+    """Bind an existing durable (provisioned with ensure_consumer) and start its pull
     loop. Nothing here creates or alters the durable, unlike pull_subscribe, which
     silently ignores a config when the durable exists (S5)."""
     receiver = SubscriptionReceiver(subscription, client, stream, durable, generation,

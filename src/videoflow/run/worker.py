@@ -1,7 +1,7 @@
 """One node replica in one process: its messenger, ledger and payload store on a
 broker, its task, and the signals that stop it.
 
-The local engine (videoflow.core.local) runs run_replica in a child process per
+The local engine (videoflow.run.local) runs run_replica in a child process per
 replica; ``videoflow worker`` runs it in the foreground on any host. Both describe the
 replica with a ReplicaJob, so a replica behaves the same wherever it runs.
 """
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from types import FrameType, SimpleNamespace
 from typing import Any
 
+from videoflow.broker.link import BROKER_KNOWN_ENV, OUTAGE_BUDGET_ENV, check_budget
 from videoflow.core.compiler import NodeSpec
+from videoflow.core.naming import ledger_bucket, payload_bucket
 from videoflow.core.node import Node
 from videoflow.core.task import RuntimeContext, Task, TaskStats, task_for
-from videoflow.messaging.broker_link import BROKER_KNOWN_ENV, OUTAGE_BUDGET_ENV, check_budget
-from videoflow.messaging.naming import sanitize
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class ReplicaJob:
             in this folder instead (replicas on one host; SharedMemoryPayloadStore,
             whose own threshold sends anything over 64 KiB by ref).
         in_hand_path / crashes_path / crash_limit: the local engine's crash
-            bookkeeping (videoflow.core.supervision): the replica's in-hand slot, its
+            bookkeeping (videoflow.run.supervision): the replica's in-hand slot, its
             node's crash counts, and the process deaths an input may coincide with
             before it is dead-lettered as crashed_worker (None: never). None for a
             ``videoflow worker``, whose restarts its own supervisor makes.
@@ -76,16 +76,6 @@ class ReplicaJob:
     def key(self) -> str:
         """'<node>[<replica>]', how reports and logs name the replica."""
         return f"{self.spec.name}[{self.replica_id}]"
-
-
-def ledger_bucket(flow_id: str) -> str:
-    """The KV bucket of a flow's FlowRuntime ledgers."""
-    return f"vf-ledger-{sanitize(flow_id)}"
-
-
-def payload_bucket(flow_id: str) -> str:
-    """The object store of a flow's by-ref payloads."""
-    return f"vf-payloads-{sanitize(flow_id)}"
 
 
 def run_replica(job: ReplicaJob, node: Node, *,
@@ -156,7 +146,7 @@ def run_replica(job: ReplicaJob, node: Node, *,
             blob_reader_ids=list(spec.blob_reader_ids or ()) or None, runtime=runtime,
             replayable=bool(getattr(node, "replayable", False)))
         if job.in_hand_path is not None and spec.parents:
-            from videoflow.core.supervision import CrashCounts, InHandSlot
+            from videoflow.run.supervision import CrashCounts, InHandSlot
 
             slot = InHandSlot(job.in_hand_path, spec.parents)
             stack.callback(slot.close)
@@ -208,4 +198,4 @@ def _stop_signals(task: Task, sigint_quiesces: bool,
             signal.signal(signum, handler)
 
 
-__all__ = ["ReplicaJob", "ledger_bucket", "payload_bucket", "run_replica"]
+__all__ = ["ReplicaJob", "run_replica"]

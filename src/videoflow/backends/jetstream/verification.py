@@ -5,15 +5,12 @@ Part of videoflow.messaging.topology, which re-exports every public name here.""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
 
-import nats.errors
-import nats.js.errors
 from nats.js.api import (
     ConsumerConfig,
     DiscardPolicy,
@@ -28,10 +25,10 @@ from videoflow.backends.messaging import (
     ProfileRequest,
     Unknown,
 )
-from videoflow.errors import BrokerUnavailable, IncompatibleProfile, UnobservableState
-from videoflow.messaging.naming import (
+from videoflow.core.naming import (
     user_metadata,
 )
+from videoflow.errors import BrokerUnavailable, IncompatibleProfile, UnobservableState
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class VerifiedStream:
-    """What the broker holds after _ensure_stream: the config that was asked for, the
+    """What the broker holds after ensure_stream: the config that was asked for, the
     config read back (None when the read-back itself failed), and each requested field
     the two differ on, rendered 'field: requested X, effective Y'. Empty mismatches
     means the broker gave the flow exactly what it asked for."""
@@ -235,90 +232,6 @@ def profile_mismatches(profile: str, effective: StreamConfig) -> tuple[str, ...]
                 "leaves the backlog unbounded: 'latest' is whatever fits on the disk"
             )
     return tuple(found)
-
-
-# --------------------------------------------------------------------------------------
-# Observation failures
-# --------------------------------------------------------------------------------------
-
-_AUTH_MARKERS: Final = ("authorization violation", "permissions violation",
-                        "authentication", "user authentication expired")
-_REFUSED_MARKERS: Final = ("connectionrefusederror", "connection refused", "connect call failed",
-                           "errno 111", "noserverserror", "no servers available")
-
-
-def _describe(error: BaseException) -> str:
-    try:
-        text = str(error)
-    except Exception:  # a broken __str__ must not break the failure path
-        text = "<str() failed>"
-    name = type(error).__name__
-    return f"{name}: {text}" if text else name
-
-
-def _text(item: Any) -> str:
-    return _describe(item) if isinstance(item, BaseException) else str(item)
-
-
-def observation_failure(
-    error: BaseException, reported: Sequence[str] = ()
-) -> tuple[str, str]:
-    """(reason, detail) for a failed observation of the broker, in the Unknown
-    vocabulary: auth (credentials refused, or a permissions violation the error callback
-    saw while the request timed out), unreachable (no server answered — a refused
-    connect shows up as a timeout with a ConnectionRefusedError in reported), timeout
-    (the server is there and slow), malformed (an answer the client could not
-    interpret), api (the server answered with a JetStream API error).
-
-    Arguments:
-        error (BaseException): what the observation raised.
-        reported (Sequence[str]): what the connection's error_cb saw meanwhile (strings,
-            or the exceptions themselves), oldest first.
-
-    Returns:
-        (reason, detail): detail names the error and, when there are any, the reports.
-    """
-    described = _describe(error)
-    notes = [_text(r) for r in reported]
-    detail = described if not notes else f"{described} (reported: {'; '.join(notes)})"
-    everything = " ".join([described, *notes]).lower()
-    # Auth first: a permissions violation reaches only error_cb while the request
-    # itself times out (NATS_FACTS S15, §8).
-    if isinstance(error, nats.errors.AuthorizationError) or any(
-        m in everything for m in _AUTH_MARKERS
-    ):
-        return "auth", detail
-    if isinstance(error, (nats.errors.NoServersError, ConnectionRefusedError)):
-        return "unreachable", detail
-    if isinstance(
-        error, (asyncio.TimeoutError, TimeoutError, nats.errors.TimeoutError)
-    ) or isinstance(error, nats.js.errors.FetchTimeoutError):
-        refused = " ".join(notes).lower()
-        if any(m in refused for m in _REFUSED_MARKERS):
-            return "unreachable", detail
-        return "timeout", detail
-    if isinstance(error, nats.js.errors.APIError):
-        return "api", detail
-    if isinstance(
-        error,
-        (
-            nats.errors.ConnectionClosedError,
-            nats.errors.StaleConnectionError,
-            nats.errors.SecureConnFailedError,
-            OSError,
-        ),
-    ):
-        return "unreachable", detail
-    if isinstance(error, nats.errors.NoRespondersError):
-        # The server is there; nothing serves the JetStream API subject (JetStream off,
-        # wrong domain).
-        return "api", detail
-    if isinstance(
-        error, (nats.errors.JsonParseError, nats.errors.ProtocolError, ValueError, KeyError,
-                TypeError, AttributeError)
-    ):
-        return "malformed", detail
-    return "api", detail
 
 
 # --------------------------------------------------------------------------------------

@@ -29,19 +29,13 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Final, TextIO
+from typing import Any, TextIO
 
 from videoflow import ops
 from videoflow.backends.messaging import CleanupObservation, Known, Unknown
+from videoflow.broker.server import ENV_STORE_DIR
+from videoflow.cli.common import ENV_NATS_URL, EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from videoflow.errors import VideoflowError
-from videoflow.server import ENV_STORE_DIR
-
-ENV_NATS_URL: Final = "VIDEOFLOW_NATS_URL"
-DEFAULT_NATS_URL: Final = "nats://127.0.0.1:4222"
-
-EXIT_OK: Final = 0
-EXIT_FAILED: Final = 1
-EXIT_USAGE: Final = 2
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -570,8 +564,6 @@ def register(subparsers: Any) -> None:
 
 
 __all__ = [
-    "DEFAULT_NATS_URL",
-    "ENV_NATS_URL",
     "broker_options",
     "cmd_buckets_list",
     "cmd_buckets_remove",

@@ -8,11 +8,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from videoflow.core.constants import check_flow_type
 from videoflow.core.policies import DeliveryPolicy, JoinPolicy
-from videoflow.messaging.stream_configs import (
-    _check_flow_type,
-    _positive_int,
-)
 
 DEFAULT_ITEM_CREDIT: Final = 1
 """Inputs one replica holds in processing at a time."""
@@ -90,8 +87,8 @@ def consumer_credit(
     Raises:
         ValueError: for an argument out of range.
     """
-    _positive_int("nb_tasks", nb_tasks)
-    per_replica = _positive_int("item_credit", item_credit) + _nonneg_int("prefetch", prefetch)
+    positive_int("nb_tasks", nb_tasks)
+    per_replica = positive_int("item_credit", item_credit) + _nonneg_int("prefetch", prefetch)
     return per_replica if partitioned else nb_tasks * per_replica
 
 
@@ -124,7 +121,7 @@ def credit_admits(
     Raises:
         ValueError: for an item_credit or prefetch out of range, or a non-int credit.
     """
-    per_replica = _positive_int("item_credit", item_credit) + _nonneg_int("prefetch", prefetch)
+    per_replica = positive_int("item_credit", item_credit) + _nonneg_int("prefetch", prefetch)
     if isinstance(effective_credit, bool) or not isinstance(effective_credit, int):
         raise ValueError(f"effective_credit must be an int, got {effective_credit!r}")
     if partitioned:
@@ -169,7 +166,7 @@ def effective_join_policy(flow_type: str, join_policy: Any = None) -> JoinPolicy
     Raises:
         ValueError: an unknown flow type or an invalid override.
     """
-    _check_flow_type(flow_type)
+    check_flow_type(flow_type)
     return JoinPolicy.from_dict(_flow_default_overlay(
         JoinPolicy.default_for(flow_type).to_dict(), join_policy, "join_policy"))
 
@@ -182,7 +179,7 @@ def effective_delivery_policy(flow_type: str, max_retries: int = 3,
     Raises:
         ValueError: an unknown flow type or an invalid override.
     """
-    _check_flow_type(flow_type)
+    check_flow_type(flow_type)
     preset = DeliveryPolicy.default_for(flow_type).to_dict()
     preset["max_retries"] = max_retries
     return DeliveryPolicy.from_dict(_flow_default_overlay(preset, delivery, "delivery"))
@@ -210,7 +207,7 @@ def join_item_credit(
     Raises:
         ValueError: an unknown flow type, or a policy invalid for these parents.
     """
-    _check_flow_type(flow_type)
+    check_flow_type(flow_type)
     parents = list(parents)
     if len(parents) <= 1:
         return DEFAULT_ITEM_CREDIT
@@ -256,3 +253,8 @@ def max_deliver_for(
     return policy.max_deliveries
 
 
+def positive_int(name: str, value: Any) -> int:
+    """value, once checked to be an int >= 1 (not a bool); ValueError names `name`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value

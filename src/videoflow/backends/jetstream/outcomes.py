@@ -1,7 +1,7 @@
 """Publication outcomes on JetStream: one publish, typed as the contract says
 (MSG-013, MSG-014), and the idempotent re-publish that resolves an unknown one.
 
-Part of videoflow.messaging.jetstream_backend. These are coroutines for the adapter's
+Part of videoflow.backends.jetstream.backend. These are coroutines for the adapter's
 own loop; they never raise for anything the broker answered or failed to answer.
 """
 
@@ -22,6 +22,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from videoflow.backends.jetstream.settle import ReplyMux, no_responders
 from videoflow.backends.messaging import (
     Accepted,
     ChannelId,
@@ -32,7 +33,6 @@ from videoflow.backends.messaging import (
     Receipt,
     Rejected,
 )
-from videoflow.messaging.jetstream_settle import ReplyMux, no_responders
 
 MSG_ID_HEADER: Final = "Nats-Msg-Id"
 """The header JetStream deduplicates on inside the stream's duplicate_window."""

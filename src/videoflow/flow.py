@@ -9,8 +9,8 @@ from videoflow.core.constants import BATCH, FLOW_TYPES
 
 if TYPE_CHECKING:
     from videoflow.core.compiler import CompiledFlow
-    from videoflow.core.local import RunReport
     from videoflow.core.node import Node
+    from videoflow.run.local import RunReport
 
 
 class Flow:
@@ -51,12 +51,12 @@ class Flow:
     def run(self, nats_url: str | None = None, **options: Any) -> RunReport:
         """Run the flow to its end on this machine: each node replica in its own
         process, against the embedded nats-server unless a URL is given (or set in
-        VIDEOFLOW_NATS_URL). See videoflow.core.local.run_flow for the options.
+        VIDEOFLOW_NATS_URL). See videoflow.run.local.run_flow for the options.
 
         Returns:
             the RunReport.
         """
-        from videoflow.core.local import run_flow
+        from videoflow.run.local import run_flow
 
         return run_flow(self, nats_url=nats_url, **options)
 

@@ -2,7 +2,7 @@
 waits on it (a keeper thread when none does), the handoffs that carry work onto it,
 and the fail-fast connect.
 
-Part of videoflow.messaging.jetstream_backend. Every MessagingBackend method is
+Part of videoflow.backends.jetstream.backend. Every MessagingBackend method is
 synchronous (videoflow.backends.messaging), while nats-py is asyncio only, so the
 adapter keeps one loop of its own and runs each broker call on it with a bound;
 nothing here knows about streams, deliveries or outcomes.
@@ -20,9 +20,9 @@ from typing import Any, Final, Generic, TypeVar
 
 from nats.aio.client import Client
 
+from videoflow.broker.link import Outage, connect
+from videoflow.broker.options import connect_options_for
 from videoflow.errors import BrokerUnavailable
-from videoflow.messaging.broker_link import Outage, connect
-from videoflow.messaging.stream_configs import connect_options_for
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """Pipelined settlement on JetStream: confirmed acknowledgements at close to the cost of
 fire-and-forget ones.
 
-Part of videoflow.messaging.jetstream_backend; everything here runs on the adapter's
+Part of videoflow.backends.jetstream.backend; everything here runs on the adapter's
 loop. Two pieces:
 
 - ReplyMux: one wildcard inbox per connection whose replies resolve waiting futures by

@@ -31,8 +31,8 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
+from videoflow.broker.failures import observation_failure
 from videoflow.errors import BrokerUnavailable, IncompatibleProfile
-from videoflow.messaging.verification import observation_failure
 
 DEFAULT_OUTAGE_BUDGET_SECONDS: Final = 60.0
 """How long a connection waits for its broker to come back before it gives up."""

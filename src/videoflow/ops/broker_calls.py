@@ -12,10 +12,10 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from videoflow.backends.messaging import Known, Unknown, UnknownReason
+from videoflow.broker.failures import observation_failure
+from videoflow.broker.loop import ErrorLog, close_client, connect_fail_fast
+from videoflow.broker.options import connect_options_for
 from videoflow.errors import BrokerUnavailable
-from videoflow.messaging.jetstream_loop import ErrorLog, close_client, connect_fail_fast
-from videoflow.messaging.stream_configs import connect_options_for
-from videoflow.messaging.verification import observation_failure
 
 T = TypeVar("T")
 
@@ -37,7 +37,7 @@ sequence is already gone."""
 Count = Known[int] | Unknown
 
 
-class _Budget:
+class Budget:
     """The monotonic deadline every request of one operation shares."""
 
     def __init__(self, timeout: float) -> None:
@@ -52,7 +52,7 @@ class _Budget:
         return await asyncio.wait_for(awaitable, self.left())
 
 
-def _check_timeout(timeout: float) -> None:
+def check_timeout(timeout: float) -> None:
     connect_options_for(timeout, True, _ignore)  # ValueError unless finite and > 0
 
 
@@ -60,13 +60,13 @@ async def _ignore(_error: BaseException) -> None:
     return None
 
 
-def _run_sync(
+def run_sync(
     nats_url: str,
     timeout: float,
-    work: Callable[[Client, _Budget, ErrorLog], Awaitable[T]],
+    work: Callable[[Client, Budget, ErrorLog], Awaitable[T]],
 ) -> T:
     """work on a fresh loop and a fresh fail-fast connection, all within timeout."""
-    _check_timeout(timeout)
+    check_timeout(timeout)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -75,7 +75,7 @@ def _run_sync(
         raise RuntimeError("videoflow.ops functions cannot run inside an event loop")
 
     async def main() -> T:
-        budget = _Budget(timeout)
+        budget = Budget(timeout)
         errors = ErrorLog()
         nc = await connect_fail_fast(nats_url, timeout, errors)
         try:
@@ -86,14 +86,14 @@ def _run_sync(
     return asyncio.run(main())
 
 
-def _unknown(error: BaseException, errors: ErrorLog | None = None) -> Unknown:
+def unknown_from(error: BaseException, errors: ErrorLog | None = None) -> Unknown:
     if isinstance(error, nats.js.errors.NotFoundError):
         return Unknown("missing", f"{error.description or error}")
     reason, detail = observation_failure(error, errors.texts() if errors else ())
     return Unknown(cast(UnknownReason, reason), detail)
 
 
-def _unavailable(
+def unavailable(
     what: str, error: BaseException, errors: ErrorLog | None = None
 ) -> BrokerUnavailable:
     reason, detail = observation_failure(error, errors.texts() if errors else ())
@@ -102,19 +102,19 @@ def _unavailable(
                              code=code if isinstance(code, int) else None)
 
 
-def _is(error: BaseException, err_code: int) -> bool:
+def has_err_code(error: BaseException, err_code: int) -> bool:
     return isinstance(error, nats.js.errors.NotFoundError) and error.err_code == err_code
 
 
-def _already_deleted(error: BaseException) -> bool:
-    return _is(error, MESSAGE_NOT_FOUND) or (
+def already_deleted(error: BaseException) -> bool:
+    return has_err_code(error, MESSAGE_NOT_FOUND) or (
         isinstance(error, nats.js.errors.APIError)
         and error.err_code == MESSAGE_DELETE_FAILED
         and "no message found" in str(error.description or "").lower()
     )
 
 
-def _count(value: object, what: str) -> Count:
+def count_of(value: object, what: str) -> Count:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return Unknown("malformed", f"{what} is {value!r}")
     return Known(value)

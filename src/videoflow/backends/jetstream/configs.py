@@ -4,8 +4,7 @@ Part of videoflow.messaging.topology, which re-exports every public name here.""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Final
 
 from nats.js.api import (
     AckPolicy,
@@ -16,8 +15,10 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from videoflow.core.constants import FLOW_TYPES, REALTIME
-from videoflow.messaging.naming import (
+from videoflow.backends.messaging_types import DLQ_RETENTION_SECONDS, DUPLICATE_WINDOW_SECONDS
+from videoflow.core.constants import REALTIME, check_flow_type
+from videoflow.core.credit import positive_int
+from videoflow.core.naming import (
     KIND_DLQ,
     KIND_DURABLE,
     KIND_EOS_ANCHOR,
@@ -49,13 +50,6 @@ instead of silent loss."""
 DEFAULT_BATCH_MAX_MSGS: Final = 10_000
 """Unacknowledged messages a BATCH stream holds before it refuses new publishes."""
 
-DUPLICATE_WINDOW_SECONDS: Final = 120.0
-"""How long the broker remembers a Nats-Msg-Id for publish deduplication."""
-
-DLQ_RETENTION_SECONDS: Final = 7 * 24 * 3600
-"""How long dead letters are retained (STREAM-8): the forensic and replay horizon a dead
-letter's payload obligation must cover too (BLOB-14 step 3)."""
-
 EOS_ACK_WAIT_SECONDS: Final = 30
 """ack_wait of the EOS durables: an EOS marker is acked as soon as it is seen."""
 
@@ -64,21 +58,10 @@ EOS_ACK_WAIT_SECONDS: Final = 30
 # --------------------------------------------------------------------------------------
 
 
-def _check_flow_type(flow_type: str) -> None:
-    if flow_type not in FLOW_TYPES:
-        raise ValueError(f"flow_type must be one of {FLOW_TYPES}, got {flow_type!r}")
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
-
-
 def _num_replicas(replicas: int) -> int | None:
     # STREAM-14: 1 leaves the field to the server default, so a single-server request
     # is exactly what it always was (nats-py omits None fields from the request).
-    _positive_int("replicas", replicas)
+    positive_int("replicas", replicas)
     return replicas if replicas > 1 else None
 
 
@@ -124,7 +107,7 @@ def stream_config_for(
     Raises:
         ValueError: an unknown flow_type, a bound or replica count below 1, or a bad name.
     """
-    _check_flow_type(flow_type)
+    check_flow_type(flow_type)
     name = stream_name_for(flow_id, run_id, node_name)
     if subjects is None:
         subjects = [subject_for(flow_id, run_id, node_name),
@@ -152,7 +135,7 @@ def stream_config_for(
         name=name,
         subjects=subjects,
         retention=RetentionPolicy.INTEREST,
-        max_msgs=_positive_int("batch_max_msgs", batch_max_msgs),
+        max_msgs=positive_int("batch_max_msgs", batch_max_msgs),
         discard=DiscardPolicy.NEW,
         duplicate_window=DUPLICATE_WINDOW_SECONDS,
         metadata=metadata,
@@ -279,80 +262,5 @@ def eos_anchor_config(
         ack_wait=EOS_ACK_WAIT_SECONDS,
         metadata=owner_labels(flow_id, run_id, node_name, KIND_EOS_ANCHOR, generation),
     )
-
-
-# --------------------------------------------------------------------------------------
-# Connection options (NATS_FACTS §8)
-# --------------------------------------------------------------------------------------
-
-FAIL_FAST_RECONNECT_ATTEMPTS: Final = 1
-"""max_reconnect_attempts of a fail-fast connect: 0 would loop forever on a refused
-connect (NATS_FACTS S4); 1 gives up after two attempts with NoServersError."""
-FAIL_FAST_RECONNECT_WAIT: Final = 0.1
-FAIL_FAST_CONNECT_TIMEOUT: Final = 2.0
-RETRY_RECONNECT_ATTEMPTS: Final = 60
-RETRY_RECONNECT_WAIT: Final = 2.0
-
-
-def connect_options_for(
-    timeout: float,
-    fail_fast: bool,
-    error_cb: Callable[[BaseException], Awaitable[None]],
-) -> dict[str, Any]:
-    """nats.connect keyword arguments for a short-lived observation connection.
-
-    fail_fast (the operator's machine) disables reconnects; note that nats-py 2.15.0
-    still cycles the server pool on a refused connect (nats/aio/client.py
-    _select_next_server loops until a server answers, and max_reconnect_attempts = 0
-    never discards one), so the caller bounds the connect with asyncio.wait_for and
-    reads the refusal out of error_cb — which is also where a server-side permissions
-    violation on a JetStream API subject arrives (client.py _process_err), while the
-    request itself merely times out. Without fail_fast (an in-cluster entrypoint whose
-    broker may still be starting) the client's own retry schedule applies: 60 attempts
-    two seconds apart.
-
-    Arguments:
-        timeout (float): the caller's overall bound in seconds (> 0); a single connect
-            attempt never waits longer than it.
-        fail_fast (bool): see above.
-        error_cb: the client's error callback (always the caller's own: the default one
-            logs a traceback per attempt).
-
-    Returns:
-        A fresh dict of keyword arguments (no servers: the caller passes the URL).
-
-    Raises:
-        ValueError: if timeout is not a finite number > 0.
-    """
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not timeout > 0
-        or timeout == float("inf")
-    ):
-        raise ValueError(f"timeout must be a finite number > 0, got {timeout!r}")
-    if fail_fast:
-        # NATS_FACTS §8 fail-fast recipe: NoServersError in ~0.1 s when refused,
-        # asyncio.TimeoutError after connect_timeout when the server hangs.
-        return {
-            "allow_reconnect": False,
-            "max_reconnect_attempts": FAIL_FAST_RECONNECT_ATTEMPTS,
-            "reconnect_time_wait": FAIL_FAST_RECONNECT_WAIT,
-            "connect_timeout": min(FAIL_FAST_CONNECT_TIMEOUT, float(timeout)),
-            "error_cb": error_cb,
-        }
-    return {
-        "allow_reconnect": True,
-        "max_reconnect_attempts": RETRY_RECONNECT_ATTEMPTS,
-        "reconnect_time_wait": RETRY_RECONNECT_WAIT,
-        "connect_timeout": min(FAIL_FAST_CONNECT_TIMEOUT, float(timeout)),
-        "error_cb": error_cb,
-    }
-
-
-async def quiet_error_cb(_e: BaseException) -> None:
-    """Silences the client's per-attempt error logging; the read-back reports the failure
-    itself."""
-    return None
 
 

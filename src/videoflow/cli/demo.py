@@ -72,11 +72,12 @@ from typing import Any
 
 import numpy as np
 
+from videoflow.cli.common import EXIT_FAILED, CommandError, nats_url_option
 from videoflow.core.constants import BATCH
-from videoflow.core.flow import Flow
 from videoflow.core.node import ConsumerNode, ProcessorNode, ProducerNode
 from videoflow.core.report import RunReport
-from videoflow.progress import LiveView
+from videoflow.flow import Flow
+from videoflow.run.progress import LiveView
 
 DEFAULT_SEED = 7
 MAX_CAMERAS = 16
@@ -803,8 +804,6 @@ def _frame_size(text: str) -> tuple[int, int]:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from videoflow.cli import CommandError
-    from videoflow.cli_ops import EXIT_FAILED
 
     try:
         size = _frame_size(args.frame_size)
@@ -827,7 +826,6 @@ def _command(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add ``demo`` to the top-level parser's subparsers (func: a function(args) ->
     exit code)."""
-    from videoflow.cli import nats_url_option
 
     demo = subparsers.add_parser(
         "demo", help="fuse simulated cameras and an IMU by event time, and check it",

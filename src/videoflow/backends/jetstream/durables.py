@@ -1,9 +1,9 @@
 """Provisioning for the JetStream adapter: a channel's stream and a subscription's
 durable, created or reconciled and read back, with whether this call created them.
 
-Part of videoflow.messaging.jetstream_backend. Coroutines for the adapter's loop; the
+Part of videoflow.backends.jetstream.backend. Coroutines for the adapter's loop; the
 idempotent create-with-read-back itself is provisioning._ensure_stream /
-_ensure_consumer, shared with the provision entrypoint.
+ensure_consumer, shared with the provision entrypoint.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, StreamConfig
 
-from videoflow.backends.messaging import ChannelSpec, IncompatibleProfile
-from videoflow.messaging.jetstream_specs import stream_config_for_spec, stream_of
-from videoflow.messaging.provisioning import STREAM_NOT_FOUND, _ensure_consumer, _ensure_stream
-from videoflow.messaging.verification import (
+from videoflow.backends.jetstream.specs import stream_config_for_spec, stream_of
+from videoflow.backends.jetstream.streams import STREAM_NOT_FOUND, ensure_consumer, ensure_stream
+from videoflow.backends.jetstream.verification import (
     VerifiedConsumer,
     VerifiedStream,
     profile_mismatches,
 )
+from videoflow.backends.messaging import ChannelSpec, IncompatibleProfile
 
 REPLICAS_UNSUPPORTED: Final = 10074
 """err_code of replicas > 1 on a standalone server (NATS_FACTS §4)."""
@@ -62,7 +62,7 @@ async def ensure_channel_stream(
             raise
         created = True
     try:
-        verified = await _ensure_stream(js, config)
+        verified = await ensure_stream(js, config)
     except nats.js.errors.APIError as error:
         if error.err_code != REPLICAS_UNSUPPORTED:
             raise
@@ -98,7 +98,7 @@ async def ensure_durable(
         if error.err_code == STREAM_NOT_FOUND:
             raise
         created = True
-    return created, await _ensure_consumer(js, stream, config)
+    return created, await ensure_consumer(js, stream, config)
 
 
 __all__ = [

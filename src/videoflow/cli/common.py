@@ -1,0 +1,65 @@
+"""What the commands share: the broker URL option and its default, exit codes, the
+one-line CommandError, and the argparse types for counts and budgets."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Final
+
+from videoflow.broker.link import check_budget
+from videoflow.errors import VideoflowError
+
+ENV_NATS_URL: Final = "VIDEOFLOW_NATS_URL"
+DEFAULT_NATS_URL: Final = "nats://127.0.0.1:4222"
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+
+
+class CommandError(VideoflowError):
+    """A problem the command reports in one line (exit code in .code)."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def nats_url_option(parser: argparse.ArgumentParser, required_default: bool = True) -> None:
+    """--nats-url, defaulting to VIDEOFLOW_NATS_URL (then the local default port when
+    required_default)."""
+    default = os.environ.get(ENV_NATS_URL) or (
+        DEFAULT_NATS_URL if required_default else None)
+    parser.add_argument("--nats-url", default=default,
+                        help="the NATS server (default: $VIDEOFLOW_NATS_URL"
+                             + (f", else {DEFAULT_NATS_URL})" if required_default
+                                else ", else the embedded server)"))
+
+
+def replicas_option(parser: argparse.ArgumentParser) -> None:
+    """--replicas: the copies a clustered broker keeps of the run's streams."""
+    parser.add_argument("--replicas", type=replica_count, default=1, metavar="N",
+                        help="copies a NATS cluster keeps of the run's streams, its "
+                             "dead-letter stream and the flow's buckets (default: 1; 3 "
+                             "on a 3-node cluster rides out the loss of any one node)")
+
+
+def replica_count(text: str) -> int:
+    """An argparse type: a replica count from 1 to 5 (JetStream's limit)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= 5:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 5, got {value}")
+    return value
+
+
+def budget_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0."""
+    try:
+        return check_budget(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number of seconds >= 0, got {text!r}") from None

@@ -1,0 +1,202 @@
+"""The package's import structure, read from its source (ast, never a runtime import):
+imports point only down the layers, no two modules import each other round a circle,
+and no module takes another's private name. TYPE_CHECKING and function-level imports
+count as any other: a circle a lazy import hides is still a circle."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SOURCE = Path(__file__).resolve().parents[2] / "src" / "videoflow"
+
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("ground", ("videoflow.errors", "videoflow.core.constants")),
+    ("broker", ("videoflow.broker",)),
+    ("wire", ("videoflow.wire",)),
+    ("core", ("videoflow.core",)),
+    ("contract", ("videoflow.backends",)),
+    ("jetstream", ("videoflow.backends.jetstream",)),
+    ("messaging", ("videoflow.messaging",)),
+    ("ops", ("videoflow.ops",)),
+    ("run", ("videoflow.run",)),
+    ("facade", ("videoflow", "videoflow.flow", "videoflow.serialization")),
+    ("cli", ("videoflow.cli", "videoflow.__main__")),
+]
+"""The floors, from the ground up; a module's floor is its longest matching prefix."""
+
+JETSTREAM_IN_MESSAGING = {
+    "videoflow.messaging.jetstream_backend",  # the reference's path to the adapter
+    "videoflow.messaging.topology",  # the reference's facade over provisioning
+    "videoflow.messaging.nats_messenger",  # composes the messenger with the adapter
+}
+"""The messaging modules that may name the JetStream adapter; the messenger's parts
+speak only the contract."""
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str
+    target: str  # a module of the package
+    name: str | None  # the name taken from target, None for a module import
+    line: int
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SOURCE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    found = {module_name(p): p for p in SOURCE.rglob("*.py")}
+    # Compiled modules are modules too (their .pyi stubs name them).
+    found.update({module_name(p): p for p in SOURCE.rglob("*.pyi")})
+    return found
+
+
+def imports() -> Iterator[Import]:
+    known = modules()
+    for name, path in known.items():
+        if path.suffix != ".py":
+            continue
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "videoflow":
+                        yield Import(name, alias.name, None, node.lineno)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                if target.split(".")[0] != "videoflow":
+                    continue
+                for alias in node.names:
+                    submodule = f"{target}.{alias.name}"
+                    if submodule in known:
+                        yield Import(name, submodule, None, node.lineno)
+                    else:
+                        yield Import(name, target, alias.name, node.lineno)
+
+
+def floor(module: str) -> int:
+    best, depth = -1, -1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > depth:
+                best, depth = index, len(prefix)
+    assert best >= 0, f"{module} is on no floor"
+    return best
+
+
+def where(found: Import) -> str:
+    return f"{found.source}:{found.line} -> {found.target}" + (
+        f".{found.name}" if found.name else "")
+
+
+def test_every_module_is_on_a_floor() -> None:
+    for module in modules():
+        floor(module)
+
+
+def test_imports_point_only_down() -> None:
+    upward = [f"{where(i)} ({LAYERS[floor(i.source)][0]} -> {LAYERS[floor(i.target)][0]})"
+              for i in imports() if floor(i.target) > floor(i.source)]
+    assert upward == []
+
+
+def test_the_messenger_speaks_only_the_contract() -> None:
+    named = [where(i) for i in imports()
+             if floor(i.source) == floor("videoflow.messaging")
+             and i.source not in JETSTREAM_IN_MESSAGING
+             and floor(i.target) == floor("videoflow.backends.jetstream")]
+    assert named == []
+
+
+def test_no_import_circle() -> None:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for found in imports():
+        if found.target != found.source and found.target in modules():
+            graph[found.source].add(found.target)
+    circles = strongly_connected(graph)
+    assert [sorted(c) for c in circles if len(c) > 1] == []
+
+
+def test_no_private_name_crosses_a_module() -> None:
+    crossing = []
+    for found in imports():
+        leaf = found.name if found.name is not None else found.target.rpartition(".")[2]
+        if not leaf.startswith("_") or leaf.startswith("__"):
+            continue
+        # A package's own private compiled module (_grouping_core, _envelope) is its
+        # implementation, imported by its one wrapper beside it.
+        own_package = found.name is None and (
+            found.target.rpartition(".")[0] == found.source.rpartition(".")[0])
+        if not own_package:
+            crossing.append(where(found))
+    assert crossing == []
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components, iteratively."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in list(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                found.append(component)
+    return found
+
+
+@pytest.mark.parametrize("graph, circles", [
+    ({"a": {"b"}, "b": {"a"}}, [["a", "b"]]),
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+])
+def test_the_circle_finder_finds_circles_and_only_them(
+    graph: dict[str, set[str]], circles: list[list[str]],
+) -> None:
+    found = [sorted(c) for c in strongly_connected(defaultdict(set, graph)) if len(c) > 1]
+    assert found == circles
