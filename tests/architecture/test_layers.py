@@ -39,6 +39,11 @@ JETSTREAM_IN_MESSAGING = {
 speak only the contract."""
 
 
+NATS_CLIENT_FLOORS = ("broker", "jetstream", "ops", "run")
+"""The floors that may use the NATS client library itself; the rest reach the broker
+only through the contract (or not at all)."""
+
+
 @dataclass(frozen=True)
 class Import:
     source: str
@@ -120,6 +125,19 @@ def test_the_messenger_speaks_only_the_contract() -> None:
              and i.source not in JETSTREAM_IN_MESSAGING
              and floor(i.target) == floor("videoflow.backends.jetstream")]
     assert named == []
+
+
+def test_only_the_broker_floors_use_the_nats_client() -> None:
+    users = []
+    for module, path in modules().items():
+        if path.suffix != ".py" or LAYERS[floor(module)][0] in NATS_CLIENT_FLOORS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            users += [f"{module}:{node.lineno} {n}" for n in names
+                      if n.split(".")[0] == "nats"]
+    assert users == []
 
 
 def test_no_import_circle() -> None:

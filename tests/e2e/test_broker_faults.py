@@ -37,11 +37,11 @@ from flow_nodes import Numbers, Record, Scale, applied
 from test_cli import HERE, command, environment
 from test_pipeline_safety import assert_applied_exactly, assert_clean
 
-from videoflow.backends.payload import NatsObjectPayloadStore
+from videoflow.backends.jetstream.ledger_store import NatsKvRuntimeStore
+from videoflow.backends.jetstream.payloads import NatsObjectPayloadStore
 from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH
 from videoflow.core.report import RunReport
-from videoflow.core.runtime_store import NatsKvRuntimeStore
 from videoflow.errors import IncompatibleProfile
 from videoflow.flow import Flow
 

@@ -9,8 +9,9 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import runtime_contract
+from videoflow.backends.jetstream.ledger_store import NatsKvRuntimeStore
 from videoflow.broker import server as embedded
-from videoflow.core.runtime import Checkpoint, FlowRuntime, NatsKvRuntimeStore
+from videoflow.core.runtime import Checkpoint, FlowRuntime
 from videoflow.errors import BrokerUnavailable, RevisionConflict, SupersededOwner
 
 pytestmark = pytest.mark.timeout(60)

@@ -16,13 +16,14 @@ import nats
 import numpy as np
 import pytest
 
-from videoflow.backends.payload import NatsObjectPayloadStore
+from videoflow.backends.jetstream.ledger_store import NatsKvRuntimeStore
+from videoflow.backends.jetstream.payloads import NatsObjectPayloadStore
 from videoflow.broker import server as embedded
 from videoflow.core.compiler import NodeSpec
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.core.naming import dlq_stream_name, stream_name_for, subject_for
 from videoflow.core.policies import PoisonMessage, WorkerFatal
-from videoflow.core.runtime import FlowRuntime, NatsKvRuntimeStore
+from videoflow.core.runtime import FlowRuntime
 from videoflow.errors import SupersededOwner
 from videoflow.messaging.dead_letters import decode_dead_letter
 from videoflow.messaging.nats_messenger import NATSMessenger, partition_of

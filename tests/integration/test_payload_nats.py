@@ -13,7 +13,8 @@ import nats
 import nats.errors
 import pytest
 
-from videoflow.backends.payload import NatsObjectPayloadStore, inline_threshold, should_offload
+from videoflow.backends.jetstream.payloads import NatsObjectPayloadStore
+from videoflow.backends.payload import inline_threshold, should_offload
 from videoflow.broker import server as embedded
 from videoflow.errors import BrokerUnavailable, PayloadMissing
 from videoflow.wire.serialization import encode_envelope

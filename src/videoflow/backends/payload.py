@@ -12,17 +12,16 @@ publisher (``<child>`` per competing child, ``<child>/p<i>`` per partitioned
 replica); ``intent/*`` is the publisher's own; ``archive/*`` and ``dlq/*`` are pins
 added later with ``acquire`` and never cancelled by reconciliation.
 
-Stores: MemoryPayloadStore (dies with the process), FilesystemPayloadStore (a
-directory; records beside the blobs, survives a restart), NatsObjectPayloadStore (a
-JetStream object store for the bytes and a KV bucket for the records, shared by every
-worker on the broker). Every public method is synchronous, like the rest of the
-backend contract.
+Stores here: MemoryPayloadStore (dies with the process), FilesystemPayloadStore (a
+directory; records beside the blobs, survives a restart). The JetStream adapter adds
+NatsObjectPayloadStore (videoflow.backends.jetstream.payloads), shared by every worker
+on the broker; shared memory on one host is videoflow.backends.shm_payload. Every
+public method is synchronous, like the rest of the backend contract.
 """
 
 from __future__ import annotations
 
 import abc
-import asyncio
 import contextlib
 import fcntl
 import itertools
@@ -32,35 +31,16 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import msgspec
-import nats
-import nats.errors
-import nats.js.errors
-from nats.js.api import ObjectStoreConfig
-from nats.js.kv import KeyValue
-from nats.js.object_store import ObjectStore
 
-from videoflow.broker.link import (
-    Outage,
-    broker_known_from_env,
-    check_bucket_replicas,
-    connect,
-    outage_budget_from_env,
-    retry_until,
-    transient,
-    wait_back,
-)
-from videoflow.broker.listing import present_keys, present_objects
-from videoflow.broker.loop import ErrorLog, LoopRunner
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.errors import (
     BrokerUnavailable,
-    IncompatibleProfile,
     PayloadMissing,
     UnobservableState,
 )
@@ -70,7 +50,6 @@ __all__ = [
     "ENVELOPE_MARGIN_BYTES",
     "FilesystemPayloadStore",
     "MemoryPayloadStore",
-    "NatsObjectPayloadStore",
     "PayloadRecord",
     "PayloadStore",
     "REALTIME_TTL_SECONDS",
@@ -97,7 +76,8 @@ INTENT_PREFIX: Final = "intent/"
 PINNED_PREFIXES: Final = ("archive/", "dlq/")
 """Obligations reconciliation never cancels (an archive's or a dead-letter pin's)."""
 
-_REF = re.compile(r"^[0-9a-f]{32}$")
+REF_PATTERN = re.compile(r"^[0-9a-f]{32}$")
+"""A payload ref: 32 lowercase hex digits (a uuid4 without dashes)."""
 # Refs are uuid4 hex: a valid file name, KV key and object name everywhere, and a
 # caller-supplied ref that is not one (a path, say) is unknown before it reaches disk.
 
@@ -552,14 +532,14 @@ class PayloadStore(abc.ABC):
         # Safe against a concurrent put: put writes the record before the bytes, so
         # bytes without a record were always a reclaimed ref's.
         for ref in self._list_blobs():
-            if _REF.match(ref) and self._read_record(ref) is None:
+            if REF_PATTERN.match(ref) and self._read_record(ref) is None:
                 self._drop_blob(ref)
         return reclaimed
 
     # --- shared machinery ------------------------------------------------------------
 
     def _live_record(self, ref: str) -> PayloadRecord:
-        if not isinstance(ref, str) or not _REF.match(ref):
+        if not isinstance(ref, str) or not REF_PATTERN.match(ref):
             raise PayloadMissing(f"unknown payload ref {ref!r}", ref=str(ref))
         record = self._read_record(ref)
         if record is None:
@@ -579,7 +559,7 @@ class PayloadStore(abc.ABC):
             seq = old.stream_seq if stream_seq is None else stream_seq
             return replace(old, obligations=left, stream_seq=seq), True
 
-        if not isinstance(ref, str) or not _REF.match(ref):
+        if not isinstance(ref, str) or not REF_PATTERN.match(ref):
             return False
         return self._mutate(ref, change)
 
@@ -621,7 +601,9 @@ def _checked_readers(reader_ids: Sequence[str]) -> frozenset[str]:
     return frozenset(readers)
 
 
-def _apply(old: PayloadRecord | None, change: Change[T]) -> tuple[PayloadRecord | None, T, bool]:
+def apply_change(
+    old: PayloadRecord | None, change: Change[T],
+) -> tuple[PayloadRecord | None, T, bool]:
     """Runs change; returns (the record to write or None, result, whether to write)."""
     new, result = change(old)
     return new, result, new is not old
@@ -640,7 +622,7 @@ class MemoryPayloadStore(PayloadStore):
     def _transact(self, ref: str, change: Change[T]) -> tuple[T, bool]:
         with self._lock:
             old = self._records.get(ref)
-            new, result, write = _apply(old, change)
+            new, result, write = apply_change(old, change)
             if not write:
                 return result, False
             if new is None:
@@ -733,7 +715,7 @@ class FilesystemPayloadStore(PayloadStore):
     def _transact(self, ref: str, change: Change[T]) -> tuple[T, bool]:
         with self._locked(ref[:1] if ref[:1] in self._thread_locks else ""):
             old = self._read_record(ref)
-            new, result, write = _apply(old, change)
+            new, result, write = apply_change(old, change)
             if not write:
                 return result, False
             if new is None:
@@ -790,11 +772,11 @@ class FilesystemPayloadStore(PayloadStore):
         return [
             name[: -len(".json")]
             for name in os.listdir(self._records)
-            if name.endswith(".json") and _REF.match(name[: -len(".json")])
+            if name.endswith(".json") and REF_PATTERN.match(name[: -len(".json")])
         ]
 
     def _list_blobs(self) -> list[str]:
-        return [name for name in os.listdir(self._blobs) if _REF.match(name)]
+        return [name for name in os.listdir(self._blobs) if REF_PATTERN.match(name)]
 
 
 def _read_file(path: str) -> bytes:
@@ -843,213 +825,3 @@ def _fsync_directory(directory: str) -> None:
 
 _TEMPORARIES: Final = itertools.count()
 """Names a write's temporary file, with the pid: unique without a uuid per write."""
-
-_CAS_ATTEMPTS: Final = 64
-_WRONG_LAST_CODES: Final = (10071, 10164)  # JetStream's "wrong last sequence" codes
-
-
-class NatsObjectPayloadStore(PayloadStore):
-    """A PayloadStore on a NATS JetStream broker: bytes in the object store
-    ``<bucket>``, records in the KV bucket ``<bucket>-obligations``.
-
-    Record changes are compare-and-swap on the KV revision (NATS_FACTS §9: ``update``
-    with ``last``, ``create`` for a new key, ``delete`` with ``last``), so workers on
-    any host sharing the broker never lose a release nor reclaim twice. nats-py is
-    asyncio only: the store keeps its own loop (a LoopRunner, which the waiting
-    caller's thread runs) and every public method waits for its call there, bounded
-    by timeout.
-
-    Arguments:
-        nats_url: e.g. ``nats://127.0.0.1:4222``.
-        bucket: the object store's name ([A-Za-z0-9_-]).
-        timeout: seconds each call may take (a 25 MB put is ~200 chunk publishes); a
-            call that fails transiently (a timeout, the broker away or electing a
-            leader) is made again within the connection's outage budget.
-        replicas: the copies a clustered broker keeps of the buckets, when this store
-            creates them (existing ones are bound as they are).
-        outage_budget: seconds the connection waits for a broker that went away (None:
-            VIDEOFLOW_OUTAGE_BUDGET, else 60).
-        **options: PayloadStore's (flow_type, ttl_seconds, clock).
-
-    Raises:
-        BrokerUnavailable: no connection within timeout, or JetStream refused to
-            create the buckets.
-        IncompatibleProfile: an existing bucket keeps fewer copies than replicas.
-    """
-
-    def __init__(
-        self,
-        nats_url: str,
-        bucket: str = "videoflow-payloads",
-        *,
-        timeout: float = 30.0,
-        replicas: int = 1,
-        outage_budget: float | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(**options)
-        self.bucket, self.replicas = bucket, replicas
-        self.timeout = timeout
-        self.outage = Outage(outage_budget_from_env() if outage_budget is None
-                             else outage_budget, where=nats_url,
-                             known=broker_known_from_env())
-        self._errors = ErrorLog()
-        self._runner = LoopRunner(name=f"videoflow-payload-{bucket}")
-        self._runner.start()
-        try:
-            self._nc, self._objects, self._kv = self._runner.run(
-                self._open(nats_url), self.outage.first_connect_bound(timeout))
-        except IncompatibleProfile:
-            self._runner.stop()
-            raise
-        except (OSError, asyncio.TimeoutError, nats.errors.Error, BrokerUnavailable) as error:
-            self._runner.stop()
-            raise BrokerUnavailable(
-                f"payload store could not open {bucket!r} on {nats_url}: {error!r} "
-                f"(reported: {self._errors.texts()})",
-                code=getattr(error, "err_code", None),
-            ) from error
-
-    async def _open(self, url: str) -> tuple[nats.NATS, ObjectStore, KeyValue]:
-        # Fail fast on the first connect (NATS_FACTS S4), then ride out outages.
-        nc = await connect(url, min(self.timeout, 5.0), self._errors.record, self.outage)
-        try:
-            js = nc.jetstream()
-            # S19: the bucket name goes positionally.
-            objects = await js.create_object_store(
-                self.bucket, config=ObjectStoreConfig(replicas=self.replicas))
-            kv = await js.create_key_value(bucket=f"{self.bucket}-obligations", history=1,
-                                           replicas=self.replicas)
-            await check_bucket_replicas(js, f"OBJ_{self.bucket}", self.bucket, self.replicas)
-            await check_bucket_replicas(js, f"KV_{self.bucket}-obligations",
-                                        f"{self.bucket}-obligations", self.replicas)
-        except BaseException:
-            await nc.close()
-            raise
-        return nc, objects, kv
-
-    @property
-    def max_payload(self) -> int:
-        """The connected server's max_payload (from its INFO), for inline_threshold."""
-        return int(self._nc.max_payload)
-
-    def close(self) -> None:
-        if not self._runner.running:
-            return
-        with contextlib.suppress(TimeoutError, nats.errors.Error, BrokerUnavailable):
-            self._runner.run(self._nc.close(), self.timeout)
-        self._runner.stop()
-
-    def _call(self, make: Callable[[], Coroutine[Any, Any, T]], what: str) -> T:
-        """Runs make()'s coroutine on the store's loop, made again while it fails
-        transiently within the outage budget (every call here is a read, an idempotent
-        write or a compare-and-swap that reads first); every other failure becomes a
-        typed, retryable error (a timed-out change may still have happened: its
-        outcome is unknown)."""
-        started = time.monotonic()
-        while True:
-            try:
-                return self._call_once(make(), what)
-            except (UnobservableState, BrokerUnavailable) as error:
-                until = retry_until(self.outage, started)
-                cause = error.__cause__
-                if (cause is None or not transient(cause)) or time.monotonic() >= until:
-                    raise
-                wait_back(self._nc, self.outage, until)
-
-    def _call_once(self, coro: Coroutine[Any, Any, T], what: str) -> T:
-        try:
-            return self._runner.run(coro, self.timeout)
-        except TimeoutError as error:
-            raise UnobservableState(
-                f"payload store: {what} did not finish within {self.timeout}s",
-                reason="timeout",
-                detail=str(error),
-            ) from error
-        except (nats.errors.ConnectionClosedError, nats.errors.NoServersError) as error:
-            raise BrokerUnavailable(f"payload store: {what}: {error!r}") from error
-        except nats.js.errors.APIError as error:
-            raise UnobservableState(
-                f"payload store: {what} refused by JetStream",
-                reason="api",
-                detail=f"{error!r} code={error.err_code}",
-            ) from error
-        except nats.errors.Error as error:
-            raise BrokerUnavailable(f"payload store: {what}: {error!r}") from error
-
-    async def _get_entry(self, ref: str) -> tuple[PayloadRecord | None, int]:
-        try:
-            entry = await self._kv.get(ref)
-        except nats.js.errors.KeyNotFoundError:
-            return None, 0
-        if entry.value is None:
-            return None, 0
-        return PayloadRecord.from_json(entry.value, ref), int(entry.revision or 0)
-
-    async def _transact_async(self, ref: str, change: Change[T]) -> tuple[T, bool]:
-        for _ in range(_CAS_ATTEMPTS):
-            old, revision = await self._get_entry(ref)
-            new, result, write = _apply(old, change)
-            if not write:
-                return result, False
-            try:
-                if new is None:
-                    await self._kv.delete(ref, last=revision)
-                elif old is None:
-                    await self._kv.create(ref, new.to_json())
-                else:
-                    await self._kv.update(ref, new.to_json(), last=revision)
-            except nats.js.errors.BadRequestError as error:
-                if isinstance(error, nats.js.errors.KeyWrongLastSequenceError) or (
-                    error.err_code in _WRONG_LAST_CODES
-                ):
-                    continue  # someone else changed the record first: read it again
-                raise
-            return result, new is None
-        raise UnobservableState(
-            f"payload {ref}: record still contended after {_CAS_ATTEMPTS} attempts",
-            reason="api",
-        )
-
-    def _transact(self, ref: str, change: Change[T]) -> tuple[T, bool]:
-        return self._call(lambda: self._transact_async(ref, change), f"record change of {ref}")
-
-    def _read_record(self, ref: str) -> PayloadRecord | None:
-        return self._call(lambda: self._get_entry(ref), f"record read of {ref}")[0]
-
-    def _write_blob(self, ref: str, data: bytes) -> None:
-        self._call(lambda: self._objects.put(ref, data), f"put of {ref}")
-
-    def _read_blob(self, ref: str) -> bytes | None:
-        async def read() -> bytes | None:
-            try:
-                result = await self._objects.get(ref)
-            except nats.js.errors.ObjectNotFoundError:
-                return None
-            return result.data
-
-        return self._call(read, f"get of {ref}")
-
-    def _drop_blob(self, ref: str) -> None:
-        async def drop() -> None:
-            with contextlib.suppress(nats.js.errors.ObjectNotFoundError):
-                await self._objects.delete(ref)
-
-        self._call(drop, f"delete of {ref}")
-
-    def _list_refs(self) -> list[str]:
-        async def keys() -> list[str]:
-            # Not kv.keys(): its watcher can miss keys (videoflow.broker.listing).
-            return await present_keys(self._nc.jetstream(timeout=self.timeout),
-                                      f"{self.bucket}-obligations")
-
-        return [ref for ref in self._call(keys, "listing refs") if _REF.match(ref)]
-
-    def _list_blobs(self) -> list[str]:
-        async def names() -> list[str]:
-            # Not objects.list(): its watcher can miss objects (jetstream_kv). A
-            # deleted object keeps its metadata, flagged (NATS_FACTS §9).
-            return await present_objects(self._nc.jetstream(timeout=self.timeout),
-                                         self.bucket)
-
-        return self._call(names, "listing blobs")

@@ -26,12 +26,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from videoflow.core.runtime_store import (
-    DEFAULT_BUCKET,
-    MemoryRuntimeStore,
-    NatsKvRuntimeStore,
-    RuntimeStore,
-)
+from videoflow.core.runtime_store import DEFAULT_BUCKET, MemoryRuntimeStore, RuntimeStore
 from videoflow.errors import (
     DurabilityUnavailable,
     LedgerError,
@@ -744,7 +739,6 @@ __all__ = [
     "Checkpoint",
     "FlowRuntime",
     "MemoryRuntimeStore",
-    "NatsKvRuntimeStore",
     "PendingHandoff",
     "Publication",
     "RuntimeStore",

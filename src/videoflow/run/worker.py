@@ -105,9 +105,11 @@ def run_replica(job: ReplicaJob, node: Node, *,
         BrokerUnavailable: the broker, its ledger or payload store unreachable.
         Exception: whatever killed the node (after its abort was published).
     """
-    from videoflow.backends.payload import NatsObjectPayloadStore, PayloadStore
+    from videoflow.backends.jetstream.ledger_store import NatsKvRuntimeStore
+    from videoflow.backends.jetstream.payloads import NatsObjectPayloadStore
+    from videoflow.backends.payload import PayloadStore
     from videoflow.backends.shm_payload import SharedMemoryPayloadStore
-    from videoflow.core.runtime import FlowRuntime, NatsKvRuntimeStore
+    from videoflow.core.runtime import FlowRuntime
     from videoflow.messaging.nats_messenger import NATSMessenger
 
     spec = job.spec
