@@ -16,7 +16,7 @@ import pytest
 SOURCE = Path(__file__).resolve().parents[2] / "src" / "videoflow"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("ground", ("videoflow.errors", "videoflow.core.constants")),
+    ("ground", ("videoflow.errors", "videoflow.native", "videoflow.core.constants")),
     ("broker", ("videoflow.broker",)),
     ("wire", ("videoflow.wire",)),
     ("core", ("videoflow.core",)),
@@ -138,6 +138,19 @@ def test_only_the_broker_floors_use_the_nats_client() -> None:
             users += [f"{module}:{node.lineno} {n}" for n in names
                       if n.split(".")[0] == "nats"]
     assert users == []
+
+
+def test_compiled_code_is_imported_by_its_two_wrappers_alone() -> None:
+    compiled = {name for name, path in modules().items() if path.suffix == ".pyi"}
+    users = {i.source for i in imports() if i.target in compiled}
+    assert users == {"videoflow.messaging.grouping", "videoflow.wire.serialization"}
+
+
+def test_the_pure_python_switch_is_read_in_one_place() -> None:
+    readers = sorted(module for module, path in modules().items()
+                     if path.suffix == ".py" and "VIDEOFLOW_PURE_PYTHON" in path.read_text()
+                     and "environ" in path.read_text())
+    assert readers == ["videoflow.native"]
 
 
 def test_no_import_circle() -> None:

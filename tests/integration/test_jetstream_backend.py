@@ -55,6 +55,7 @@ from videoflow.backends.messaging import (
     Terminal,
     Unknown,
 )
+from videoflow.broker import loop as jetstream_loop
 from videoflow.broker import server as embedded
 from videoflow.broker.loop import (
     KEEP_SECONDS,
@@ -74,7 +75,6 @@ from videoflow.core.naming import (
     subject_for,
 )
 from videoflow.errors import BrokerUnavailable
-from videoflow.messaging import jetstream_loop
 from videoflow.messaging.dead_letters import dead_letter, dead_letter_for, decode_dead_letter
 from videoflow.messaging.publication import Published, publish_until_known
 from videoflow.run.worker import _stop_signals

@@ -10,6 +10,7 @@ from contextlib import AbstractContextManager
 
 import pytest
 
+from videoflow.backends.jetstream import backend as jetstream_backend
 from videoflow.backends.jetstream.backend import (
     JetStreamMessagingBackend,
     channel_spec_for,
@@ -32,7 +33,6 @@ from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.core.runtime import FlowRuntime
 from videoflow.core.runtime_store import MemoryRuntimeStore
-from videoflow.messaging import jetstream_backend
 from videoflow.messaging.obligations import RuntimeObligationLedger, reconcile, subscription_for
 
 pytestmark = pytest.mark.timeout(60)

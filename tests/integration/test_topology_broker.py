@@ -12,9 +12,9 @@ import pytest
 from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StreamConfig
 
+from videoflow.backends.jetstream import streams as p
 from videoflow.backends.messaging import CleanupObservation, Unknown
 from videoflow.core.constants import BATCH, REALTIME
-from videoflow.messaging import provisioning as p
 from videoflow.messaging import topology as t
 
 pytestmark = pytest.mark.timeout(60)
@@ -298,18 +298,18 @@ async def test_delete_pages_through_more_streams_than_one_listing_holds(nats_cli
 
 def test_owned_stream_rules_without_a_broker():
     labelled = t.stream_config_for(FLOW, "r", "x-n", BATCH)
-    assert p._owned_stream(labelled, FLOW, "r")
-    assert not p._owned_stream(labelled, FLOW, "r-x")
-    assert not p._owned_stream(labelled, FLOW, "r", node_names=["n"])
-    assert not p._owned_stream(t.dlq_stream_config(FLOW), FLOW, "r")
+    assert p.owned_stream(labelled, FLOW, "r")
+    assert not p.owned_stream(labelled, FLOW, "r-x")
+    assert not p.owned_stream(labelled, FLOW, "r", node_names=["n"])
+    assert not p.owned_stream(t.dlq_stream_config(FLOW), FLOW, "r")
     # Labels compare verbatim: a run id that sanitizes alike is another run.
     dotted = t.stream_config_for(FLOW, "r.1", "a", BATCH)
-    assert not p._owned_stream(dotted, FLOW, "r_1")
-    assert p._owned_stream(dotted, FLOW, "r.1")
+    assert not p.owned_stream(dotted, FLOW, "r_1")
+    assert p.owned_stream(dotted, FLOW, "r.1")
     unlabelled = _unlabelled(FLOW, "r-x", "n")
-    assert p._owned_stream(unlabelled, FLOW, "r-x")
-    assert not p._owned_stream(unlabelled, FLOW, "r")
-    assert not p._owned_stream(unlabelled, FLOW, "r-x", generation="g")
+    assert p.owned_stream(unlabelled, FLOW, "r-x")
+    assert not p.owned_stream(unlabelled, FLOW, "r")
+    assert not p.owned_stream(unlabelled, FLOW, "r-x", generation="g")
 
 
 # --------------------------------------------------------------------------------------
@@ -321,8 +321,8 @@ def test_owned_stream_rules_without_a_broker():
 async def test_ensure_stream_is_idempotent_and_read_back(jetstream):
     config = t.stream_config_for(FLOW, RUN, "a", BATCH, generation="g1")
     before = config.as_dict()
-    first = await p._ensure_stream(jetstream, config)
-    again = await p._ensure_stream(jetstream, config)
+    first = await p.ensure_stream(jetstream, config)
+    again = await p.ensure_stream(jetstream, config)
     assert first.mismatches == () and again.mismatches == ()
     assert first.effective is not None
     assert config.as_dict() == before  # never mutated
@@ -331,7 +331,7 @@ async def test_ensure_stream_is_idempotent_and_read_back(jetstream):
 @pytest.mark.asyncio
 async def test_ensure_stream_updates_a_changed_stream_without_wiping_it(jetstream):
     await _add(jetstream, t.stream_config_for(FLOW, RUN, "a", BATCH).evolve(max_msgs=5))
-    verified = await p._ensure_stream(jetstream, t.stream_config_for(FLOW, RUN, "a", BATCH))
+    verified = await p.ensure_stream(jetstream, t.stream_config_for(FLOW, RUN, "a", BATCH))
     assert verified.mismatches == ()
     assert verified.effective is not None
     assert verified.effective.max_msgs == t.DEFAULT_BATCH_MAX_MSGS
@@ -346,7 +346,7 @@ async def test_ensure_stream_update_keeps_settings_the_request_does_not_name(jet
     # over it would make the broker refuse the whole update.
     await _add(jetstream, t.stream_config_for(FLOW, RUN, "a", BATCH).evolve(
         max_msgs=5, deny_purge=True))
-    verified = await p._ensure_stream(jetstream, t.stream_config_for(FLOW, RUN, "a", BATCH))
+    verified = await p.ensure_stream(jetstream, t.stream_config_for(FLOW, RUN, "a", BATCH))
     assert verified.mismatches == ()
     assert verified.effective is not None and verified.effective.deny_purge is True
 
@@ -355,7 +355,7 @@ async def test_ensure_stream_update_keeps_settings_the_request_does_not_name(jet
 async def test_ensure_stream_reports_a_refused_update_as_mismatches(jetstream):
     await _add(jetstream, t.stream_config_for(FLOW, RUN, "a", BATCH).evolve(
         retention=RetentionPolicy.WORK_QUEUE))
-    verified = await p._ensure_stream(jetstream, t.stream_config_for(FLOW, RUN, "a", BATCH))
+    verified = await p.ensure_stream(jetstream, t.stream_config_for(FLOW, RUN, "a", BATCH))
     assert any(m.startswith("retention:") for m in verified.mismatches)
 
 
@@ -365,12 +365,12 @@ async def test_ensure_consumer_updates_an_existing_durable_and_reads_it_back(jet
     stream = t.stream_name_for(FLOW, RUN, "p")
     config = t.consumer_config_for(FLOW, RUN, "c", "p", max_ack_pending=8)
     before = config.as_dict()
-    first = await p._ensure_consumer(jetstream, stream, config)
+    first = await p.ensure_consumer(jetstream, stream, config)
     assert first.mismatches == () and first.effective is not None
     assert config.as_dict() == before  # S18: never mutated
     # S5: pull_subscribe would bind to the old durable and keep max_ack_pending 8.
     changed = t.consumer_config_for(FLOW, RUN, "c", "p", max_ack_pending=20)
-    second = await p._ensure_consumer(jetstream, stream, changed)
+    second = await p.ensure_consumer(jetstream, stream, changed)
     assert second.mismatches == ()
     assert second.effective is not None and second.effective.max_ack_pending == 20
 
@@ -381,7 +381,7 @@ async def test_ensure_consumer_on_a_missing_stream_raises_not_found(jetstream):
 
     config = t.consumer_config_for(FLOW, RUN, "c", "p")
     with pytest.raises(nats.js.errors.NotFoundError):
-        await p._ensure_consumer(jetstream, t.stream_name_for(FLOW, RUN, "p"), config)
+        await p.ensure_consumer(jetstream, t.stream_name_for(FLOW, RUN, "p"), config)
 
 
 @pytest.mark.asyncio
@@ -390,11 +390,11 @@ async def test_ensure_consumer_reports_a_refused_update_as_mismatches(jetstream)
 
     await _add(jetstream, t.stream_config_for(FLOW, RUN, "p", BATCH))
     stream = t.stream_name_for(FLOW, RUN, "p")
-    await p._ensure_consumer(jetstream, stream, t.consumer_config_for(FLOW, RUN, "c", "p"))
+    await p.ensure_consumer(jetstream, stream, t.consumer_config_for(FLOW, RUN, "c", "p"))
     # deliver_policy is not editable: the broker refuses, the read-back says so.
     changed = t.consumer_config_for(FLOW, RUN, "c", "p").evolve(
         deliver_policy=DeliverPolicy.NEW)
-    verified = await p._ensure_consumer(jetstream, stream, changed)
+    verified = await p.ensure_consumer(jetstream, stream, changed)
     assert verified.effective is not None
     assert any(m.startswith("deliver_policy:") for m in verified.mismatches)
 
@@ -402,7 +402,7 @@ async def test_ensure_consumer_reports_a_refused_update_as_mismatches(jetstream)
 @pytest.mark.asyncio
 async def test_ensure_consumer_creates_the_eos_anchor_exactly(jetstream):
     await _add(jetstream, t.stream_config_for(FLOW, RUN, "p", BATCH, generation="g1"))
-    verified = await p._ensure_consumer(
+    verified = await p.ensure_consumer(
         jetstream, t.stream_name_for(FLOW, RUN, "p"),
         t.eos_anchor_config(FLOW, RUN, "p", generation="g1"),
     )

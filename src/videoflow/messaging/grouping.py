@@ -35,33 +35,33 @@ needed.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from videoflow.core.policies import JoinPolicy
+from videoflow.messaging.grouping_core import (
+    GroupingCore,
+    GroupingCoreModule,
+    TimeGroupingCore,
+)
+from videoflow.native import PURE_PYTHON, not_built
 
 
-def _load_core() -> ModuleType:
-    if os.environ.get("VIDEOFLOW_PURE_PYTHON") == "1":
+def _load_core() -> GroupingCoreModule:
+    if PURE_PYTHON:
         from videoflow.messaging import _grouping_ref
 
-        return _grouping_ref
+        return cast(GroupingCoreModule, _grouping_ref)
     try:
         from videoflow.messaging import _grouping_core
     except ImportError as exc:
-        raise ImportError(
-            "videoflow's compiled grouping core is not built: install the package with "
-            "`pip install .` (or build in place with `python setup.py build_ext --inplace`), "
-            "or set VIDEOFLOW_PURE_PYTHON=1 to run the slow pure-Python reference"
-        ) from exc
-    return _grouping_core
+        raise not_built("grouping core", "run the slow pure-Python reference") from exc
+    return cast(GroupingCoreModule, _grouping_core)
 
 
-_core: ModuleType = _load_core()
+_core: GroupingCoreModule = _load_core()
 CORE_KIND: str = _core.CORE_KIND
 """Which core this process loaded: 'compiled' or 'reference'."""
 
@@ -197,7 +197,7 @@ class GroupAssembler:
         *,
         clock: Callable[[], float] = time.monotonic,
         epoch: Callable[[], float] = time.time,
-        core: ModuleType | None = None,
+        core: GroupingCoreModule | None = None,
     ) -> None:
         self.node_name = node_name
         self.parent_names = list(parent_names)
@@ -211,7 +211,7 @@ class GroupAssembler:
         self.add = self._core.add  # type: ignore[method-assign]
         self.pop_ready = self._core.pop  # type: ignore[method-assign]
 
-    def _make_core(self, impl: ModuleType, quorum: int) -> Any:
+    def _make_core(self, impl: GroupingCoreModule, quorum: int) -> GroupingCore:
         raise NotImplementedError
 
     def _timeout_s(self) -> float:
@@ -320,7 +320,7 @@ class TraceGroupAssembler(GroupAssembler):
     replacing the first; a redelivery (same seq) supersedes.
     """
 
-    def _make_core(self, impl: ModuleType, quorum: int) -> Any:
+    def _make_core(self, impl: GroupingCoreModule, quorum: int) -> GroupingCore:
         if self.policy.collect:
             raise ValueError("collect windows need mode='time'")
         return impl.TraceCore(
@@ -364,6 +364,8 @@ class TimeGroupAssembler(GroupAssembler):
     Messages without an event_ts (pre-v3 upstream) fall back to their arrival time.
     """
 
+    _core: TimeGroupingCore
+
     def heard(self, parent_name: str, now: float | None = None) -> None:
         self._core.heard(parent_name, now)
 
@@ -371,7 +373,7 @@ class TimeGroupAssembler(GroupAssembler):
         marks: dict[str, float | None] = self._core.watermarks()
         return marks
 
-    def _make_core(self, impl: ModuleType, quorum: int) -> Any:
+    def _make_core(self, impl: GroupingCoreModule, quorum: int) -> TimeGroupingCore:
         policy = self.policy
         if policy.tolerance_ms is None:  # pragma: no cover - JoinPolicy enforces it
             raise ValueError("tolerance_ms is required in time mode")

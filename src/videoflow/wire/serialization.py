@@ -78,7 +78,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import os
 import re
 import struct
 import threading
@@ -91,6 +90,7 @@ import msgspec
 import numpy as np
 
 from videoflow.errors import WireError
+from videoflow.native import PURE_PYTHON, not_built
 
 __all__ = [
     "ENVELOPE_VERSION",
@@ -625,16 +625,12 @@ def _load_compiled() -> ModuleType | None:
         ImportError: if the compiled decoder is not built; a silent fallback to the
             reference would hide a broken build behind a slower, passing decoder.
     """
-    if os.environ.get("VIDEOFLOW_PURE_PYTHON") == "1":
+    if PURE_PYTHON:
         return None
     try:
         from videoflow.wire import _envelope
     except ImportError as exc:
-        raise ImportError(
-            "videoflow's compiled envelope decoder is not built: install the package with "
-            "`pip install .` (or build in place with `python setup.py build_ext --inplace`), "
-            "or set VIDEOFLOW_PURE_PYTHON=1 to decode with the msgspec reference alone"
-        ) from exc
+        raise not_built("envelope decoder", "decode with the msgspec reference alone") from exc
     return _envelope
 
 
