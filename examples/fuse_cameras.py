@@ -29,8 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from videoflow.core.node import ConsumerNode, ProcessorNode, ProducerNode
-from videoflow.flow import Flow
+from videoflow import ConsumerNode, Flow, ProcessorNode, ProducerNode
 
 FPS, SECONDS, IMU_HZ, DROP_RATE = 30.0, 6.0, 400.0, 0.02
 

@@ -1,1 +1,4 @@
-"""Adapters the messaging layer composes: brokers and payload stores."""
+"""The messaging contract (messaging, messaging_types) and what implements it
+without a broker: the memory adapter (memory, memory_broker); the payload stores that
+keep obligations (payload: memory and filesystem; shm_payload: shared memory on one
+host). The JetStream adapter is the jetstream subpackage."""

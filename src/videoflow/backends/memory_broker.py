@@ -39,7 +39,7 @@ from videoflow.errors import IncompatibleProfile
 
 DEFAULT_DUPLICATE_WINDOW_SECONDS = 120.0
 """How long a msg_id is remembered for deduplication — JetStream's window as this
-project provisions it (stream_configs.DUPLICATE_WINDOW_SECONDS)."""
+project provisions it (messaging_types.DUPLICATE_WINDOW_SECONDS)."""
 
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 """The largest envelope the broker takes, in bytes (nats-server's default max_payload)."""

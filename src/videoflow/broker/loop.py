@@ -492,7 +492,7 @@ class ErrorLog:
 async def connect_fail_fast(url: str, connect_timeout: float, errors: ErrorLog,
                             outage: Outage | None = None) -> Client:
     """Connect, failing fast, with error_cb recording into errors; once connected, the
-    client rides out broker outages within outage's budget (broker_link.connect).
+    client rides out broker outages within outage's budget (broker.link.connect).
 
     Arguments:
         url: the server, or several comma-separated (a cluster's seeds).

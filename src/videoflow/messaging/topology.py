@@ -20,7 +20,7 @@ subjects are dot-delimited and sanitize never lets a dot through, so vf.f.r.x-n 
 vf.f.r-x.n are distinct strings — teardown reads the run out of the subject token,
 never out of a name prefix.
 
-The pure half lives in submodules this one re-exports: naming, stream_configs, credit
+The pure half lives in submodules this one re-exports: naming, jetstream.configs, credit
 and verification; nothing in them needs a broker. The broker half (read-back, teardown,
 idempotent create, provisioning a whole flow) lives in provisioning, re-exported
 here too.

@@ -8,7 +8,7 @@ within that timeout; a value that could not be read once connected is Unknown(re
 detail), never 0 (MSG-012).
 
 Runs are found by ownership — their owner labels, or for an unlabelled stream its data
-subject (STREAM-14, provisioning._owned_stream) — never by a stream-name prefix, which
+subject (STREAM-14, backends.jetstream.streams.owned_stream) — never by a stream-name prefix, which
 cannot tell run r-x from run r. Dead letters live on the flow-scoped stream
 vf-{flow}-dlq (STREAM-8) under vf.{flow}._dlq.{run}.{node}; nothing here but dlq_purge
 ever removes one, and teardown never touches that stream.

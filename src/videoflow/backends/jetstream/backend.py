@@ -17,17 +17,17 @@ What the contract buys, concretely:
   server's reply, as ack_sync is, and reports SettleUnknown when the acknowledgement
   is not confirmed within the timeout (PAY-004). Terminal requires a durable record
   reference (DELIV-15).
-- The loop runs on the thread that waits on it (jetstream_loop.LoopRunner): a node's
+- The loop runs on the thread that waits on it (broker.loop.LoopRunner): a node's
   task thread reads, parks and takes its deliveries, and sends its publications and
   settlements, itself, with no wake-up between threads; a keeper thread runs the
   loop while the task runs code of its own for longer than KEEP_SECONDS.
 - Settlement and publication are pipelined (settle_async, settle_many_async,
   settle_many, publish_async): calls made between two runs of the loop go out
   together on its next run, a run of acknowledgements of one durable is confirmed by
-  one request (jetstream_settle), and publications are all in flight at once, each
+  one request (jetstream.settle), and publications are all in flight at once, each
   Receipt filled in as its own PubAck arrives.
 - Receiving costs the caller no call onto the loop: deliveries are parked by the
-  inbox handler inside nats-py's read loop (jetstream_settle.subscribe_inline), and
+  inbox handler inside nats-py's read loop (jetstream.settle.subscribe_inline), and
   receive_any takes them and, while it waits, runs the loop until one is parked.
 - Publication outcomes are typed (MSG-013, MSG-014); observe_publication resolves an
   unknown send by an idempotent re-publish inside the stream's duplicate window.
@@ -35,10 +35,10 @@ What the contract buys, concretely:
   MAX_DELIVERIES advisories and mark_exhausted (MSG-012).
 - Stop-receive is separate from shutdown (RUN-030).
 
-The pieces live beside this module: jetstream_loop (who runs the loop, the hand-off to
-it and the fail-fast connect), jetstream_outcomes (publication outcomes),
-jetstream_receive (pull loops and settlement), jetstream_settle (the reply inbox and
-how a batch of settlements goes on the wire), jetstream_specs (specs to configs,
+The pieces live beside this module: broker.loop (who runs the loop, the hand-off to
+it and the fail-fast connect), jetstream.outcomes (publication outcomes),
+jetstream.receive (pull loops and settlement), jetstream.settle (the reply inbox and
+how a batch of settlements goes on the wire), jetstream.specs (specs to configs,
 answers to observations). Every NATS
 behaviour relied on is cited against nats-py 2.15.0 and /work/shared/design/NATS_FACTS.md.
 """
@@ -322,7 +322,7 @@ class JetStreamMessagingBackend(MessagingBackend):
         """make(js)'s idempotent request (a stream, a durable, read back), made again
         while it fails transiently or the broker is away: a replica starting while a
         cluster elects a stream's leader, or while its broker restarts, waits for it
-        (broker_link.retry_until) instead of dying on its first timeout.
+        (broker.link.retry_until) instead of dying on its first timeout.
 
         Raises:
             BrokerUnavailable: not connected once retry_until passed, or the
@@ -664,7 +664,7 @@ class JetStreamMessagingBackend(MessagingBackend):
         """Queue a publication and return at once. Publications queued while the loop
         is busy go out together on one wake-up, each a request whose reply is its
         PubAck, all in flight at once and in the order they were made
-        (jetstream_outcomes.publish_pipelined). The receipt always resolves, to what
+        (jetstream.outcomes.publish_pipelined). The receipt always resolves, to what
         publish would return."""
         if self._js is None or not self.connected:
             # Nothing was sent; waiting helps unless the connection was given up.

@@ -2,7 +2,7 @@
 durable, created or reconciled and read back, with whether this call created them.
 
 Part of videoflow.backends.jetstream.backend. Coroutines for the adapter's loop; the
-idempotent create-with-read-back itself is provisioning._ensure_stream /
+idempotent create-with-read-back itself is streams.ensure_stream /
 ensure_consumer, shared with the provision entrypoint.
 """
 

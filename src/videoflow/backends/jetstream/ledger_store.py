@@ -119,7 +119,7 @@ class NatsKvRuntimeStore(RuntimeStore):
               landed: Callable[[], T | None] | None = None) -> T:
         """make()'s coroutine run on the store's loop, made again while it fails
         transiently (a timeout, the broker away or between two leaders) within the
-        connection's outage budget (broker_link.retry_until).
+        connection's outage budget (broker.link.retry_until).
 
         Arguments:
             make: makes the request's coroutine (one per attempt).

@@ -244,7 +244,7 @@ class NatsObjectPayloadStore(PayloadStore):
 
     def _list_blobs(self) -> list[str]:
         async def names() -> list[str]:
-            # Not objects.list(): its watcher can miss objects (jetstream_kv). A
+            # Not objects.list(): its watcher can miss objects (broker.listing). A
             # deleted object keeps its metadata, flagged (NATS_FACTS §9).
             return await present_objects(self._nc.jetstream(timeout=self.timeout),
                                          self.bucket)

@@ -6,7 +6,7 @@ loop. Two pieces:
 
 - ReplyMux: one wildcard inbox per connection whose replies resolve waiting futures by
   a counter in the reply subject; publication receipts use it too
-  (jetstream_outcomes.publish_pipelined). It is nats-py's request() (aio/client.py
+  (jetstream.outcomes.publish_pipelined). It is nats-py's request() (aio/client.py
   _request_new_style) without the per-call NUID, random token, Task and wait_for, which
   cost more than the acknowledgement itself once hundreds are in flight.
 - plan_sends: how a batch of settlements of one durable goes on the wire. Only the last
