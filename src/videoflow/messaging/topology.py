@@ -39,12 +39,14 @@ from videoflow.backends.jetstream.configs import (
     eos_consumer_config,
     stream_config_for,
 )
-from videoflow.backends.jetstream.streams import (
-    DEFAULT_READ_BACK_TIMEOUT_SECONDS,
-    delete_run_streams,
+from videoflow.backends.jetstream.provisioning import (
     provision_flow,
     provision_flow_connect,
     provision_flow_sync,
+)
+from videoflow.backends.jetstream.streams import (
+    DEFAULT_READ_BACK_TIMEOUT_SECONDS,
+    delete_run_streams,
     read_back_streams,
     read_back_streams_async,
 )
