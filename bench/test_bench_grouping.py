@@ -53,15 +53,9 @@ ROUNDS = {"compiled": 40, "reference": 8}
 
 
 class Handle:
-    """An ack handle that does nothing: the benchmark measures the assembler."""
+    """An ack handle, held opaquely: the benchmark measures the assembler."""
 
     __slots__ = ()
-
-    def discard(self, reason: str) -> None:
-        pass
-
-    def supersede(self) -> None:
-        pass
 
 
 # (parent, entry, handle, arrival time in seconds)
@@ -73,25 +67,31 @@ def _entry(trace_id: str, seq: int, event_ts: float | None) -> EnvelopeEntry:
 
 
 def feed(assembler: Any, stream: Stream, now_cell: list[float], end: float) -> tuple[int, Any]:
-    """Feeds the stream, draining after each entry, then drains at ``end``.
+    """Feeds the stream, draining after each entry, then drains at ``end``; what the
+    assembler lets go of is taken after each call that can let go, as the messenger
+    takes it (here to be dropped: the handles do nothing).
 
     Returns:
         (groups popped, the last group).
     """
     add = assembler.add
     pop = assembler.pop_ready
+    take = assembler.take_released
     groups = 0
     last = None
     for parent, entry, handle, now in stream:
         now_cell[0] = now
         add(parent, entry, handle)
+        take()
         group = pop(now)
+        take()
         while group is not None:
             groups += 1
             last = group
             group = pop(now)
     now_cell[0] = end
     group = pop(end)
+    take()
     while group is not None:
         groups += 1
         last = group

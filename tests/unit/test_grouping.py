@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from grouping_helpers import Clock, Handle, entry
+from grouping_helpers import Clock, Handle, Resolving, entry
 
 from videoflow.core.policies import JoinPolicy
 from videoflow.messaging import _grouping_ref
@@ -119,7 +119,8 @@ def test_assembler_refuses_a_policy_that_does_not_fit_its_parents(core):
 
 def test_sixty_four_sync_parents_use_every_presence_bit(core):
     parents = [f"p{i}" for i in range(64)]
-    a = TimeGroupAssembler("j", parents, JoinPolicy(mode="time", tolerance_ms=1), core=core)
+    a = Resolving(TimeGroupAssembler("j", parents, JoinPolicy(mode="time", tolerance_ms=1),
+                                     core=core))
     for i, p in enumerate(parents):
         a.add(p, entry(f"{p}-0", i, 5.0), Handle(p))
         if i < 63:
@@ -132,9 +133,9 @@ def test_sixty_four_sync_parents_use_every_presence_bit(core):
 
 
 def trace(core, parents=("a", "b"), clock=None, **policy) -> TraceGroupAssembler:
-    return TraceGroupAssembler(
+    return Resolving(TraceGroupAssembler(
         "join", list(parents), JoinPolicy(**policy), clock=clock or Clock(), core=core
-    )
+    ))
 
 
 def test_trace_group_emits_when_every_half_arrived(core):
@@ -256,10 +257,10 @@ def test_trace_flush_emits_quorum_groups_and_flushes_the_rest(core):
 
 def timed(core, parents=("a", "b"), clock=None, epoch=None, **policy) -> TimeGroupAssembler:
     policy.setdefault("tolerance_ms", 5)
-    return TimeGroupAssembler(
+    return Resolving(TimeGroupAssembler(
         "fuse", list(parents), JoinPolicy(mode="time", **policy), clock=clock or Clock(),
         epoch=epoch or Clock(), core=core
-    )
+    ))
 
 
 def test_time_message_joins_the_nearest_group_within_tolerance(core):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from grouping_helpers import resolve_released
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -439,6 +440,7 @@ class Side:
             assert isinstance(groups, list), f"flush returned {groups!r}"
         else:  # pragma: no cover
             raise AssertionError(op)
+        resolve_released(self.asm)
         return groups, self.log[start:]
 
     def observe(self) -> tuple:

@@ -5,7 +5,10 @@ Same interface, same rules (stated in the reference's docstring), C types in the
 hot loops: event times in sorted double arrays with a head offset and tombstones,
 presence as 64-bit masks, creation order and the ready queue as int64 rings. The
 kernels trust their inputs: ``grouping.py`` validates the policy and parents
-before a core exists. Entries and handles are opaque objects in list slot tables.
+before a core exists. Entries and handles are opaque objects in list slot tables,
+never called: what the core lets go of (a held delivery its redelivery superseded, the
+members of a group or the samples it discarded) goes on ``released`` as
+(handle, reason) pairs, for the messenger to settle with the broker.
 """
 
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
@@ -25,6 +28,7 @@ import hashlib
 import time
 
 CORE_KIND = "compiled"
+SUPERSEDED = "superseded"
 
 cdef enum:
     FREE = 0
@@ -79,6 +83,7 @@ cdef class _Core:
     cdef int64_t* m_seq
     cdef double* m_ts
     cdef list m_entry, m_handle
+    cdef public list released
     cdef Py_ssize_t free_cap, n_free
     cdef int64_t* free
     cdef int64_t serial
@@ -131,6 +136,7 @@ cdef class _Core:
         self.serial = 0
         self.m_entry = []
         self.m_handle = []
+        self.released = []
         self.fifo = SlotQueue()
         self.ready = SlotQueue()
         self.dl_head = self.age_head = self.ready_head = 0
@@ -281,7 +287,7 @@ cdef class _Core:
         old = self.m_handle[i]
         self.m_entry[i] = entry
         self.m_handle[i] = handle
-        old.supersede()
+        self.released.append((old, SUPERSEDED))
         return 0
 
     cdef int _discard_group(self, Py_ssize_t slot, str reason) except -1:
@@ -289,7 +295,7 @@ cdef class _Core:
         cdef list handles = self._release_slot(slot)
         self.evictions += 1
         for h in handles:
-            h.discard(reason)
+            self.released.append((h, reason))
         return 0
 
     cdef int _forget(self, Py_ssize_t slot) except -1:
@@ -895,10 +901,10 @@ cdef class TimeCore(_Core):
                     old_handle = self.x_handle[x]
                     self.x_entry[x] = entry
                     self.x_handle[x] = handle
-                    old_handle.supersede()
+                    self.released.append((old_handle, SUPERSEDED))
                     return 0
         if self._settled(ts, self.c_window[c]):
-            handle.discard("expired")
+            self.released.append((handle, "expired"))
             return 0
         if self.x_free:
             x = self.x_free.pop()
@@ -930,7 +936,7 @@ cdef class TimeCore(_Core):
             self.carry_c.append(c)
             self.carry_from[c] += 1
         else:
-            handle.discard(reason)
+            self.released.append((handle, reason))
         return 0
 
     cdef int _settle(self) except -1:
@@ -986,7 +992,7 @@ cdef class TimeCore(_Core):
             else:
                 for k in range(len(self.carry)):
                     self.carry_from[<Py_ssize_t>self.carry_c[k]] -= 1
-                    self.carry[k].discard("flushed")
+                    self.released.append((self.carry[k], "flushed"))
             self.carry = []
             self.carry_c = []
         return 0

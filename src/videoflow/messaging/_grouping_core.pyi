@@ -2,11 +2,13 @@ from collections.abc import Callable
 from typing import Any
 
 CORE_KIND: str
+SUPERSEDED: str
 
 def group_identity(keys: list[str]) -> str: ...
 
 class _Core:
     evictions: int
+    released: list[tuple[Any, str]]
     def add(self, parent_name: str, entry: Any, handle: Any) -> None: ...
     def sweep(self, now: float | None = None) -> None: ...
     def pop(self, now: float | None = None) -> Any: ...

@@ -54,7 +54,11 @@ Rules (both cores):
 - Beyond ``max_pending`` assembling groups, the oldest (by creation) is
   discarded ('evicted').
 - A redelivery (same parent, trace_id and seq as a held message) swaps the
-  held entry and handle in place and calls ``supersede()`` on the old handle.
+  held entry and handle in place; the old handle is released as 'superseded'.
+- The core never calls a handle: whatever it lets go of is appended to
+  ``released`` as (handle, reason), reason 'superseded' or the discard's
+  ('evicted', 'expired', 'late', 'flushed'), in the order it happened; the
+  messenger takes them and settles with the broker.
 - Ready groups come out in the order they became ready.
 
 A time group with every sync parent present, or resolved with a quorum, waits for
@@ -93,6 +97,7 @@ from typing import Any
 import numpy as np
 
 CORE_KIND = "reference"
+SUPERSEDED = "superseded"
 
 _FREE, _ASSEMBLING, _CLOSING, _READY = 0, 1, 2, 3
 _NEG_INF = float("-inf")
@@ -240,6 +245,7 @@ class _Core:
         self.g_expired: list[bool] = []
         self.m_entry: list[Any] = []
         self.m_handle: list[Any] = []
+        self.released: list[tuple[Any, str]] = []
         self.m_seq: list[int] = []
         self.m_ts: list[float] = []
         self.free: list[int] = []
@@ -359,14 +365,14 @@ class _Core:
         old = self.m_handle[i]
         self.m_entry[i] = entry
         self.m_handle[i] = handle
-        old.supersede()
+        self.released.append((old, SUPERSEDED))
 
     def _discard_group(self, slot: int, reason: str) -> None:
         self._forget(slot)
         handles = self._release_slot(slot)
         self.evictions += 1
         for h in handles:
-            h.discard(reason)
+            self.released.append((h, reason))
 
     def _forget(self, slot: int) -> None:
         """Drops the group from any lookup structure before its slot is freed."""
@@ -895,10 +901,10 @@ class TimeCore(_Core):
                     old_handle = self.x_handle[x]
                     self.x_entry[x] = entry
                     self.x_handle[x] = handle
-                    old_handle.supersede()
+                    self.released.append((old_handle, SUPERSEDED))
                     return
         if self._settled(ts, self.c_window[c]):
-            handle.discard("expired")
+            self.released.append((handle, "expired"))
             return
         if self.x_free:
             x = self.x_free.pop()
@@ -930,7 +936,7 @@ class TimeCore(_Core):
             self.carry.append((c, handle))
             self.carry_from[c] += 1
         else:
-            handle.discard(reason)
+            self.released.append((handle, reason))
 
     def _settle(self, now: float) -> None:
         for c in range(self.nc):
@@ -976,7 +982,7 @@ class TimeCore(_Core):
             else:
                 for c, h in self.carry:
                     self.carry_from[c] -= 1
-                    h.discard("flushed")
+                    self.released.append((h, "flushed"))
             self.carry = []
 
     def _emit(self, slot: int) -> Any:

@@ -8,12 +8,13 @@ Two strategies, testable without a broker:
   tolerance of each other, regardless of lineage, with optional quorum emission
   and per-parent collect windows for high-rate sensors joined many-to-one.
 
-An assembler is fed decoded envelope entries paired with their broker ack handles.
-It owns the pending buffers and resolves the handles of anything it discards
-(``handle.discard(reason)`` with reason 'evicted', 'expired', 'late' or 'flushed') and
-supersedes (``handle.supersede()``: retired locally, no broker settlement);
-handles of everything it emits travel out unresolved inside the ReadyGroup for the
-task loop to ack/fail after processing. Handle methods must not raise.
+An assembler is fed decoded envelope entries paired with their broker ack handles,
+which it holds as opaque objects and never calls: it only does arithmetic. What it
+lets go of comes back from take_released() as (handle, reason) pairs: reason
+SUPERSEDED for a held delivery its redelivery replaced, else the discard's
+('evicted', 'expired', 'late' or 'flushed'); the messenger settles them with the
+broker. Handles of everything it emits travel out inside the ReadyGroup for the
+task loop to ack/fail after processing.
 
 The bookkeeping lives in a core with two implementations behind one interface:
 the compiled ``_grouping_core`` (csrc/) and the pure-Python reference
@@ -63,6 +64,8 @@ def _load_core() -> GroupingCoreModule:
 
 _core: GroupingCoreModule = _load_core()
 CORE_KIND: str = _core.CORE_KIND
+SUPERSEDED: str = _core.SUPERSEDED
+"""The reason take_released gives a held delivery its redelivery replaced."""
 """Which core this process loaded: 'compiled' or 'reference'."""
 
 
@@ -227,6 +230,15 @@ class GroupAssembler:
             OverflowError: for a sync parent's seq outside the signed 64-bit range.
         """
         self._core.add(parent_name, entry, handle)
+
+    def take_released(self) -> list[tuple[Any, str]]:
+        """What the core let go of since the last call, in order: (handle, reason)
+        pairs, reason SUPERSEDED or the discard's. Call it after add, pop_ready,
+        sweep, flush and heard; an empty list costs one attribute read."""
+        released = self._core.released
+        if released:
+            self._core.released = []
+        return released
 
     @property
     def evictions(self) -> int:

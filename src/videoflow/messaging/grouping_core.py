@@ -10,9 +10,12 @@ from typing import Any, Protocol
 
 class GroupingCore(Protocol):
     """One assembler's bookkeeping: entries and handles held opaquely beside sorted
-    numeric tables; groups come out as ReadyGroup (and CollectedSamples) objects."""
+    numeric tables; groups come out as ReadyGroup objects. The core never calls a
+    handle: what it lets go of is appended to released as (handle, reason), reason
+    SUPERSEDED or the discard's ('evicted', 'expired', 'late', 'flushed')."""
 
     evictions: int
+    released: list[tuple[Any, str]]
 
     def add(self, parent_name: str, entry: Any, handle: Any) -> None: ...
     def sweep(self, now: float | None = None) -> None: ...
@@ -36,6 +39,7 @@ class GroupingCoreModule(Protocol):
     """A core implementation: the module, as messaging.grouping loads it."""
 
     CORE_KIND: str
+    SUPERSEDED: str
 
     def group_identity(self, keys: list[str]) -> str: ...
 

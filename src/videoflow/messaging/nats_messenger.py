@@ -91,7 +91,12 @@ from videoflow.core.engine import (
 )
 from videoflow.core.runtime import FlowRuntime
 from videoflow.errors import DurabilityUnavailable, PayloadMissing, WireError
-from videoflow.messaging.grouping import EnvelopeEntry, ReadyGroup, make_assembler
+from videoflow.messaging.grouping import (
+    SUPERSEDED,
+    EnvelopeEntry,
+    ReadyGroup,
+    make_assembler,
+)
 from videoflow.messaging.messenger_deliveries import (
     DROP_REASONS,
     Deliveries,
@@ -159,7 +164,9 @@ def partition_of(key: Any, partitions: int) -> int:
 
 @dataclass(slots=True)
 class _Handle:
-    """What the assembler holds for one delivery: discard / supersede resolve it."""
+    """What the assembler holds for one delivery, opaquely: the messenger settles it
+    when the assembler lets it go (_settle_released) or the task is done with its
+    group."""
 
     messenger: NATSMessenger
     parent: str
@@ -167,13 +174,6 @@ class _Handle:
     delivery: Delivery
     blob_ref: str | None = None
     arrived: float = 0.0  # time.monotonic() when it reached the assembler
-
-    def discard(self, reason: str) -> None:
-        self.messenger._discarded(self, reason)
-
-    def supersede(self) -> None:
-        self.messenger.deliveries.let_go(self.delivery)
-        self.messenger.backend.supersede(self.delivery.token)
 
 
 class NATSMessenger(Messenger):
@@ -807,6 +807,7 @@ class NATSMessenger(Messenger):
         if self._time_join and not now - self._lags_at < LAG_SAMPLE_SECONDS:
             self._sample_lags(now)
         group = self.assembler.pop_ready(now)
+        self._settle_released()
         self.deliveries.settle_pending()
         if group is not None:
             return group
@@ -815,6 +816,7 @@ class NATSMessenger(Messenger):
         if not self._flushed and self._idle and all(
                 self.deliveries.drained(p, self._data_subs[p]) for p in self.parent_names):
             self._ready.extend(self.assembler.flush(self.clock()))
+            self._settle_released()
             self._flushed = True
             self.deliveries.settle_pending()
             return self._ready.popleft() if self._ready else None
@@ -842,6 +844,7 @@ class NATSMessenger(Messenger):
             waiting = self.backend.backlog(sub)
             if isinstance(waiting, Known) and waiting.value > 0:
                 self.assembler.heard(parent, now)
+        self._settle_released()
 
     def _receive_once(self) -> None:
         self.reconciled += self.payloads.reconcile()  # PAY-006, at most once per ack_wait
@@ -893,6 +896,7 @@ class NATSMessenger(Messenger):
             return  # it was in hand at each of crash_limit process deaths: dead-lettered
         self.deliveries.hold(parent, delivery.token)
         self.assembler.add(parent, entry, handle)
+        self._settle_released()
 
     def _on_end_marker(self, parent: str, delivery: Delivery) -> None:
         try:
@@ -975,6 +979,17 @@ class NATSMessenger(Messenger):
             if set_depth is not None:
                 set_depth(depth)
             self._depth = depth
+
+    def _settle_released(self) -> None:
+        """Settle what the assembler let go of (it only does arithmetic): a delivery
+        its redelivery superseded is retired here, with no broker settlement (the
+        redelivery holds the attempt); a discarded one as the join's rules say."""
+        for handle, reason in self.assembler.take_released():
+            if reason == SUPERSEDED:
+                self.deliveries.let_go(handle.delivery)
+                self.backend.supersede(handle.delivery.token)
+            else:
+                self._discarded(handle, reason)
 
     def _discarded(self, handle: _Handle, reason: str) -> None:
         if handle.parent in self._collect and reason in ("expired", "flushed"):
