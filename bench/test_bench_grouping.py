@@ -68,30 +68,30 @@ def _entry(trace_id: str, seq: int, event_ts: float | None) -> EnvelopeEntry:
 
 def feed(assembler: Any, stream: Stream, now_cell: list[float], end: float) -> tuple[int, Any]:
     """Feeds the stream, draining after each entry, then drains at ``end``; what the
-    assembler lets go of is taken after each call that can let go, as the messenger
-    takes it (here to be dropped: the handles do nothing).
+    assembler lets go of is looked at once per entry, as the messenger looks once per
+    receive batch (and dropped: the handles do nothing).
 
     Returns:
         (groups popped, the last group).
     """
     add = assembler.add
     pop = assembler.pop_ready
-    take = assembler.take_released
+    released = assembler.released
     groups = 0
     last = None
     for parent, entry, handle, now in stream:
         now_cell[0] = now
         add(parent, entry, handle)
-        take()
         group = pop(now)
-        take()
         while group is not None:
             groups += 1
             last = group
             group = pop(now)
+        if released:
+            released.clear()
     now_cell[0] = end
     group = pop(end)
-    take()
+    released.clear()
     while group is not None:
         groups += 1
         last = group

@@ -10,7 +10,7 @@ Two strategies, testable without a broker:
 
 An assembler is fed decoded envelope entries paired with their broker ack handles,
 which it holds as opaque objects and never calls: it only does arithmetic. What it
-lets go of comes back from take_released() as (handle, reason) pairs: reason
+lets go of waits in ``released`` as (handle, reason) pairs (take_released): reason
 SUPERSEDED for a held delivery its redelivery replaced, else the discard's
 ('evicted', 'expired', 'late' or 'flushed'); the messenger settles them with the
 broker. Handles of everything it emits travel out inside the ReadyGroup for the
@@ -209,6 +209,10 @@ class GroupAssembler:
         self.sync_parents = policy.validate_for(self.parent_names)
         quorum = len(self.sync_parents) if policy.quorum is None else policy.quorum
         self._core = self._make_core(_core if core is None else core, quorum)
+        self.released: list[tuple[Any, str]] = self._core.released
+        """The core's own list of what it let go of, (handle, reason) in order: one
+        object for the assembler's life, so a caller keeps it and tests it for a cost
+        of nothing; take_released empties it."""
         # The per-message calls go straight to the core: a Python frame in between
         # would cost about as much as the compiled work itself.
         self.add = self._core.add  # type: ignore[method-assign]
@@ -232,13 +236,12 @@ class GroupAssembler:
         self._core.add(parent_name, entry, handle)
 
     def take_released(self) -> list[tuple[Any, str]]:
-        """What the core let go of since the last call, in order: (handle, reason)
-        pairs, reason SUPERSEDED or the discard's. Call it after add, pop_ready,
-        sweep, flush and heard; an empty list costs one attribute read."""
-        released = self._core.released
-        if released:
-            self._core.released = []
-        return released
+        """What the core let go of since the last take, in order: (handle, reason)
+        pairs, reason SUPERSEDED or the discard's; released is left empty. On a hot
+        path, test ``released`` first: it is empty almost always."""
+        taken = list(self.released)
+        self.released.clear()
+        return taken
 
     @property
     def evictions(self) -> int:

@@ -867,6 +867,8 @@ class NATSMessenger(Messenger):
                 self._on_end_marker(self._eos_subs[sub], delivery)
             else:
                 self._on_data(sub, delivery)
+        if self.parent_names:
+            self._settle_released()  # what the batch's adds let go of, at once
         self.deliveries.settle_pending()
 
     def _on_data(self, sub: SubscriptionId, delivery: Delivery) -> None:
@@ -896,7 +898,6 @@ class NATSMessenger(Messenger):
             return  # it was in hand at each of crash_limit process deaths: dead-lettered
         self.deliveries.hold(parent, delivery.token)
         self.assembler.add(parent, entry, handle)
-        self._settle_released()
 
     def _on_end_marker(self, parent: str, delivery: Delivery) -> None:
         try:
@@ -984,6 +985,8 @@ class NATSMessenger(Messenger):
         """Settle what the assembler let go of (it only does arithmetic): a delivery
         its redelivery superseded is retired here, with no broker settlement (the
         redelivery holds the attempt); a discarded one as the join's rules say."""
+        if not self.assembler.released:
+            return
         for handle, reason in self.assembler.take_released():
             if reason == SUPERSEDED:
                 self.deliveries.let_go(handle.delivery)
