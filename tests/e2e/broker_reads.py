@@ -2,12 +2,40 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import nats
+from nats.aio.msg import Msg
 
 
 async def stream_names(url: str) -> list[str]:
     nc = await nats.connect(url)
     try:
         return [info.config.name for info in await nc.jetstream().streams_info()]
+    finally:
+        await nc.close()
+
+
+async def wait_for_pullers(url: str, durable: str, count: int, timeout: float) -> int:
+    """Wait until `count` distinct connections have asked the durable for messages (its
+    pull requests, seen on the JetStream API subject, each replying to an inbox of its
+    own connection); returns how many were seen.
+
+    Raises:
+        TimeoutError: fewer asked within timeout.
+    """
+    nc = await nats.connect(url)
+    inboxes: set[str] = set()
+    enough = asyncio.Event()
+
+    async def seen(msg: Msg) -> None:
+        inboxes.add(msg.reply.rsplit(".", 1)[0])
+        if len(inboxes) >= count:
+            enough.set()
+
+    try:
+        await nc.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.*.{durable}", cb=seen)
+        await asyncio.wait_for(enough.wait(), timeout)
+        return len(inboxes)
     finally:
         await nc.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from broker_reads import stream_names
+from broker_reads import stream_names, wait_for_pullers
 from flow_nodes import applied
 
 from videoflow.broker import server as embedded
@@ -153,6 +153,9 @@ def test_sigterm_on_a_replica_hands_its_parked_inputs_to_the_survivor_at_once(
     url = nats_server.url
     survivor = start_worker(workers, spec, "record", url, env, replica=0)
     leaving = start_worker(workers, spec, "record", url, env, replica=1)
+    # Both sink replicas pull before any input exists: a replica still starting when
+    # the inputs come would find the other holding them all, and hold none to hand on.
+    asyncio.run(wait_for_pullers(url, "record--from--scale", 2, 60))
     start_worker(workers, spec, "scale", url, env)
     start_worker(workers, spec, "numbers", url, env)
     log = out / "applications.log"
