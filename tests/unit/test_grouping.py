@@ -15,7 +15,9 @@ from grouping_helpers import Clock, Handle, Resolving, entry
 from videoflow.core.policies import JoinPolicy
 from videoflow.messaging import _grouping_ref
 from videoflow.messaging.grouping import (
+    ENTRY_KEYS,
     CollectEntry,
+    EndEntry,
     EnvelopeEntry,
     ReadyGroup,
     TimeGroupAssembler,
@@ -95,6 +97,30 @@ def test_from_decoded_without_identity_raises_key_error(missing):
 def test_envelope_entry_is_never_mutated():
     with pytest.raises(dataclasses.FrozenInstanceError):
         entry("t", 1).seq = 2  # type: ignore[misc]
+
+
+def test_every_entry_record_is_read_by_the_keys_receive_message_documents():
+    data = EnvelopeEntry("t", 1, 2.5, {"x": 1}, {"m": 1}, False)
+    window = CollectEntry(["a", "b"], [None, None], [1.0, 2.0])
+    died = EndEntry(False, True, "cam", {"type": "ValueError", "message": "bad"})
+    assert {k: data[k] for k in ENTRY_KEYS} == {
+        "message": {"x": 1}, "metadata": {"m": 1}, "event_ts": 2.5, "is_stop_signal": False,
+        "is_abort": False, "abort_origin": None, "abort_error": None}
+    assert (window["message"], window["event_ts"], window["is_abort"]) == (
+        ["a", "b"], [1.0, 2.0], False)
+    assert {k: died[k] for k in ENTRY_KEYS} == {
+        "message": None, "metadata": None, "event_ts": None, "is_stop_signal": False,
+        "is_abort": True, "abort_origin": "cam",
+        "abort_error": {"type": "ValueError", "message": "bad"}}
+    assert EndEntry(True)["is_stop_signal"] is True
+
+
+@pytest.mark.parametrize("key", ["trace_id", "seq", "blob_ref", "nope"])
+def test_an_entry_read_by_a_key_it_does_not_promise_raises_key_error(key):
+    # Lineage and transport fields are attributes for the messaging layer, not keys
+    # a node's task may come to depend on.
+    with pytest.raises(KeyError, match=key):
+        entry("t", 1)[key]
 
 
 def test_collect_entry_defaults_to_empty_lists():

@@ -41,6 +41,7 @@ from videoflow.core.policies import PoisonMessage, WorkerFatal
 from videoflow.core.runtime import FlowRuntime, MemoryRuntimeStore
 from videoflow.errors import DurabilityUnavailable
 from videoflow.messaging.dead_letters import decode_dead_letter
+from videoflow.messaging.grouping import ENTRY_KEYS, EnvelopeEntry
 from videoflow.messaging.nats_messenger import NATSMessenger, partition_of
 from videoflow.wire.serialization import MemoryBlobStore, decode_envelope
 
@@ -171,13 +172,17 @@ def test_a_chain_carries_every_message_its_trace_and_its_event_time_to_the_end(f
 
     received = run_sink(sink, seen)
     *groups, stop = received
+    # One form per delivery: the task gets the entry the assembler kept, not a copy.
+    assert all(type(g["double"]) is EnvelopeEntry for g in groups)
     assert [g["double"]["message"] for g in groups] == [2, 4, 6, 8, 10]
     # The event time a producer set travels with the event, and so does its trace id.
     assert [g["double"]["event_ts"] for g in groups] == [1000.0, 1001.0, 1002.0, 1003.0, 1004.0]
     assert sink_traces == producer_traces and len(set(producer_traces)) == 5
-    assert stop == {"double": {"message": None, "metadata": None, "event_ts": None,
-                               "is_stop_signal": True, "is_abort": False,
-                               "abort_origin": None, "abort_error": None}}
+    # An entry is read by key (Messenger.receive_message): every key, compared whole.
+    assert list(stop) == ["double"]
+    assert {key: stop["double"][key] for key in ENTRY_KEYS} == {
+        "message": None, "metadata": None, "event_ts": None, "is_stop_signal": True,
+        "is_abort": False, "abort_origin": None, "abort_error": None}
     assert sink.last_input_info() is None  # after the end, nothing is the last input
     assert cam.publication_stats["accepted"] == 6  # five messages and the end marker
     for messenger in (cam, double, sink):

@@ -46,10 +46,12 @@ class Messenger(abc.ABC):
         """Block until the node has a complete input group, or every parent ended.
 
         Returns:
-            {parent_name: entry}, exactly one entry per real parent. An entry carries
-            message, metadata, event_ts, is_stop_signal (that parent ended cleanly)
-            and is_abort (it died; then also abort_origin and abort_error). A parent
-            missing from a quorum emission has entry None.
+            {parent_name: entry}, exactly one entry per real parent. An entry is read
+            by key: message, metadata, event_ts, is_stop_signal (that parent ended
+            cleanly) and is_abort (it died; then also abort_origin and abort_error)
+            -- a dict, or a record with those keys (the NATS messenger hands out
+            the entries its assembler kept). A parent missing from a quorum
+            emission has entry None.
         """
 
     @abc.abstractmethod

@@ -39,7 +39,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from videoflow.core.policies import JoinPolicy
 from videoflow.messaging.grouping_core import (
@@ -64,19 +64,44 @@ def _load_core() -> GroupingCoreModule:
 
 _core: GroupingCoreModule = _load_core()
 CORE_KIND: str = _core.CORE_KIND
+"""Which core this process loaded: 'compiled' or 'reference'."""
 SUPERSEDED: str = _core.SUPERSEDED
 """The reason take_released gives a held delivery its redelivery replaced."""
-"""Which core this process loaded: 'compiled' or 'reference'."""
+
+ENTRY_KEYS: frozenset[str] = frozenset({
+    "message", "metadata", "event_ts", "is_stop_signal", "is_abort", "abort_origin",
+    "abort_error"})
+"""What a node's task reads of an entry by key (entry["message"]): the fields
+Messenger.receive_message promises, which every entry record carries."""
+
+
+class _ByKey:
+    """Reads an entry record's ENTRY_KEYS by key, the way receive_message's entries
+    are documented (entry["message"], entry["is_stop_signal"]): the task gets the
+    record the assembler kept, not a dict rebuilt from it."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in ENTRY_KEYS:
+            raise KeyError(key)
+        return getattr(self, key)
 
 
 @dataclass(frozen=True, slots=True)
-class EnvelopeEntry:
+class EnvelopeEntry(_ByKey):
     """One decoded envelope as the messaging layer carries it: the field set
     videoflow.wire.serialization.decode_envelope returns, as attributes.
 
     Built at the messenger's receive boundary via from_decoded and never mutated
     afterwards — an assembler that supersedes a redelivery swaps the whole entry.
+    The same record reaches the node's task, which reads it by key (ENTRY_KEYS; a
+    data entry's is_abort is False).
     """
+
+    is_abort: ClassVar[bool] = False
+    abort_origin: ClassVar[None] = None
+    abort_error: ClassVar[None] = None
 
     trace_id: str
     seq: int
@@ -129,18 +154,39 @@ class EnvelopeEntry:
 
 
 @dataclass(slots=True)
-class CollectEntry:
+class CollectEntry(_ByKey):
     """The window of samples a collect parent contributes to one time group: every
     sample within that parent's window of the group's time, oldest first.
 
     Deliberately not an EnvelopeEntry — message, metadata and event_ts are lists
-    here, and the window has no single trace id or seq of its own.
+    here, and the window has no single trace id or seq of its own. Read by key as
+    an EnvelopeEntry is (ENTRY_KEYS).
     """
+
+    is_abort: ClassVar[bool] = False
+    abort_origin: ClassVar[None] = None
+    abort_error: ClassVar[None] = None
 
     message: list = field(default_factory=list)
     metadata: list = field(default_factory=list)
     event_ts: list = field(default_factory=list)
     is_stop_signal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EndEntry(_ByKey):
+    """What receive_message hands the task for a parent that ended: a clean end
+    (is_stop_signal), or a death (is_abort, with the origin node and its error
+    record). Read by key as an EnvelopeEntry is (ENTRY_KEYS); it has no message.
+    """
+
+    is_stop_signal: bool
+    is_abort: bool = False
+    abort_origin: str | None = None
+    abort_error: dict[str, Any] | None = None
+    message: ClassVar[None] = None
+    metadata: ClassVar[None] = None
+    event_ts: ClassVar[None] = None
 
 
 GroupEntry = EnvelopeEntry | CollectEntry | None

@@ -54,6 +54,7 @@ from videoflow.messaging.dead_letters import (
     dead_letter,
     dead_letter_for,
 )
+from videoflow.messaging.grouping import EndEntry
 from videoflow.messaging.messenger_payloads import MessengerPayloads
 from videoflow.wire.serialization import encode_envelope
 
@@ -96,7 +97,7 @@ def end_marker(node_name: str, flow_id: str, run_id: str, replica_id: int, nb_ta
         abort_error=record)
 
 
-def end_entry(aborted: dict[str, Any] | None) -> dict[str, Any]:
+def end_entry(aborted: dict[str, Any] | None) -> EndEntry:
     """The entry receive_message returns for a parent that ended.
 
     Arguments:
@@ -106,10 +107,9 @@ def end_entry(aborted: dict[str, Any] | None) -> dict[str, Any]:
         A stop entry (is_stop_signal True), or an abort entry carrying the abort's
         origin and error.
     """
-    return {"message": None, "metadata": None, "event_ts": None,
-            "is_stop_signal": aborted is None, "is_abort": aborted is not None,
-            "abort_origin": None if aborted is None else aborted["abort_origin"],
-            "abort_error": None if aborted is None else aborted["abort_error"]}
+    if aborted is None:
+        return EndEntry(True)
+    return EndEntry(False, True, aborted["abort_origin"], aborted["abort_error"])
 
 
 class Held(Protocol):
@@ -491,10 +491,10 @@ class Deliveries:
             return False
         return time.monotonic() - end.last_data >= self.eos_quiescence
 
-    def stop_entries(self) -> dict[str, Any]:
+    def stop_entries(self) -> dict[str, EndEntry]:
         """Per parent, its end entry: an abort entry if any of its replicas aborted,
         else a stop entry."""
-        entries: dict[str, Any] = {}
+        entries: dict[str, EndEntry] = {}
         for parent in self.parent_names:
             markers = self._ends[parent].markers
             entries[parent] = end_entry(

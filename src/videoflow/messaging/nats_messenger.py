@@ -8,11 +8,11 @@ the two helpers it holds, below.
 
 The shape of one input group's life: receive_any on every parent's data and EOS
 subscriptions (everything ready, in one hand-off) -> decode_envelope -> EnvelopeEntry
-(once, at this boundary) -> the assembler -> a ReadyGroup -> the node -> its outputs
-published without waiting, into the window (videoflow.messaging.messenger_window) ->
-once every output of the group is accepted, every handle of the group is settled,
-while the node is already on its next groups. The window drains before an end marker,
-a checkpoint and the task's exit.
+(once, at this boundary) -> the assembler -> a ReadyGroup, whose entries the task gets
+as they are -> the node -> its outputs published without waiting, into the window
+(videoflow.messaging.messenger_window) -> once every output of the group is accepted,
+every handle of the group is settled, while the node is already on its next groups.
+The window drains before an end marker, a checkpoint and the task's exit.
 
 What becomes of each delivery -- held, completed, retried, dead-lettered or
 terminated (DELIV-15: given up on only against a durable record), counted as a drop --
@@ -768,10 +768,12 @@ class NATSMessenger(Messenger):
         """Block until a complete input group is ready, or every parent ended.
 
         Returns:
-            {parent: entry} (see Messenger.receive_message); after every parent ended
-            and everything of theirs was handed out, every entry has is_stop_signal
-            True, or is_abort True with abort_origin and abort_error for a parent that
-            died.
+            {parent: entry} (see Messenger.receive_message): the EnvelopeEntry the
+            assembler kept, a CollectEntry for a collect window, None for a parent
+            missing from a quorum emission -- each read by key (entry["message"]).
+            After every parent ended and everything of theirs was handed out, an
+            EndEntry per parent: is_stop_signal True, or is_abort True with
+            abort_origin and abort_error for a parent that died.
 
         Raises:
             ValueError: called on a producer (it has no inputs).
@@ -793,7 +795,7 @@ class NATSMessenger(Messenger):
                 if self._covered is not None and self.last_input_key() == self._covered:
                     self.ack_inputs()  # already applied before the checkpoint: done
                     continue
-                return {p: self._entry_dict(e) for p, e in group.entries.items()}
+                return group.entries  # the records the assembler kept, read by key
             if self._flushed:
                 return self.deliveries.stop_entries()
             self._receive_once()
@@ -909,14 +911,6 @@ class NATSMessenger(Messenger):
         self.deliveries.on_marker(parent, marker)
         self.runtime.record_eos(parent, marker["replica_id"], aborted=bool(marker["is_abort"]))
         self.deliveries.settle_later(delivery, Completed())
-
-    @staticmethod
-    def _entry_dict(entry: Any) -> dict[str, Any] | None:
-        if entry is None:
-            return None
-        return {"message": entry.message, "metadata": entry.metadata,
-                "event_ts": entry.event_ts, "is_stop_signal": False, "is_abort": False,
-                "abort_origin": None, "abort_error": None}
 
     def last_input_key(self) -> str | None:
         """A stable identity of the group last returned: its trace id and seq, the
