@@ -24,7 +24,7 @@ from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.core.naming import dlq_stream_name
 from videoflow.flow import Flow
-from videoflow.messaging.nats_messenger import partition_of
+from videoflow.messaging.partitions import partition_of
 from videoflow.ops import dlq_list
 
 pytestmark = pytest.mark.timeout(120)

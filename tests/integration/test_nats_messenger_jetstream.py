@@ -26,7 +26,8 @@ from videoflow.core.policies import PoisonMessage, WorkerFatal
 from videoflow.core.runtime import FlowRuntime
 from videoflow.errors import SupersededOwner
 from videoflow.messaging.dead_letters import decode_dead_letter
-from videoflow.messaging.nats_messenger import NATSMessenger, partition_of
+from videoflow.messaging.nats_messenger import NATSMessenger
+from videoflow.messaging.partitions import partition_of
 from videoflow.messaging.topology import provision_flow_sync
 from videoflow.wire.serialization import decode_envelope
 

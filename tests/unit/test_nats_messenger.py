@@ -42,7 +42,8 @@ from videoflow.core.runtime import FlowRuntime, MemoryRuntimeStore
 from videoflow.errors import DurabilityUnavailable
 from videoflow.messaging.dead_letters import decode_dead_letter
 from videoflow.messaging.grouping import ENTRY_KEYS, EnvelopeEntry
-from videoflow.messaging.nats_messenger import NATSMessenger, partition_of
+from videoflow.messaging.nats_messenger import NATSMessenger
+from videoflow.messaging.partitions import partition_of
 from videoflow.wire.serialization import MemoryBlobStore, decode_envelope
 
 FLOW, RUN = "flow", "run"
@@ -708,7 +709,7 @@ def test_a_replayable_producer_resumes_from_its_last_accepted_offset_and_a_repla
     assert first.resume_offset() == 3
     replacement = producer()  # after a restart: the source resumes after offset 3 ...
     assert replacement.resume_offset() == 3
-    replacement._source_offset = 2  # ... or, had the ledger lagged, replays line 3
+    replacement.outputs.source_offset = 2  # ... or, had the ledger lagged, replays line 3
     replacement.publish_message("l3")
     replacement.publish_message("l4")
     replacement.publish_stop_signal()

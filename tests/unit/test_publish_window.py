@@ -333,7 +333,7 @@ def test_a_full_stream_is_backpressure_in_batch_and_a_counted_drop_in_realtime(
     backend.release()
     full = Rejected("maximum messages exceeded", retryable=True)
     cam.publish_message("first")
-    backend.script[f"{cam._live_id_node}:{cam.runtime.epoch}:2"] = [full, full, full]
+    backend.script[f"{cam.outputs.live_id_node}:{cam.runtime.epoch}:2"] = [full, full, full]
     cam.publish_message("second")
     cam.publish_message("third")
     cam.drain()

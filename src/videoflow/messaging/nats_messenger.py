@@ -4,7 +4,7 @@ The transport (connection, streams, durables, prefetch, leases, settlement, publ
 outcomes) is the backend's (videoflow.backends.jetstream.backend by default, the
 memory adapter in tests). What is the messenger's to decide lives here -- trace and
 sequence bookkeeping, join assembly, message ids, publication, checkpoints -- and in
-the two helpers it holds, below.
+the parts it holds, below.
 
 The shape of one input group's life: receive_any on every parent's data and EOS
 subscriptions (everything ready, in one hand-off) -> decode_envelope -> EnvelopeEntry
@@ -29,13 +29,13 @@ reconciliation (PAY-006) are videoflow.messaging.messenger_payloads'
 BlobStore (RFC 0002, BLOB-5).
 
 Partitioned consumption: each replica binds its own durables and keeps, through the
-backend's admission filter, only the inputs whose partition key hashes to it.
+backend's admission filter, only the inputs whose partition key hashes to it
+(videoflow.messaging.partitions).
 
-Message ids, so that a re-publish deduplicates and nothing else does: a processor's
-output is keyed by its input group ({node}:{group key}:{k}); a replayable producer's by
-its source offset (MSGID-6); a live producer's is {node}:{epoch}:{n} (MSGID-5) where the
-node part is '<node>#<replica>', since owner epochs are per replica, plus
-'~<incarnation>' when the ledger dies with the process and so restarts its epochs at 1.
+Outputs -- their ids (stable across a redelivery, so the broker's duplicate window
+keeps one copy), envelopes, publication inline or by ref, a replayable producer's
+source offsets and the end markers -- are videoflow.messaging.messenger_outputs'
+(Outputs).
 
 A checkpoint committed with an output is written only once that output's publication
 was accepted, so a restored checkpoint's output is already on the broker when its
@@ -44,36 +44,33 @@ covered group is acknowledged.
 With a durable, shared ledger (NATS KV) the retry budget is counted in the ledger, not
 by the broker: the durables are bound with max_deliver -1 (provision with ledger_budget
 to match), and a worker-fatal failure never spends an attempt.
+
+Over ~700 lines, as one class: NATSMessenger is the reference's Messenger plus the
+observation API a run reads (about thirty public methods and their docstrings). The
+work is in its parts; what stays is the receive loop, which moves with the assembler's
+state, and each method's wiring to the parts.
 """
 
 from __future__ import annotations
 
 import math
 import time
-import uuid
-import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-import msgspec
-
-from videoflow.backends.jetstream.specs import subscription_spec_for
 from videoflow.backends.messaging import (
-    Accepted,
     ChannelId,
     Completed,
     Delivery,
-    Envelope,
     Known,
     MessagingBackend,
-    Rejected,
     SubscriptionId,
+    SubscriptionSpec,
     Unknown,
 )
-from videoflow.backends.payload import PayloadStore, inline_threshold
-from videoflow.core.constants import BATCH, REALTIME
+from videoflow.backends.payload import PayloadStore
 from videoflow.core.credit import (
     PRODUCER_WINDOW,
     RECEIVE_PREFETCH,
@@ -84,13 +81,12 @@ from videoflow.core.credit import (
     node_credit,
 )
 from videoflow.core.engine import (
-    CHECKPOINT_METADATA_KEY,
     STOP_CONTROL,
     STOP_QUIESCE,
     Messenger,
 )
 from videoflow.core.runtime import FlowRuntime
-from videoflow.errors import DurabilityUnavailable, PayloadMissing, WireError
+from videoflow.errors import PayloadMissing, WireError
 from videoflow.messaging.grouping import (
     SUPERSEDED,
     EnvelopeEntry,
@@ -101,22 +97,17 @@ from videoflow.messaging.messenger_deliveries import (
     DROP_REASONS,
     Deliveries,
     end_entry,
-    end_marker,
 )
+from videoflow.messaging.messenger_outputs import Outputs, require_durable_ledger
 from videoflow.messaging.messenger_payloads import MessengerPayloads
 from videoflow.messaging.messenger_window import PublicationFailed, PublishWindow
-from videoflow.messaging.publication import PublicationStats, publish_until_known
+from videoflow.messaging.partitions import Partition
+from videoflow.messaging.publication import PublicationStats
 from videoflow.wire.serialization import (
     ENVELOPE_VERSION,
     BlobStore,
-    OutputEncoder,
     decode_envelope,
-    encode_message,
 )
-
-_Header = tuple[str, int, "dict[str, Any] | None", "float | None", Any]
-"""An output's own envelope fields, in OutputEncoder.encode's order: trace_id, seq,
-metadata, event_ts, partition_key."""
 
 POLL_SECONDS: Final = 0.05
 """How long one receive waits before the loop looks at timeouts and drains again."""
@@ -138,29 +129,6 @@ DEPTH_SECONDS: Final = 0.05
 """How much of the node's work a replica parks ahead: its backend's receive depth
 follows the node's time per group, so a slow node holds few inputs a competing replica
 could be processing, and a fast one keeps a deep prefetch."""
-
-OFFSET_COMMIT_SECONDS: Final = 0.1
-"""How often a replayable producer records its last confirmed source offset while its
-outputs stream (MSGID-6)."""
-
-
-def _also(first: Callable[[Accepted], None] | None,
-          then: Callable[[Accepted], None]) -> Callable[[Accepted], None]:
-    if first is None:
-        return then
-
-    def both(outcome: Accepted) -> None:
-        first(outcome)
-        then(outcome)
-
-    return both
-
-
-def partition_of(key: Any, partitions: int) -> int:
-    """The partition a key routes to: stable across processes and runs (crc32 of its
-    msgpack bytes, never Python's salted hash)."""
-    return zlib.crc32(encode_message(key)) % partitions
-
 
 @dataclass(slots=True)
 class _Handle:
@@ -284,22 +252,7 @@ class NATSMessenger(Messenger):
             self.runtime.claim_owner()
         self.replayable = replayable
         self.ledger_budget = self.runtime.durable_shared()
-        # MSGID-5 live ids are {node}:{epoch}:{n}, and the node part names the node
-        # replica: owner epochs are kept per replica (CTRL-4), so two replicas both
-        # start at epoch 1. A ledger that dies with the process starts at 1 again after
-        # every restart too, and a restarted producer's outputs would fall inside the
-        # broker's duplicate window and be dropped; that owner gets an incarnation.
-        self._live_id_node = f"{self.node_name}#{replica_id}"
-        if not self.ledger_budget:
-            self._live_id_node += f"~{uuid.uuid4().hex[:12]}"
-        self._source_offset = self.runtime.source_offset() if replayable else 0
-        self._trace_prefix = uuid.uuid4().hex[:24]
-        self._encoder = OutputEncoder(producer_name=self.node_name, flow_id=flow_id,
-                                      run_id=run_id, replica_id=replica_id)
         self.payload_store = payload_store
-        # Past this size a store is cheaper than the broker (shared memory); None: only
-        # what the broker refuses goes by ref.
-        self._offload_above = None if payload_store is None else payload_store.offload_above
         # The older counter store (RFC 0002), used when no payload_store is given.
         self.blob_store = None if payload_store is not None else blob_store
         self.blob_readers = blob_readers
@@ -314,15 +267,11 @@ class NATSMessenger(Messenger):
             payload_store=payload_store, blob_store=self.blob_store,
             blob_readers=blob_readers, blob_reader_ids=self.blob_reader_ids,
             blob_ttl_seconds=blob_ttl_seconds, reader_id=self.reader_id)
-        self._inline_limit: int | None = None
         self._covered: str | None = None  # the group the restored checkpoint covers
         self.publication_stats_counter = PublicationStats()
         self._terminated = False
         self._quiesced = False
         backend.subscribe_control(self._on_stop)
-        self._outputs = 0
-        self._event_ts: float | None = None
-        self._partition_key: Any = None
         self._group: ReadyGroup | None = None
         self.last_join_latency: float | None = None  # seconds the last group waited
         # A time join's parents' watermark lags behind the most advanced one, seconds:
@@ -333,7 +282,6 @@ class NATSMessenger(Messenger):
         # First deliveries per parent: against the parent's outputs, what never reached
         # this node (a REALTIME stream keeps only the newest).
         self.received: dict[str, int] = dict.fromkeys(self.parent_names, 0)
-        self._group_outputs = 0
         self._ready: deque[ReadyGroup] = deque()
         self.deliveries = Deliveries(
             self.node_name, flow_id, run_id, self.parent_names, backend, self.runtime,
@@ -345,9 +293,11 @@ class NATSMessenger(Messenger):
             self.node_name, backend, self.deliveries, self.publication_stats_counter,
             ack_wait, on_failed=self._publication_failed,
             max_groups=WINDOW_GROUPS if self.parent_names else PRODUCER_WINDOW)
-        self._confirmed_offset = self._source_offset  # MSGID-6: the last accepted one
-        self._committed_offset = self._source_offset
-        self._offset_committed_at = 0.0
+        self.outputs = Outputs(
+            self.node_name, self.channel, flow_type, replica_id, nb_tasks, backend,
+            self.runtime, self.payloads, self.deliveries, self.window,
+            self.publication_stats_counter, ack_wait, replayable=replayable,
+            payload_store=payload_store, blob_reader_ids=self.blob_reader_ids)
         self._flushed = False
         self._data_subs: dict[str, SubscriptionId] = {}
         self._eos_subs: dict[SubscriptionId, str] = {}
@@ -394,34 +344,17 @@ class NATSMessenger(Messenger):
                 # partition, and the backend acknowledges the rest at once so they never
                 # hold its ack window. Set before the bind: a bound subscription starts
                 # fetching at once, and what arrived before the filter was kept.
-                if not self.backend.set_admission(data, self._admits):
+                assert self.partition_by is not None
+                share = Partition(self.partition_by, self.nb_tasks, self.replica_id)
+                if not self.backend.set_admission(data, share.admits):
                     raise ValueError(f"{self.node_name}: the backend cannot filter a "
                                      "partitioned node's inputs (set_admission)")
             self.backend.ensure_subscription(
-                subscription_spec_for(data, self.ack_wait, max_deliver, credit), "bind")
-            self.backend.ensure_subscription(
-                subscription_spec_for(eos, self.ack_wait, -1, 4), "bind")
+                SubscriptionSpec(data, self.ack_wait, max_deliver, credit), "bind")
+            self.backend.ensure_subscription(SubscriptionSpec(eos, self.ack_wait, -1, 4), "bind")
             self._data_subs[parent] = data
             self._eos_subs[eos] = parent
         self._all_subs = [*self._data_subs.values(), *self._eos_subs]
-
-    def _admits(self, delivery: Delivery) -> bool:
-        """Whether an input belongs to this replica's partition: its envelope's
-        partition_key, else the partition_by field of a dict message, else its trace
-        id, hashed stably (crc32 of its msgpack bytes) onto the replicas. Undecodable
-        bytes are admitted, so the receive path counts them."""
-        try:
-            decoded = decode_envelope(delivery.data)
-        except WireError:
-            return True
-        return partition_of(self._partition_key_of(decoded), self.nb_tasks) == self.replica_id
-
-    def _partition_key_of(self, decoded: dict[str, Any]) -> Any:
-        key = decoded["partition_key"]
-        message = decoded["message"]
-        if key is None and isinstance(message, dict) and self.partition_by in message:
-            key = message[self.partition_by]
-        return decoded["trace_id"] if key is None else key
 
     # ------------------------------------------------------------------ termination
 
@@ -506,10 +439,10 @@ class NATSMessenger(Messenger):
     # ---------------------------------------------------------------------- outputs
 
     def set_output_event_timestamp(self, value: float) -> None:
-        self._event_ts = float(value)
+        self.outputs.event_ts = float(value)
 
     def set_output_partition_key(self, value: Any) -> None:
-        self._partition_key = value
+        self.outputs.partition_key = value
 
     def publish_message(self, message: Any, metadata: dict[str, Any] | None = None) -> None:
         """Publish one output without waiting for its receipt: it is in flight in the
@@ -518,8 +451,9 @@ class NATSMessenger(Messenger):
         trace id and sequence carry its input group's forward (a producer mints them);
         its event time is the one set for it, else the group's; its msg_id is stable
         across a redelivery of the group, so the broker's duplicate window keeps one
-        copy. An output carrying a checkpoint is waited for: everything before it
-        resolves first, and the checkpoint commits once it is accepted (RUN-022).
+        copy (messenger_outputs). An output carrying a checkpoint is waited for:
+        everything before it resolves first, and the checkpoint commits once it is
+        accepted (RUN-022).
 
         Raises:
             PublicationFailed: a producer's earlier output, or this checkpointed one,
@@ -527,129 +461,10 @@ class NATSMessenger(Messenger):
             DurabilityUnavailable: metadata carries a checkpoint this runtime cannot
                 keep (RUN-022): nothing was published.
         """
-        pending_state: bytes | None = None
-        if metadata is not None and CHECKPOINT_METADATA_KEY in metadata:
-            metadata = dict(metadata)
-            pending_state = metadata.pop(CHECKPOINT_METADATA_KEY)
-            if not isinstance(pending_state, bytes):
-                raise TypeError("a checkpoint's state must be bytes, got "
-                                f"{type(pending_state).__name__}")
-            self._require_durable_ledger()  # refused before anything is sent (RUN-022)
-            self.window.drain()  # the committed prefix is everything before, confirmed
-        group = self._group
-        self._outputs += 1
-        on_accepted: Callable[[Accepted], None] | None = None
-        if group is None and self.replayable:  # MSGID-6: minted from the source offset
-            self._source_offset += 1
-            offset = self._source_offset
-            trace_id = f"{self.node_name}:src:{offset}"
-            seq, msg_id = offset, trace_id
-            event_ts = self._event_ts
-            on_accepted = lambda _accepted: self._offset_confirmed(offset)  # noqa: E731
-        elif group is None:  # a live producer: a new originating event
-            # Unique without a uuid per output: this process's random prefix (96 bits)
-            # and a counter; a uuid4 per frame was a quarter of a producer's time.
-            trace_id, seq = f"{self._trace_prefix}{self._outputs:08x}", self._outputs
-            msg_id = f"{self._live_id_node}:{self.runtime.epoch}:{self._outputs}"
-            event_ts = self._event_ts
-        else:
-            trace_id, seq = group.trace_id, group.seq
-            self._group_outputs += 1
-            msg_id = f"{self.node_name}:{self.last_input_key()}:{self._group_outputs}"
-            event_ts = self._event_ts if self._event_ts is not None else group.event_ts
-        partition_key, self._event_ts, self._partition_key = self._partition_key, None, None
-        header = (trace_id, seq, metadata, event_ts, partition_key)
-        accepted: list[Accepted] = []
-        if pending_state is not None:
-            on_accepted = _also(on_accepted, accepted.append)
-        # With a store cheaper than the broker past some size (shared memory), the
-        # message is encoded alone first: a frame then goes by ref without also being
-        # encoded into an envelope thrown away, and a small message's bytes go into
-        # its envelope as they are (msgspec.Raw), not encoded a second time.
-        blob = None if self._offload_above is None else encode_message(message)
-        if blob is not None and len(blob) > self._inline_threshold():
-            self._publish_by_ref(blob, header, msg_id, on_accepted)
-        else:
-            data = self._encoder.encode(message if blob is None else msgspec.Raw(blob),
-                                        *header)
-            if not self.payloads.offloads or len(data) <= self._inline_threshold():
-                self.window.send(Envelope(self.channel, "data", data, msg_id),
-                                 self.flow_type, on_accepted=on_accepted)
-            else:
-                if blob is None:
-                    blob = encode_message(message)
-                self._publish_by_ref(blob, header, msg_id, on_accepted)
-        if pending_state is not None:
-            self.window.resolve_current()
-            self._commit_offset(force=True)
-            if accepted:
-                # State and output commit together: the checkpoint names the output it
-                # was taken with (RUN-022).
-                self.runtime.checkpoint(pending_state, self.last_input_key() or msg_id,
-                                        output=msg_id)
-        if group is None:  # a producer's output is a group of its own, with no inputs
-            self.window.close_group()
-            self._commit_offset()
-        elif self.flow_type == REALTIME:
-            # A REALTIME stream keeps only its newest message, so outputs that leave in
-            # one burst supersede each other before any reader is handed them: a node
-            # working through the inputs it took at once would otherwise send them all
-            # together at its next receive. catch_up sends this one now. Not for a
-            # producer: its own catch_up comes with every output already
-            # (check_for_termination), batched while it is fast.
-            self.backend.catch_up(at_once=True)
-
-    def _offset_confirmed(self, offset: int) -> None:
-        self._confirmed_offset = max(self._confirmed_offset, offset)
-
-    def _commit_offset(self, force: bool = False) -> None:
-        """MSGID-6: record the last confirmed source offset in the ledger -- at most
-        every OFFSET_COMMIT_SECONDS while outputs stream (a restart replays the rest,
-        deduplicated by the broker), and always when forced (a checkpoint, the end)."""
-        if self._confirmed_offset == self._committed_offset:
-            return
-        now = time.monotonic()
-        if force or now - self._offset_committed_at >= OFFSET_COMMIT_SECONDS:
-            self.runtime.set_source_offset(self._confirmed_offset)
-            self._committed_offset, self._offset_committed_at = self._confirmed_offset, now
+        self.outputs.publish(message, metadata, self._group, self.last_input_key())
 
     def _publication_failed(self, failure: PublicationFailed) -> None:
         self.failed_publications += 1
-
-    def _inline_threshold(self) -> int:
-        if self._inline_limit is None:
-            max_payload = self.backend.capabilities().max_payload
-            if not isinstance(max_payload, Known):
-                raise PublicationFailed(f"{self.node_name}: the broker's max_payload is "
-                                        f"unknown ({max_payload}), so no inline limit")
-            limit = inline_threshold(max_payload.value)
-            cheaper = self._offload_above
-            self._inline_limit = limit if cheaper is None else min(limit, cheaper)
-        return self._inline_limit
-
-    def _publish_by_ref(self, blob: bytes, header: _Header, msg_id: str,
-                        on_accepted: Callable[[Accepted], None] | None) -> None:
-        """Put the message in the store (MessengerPayloads.put), publish the envelope
-        carrying its ref, and resolve the put by the outcome: its intent released once
-        accepted, the payload reclaimed at once on a definite refusal, kept (owed) while
-        unknown (PAY-007/013). In the counter store (RFC 0002, BLOB-5) a refusal deletes
-        it and each reader counts one read down once its settlement is confirmed."""
-        if self.payload_store is not None and not self.blob_reader_ids:
-            raise PublicationFailed(f"{self.node_name}: an output over the inline limit "
-                                    "needs blob_reader_ids (whose reads it must outlive)")
-        # A full budget waits for readers' releases, and for this node's own intents,
-        # which only its window resolves: it goes on resolving while it waits.
-        ref = self.payloads.put(blob, msg_id, while_waiting=self.window.advance)
-        data = self._encoder.encode(None, *header, blob_ref=ref)  # header: as publish_message's
-
-        def accepted(outcome: Accepted) -> None:
-            self.payloads.accepted(ref, msg_id, outcome.stream_seq)
-            if on_accepted is not None:
-                on_accepted(outcome)
-
-        self.window.send(Envelope(self.channel, "data", data, msg_id), self.flow_type,
-                         on_accepted=accepted,
-                         on_refused=lambda: self.payloads.refused(ref, msg_id))
 
     def drain(self) -> None:
         """Wait until every output in flight is resolved and every settlement started
@@ -659,20 +474,7 @@ class NATSMessenger(Messenger):
             PublicationFailed: a producer's output was not published.
         """
         self.window.drain()
-        self._commit_offset(force=True)
-
-    def _publish(self, envelope: Envelope, flow_type: str | None = None) -> None:
-        """Publish and wait until the outcome is known (end markers)."""
-        published = publish_until_known(self.backend, envelope, flow_type or self.flow_type,
-                                        time.monotonic() + self.ack_wait)
-        self.publication_stats_counter.count(published)
-        if published.dropped:
-            self.deliveries.drops["publish_discarded"] += 1
-            return
-        if not isinstance(published.outcome, Accepted):
-            raise PublicationFailed(f"{self.node_name}: {envelope.kind} {envelope.msg_id} was "
-                                    f"not published: {published.outcome}",
-                                    refused=isinstance(published.outcome, Rejected))
+        self.outputs.commit_offset(force=True)
 
     def publish_stop_signal(self) -> None:
         """This replica's end of stream, on the channel's EOS subject, once every output
@@ -683,7 +485,7 @@ class NATSMessenger(Messenger):
             PublicationFailed: an output in flight, or the marker, was not published.
         """
         self.drain()
-        self._publish_end(is_abort=False, error=None)
+        self.outputs.publish_end(is_abort=False, error=None)
 
     def publish_abort(self, error: Any, *, origin: str | None = None) -> None:
         """An abnormal end of stream carrying why this node died, on the same EOS
@@ -702,14 +504,7 @@ class NATSMessenger(Messenger):
             self.drain()
         except PublicationFailed:
             pass  # the node is dying anyway: its abort says so
-        self._publish_end(is_abort=True, error=error, origin=origin)
-
-    def _publish_end(self, is_abort: bool, error: Any, origin: str | None = None) -> None:
-        data = end_marker(self.node_name, self.flow_id, self.run_id, self.replica_id,
-                          self.nb_tasks, is_abort, error, origin)
-        kind = "abort" if is_abort else "eos"
-        self._publish(Envelope(self.channel, "eos", data,
-                               f"{self.node_name}:{kind}:{self.replica_id}"), flow_type=BATCH)
+        self.outputs.publish_end(is_abort=True, error=error, origin=origin)
 
     @property
     def publication_stats(self) -> dict[str, int]:
@@ -717,12 +512,6 @@ class NATSMessenger(Messenger):
         return self.publication_stats_counter.as_dict()
 
     # ------------------------------------------------------------------ checkpoints
-
-    def _require_durable_ledger(self) -> None:
-        if not self.runtime.durable_shared():
-            raise DurabilityUnavailable(
-                f"{self.node_name}: the runtime ledger dies with this process, so a "
-                "checkpoint would not be durable (RUN-022); configure a NATS KV runtime")
 
     def checkpoint(self, state: bytes) -> None:
         """One ledger write: the node's state and the group it was updated with
@@ -741,7 +530,7 @@ class NATSMessenger(Messenger):
         if key is None:
             raise ValueError(f"{self.node_name}: checkpoint needs the input group it "
                              "covers; none was received")
-        self._require_durable_ledger()
+        require_durable_ledger(self.runtime, self.node_name)
         # The groups before this one are settled first: a replacement must not see
         # again what the committed state already holds (RUN-022).
         self.window.drain()
@@ -780,7 +569,7 @@ class NATSMessenger(Messenger):
         """
         if not self.parent_names:
             raise ValueError(f"{self.node_name} is a producer: it has no inputs")
-        self._group, self._group_outputs = None, 0
+        self._group, self.outputs.group_outputs = None, 0
         while True:
             if self._quiesced:  # RUN-030: nothing more comes to this process
                 return {parent: end_entry(None) for parent in self.parent_names}
@@ -1031,4 +820,4 @@ class NATSMessenger(Messenger):
                 self.backend.shutdown()
 
 
-__all__ = ["DROP_REASONS", "NATSMessenger", "PublicationFailed", "partition_of"]
+__all__ = ["DROP_REASONS", "NATSMessenger", "PublicationFailed"]

@@ -1,0 +1,306 @@
+"""What a node's messenger publishes, and under which ids (the NATS messenger's part).
+
+Outputs mints each output's identity -- trace id, sequence and message id -- encodes
+its envelope, and hands it to the publication window (videoflow.messaging.
+messenger_window) without waiting: inline, or by ref through the payload store when it
+is over the inline limit. It also keeps a replayable producer's source offsets
+(MSGID-6), commits a checkpoint carried with an output once that output is accepted
+(RUN-022), and publishes a replica's end marker (clean or abort), waiting for its
+outcome.
+
+Message ids, so that a re-publish deduplicates and nothing else does: a processor's
+output is keyed by its input group ({node}:{group key}:{k}); a replayable producer's by
+its source offset (MSGID-6); a live producer's is {node}:{epoch}:{n} (MSGID-5) where the
+node part is '<node>#<replica>', since owner epochs are per replica, plus
+'~<incarnation>' when the ledger dies with the process and so restarts its epochs at 1.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Final
+
+import msgspec
+
+from videoflow.backends.messaging import (
+    Accepted,
+    ChannelId,
+    Envelope,
+    Known,
+    MessagingBackend,
+    Rejected,
+)
+from videoflow.backends.payload import PayloadStore, inline_threshold
+from videoflow.core.constants import BATCH, REALTIME
+from videoflow.core.engine import CHECKPOINT_METADATA_KEY
+from videoflow.core.runtime import FlowRuntime
+from videoflow.errors import DurabilityUnavailable
+from videoflow.messaging.grouping import ReadyGroup
+from videoflow.messaging.messenger_deliveries import Deliveries, end_marker
+from videoflow.messaging.messenger_payloads import MessengerPayloads
+from videoflow.messaging.messenger_window import PublicationFailed, PublishWindow
+from videoflow.messaging.publication import PublicationStats, publish_until_known
+from videoflow.wire.serialization import OutputEncoder, encode_message
+
+_Header = tuple[str, int, "dict[str, Any] | None", "float | None", Any]
+"""An output's own envelope fields, in OutputEncoder.encode's order: trace_id, seq,
+metadata, event_ts, partition_key."""
+
+OFFSET_COMMIT_SECONDS: Final = 0.1
+"""How often a replayable producer records its last confirmed source offset while its
+outputs stream (MSGID-6)."""
+
+
+def require_durable_ledger(runtime: FlowRuntime, node_name: str) -> None:
+    """Refuse a checkpoint the runtime cannot keep.
+
+    Raises:
+        DurabilityUnavailable: the ledger dies with the process (RUN-022).
+    """
+    if not runtime.durable_shared():
+        raise DurabilityUnavailable(
+            f"{node_name}: the runtime ledger dies with this process, so a checkpoint "
+            "would not be durable (RUN-022); configure a NATS KV runtime")
+
+
+def _also(first: Callable[[Accepted], None] | None,
+          then: Callable[[Accepted], None]) -> Callable[[Accepted], None]:
+    if first is None:
+        return then
+
+    def both(outcome: Accepted) -> None:
+        first(outcome)
+        then(outcome)
+
+    return both
+
+
+class Outputs:
+    """A node replica's outputs: their ids, envelopes and publication.
+
+    Arguments:
+        node_name / channel / flow_type: the node, its own channel and the run's type.
+        replica_id / nb_tasks: this replica and the node's replica count (end markers).
+        backend / runtime / payloads / deliveries / window / stats: the messenger's
+            backend, ledger, payload part, delivery part (its drop counts),
+            publication window and publication counters.
+        ack_wait: how long an end marker's outcome is waited for, seconds.
+        replayable: outputs are minted from source offsets (MSGID-6).
+        payload_store / blob_reader_ids: the obligation-keeping store and the reader
+            obligations each put acquires (see NATSMessenger).
+
+    Attributes:
+        group_outputs: outputs published for the input group in hand; the messenger
+            sets it to 0 as it hands out a group.
+        live_id_node: the node part of a live producer's message ids.
+        source_offset: a replayable producer's last minted source offset.
+    """
+
+    def __init__(self, node_name: str, channel: ChannelId, flow_type: str, replica_id: int,
+                 nb_tasks: int, backend: MessagingBackend, runtime: FlowRuntime,
+                 payloads: MessengerPayloads, deliveries: Deliveries, window: PublishWindow,
+                 stats: PublicationStats, ack_wait: float, *, replayable: bool,
+                 payload_store: PayloadStore | None,
+                 blob_reader_ids: tuple[str, ...]) -> None:
+        self.node_name, self.channel, self.flow_type = node_name, channel, flow_type
+        self.replica_id, self.nb_tasks = replica_id, nb_tasks
+        self.backend, self.runtime, self.payloads = backend, runtime, payloads
+        self.deliveries, self.window, self.stats = deliveries, window, stats
+        self.ack_wait = ack_wait
+        self.replayable = replayable
+        self.payload_store, self.blob_reader_ids = payload_store, blob_reader_ids
+        # MSGID-5 live ids are {node}:{epoch}:{n}, and the node part names the node
+        # replica: owner epochs are kept per replica (CTRL-4), so two replicas both
+        # start at epoch 1. A ledger that dies with the process starts at 1 again after
+        # every restart too, and a restarted producer's outputs would fall inside the
+        # broker's duplicate window and be dropped; that owner gets an incarnation.
+        self.live_id_node = f"{node_name}#{replica_id}"
+        if not runtime.durable_shared():
+            self.live_id_node += f"~{uuid.uuid4().hex[:12]}"
+        self.source_offset = runtime.source_offset() if replayable else 0
+        self._confirmed_offset = self.source_offset  # MSGID-6: the last accepted one
+        self._committed_offset = self.source_offset
+        self._offset_committed_at = 0.0
+        self._trace_prefix = uuid.uuid4().hex[:24]
+        self._encoder = OutputEncoder(producer_name=node_name, flow_id=channel.flow,
+                                      run_id=channel.run, replica_id=replica_id)
+        # Past this size a store is cheaper than the broker (shared memory); None: only
+        # what the broker refuses goes by ref.
+        self._offload_above = None if payload_store is None else payload_store.offload_above
+        self._inline_limit: int | None = None
+        self._outputs = 0
+        self.group_outputs = 0
+        self.event_ts: float | None = None  # set for the next output only
+        self.partition_key: Any = None  # set for the next output only
+
+    def publish(self, message: Any, metadata: dict[str, Any] | None,
+                group: ReadyGroup | None, input_key: str | None) -> None:
+        """Publish one output without waiting for its receipt (see
+        NATSMessenger.publish_message).
+
+        Arguments:
+            message / metadata: the output; metadata may carry a checkpoint under
+                CHECKPOINT_METADATA_KEY.
+            group: the input group in hand, None for a producer.
+            input_key: that group's key (NATSMessenger.last_input_key).
+
+        Raises:
+            PublicationFailed: a producer's earlier output, or this checkpointed one,
+                was refused for good or still unknown at its deadline.
+            DurabilityUnavailable: metadata carries a checkpoint this runtime cannot
+                keep (RUN-022): nothing was published.
+        """
+        pending_state: bytes | None = None
+        if metadata is not None and CHECKPOINT_METADATA_KEY in metadata:
+            metadata = dict(metadata)
+            pending_state = metadata.pop(CHECKPOINT_METADATA_KEY)
+            if not isinstance(pending_state, bytes):
+                raise TypeError("a checkpoint's state must be bytes, got "
+                                f"{type(pending_state).__name__}")
+            # Refused before anything is sent (RUN-022).
+            require_durable_ledger(self.runtime, self.node_name)
+            self.window.drain()  # the committed prefix is everything before, confirmed
+        self._outputs += 1
+        on_accepted: Callable[[Accepted], None] | None = None
+        if group is None and self.replayable:  # MSGID-6: minted from the source offset
+            self.source_offset += 1
+            offset = self.source_offset
+            trace_id = f"{self.node_name}:src:{offset}"
+            seq, msg_id = offset, trace_id
+            event_ts = self.event_ts
+            on_accepted = lambda _accepted: self._offset_confirmed(offset)  # noqa: E731
+        elif group is None:  # a live producer: a new originating event
+            # Unique without a uuid per output: this process's random prefix (96 bits)
+            # and a counter; a uuid4 per frame was a quarter of a producer's time.
+            trace_id, seq = f"{self._trace_prefix}{self._outputs:08x}", self._outputs
+            msg_id = f"{self.live_id_node}:{self.runtime.epoch}:{self._outputs}"
+            event_ts = self.event_ts
+        else:
+            trace_id, seq = group.trace_id, group.seq
+            self.group_outputs += 1
+            msg_id = f"{self.node_name}:{input_key}:{self.group_outputs}"
+            event_ts = self.event_ts if self.event_ts is not None else group.event_ts
+        partition_key, self.event_ts, self.partition_key = self.partition_key, None, None
+        header = (trace_id, seq, metadata, event_ts, partition_key)
+        accepted: list[Accepted] = []
+        if pending_state is not None:
+            on_accepted = _also(on_accepted, accepted.append)
+        # With a store cheaper than the broker past some size (shared memory), the
+        # message is encoded alone first: a frame then goes by ref without also being
+        # encoded into an envelope thrown away, and a small message's bytes go into
+        # its envelope as they are (msgspec.Raw), not encoded a second time.
+        blob = None if self._offload_above is None else encode_message(message)
+        if blob is not None and len(blob) > self.inline_threshold():
+            self._publish_by_ref(blob, header, msg_id, on_accepted)
+        else:
+            data = self._encoder.encode(message if blob is None else msgspec.Raw(blob),
+                                        *header)
+            if not self.payloads.offloads or len(data) <= self.inline_threshold():
+                self.window.send(Envelope(self.channel, "data", data, msg_id),
+                                 self.flow_type, on_accepted=on_accepted)
+            else:
+                if blob is None:
+                    blob = encode_message(message)
+                self._publish_by_ref(blob, header, msg_id, on_accepted)
+        if pending_state is not None:
+            self.window.resolve_current()
+            self.commit_offset(force=True)
+            if accepted:
+                # State and output commit together: the checkpoint names the output it
+                # was taken with (RUN-022).
+                self.runtime.checkpoint(pending_state, input_key or msg_id, output=msg_id)
+        if group is None:  # a producer's output is a group of its own, with no inputs
+            self.window.close_group()
+            self.commit_offset()
+        elif self.flow_type == REALTIME:
+            # A REALTIME stream keeps only its newest message, so outputs that leave in
+            # one burst supersede each other before any reader is handed them: a node
+            # working through the inputs it took at once would otherwise send them all
+            # together at its next receive. catch_up sends this one now. Not for a
+            # producer: its own catch_up comes with every output already
+            # (check_for_termination), batched while it is fast.
+            self.backend.catch_up(at_once=True)
+
+    def _offset_confirmed(self, offset: int) -> None:
+        self._confirmed_offset = max(self._confirmed_offset, offset)
+
+    def commit_offset(self, force: bool = False) -> None:
+        """MSGID-6: record the last confirmed source offset in the ledger -- at most
+        every OFFSET_COMMIT_SECONDS while outputs stream (a restart replays the rest,
+        deduplicated by the broker), and always when forced (a checkpoint, the end)."""
+        if self._confirmed_offset == self._committed_offset:
+            return
+        now = time.monotonic()
+        if force or now - self._offset_committed_at >= OFFSET_COMMIT_SECONDS:
+            self.runtime.set_source_offset(self._confirmed_offset)
+            self._committed_offset, self._offset_committed_at = self._confirmed_offset, now
+
+    def inline_threshold(self) -> int:
+        """The largest envelope that travels inline: inline_threshold of the broker's
+        max_payload, or less where a store is cheaper (offload_above).
+
+        Raises:
+            PublicationFailed: the broker's max_payload is unknown.
+        """
+        if self._inline_limit is None:
+            max_payload = self.backend.capabilities().max_payload
+            if not isinstance(max_payload, Known):
+                raise PublicationFailed(f"{self.node_name}: the broker's max_payload is "
+                                        f"unknown ({max_payload}), so no inline limit")
+            limit = inline_threshold(max_payload.value)
+            cheaper = self._offload_above
+            self._inline_limit = limit if cheaper is None else min(limit, cheaper)
+        return self._inline_limit
+
+    def _publish_by_ref(self, blob: bytes, header: _Header, msg_id: str,
+                        on_accepted: Callable[[Accepted], None] | None) -> None:
+        """Put the message in the store (MessengerPayloads.put), publish the envelope
+        carrying its ref, and resolve the put by the outcome: its intent released once
+        accepted, the payload reclaimed at once on a definite refusal, kept (owed) while
+        unknown (PAY-007/013). In the counter store (RFC 0002, BLOB-5) a refusal deletes
+        it and each reader counts one read down once its settlement is confirmed."""
+        if self.payload_store is not None and not self.blob_reader_ids:
+            raise PublicationFailed(f"{self.node_name}: an output over the inline limit "
+                                    "needs blob_reader_ids (whose reads it must outlive)")
+        # A full budget waits for readers' releases, and for this node's own intents,
+        # which only its window resolves: it goes on resolving while it waits.
+        ref = self.payloads.put(blob, msg_id, while_waiting=self.window.advance)
+        data = self._encoder.encode(None, *header, blob_ref=ref)  # header: as publish's
+
+        def accepted(outcome: Accepted) -> None:
+            self.payloads.accepted(ref, msg_id, outcome.stream_seq)
+            if on_accepted is not None:
+                on_accepted(outcome)
+
+        self.window.send(Envelope(self.channel, "data", data, msg_id), self.flow_type,
+                         on_accepted=accepted,
+                         on_refused=lambda: self.payloads.refused(ref, msg_id))
+
+    def publish_end(self, is_abort: bool, error: Any, origin: str | None = None) -> None:
+        """This replica's end marker (clean, or an abort carrying error), published as
+        BATCH publishes whatever the flow type, and waited for until its outcome is
+        known.
+
+        Raises:
+            PublicationFailed: the marker was refused, or still unknown at its deadline.
+        """
+        data = end_marker(self.node_name, self.channel.flow, self.channel.run,
+                          self.replica_id, self.nb_tasks, is_abort, error, origin)
+        kind = "abort" if is_abort else "eos"
+        envelope = Envelope(self.channel, "eos", data,
+                            f"{self.node_name}:{kind}:{self.replica_id}")
+        published = publish_until_known(self.backend, envelope, BATCH,
+                                        time.monotonic() + self.ack_wait)
+        self.stats.count(published)
+        if published.dropped:
+            self.deliveries.drops["publish_discarded"] += 1
+            return
+        if not isinstance(published.outcome, Accepted):
+            raise PublicationFailed(f"{self.node_name}: {envelope.kind} {envelope.msg_id} was "
+                                    f"not published: {published.outcome}",
+                                    refused=isinstance(published.outcome, Rejected))
+
+
+__all__ = ["OFFSET_COMMIT_SECONDS", "Outputs", "require_durable_ledger"]
