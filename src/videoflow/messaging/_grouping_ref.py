@@ -83,6 +83,10 @@ settles (the last group to include it), or else in the next ReadyGroup emitted;
 a settled sample no group took is discarded ('expired'). Beyond ``max_pending``
 buffered samples per collect parent the oldest leaves early the same way, with
 'evicted' for an untaken one.
+
+Over ~700 lines, as one file: it mirrors the compiled ``_grouping_core.pyx`` method for
+method, so the two are read and changed side by side; a split of one and not the other
+would lose that.
 """
 
 from __future__ import annotations
