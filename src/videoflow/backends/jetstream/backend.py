@@ -35,54 +35,59 @@ What the contract buys, concretely:
   MAX_DELIVERIES advisories and mark_exhausted (MSG-012).
 - Stop-receive is separate from shutdown (RUN-030).
 
-The pieces live beside this module: broker.loop (who runs the loop, the hand-off to
-it and the fail-fast connect), jetstream.outcomes (publication outcomes),
-jetstream.receive (pull loops and settlement), jetstream.settle (the reply inbox and
-how a batch of settlements goes on the wire), jetstream.specs (specs to configs,
-answers to observations). Every NATS
+This module holds the class, its connection's lifecycle (connect, ride out an
+outage, quiesce, shut down, delete the run's streams) and its observations. The class
+is composed of parts, one module each, that share the state backend_state declares:
+backend_provisioning (streams, durables, bindings), backend_publishing,
+backend_receiving (receive_any across bindings, the byte budget) and
+backend_settlement. The pieces below them live beside this module too: broker.loop
+(who runs the loop, the hand-off to it and the fail-fast connect), jetstream.outcomes
+(publication outcomes), jetstream.receive (a binding's pull loop, its queue and its
+settlement), jetstream.settle (the reply inbox and how a batch of settlements goes on
+the wire), jetstream.specs (specs to configs, answers to observations). Every NATS
 behaviour relied on is cited against nats-py 2.15.0 and /work/shared/design/NATS_FACTS.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import threading
 import time
 import uuid
 from asyncio import AbstractEventLoop
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from videoflow.backends.jetstream.configs import dlq_stream_config
-from videoflow.backends.jetstream.durables import ensure_channel_stream, ensure_durable
-from videoflow.backends.jetstream.outcomes import (
-    PublicationLedger,
-    observe_by_republish,
-    publish_pipelined,
+from videoflow.backends.jetstream.backend_provisioning import BackendProvisioning
+from videoflow.backends.jetstream.backend_publishing import BackendPublishing
+from videoflow.backends.jetstream.backend_receiving import BackendReceiving
+from videoflow.backends.jetstream.backend_settlement import BackendSettlement
+from videoflow.backends.jetstream.backend_state import (
+    BROKER_CALL_SECONDS,
+    CALL_MARGIN_SECONDS,
+    Binding,
+    QueuedPublication,
+    QueuedSettlement,
+    resolve_publications,
+    resolve_settlements,
 )
+from videoflow.backends.jetstream.outcomes import PublicationLedger
 from videoflow.backends.jetstream.receive import (
     ACK_CONFIRM_SECONDS,
     FETCH_TIMEOUT_SECONDS,
     SubscriptionReceiver,
-    bind_receiver,
-    take_round_robin,
 )
 from videoflow.backends.jetstream.settle import ReplyMux
 from videoflow.backends.jetstream.specs import (
-    ADVISORY_MAX_DELIVERIES,
     ExhaustedMarks,
     channel_observation,
     channel_spec_for,
-    consumer_config_for_spec,
     consumer_credit,
     durable_of,
     enum_text,
@@ -91,42 +96,24 @@ from videoflow.backends.jetstream.specs import (
     subscription_spec_for,
     unknown_from,
 )
-from videoflow.backends.jetstream.streams import delete_run_streams, ensure_stream
+from videoflow.backends.jetstream.streams import delete_run_streams
 from videoflow.backends.messaging import (
     LIVE_LATEST,
     RELIABLE_WORK,
     BrokerUnavailable,
     ChannelId,
     ChannelObservation,
-    ChannelSpec,
     CleanupObservation,
     Delivery,
-    DeliveryToken,
-    Envelope,
     Known,
-    LeaseObservation,
     MessagingBackend,
     MessagingCapabilities,
-    PublicationUnknown,
-    PublishOutcome,
-    Receipt,
     Rejected,
-    SettleConfirmed,
-    SettleOutcome,
-    SettleResult,
-    SettleStale,
     SettleUnknown,
     SubscriptionId,
     SubscriptionObservation,
-    SubscriptionSpec,
-    Terminal,
     Unknown,
-    UnobservableState,
-    VerifiedChannel,
-    VerifiedSubscription,
-    require_settle_outcomes,
 )
-from videoflow.backends.messaging_types import DUPLICATE_WINDOW_SECONDS
 from videoflow.broker.link import (
     Outage,
     broker_known_from_env,
@@ -136,20 +123,12 @@ from videoflow.broker.link import (
     wait_back,
 )
 from videoflow.broker.loop import (
-    COALESCE_SECONDS,
     ErrorLog,
     Handoff,
     LoopRunner,
     LoopWake,
     close_client,
     connect_fail_fast,
-)
-from videoflow.core.naming import (
-    control_subject_for,
-    dlq_stream_name,
-    dlq_subject_for,
-    eos_subject_for,
-    subject_for,
 )
 
 __all__ = [
@@ -162,63 +141,8 @@ __all__ = [
     "subscription_spec_for",
 ]
 
-CALL_MARGIN_SECONDS: Final = 2.0
-"""Added to a call's own bound when the caller's thread waits for the loop: the inner
-bound answers first, and the outer one only catches a loop that is not running."""
-
-BROKER_CALL_SECONDS: Final = 10.0
-"""Bound of one provisioning or observation request."""
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class _QueuedSettlement:
-    """Settlements of one binding from one call, and a receipt for each."""
-
-    receiver: SubscriptionReceiver
-    items: list[tuple[DeliveryToken, SettleOutcome, str]]
-    receipts: list[Receipt[SettleResult]]
-
-    def resolve(self, results: list[SettleResult]) -> None:
-        for receipt, result in zip(self.receipts, results, strict=True):
-            receipt.set_result(result)  # an answer already set holds
-
-
-def _resolve(queued: Sequence[_QueuedSettlement], result: SettleResult) -> None:
-    for entry in queued:
-        entry.resolve([result] * len(entry.items))
-
-
-_QueuedPublication = tuple[str, Envelope, float, Receipt[PublishOutcome]]
-"""(subject, envelope, deadline, the caller's receipt)."""
-
-
-def _resolve_publications(queued: Sequence[_QueuedPublication], outcome: PublishOutcome) -> None:
-    for *_, receipt in queued:
-        receipt.set_result(outcome)  # a receipt answered already keeps its answer
-
-
-def _result_by(receipt: Receipt[SettleResult], deadline: float) -> SettleResult:
-    """A queued settlement's result, or SettleUnknown when the loop has not answered
-    by the monotonic deadline (its own bound answers first; this only catches a stuck
-    loop)."""
-    try:
-        return receipt.result(timeout=max(deadline - time.monotonic(), 0.0))
-    except concurrent.futures.TimeoutError:
-        return SettleUnknown("the backend's loop did not answer in time")
-
-
-class _Binding:
-    """One bound subscription: its spec, read-back, operation id, stream, receiver and
-    MAX_DELIVERIES advisory subscription."""
-
-    def __init__(self, spec: SubscriptionSpec, verified: VerifiedSubscription,
-                 operation_id: str, stream: str, receiver: SubscriptionReceiver) -> None:
-        self.spec, self.verified, self.operation_id = spec, verified, operation_id
-        self.stream, self.receiver = stream, receiver
-        self.advisory: Any = None
-
 
 
 async def _stop_all(receivers: list[SubscriptionReceiver]) -> None:
@@ -226,7 +150,9 @@ async def _stop_all(receivers: list[SubscriptionReceiver]) -> None:
     own, which one after another a node with many parents would pay per subscription."""
     await asyncio.gather(*(receiver.stop() for receiver in receivers))
 
-class JetStreamMessagingBackend(MessagingBackend):
+
+class JetStreamMessagingBackend(BackendProvisioning, BackendPublishing, BackendReceiving,
+                                BackendSettlement, MessagingBackend):
     """One receiver (one process of a run) on a NATS JetStream server.
 
     Arguments:
@@ -283,7 +209,7 @@ class JetStreamMessagingBackend(MessagingBackend):
         self._runner = LoopRunner()
         self._client: Client | None = None
         self._js: JetStreamContext | None = None
-        self._bindings: dict[SubscriptionId, _Binding] = {}
+        self._bindings: dict[SubscriptionId, Binding] = {}
         self._generations: dict[SubscriptionId, int] = {}
         self._admission: dict[SubscriptionId, tuple[Callable[[Delivery], bool],
                                                     Callable[[Delivery], None] | None]] = {}
@@ -295,13 +221,13 @@ class JetStreamMessagingBackend(MessagingBackend):
         wake = LoopWake(self._runner)
         # Publications first: a drain sends a group's outputs before any settlement
         # queued with them (settlements of a group only follow its accepted outputs).
-        self._publications: Handoff[_QueuedPublication] = Handoff(
+        self._publications: Handoff[QueuedPublication] = Handoff(
             wake, self._drain_publications,
-            lambda queued, reason: _resolve_publications(
+            lambda queued, reason: resolve_publications(
                 queued, Rejected(f"nothing was sent: {reason}", retryable=True)))
-        self._settlements: Handoff[_QueuedSettlement] = Handoff(
+        self._settlements: Handoff[QueuedSettlement] = Handoff(
             wake, self._drain_settlements,
-            lambda queued, reason: _resolve(queued, SettleUnknown(reason)))
+            lambda queued, reason: resolve_settlements(queued, SettleUnknown(reason)))
         self._pipelined: set[asyncio.Task[None]] = set()
         self._subjects: dict[tuple[ChannelId, str], str] = {}
         self._wanted = prefetch  # set_receive_depth
@@ -388,10 +314,6 @@ class JetStreamMessagingBackend(MessagingBackend):
         self._replies = ReplyMux(client)  # one reply inbox for settlements and receipts
         self._send_lock = asyncio.Lock()
         self._stopped_receiving = False
-
-    @property
-    def connected(self) -> bool:
-        return self._client is not None and self._client.is_connected
 
     @property
     def loop(self) -> AbstractEventLoop:
@@ -500,513 +422,6 @@ class JetStreamMessagingBackend(MessagingBackend):
         return MessagingCapabilities(
             backend="jetstream", profiles=frozenset({RELIABLE_WORK, LIVE_LATEST}),
             durable=True, max_payload=max_payload, replicas=replicas, storage=storage)
-
-    # ---------------------------------------------------------------- provisioning
-
-    def subject_for(self, channel: ChannelId, kind: str) -> str:
-        """The subject envelopes of kind go to on channel (computed once per pair)."""
-        key = (channel, kind)
-        subject = self._subjects.get(key)
-        if subject is None:
-            subject = self._subjects[key] = self._subject_for(channel, kind)
-        return subject
-
-    def _subject_for(self, channel: ChannelId, kind: str) -> str:
-        if kind == "data":
-            return subject_for(channel.flow, channel.run, channel.node)
-        if kind == "eos":
-            return eos_subject_for(channel.flow, channel.run, channel.node)
-        if kind == "dlq":
-            return dlq_subject_for(channel.flow, channel.run, channel.node)
-        raise ValueError(f"kind must be 'data', 'eos' or 'dlq', got {kind!r}")
-
-    def ensure_dead_letters(self, operation_id: str) -> None:
-        """Create (or find, read back, unchanged) the flow's dead-letter stream
-        (dlq_stream_config: LIMITS, a week's max_age, flow-level owner labels, STREAM-8).
-        Idempotent, so operation_id needs no bookkeeping.
-
-        Raises:
-            BrokerUnavailable: not connected, or the broker did not answer.
-        """
-        try:
-            self._ride(lambda js: ensure_stream(js, dlq_stream_config(self.flow_id)))
-        except (TimeoutError, nats.errors.Error) as error:
-            raise BrokerUnavailable(f"ensure_dead_letters for {self.flow_id}: {error}") from error
-
-    def ensure_channel(self, spec: ChannelSpec, operation_id: str) -> VerifiedChannel:
-        """Create or reconcile the channel and read back its effective configuration.
-        An immutable mismatch (retention, replicas) raises IncompatibleProfile;
-        "already exists" is never accepted without inspection. Naturally idempotent
-        (add_stream of an identical config is a no-op), so operation_id needs no
-        bookkeeping.
-
-        Raises:
-            IncompatibleProfile: a profile JetStream cannot promise, replicas the server
-                cannot keep (10074), or a stream whose retention or replicas contradict
-                the spec.
-            BrokerUnavailable: not connected, or the broker did not answer.
-        """
-        name = stream_of(spec.channel)
-        try:
-            created, verified = self._ride(lambda js: ensure_channel_stream(js, spec))
-        except nats.js.errors.APIError as error:
-            raise BrokerUnavailable(f"ensure_channel {name}: {error}",
-                                    code=error.err_code) from error
-        except (TimeoutError, nats.errors.Error) as error:
-            raise BrokerUnavailable(f"ensure_channel {name}: {error}") from error
-        if verified.effective is None:
-            raise BrokerUnavailable(f"ensure_channel {name}: {verified.mismatches[0]}")
-        if self._first_stream is None:
-            self._first_stream = verified.effective
-        return VerifiedChannel(spec=spec, name=name, created=created,
-                               mismatches=verified.mismatches)
-
-    def ensure_subscription(
-        self, spec: SubscriptionSpec, operation_id: str
-    ) -> VerifiedSubscription:
-        """Bind the subscription's durable (creating it when absent, from a config that
-        reproduces today's bytes), read it back, and start prefetching into its queue.
-        A data subscription also subscribes to the broker's MAX_DELIVERIES advisory for
-        its durable, which feeds unresolved (MSG-012). Repeating the same operation_id
-        returns the same binding; a new one rebinds with the next generation, handing
-        the old binding's parked deliveries back and making its tokens stale (MSG-011).
-
-        Raises:
-            UnobservableState: the channel's stream does not exist (reason 'missing').
-            BrokerUnavailable: not connected, or the broker did not answer.
-        """
-        old = self._bindings.get(spec.id)
-        if old is not None and old.operation_id == operation_id:
-            return old.verified
-        stream = stream_of(spec.id.channel)
-        durable = durable_of(spec.id, self.instance_id)
-        config = consumer_config_for_spec(spec, self.instance_id)
-        generation = self._generations.get(spec.id, -1) + 1
-        admit, on_skip = self._admission.get(spec.id, (None, None))
-
-        try:
-            created, verified = self._ride(
-                lambda js: ensure_durable(js, stream, durable, config))
-        except nats.js.errors.NotFoundError as error:
-            raise UnobservableState(f"no stream {stream} to bind {durable} to",
-                                    reason="missing", detail=str(error)) from error
-        except (TimeoutError, nats.errors.Error) as error:
-            raise BrokerUnavailable(f"ensure_subscription {durable}: {error}") from error
-        client, _ = self._require()
-
-        async def bind() -> tuple[SubscriptionReceiver, Any]:
-            if old is not None:
-                await old.receiver.stop()
-                await old.receiver.hand_back(parked_only=True)
-                await old.receiver.unsubscribe()
-                if old.advisory is not None:
-                    await old.advisory.unsubscribe()
-            receiver = await bind_receiver(
-                client, spec.id, stream, durable, generation, prefetch=self.prefetch,
-                fetch_timeout=self.fetch_timeout,
-                ack_confirm_seconds=self.ack_confirm_seconds, byte_credit=spec.byte_credit,
-                may_fetch=None if self.byte_budget is None else self._budget_admits,
-                admit=admit, on_skip=on_skip,
-                replies=self._replies, on_parked=self._ring)
-            receiver.wanted = self._wanted  # before its pull loop's first request
-            receiver.schedule = self._runner.call_soon
-            if self.keepalive:
-                receiver.keep_alive(spec.ack_wait_seconds / 3)
-            advisory = None
-            if spec.id.kind == "data":
-                advisory = await client.subscribe(
-                    f"{ADVISORY_MAX_DELIVERIES}.{stream}.{durable}",
-                    cb=self._advisory_handler(spec.id))
-            return receiver, advisory
-
-        try:
-            receiver, advisory = self._call(bind(), BROKER_CALL_SECONDS)
-        except (TimeoutError, nats.errors.Error) as error:
-            raise BrokerUnavailable(f"ensure_subscription {durable}: {error}") from error
-        if old is not None:
-            self._retired_budget_waits += old.receiver.budget_waits
-        self._generations[spec.id] = generation
-        result = VerifiedSubscription(spec=spec, name=durable, generation=generation,
-                                      created=created, mismatches=verified.mismatches)
-        binding = _Binding(spec, result, operation_id, stream, receiver)
-        binding.advisory = advisory
-        self._bindings[spec.id] = binding
-        if self._stopped_receiving:
-            self._call(receiver.stop(), self.fetch_timeout + BROKER_CALL_SECONDS)
-        return result
-
-    def _advisory_handler(self, subscription: SubscriptionId) -> Callable[[Msg], Any]:
-        async def on_advisory(msg: Msg) -> None:
-            # S11: fires on the next pull after the last delivery, carrying stream_seq.
-            self._exhausted.mark_advisory(subscription, msg.data)
-
-        return on_advisory
-
-    def subscribe_control(self, callback: Callable[[], None]) -> None:
-        """Invoke callback (on the loop, whichever thread runs it) when the run's
-        flow-wide stop is published (core NATS, vf.{flow}.{run}._control.stop)."""
-        client, _ = self._require()
-
-        async def on_stop(_msg: Msg) -> None:
-            callback()
-
-        async def subscribe() -> None:
-            await client.subscribe(control_subject_for(self.flow_id, self.run_id), cb=on_stop)
-            # SUB is fire-and-forget; the PING/PONG of a flush proves the server has
-            # registered it, so a stop published after this returns is never missed.
-            await client.flush(timeout=int(BROKER_CALL_SECONDS))
-
-        self._call(subscribe(), BROKER_CALL_SECONDS)
-
-    # ------------------------------------------------------------------ publishing
-
-    def publish_async(self, envelope: Envelope, deadline: float) -> Receipt[PublishOutcome]:
-        """Queue a publication and return at once. Publications queued while the loop
-        is busy go out together on one wake-up, each a request whose reply is its
-        PubAck, all in flight at once and in the order they were made
-        (jetstream.outcomes.publish_pipelined). The receipt always resolves, to what
-        publish would return."""
-        if self._js is None or not self.connected:
-            # Nothing was sent; waiting helps unless the connection was given up.
-            return Receipt(Rejected(f"{self._not_connected()}; nothing was sent",
-                                    retryable=self.outage.given_up is None))
-        receipt: Receipt[PublishOutcome] = Receipt(runner=self._runner)
-        self._publications.put((self.subject_for(envelope.channel, envelope.kind), envelope,
-                                deadline, receipt))
-        return receipt
-
-    def publish(self, envelope: Envelope, deadline: float) -> PublishOutcome:
-        """Publish with a monotonic deadline (publish_async, waited for); on expiry the
-        outcome is PublicationUnknown, never a guess (MSG-013, MSG-014).
-
-        Returns:
-            as publish_once; Rejected(retryable=True) when not connected (nothing sent).
-        """
-        receipt = self.publish_async(envelope, deadline)
-        wait = max(deadline - time.monotonic(), 0.0) + CALL_MARGIN_SECONDS
-        try:
-            return receipt.result(timeout=wait)
-        except concurrent.futures.TimeoutError:
-            return PublicationUnknown("the backend's loop did not answer before the deadline")
-
-    def _drain_publications(self, queued: list[_QueuedPublication]) -> None:
-        self._spawn(self._publish_batch(queued))
-
-    async def _publish_batch(self, queued: list[_QueuedPublication]) -> None:
-        client, replies, send_lock = self._client, self._replies, self._send_lock
-        if client is None or replies is None or send_lock is None:
-            _resolve_publications(queued, Rejected("the JetStream backend is not "
-                                                   "connected; nothing was sent",
-                                                   retryable=True))
-            return
-        # First sends are recorded before anything is written: an unknown outcome is
-        # resolved against its first send's time (observe_publication).
-        self._ledger.sent_all([envelope for _, envelope, _, _ in queued],
-                              horizon=DUPLICATE_WINDOW_SECONDS)
-        try:
-            await publish_pipelined(client, replies, queued, send_lock, self._js)
-        except asyncio.CancelledError:
-            _resolve_publications(queued, PublicationUnknown(
-                "the backend shut down before the receipt arrived"))
-            raise
-        except Exception as error:
-            # A bug here must not leave a caller waiting forever; say what happened.
-            logger.exception("publication batch failed")
-            _resolve_publications(queued, PublicationUnknown(f"the publication failed: "
-                                                             f"{error!r}"))
-
-    def _stream_of(self, envelope: Envelope) -> str:
-        """The stream that captures envelope: its channel's, or the flow's DLQ."""
-        if envelope.kind == "dlq":
-            return dlq_stream_name(envelope.channel.flow)
-        return stream_of(envelope.channel)
-
-    def observe_publication(self, envelope: Envelope) -> PublishOutcome:
-        """Resolve an earlier PublicationUnknown by an idempotent re-publish: inside the
-        stream's duplicate window the broker answers duplicate when the first send was
-        stored and stores it now when it was not — either way one accepted copy.
-        Outside the window nothing can be known: Unresolvable."""
-        if self._js is None or not self.connected:
-            # The earlier send may have been stored: still unknown, never a refusal.
-            return PublicationUnknown(self._not_connected())
-        subject = self.subject_for(envelope.channel, envelope.kind)
-        try:
-            outcome: PublishOutcome = self._call(
-                observe_by_republish(self._js, self._stream_of(envelope), subject,
-                                     envelope, self._ledger, BROKER_CALL_SECONDS),
-                2 * BROKER_CALL_SECONDS)
-        except TimeoutError:
-            return PublicationUnknown("the backend's loop did not answer")
-        return outcome
-
-    # ------------------------------------------------------------------- receiving
-
-    def _budget_admits(self) -> bool:
-        return self.byte_budget is None or self._resident() < self.byte_budget
-
-    def _resident(self) -> int:
-        # Called from the loop thread (the pull loops' gate) and the caller's: copy first.
-        return sum(b.receiver.resident_bytes() for b in list(self._bindings.values()))
-
-    def receive_any(
-        self,
-        subscriptions: Sequence[SubscriptionId],
-        item_credit: int,
-        byte_credit: int,
-        deadline: float,
-    ) -> list[tuple[SubscriptionId, Delivery]]:
-        """Waits until deadline (monotonic) for any of the subscriptions' queues to hold
-        a delivery and returns everything that became ready in that wait — nothing is
-        dequeued that is not returned. Subscriptions not bound here contribute
-        nothing. The caller's thread takes the deliveries itself, and while it waits
-        runs the loop itself (LoopRunner.wait_until) until a binding parks one
-        (_ring): a delivery is read, parked and taken on one thread, with no wake-up
-        between threads.
-
-        Raises:
-            BrokerUnavailable: the backend's loop is not running, or its broker was
-                away for longer than the outage budget (nothing more can arrive).
-        """
-        if self.outage.given_up is not None:
-            raise BrokerUnavailable(self.outage.given_up)
-        receivers = [(s, self._bindings[s].receiver) for s in subscriptions
-                     if s in self._bindings]
-        if item_credit < 1 or not receivers:
-            return []
-        if not self._runner.running:
-            raise BrokerUnavailable("the JetStream backend's loop is not running")
-        arrivals, runner = self._arrivals, self._runner
-        ran = False  # whether this call has run the loop yet
-        while True:
-            seen = self._arrived  # read before the take: a park after it is not missed
-            taken = take_round_robin(receivers, item_credit, byte_credit)
-            if taken or ran and deadline <= time.monotonic():
-                if not ran:
-                    # What was handed over (a group's outputs, its settlements) goes
-                    # out, on this thread: a caller working through a backlog turns
-                    # once per COALESCE_SECONDS, so a batch of them shares one write.
-                    runner.turn(COALESCE_SECONDS)
-                return taken
-            ran = True
-            if deadline <= time.monotonic():  # a poll: what the loop has ready, once
-                runner.turn(COALESCE_SECONDS)
-                continue
-
-            def arrived(seen: int = seen) -> bool:
-                return self._arrived != seen
-
-            def block(seconds: float, seen: int = seen) -> None:
-                with arrivals:
-                    if self._arrived == seen:
-                        arrivals.wait(seconds)
-
-            # The wait runs the loop, which sends what was handed over at once: no
-            # turn before it (a coalesced one only woke the keeper for nothing).
-            runner.wait_until(arrived, deadline, block)
-
-    def catch_up(self, at_once: bool = False) -> None:
-        """Run what the loop has ready on the caller's thread, without blocking
-        (LoopRunner.turn): handed-over publications and settlements go out, at most
-        one write per COALESCE_SECONDS for a fast caller unless at_once."""
-        if self._runner.running:
-            self._runner.turn(0.0 if at_once else COALESCE_SECONDS)
-
-    def _ring(self) -> None:
-        # On the loop, for each delivery parked. The waiter is woken once the read loop
-        # has parked everything the bytes just read held, not once per delivery: a
-        # wake-up per delivery handed the interpreter back and forth per message.
-        if not self._ring_scheduled:
-            self._ring_scheduled = True
-            asyncio.get_running_loop().call_soon(self._ring_now)
-
-    def _ring_now(self) -> None:
-        self._ring_scheduled = False
-        with self._arrivals:
-            self._arrived += 1
-            self._arrivals.notify_all()
-        self._runner.poke()  # a receive_any running the loop on its own thread
-
-    def set_admission(
-        self,
-        subscription: SubscriptionId,
-        admit: Callable[[Delivery], bool],
-        on_skip: Callable[[Delivery], None] | None = None,
-    ) -> bool:
-        """Run admit (on the loop thread: cheap, non-blocking) on every delivery of
-        subscription before it is parked; a refused one is acked by the backend and,
-        once confirmed, handed to on_skip off the loop's thread. Kept across rebinds.
-
-        Returns:
-            True: this backend keeps the filter.
-        """
-        self._admission[subscription] = (admit, on_skip)
-        binding = self._bindings.get(subscription)
-        if binding is not None:
-            binding.receiver.admit, binding.receiver.on_skip = admit, on_skip
-        return True
-
-    def set_receive_depth(self, depth: int) -> None:
-        """Park at most depth deliveries per subscription (never more than prefetch):
-        a slow node that parks a deep prefetch holds inputs a competing replica could
-        be processing, and has more to hand back when it leaves."""
-        self._wanted = max(1, min(self.prefetch, depth))
-        for binding in list(self._bindings.values()):
-            binding.receiver.wanted = self._wanted
-
-    def prefetched(self, subscription: SubscriptionId) -> int:
-        binding = self._bindings.get(subscription)
-        return 0 if binding is None else binding.receiver.parked
-
-    def skipped(self, subscription: SubscriptionId) -> int:
-        binding = self._bindings.get(subscription)
-        return 0 if binding is None else binding.receiver.skipped
-
-    def backlog(self, subscription: SubscriptionId) -> Known[int] | Unknown:
-        """Parked deliveries plus the broker's num_pending as the latest delivery's reply
-        subject carried it (0 once a fetch ended short: 404/408); no round trip."""
-        binding = self._bindings.get(subscription)
-        waiting = None if binding is None else binding.receiver.backlog()
-        if waiting is None:
-            return Unknown("unread", f"nothing received for {subscription.consumer} yet")
-        return Known(waiting)
-
-    def resident_bytes(self) -> int:
-        """Envelope bytes this receiver holds unsettled right now (parked or handed
-        out)."""
-        return self._resident()
-
-    def budget_waits(self) -> int:
-        """How many times a pull loop paused because the byte budget was full."""
-        return self._retired_budget_waits + sum(
-            b.receiver.budget_waits for b in list(self._bindings.values()))
-
-    # ------------------------------------------------------------------ settlement
-
-    def settle_async(
-        self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
-    ) -> Receipt[SettleResult]:
-        """Queue one settlement and return at once. Settlements queued while the loop is
-        busy go out together: one wake-up of the loop for the lot, and per durable one
-        write of every acknowledgement with one round trip to confirm them
-        (SubscriptionReceiver.settle_batch). The receipt always resolves, to what
-        settle would return — SettleUnknown if the backend shuts down first.
-
-        Raises:
-            TypeError: outcome is not Completed, Retry or Terminal.
-        """
-        return self.settle_many_async([(token, outcome, settlement_id)])[0]
-
-    def settle_many_async(
-        self, settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]]
-    ) -> list[Receipt[SettleResult]]:
-        """Queue settlements and return at once, a receipt each (settle_async): one
-        entry per binding, so per durable one write and one confirming round trip
-        for the lot (SubscriptionReceiver.settle_batch).
-
-        Raises:
-            TypeError: an outcome is not Completed, Retry or Terminal (nothing is
-                queued then).
-        """
-        require_settle_outcomes(settlements)
-        receipts: list[Receipt[SettleResult]] = [Receipt(runner=self._runner)
-                                                 for _ in settlements]
-        by_binding: dict[SubscriptionId, list[int]] = {}
-        for index, (token, _, _) in enumerate(settlements):
-            by_binding.setdefault(token.subscription, []).append(index)
-        for subscription, indexes in by_binding.items():
-            binding = self._bindings.get(subscription)
-            if binding is None:
-                for index in indexes:
-                    receipts[index].set_result(SettleStale("the subscription is not bound "
-                                                           "here"))
-                continue
-            self._settlements.put(_QueuedSettlement(
-                binding.receiver, [settlements[i] for i in indexes],
-                [receipts[i] for i in indexes]))
-        return receipts
-
-    def settle_many(
-        self, settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]]
-    ) -> list[SettleResult]:
-        """Settle several deliveries with one wait (settle_many_async, waited for):
-        per durable one round trip for the whole batch."""
-        receipts = self.settle_many_async(settlements)
-        deadline = time.monotonic() + self.ack_confirm_seconds + CALL_MARGIN_SECONDS
-        return [_result_by(receipt, deadline) for receipt in receipts]
-
-    def settle(
-        self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
-    ) -> SettleResult:
-        """Settle one delivery (settle_async, waited for): SettleStale for a token this
-        binding does not hold live — nothing is sent (MSG-011); SettleConfirmed once
-        the server replied; SettleUnknown otherwise (PAY-004). A confirmed Terminal
-        clears that message's exhausted mark (MSG-012)."""
-        return _result_by(self.settle_async(token, outcome, settlement_id),
-                          time.monotonic() + self.ack_confirm_seconds + CALL_MARGIN_SECONDS)
-
-    def _drain_settlements(self, queued: list[_QueuedSettlement]) -> None:
-        """On the loop: settle everything queued, one batch per binding."""
-        batches: dict[SubscriptionReceiver, list[_QueuedSettlement]] = {}
-        for entry in queued:
-            batches.setdefault(entry.receiver, []).append(entry)
-        for receiver, batch in batches.items():
-            self._spawn(self._settle_batch(receiver, batch))
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._pipelined.add(task)  # a strong reference until it is done
-        task.add_done_callback(self._pipelined.discard)
-
-    async def _settle_batch(self, receiver: SubscriptionReceiver,
-                            batch: list[_QueuedSettlement]) -> None:
-        items = [item for entry in batch for item in entry.items]
-        try:
-            results = await receiver.settle_batch(items)
-        except asyncio.CancelledError:
-            _resolve(batch, SettleUnknown("the backend shut down before the broker "
-                                          "confirmed the settlement"))
-            raise
-        except Exception as error:
-            # A bug here must not leave a caller waiting forever; say what happened.
-            logger.exception("settlement batch failed")
-            _resolve(batch, SettleUnknown(f"the settlement failed: {error!r}"))
-            return
-        for (token, outcome, _), result in zip(items, results, strict=True):
-            if isinstance(outcome, Terminal) and isinstance(result, SettleConfirmed):
-                self._exhausted.clear(token.subscription, token.stream_seq)
-        start = 0
-        for entry in batch:
-            entry.resolve(results[start:start + len(entry.items)])
-            start += len(entry.items)
-
-    def renew(self, token: DeliveryToken) -> LeaseObservation:
-        binding = self._bindings.get(token.subscription)
-        if binding is None:
-            return LeaseObservation("stale", "the subscription is not bound here")
-        try:
-            observed: LeaseObservation = self._call(binding.receiver.renew(token),
-                                                    self.ack_confirm_seconds)
-        except (TimeoutError, BrokerUnavailable) as error:
-            return LeaseObservation("unknown", f"the backend's loop did not answer: {error}")
-        return observed
-
-    def supersede(self, token: DeliveryToken) -> bool:
-        binding = self._bindings.get(token.subscription)
-        if binding is None:
-            return False
-
-        async def retire() -> bool:
-            return binding.receiver.supersede(token)
-
-        return bool(self._call(retire(), self.ack_confirm_seconds))
-
-    def mark_exhausted(self, subscription: SubscriptionId, stream_sequence: int | None) -> None:
-        """Count a retained message as unresolved work in observe_subscription without a
-        broker advisory (DELIV-15's pending handoff; MSG-012). stream_sequence None
-        counts one anonymous message, cleared by the next Terminal of the subscription
-        that matches no marked sequence. Cleared by the Terminal settlement of that
-        message, or by the message leaving the stream."""
-        self._exhausted.mark(subscription, stream_sequence)
 
     # ---------------------------------------------------------------- observations
 

@@ -1,9 +1,12 @@
-"""Receiving and settlement on JetStream: one bound subscription's pull loop, its
-bounded local prefetch queue, and the fenced settlement of every token it hands out
-(MSG-011, PAY-004, DELIV-15).
+"""Receiving on JetStream: one bound subscription's pull loop, which keeps pull
+requests open and parks what the server delivers into a bounded local prefetch queue
+(SubscriptionReceiver), and how a binding is made (bind_receiver).
 
-Part of videoflow.backends.jetstream.backend. Everything here runs on the adapter's
-own loop; a SubscriptionReceiver is created, driven and stopped there.
+Part of videoflow.backends.jetstream.backend. A SubscriptionReceiver is created, driven
+and stopped on the adapter's own loop. Its two other halves live beside this module:
+receive_queue (handing the parked deliveries out, and back to the broker) and
+receive_leases (the fenced settlement of every token it hands out and the leases it
+keeps alive: MSG-011, PAY-004, DELIV-15).
 """
 
 from __future__ import annotations
@@ -24,28 +27,10 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from videoflow.backends.jetstream.settle import (
-    ReplyMux,
-    Send,
-    no_responders,
-    plan_sends,
-    subscribe_inline,
-)
-from videoflow.backends.messaging import (
-    Completed,
-    Delivery,
-    DeliveryToken,
-    LeaseObservation,
-    Retry,
-    SettleConfirmed,
-    SettleOutcome,
-    SettleResult,
-    SettleStale,
-    SettleUnknown,
-    SubscriptionId,
-    Terminal,
-)
-from videoflow.errors import BrokerUnavailable
+from videoflow.backends.jetstream.receive_leases import DeliveryLeases, HeldDelivery
+from videoflow.backends.jetstream.receive_queue import PrefetchQueue
+from videoflow.backends.jetstream.settle import ReplyMux, subscribe_inline
+from videoflow.backends.messaging import Delivery, DeliveryToken, SettleResult, SubscriptionId
 
 logger = logging.getLogger(__name__)
 
@@ -56,45 +41,6 @@ reported SettleUnknown (Msg.ack_sync(timeout), nats-py 2.15.0)."""
 FETCH_TIMEOUT_SECONDS: Final = 1.0
 """How long one pull request waits for a message before the loop re-checks whether it
 should stop. Also the unit receive_any waits in."""
-
-ACK: Final = b"+ACK"
-NAK: Final = b"-NAK"
-TERM: Final = b"+TERM"
-"""The acknowledgement verbs as nats-py's Msg.ack / Msg.nak / Msg.term write them
-(nats/aio/msg.py Msg.Ack)."""
-
-_SETTLEMENTS_KEPT: Final = 4096
-"""Settlement ids remembered for idempotent retries."""
-
-_NOT_LIVE: Final = ("not a live delivery of this binding (superseded, settled, handed back "
-                    "or from an earlier generation)")
-
-
-def nak_payload(delay: float) -> bytes:
-    """-NAK with the delay in nanoseconds, byte for byte as Msg.nak(delay) sends it;
-    a zero delay is no delay, as there (`if delay:`; NATS_FACTS §1)."""
-    if not delay:
-        return NAK
-    return NAK + b" " + json.dumps({"delay": int(delay * 10**9)}).encode()
-
-
-def _wire_form(outcome: SettleOutcome) -> tuple[bytes, bool]:
-    """(payload, must_request): Retry and Terminal want their own reply."""
-    if isinstance(outcome, Completed):
-        return ACK, False
-    if isinstance(outcome, Retry):
-        return nak_payload(outcome.delay), True
-    if isinstance(outcome, Terminal):
-        return term_payload(outcome.record_ref), True
-    raise TypeError(f"not a settle outcome: {outcome!r}")
-
-
-def term_payload(record_ref: str) -> bytes:
-    """+TERM with the dead letter's reference as the reason, which the server carries
-    into the MSG_TERMINATED advisory. nats-py's Msg.term takes no reason (NATS_FACTS
-    S12); a line break would end the protocol message, so it becomes a space."""
-    reason = " ".join(record_ref.split())
-    return TERM + b" " + reason.encode()
 
 
 def delivery_position(msg: Msg) -> tuple[int, int, int]:
@@ -149,21 +95,11 @@ class _Pull:
     expires_at: float
 
 
-@dataclass(slots=True)
-class _Held:
-    delivery: Delivery
-    msg: Msg
-    parked: bool = True
-    # An acknowledgement went out and its answer never came (a broker outage, a
-    # consumer changing leader): the keepalive stops renewing it and sends the ack
-    # again instead (reack_unknown), so a lost ack is neither held forever nor left to
-    # ack_wait's redelivery.
-    acked_unknown: bool = False
-
-
-class SubscriptionReceiver:
+class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
     """One binding of a subscription: a pull loop that prefetches into a bounded local
-    queue, and the live deliveries it has fetched.
+    queue, and the live deliveries it has fetched. Handing them out is PrefetchQueue's
+    (receive_queue); settling them and keeping their leases, DeliveryLeases'
+    (receive_leases).
 
     A delivery is live while its token is the newest attempt of its stream sequence
     this binding fetched; a redelivery, a rebind (a new generation) or a settlement
@@ -216,7 +152,7 @@ class SubscriptionReceiver:
         self.ack_confirm_seconds = ack_confirm_seconds
         self.replies = replies if replies is not None else ReplyMux(client)
         self._parked: deque[Delivery] = deque()
-        self._current: dict[int, _Held] = {}
+        self._current: dict[int, HeldDelivery] = {}
         # The caller's thread takes parked deliveries itself (take_ready): this lock
         # covers the parked queue and every held delivery's parked flag, on both
         # threads, and whether the pull loop waits for room (_space_waiting).
@@ -455,7 +391,7 @@ class SubscriptionReceiver:
             self._background(self._skip(delivery, msg))
             return
         with self._hand:  # with the count, so backlog never misses the one in between
-            self._current[seq] = _Held(delivery, msg)
+            self._current[seq] = HeldDelivery(delivery, msg)
             self._parked.append(delivery)
             self._broker_pending = pending
         if self.on_parked is not None:
@@ -529,310 +465,6 @@ class SubscriptionReceiver:
                 await sub.unsubscribe()
         self._pulls.clear()  # the server dropped them with the interest
 
-    # ------------------------------------------------------------------- handing out
-
-    @property
-    def parked(self) -> int:
-        """Deliveries fetched and parked, not yet handed out."""
-        return len(self._parked)
-
-    def backlog(self) -> int | None:
-        """Deliveries waiting to be taken: parked here, plus what the broker still held
-        for the consumer as of the latest delivery or short-ended request (no round
-        trip); None before the broker has said anything. The broker's count covers
-        what it can deliver now: messages it holds back (max_ack_pending reached) end
-        a request short and count as none."""
-        with self._hand:
-            pending = self._broker_pending
-            return None if pending is None else len(self._parked) + pending
-
-    def resident_bytes(self) -> int:
-        """Envelope bytes held live here, parked or handed out."""
-        # Read from the caller's thread too: copy the values first (atomic under the
-        # GIL) so the loop thread's inserts cannot break the iteration.
-        return sum(h.delivery.size for h in list(self._current.values()))
-
-    def take_ready(self, item_credit: int, byte_credit: int = 0) -> list[Delivery]:
-        """Hand out up to item_credit parked deliveries without waiting (and about
-        byte_credit bytes, 0 = unbounded: the first always goes). Safe from any
-        thread: the caller's takes them straight off the queue the loop parks into,
-        with no round trip through the loop; the pull loop is woken (one call onto
-        the loop) only when it is waiting for the room this take made."""
-        taken: list[Delivery] = []
-        size = 0
-        with self._hand:
-            parked = self._parked
-            while parked and len(taken) < item_credit:
-                delivery = parked[0]
-                if byte_credit and taken and size + delivery.size > byte_credit:
-                    break
-                parked.popleft()
-                held = self._current.get(delivery.stream_seq)
-                if held is None or held.delivery is not delivery:
-                    continue  # superseded while parked
-                held.parked = False
-                taken.append(delivery)
-                size += delivery.size
-            wake = bool(taken) and self._space_waiting
-            if wake:
-                self._space_waiting = False
-        if wake:
-            self._wake_pull_loop()
-        return taken
-
-    def _wake_pull_loop(self) -> None:
-        loop = self._loop
-        if loop is not None:
-            # A closed or stopped loop: nobody to wake.
-            with contextlib.suppress(RuntimeError, BrokerUnavailable):
-                (self.schedule or loop.call_soon_threadsafe)(self._space.set)
-
-    def put_back(self, delivery: Delivery) -> None:
-        """Return a delivery just taken (and not handed to anyone) to the queue's head."""
-        with self._hand:
-            held = self._current.get(delivery.stream_seq)
-            if held is not None and held.delivery.token == delivery.token:
-                held.parked = True
-                self._parked.appendleft(delivery)
-
-    # ------------------------------------------------------------------ settlement
-
-    def live(self, token: DeliveryToken) -> bool:
-        """Whether token is the newest attempt of its message this binding handed out
-        and has not settled (MSG-011)."""
-        held = self._current.get(token.stream_seq)
-        return (token.subscription == self.subscription and token.generation == self.generation
-                and held is not None and not held.parked
-                and (held.delivery.token is token or held.delivery.token == token))
-
-    async def settle(
-        self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
-    ) -> SettleResult:
-        """Settle one delivery and confirm it with the server (settle_batch of one)."""
-        return (await self.settle_batch([(token, outcome, settlement_id)]))[0]
-
-    async def settle_batch(
-        self, settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]]
-    ) -> list[SettleResult]:
-        """Settle deliveries of this binding, pipelined, and confirm each with the server.
-
-        Every settlement is the very +ACK / -NAK [delay] / +TERM reason that Msg.ack,
-        Msg.nak(delay) and Msg.term write (NATS_FACTS §1), Terminal carrying its
-        record_ref as the TERM reason (S12, DELIV-15). They are all written at once and
-        confirmed by the server's replies: every Retry and Terminal, and the batch's
-        last settlement, go as requests, and a Completed before a request is confirmed
-        by that request's reply (jetstream.settle: the server applies one durable's
-        acknowledgements in order). So a batch costs one round trip, not one per
-        delivery.
-
-        Returns:
-            One result per settlement, in order: SettleStale when the token is not live
-            — nothing is sent (MSG-011); SettleConfirmed once the reply that covers it
-            arrived; SettleUnknown when it did not within ack_confirm_seconds, or the
-            durable is gone, or the connection failed (a timed-out settlement may still
-            have been applied: no payload obligation may be released on it, PAY-004).
-            An unknown settlement leaves the token live, so a retry with the same
-            settlement_id asks again; a repeated settlement_id of a settled token
-            returns the first result. A settlement of a token whose earlier one is
-            still in flight sends nothing and gets what it would have got after it:
-            the first's result for the same settlement_id, SettleStale if the first
-            was confirmed, the first's SettleUnknown otherwise.
-        """
-        results: list[SettleResult | None] = [None] * len(settlements)
-        wire: list[tuple[int, str, bytes, bool]] = []
-        followers: list[tuple[int, int, asyncio.Future[dict[int, SettleResult]]]] = []
-        # One future for the whole batch, read by any settlement of the same token made
-        # while this one is in flight; keyed by stream sequence, which hashes for free.
-        answered: asyncio.Future[dict[int, SettleResult]] = (
-            asyncio.get_running_loop().create_future())
-        mine: list[int] = []
-        for index, (token, outcome, settlement_id) in enumerate(settlements):
-            previous = self._settled.get(settlement_id)
-            in_flight = self._in_flight.get(token.stream_seq)
-            if previous is not None and previous[0] == token:
-                results[index] = previous[1]
-            elif in_flight is not None and in_flight[0] == token:
-                followers.append((index, in_flight[1], in_flight[2]))
-            elif not self.live(token):
-                results[index] = SettleStale(_NOT_LIVE)
-            else:
-                wire.append((index, self._current[token.stream_seq].msg.reply,
-                             *_wire_form(outcome)))
-                if in_flight is None:
-                    self._in_flight[token.stream_seq] = (token, index, answered)
-                    mine.append(token.stream_seq)
-        sent: dict[int, SettleResult] = {}
-        try:
-            if wire:
-                sent = await self._send_confirmed(wire)
-                for index, result in sent.items():
-                    token, outcome, settlement_id = settlements[index]
-                    if isinstance(result, SettleConfirmed):
-                        self._forget(token)
-                        self._settled[settlement_id] = (token, result)
-                    elif isinstance(outcome, Completed):
-                        self._lapse(token)
-                    results[index] = result
-                while len(self._settled) > _SETTLEMENTS_KEPT:
-                    self._settled.popitem(last=False)
-        finally:
-            for seq in mine:
-                del self._in_flight[seq]
-            answered.set_result(sent)
-        for index, first, batch in followers:
-            # As if made after the first had returned: its own id repeats its result, a
-            # confirmed first leaves the token stale, an unknown one leaves it unknown.
-            token, _, settlement_id = settlements[index]
-            result = (await asyncio.shield(batch)).get(
-                first, SettleUnknown("the settlement was interrupted"))
-            previous = self._settled.get(settlement_id)
-            if previous is not None and previous[0] == token:
-                results[index] = previous[1]
-            elif isinstance(result, SettleConfirmed):
-                results[index] = SettleStale(_NOT_LIVE)
-            else:
-                results[index] = result
-        assert all(r is not None for r in results)
-        return results  # type: ignore[return-value]  # every slot was filled above
-
-    async def _send_confirmed(
-        self, wire: list[tuple[int, str, bytes, bool]]
-    ) -> dict[int, SettleResult]:
-        """Write the planned runs and wait for their replies; a result per batch index."""
-        runs = plan_sends(wire)
-        written: list[tuple[list[Send], str, asyncio.Future[Msg]]] = []
-        failure = ""
-        try:
-            await self.replies.start()
-            for run in runs:
-                for send in run:
-                    if not send.request:
-                        await self.client.publish(send.subject, send.payload)
-                        continue
-                    subject, reply = self.replies.expect()
-                    try:
-                        await self.client.publish(send.subject, send.payload, reply=subject)
-                    except BaseException:
-                        self.replies.abandon(subject)
-                        raise
-                    written.append((run, subject, reply))
-        except nats.errors.Error as error:
-            # What went out may still be applied, what did not is not: unknown either way.
-            failure = f"{type(error).__name__} while sending the settlement: {error}"
-        results: dict[int, SettleResult] = {}
-        if written:
-            await asyncio.wait([reply for _, _, reply in written],
-                               timeout=self.ack_confirm_seconds)
-        for run, subject, reply in written:
-            result: SettleResult
-            if not reply.done():
-                self.replies.abandon(subject)
-                result = SettleUnknown(f"no reply within {self.ack_confirm_seconds:g}s; the "
-                                       "settlement may or may not have been applied")
-            elif no_responders(reply.result()):
-                result = SettleUnknown("no responders: the durable is gone")  # S14
-            else:
-                result = SettleConfirmed()
-            results.update((send.slot, result) for send in run)
-        for run in runs[len(written):]:
-            results.update((send.slot, SettleUnknown(failure)) for send in run)
-        return results
-
-    def _forget(self, token: DeliveryToken) -> None:
-        held = self._current.get(token.stream_seq)
-        if held is not None and (held.delivery.token is token or held.delivery.token == token):
-            del self._current[token.stream_seq]
-
-    def _lapse(self, token: DeliveryToken) -> None:
-        held = self._current.get(token.stream_seq)
-        if held is not None and (held.delivery.token is token or held.delivery.token == token):
-            held.acked_unknown = True
-
-    def supersede(self, token: DeliveryToken) -> bool:
-        """Retire token locally with no broker call; a later settle is SettleStale."""
-        live = self.live(token)
-        if live:
-            self._forget(token)
-        return live
-
-    async def renew(self, token: DeliveryToken) -> LeaseObservation:
-        """Extend a live delivery's lease with Msg.in_progress (+WPI, fire-and-forget:
-        'extended' means asked, NATS_FACTS §1); a stale token sends nothing."""
-        if not self.live(token):
-            return LeaseObservation("stale", "not a live delivery of this binding")
-        try:
-            await self._current[token.stream_seq].msg.in_progress()
-        except nats.errors.Error as error:
-            return LeaseObservation("unknown", f"{type(error).__name__}: {error}")
-        return LeaseObservation("extended")
-
-    def keep_alive(self, interval: float) -> None:
-        """Renew every live lease each interval seconds (ack_wait / 3, as the messenger
-        always has) until stop."""
-        async def renewing() -> None:
-            while not self._stopping:
-                await asyncio.sleep(interval)
-                await self.renew_all()
-
-        if self._keepalive is None and not self._stopping:
-            self._keepalive = asyncio.get_running_loop().create_task(renewing())
-
-    async def renew_all(self) -> int:
-        """in_progress for every live delivery, parked or handed out (the keepalive),
-        but those acknowledged without an answer (left to lapse, _Held.acked_unknown);
-        returns how many were asked."""
-        asked = 0
-        for held in list(self._current.values()):
-            if held.acked_unknown:
-                continue
-            with contextlib.suppress(nats.errors.Error):
-                await held.msg.in_progress()
-                asked += 1
-        await self.reack_unknown()
-        return asked
-
-    async def reack_unknown(self) -> int:
-        """Send again, confirmed, every acknowledgement whose answer never came: the
-        node finished with those deliveries, and +ACK is idempotent, so a lost one is
-        made good as soon as the broker answers again (the next keepalive, or its
-        return after an outage) rather than redelivered to be processed again. Those
-        still unanswered stay so, for the next try or ack_wait.
-
-        Returns:
-            how many were confirmed now.
-        """
-        lapsed = [(h.delivery.token, Completed(),
-                   f"re-ack:{h.delivery.token.stream_seq}:{h.delivery.token.attempt}")
-                  for h in list(self._current.values()) if h.acked_unknown and not h.parked]
-        if not lapsed or self._stopping:
-            return 0
-        results = await self.settle_batch(lapsed)
-        return sum(isinstance(r, SettleConfirmed) for r in results)
-
-    # ------------------------------------------------------------------- hand-back
-
-    async def hand_back(self, parked_only: bool) -> int:
-        """NAK deliveries back to the broker at once (RUN-030) so a survivor gets them
-        now, not after ack_wait: the parked ones, or every live one. A fire-and-forget
-        nak (Msg.nak) is enough — the worst case is the lease lapsing as it would have.
-
-        Returns:
-            how many were handed back.
-        """
-        self._handed_back = True
-        with self._hand:  # chosen at once, so no take hands one out meanwhile
-            chosen = [held for held in self._current.values()
-                      if held.parked or not parked_only]
-            for held in chosen:
-                del self._current[held.delivery.stream_seq]
-            self._parked.clear()  # whatever stayed parked was superseded
-        handed = 0
-        for held in chosen:
-            with contextlib.suppress(nats.errors.Error):
-                await held.msg.nak()  # MsgAlreadyAckdError: settled elsewhere; leave it
-                handed += 1
-        self._space.set()
-        return handed
 
     async def unsubscribe(self) -> None:
         """Withdraw the delivery inbox (the durable stays): stop does it too."""
@@ -905,6 +537,4 @@ __all__ = [
     "SubscriptionReceiver",
     "bind_receiver",
     "take_round_robin",
-    "nak_payload",
-    "term_payload",
 ]

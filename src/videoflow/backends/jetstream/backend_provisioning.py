@@ -1,0 +1,187 @@
+"""Provisioning and binding on JetStream: BackendProvisioning, the part of
+JetStreamMessagingBackend that creates or reconciles the run's streams (its channels
+and the flow's dead letters), binds each subscription's durable to a receiver of its
+own (rebinding with the next generation, MSG-011) with its MAX_DELIVERIES advisory
+(MSG-012), and subscribes to the run's control subject.
+
+Part of videoflow.backends.jetstream.backend (a part of its one class; the state it
+reads is BackendState's). The requests themselves are jetstream.durables' and
+jetstream.streams'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+
+from videoflow.backends.jetstream.backend_state import BROKER_CALL_SECONDS, BackendState, Binding
+from videoflow.backends.jetstream.configs import dlq_stream_config
+from videoflow.backends.jetstream.durables import ensure_channel_stream, ensure_durable
+from videoflow.backends.jetstream.receive import SubscriptionReceiver, bind_receiver
+from videoflow.backends.jetstream.specs import (
+    ADVISORY_MAX_DELIVERIES,
+    consumer_config_for_spec,
+    durable_of,
+    stream_of,
+)
+from videoflow.backends.jetstream.streams import ensure_stream
+from videoflow.backends.messaging import (
+    BrokerUnavailable,
+    ChannelSpec,
+    SubscriptionId,
+    SubscriptionSpec,
+    UnobservableState,
+    VerifiedChannel,
+    VerifiedSubscription,
+)
+from videoflow.core.naming import control_subject_for
+
+
+class BackendProvisioning(BackendState):
+    """The run's streams and durables, and the bindings that receive from them
+    (ensure_dead_letters, ensure_channel, ensure_subscription, subscribe_control)."""
+
+    def ensure_dead_letters(self, operation_id: str) -> None:
+        """Create (or find, read back, unchanged) the flow's dead-letter stream
+        (dlq_stream_config: LIMITS, a week's max_age, flow-level owner labels, STREAM-8).
+        Idempotent, so operation_id needs no bookkeeping.
+
+        Raises:
+            BrokerUnavailable: not connected, or the broker did not answer.
+        """
+        try:
+            self._ride(lambda js: ensure_stream(js, dlq_stream_config(self.flow_id)))
+        except (TimeoutError, nats.errors.Error) as error:
+            raise BrokerUnavailable(f"ensure_dead_letters for {self.flow_id}: {error}") from error
+
+    def ensure_channel(self, spec: ChannelSpec, operation_id: str) -> VerifiedChannel:
+        """Create or reconcile the channel and read back its effective configuration.
+        An immutable mismatch (retention, replicas) raises IncompatibleProfile;
+        "already exists" is never accepted without inspection. Naturally idempotent
+        (add_stream of an identical config is a no-op), so operation_id needs no
+        bookkeeping.
+
+        Raises:
+            IncompatibleProfile: a profile JetStream cannot promise, replicas the server
+                cannot keep (10074), or a stream whose retention or replicas contradict
+                the spec.
+            BrokerUnavailable: not connected, or the broker did not answer.
+        """
+        name = stream_of(spec.channel)
+        try:
+            created, verified = self._ride(lambda js: ensure_channel_stream(js, spec))
+        except nats.js.errors.APIError as error:
+            raise BrokerUnavailable(f"ensure_channel {name}: {error}",
+                                    code=error.err_code) from error
+        except (TimeoutError, nats.errors.Error) as error:
+            raise BrokerUnavailable(f"ensure_channel {name}: {error}") from error
+        if verified.effective is None:
+            raise BrokerUnavailable(f"ensure_channel {name}: {verified.mismatches[0]}")
+        if self._first_stream is None:
+            self._first_stream = verified.effective
+        return VerifiedChannel(spec=spec, name=name, created=created,
+                               mismatches=verified.mismatches)
+
+    def ensure_subscription(
+        self, spec: SubscriptionSpec, operation_id: str
+    ) -> VerifiedSubscription:
+        """Bind the subscription's durable (creating it when absent, from a config that
+        reproduces today's bytes), read it back, and start prefetching into its queue.
+        A data subscription also subscribes to the broker's MAX_DELIVERIES advisory for
+        its durable, which feeds unresolved (MSG-012). Repeating the same operation_id
+        returns the same binding; a new one rebinds with the next generation, handing
+        the old binding's parked deliveries back and making its tokens stale (MSG-011).
+
+        Raises:
+            UnobservableState: the channel's stream does not exist (reason 'missing').
+            BrokerUnavailable: not connected, or the broker did not answer.
+        """
+        old = self._bindings.get(spec.id)
+        if old is not None and old.operation_id == operation_id:
+            return old.verified
+        stream = stream_of(spec.id.channel)
+        durable = durable_of(spec.id, self.instance_id)
+        config = consumer_config_for_spec(spec, self.instance_id)
+        generation = self._generations.get(spec.id, -1) + 1
+        admit, on_skip = self._admission.get(spec.id, (None, None))
+
+        try:
+            created, verified = self._ride(
+                lambda js: ensure_durable(js, stream, durable, config))
+        except nats.js.errors.NotFoundError as error:
+            raise UnobservableState(f"no stream {stream} to bind {durable} to",
+                                    reason="missing", detail=str(error)) from error
+        except (TimeoutError, nats.errors.Error) as error:
+            raise BrokerUnavailable(f"ensure_subscription {durable}: {error}") from error
+        client, _ = self._require()
+
+        async def bind() -> tuple[SubscriptionReceiver, Any]:
+            if old is not None:
+                await old.receiver.stop()
+                await old.receiver.hand_back(parked_only=True)
+                await old.receiver.unsubscribe()
+                if old.advisory is not None:
+                    await old.advisory.unsubscribe()
+            receiver = await bind_receiver(
+                client, spec.id, stream, durable, generation, prefetch=self.prefetch,
+                fetch_timeout=self.fetch_timeout,
+                ack_confirm_seconds=self.ack_confirm_seconds, byte_credit=spec.byte_credit,
+                may_fetch=None if self.byte_budget is None else self._budget_admits,
+                admit=admit, on_skip=on_skip,
+                replies=self._replies, on_parked=self._ring)
+            receiver.wanted = self._wanted  # before its pull loop's first request
+            receiver.schedule = self._runner.call_soon
+            if self.keepalive:
+                receiver.keep_alive(spec.ack_wait_seconds / 3)
+            advisory = None
+            if spec.id.kind == "data":
+                advisory = await client.subscribe(
+                    f"{ADVISORY_MAX_DELIVERIES}.{stream}.{durable}",
+                    cb=self._advisory_handler(spec.id))
+            return receiver, advisory
+
+        try:
+            receiver, advisory = self._call(bind(), BROKER_CALL_SECONDS)
+        except (TimeoutError, nats.errors.Error) as error:
+            raise BrokerUnavailable(f"ensure_subscription {durable}: {error}") from error
+        if old is not None:
+            self._retired_budget_waits += old.receiver.budget_waits
+        self._generations[spec.id] = generation
+        result = VerifiedSubscription(spec=spec, name=durable, generation=generation,
+                                      created=created, mismatches=verified.mismatches)
+        binding = Binding(spec, result, operation_id, stream, receiver)
+        binding.advisory = advisory
+        self._bindings[spec.id] = binding
+        if self._stopped_receiving:
+            self._call(receiver.stop(), self.fetch_timeout + BROKER_CALL_SECONDS)
+        return result
+
+    def _advisory_handler(self, subscription: SubscriptionId) -> Callable[[Msg], Any]:
+        async def on_advisory(msg: Msg) -> None:
+            # S11: fires on the next pull after the last delivery, carrying stream_seq.
+            self._exhausted.mark_advisory(subscription, msg.data)
+
+        return on_advisory
+
+    def subscribe_control(self, callback: Callable[[], None]) -> None:
+        """Invoke callback (on the loop, whichever thread runs it) when the run's
+        flow-wide stop is published (core NATS, vf.{flow}.{run}._control.stop)."""
+        client, _ = self._require()
+
+        async def on_stop(_msg: Msg) -> None:
+            callback()
+
+        async def subscribe() -> None:
+            await client.subscribe(control_subject_for(self.flow_id, self.run_id), cb=on_stop)
+            # SUB is fire-and-forget; the PING/PONG of a flush proves the server has
+            # registered it, so a stop published after this returns is never missed.
+            await client.flush(timeout=int(BROKER_CALL_SECONDS))
+
+        self._call(subscribe(), BROKER_CALL_SECONDS)
+
+
+__all__ = ["BackendProvisioning"]

@@ -1,0 +1,174 @@
+"""Receiving on JetStream across bindings: BackendReceiving, the part of
+JetStreamMessagingBackend that takes parked deliveries from its bindings round robin
+on the caller's thread (receive_any), runs the loop while it waits for one, keeps the
+byte budget (RUN-025) and each binding's admission filter and receive depth, and
+reports what is parked, skipped and waiting.
+
+Part of videoflow.backends.jetstream.backend (a part of its one class; the state it
+reads is BackendState's). One binding's pull loop is jetstream.receive's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+from videoflow.backends.jetstream.backend_state import BackendState
+from videoflow.backends.jetstream.receive import take_round_robin
+from videoflow.backends.messaging import (
+    BrokerUnavailable,
+    Delivery,
+    Known,
+    SubscriptionId,
+    Unknown,
+)
+from videoflow.broker.loop import COALESCE_SECONDS
+
+
+class BackendReceiving(BackendState):
+    """Deliveries handed to the caller, and the bounds on what is held for it
+    (receive_any, catch_up, set_admission, set_receive_depth, prefetched, skipped,
+    backlog, resident_bytes, budget_waits)."""
+
+    def _budget_admits(self) -> bool:
+        return self.byte_budget is None or self._resident() < self.byte_budget
+
+    def _resident(self) -> int:
+        # Called from the loop thread (the pull loops' gate) and the caller's: copy first.
+        return sum(b.receiver.resident_bytes() for b in list(self._bindings.values()))
+
+    def receive_any(
+        self,
+        subscriptions: Sequence[SubscriptionId],
+        item_credit: int,
+        byte_credit: int,
+        deadline: float,
+    ) -> list[tuple[SubscriptionId, Delivery]]:
+        """Waits until deadline (monotonic) for any of the subscriptions' queues to hold
+        a delivery and returns everything that became ready in that wait — nothing is
+        dequeued that is not returned. Subscriptions not bound here contribute
+        nothing. The caller's thread takes the deliveries itself, and while it waits
+        runs the loop itself (LoopRunner.wait_until) until a binding parks one
+        (_ring): a delivery is read, parked and taken on one thread, with no wake-up
+        between threads.
+
+        Raises:
+            BrokerUnavailable: the backend's loop is not running, or its broker was
+                away for longer than the outage budget (nothing more can arrive).
+        """
+        if self.outage.given_up is not None:
+            raise BrokerUnavailable(self.outage.given_up)
+        receivers = [(s, self._bindings[s].receiver) for s in subscriptions
+                     if s in self._bindings]
+        if item_credit < 1 or not receivers:
+            return []
+        if not self._runner.running:
+            raise BrokerUnavailable("the JetStream backend's loop is not running")
+        arrivals, runner = self._arrivals, self._runner
+        ran = False  # whether this call has run the loop yet
+        while True:
+            seen = self._arrived  # read before the take: a park after it is not missed
+            taken = take_round_robin(receivers, item_credit, byte_credit)
+            if taken or ran and deadline <= time.monotonic():
+                if not ran:
+                    # What was handed over (a group's outputs, its settlements) goes
+                    # out, on this thread: a caller working through a backlog turns
+                    # once per COALESCE_SECONDS, so a batch of them shares one write.
+                    runner.turn(COALESCE_SECONDS)
+                return taken
+            ran = True
+            if deadline <= time.monotonic():  # a poll: what the loop has ready, once
+                runner.turn(COALESCE_SECONDS)
+                continue
+
+            def arrived(seen: int = seen) -> bool:
+                return self._arrived != seen
+
+            def block(seconds: float, seen: int = seen) -> None:
+                with arrivals:
+                    if self._arrived == seen:
+                        arrivals.wait(seconds)
+
+            # The wait runs the loop, which sends what was handed over at once: no
+            # turn before it (a coalesced one only woke the keeper for nothing).
+            runner.wait_until(arrived, deadline, block)
+
+    def catch_up(self, at_once: bool = False) -> None:
+        """Run what the loop has ready on the caller's thread, without blocking
+        (LoopRunner.turn): handed-over publications and settlements go out, at most
+        one write per COALESCE_SECONDS for a fast caller unless at_once."""
+        if self._runner.running:
+            self._runner.turn(0.0 if at_once else COALESCE_SECONDS)
+
+    def _ring(self) -> None:
+        # On the loop, for each delivery parked. The waiter is woken once the read loop
+        # has parked everything the bytes just read held, not once per delivery: a
+        # wake-up per delivery handed the interpreter back and forth per message.
+        if not self._ring_scheduled:
+            self._ring_scheduled = True
+            asyncio.get_running_loop().call_soon(self._ring_now)
+
+    def _ring_now(self) -> None:
+        self._ring_scheduled = False
+        with self._arrivals:
+            self._arrived += 1
+            self._arrivals.notify_all()
+        self._runner.poke()  # a receive_any running the loop on its own thread
+
+    def set_admission(
+        self,
+        subscription: SubscriptionId,
+        admit: Callable[[Delivery], bool],
+        on_skip: Callable[[Delivery], None] | None = None,
+    ) -> bool:
+        """Run admit (on the loop thread: cheap, non-blocking) on every delivery of
+        subscription before it is parked; a refused one is acked by the backend and,
+        once confirmed, handed to on_skip off the loop's thread. Kept across rebinds.
+
+        Returns:
+            True: this backend keeps the filter.
+        """
+        self._admission[subscription] = (admit, on_skip)
+        binding = self._bindings.get(subscription)
+        if binding is not None:
+            binding.receiver.admit, binding.receiver.on_skip = admit, on_skip
+        return True
+
+    def set_receive_depth(self, depth: int) -> None:
+        """Park at most depth deliveries per subscription (never more than prefetch):
+        a slow node that parks a deep prefetch holds inputs a competing replica could
+        be processing, and has more to hand back when it leaves."""
+        self._wanted = max(1, min(self.prefetch, depth))
+        for binding in list(self._bindings.values()):
+            binding.receiver.wanted = self._wanted
+
+    def prefetched(self, subscription: SubscriptionId) -> int:
+        binding = self._bindings.get(subscription)
+        return 0 if binding is None else binding.receiver.parked
+
+    def skipped(self, subscription: SubscriptionId) -> int:
+        binding = self._bindings.get(subscription)
+        return 0 if binding is None else binding.receiver.skipped
+
+    def backlog(self, subscription: SubscriptionId) -> Known[int] | Unknown:
+        """Parked deliveries plus the broker's num_pending as the latest delivery's reply
+        subject carried it (0 once a fetch ended short: 404/408); no round trip."""
+        binding = self._bindings.get(subscription)
+        waiting = None if binding is None else binding.receiver.backlog()
+        if waiting is None:
+            return Unknown("unread", f"nothing received for {subscription.consumer} yet")
+        return Known(waiting)
+
+    def resident_bytes(self) -> int:
+        """Envelope bytes this receiver holds unsettled right now (parked or handed
+        out)."""
+        return self._resident()
+
+    def budget_waits(self) -> int:
+        """How many times a pull loop paused because the byte budget was full."""
+        return self._retired_budget_waits + sum(
+            b.receiver.budget_waits for b in list(self._bindings.values()))
+
+
+__all__ = ["BackendReceiving"]

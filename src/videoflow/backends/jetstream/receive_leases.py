@@ -1,0 +1,334 @@
+"""The settlement and leases of one binding's deliveries on JetStream: the
+acknowledgement verbs as nats-py writes them, the record of a delivery held live
+(HeldDelivery), and DeliveryLeases, the half of SubscriptionReceiver that settles its tokens,
+confirmed with the server and fenced (MSG-011, PAY-004, DELIV-15), and keeps their
+leases alive.
+
+Part of videoflow.backends.jetstream.receive, whose SubscriptionReceiver is built from
+this and receive_queue's PrefetchQueue; everything here runs on the adapter's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from videoflow.backends.jetstream.settle import ReplyMux, Send, no_responders, plan_sends
+from videoflow.backends.messaging import (
+    Completed,
+    Delivery,
+    DeliveryToken,
+    LeaseObservation,
+    Retry,
+    SettleConfirmed,
+    SettleOutcome,
+    SettleResult,
+    SettleStale,
+    SettleUnknown,
+    SubscriptionId,
+    Terminal,
+)
+
+ACK: Final = b"+ACK"
+NAK: Final = b"-NAK"
+TERM: Final = b"+TERM"
+"""The acknowledgement verbs as nats-py's Msg.ack / Msg.nak / Msg.term write them
+(nats/aio/msg.py Msg.Ack)."""
+
+_SETTLEMENTS_KEPT: Final = 4096
+"""Settlement ids remembered for idempotent retries."""
+
+_NOT_LIVE: Final = ("not a live delivery of this binding (superseded, settled, handed back "
+                    "or from an earlier generation)")
+
+
+def nak_payload(delay: float) -> bytes:
+    """-NAK with the delay in nanoseconds, byte for byte as Msg.nak(delay) sends it;
+    a zero delay is no delay, as there (`if delay:`; NATS_FACTS §1)."""
+    if not delay:
+        return NAK
+    return NAK + b" " + json.dumps({"delay": int(delay * 10**9)}).encode()
+
+
+def _wire_form(outcome: SettleOutcome) -> tuple[bytes, bool]:
+    """(payload, must_request): Retry and Terminal want their own reply."""
+    if isinstance(outcome, Completed):
+        return ACK, False
+    if isinstance(outcome, Retry):
+        return nak_payload(outcome.delay), True
+    if isinstance(outcome, Terminal):
+        return term_payload(outcome.record_ref), True
+    raise TypeError(f"not a settle outcome: {outcome!r}")
+
+
+def term_payload(record_ref: str) -> bytes:
+    """+TERM with the dead letter's reference as the reason, which the server carries
+    into the MSG_TERMINATED advisory. nats-py's Msg.term takes no reason (NATS_FACTS
+    S12); a line break would end the protocol message, so it becomes a space."""
+    reason = " ".join(record_ref.split())
+    return TERM + b" " + reason.encode()
+
+
+@dataclass(slots=True)
+class HeldDelivery:
+    """A delivery this binding holds live: parked, or handed out and not yet settled."""
+
+    delivery: Delivery
+    msg: Msg
+    parked: bool = True
+    # An acknowledgement went out and its answer never came (a broker outage, a
+    # consumer changing leader): the keepalive stops renewing it and sends the ack
+    # again instead (reack_unknown), so a lost ack is neither held forever nor left to
+    # ack_wait's redelivery.
+    acked_unknown: bool = False
+
+
+class DeliveryLeases:
+    """Settling and renewing the deliveries one binding handed out: the part of
+    SubscriptionReceiver that speaks to the broker about a delivery after it was taken.
+
+    A mixin: the attributes annotated here are the receiver's, set in its __init__.
+    """
+
+    subscription: SubscriptionId
+    client: Client
+    generation: int
+    ack_confirm_seconds: float
+    replies: ReplyMux
+    _current: dict[int, HeldDelivery]
+    _settled: OrderedDict[str, tuple[DeliveryToken, SettleResult]]
+    _in_flight: dict[int, tuple[DeliveryToken, int, asyncio.Future[dict[int, SettleResult]]]]
+    _stopping: bool
+    _keepalive: asyncio.Task[None] | None
+
+    def live(self, token: DeliveryToken) -> bool:
+        """Whether token is the newest attempt of its message this binding handed out
+        and has not settled (MSG-011)."""
+        held = self._current.get(token.stream_seq)
+        return (token.subscription == self.subscription and token.generation == self.generation
+                and held is not None and not held.parked
+                and (held.delivery.token is token or held.delivery.token == token))
+
+    async def settle(
+        self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
+    ) -> SettleResult:
+        """Settle one delivery and confirm it with the server (settle_batch of one)."""
+        return (await self.settle_batch([(token, outcome, settlement_id)]))[0]
+
+    async def settle_batch(
+        self, settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]]
+    ) -> list[SettleResult]:
+        """Settle deliveries of this binding, pipelined, and confirm each with the server.
+
+        Every settlement is the very +ACK / -NAK [delay] / +TERM reason that Msg.ack,
+        Msg.nak(delay) and Msg.term write (NATS_FACTS §1), Terminal carrying its
+        record_ref as the TERM reason (S12, DELIV-15). They are all written at once and
+        confirmed by the server's replies: every Retry and Terminal, and the batch's
+        last settlement, go as requests, and a Completed before a request is confirmed
+        by that request's reply (jetstream.settle: the server applies one durable's
+        acknowledgements in order). So a batch costs one round trip, not one per
+        delivery.
+
+        Returns:
+            One result per settlement, in order: SettleStale when the token is not live
+            — nothing is sent (MSG-011); SettleConfirmed once the reply that covers it
+            arrived; SettleUnknown when it did not within ack_confirm_seconds, or the
+            durable is gone, or the connection failed (a timed-out settlement may still
+            have been applied: no payload obligation may be released on it, PAY-004).
+            An unknown settlement leaves the token live, so a retry with the same
+            settlement_id asks again; a repeated settlement_id of a settled token
+            returns the first result. A settlement of a token whose earlier one is
+            still in flight sends nothing and gets what it would have got after it:
+            the first's result for the same settlement_id, SettleStale if the first
+            was confirmed, the first's SettleUnknown otherwise.
+        """
+        results: list[SettleResult | None] = [None] * len(settlements)
+        wire: list[tuple[int, str, bytes, bool]] = []
+        followers: list[tuple[int, int, asyncio.Future[dict[int, SettleResult]]]] = []
+        # One future for the whole batch, read by any settlement of the same token made
+        # while this one is in flight; keyed by stream sequence, which hashes for free.
+        answered: asyncio.Future[dict[int, SettleResult]] = (
+            asyncio.get_running_loop().create_future())
+        mine: list[int] = []
+        for index, (token, outcome, settlement_id) in enumerate(settlements):
+            previous = self._settled.get(settlement_id)
+            in_flight = self._in_flight.get(token.stream_seq)
+            if previous is not None and previous[0] == token:
+                results[index] = previous[1]
+            elif in_flight is not None and in_flight[0] == token:
+                followers.append((index, in_flight[1], in_flight[2]))
+            elif not self.live(token):
+                results[index] = SettleStale(_NOT_LIVE)
+            else:
+                wire.append((index, self._current[token.stream_seq].msg.reply,
+                             *_wire_form(outcome)))
+                if in_flight is None:
+                    self._in_flight[token.stream_seq] = (token, index, answered)
+                    mine.append(token.stream_seq)
+        sent: dict[int, SettleResult] = {}
+        try:
+            if wire:
+                sent = await self._send_confirmed(wire)
+                for index, result in sent.items():
+                    token, outcome, settlement_id = settlements[index]
+                    if isinstance(result, SettleConfirmed):
+                        self._forget(token)
+                        self._settled[settlement_id] = (token, result)
+                    elif isinstance(outcome, Completed):
+                        self._lapse(token)
+                    results[index] = result
+                while len(self._settled) > _SETTLEMENTS_KEPT:
+                    self._settled.popitem(last=False)
+        finally:
+            for seq in mine:
+                del self._in_flight[seq]
+            answered.set_result(sent)
+        for index, first, batch in followers:
+            # As if made after the first had returned: its own id repeats its result, a
+            # confirmed first leaves the token stale, an unknown one leaves it unknown.
+            token, _, settlement_id = settlements[index]
+            result = (await asyncio.shield(batch)).get(
+                first, SettleUnknown("the settlement was interrupted"))
+            previous = self._settled.get(settlement_id)
+            if previous is not None and previous[0] == token:
+                results[index] = previous[1]
+            elif isinstance(result, SettleConfirmed):
+                results[index] = SettleStale(_NOT_LIVE)
+            else:
+                results[index] = result
+        assert all(r is not None for r in results)
+        return results  # type: ignore[return-value]  # every slot was filled above
+
+    async def _send_confirmed(
+        self, wire: list[tuple[int, str, bytes, bool]]
+    ) -> dict[int, SettleResult]:
+        """Write the planned runs and wait for their replies; a result per batch index."""
+        runs = plan_sends(wire)
+        written: list[tuple[list[Send], str, asyncio.Future[Msg]]] = []
+        failure = ""
+        try:
+            await self.replies.start()
+            for run in runs:
+                for send in run:
+                    if not send.request:
+                        await self.client.publish(send.subject, send.payload)
+                        continue
+                    subject, reply = self.replies.expect()
+                    try:
+                        await self.client.publish(send.subject, send.payload, reply=subject)
+                    except BaseException:
+                        self.replies.abandon(subject)
+                        raise
+                    written.append((run, subject, reply))
+        except nats.errors.Error as error:
+            # What went out may still be applied, what did not is not: unknown either way.
+            failure = f"{type(error).__name__} while sending the settlement: {error}"
+        results: dict[int, SettleResult] = {}
+        if written:
+            await asyncio.wait([reply for _, _, reply in written],
+                               timeout=self.ack_confirm_seconds)
+        for run, subject, reply in written:
+            result: SettleResult
+            if not reply.done():
+                self.replies.abandon(subject)
+                result = SettleUnknown(f"no reply within {self.ack_confirm_seconds:g}s; the "
+                                       "settlement may or may not have been applied")
+            elif no_responders(reply.result()):
+                result = SettleUnknown("no responders: the durable is gone")  # S14
+            else:
+                result = SettleConfirmed()
+            results.update((send.slot, result) for send in run)
+        for run in runs[len(written):]:
+            results.update((send.slot, SettleUnknown(failure)) for send in run)
+        return results
+
+    def _forget(self, token: DeliveryToken) -> None:
+        held = self._current.get(token.stream_seq)
+        if held is not None and (held.delivery.token is token or held.delivery.token == token):
+            del self._current[token.stream_seq]
+
+    def _lapse(self, token: DeliveryToken) -> None:
+        held = self._current.get(token.stream_seq)
+        if held is not None and (held.delivery.token is token or held.delivery.token == token):
+            held.acked_unknown = True
+
+    def supersede(self, token: DeliveryToken) -> bool:
+        """Retire token locally with no broker call; a later settle is SettleStale."""
+        live = self.live(token)
+        if live:
+            self._forget(token)
+        return live
+
+    async def renew(self, token: DeliveryToken) -> LeaseObservation:
+        """Extend a live delivery's lease with Msg.in_progress (+WPI, fire-and-forget:
+        'extended' means asked, NATS_FACTS §1); a stale token sends nothing."""
+        if not self.live(token):
+            return LeaseObservation("stale", "not a live delivery of this binding")
+        try:
+            await self._current[token.stream_seq].msg.in_progress()
+        except nats.errors.Error as error:
+            return LeaseObservation("unknown", f"{type(error).__name__}: {error}")
+        return LeaseObservation("extended")
+
+    def keep_alive(self, interval: float) -> None:
+        """Renew every live lease each interval seconds (ack_wait / 3, as the messenger
+        always has) until stop."""
+        async def renewing() -> None:
+            while not self._stopping:
+                await asyncio.sleep(interval)
+                await self.renew_all()
+
+        if self._keepalive is None and not self._stopping:
+            self._keepalive = asyncio.get_running_loop().create_task(renewing())
+
+    async def renew_all(self) -> int:
+        """in_progress for every live delivery, parked or handed out (the keepalive),
+        but those acknowledged without an answer (left to lapse, HeldDelivery.acked_unknown);
+        returns how many were asked."""
+        asked = 0
+        for held in list(self._current.values()):
+            if held.acked_unknown:
+                continue
+            with contextlib.suppress(nats.errors.Error):
+                await held.msg.in_progress()
+                asked += 1
+        await self.reack_unknown()
+        return asked
+
+    async def reack_unknown(self) -> int:
+        """Send again, confirmed, every acknowledgement whose answer never came: the
+        node finished with those deliveries, and +ACK is idempotent, so a lost one is
+        made good as soon as the broker answers again (the next keepalive, or its
+        return after an outage) rather than redelivered to be processed again. Those
+        still unanswered stay so, for the next try or ack_wait.
+
+        Returns:
+            how many were confirmed now.
+        """
+        lapsed = [(h.delivery.token, Completed(),
+                   f"re-ack:{h.delivery.token.stream_seq}:{h.delivery.token.attempt}")
+                  for h in list(self._current.values()) if h.acked_unknown and not h.parked]
+        if not lapsed or self._stopping:
+            return 0
+        results = await self.settle_batch(lapsed)
+        return sum(isinstance(r, SettleConfirmed) for r in results)
+
+
+__all__ = [
+    "ACK",
+    "NAK",
+    "TERM",
+    "DeliveryLeases",
+    "HeldDelivery",
+    "nak_payload",
+    "term_payload",
+]
