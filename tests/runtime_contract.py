@@ -16,7 +16,8 @@ from typing import Any, Protocol
 
 import pytest
 
-from videoflow.core.runtime import FlowRuntime, Publication
+from videoflow.core.runtime import FlowRuntime
+from videoflow.core.runtime_records import Publication
 from videoflow.errors import LedgerError, RevisionConflict, SupersededOwner
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from videoflow.cli.demo import StartGate  # one first-capture instant for every process
+from videoflow.cli.demo_nodes import StartGate  # one first-capture instant for every process
 from videoflow.core.node import ConsumerNode, ProducerNode
 
 

@@ -18,7 +18,7 @@ from videoflow.cli.ops import register
 from videoflow.core.compiler import NodeSpec
 from videoflow.core.constants import BATCH
 from videoflow.core.naming import dlq_stream_name, ledger_bucket, payload_bucket
-from videoflow.core.runtime import key_token
+from videoflow.core.runtime_records import key_token
 from videoflow.messaging.topology import provision_flow_sync
 
 pytestmark = pytest.mark.timeout(90)

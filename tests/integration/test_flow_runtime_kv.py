@@ -11,7 +11,8 @@ import pytest
 import runtime_contract
 from videoflow.backends.jetstream.ledger_store import NatsKvRuntimeStore
 from videoflow.broker import server as embedded
-from videoflow.core.runtime import Checkpoint, FlowRuntime
+from videoflow.core.runtime import FlowRuntime
+from videoflow.core.runtime_records import Checkpoint
 from videoflow.errors import BrokerUnavailable, RevisionConflict, SupersededOwner
 
 pytestmark = pytest.mark.timeout(60)

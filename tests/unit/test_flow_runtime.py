@@ -11,12 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import runtime_contract
-from videoflow.core.runtime import (
-    FlowRuntime,
-    MemoryRuntimeStore,
-    key_token,
-    token_text,
-)
+from videoflow.core.runtime import FlowRuntime, MemoryRuntimeStore
+from videoflow.core.runtime_records import key_token, token_text
 from videoflow.errors import DurabilityUnavailable, LedgerError, RevisionConflict, VideoflowError
 
 

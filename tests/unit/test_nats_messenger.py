@@ -44,7 +44,8 @@ from videoflow.messaging.dead_letters import decode_dead_letter
 from videoflow.messaging.grouping import ENTRY_KEYS, EnvelopeEntry
 from videoflow.messaging.nats_messenger import NATSMessenger
 from videoflow.messaging.partitions import partition_of
-from videoflow.wire.serialization import MemoryBlobStore, decode_envelope
+from videoflow.wire.offload import MemoryBlobStore
+from videoflow.wire.serialization import decode_envelope
 
 FLOW, RUN = "flow", "run"
 FAST_RETRIES = {"max_retries": 2, "backoff": {"base_ms": 1.0, "factor": 1.0, "max_ms": 1.0}}

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from videoflow.backends.filesystem_payload import FilesystemPayloadStore
 from videoflow.backends.payload import (
     BATCH_TTL_SECONDS,
     REALTIME_TTL_SECONDS,
-    FilesystemPayloadStore,
     MemoryPayloadStore,
     PayloadStore,
     default_ttl_seconds,

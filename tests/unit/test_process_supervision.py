@@ -298,7 +298,7 @@ def test_a_report_pipe_torn_by_a_dead_process_is_dropped_and_the_others_still_re
     import multiprocessing
     import struct
 
-    from videoflow.run.local import _drain
+    from videoflow.run.processes import _drain
     from videoflow.run.progress import NodeProgress
 
     torn_reader, torn_writer = multiprocessing.Pipe(duplex=False)

@@ -26,7 +26,7 @@ from videoflow.backends.shm_payload import (
     sweep_expired,
 )
 from videoflow.errors import PayloadMissing
-from videoflow.wire.serialization import decode_message, encode_message
+from videoflow.wire.offload import decode_message, encode_message
 
 FRAME = np.arange(480 * 640, dtype=np.uint32).astype(np.uint8).reshape(480, 640)
 

@@ -29,13 +29,14 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from wire_mutations import MUTATIONS, mutate
 
+import videoflow.wire.numpy_ext as numpy_ext
 import videoflow.wire.serialization as wire
 from videoflow.errors import WireError
 
 _envelope = importlib.import_module("videoflow.wire._envelope")
 
 DECODER = _envelope.EnvelopeDecoder(
-    wire._EnvelopeV3.__struct_fields__, tuple(wire._V3_DEFAULTS.values()), wire._ext_hook
+    wire._EnvelopeV3.__struct_fields__, tuple(wire._V3_DEFAULTS.values()), numpy_ext.ext_hook
 )
 REFERENCE = wire._reference_decode_envelope
 COMPOSED = _envelope.compose_decode_envelope(DECODER, REFERENCE)
@@ -143,9 +144,9 @@ DTYPES = (
     | hnp.byte_string_dtypes(min_len=1, max_len=4)
 )
 ARRAYS = hnp.arrays(DTYPES, hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4))
-NUMPY = ARRAYS.map(lambda a: RawExt(1, wire._pack_array(a))) | ARRAYS.filter(
+NUMPY = ARRAYS.map(lambda a: RawExt(1, numpy_ext.pack_array(a))) | ARRAYS.filter(
     lambda a: a.ndim == 0
-).map(lambda a: RawExt(2, wire._pack_array(a)))
+).map(lambda a: RawExt(2, numpy_ext.pack_array(a)))
 # Ext codes the compiled decoder leaves to the reference: foreign ones, the msgpack
 # timestamp (-1), and reserved ones whose payload is not an array.
 OTHER_EXT = st.builds(
@@ -521,7 +522,7 @@ def test_deep_nesting_decodes_as_the_reference_decodes_it(depth: int) -> None:
 
 def test_repeating_header_strings_are_reused_only_while_their_bytes_match() -> None:
     decoder = _envelope.EnvelopeDecoder(
-        wire._EnvelopeV3.__struct_fields__, tuple(wire._V3_DEFAULTS.values()), wire._ext_hook
+        wire._EnvelopeV3.__struct_fields__, tuple(wire._V3_DEFAULTS.values()), numpy_ext.ext_hook
     )
     names = ["ab", "abc", "ab", "", "ü", "ab", "ac", "a" * 100, "a" * 100, "ac"]
     for name in names:
@@ -536,7 +537,7 @@ def test_repeating_header_strings_are_reused_only_while_their_bytes_match() -> N
 
 def test_header_fields_a_stream_repeats_do_not_leak_into_envelopes_without_them() -> None:
     decoder = _envelope.EnvelopeDecoder(
-        wire._EnvelopeV3.__struct_fields__, tuple(wire._V3_DEFAULTS.values()), wire._ext_hook
+        wire._EnvelopeV3.__struct_fields__, tuple(wire._V3_DEFAULTS.values()), numpy_ext.ext_hook
     )
     header = {
         "type": "x",
@@ -601,4 +602,4 @@ def test_a_released_memoryview_and_a_non_buffer_are_left_to_the_reference() -> N
 
 def test_the_decoder_refuses_a_layout_it_does_not_parse() -> None:
     with pytest.raises(ValueError, match="not the layout"):
-        _envelope.EnvelopeDecoder(("trace_id",), (), wire._ext_hook)
+        _envelope.EnvelopeDecoder(("trace_id",), (), numpy_ext.ext_hook)

@@ -33,7 +33,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from videoflow.backends.payload import PINNED_PREFIXES, FilesystemPayloadStore, PayloadRecord
+from videoflow.backends.filesystem_payload import FilesystemPayloadStore
+from videoflow.backends.payload import PINNED_PREFIXES, PayloadRecord
 from videoflow.errors import PayloadMissing, UnobservableState, VideoflowError
 
 __all__ = [

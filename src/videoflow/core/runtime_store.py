@@ -7,7 +7,7 @@ ledgers: it holds opaque bytes under keys, each write gets a revision, and a wri
 can be made conditional on the revision last read — which is all the ledger needs
 for owner epochs, counters and checkpoints that two processes may race on.
 Keys are dot-separated tokens of the NATS KV alphabet (``[-/_=a-zA-Z0-9]``); the
-ledger escapes its own identities into that alphabet (runtime.key_token).
+ledger escapes its own identities into that alphabet (runtime_records.key_token).
 """
 
 from __future__ import annotations

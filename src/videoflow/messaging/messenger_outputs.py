@@ -42,7 +42,8 @@ from videoflow.messaging.messenger_deliveries import Deliveries, end_marker
 from videoflow.messaging.messenger_payloads import MessengerPayloads
 from videoflow.messaging.messenger_window import PublicationFailed, PublishWindow
 from videoflow.messaging.publication import PublicationStats, publish_until_known
-from videoflow.wire.serialization import OutputEncoder, encode_message
+from videoflow.wire.offload import encode_message
+from videoflow.wire.serialization import OutputEncoder
 
 _Header = tuple[str, int, "dict[str, Any] | None", "float | None", Any]
 """An output's own envelope fields, in OutputEncoder.encode's order: trace_id, seq,

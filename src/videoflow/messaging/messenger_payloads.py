@@ -33,11 +33,7 @@ from videoflow.messaging.obligations import (
     StoreObligationLedger,
     reconcile,
 )
-from videoflow.wire.serialization import (
-    BlobStore,
-    decode_message,
-    restore_message,
-)
+from videoflow.wire.offload import BlobStore, decode_message, restore_message
 
 
 class MessengerPayloads:

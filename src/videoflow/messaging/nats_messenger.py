@@ -103,11 +103,8 @@ from videoflow.messaging.messenger_payloads import MessengerPayloads
 from videoflow.messaging.messenger_window import PublicationFailed, PublishWindow
 from videoflow.messaging.partitions import Partition
 from videoflow.messaging.publication import PublicationStats
-from videoflow.wire.serialization import (
-    ENVELOPE_VERSION,
-    BlobStore,
-    decode_envelope,
-)
+from videoflow.wire.offload import BlobStore
+from videoflow.wire.serialization import ENVELOPE_VERSION, decode_envelope
 
 POLL_SECONDS: Final = 0.05
 """How long one receive waits before the loop looks at timeouts and drains again."""

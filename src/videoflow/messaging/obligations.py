@@ -37,7 +37,8 @@ from videoflow.backends.messaging import (
     Unknown,
 )
 from videoflow.backends.payload import INTENT_PREFIX, PINNED_PREFIXES, PayloadStore, intent_id
-from videoflow.core.runtime import FlowRuntime, Publication
+from videoflow.core.runtime import FlowRuntime
+from videoflow.core.runtime_records import Publication
 from videoflow.errors import PayloadMissing
 
 __all__ = [

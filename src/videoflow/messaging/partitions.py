@@ -12,7 +12,8 @@ from typing import Any
 
 from videoflow.backends.messaging import Delivery
 from videoflow.errors import WireError
-from videoflow.wire.serialization import decode_envelope, encode_message
+from videoflow.wire.offload import encode_message
+from videoflow.wire.serialization import decode_envelope
 
 
 def partition_of(key: Any, partitions: int) -> int:

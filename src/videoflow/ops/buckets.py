@@ -206,7 +206,7 @@ def buckets_list(
 
 async def _purge_run_records(nc: Client, bucket: str, flow_id: str, run_id: str,
                              budget: Budget, errors: ErrorLog) -> int:
-    from videoflow.core.runtime import run_key_filter
+    from videoflow.core.runtime_records import run_key_filter
 
     stream = f"KV_{bucket}"
     # STREAM.PURGE answers {"success", "purged"}; nats-py's purge_stream keeps only

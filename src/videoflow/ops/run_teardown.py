@@ -23,7 +23,7 @@ async def _purge_run_ledger(nc: Client, flow_id: str, run_id: str) -> None:
     """Purge the run's records from the flow's ledger bucket (its FlowRuntime keys);
     a flow whose replicas kept no ledger there has nothing to purge."""
     from videoflow.core.naming import ledger_bucket
-    from videoflow.core.runtime import run_key_filter
+    from videoflow.core.runtime_records import run_key_filter
 
     bucket = ledger_bucket(flow_id)
     try:

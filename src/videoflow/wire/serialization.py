@@ -36,27 +36,9 @@ stops early within its version's added fields (they take their defaults); an
 array longer than its version's layout, or a version tag other than 1-3, is
 rejected. Encode writes all 19 elements.
 
-Messages are any msgpack value, plus two extension types:
-
-- ext 1, numpy ndarray; ext 2, numpy scalar (a 0-d array that decodes to the
-  scalar). Payload::
-
-      u32 little-endian H | H bytes: msgpack [descr, shape] | raw data
-
-  ``shape`` is an array of non-negative ints (empty for a scalar) and the raw data
-  is exactly prod(shape) * itemsize bytes in C order. ``descr`` is either the
-  canonical ``dtype.str`` of a plain dtype (kinds b i u f c m M S U V, e.g.
-  '|u1', '>f8', '<M8[ns]', '<U5') -- the byte-order character is kept, so
-  big-endian data round-trips as big-endian -- or, for a structured dtype, a map
-  {"names": [str], "formats": [descr], "offsets": [int], "itemsize": int} whose
-  formats may also be [descr, shape] for a subarray field. Object dtypes, and
-  structured dtypes with titles, are refused at encode.
-
-Decoding an array is zero-copy: it is ``np.frombuffer`` over the received buffer.
-Arrays decoded from ``bytes`` are therefore read-only (copy one to write to it),
-arrays decoded from a ``bytearray`` share and pin that buffer, and an array may be
-unaligned (numpy handles that; copy it if a kernel needs alignment). Ext codes 1
-and 2 are reserved; any other extension decodes to ``msgspec.msgpack.Ext``.
+Messages are any msgpack value, plus two extension types for numpy arrays and
+scalars (ext 1 and 2), decoded zero-copy; their format is in
+videoflow.wire.numpy_ext.
 
 The envelope is defined by the msgspec Structs below; encode and the reference
 decode are msgspec. ``decode_envelope`` is by default a compiled accelerator
@@ -70,27 +52,33 @@ compiled module is an ImportError, never a silent slow fallback.
 
 A payload too large to travel inline can be put in a ``BlobStore`` instead: the
 envelope then carries ``message=None`` and ``blob_ref`` (see ``offload_message``
-and ``restore_message``).
+and ``restore_message``, defined in videoflow.wire.offload and re-exported here,
+the path the API reference gives).
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
-import math
 import re
-import struct
-import threading
-import warnings
-from functools import lru_cache
 from types import ModuleType
-from typing import Annotated, Any, Protocol, Union, runtime_checkable
+from typing import Any, Union
 
 import msgspec
-import numpy as np
 
 from videoflow.errors import WireError
 from videoflow.native import PURE_PYTHON, not_built
+
+# The numpy extension's hooks under this module's names: the compiled decoder's tests
+# build its EnvelopeDecoder and its array payloads through this module, as it does.
+from videoflow.wire.numpy_ext import enc_hook, ext_hook
+from videoflow.wire.offload import (
+    BlobStore,
+    MemoryBlobStore,
+    decode_message,
+    encode_message,
+    offload_message,
+    restore_message,
+)
 
 __all__ = [
     "ENVELOPE_VERSION",
@@ -109,8 +97,6 @@ __all__ = [
 ENVELOPE_VERSION = 3
 """The version encode_envelope writes."""
 
-_EXT_NDARRAY = 1
-_EXT_NPSCALAR = 2
 
 # The envelope structs. array_like puts the tag (the version) first and the fields
 # after it in declaration order, so each subclass appends its fields to its
@@ -199,242 +185,12 @@ _FIELD_TYPES: dict[str, tuple[type, ...] | None] = {
 _NUMBER_ONLY = frozenset({"replica_id", "event_ts"})
 
 
-# --- numpy extension -------------------------------------------------------------
-
-_U32 = struct.Struct("<I")
-_PLAIN_KINDS = frozenset("biufcmMSUV")
-# The shape dtype.str always has; anything else is refused before numpy parses it.
-_PLAIN_DESCR = re.compile(r"[<>|][biufcmMSUV]\d+(?:\[\w+\])?")
-_MAX_DESCR_DEPTH = 8
-
-_NonNegative = Annotated[int, msgspec.Meta(ge=0)]
-
-
-_Shape = tuple[_NonNegative, ...]
-
-
-class _StructuredDescr(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    names: list[str]
-    # Each a descriptor in turn; msgspec cannot type that recursion through a union
-    # of a Struct and a tuple, so _field_descr validates every entry as it is used.
-    formats: list[Any]
-    offsets: list[_NonNegative]
-    itemsize: _NonNegative
-
-
-# A field's format: plain, structured, or [descr, shape] for a subarray field.
-_FieldDescr = Union[str, _StructuredDescr, tuple[Any, _Shape]]  # noqa: UP007 -- runtime value
-
-
-class _ArrayHeader(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
-    descr: Union[str, _StructuredDescr]  # noqa: UP007 -- resolved by msgspec at runtime
-    shape: _Shape
-
-
-_header_encoder = msgspec.msgpack.Encoder()
-_header_decoder = msgspec.msgpack.Decoder(_ArrayHeader)
-
-
-@lru_cache(maxsize=256)
-def _plain_dtype(descr: str) -> np.dtype[Any]:
-    """Parses a plain dtype descriptor read from the wire.
-
-    Arguments:
-        descr: a descriptor as ``dtype.str`` spells it.
-
-    Returns:
-        The dtype; cached, since a stream repeats a handful of them.
-
-    Raises:
-        WireError: if descr is not the canonical spelling of a plain dtype.
-    """
-    if _PLAIN_DESCR.fullmatch(descr) is None:
-        raise WireError(f"array extension: unsupported dtype descriptor {descr!r}")
-    try:
-        dtype = np.dtype(descr)
-    except (TypeError, ValueError) as exc:
-        raise WireError(f"array extension: bad dtype descriptor {descr!r}: {exc}") from exc
-    if dtype.str != descr:
-        raise WireError(
-            f"array extension: dtype descriptor {descr!r} is not canonical ({dtype.str!r})"
-        )
-    return dtype
-
-
-def _field_descr(obj: Any) -> Any:
-    try:
-        return msgspec.convert(obj, _FieldDescr)
-    except msgspec.ValidationError as exc:
-        raise WireError(f"array extension: bad field format in dtype descriptor: {exc}") from exc
-
-
-def _dtype_from_descr(descr: Any, depth: int = 0) -> np.dtype[Any]:
-    """Builds the dtype a wire descriptor names.
-
-    Arguments:
-        descr: a decoded descriptor (see the module docstring): str, _StructuredDescr
-            or a (descr, shape) tuple.
-        depth: nesting level, bounded so a hostile header cannot recurse deeply.
-
-    Returns:
-        The dtype.
-
-    Raises:
-        WireError: if the descriptor is malformed or names no valid dtype.
-    """
-    if isinstance(descr, str):
-        return _plain_dtype(descr)
-    if depth >= _MAX_DESCR_DEPTH:
-        raise WireError("array extension: dtype descriptor nested too deeply")
-    if isinstance(descr, tuple):
-        base, shape = descr
-        spec: Any = (_dtype_from_descr(_field_descr(base), depth + 1), shape)
-    else:
-        if not len(descr.names) == len(descr.formats) == len(descr.offsets):
-            raise WireError("array extension: structured descriptor lists differ in length")
-        spec = {
-            "names": descr.names,
-            "formats": [_dtype_from_descr(_field_descr(f), depth + 1) for f in descr.formats],
-            "offsets": descr.offsets,
-            "itemsize": descr.itemsize,
-        }
-    try:
-        # numpy may warn about odd but legal specs; from the wire, treat that as bad.
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            return np.dtype(spec)
-    except (TypeError, ValueError, OverflowError, Warning) as exc:
-        raise WireError(f"array extension: bad structured dtype: {exc}") from exc
-
-
-def _descr_for(dtype: np.dtype[Any]) -> str | dict[str, Any] | list[Any]:
-    if dtype.subdtype is not None:
-        base, shape = dtype.subdtype
-        return [_descr_for(base), list(shape)]
-    if dtype.names is not None:
-        fields = dtype.fields
-        assert fields is not None  # names and fields come together
-        formats: list[Any] = []
-        offsets: list[int] = []
-        for name in dtype.names:
-            field = fields[name]
-            if len(field) > 2:
-                raise TypeError(f"cannot encode structured dtype with field titles: {dtype}")
-            formats.append(_descr_for(field[0]))
-            offsets.append(field[1])
-        return {
-            "names": list(dtype.names),
-            "formats": formats,
-            "offsets": offsets,
-            "itemsize": dtype.itemsize,
-        }
-    if dtype.kind not in _PLAIN_KINDS:
-        raise TypeError(f"cannot encode numpy dtype {dtype} (kind {dtype.kind!r}) in an envelope")
-    return dtype.str
-
-
-@lru_cache(maxsize=256)
-def _checked_descr(dtype: np.dtype[Any]) -> str | dict[str, Any]:
-    """Describes a dtype for the wire, proving the description round-trips.
-
-    Arguments:
-        dtype: the dtype of an array being encoded.
-
-    Returns:
-        The descriptor (cached per dtype, so the proof runs once).
-
-    Raises:
-        TypeError: if the dtype holds objects, has titles, or would not come back equal.
-    """
-    if dtype.hasobject:
-        raise TypeError(f"cannot encode numpy arrays of object dtype ({dtype}) in an envelope")
-    descr = _descr_for(dtype)
-    try:
-        wire = _header_decoder.decode(_header_encoder.encode((descr, ())))
-        back = _dtype_from_descr(wire.descr)
-    except (WireError, msgspec.DecodeError) as exc:
-        raise TypeError(f"numpy dtype {dtype} does not survive the wire: {exc}") from exc
-    if back != dtype:
-        raise TypeError(f"numpy dtype {dtype} does not survive the wire (reads back as {back})")
-    assert not isinstance(descr, list)  # subarray dtypes only occur as fields
-    return descr
-
-
-def _pack_array(array: np.ndarray[Any, Any]) -> bytes:
-    descr = _checked_descr(array.dtype)
-    header = _header_encoder.encode((descr, array.shape))
-    if array.nbytes == 0:
-        return _U32.pack(len(header)) + header
-    if not array.flags.c_contiguous:
-        array = np.ascontiguousarray(array)
-    # A flat uint8 view exports a plain byte buffer even for dtypes (datetime,
-    # structured) that refuse the buffer protocol themselves.
-    flat = array.reshape(-1).view(np.uint8).data
-    return b"".join((_U32.pack(len(header)), header, flat))
-
-
-def _unpack_array(data: memoryview) -> np.ndarray[Any, Any]:
-    size = len(data)
-    if size < 4:
-        raise WireError(f"array extension truncated: {size} bytes, header length needs 4")
-    (header_len,) = _U32.unpack_from(data)
-    start = 4 + header_len
-    if start > size:
-        raise WireError(
-            f"array extension truncated: header claims {header_len} bytes, {size - 4} present"
-        )
-    try:
-        header = _header_decoder.decode(data[4:start])
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise WireError(f"array extension: bad header: {exc}") from exc
-    dtype = _dtype_from_descr(header.descr)
-    if dtype.subdtype is not None:
-        raise WireError("array extension: top-level subarray dtype")
-    shape = header.shape
-    count = math.prod(shape)
-    if count * dtype.itemsize != size - start:
-        raise WireError(
-            f"array extension: shape {shape} of {dtype} needs {count * dtype.itemsize} bytes, "
-            f"{size - start} present"
-        )
-    try:
-        if dtype.itemsize == 0:
-            # frombuffer cannot view zero-width items; there is no data to share.
-            return np.empty(shape, dtype)
-        return np.frombuffer(data, dtype, count, start).reshape(shape)
-    except (ValueError, TypeError, MemoryError) as exc:
-        raise WireError(f"array extension: cannot build {dtype} array {shape}: {exc}") from exc
-
-
-def _enc_hook(obj: Any) -> Any:
-    if isinstance(obj, np.ndarray):
-        if isinstance(obj, np.ma.MaskedArray):
-            # Its mask would be silently dropped.
-            raise TypeError("cannot encode numpy masked arrays in an envelope")
-        return msgspec.msgpack.Ext(_EXT_NDARRAY, _pack_array(np.asarray(obj)))
-    if isinstance(obj, np.generic):
-        return msgspec.msgpack.Ext(_EXT_NPSCALAR, _pack_array(np.asarray(obj)))
-    raise TypeError(f"cannot encode objects of type {type(obj).__qualname__} in an envelope")
-
-
-def _ext_hook(code: int, data: memoryview) -> Any:
-    if code == _EXT_NDARRAY:
-        return _unpack_array(data)
-    if code == _EXT_NPSCALAR:
-        array = _unpack_array(data)
-        if array.ndim != 0:
-            raise WireError(f"numpy scalar extension with shape {array.shape}")
-        return array[()]
-    return msgspec.msgpack.Ext(code, bytes(data))
-
-
-_encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+_encoder = msgspec.msgpack.Encoder(enc_hook=enc_hook)
 _envelope_decoder = msgspec.msgpack.Decoder(
     Union[_EnvelopeV1, _EnvelopeV2, _EnvelopeV3],  # noqa: UP007 -- a runtime type value
-    ext_hook=_ext_hook,
+    ext_hook=ext_hook,
 )
 _decode_struct = _envelope_decoder.decode  # bound once: decode_envelope is the hot path
-_payload_decoder = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
 # Used only to explain a rejected envelope; without ext_hook so it cannot fail on an
 # array the typed decode never reached.
 _raw_decoder = msgspec.msgpack.Decoder()
@@ -647,169 +403,9 @@ if _compiled is not None:
     decode_envelope = functools.update_wrapper(
         _compiled.compose_decode_envelope(
             _compiled.EnvelopeDecoder(
-                _EnvelopeV3.__struct_fields__, tuple(_V3_DEFAULTS.values()), _ext_hook
+                _EnvelopeV3.__struct_fields__, tuple(_V3_DEFAULTS.values()), ext_hook
             ),
             _reference_decode_envelope,
         ),
         _reference_decode_envelope,
     )
-
-
-# --- blob offload ----------------------------------------------------------------
-
-
-@runtime_checkable
-class BlobStore(Protocol):
-    """Somewhere to keep payloads too large to travel inline in an envelope."""
-
-    def put(self, data: bytes) -> str:
-        """Stores a payload.
-
-        Arguments:
-            data: the payload bytes.
-
-        Returns:
-            A reference an envelope carries as blob_ref.
-        """
-        ...
-
-    def get(self, ref: str) -> bytes:
-        """Fetches a stored payload.
-
-        Arguments:
-            ref: a reference put returned.
-
-        Returns:
-            The payload bytes.
-
-        Raises:
-            KeyError: if ref is unknown (never stored, or deleted).
-        """
-        ...
-
-    def delete(self, ref: str) -> None:
-        """Drops a stored payload; deleting an unknown ref is not an error, so
-        reclamation may safely run twice.
-
-        Arguments:
-            ref: a reference put returned.
-        """
-        ...
-
-
-class MemoryBlobStore:
-    """A BlobStore in this process's memory, for tests and single-process flows."""
-
-    def __init__(self) -> None:
-        self._blobs: dict[str, bytes] = {}
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-
-    def put(self, data: bytes) -> str:
-        """Stores a payload.
-
-        Arguments:
-            data: the payload bytes (copied, so a later change to a bytearray does
-                not reach the store).
-
-        Returns:
-            A new reference, unique within this store.
-        """
-        blob = bytes(data)
-        with self._lock:
-            ref = f"mem:{next(self._ids)}"
-            self._blobs[ref] = blob
-        return ref
-
-    def get(self, ref: str) -> bytes:
-        """Fetches a stored payload.
-
-        Arguments:
-            ref: a reference put returned.
-
-        Returns:
-            The payload bytes.
-
-        Raises:
-            KeyError: if ref is unknown.
-        """
-        with self._lock:
-            try:
-                return self._blobs[ref]
-            except KeyError:
-                raise KeyError(f"unknown blob ref {ref!r}") from None
-
-    def delete(self, ref: str) -> None:
-        """Drops a stored payload, if present.
-
-        Arguments:
-            ref: a reference put returned.
-        """
-        with self._lock:
-            self._blobs.pop(ref, None)
-
-    def __len__(self) -> int:
-        return len(self._blobs)
-
-
-def encode_message(message: Any) -> bytes:
-    """Encodes a message on its own, as offload_message stores it, for a store whose put
-    takes more than the bytes (an obligation-keeping PayloadStore); restore_message
-    reads it back.
-
-    Raises:
-        TypeError: if the message holds something msgpack cannot carry.
-    """
-    return _encoder.encode(message)
-
-
-def offload_message(message: Any, store: BlobStore) -> str:
-    """Encodes a message on its own and puts it in a blob store.
-
-    Send the envelope with ``message=None`` and ``blob_ref`` set to the result.
-
-    Arguments:
-        message: anything encode_envelope accepts as a message.
-        store: where to put it.
-
-    Returns:
-        The store's reference for the payload.
-
-    Raises:
-        TypeError: if the message holds something msgpack cannot carry.
-    """
-    return store.put(_encoder.encode(message))
-
-
-def restore_message(ref: str, store: BlobStore) -> Any:
-    """Fetches and decodes a message offload_message stored.
-
-    Arguments:
-        ref: the envelope's blob_ref.
-        store: the store it was put in.
-
-    Returns:
-        The message; arrays in it are zero-copy views of the stored bytes.
-
-    Raises:
-        KeyError: if the store does not know ref.
-        WireError: if the stored bytes do not decode.
-    """
-    return decode_message(store.get(ref), what=f"offloaded payload {ref!r}")
-
-
-def decode_message(data: bytes | bytearray | memoryview, what: str = "message") -> Any:
-    """Decodes a message encode_message wrote.
-
-    Arguments:
-        data: the bytes; arrays in the message are zero-copy views of them.
-        what: names the bytes in an error.
-
-    Raises:
-        WireError: if the bytes do not decode.
-    """
-    try:
-        return _payload_decoder.decode(data)
-    except (msgspec.DecodeError, UnicodeDecodeError, TypeError, RecursionError) as exc:
-        # UnicodeDecodeError: a str that is not UTF-8; TypeError: an unhashable map key.
-        raise WireError(f"undecodable {what}: {exc}") from exc

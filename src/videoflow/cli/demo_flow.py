@@ -1,0 +1,346 @@
+"""The demo's flow and its run: the options checked, the flow built from the demo's
+nodes, run to its end and checked against what the seed predicts (DemoResult).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from videoflow.cli.demo_nodes import START_DELAY_S, Camera, Fusion, Imu, StartGate, Verify
+from videoflow.cli.demo_truth import (
+    Expected,
+    expected,
+    imu_range,
+    imu_window_ms,
+    quorum_for,
+    timing_for,
+)
+from videoflow.core.constants import BATCH
+from videoflow.core.report import RunReport
+from videoflow.flow import Flow
+from videoflow.run.progress import LiveView
+
+DEFAULT_SEED = 7
+MAX_CAMERAS = 16
+"""Each camera is a process of its own; beyond this a laptop is mostly switching."""
+
+MAX_FPS = 240.0
+"""Above 60 fps the skews and the tolerance shrink with the frame period (Timing)."""
+
+MAX_IMU_HZ = 2000.0
+
+TIMEOUT_MS = 300.0
+
+MIN_IMU_COMPLETENESS = 99.0
+"""The share (%) of the IMU samples that exist within the groups' windows that the
+windows must hold."""
+
+LAG_WARNING_MS = 100.0  # cameras this far behind real time may make the figures drift
+
+
+def check_options(cameras: int, fps: float, duration: float, frame_size: tuple[int, int],
+                  imu_hz: float, drop_rate: float, seed: int = DEFAULT_SEED) -> None:
+    """Check the demo's options (build_flow's and the command's).
+
+    Raises:
+        ValueError: naming the first option out of range, as its command-line flag.
+    """
+    if not 1 <= cameras <= MAX_CAMERAS:
+        raise ValueError(f"--cameras must be 1 to {MAX_CAMERAS}, got {cameras}")
+    if not 0 < fps <= MAX_FPS:
+        raise ValueError(f"--fps must be above 0 and at most {MAX_FPS:g}, got {fps:g}")
+    if not 0 < duration <= 3600:
+        raise ValueError(f"--duration must be above 0 and at most 3600 s, got {duration:g}")
+    if int(duration * fps) < 1:
+        raise ValueError(f"--duration {duration:g} s at {fps:g} fps captures no frame")
+    width, height = frame_size
+    if not (1 <= width <= 4096 and 1 <= height <= 4096):
+        raise ValueError(f"--frame-size must be 1x1 to 4096x4096, got {width}x{height}")
+    if not 0 < imu_hz <= MAX_IMU_HZ:
+        raise ValueError(f"--imu-hz must be above 0 and at most {MAX_IMU_HZ:g}, "
+                         f"got {imu_hz:g}")
+    if not 0 <= drop_rate < 1:
+        raise ValueError(f"--drop-rate must be at least 0 and below 1, got {drop_rate:g}")
+    if seed < 0:
+        raise ValueError(f"--seed must be at least 0, got {seed}")
+
+
+def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
+               frame_size: tuple[int, int] = (64, 48), imu_hz: float = 400.0,
+               drop_rate: float = 0.02, seed: int = DEFAULT_SEED,
+               summary_path: str | None = None,
+               start_delay: float = START_DELAY_S, backlog: bool = False,
+               fusion_delay: float = 0.0) -> Flow:
+    """The demo flow: cameras and an IMU -> fusion -> verify.
+
+    Arguments:
+        cameras / fps / duration / frame_size (width, height) / imu_hz / drop_rate /
+            seed: the simulation (see videoflow.cli.demo's docstring).
+        summary_path: where the verify sink writes its counts at its end; None picks a
+            file in a fresh temporary directory (flow.consumers[0].path).
+        start_delay: seconds from the last node's process up to the first capture
+            (StartGate).
+        backlog: the producers publish as fast as they can rather than in real time,
+            with the same stamps (the replay case).
+        fusion_delay: seconds from the first capture until the fusion node takes its
+            first input (a node that starts late, then catches up).
+
+    Returns:
+        the Flow, named 'demo', of type BATCH (nothing published is lost).
+
+    Raises:
+        ValueError: an option out of range (check_options).
+    """
+    check_options(cameras, fps, duration, frame_size, imu_hz, drop_rate, seed)
+    if summary_path is None:
+        summary_path = os.path.join(tempfile.mkdtemp(prefix="videoflow-demo-"), "summary.json")
+    instants = int(duration * fps)
+    names = (*(f"cam{i}" for i in range(cameras)), "imu", "fusion", "verify")
+    gate = StartGate(os.path.dirname(os.path.abspath(summary_path)), names, start_delay)
+    cams = [Camera(i, gate, fps, instants, frame_size, drop_rate, seed, backlog)
+            for i in range(cameras)]
+    samples = imu_range(imu_hz, instants / fps, fps)
+    window_ms = imu_window_ms(imu_hz)
+    imu = Imu(gate, imu_hz, samples, backlog)
+    fusion = Fusion(gate, imu_hz, samples, window_ms, fusion_delay, name="fusion", join_policy={
+        "mode": "time", "tolerance_ms": timing_for(fps).tolerance_ms,
+        "quorum": quorum_for(cameras), "timeout_ms": TIMEOUT_MS, "missing": "drop",
+        "max_pending": 1024, "collect": {"imu": window_ms}})(*cams, imu)
+    sink = Verify(summary_path, cameras, gate)(fusion)
+    return Flow([*cams, imu], [sink], flow_type=BATCH, name="demo")
+
+
+@dataclass
+class DemoResult:
+    """A demo run, checked.
+
+    Attributes:
+        report: the RunReport.
+        cameras / quorum / fps / duration / imu_hz: what ran.
+        groups / quorum_groups / correct / incorrect / frames: the verify sink's counts
+            (frames: camera frames inside emitted groups).
+        correctness: correct groups as a percentage of the groups; None for no group.
+        imu_per_group: (min, mean, max) IMU samples per group; imu_span_ms: the earliest
+            and latest sample relative to its group's frames' mean stamp. A window
+            closes at the first sample beyond it or, as a backstop, once the IMU has
+            been silent for the join's timeout.
+        camera_lag_ms: the most a frame was published behind its capture instant (a
+            replica that started after the first instant, a busy machine); None for a
+            backlog, which runs ahead of real time by design. A camera or IMU that
+            falls silent for the join's timeout (300 ms) is given up on, so a machine
+            too busy to keep them sending can turn complete groups into quorum groups
+            or close IMU windows short, and the figures then differ from the expected
+            ones.
+        expected: what the seed says the join must produce.
+        drops: drops by reason per node that dropped anything (RunReport).
+        imu_in_window / imu_expected: over every group, the IMU samples its window
+            held, and the samples that exist within it (imu_tally).
+        imu_completeness: imu_in_window as a percentage of imu_expected; None when no
+            window could be counted.
+        backlog: the producers ran ahead of real time.
+        fusion_delay: seconds the fusion node started after the first capture.
+    """
+
+    report: RunReport
+    cameras: int
+    quorum: int
+    fps: float
+    duration: float
+    imu_hz: float
+    groups: int = 0
+    quorum_groups: int = 0
+    correct: int = 0
+    incorrect: int = 0
+    frames: int = 0
+    correctness: float | None = None
+    imu_per_group: tuple[int, float, int] | None = None
+    imu_span_ms: tuple[float, float] | None = None
+    camera_lag_ms: float | None = None
+    expected: Expected | None = None
+    drops: dict[str, dict[str, int]] = field(default_factory=dict)
+    imu_in_window: int = 0
+    imu_expected: int = 0
+    imu_completeness: float | None = None
+    backlog: bool = False
+    fusion_delay: float = 0.0
+
+    @property
+    def join_latency_p50_ms(self) -> float | None:
+        fusion = self.report.nodes.get("fusion")
+        return None if fusion is None else fusion.join_latency_p50_ms
+
+    @property
+    def join_latency_p99_ms(self) -> float | None:
+        fusion = self.report.nodes.get("fusion")
+        return None if fusion is None else fusion.join_latency_p99_ms
+
+    @property
+    def failures(self) -> list[str]:
+        """What failed, one line per check: the run completed, every group holds one
+        capture instant, the groups and quorum groups are the ones the seed predicts
+        (correct groups alone say nothing of the ones the join gave up on), and the
+        windows hold at least MIN_IMU_COMPLETENESS % of the IMU samples that exist
+        within them. Empty when every check holds."""
+        failed = []
+        e = self.expected
+        if self.report.outcome != "completed":
+            failed.append(f"the run did not complete: outcome {self.report.outcome}")
+        if self.correctness is None:
+            failed.append("correctness unknown: no group was fused")
+        elif self.correctness != 100.0:
+            failed.append(f"correctness {self.correctness:.1f} %: {self.incorrect} of "
+                          f"{self.groups} groups merge capture instants or lost pixels")
+        if e is None:
+            failed.append("no expected figures to check the groups against")
+        else:
+            if self.groups != e.groups:
+                failed.append(f"groups fused {self.groups}, expected {e.groups}")
+            if self.quorum_groups != e.quorum_groups:
+                failed.append(f"quorum groups {self.quorum_groups}, expected "
+                              f"{e.quorum_groups}")
+        if self.imu_completeness is None:
+            failed.append("IMU completeness unknown: no group window could be counted")
+        elif self.imu_completeness < MIN_IMU_COMPLETENESS:
+            failed.append(f"IMU completeness {self.imu_completeness:.2f} % is below "
+                          f"{MIN_IMU_COMPLETENESS:g} %: the windows held {self.imu_in_window}"
+                          f" of the {self.imu_expected} samples within them")
+        return failed
+
+    @property
+    def ok(self) -> bool:
+        """Every check holds (failures is empty)."""
+        return not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        timing = timing_for(self.fps)
+        return {
+            "ok": self.ok, "failures": self.failures, "outcome": self.report.outcome,
+            "cameras": self.cameras, "quorum": self.quorum, "fps": self.fps,
+            "duration": self.duration, "imu_hz": self.imu_hz, "backlog": self.backlog,
+            "fusion_delay": self.fusion_delay,
+            "tolerance_ms": timing.tolerance_ms, "clock_offset_ms": timing.offset_ms,
+            "jitter_ms": timing.jitter_ms, "imu_window_ms": imu_window_ms(self.imu_hz),
+            "groups": self.groups,
+            "quorum_groups": self.quorum_groups, "correct": self.correct,
+            "incorrect": self.incorrect, "frames": self.frames,
+            "correctness": self.correctness,
+            "imu_completeness": self.imu_completeness,
+            "imu_in_window": self.imu_in_window, "imu_expected": self.imu_expected,
+            "join_latency_p50_ms": self.join_latency_p50_ms,
+            "join_latency_p99_ms": self.join_latency_p99_ms,
+            "imu_per_group": self.imu_per_group, "imu_span_ms": self.imu_span_ms,
+            "camera_lag_ms": self.camera_lag_ms,
+            "expected": None if self.expected is None else vars(self.expected),
+            "drops": self.drops, "report": self.report.to_dict(),
+        }
+
+    def format(self) -> str:
+        """The figures, then the RunReport table, then the verdict with each failed
+        check."""
+        e = self.expected
+        p50, p99 = self.join_latency_p50_ms, self.join_latency_p99_ms
+        imu = "-"
+        if self.imu_per_group is not None:
+            low, mean, high = self.imu_per_group
+            imu = f"{mean:.1f} samples (min {low}, max {high})"
+        if self.imu_span_ms is not None:
+            imu += (f", {self.imu_span_ms[0]:+.1f} to {self.imu_span_ms[1]:+.1f} ms around "
+                    "the frames' mean stamp")
+        if self.backlog:
+            lag, lag_note = "-", "a backlog: the producers ran ahead of real time"
+        else:
+            lag = "-" if self.camera_lag_ms is None else f"{self.camera_lag_ms:.1f} ms"
+            lag_note = "most a frame was sent behind real time" + (
+                f"; above {LAG_WARNING_MS:g} ms the machine is short of CPU for real "
+                f"time, and a camera silent for the {TIMEOUT_MS:g} ms timeout is given up "
+                "on: lighten the machine"
+                if (self.camera_lag_ms or 0) > LAG_WARNING_MS else "")
+        drops = "; ".join(f"{node}: " + ", ".join(f"{r} {n}" for r, n in by.items())
+                          for node, by in self.drops.items()) or "none"
+        rows = [
+            ("groups fused", f"{self.groups}", "" if e is None else f"expected {e.groups}"),
+            ("quorum groups", f"{self.quorum_groups}",
+             f"{self.quorum} of {self.cameras} cameras"
+             + ("" if e is None else f"; expected {e.quorum_groups}")),
+            ("correctness", "-" if self.correctness is None else f"{self.correctness:.1f} %",
+             f"{self.correct} of {self.groups} groups hold frames of one capture instant"),
+            ("IMU complete", "-" if self.imu_completeness is None
+             else f"{self.imu_completeness:.2f} %",
+             f"{self.imu_in_window} of the {self.imu_expected} samples within the groups' "
+             f"windows; at least {MIN_IMU_COMPLETENESS:g} % required"),
+            ("join latency", "-" if p50 is None or p99 is None
+             else f"p50 {p50:.1f} ms, p99 {p99:.1f} ms",
+             "a quorum group waits until its missing camera's next frame"),
+            ("IMU per group", imu, ""),
+            ("camera lag", lag, lag_note),
+            ("drops", drops, "" if e is None
+             else f"expected: fusion join_evicted {e.evicted}, frames of instants below "
+                  "the quorum"),
+        ]
+        cameras = f"{self.cameras} camera" + ("s" if self.cameras != 1 else "")
+        head = (f"demo: {cameras} at {self.fps:g} fps and an IMU at "
+                f"{self.imu_hz:g} Hz for {self.duration:g} s"
+                + (" published as a backlog" if self.backlog else "")
+                + (f", the fusion starting {self.fusion_delay:g} s late"
+                   if self.fusion_delay else "")
+                + f", fused by event time (tolerance {timing_for(self.fps).tolerance_ms:g} ms,"
+                f" IMU window ±{imu_window_ms(self.imu_hz):g} ms)")
+        lines = [head] + [f"  {label:<14} {value}" + (f"  ({note})" if note else "")
+                          for label, value, note in rows]
+        failures = self.failures
+        verdict = ["demo OK"] if not failures else [
+            "demo FAILED:", *(f"  {failure}" for failure in failures)]
+        return "\n".join([*lines, "", self.report.format(), "", *verdict])
+
+
+def run_demo(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
+             frame_size: tuple[int, int] = (64, 48), imu_hz: float = 400.0,
+             drop_rate: float = 0.02, seed: int = DEFAULT_SEED, nats_url: str | None = None,
+             start_delay: float = START_DELAY_S,
+             view: LiveView | bool | None = None, backlog: bool = False,
+             fusion_delay: float = 0.0) -> DemoResult:
+    """Build the demo flow, run it to its end and check it.
+
+    Arguments:
+        cameras ... seed / start_delay / backlog / fusion_delay: as build_flow.
+        nats_url: the broker; None takes VIDEOFLOW_NATS_URL, else starts the embedded
+            nats-server.
+        view: as run_flow (None: a live view on a terminal).
+
+    Returns:
+        the DemoResult.
+
+    Raises:
+        ValueError: an option out of range.
+        BrokerUnavailable / TimeoutError: as run_flow.
+    """
+    with tempfile.TemporaryDirectory(prefix="videoflow-demo-") as directory:
+        summary_path = Path(directory) / "summary.json"
+        flow = build_flow(cameras, fps, duration, frame_size, imu_hz, drop_rate, seed,
+                          str(summary_path), start_delay, backlog, fusion_delay)
+        report = flow.run(nats_url, view=view)
+        counts = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    instants = int(duration * fps)
+    result = DemoResult(report, cameras, quorum_for(cameras), fps, instants / fps, imu_hz,
+                        expected=expected(cameras, instants, drop_rate, seed),
+                        backlog=backlog, fusion_delay=fusion_delay)
+    for name in ("groups", "quorum_groups", "correct", "incorrect", "frames",
+                 "imu_in_window", "imu_expected"):
+        setattr(result, name, int(counts.get(name, 0)))
+    if result.groups:
+        result.correctness = 100.0 * result.correct / result.groups
+        imu = counts["imu_counts"]
+        result.imu_per_group = (min(imu), sum(imu) / len(imu), max(imu))
+        span = counts.get("imu_span_ms")
+        result.imu_span_ms = None if span is None else (span[0], span[1])
+        result.camera_lag_ms = counts.get("lag_ms")
+    if result.imu_expected:
+        result.imu_completeness = 100.0 * result.imu_in_window / result.imu_expected
+    result.drops = {name: {reason: n for reason, n in node.dropped.items() if n}
+                    for name, node in report.nodes.items() if node.dropped_total}
+    return result
