@@ -17,9 +17,11 @@ The window drains before an end marker, a checkpoint and the task's exit.
 What becomes of each delivery -- held, completed, retried, dead-lettered or
 terminated (DELIV-15: given up on only against a durable record), counted as a drop --
 and each parent's end of stream (its replicas' markers, when it is drained) are
-videoflow.messaging.messenger_deliveries' (Deliveries). When every parent is drained
-the assembler is flushed (groups with a quorum are emitted, the rest discarded per
-policy) and then receive_message returns the stop entries.
+videoflow.messaging.messenger_deliveries' (Deliveries). The assembler, and what becomes
+of what it lets go (superseded, a collect sample no group took, a drop), are
+videoflow.messaging.messenger_join's (Join). When every parent is drained the assembler
+is flushed (groups with a quorum are emitted, the rest discarded per policy) and then
+receive_message returns the stop entries.
 
 Payloads over the inline limit travel by ref: the messenger publishes the envelope
 carrying the ref and resolves the put by the outcome; putting, reading, releasing
@@ -53,7 +55,6 @@ state, and each method's wiring to the parts.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -88,16 +89,15 @@ from videoflow.core.engine import (
 from videoflow.core.runtime import FlowRuntime
 from videoflow.errors import PayloadMissing, WireError
 from videoflow.messaging.grouping import (
-    SUPERSEDED,
     EnvelopeEntry,
     ReadyGroup,
-    make_assembler,
 )
 from videoflow.messaging.messenger_deliveries import (
     DROP_REASONS,
     Deliveries,
     end_entry,
 )
+from videoflow.messaging.messenger_join import Join
 from videoflow.messaging.messenger_outputs import Outputs, require_durable_ledger
 from videoflow.messaging.messenger_payloads import MessengerPayloads
 from videoflow.messaging.messenger_window import PublicationFailed, PublishWindow
@@ -119,8 +119,6 @@ SETTLE_LINGER_SECONDS for others, and a receive waits no longer than that either
 Polled every 2 ms, and while any settlement was unanswered, a node idling between
 inputs woke 500 times a second."""
 
-LAG_SAMPLE_SECONDS: Final = 0.05
-"""How often a time join samples its parents' watermark lags (watermark_lags)."""
 
 DEPTH_SECONDS: Final = 0.05
 """How much of the node's work a replica parks ahead: its backend's receive depth
@@ -130,7 +128,7 @@ could be processing, and a fast one keeps a deep prefetch."""
 @dataclass(slots=True)
 class _Handle:
     """What the assembler holds for one delivery, opaquely: the messenger settles it
-    when the assembler lets it go (_settle_released) or the task is done with its
+    when the assembler lets it go (messenger_join) or the task is done with its
     group."""
 
     messenger: NATSMessenger
@@ -271,11 +269,6 @@ class NATSMessenger(Messenger):
         backend.subscribe_control(self._on_stop)
         self._group: ReadyGroup | None = None
         self.last_join_latency: float | None = None  # seconds the last group waited
-        # A time join's parents' watermark lags behind the most advanced one, seconds:
-        # the latest sample and the most seen, per parent heard from (RunReport).
-        self.watermark_lags: dict[str, float] = {}
-        self.watermark_lag_max: dict[str, float] = {}
-        self._lags_at = -math.inf
         # First deliveries per parent: against the parent's outputs, what never reached
         # this node (a REALTIME stream keeps only the newest).
         self.received: dict[str, int] = dict.fromkeys(self.parent_names, 0)
@@ -304,22 +297,12 @@ class NATSMessenger(Messenger):
         self._group_seconds: float | None = None  # the node's mean time per group
         self._depth = RECEIVE_PREFETCH  # the receive depth last asked of the backend
         self.reconciled = 0  # obligations reconciliation cancelled (PAY-006)
+        self.join: Join | None = None  # a producer has no inputs to join
         if self.parent_names:
-            policy = effective_join_policy(flow_type, join_policy)
-            # On this messenger's clocks: the backstops on the monotonic one the
-            # caller chose, a missing event time on its epoch clock.
-            self.assembler = make_assembler(self.node_name, self.parent_names, policy,
-                                            clock=clock, epoch=epoch)
-            self._join_missing = policy.missing
-            self._time_join = policy.mode == "time"
-            self._join_timeout = policy.timeout_ms
-            # A time join's silence backstop is told which parents still have input
-            # waiting (_hear_backlogs), at most every eighth of its timeout.
-            self._hear_every = (policy.timeout_ms / 8000.0 if policy.mode == "time"
-                                and policy.timeout_ms is not None else None)
-            self._heard_at = -math.inf
-            self._collect = set(self.parent_names) - set(policy.sync_parents(self.parent_names))
             self._bind(partition_by is not None, join_policy, delivery_policy, max_retries)
+            self.join = Join(self.node_name, self.parent_names,
+                             effective_join_policy(flow_type, join_policy), backend,
+                             self.deliveries, self._data_subs, clock=clock, epoch=epoch)
 
     def _bind(self, partitioned: bool, join_policy: dict[str, Any] | None,
               delivery: dict[str, Any] | None, max_retries: int) -> None:
@@ -385,15 +368,20 @@ class NATSMessenger(Messenger):
         """What the join is doing (RUN-006): groups waiting for a member, how long the
         oldest has waited, and whether the policy would ever give up on them
         (missing='wait' never does: such a node is waiting, not progressing)."""
-        if not self.parent_names:
+        if self.join is None:
             return {"waiting_groups": 0, "oldest_wait_seconds": 0.0, "gives_up": True}
-        return {
-            "waiting_groups": self.assembler.pending_count(),
-            "oldest_wait_seconds": self.assembler.oldest_wait_seconds(self.clock()),
-            "waiting_for": self.assembler.waiting_for(),
-            "watermark_lag_seconds": self.assembler.watermark_lags(),
-            "gives_up": self._join_missing != "wait" and self._join_timeout is not None,
-        }
+        return self.join.status()
+
+    @property
+    def watermark_lags(self) -> dict[str, float]:
+        """A time join's parents' watermark lags behind the most advanced one, seconds,
+        as last sampled, per parent heard from; empty for any other node."""
+        return {} if self.join is None else self.join.watermark_lags
+
+    @property
+    def watermark_lag_max(self) -> dict[str, float]:
+        """The most each parent's watermark lag was seen (watermark_lags)."""
+        return {} if self.join is None else self.join.watermark_lag_max
 
     def subscription_status(self) -> dict[str, Known[Any] | Unknown]:
         """Per parent, the backend's observation of this node's data subscription
@@ -431,7 +419,7 @@ class NATSMessenger(Messenger):
 
     def _local_pending(self) -> int:
         parked = sum(self.backend.prefetched(sub) for sub in self._data_subs.values())
-        return parked + (self.assembler.pending_count() if self.parent_names else 0)
+        return parked + (0 if self.join is None else self.join.assembler.pending_count())
 
     # ---------------------------------------------------------------------- outputs
 
@@ -564,18 +552,19 @@ class NATSMessenger(Messenger):
         Raises:
             ValueError: called on a producer (it has no inputs).
         """
-        if not self.parent_names:
+        join = self.join
+        if join is None:
             raise ValueError(f"{self.node_name} is a producer: it has no inputs")
         self._group, self.outputs.group_outputs = None, 0
         while True:
             if self._quiesced:  # RUN-030: nothing more comes to this process
                 return {parent: end_entry(None) for parent in self.parent_names}
-            group = self._next_group()
+            group = self._next_group(join)
             if group is not None:
                 self._group = group
                 self.deliveries.hand_out(group.handles)
                 self._handed_at = time.monotonic()
-                arrivals = [h.arrived for h in group.handles if h.parent not in self._collect]
+                arrivals = [h.arrived for h in group.handles if h.parent not in join.collect]
                 # RunReport's join latency: the group's first member's arrival to now.
                 self.last_join_latency = (time.monotonic() - min(arrivals)) if arrivals else None
                 if self._covered is not None and self.last_input_key() == self._covered:
@@ -586,16 +575,10 @@ class NATSMessenger(Messenger):
                 return self.deliveries.stop_entries()
             self._receive_once()
 
-    def _next_group(self) -> ReadyGroup | None:
+    def _next_group(self, join: Join) -> ReadyGroup | None:
         if self._ready:
             return self._ready.popleft()
-        now = self.clock()
-        if self._hear_every is not None and not now - self._heard_at < self._hear_every:
-            self._hear_backlogs(now)
-        if self._time_join and not now - self._lags_at < LAG_SAMPLE_SECONDS:
-            self._sample_lags(now)
-        group = self.assembler.pop_ready(now)
-        self._settle_released()
+        group = join.pop_ready()
         self.deliveries.settle_pending()
         if group is not None:
             return group
@@ -603,36 +586,11 @@ class NATSMessenger(Messenger):
         # a receive came back empty -- while data arrives, it is not.
         if not self._flushed and self._idle and all(
                 self.deliveries.drained(p, self._data_subs[p]) for p in self.parent_names):
-            self._ready.extend(self.assembler.flush(self.clock()))
-            self._settle_released()
+            self._ready.extend(join.flush())
             self._flushed = True
             self.deliveries.settle_pending()
             return self._ready.popleft() if self._ready else None
         return None
-
-    def _sample_lags(self, now: float) -> None:
-        self._lags_at = now
-        lags = {p: lag for p, lag in self.assembler.watermark_lags().items() if lag is not None}
-        self.watermark_lags = lags
-        most = self.watermark_lag_max
-        for parent, lag in lags.items():
-            if lag > most.get(parent, -1.0):
-                most[parent] = lag
-
-    def _hear_backlogs(self, now: float) -> None:
-        """Tell the assembler which parents have input waiting for this node (parked,
-        or still on the broker: MessagingBackend.backlog), before it sweeps: such a
-        parent is not silent, however long this node was away (its own code, a stall,
-        a late start), so the backstop gives up on nothing its parents sent while the
-        node is only behind. Refreshed at most every eighth of the timeout: a parent
-        heard that recently is not silent anyway. On a partitioned durable the broker's
-        count includes other replicas' messages, skipped as they arrive."""
-        self._heard_at = now
-        for parent, sub in self._data_subs.items():
-            waiting = self.backend.backlog(sub)
-            if isinstance(waiting, Known) and waiting.value > 0:
-                self.assembler.heard(parent, now)
-        self._settle_released()
 
     def _receive_once(self) -> None:
         self.reconciled += self.payloads.reconcile()  # PAY-006, at most once per ack_wait
@@ -655,8 +613,8 @@ class NATSMessenger(Messenger):
                 self._on_end_marker(self._eos_subs[sub], delivery)
             else:
                 self._on_data(sub, delivery)
-        if self.parent_names:
-            self._settle_released()  # what the batch's adds let go of, at once
+        if self.join is not None:
+            self.join.settle_released()  # what the batch's adds let go of, at once
         self.deliveries.settle_pending()
 
     def _on_data(self, sub: SubscriptionId, delivery: Delivery) -> None:
@@ -685,7 +643,8 @@ class NATSMessenger(Messenger):
         if delivery.num_delivered > 1 and self.deliveries.crash_looped(handle):
             return  # it was in hand at each of crash_limit process deaths: dead-lettered
         self.deliveries.hold(parent, delivery.token)
-        self.assembler.add(parent, entry, handle)
+        assert self.join is not None  # data arrives only at a node with parents
+        self.join.add(parent, entry, handle)
 
     def _on_end_marker(self, parent: str, delivery: Delivery) -> None:
         try:
@@ -760,32 +719,6 @@ class NATSMessenger(Messenger):
             if set_depth is not None:
                 set_depth(depth)
             self._depth = depth
-
-    def _settle_released(self) -> None:
-        """Settle what the assembler let go of (it only does arithmetic): a delivery
-        its redelivery superseded is retired here, with no broker settlement (the
-        redelivery holds the attempt); a discarded one as the join's rules say."""
-        if not self.assembler.released:
-            return
-        for handle, reason in self.assembler.take_released():
-            if reason == SUPERSEDED:
-                self.deliveries.let_go(handle.delivery)
-                self.backend.supersede(handle.delivery.token)
-            else:
-                self._discarded(handle, reason)
-
-    def _discarded(self, handle: _Handle, reason: str) -> None:
-        if handle.parent in self._collect and reason in ("expired", "flushed"):
-            # A sample no group took, released once no group could: done, not lost.
-            self.deliveries.settle_later(handle.delivery, Completed())
-            return
-        # A late one came behind its parent's watermark and no group could take it.
-        self.deliveries.drops["join_late" if reason == "late" else "join_evicted"] += 1
-        if self._join_missing == "dead_letter":
-            self.deliveries.let_go(handle.delivery)
-            self.deliveries.dead_letter(handle, None, f"join {reason}", "join_incomplete")
-        else:
-            self.deliveries.terminate(handle.parent, handle.delivery, f"join {reason}")
 
     @property
     def dead_lettered(self) -> int:
