@@ -2,6 +2,7 @@
 lives in pyproject.toml."""
 
 import os
+import sys
 
 import numpy
 from Cython.Build import cythonize
@@ -18,9 +19,17 @@ DIRECTIVES = {
     "cdivision": True,
     "embedsignature": True,
 }
-CFLAGS = ["-O0", "-g"] if DEBUG else ["-O3"]
+# A release build carries no debug information and no symbol table: the interpreter's
+# own CFLAGS (sysconfig) usually hold -g, which -g0 after them overrides, and the linker
+# drops the local symbols (3.3 MB of modules -> 0.5 MB on Linux). The exported PyInit_*
+# entry points live in the dynamic symbol table, which stripping keeps.
 if os.name == "nt":
-    CFLAGS = ["/Od", "/Zi"] if DEBUG else ["/O2"]
+    CFLAGS, LDFLAGS = (["/Od", "/Zi"], ["/DEBUG"]) if DEBUG else (["/O2"], [])
+elif DEBUG:
+    CFLAGS, LDFLAGS = ["-O0", "-g"], []
+else:
+    CFLAGS = ["-O3", "-g0"]
+    LDFLAGS = ["-Wl,-S", "-Wl,-x"] if sys.platform == "darwin" else ["-s"]
 
 
 def extension(package: str, name: str) -> Extension:
@@ -31,6 +40,7 @@ def extension(package: str, name: str) -> Extension:
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=CFLAGS,
+        extra_link_args=LDFLAGS,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -32,7 +33,7 @@ DECODER_PYX = "csrc/videoflow/wire/_envelope.pyx"
 DECODER_STUB = "videoflow/wire/_envelope.pyi"
 TYPED_MARKER = "videoflow/py.typed"
 COMPILED_SUFFIXES = (".so", ".pyd")
-SUPPORTED_PYTHONS = {"cp310", "cp311", "cp312", "cp313"}
+SUPPORTED_PYTHONS = {"cp310", "cp311", "cp312", "cp313", "cp314"}
 
 # These paths never reach a distribution. Copying the tree without them keeps the
 # build off the working tree, which other people may be building in at the same time.
@@ -212,6 +213,112 @@ def test_wheel_ships_compiled_core_stub_and_marker_but_no_sources(dists: Dists) 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+def test_sdist_ships_the_tests_and_the_license(dists: Dists) -> None:
+    with tarfile.open(dists.sdist) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    shipped_tests = {name for name in names if name.startswith("tests/")}
+    in_tree = {
+        path.relative_to(REPO_ROOT).as_posix()
+        for path in (REPO_ROOT / "tests").rglob("*.py")
+        if "__pycache__" not in path.parts
+    }
+    assert in_tree and in_tree <= shipped_tests, (
+        f"sdist lacks tests: {sorted(in_tree - shipped_tests)[:10]}")
+    assert not [n for n in shipped_tests if n.endswith((".pyc", ".pyo"))]
+    assert "LICENSE" in names
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_wheel_metadata_names_the_license_the_pythons_and_typing(dists: Dists) -> None:
+    with zipfile.ZipFile(dists.wheel) as archive:
+        names = archive.namelist()
+        metadata = archive.read(_single_name(names, ".dist-info/METADATA")).decode()
+        license_text = archive.read(_single_name(names, ".dist-info/licenses/LICENSE")).decode()
+    fields: dict[str, list[str]] = {}
+    for line in metadata.split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition(": ")
+        fields.setdefault(key, []).append(value)
+    assert fields["License-Expression"] == ["MIT"]
+    assert fields["License-File"] == ["LICENSE"]
+    assert license_text.startswith("MIT License")
+    assert fields["Requires-Python"] == [">=3.10"]
+    classifiers = set(fields["Classifier"])
+    for minor in range(10, 15):
+        assert f"Programming Language :: Python :: 3.{minor}" in classifiers, classifiers
+    assert "Typing :: Typed" in classifiers
+    # Each supported Python is one the wheels are built for, and the other way round.
+    assert {f"cp3{minor}" for minor in range(10, 15)} == SUPPORTED_PYTHONS
+
+
+def _single_name(names: list[str], suffix: str) -> str:
+    matches = [name for name in names if name.endswith(suffix)]
+    assert len(matches) == 1, f"expected one *{suffix}, found {matches}"
+    return matches[0]
+
+
+def _elf_sections(data: bytes) -> set[str]:
+    """The section names of an ELF file, read from its section headers."""
+    assert data[:4] == b"\x7fELF", "not an ELF file"
+    wide, order = data[4] == 2, "<" if data[5] == 1 else ">"
+    if wide:
+        (table,) = struct.unpack_from(order + "Q", data, 0x28)
+        size, count, names_at = struct.unpack_from(order + "HHH", data, 0x3A)
+    else:
+        (table,) = struct.unpack_from(order + "I", data, 0x20)
+        size, count, names_at = struct.unpack_from(order + "HHH", data, 0x2E)
+
+    def header(index: int) -> tuple[int, int, int]:
+        at = table + index * size
+        (name,) = struct.unpack_from(order + "I", data, at)
+        offset, length = struct.unpack_from(order + ("QQ" if wide else "II"), data,
+                                            at + (0x18 if wide else 0x10))
+        return name, offset, length
+
+    _, strings_at, strings_length = header(names_at)
+    strings = data[strings_at:strings_at + strings_length]
+    return {strings[name:strings.index(b"\0", name)].decode()
+            for name, _, _ in (header(i) for i in range(count))}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(sys.platform != "linux", reason="reads ELF section headers")
+def test_wheel_compiled_modules_are_release_builds_without_debug_info(dists: Dists) -> None:
+    with zipfile.ZipFile(dists.wheel) as archive:
+        compiled = {name: archive.read(name) for name in archive.namelist()
+                    if name.endswith(".so")}
+    assert len(compiled) == 3, sorted(compiled)
+    for name, data in compiled.items():
+        sections = _elf_sections(data)
+        assert ".text" in sections and ".dynsym" in sections, (name, sorted(sections))
+        debug = sorted(s for s in sections if s.startswith(".debug") or s == ".symtab")
+        assert not debug, f"{name} carries {debug}: not a stripped release build"
+    # Stripped, the three modules are a fraction of their 3.3 MB with debug info.
+    assert sum(map(len, compiled.values())) < 1_000_000
+
+
+def test_a_release_tag_publishes_the_built_wheels_by_trusted_publishing() -> None:
+    workflow = (REPO_ROOT / ".github" / "workflows" / "wheels.yml").read_text(encoding="utf-8")
+    jobs = workflow.split("\njobs:\n", 1)[1]
+    # The job's block: from its key to the next job's key (two-space indent), or the end.
+    found = re.search(r"^  publish:\n(.*?)(?=^  \S|\Z)", jobs, flags=re.M | re.S)
+    assert found is not None, "wheels.yml has no publish job"
+    job = found.group(1)
+    assert re.search(r"^    needs: \[wheels, sdist\]$", job, flags=re.M), job
+    assert ("if: github.event_name == 'push' && startsWith(github.ref, 'refs/tags/v')"
+            in job), job
+    assert re.search(r"^    permissions:\n      id-token: write$", job, flags=re.M), job
+    assert "uses: pypa/gh-action-pypi-publish@release/v1" in job
+    # Trusted publishing: no stored token or password anywhere in the workflow.
+    assert "secrets." not in workflow and "password" not in workflow
+    # The workflow runs on tags at all, and its other jobs cannot publish.
+    assert 'tags: ["v*"]' in workflow
+    assert workflow.count("gh-action-pypi-publish") == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_wheel_installed_in_fresh_venv_imports_the_compiled_core(
     dists: Dists, tmp_path: Path
 ) -> None:
@@ -260,7 +367,7 @@ def _cibuildwheel_executable() -> Path:
     pytest.fail(f"cibuildwheel not found at {candidates}; install the dev extra '.[dev]'")
 
 
-def test_cibuildwheel_selects_cpython_310_to_313_manylinux_wheels() -> None:
+def test_cibuildwheel_selects_cpython_310_to_314_manylinux_wheels() -> None:
     # CIBW_* variables (set by the wheels workflow, say) would override pyproject.toml.
     env = _clean_env("CIBW_")
     proc = _run(
