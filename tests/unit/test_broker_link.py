@@ -18,6 +18,7 @@ from videoflow.broker.link import (
     TRANSIENT_RETRY_SECONDS,
     Outage,
     outage_budget_from_env,
+    redact_url,
     retry_until,
     servers_of,
     transient,
@@ -134,3 +135,17 @@ def test_the_budget_comes_from_the_environment_and_a_bad_one_is_refused(
         monkeypatch.setenv(OUTAGE_BUDGET_ENV, bad)
         with pytest.raises(ValueError, match="outage budget|number of seconds"):
             outage_budget_from_env()
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
+    ("nats://u:s3cret@h:4222", "nats://u:***@h:4222"),
+    ("nats://t0ken@h:4222", "nats://***@h:4222"),  # a user part alone is a token
+    ("tls://u:p@a:1, b:2,nats://x:y@c:3", "tls://u:***@a:1, b:2,nats://x:***@c:3"),
+    ("u:p@h:4222", "u:***@h:4222"),  # no scheme: taken as nats:// (servers_of)
+    ("nats://u:p@ss@h:1", "nats://u:***@h:1"),  # an unescaped '@' in it: masked whole
+    ("nats://u:p@h:1/x@y", "nats://u:***@h:1/x@y"),  # an '@' past the host is not one
+    ("nats://u:@h:1", "nats://u:***@h:1"),
+])
+def test_a_url_is_shown_without_its_password_or_token(url: str, shown: str) -> None:
+    assert redact_url(url) == shown

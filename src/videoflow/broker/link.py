@@ -66,6 +66,31 @@ WATCH_SECONDS: Final = 0.25
 _SCHEME: Final = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
 
 
+# The user part runs to the last '@' before the path, as urllib splits it: a password
+# with an unescaped '@' in it is masked whole.
+_USERINFO: Final = re.compile(r"^(?P<scheme>\s*(?:[a-z][a-z0-9+.-]*://)?)(?P<userinfo>[^/]*)@",
+                              re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """A broker address fit to print or log: in each of its servers, a password is
+    replaced by '***' (nats://user:***@host), and so is a token (nats://***@host: a
+    user part with no password is how a URL carries a token).
+
+    Arguments:
+        url: one server URL or several, comma-separated (servers_of); anything else is
+            returned with the same masking applied wherever an '@' follows a user part.
+    """
+    if not isinstance(url, str):
+        return repr(url)
+
+    def mask(found: re.Match[str]) -> str:
+        user, colon, _ = found["userinfo"].partition(":")
+        return f"{found['scheme']}{user + ':***' if colon else '***'}@"
+
+    return ",".join(_USERINFO.sub(mask, part, count=1) for part in url.split(","))
+
+
 def servers_of(url: str) -> list[str]:
     """The server URLs of a broker address: one URL, or several separated by commas
     (and optional spaces), as the NATS tools take them — a cluster's seed servers.
@@ -81,10 +106,10 @@ def servers_of(url: str) -> list[str]:
         ValueError: no server at all, or an empty entry ('a,,b').
     """
     if not isinstance(url, str) or not url.strip():
-        raise ValueError(f"a broker URL is required, got {url!r}")
+        raise ValueError(f"a broker URL is required, got {redact_url(url)!r}")
     servers = [part.strip() for part in url.split(",")]
     if any(not part for part in servers):
-        raise ValueError(f"empty server in the URL list {url!r}")
+        raise ValueError(f"empty server in the URL list {redact_url(url)!r}")
     return [part if _SCHEME.match(part) else f"nats://{part}" for part in servers]
 
 
@@ -349,7 +374,7 @@ async def connect(
                                                          for e in seen])
             if not _wait_for_known(tracked, reason):
                 raise BrokerUnavailable(
-                    f"cannot connect to {url} ({reason}): {detail}") from error
+                    f"cannot connect to {redact_url(url)} ({reason}): {detail}") from error
             await asyncio.sleep(RECONNECT_MAX_WAIT)
     if tracked.away:
         tracked.came_back()
@@ -387,6 +412,7 @@ __all__ = [
     "connect",
     "outage_budget_from_env",
     "retry_until",
+    "redact_url",
     "servers_of",
     "transient",
     "wait_back",

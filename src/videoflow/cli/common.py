@@ -1,11 +1,13 @@
 """What the commands share: the broker URL option and its default, exit codes, the
-one-line CommandError, and the argparse types for counts and budgets."""
+one-line CommandError, the parser class that takes the global options after a command's
+name, and the argparse types for counts, seconds and budgets."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
-from typing import Final
+from typing import Any, Final
 
 from videoflow.broker.link import check_budget
 from videoflow.errors import VideoflowError
@@ -16,6 +18,23 @@ DEFAULT_NATS_URL: Final = "nats://127.0.0.1:4222"
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
+EXIT_BROKEN_PIPE: Final = 141
+"""What a shell reports for a command its reader stopped reading (128 + SIGPIPE), as
+for `head` closing the pipe of a listing."""
+
+VERBOSE_HELP: Final = "also log the library's warnings (retries, reconnects)"
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser: the global options (-v) are taken after the command's name
+    too. Their default here is SUPPRESS, so a flag given before the name is not reset
+    when the command's own arguments are parsed. Nested commands (dlq list) get this
+    class too (argparse makes subparsers of their parent's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                          help=VERBOSE_HELP)
 
 
 class CommandError(VideoflowError):
@@ -54,6 +73,41 @@ def replica_count(text: str) -> int:
     if not 1 <= value <= 5:
         raise argparse.ArgumentTypeError(f"must be from 1 to 5, got {value}")
     return value
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0 (nan, inf and -5 are
+    refused)."""
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return value
+
+
+def whole_number(minimum: int) -> Any:
+    """An argparse type: a whole number of at least minimum."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"whole number >= {minimum}"
+    return parse
 
 
 def budget_seconds(text: str) -> float:

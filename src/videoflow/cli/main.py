@@ -30,18 +30,25 @@ import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from videoflow.broker.link import redact_url
 from videoflow.cli import demo, ops
 from videoflow.cli.common import (
+    EXIT_BROKEN_PIPE,
     EXIT_FAILED,
     EXIT_USAGE,
+    VERBOSE_HELP,
     CommandError,
+    CommandParser,
     budget_seconds,
     nats_url_option,
+    positive_seconds,
     replicas_option,
+    whole_number,
 )
 
 
@@ -63,15 +70,35 @@ def load_flow(reference: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise CommandError(f"cannot import {module_name!r}: {error}") from error
+    except SyntaxError as error:
+        where = f"{error.filename}, line {error.lineno}" if error.filename else "?"
+        raise CommandError(f"cannot import {module_name!r}: {type(error).__name__}: "
+                           f"{error.msg} ({where})") from error
+    except Exception as error:  # the module's own code raised as it was imported
+        raise CommandError(f"cannot import {module_name!r}: {_raised_at(error)}") from error
     try:
         found = getattr(module, attribute)
     except AttributeError as error:
         raise CommandError(f"{module_name!r} has no attribute {attribute!r}") from error
     if callable(found) and not isinstance(found, Flow):
-        found = found()
+        try:
+            found = found()
+        except Exception as error:  # the user's function that builds the flow
+            raise CommandError(f"{reference}() raised {_raised_at(error)}") from error
     if not isinstance(found, Flow):
         raise CommandError(f"{reference} is a {type(found).__name__}, not a Flow")
     return found
+
+
+def _raised_at(error: BaseException) -> str:
+    """'Type: message (file, line N)' for an exception a user's module raised: where in
+    their code, not where in videoflow's."""
+    frames = traceback.extract_tb(error.__traceback__)
+    theirs = [f for f in frames if "videoflow" not in Path(f.filename).parts
+              and "importlib" not in f.filename]
+    at = theirs[-1] if theirs else (frames[-1] if frames else None)
+    where = f" ({at.filename}, line {at.lineno})" if at is not None else ""
+    return f"{type(error).__name__}: {error}{where}"
 
 
 # ------------------------------------------------------------------------- run
@@ -150,8 +177,8 @@ def _provision(args: argparse.Namespace) -> int:
             f"provisioned run {spec.run_id} of flow {spec.flow_id!r}, but could not write "
             f"its spec to {args.out!r} ({error.strerror or error}); remove the run with "
             f"`videoflow teardown --flow {spec.flow_id} --run {spec.run_id} --nats-url "
-            f"{args.nats_url}`, or provision it again with --run {spec.run_id} and another "
-            "--out", EXIT_FAILED) from error
+            f"{redact_url(args.nats_url)}`, or provision it again with --run "
+            f"{spec.run_id} and another --out", EXIT_FAILED) from error
     print(f"provisioned run {spec.run_id} of flow {spec.flow_id!r}; spec in {args.out}")
     return 0
 
@@ -185,11 +212,15 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from videoflow import __version__
+
     parser = argparse.ArgumentParser(
         prog="videoflow", description="Dataflow pipelines over NATS JetStream.")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="also log the library's warnings (retries, reconnects)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"videoflow {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
+    # Every command's parser takes -v too, after its name (CommandParser).
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=CommandParser)
 
     run = sub.add_parser("run", help="run a flow to its end on this machine")
     run.add_argument("flow", help="the flow, as module:attribute")
@@ -203,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a throwaway store for the embedded broker, removed at the end "
                             "(the run's dead letters go with it)")
     run.add_argument("--run", help="the run id (default: a fresh one)")
-    run.add_argument("--stop-after", type=float, metavar="SECONDS",
+    run.add_argument("--stop-after", type=positive_seconds, metavar="SECONDS",
                      help="ask the flow to stop after this long")
     run.add_argument("--json", action="store_true", help="print the report as JSON")
     run.add_argument("--resume", metavar="RUN",
@@ -221,11 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
     provision.add_argument("flow", help="the flow, as module:attribute")
     provision.add_argument("--out", required=True, help="where to write the run spec")
     provision.add_argument("--run", help="the run id (default: a fresh one)")
-    provision.add_argument("--timeout", type=float, default=30.0,
+    provision.add_argument("--timeout", type=positive_seconds, default=30.0,
                            help="seconds provisioning may take, connect included")
-    provision.add_argument("--ack-wait", type=int, default=30, metavar="SECONDS",
+    provision.add_argument("--ack-wait", type=whole_number(1), default=30, metavar="SECONDS",
                            help="how long a delivery stays leased before it is redelivered")
-    provision.add_argument("--max-retries", type=int, default=3)
+    provision.add_argument("--max-retries", type=whole_number(0), default=3)
     replicas_option(provision)
     nats_url_option(provision)
     provision.set_defaults(func=_provision)
@@ -233,8 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="run one node replica of a provisioned run")
     worker.add_argument("--spec", required=True, help="the run spec `provision` wrote")
     worker.add_argument("--node", required=True, help="the node's name")
-    worker.add_argument("--replica", type=int, default=0)
-    worker.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS")
+    worker.add_argument("--replica", type=whole_number(0), default=0)
+    worker.add_argument("--progress-every", type=positive_seconds, default=5.0,
+                        metavar="SECONDS")
     nats_url_option(worker)
     worker.set_defaults(func=_worker)
 
@@ -245,6 +277,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns its exit code."""
+    try:
+        try:
+            return _command(argv)
+        finally:
+            # What is still buffered goes now, so a reader that stopped reading shows
+            # here rather than in the interpreter's flush at exit (a traceback there).
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # `videoflow dlq list --json | head`: the reader has what it wanted; not an
+        # error to print. stdout goes to devnull, so the flush at exit is quiet too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _command(argv: Sequence[str] | None) -> int:
     from videoflow.errors import BrokerUnavailable, EmbeddedServerError
 
     parser = build_parser()
@@ -257,12 +305,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except CommandError as error:
         print(f"videoflow: error: {error}", file=sys.stderr)
+        if args.verbose and error.__cause__ is not None:
+            traceback.print_exception(error.__cause__, file=sys.stderr)
         return error.code
     except EmbeddedServerError as error:  # no binary, a busy store (it says what to do)
         print(f"videoflow: error: {error}", file=sys.stderr)
         return EXIT_FAILED
     except (BrokerUnavailable, TimeoutError) as error:
-        print(f"videoflow: error: the broker at {getattr(args, 'nats_url', None) or '?'} "
+        url = getattr(args, "nats_url", None)
+        print(f"videoflow: error: the broker at {redact_url(url) if url else '?'} "
               f"did not answer: {error}", file=sys.stderr)
         return EXIT_FAILED
     except (ValueError, KeyError) as error:  # a flow that does not compile, a bad name

@@ -61,6 +61,8 @@ def _guarded(handler: Handler) -> Handler:
     def run(args: argparse.Namespace) -> int:
         try:
             return handler(args)
+        except BrokenPipeError:
+            raise  # the reader stopped reading: main ends the command quietly
         except UsageError as error:
             _error(str(error))
             return EXIT_USAGE

@@ -44,6 +44,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from videoflow.broker.link import redact_url
 from videoflow.core.compiler import CompiledFlow, compile_flow
 from videoflow.core.constants import REALTIME
 from videoflow.core.naming import sanitize
@@ -276,7 +277,8 @@ def run_flow(
         finally:
             if server is not None:
                 server.stop()
-    report = RunReport(compiled.flow_id, run.run_id, compiled.flow_type, url,
+    # The report is printed, written as JSON and kept: never with the URL's password.
+    report = RunReport(compiled.flow_id, run.run_id, compiled.flow_type, redact_url(url),
                        seconds=time.monotonic() - started, torn_down=ended_up.torn_down,
                        kept=ended_up.note)
     for spec in compiled.specs:

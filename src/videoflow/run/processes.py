@@ -22,6 +22,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from videoflow.broker.link import redact_url
 from videoflow.core.compiler import CompiledFlow
 from videoflow.core.constants import REALTIME
 from videoflow.core.report import ProcessDeath
@@ -77,7 +78,7 @@ def publish_control_stop(nats_url: str, flow_id: str, run_id: str,
         asyncio.run(asyncio.wait_for(send(), timeout))
     except (OSError, asyncio.TimeoutError, nats.errors.Error) as error:
         raise BrokerUnavailable(f"could not publish the stop of run {run_id!r} on "
-                                f"{nats_url}: {error!r}") from error
+                                f"{redact_url(nats_url)}: {error!r}") from error
 
 
 @dataclass

@@ -118,6 +118,7 @@ from videoflow.broker.link import (
     Outage,
     broker_known_from_env,
     outage_budget_from_env,
+    redact_url,
     retry_until,
     transient,
     wait_back,
@@ -279,7 +280,7 @@ class JetStreamMessagingBackend(BackendProvisioning, BackendPublishing, BackendR
         if self.outage.given_up is not None:
             return self.outage.given_up
         if self.outage.away:
-            return (f"the broker {self.nats_url} is away (reconnecting for up to "
+            return (f"the broker {redact_url(self.nats_url)} is away (reconnecting for up to "
                     f"{self.outage.budget:g} s)")
         return "the JetStream backend is not connected"
 

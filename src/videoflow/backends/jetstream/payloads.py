@@ -31,6 +31,7 @@ from videoflow.broker.link import (
     check_bucket_replicas,
     connect,
     outage_budget_from_env,
+    redact_url,
     retry_until,
     transient,
     wait_back,
@@ -102,7 +103,7 @@ class NatsObjectPayloadStore(PayloadStore):
         except (OSError, asyncio.TimeoutError, nats.errors.Error, BrokerUnavailable) as error:
             self._runner.stop()
             raise BrokerUnavailable(
-                f"payload store could not open {bucket!r} on {nats_url}: {error!r} "
+                f"payload store could not open {bucket!r} on {redact_url(nats_url)}: {error!r} "
                 f"(reported: {self._errors.texts()})",
                 code=getattr(error, "err_code", None),
             ) from error

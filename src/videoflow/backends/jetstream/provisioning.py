@@ -31,7 +31,7 @@ from videoflow.backends.jetstream.streams import (
     ensure_consumer,
     ensure_stream,
 )
-from videoflow.broker.link import TRANSIENT_RETRY_SECONDS, servers_of, transient
+from videoflow.broker.link import TRANSIENT_RETRY_SECONDS, redact_url, servers_of, transient
 from videoflow.core.compiler import CONSUMER, NodeSpec
 from videoflow.core.constants import check_flow_type
 from videoflow.core.credit import max_deliver_for, node_credit, positive_int
@@ -395,7 +395,7 @@ async def _provision_bounded(
         if loop.time() < deadline:
             raise  # a request inside timed out on its own: reported as itself
         raise TimeoutError(
-            f"provisioning run {run_id!r} of flow {flow_id!r} on {nats_url} did not "
+            f"provisioning run {run_id!r} of flow {flow_id!r} on {redact_url(nats_url)} did not "
             f"finish within {timeout:g} s (is the broker reachable?)"
         ) from None
 

@@ -1,0 +1,122 @@
+"""The conventions a command-line user expects of `videoflow`, in process: --version,
+the global -v before or after a command, numeric flags that refuse nonsense, and a flow
+module that fails to import reported in one line (its traceback with -v)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import videoflow
+from videoflow.cli.main import build_parser, main
+
+
+def test_version_prints_the_installed_package_version(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ended:
+        main(["--version"])
+    assert ended.value.code == 0
+    assert capsys.readouterr().out == f"videoflow {videoflow.__version__}\n"
+    assert videoflow.__version__ == importlib.metadata.version("videoflow")
+
+
+@pytest.mark.parametrize("argv", [
+    ["-v", "status", "--flow", "f", "--run", "r"],
+    ["status", "-v", "--flow", "f", "--run", "r"],
+    ["status", "--flow", "f", "--run", "r", "--verbose"],
+    ["dlq", "-v", "list", "--flow", "f"],
+    ["dlq", "list", "--flow", "f", "-v"],
+    ["run", "flows:chain", "-v"],
+    ["demo", "-v"],
+])
+def test_verbose_is_taken_before_or_after_the_command(argv: list[str]) -> None:
+    assert build_parser().parse_args(argv).verbose is True
+
+
+@pytest.mark.parametrize("argv", [
+    ["status", "--flow", "f", "--run", "r"],
+    ["dlq", "list", "--flow", "f"],
+])
+def test_without_verbose_it_is_off(argv: list[str]) -> None:
+    assert build_parser().parse_args(argv).verbose is False
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["run", "m:f", "--stop-after", "-5"], "--stop-after"),
+    (["run", "m:f", "--stop-after", "nan"], "--stop-after"),
+    (["run", "m:f", "--stop-after", "inf"], "--stop-after"),
+    (["run", "m:f", "--stop-after", "0"], "--stop-after"),
+    (["run", "m:f", "--stop-after", "soon"], "--stop-after"),
+    (["provision", "m:f", "--out", "x", "--timeout", "nan"], "--timeout"),
+    (["provision", "m:f", "--out", "x", "--ack-wait", "0"], "--ack-wait"),
+    (["provision", "m:f", "--out", "x", "--max-retries", "-1"], "--max-retries"),
+    (["worker", "--spec", "s", "--node", "n", "--replica", "-1"], "--replica"),
+    (["worker", "--spec", "s", "--node", "n", "--progress-every", "0"], "--progress-every"),
+])
+def test_a_numeric_flag_out_of_range_is_a_usage_error_naming_it(
+        argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ended:
+        build_parser().parse_args(argv)
+    assert ended.value.code == 2
+    assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_numeric_flags_in_range_are_taken() -> None:
+    args = build_parser().parse_args(["run", "m:f", "--stop-after", "2.5"])
+    assert args.stop_after == 2.5
+    args = build_parser().parse_args(["provision", "m:f", "--out", "x", "--ack-wait", "1",
+                                      "--max-retries", "0", "--timeout", "0.5"])
+    assert (args.ack_wait, args.max_retries, args.timeout) == (1, 0, 0.5)
+
+
+@pytest.fixture
+def flow_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A directory of flow modules, the current one (as a user runs `videoflow run`)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in ("vf_syntax", "vf_raises", "vf_builder"):
+        sys.modules.pop(name, None)
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_a_flow_module_with_a_syntax_error_is_one_line_naming_file_and_line(
+        flow_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (flow_dir / "vf_syntax.py").write_text("x = 1\ndef broken(:\n    pass\n")
+    assert main(["run", "vf_syntax:flow"]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith("videoflow: error: cannot import 'vf_syntax': SyntaxError: ")
+    assert line.endswith(f"({flow_dir / 'vf_syntax.py'}, line 2)")
+
+
+def test_a_flow_module_that_raises_as_it_imports_is_one_line_naming_its_line(
+        flow_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (flow_dir / "vf_raises.py").write_text("import os\nraise RuntimeError('no camera')\n")
+    assert main(["run", "vf_raises:flow"]) == 2
+    assert one_error_line(capsys) == (
+        "videoflow: error: cannot import 'vf_raises': RuntimeError: no camera "
+        f"({flow_dir / 'vf_raises.py'}, line 2)")
+
+
+def test_a_flow_function_that_raises_is_one_line_and_verbose_adds_its_traceback(
+        flow_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (flow_dir / "vf_builder.py").write_text(
+        "def flow():\n    return {}['cameras']\n")
+    assert main(["run", "vf_builder:flow"]) == 2
+    assert one_error_line(capsys) == (
+        "videoflow: error: vf_builder:flow() raised KeyError: 'cameras' "
+        f"({flow_dir / 'vf_builder.py'}, line 2)")
+    assert main(["run", "vf_builder:flow", "-v"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("videoflow: error: vf_builder:flow() raised KeyError")
+    assert "Traceback (most recent call last):" in err and "return {}['cameras']" in err
