@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
 import json
 import time
 from collections.abc import Callable
@@ -210,6 +211,34 @@ def test_dlq_list_lists_an_undecodable_record_with_its_seq_instead_of_skipping_i
     report = ops.dlq_replay(scenario.url, FLOW, [junk_seq], timeout=5)
     assert report.failed == (junk_seq,)
     assert "undecodable" in report.results[0].reason
+
+
+def test_dlq_show_prints_when_in_utc_and_the_decoded_input(
+        scenario: Scenario, capsys: pytest.CaptureFixture[str]) -> None:
+    before = time.time()
+    entries = ops.dlq_list(scenario.url, FLOW, run_id=RUN, timeout=5)
+    record = entries[1].record
+    assert record is not None
+    assert cli(["dlq", "show", "--nats-url", scenario.url, "--flow", FLOW,
+                str(entries[1].seq)]) == 0
+    shown = dict(line.split(":", 1) for line in capsys.readouterr().out.splitlines())
+    shown = {key: value.strip() for key, value in shown.items()}
+    # dead_lettered_at in UTC to the millisecond, never raw epoch seconds.
+    stamp = datetime.datetime.fromtimestamp(record.dead_lettered_at, datetime.timezone.utc)
+    assert shown["dead-lettered"] == (stamp.strftime("%Y-%m-%d %H:%M:%S.")
+                                      + f"{stamp.microsecond // 1000:03d} UTC")
+    assert abs(record.dead_lettered_at - before) < 600
+    kept = decode_envelope(record.envelope)
+    assert shown["input"] == repr(POISONED[1]) == repr(kept["message"])
+    assert shown["input trace"] == f"{kept['trace_id']} (seq {kept['seq']})"
+    assert shown["input from"] == "cam (replica 0)"
+    assert cli(["dlq", "show", "--nats-url", scenario.url, "--flow", FLOW,
+                str(entries[1].seq), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["dead_lettered_at"] == record.dead_lettered_at
+    assert document["dead_lettered_at_utc"] == shown["dead-lettered"]
+    assert document["input"]["message"] == repr(POISONED[1])
+    assert document["input"]["trace_id"] == kept["trace_id"]
 
 
 def test_dlq_show_of_a_missing_seq_raises_dead_letter_not_found(scenario: Scenario) -> None:

@@ -6,12 +6,14 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from videoflow import ops
 from videoflow.backends.messaging import Known, Unknown
 from videoflow.cli import ops as cli_ops
 from videoflow.cli.common import ENV_NATS_URL
+from videoflow.cli.ops import SHOWN_CHARS, describe, when
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -101,3 +103,20 @@ def test_unknown_prints_as_unknown_with_its_reason_never_as_zero() -> None:
     assert document["streams"] == {"unknown": "timeout", "detail": "no answer in 1 s"}
     assert document["exists"] == {"unknown": "timeout", "detail": "no answer in 1 s"}
     assert document["dlq_count"] == {"unknown": "missing", "detail": "no DLQ"}
+
+
+def test_times_are_shown_in_utc_to_the_millisecond() -> None:
+    assert when(0.0) == "1970-01-01 00:00:00.000 UTC"
+    assert when(1_796_300_000.5) == "2026-12-03 12:13:20.500 UTC"
+    assert when(None) == "-"
+
+
+def test_an_input_is_described_without_dumping_its_arrays_or_bytes() -> None:
+    frame = np.zeros((1080, 1920, 3), dtype=np.uint8)
+    assert describe({"frame": frame, "raw": b"abc", "label": "person", "n": 3}) == (
+        "{'frame': array(uint8, shape (1080, 1920, 3)), 'raw': <3 bytes>, "
+        "'label': 'person', 'n': 3}")
+    assert describe(list(range(25))) == (
+        "[" + ", ".join(map(str, range(20))) + ", ... 5 more]")
+    long = describe("x" * 1000)
+    assert len(long) == SHOWN_CHARS and long.endswith("...")

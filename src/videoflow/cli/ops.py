@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import datetime
 import functools
 import json
 import os
@@ -31,11 +32,14 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
+import numpy as np
+
 from videoflow import ops
 from videoflow.backends.messaging import CleanupObservation, Known, Unknown
 from videoflow.broker.server import ENV_STORE_DIR
 from videoflow.cli.common import ENV_NATS_URL, EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from videoflow.errors import VideoflowError
+from videoflow.errors import VideoflowError, WireError
+from videoflow.wire.serialization import decode_envelope
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -207,6 +211,56 @@ def cmd_status(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------
 
 
+def when(epoch: float | None) -> str:
+    """An epoch time as an operator reads it: UTC, to the millisecond."""
+    if epoch is None:
+        return "-"
+    moment = datetime.datetime.fromtimestamp(epoch, tz=datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d} UTC"
+
+
+SHOWN_CHARS = 300
+"""The most of a dead letter's input `dlq show` prints."""
+
+
+def describe(value: Any) -> str:
+    """A message as `dlq show` prints it: arrays by dtype and shape, bytes by length,
+    containers element by element, cut at SHOWN_CHARS."""
+
+    def one(v: Any, depth: int) -> str:
+        if isinstance(v, np.ndarray):
+            return f"array({v.dtype}, shape {tuple(v.shape)})"
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            return f"<{len(v)} bytes>"
+        if depth > 3:
+            return "..."
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k!r}: {one(x, depth + 1)}" for k, x in v.items()) + "}"
+        if isinstance(v, (list, tuple)):
+            inner = ", ".join(one(x, depth + 1) for x in v[:20])
+            more = f", ... {len(v) - 20} more" if len(v) > 20 else ""
+            return ("[" if isinstance(v, list) else "(") + inner + more + (
+                "]" if isinstance(v, list) else ")")
+        return repr(v)
+
+    text = one(value, 0)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
+
+
+def _input(envelope: bytes) -> dict[str, Any]:
+    """What a dead letter's kept envelope says of its input, for `dlq show`."""
+    try:
+        decoded = decode_envelope(envelope)
+    except WireError as error:
+        return {"undecodable": str(error)}
+    ref = decoded["blob_ref"]
+    return {"trace_id": decoded["trace_id"], "seq": decoded["seq"],
+            "event_ts": decoded["event_ts"], "event_time": when(decoded["event_ts"]),
+            "producer": decoded["producer_name"], "replica": decoded["replica_id"],
+            "blob_ref": ref,
+            "message": None if ref is not None else describe(decoded["message"])}
+
+
 def _entry_json(entry: ops.DeadLetterEntry, envelope: bool = False) -> dict[str, Any]:
     document: dict[str, Any] = {"seq": entry.seq, "subject": entry.subject,
                                 "decodable": entry.decodable}
@@ -223,6 +277,8 @@ def _entry_json(entry: ops.DeadLetterEntry, envelope: bool = False) -> dict[str,
         "envelope_bytes": len(record.envelope),
     })
     if envelope:
+        document["dead_lettered_at_utc"] = when(record.dead_lettered_at)
+        document["input"] = _input(record.envelope)
         document["envelope_base64"] = base64.b64encode(record.envelope).decode("ascii")
     return document
 
@@ -282,9 +338,20 @@ def cmd_dlq_show(args: argparse.Namespace) -> int:
             f"reason:        {record.reason}",
             f"error type:    {record.error_type or '-'}",
             f"error:         {record.error_message or '-'}",
-            f"dead-lettered: {record.dead_lettered_at}",
+            f"dead-lettered: {when(record.dead_lettered_at)}",
             f"envelope:      {len(record.envelope)} bytes",
         ]
+        got = _input(record.envelope)
+        if "undecodable" in got:
+            lines.append(f"input:         undecodable: {got['undecodable']}")
+        else:
+            lines += [
+                f"input trace:   {got['trace_id']} (seq {got['seq']})",
+                f"input from:    {got['producer'] or '-'} (replica {got['replica']})",
+                f"event time:    {got['event_time']}",
+                "input:         " + (got["message"] if got["blob_ref"] is None else
+                                     f"by ref {got['blob_ref']} (in the payload store)"),
+            ]
     print("\n".join(lines))
     return EXIT_OK
 
