@@ -16,7 +16,8 @@ import pytest
 SOURCE = Path(__file__).resolve().parents[2] / "src" / "videoflow"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("ground", ("videoflow.errors", "videoflow.native", "videoflow.core.constants")),
+    ("ground", ("videoflow.errors", "videoflow.native", "videoflow.core.constants",
+                "videoflow.logs")),
     ("broker", ("videoflow.broker",)),
     ("wire", ("videoflow.wire",)),
     ("core", ("videoflow.core",)),

@@ -4,6 +4,7 @@ directory of files, one per applied group, named by the group's identity."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -52,6 +53,17 @@ class Scale(ProcessorNode):
 
     def process(self, value: int) -> int:
         return value * self.factor
+
+
+class WarningScale(Scale):
+    """Scale that logs one warning, naming a broker URL with a password in it, as it
+    processes its first value: what a replica's log looks like."""
+
+    def process(self, value: int) -> int:
+        if value == 0:
+            logging.getLogger("flow_nodes").warning(
+                "scaling from nats://flow:%s@broker:4222", "hunter2")
+        return super().process(value)
 
 
 class Add(ProcessorNode):

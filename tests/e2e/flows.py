@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from flow_nodes import Numbers, Record, RejectMultiplesOf, Scale
+from flow_nodes import Numbers, Record, RejectMultiplesOf, Scale, WarningScale
 
 from videoflow.flow import Flow
 
@@ -32,6 +32,13 @@ def poison() -> Flow:
     count, pace, out, _ = _env()
     numbers = Numbers(count, pace=pace)
     return Flow([numbers], [Record(out)(RejectMultiplesOf(7)(numbers))], name="clipoison")
+
+
+def warning_chain() -> Flow:
+    """numbers -> scale(x2), which logs a warning -> record."""
+    count, pace, out, _ = _env()
+    numbers = Numbers(count, pace=pace)
+    return Flow([numbers], [Record(out)(WarningScale(2)(numbers))], name="cliwarn")
 
 
 not_a_flow = 42

@@ -77,3 +77,44 @@ def test_an_unreachable_broker_is_named_without_its_password(tmp_path: Path) -> 
     assert done.stderr.startswith(
         "videoflow: error: the broker at nats://flow:***@127.0.0.1:1 did not answer")
     assert PASSWORD not in done.stdout + done.stderr
+
+
+def test_with_log_format_json_the_command_and_its_replicas_log_json_lines(
+        nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
+    done = videoflow("run", "flows:warning_chain", "--nats-url", nats_server.url,
+                     "--log-format", "json", "-v", "--json",
+                     env=environment(tmp_path, count=5))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["outcome"] == "completed"
+    records = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
+    warned = [r for r in records if r["logger"] == "flow_nodes"]
+    assert len(warned) == 1, records  # logged once, in the scale replica's process
+    assert warned[0]["level"] == "WARNING"
+    assert warned[0]["message"] == "scaling from nats://flow:***@broker:4222"
+    assert "hunter2" not in done.stderr
+    assert set(warned[0]) >= {"time", "level", "logger", "message", "pid"}
+
+
+def test_text_logs_mask_a_password_too(
+        nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
+    done = videoflow("run", "flows:warning_chain", "--nats-url", nats_server.url, "-v",
+                     "--json", env=environment(tmp_path, count=5))
+    assert done.returncode == 0, done.stderr
+    assert "videoflow: flow_nodes: scaling from nats://flow:***@broker:4222" in (
+        done.stderr.splitlines())
+    assert "hunter2" not in done.stderr
+
+
+def test_a_refused_connect_logs_its_retries_as_json_and_ends_in_one_error_line(
+        tmp_path: Path) -> None:
+    done = videoflow("-v", "provision", "flows:chain", "--out", str(tmp_path / "x.json"),
+                     "--nats-url", f"nats://flow:{PASSWORD}@127.0.0.1:1", "--timeout", "3",
+                     "--log-format", "json", env=environment(tmp_path))
+    assert done.returncode == 1
+    *logged, last = done.stderr.strip().splitlines()
+    assert last.startswith("videoflow: error: the broker at nats://flow:***@127.0.0.1:1")
+    assert logged, done.stderr
+    for line in logged:
+        record = json.loads(line)
+        assert record["level"] == "WARNING" and record["logger"].startswith("videoflow.")
+    assert PASSWORD not in done.stderr

@@ -5,6 +5,7 @@ module that fails to import reported in one line (its traceback with -v)."""
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,25 @@ from pathlib import Path
 import pytest
 
 import videoflow
+from videoflow import logs
 from videoflow.cli.main import build_parser, main
+
+
+@pytest.fixture(autouse=True)
+def logging_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """main() configures logging and hands its choice down through the environment,
+    as the command does for its replicas; in this process, both are undone after."""
+    root = logging.getLogger()
+    level = root.level
+    for name in (logs.LOG_FORMAT_ENV, logs.LOG_LEVEL_ENV):
+        # set, then deleted: undone, whatever the test sets is removed too
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    yield
+    if logs._installed is not None:  # the handler main()'s configure() installed
+        root.removeHandler(logs._installed)
+        logs._installed = None
+    root.setLevel(level)
 
 
 def test_version_prints_the_installed_package_version(

@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from videoflow.broker.link import check_budget
 from videoflow.errors import VideoflowError
+from videoflow.logs import LOG_FORMATS
 
 ENV_NATS_URL: Final = "VIDEOFLOW_NATS_URL"
 DEFAULT_NATS_URL: Final = "nats://127.0.0.1:4222"
@@ -23,10 +24,13 @@ EXIT_BROKEN_PIPE: Final = 141
 for `head` closing the pipe of a listing."""
 
 VERBOSE_HELP: Final = "also log the library's warnings (retries, reconnects)"
+LOG_FORMAT_HELP: Final = ("how logs are written to stderr: text lines, or one JSON object per "
+                          "line for a log collector (default: text)")
 
 
 class CommandParser(argparse.ArgumentParser):
-    """A command's parser: the global options (-v) are taken after the command's name
+    """A command's parser: the global options (-v, --log-format) are taken after the
+    command's name
     too. Their default here is SUPPRESS, so a flag given before the name is not reset
     when the command's own arguments are parsed. Nested commands (dlq list) get this
     class too (argparse makes subparsers of their parent's class)."""
@@ -35,6 +39,8 @@ class CommandParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                           help=VERBOSE_HELP)
+        self.add_argument("--log-format", choices=LOG_FORMATS, default=argparse.SUPPRESS,
+                          help=LOG_FORMAT_HELP)
 
 
 class CommandError(VideoflowError):

@@ -35,12 +35,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from videoflow import logs
 from videoflow.broker.link import redact_url
 from videoflow.cli import demo, ops
 from videoflow.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
     EXIT_USAGE,
+    LOG_FORMAT_HELP,
     VERBOSE_HELP,
     CommandError,
     CommandParser,
@@ -50,6 +52,7 @@ from videoflow.cli.common import (
     replicas_option,
     whole_number,
 )
+from videoflow.logs import LOG_FORMATS
 
 
 def load_flow(reference: str) -> Any:
@@ -218,7 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="videoflow", description="Dataflow pipelines over NATS JetStream.")
     parser.add_argument("--version", action="version", version=f"videoflow {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
-    # Every command's parser takes -v too, after its name (CommandParser).
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                        help=LOG_FORMAT_HELP)
+    # Every command's parser takes -v and --log-format too, after its name
+    # (CommandParser).
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=CommandParser)
 
@@ -298,9 +304,11 @@ def _command(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     # The command's own output says what failed, in one line; the library's per-attempt
-    # warnings (a provision retrying its connect) only with --verbose.
-    logging.basicConfig(level=logging.WARNING if args.verbose else logging.ERROR,
-                        format="videoflow: %(name)s: %(message)s")
+    # warnings (a provision retrying its connect) only with --verbose. The replicas a
+    # run starts log the same way (hand_down).
+    level = logging.WARNING if args.verbose else logging.ERROR
+    logs.configure(args.log_format, level)
+    logs.hand_down(args.log_format, level)
     try:
         return int(args.func(args))
     except CommandError as error:

@@ -22,6 +22,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from videoflow import logs
 from videoflow.broker.link import redact_url
 from videoflow.core.compiler import CompiledFlow
 from videoflow.core.constants import REALTIME
@@ -402,6 +403,8 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
     gate (REALTIME)."""
     if engine_pid is not None:
         die_with_parent(engine_pid)
+    if os.environ.get(logs.LOG_FORMAT_ENV):  # the videoflow command chose how to log
+        logs.configure()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one sent while starting is dropped
     if hasattr(signal, "pthread_sigmask"):

@@ -1,0 +1,125 @@
+"""Logging as the videoflow command and its processes set it up.
+
+Every module logs to its own logger (``logging.getLogger(__name__)``), so a user's
+configuration can raise or lower one part (``videoflow.broker.link``, say). A program
+that uses videoflow as a library keeps its own logging setup: nothing here runs unless
+it is called. The ``videoflow`` command calls configure() with its ``--log-format``
+and ``-v``, and writes both to the environment (LOG_FORMAT_ENV, LOG_LEVEL_ENV), so the
+replica processes it starts log the same way (configure() with no arguments reads
+them).
+
+Formats: ``text``, one line per record (``videoflow: <logger>: <message>``), and
+``json``, one JSON object per line (time in UTC, level, logger, message, pid, and the
+exception's traceback when there is one) for a log collector. Either way a broker URL's
+password or token in a message is masked (``nats://user:***@host``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import re
+import sys
+from typing import Final
+
+LOG_FORMAT_ENV: Final = "VIDEOFLOW_LOG_FORMAT"
+LOG_LEVEL_ENV: Final = "VIDEOFLOW_LOG_LEVEL"
+LOG_FORMATS: Final = ("text", "json")
+
+TEXT_FORMAT: Final = "videoflow: %(name)s: %(message)s"
+
+# scheme://user:password@ or scheme://token@ anywhere in a text; the user part ends at
+# the last '@' before the host's end (whitespace, '/', ',' between servers, a quote).
+_SECRET_IN_URL: Final = re.compile(
+    r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<user>[^\s/@:,'\"]*)(?P<password>:[^\s/,'\"]*)?@",
+    re.IGNORECASE)
+
+
+def redact_text(text: str) -> str:
+    """text with every URL's password (or token: a user part with no password)
+    replaced by '***'."""
+
+    def mask(found: re.Match[str]) -> str:
+        if found["password"] is not None:
+            return f"{found['scheme']}{found['user']}:***@"
+        return f"{found['scheme']}***@"
+
+    return _SECRET_IN_URL.sub(mask, text)
+
+
+class RedactingFormatter(logging.Formatter):
+    """The text format, with secrets in URLs masked."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record))
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time (UTC, ISO 8601), level, logger, message, pid,
+    and exception (the formatted traceback) when the record carries one; secrets in
+    URLs masked."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        moment = datetime.datetime.fromtimestamp(record.created, tz=datetime.timezone.utc)
+        document = {
+            "time": moment.isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": redact_text(record.getMessage()),
+            "pid": record.process,
+        }
+        if record.exc_info:
+            document["exception"] = redact_text(self.formatException(record.exc_info))
+        if record.stack_info:
+            document["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(document, default=str)
+
+
+def configure(log_format: str | None = None, level: int | None = None) -> None:
+    """Send the root logger's records to stderr in log_format, at level.
+
+    Arguments:
+        log_format: 'text' or 'json'; None reads LOG_FORMAT_ENV, else 'text'.
+        level: a logging level; None reads LOG_LEVEL_ENV (a level name), else ERROR.
+
+    Raises:
+        ValueError: an unknown format or level name.
+    """
+    if log_format is None:
+        log_format = os.environ.get(LOG_FORMAT_ENV) or "text"
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, "
+                         f"got {log_format!r}")
+    if level is None:
+        name = (os.environ.get(LOG_LEVEL_ENV) or "ERROR").upper()
+        named = logging.getLevelName(name)
+        if not isinstance(named, int):
+            raise ValueError(f"{LOG_LEVEL_ENV}: not a logging level: {name!r}")
+        level = named
+    global _installed
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json"
+                         else RedactingFormatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    # Only the handler an earlier call installed is replaced: one a host program (or a
+    # test harness) added stays.
+    if _installed is not None:
+        root.removeHandler(_installed)
+    root.addHandler(handler)
+    root.setLevel(level)
+    _installed = handler
+
+
+_installed: logging.Handler | None = None
+
+
+def hand_down(log_format: str, level: int) -> None:
+    """Write the choice to the environment, for the processes this one starts."""
+    os.environ[LOG_FORMAT_ENV] = log_format
+    os.environ[LOG_LEVEL_ENV] = logging.getLevelName(level)
+
+
+__all__ = ["LOG_FORMATS", "LOG_FORMAT_ENV", "LOG_LEVEL_ENV", "JsonFormatter",
+           "RedactingFormatter", "configure", "hand_down", "redact_text"]
