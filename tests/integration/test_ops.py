@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 import nats
 import pytest
@@ -31,9 +32,11 @@ from videoflow.core.naming import (
 )
 from videoflow.core.policies import PoisonMessage
 from videoflow.errors import BrokerUnavailable
+from videoflow.messaging.dead_letters import dead_letter_for, encode_dead_letter
 from videoflow.messaging.nats_messenger import NATSMessenger
 from videoflow.messaging.topology import provision_flow_sync
-from videoflow.wire.serialization import decode_envelope
+from videoflow.ops.dead_letters import PAGE
+from videoflow.wire.serialization import decode_envelope, encode_envelope
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -211,6 +214,63 @@ def test_dlq_list_lists_an_undecodable_record_with_its_seq_instead_of_skipping_i
     report = ops.dlq_replay(scenario.url, FLOW, [junk_seq], timeout=5)
     assert report.failed == (junk_seq,)
     assert "undecodable" in report.results[0].reason
+
+
+def test_dlq_list_reads_3000_records_a_page_per_round_trip_within_a_short_timeout(
+        nats_server: embedded.EmbeddedServer, capsys: pytest.CaptureFixture[str]) -> None:
+    count, flow = 3000, "many"
+    provision_flow_sync(nats_server.url, SPECS, flow, RUN, BATCH, timeout=30)
+    envelope = encode_envelope("frame", trace_id="t", seq=1)
+
+    async def fill_and_watch() -> tuple[Any, list[str]]:
+        nc = await nats.connect(nats_server.url)
+        js = nc.jetstream()
+        subject = dlq_subject_for(flow, RUN, "sink")
+        for start in range(0, count, 500):
+            acks = [js.publish(subject, encode_dead_letter(dead_letter_for(
+                flow, RUN, "sink", "cam", n + 1, 1, "poison", envelope, ValueError(str(n)),
+                1000.0 + n))) for n in range(start, start + 500)]
+            await asyncio.gather(*acks)
+        # Every JetStream API request from here on, whoever makes it.
+        requests: list[str] = []
+
+        async def seen(msg: Any) -> None:
+            requests.append(msg.subject)
+
+        await nc.subscribe("$JS.API.>", cb=seen)
+        await nc.flush()
+        return nc, requests
+
+    loop = asyncio.new_event_loop()
+    try:
+        nc, requests = loop.run_until_complete(fill_and_watch())
+        started = time.monotonic()
+        entries = ops.dlq_list(nats_server.url, flow, timeout=2.0)
+        took = time.monotonic() - started
+        loop.run_until_complete(nc.flush())
+        loop.run_until_complete(asyncio.sleep(0.2))  # the last requests' copies arrive
+        loop.run_until_complete(nc.close())
+    finally:
+        loop.close()
+    assert [e.seq for e in entries] == list(range(1, count + 1)), took
+    assert [e.record.error_message for e in entries if e.record] == [
+        str(n) for n in range(count)]
+    fetches = [r for r in requests if r.startswith("$JS.API.CONSUMER.MSG.NEXT.")]
+    gets = [r for r in requests if r.startswith("$JS.API.STREAM.MSG.GET.")]
+    # A page per round trip (PAGE records), not one request per record.
+    assert gets == [] and 1 <= len(fetches) <= count // PAGE + 3, requests[:20]
+    # The reader it made is gone once it is done: nothing left behind on the stream.
+    assert any(r.startswith("$JS.API.CONSUMER.DELETE.") for r in requests), requests[-5:]
+    # Paging: --limit, then --after the last one shown.
+    first = ops.dlq_list(nats_server.url, flow, limit=1000, timeout=2.0)
+    second = ops.dlq_list(nats_server.url, flow, limit=1000, after=first[-1].seq,
+                          timeout=2.0)
+    assert [e.seq for e in first + second] == list(range(1, 2001))
+    assert cli(["dlq", "list", "--nats-url", nats_server.url, "--flow", flow,
+                "--limit", "2", "--after", "2998"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out[1:3]] == ["2999", "3000"]
+    assert out[-1] == "(the first 2; the next page: --after 3000)"
 
 
 def test_dlq_show_prints_when_in_utc_and_the_decoded_input(

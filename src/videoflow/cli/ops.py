@@ -297,7 +297,7 @@ def _error_text(entry: ops.DeadLetterEntry) -> str:
 def cmd_dlq_list(args: argparse.Namespace) -> int:
     with _broker(args) as url:
         entries = ops.dlq_list(url, args.flow, run_id=args.run, node=args.node,
-                               limit=args.limit, timeout=args.timeout)
+                               limit=args.limit, timeout=args.timeout, after=args.after)
     if args.json:
         _dump([_entry_json(e) for e in entries])
         return EXIT_OK
@@ -314,6 +314,8 @@ def cmd_dlq_list(args: argparse.Namespace) -> int:
             rows.append((str(e.seq), r.run_id, r.node, r.parent, str(r.stream_seq),
                          str(r.attempts), r.reason, _error_text(e)))
     print(_table(rows))
+    if args.limit is not None and len(entries) == args.limit:
+        print(f"(the first {args.limit}; the next page: --after {entries[-1].seq})")
     return EXIT_OK
 
 
@@ -570,7 +572,9 @@ def register(subparsers: Any) -> None:
     _common(listing, run="optional")
     listing.add_argument("--node", default=None, help="only dead letters of this node")
     listing.add_argument("--limit", type=_positive_int, default=None,
-                         help="at most this many (the oldest)")
+                         help="at most this many (the oldest): a page")
+    listing.add_argument("--after", type=_positive_int, default=0, metavar="SEQ",
+                         help="only dead letters after this DLQ sequence: the next page")
     listing.set_defaults(func=cmd_dlq_list)
 
     show = dlq_sub.add_parser("show", help="one dead letter in full")

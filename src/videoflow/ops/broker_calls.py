@@ -22,6 +22,11 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT_SECONDS: Final = 10.0
 """The overall bound of one operator command, connect included."""
 
+READER_IDLE_SECONDS: Final = 30.0
+"""How long the server keeps an operator command's ephemeral reader (a consumer that
+acknowledges nothing) once nothing reads it: the command deletes it when done, and a
+command that died leaves it for this long."""
+
 API_PREFIX: Final = "$JS.API"
 
 STREAM_NOT_FOUND: Final = 10059
