@@ -118,3 +118,60 @@ def test_a_refused_connect_logs_its_retries_as_json_and_ends_in_one_error_line(
         record = json.loads(line)
         assert record["level"] == "WARNING" and record["logger"].startswith("videoflow.")
     assert PASSWORD not in done.stderr
+
+
+def listening(process: subprocess.Popen[str]) -> str:
+    """The first line a tap writes to stderr: once it is there, the tap misses nothing."""
+    line = process.stderr.readline() if process.stderr else ""
+    assert line.startswith("listening on "), line
+    return line
+
+
+def test_tap_prints_each_output_of_a_node_decoded_as_the_flow_runs(
+        nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
+    tapping = subprocess.Popen(
+        command("tap", "cli", "scale", "--count", "10", "--json", "--seconds", "60",
+                "--nats-url", nats_server.url),
+        cwd=HERE, env=base_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        assert listening(tapping) == "listening on vf.cli.*.scale\n"
+        run = videoflow("run", "flows:chain", "--nats-url", nats_server.url, "--json",
+                        env=environment(tmp_path, count=30, pace=0.01))
+        assert run.returncode == 0, run.stderr
+        out, err = tapping.communicate(timeout=30)
+    finally:
+        tapping.kill()
+    assert tapping.returncode == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    run_id = json.loads(run.stdout)["run_id"]
+    # The first ten outputs of scale (x2), in order, each with its run and producer.
+    assert [line["message"] for line in lines] == [repr(2 * n) for n in range(10)]
+    assert {(line["run"], line["producer"]) for line in lines} == {(run_id, "scale")}
+    assert err.strip().startswith("tap: 10 messages in ")
+
+
+def test_hz_reports_a_paced_producers_rate_each_window(
+        nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
+    watching = subprocess.Popen(
+        command("hz", "cli", "numbers", "--window", "1", "--seconds", "15", "--json",
+                "--nats-url", nats_server.url),
+        cwd=HERE, env=base_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        listening(watching)
+        run = videoflow("run", "flows:chain", "--nats-url", nats_server.url, "--json",
+                        env=environment(tmp_path, count=150, pace=0.02))
+        assert run.returncode == 0, run.stderr
+        out, err = watching.communicate(timeout=30)
+    finally:
+        watching.kill()
+    assert watching.returncode == 0, err
+    windows = [json.loads(line) for line in out.splitlines()]
+    assert len(windows) == 15
+    assert sum(w["messages"] for w in windows) == 150  # every output, in some window
+    busy = [w for w in windows if w["messages"] >= 20]
+    assert busy, windows
+    for window in busy:  # paced at 50/s: a loaded machine is slower, never faster
+        assert 15 <= window["rate_per_second"] <= 55, window
+        assert window["gap_ms"]["min"] >= 0 and window["event_lag_ms"]["p50"] >= 0

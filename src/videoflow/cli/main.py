@@ -10,6 +10,7 @@
     videoflow status --flow FLOW --run RUN [--nats-url URL | --store-dir DIR] [--json]
     videoflow dlq list|show|replay|purge --flow FLOW ...
     videoflow buckets list|remove [--flow FLOW] ...
+    videoflow tap|hz FLOW NODE [--run RUN] [--seconds S] [--json] ...
 
 A flow is named by ``module:attribute`` (the module imported from the current
 directory or sys.path; the attribute a Flow, or a function returning one), the unit
@@ -37,7 +38,7 @@ from typing import Any
 
 from videoflow import logs
 from videoflow.broker.link import redact_url
-from videoflow.cli import demo, ops
+from videoflow.cli import demo, edges, ops
 from videoflow.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
@@ -278,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo.register(sub)
     ops.register(sub)
+    edges.register(sub)
     return parser
 
 

@@ -58,7 +58,7 @@ def _error(message: str) -> None:
     print(f"videoflow: error: {text}", file=sys.stderr)
 
 
-def _guarded(handler: Handler) -> Handler:
+def guarded(handler: Handler) -> Handler:
     """handler, with every failure turned into one stderr line and an exit code."""
 
     @functools.wraps(handler)
@@ -90,7 +90,7 @@ def _given_url(args: argparse.Namespace) -> str | None:
 
 
 @contextlib.contextmanager
-def _broker(args: argparse.Namespace) -> Iterator[str]:
+def broker_url(args: argparse.Namespace) -> Iterator[str]:
     """The URL the command talks to: the one given, else the embedded broker on the
     store (--store-dir, else the environment's, else the per-user default) for the
     length of the with block."""
@@ -195,9 +195,9 @@ def _status_text(status: ops.RunStatus) -> str:
     return "\n".join(lines)
 
 
-@_guarded
+@guarded
 def cmd_status(args: argparse.Namespace) -> int:
-    with _broker(args) as url:
+    with broker_url(args) as url:
         status = ops.run_status(url, args.flow, args.run, timeout=args.timeout)
     if args.json:
         _dump(_status_json(status))
@@ -293,9 +293,9 @@ def _error_text(entry: ops.DeadLetterEntry) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-@_guarded
+@guarded
 def cmd_dlq_list(args: argparse.Namespace) -> int:
-    with _broker(args) as url:
+    with broker_url(args) as url:
         entries = ops.dlq_list(url, args.flow, run_id=args.run, node=args.node,
                                limit=args.limit, timeout=args.timeout, after=args.after)
     if args.json:
@@ -319,9 +319,9 @@ def cmd_dlq_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_guarded
+@guarded
 def cmd_dlq_show(args: argparse.Namespace) -> int:
-    with _broker(args) as url:
+    with broker_url(args) as url:
         entry = ops.dlq_show(url, args.flow, args.seq, timeout=args.timeout)
     if args.json:
         _dump(_entry_json(entry, envelope=True))
@@ -368,10 +368,10 @@ def _selection(args: argparse.Namespace) -> list[int] | None:
     return list(args.seqs) if args.seqs else None
 
 
-@_guarded
+@guarded
 def cmd_dlq_replay(args: argparse.Namespace) -> int:
     seqs = _selection(args)
-    with _broker(args) as url:
+    with broker_url(args) as url:
         report = ops.dlq_replay(url, args.flow, seqs, run_id=args.run, node=args.node,
                                 into_run=args.into_run, timeout=args.timeout)
     if args.json:
@@ -394,13 +394,13 @@ def cmd_dlq_replay(args: argparse.Namespace) -> int:
     return EXIT_FAILED if report.failed else EXIT_OK
 
 
-@_guarded
+@guarded
 def cmd_dlq_purge(args: argparse.Namespace) -> int:
     seqs = _selection(args)
     if not args.yes:
         _error("dlq purge deletes dead letters for good; add --yes to confirm")
         return EXIT_USAGE
-    with _broker(args) as url:
+    with broker_url(args) as url:
         removed = ops.dlq_purge(url, args.flow, run_id=args.run, node=args.node,
                                 seqs=seqs, timeout=args.timeout)
     if args.json:
@@ -420,9 +420,9 @@ def _cleanup_json(flow: str, run: str, cleanup: CleanupObservation) -> dict[str,
             "remaining": list(cleanup.remaining), "complete": cleanup.complete}
 
 
-@_guarded
+@guarded
 def cmd_teardown(args: argparse.Namespace) -> int:
-    with _broker(args) as url:
+    with broker_url(args) as url:
         cleanup = ops.teardown(url, args.flow, args.run, timeout=args.timeout)
     if args.json:
         _dump(_cleanup_json(args.flow, args.run, cleanup))
@@ -447,9 +447,9 @@ def cmd_teardown(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------
 
 
-@_guarded
+@guarded
 def cmd_buckets_list(args: argparse.Namespace) -> int:
-    with _broker(args) as url:
+    with broker_url(args) as url:
         found = ops.buckets_list(url, args.flow, timeout=args.timeout)
     if args.json:
         _dump([{"name": b.name, "kind": b.kind, "flow": b.flow, "stream": b.stream,
@@ -463,13 +463,13 @@ def cmd_buckets_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_guarded
+@guarded
 def cmd_buckets_remove(args: argparse.Namespace) -> int:
     if not args.yes:
         _error("buckets remove deletes a flow's ledger and payloads for good; add --yes "
                "to confirm")
         return EXIT_USAGE
-    with _broker(args) as url:
+    with broker_url(args) as url:
         removal = ops.buckets_remove(url, args.flow, run_id=args.run, timeout=args.timeout)
     if args.json:
         _dump({"flow": removal.flow_id, "run": removal.run_id,

@@ -1,0 +1,124 @@
+"""`videoflow tap FLOW NODE` and `videoflow hz FLOW NODE`: what flows on an edge, live
+(videoflow.ops.tap), as `ros2 topic echo` and `ros2 topic hz` show a topic.
+
+    videoflow tap FLOW NODE [--run RUN] [--count N] [--seconds S] [--json]
+    videoflow hz FLOW NODE [--run RUN] [--window S] [--seconds S] [--json]
+
+Both end at --count / --seconds or on Ctrl-C, which is how a tap is usually ended: it
+then says what it saw and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from videoflow.cli.common import EXIT_OK, positive_seconds, whole_number
+from videoflow.cli.ops import broker_options, broker_url, describe, guarded, when
+from videoflow.ops.tap import Rate, Tapped, tap
+
+
+def _line(message: Tapped) -> str:
+    envelope = message.envelope
+    if envelope is None:
+        return f"{message.run_id}  undecodable: {message.error}"
+    shown = (describe(envelope["message"]) if envelope["blob_ref"] is None
+             else f"by ref {envelope['blob_ref']}")
+    return (f"{message.run_id}  seq {envelope['seq']}  event {when(envelope['event_ts'])}  "
+            f"from {envelope['producer_name'] or '-'}#{envelope['replica_id']}  {shown}")
+
+
+def _document(message: Tapped) -> dict[str, Any]:
+    envelope = message.envelope
+    document: dict[str, Any] = {"run": message.run_id, "subject": message.subject,
+                                "received_at": message.received_at}
+    if envelope is None:
+        document["undecodable"] = message.error
+        return document
+    document.update({
+        "trace_id": envelope["trace_id"], "seq": envelope["seq"],
+        "event_ts": envelope["event_ts"], "producer": envelope["producer_name"],
+        "replica": envelope["replica_id"], "blob_ref": envelope["blob_ref"],
+        "message": None if envelope["blob_ref"] is not None else describe(envelope["message"]),
+    })
+    return document
+
+
+@guarded
+def cmd_tap(args: argparse.Namespace) -> int:
+    def seen(message: Tapped) -> None:
+        print(json.dumps(_document(message)) if args.json else _line(message), flush=True)
+
+    started, got = time.monotonic(), 0
+    with broker_url(args) as url:
+        try:
+            got = tap(url, args.flow, args.node, seen, run_id=args.run, count=args.count,
+                      seconds=args.seconds, timeout=args.timeout, ready=_listening)
+        except KeyboardInterrupt:
+            got = -1  # the count is in the lines already printed
+    if got >= 0:
+        print(f"tap: {got} message{'s' if got != 1 else ''} in "
+              f"{time.monotonic() - started:.1f} s", file=sys.stderr)
+    return EXIT_OK
+
+
+@guarded
+def cmd_hz(args: argparse.Namespace) -> int:
+    rate = Rate()
+
+    def tick() -> None:
+        figures = rate.read(args.window)
+        if args.json:
+            print(json.dumps(figures), flush=True)
+            return
+        gap, lag = figures["gap_ms"], figures["event_lag_ms"]
+        print(f"rate {figures['rate_per_second']:.2f}/s  ({figures['messages']} in "
+              f"{args.window:g} s)"
+              + (f"  gap min {gap['min']:.1f} mean {gap['mean']:.1f} max {gap['max']:.1f} "
+                 f"std {gap['std']:.1f} ms" if gap else "")
+              + (f"  event lag p50 {lag['p50']:.1f} max {lag['max']:.1f} ms" if lag else "")
+              + (f"  undecodable {figures['undecodable']}" if figures["undecodable"] else ""),
+              flush=True)
+
+    with broker_url(args) as url:
+        try:
+            tap(url, args.flow, args.node, rate.add, run_id=args.run, seconds=args.seconds,
+                timeout=args.timeout, every=args.window, tick=tick, ready=_listening)
+        except KeyboardInterrupt:
+            pass
+    return EXIT_OK
+
+
+def _listening(subject: str) -> None:
+    print(f"listening on {subject}", file=sys.stderr, flush=True)
+
+
+def register(subparsers: Any) -> None:
+    """Add tap and hz to a top-level parser (each sets func on its namespace)."""
+    for name, help_text in (
+            ("tap", "print the messages a node publishes, decoded, as they go"),
+            ("hz", "a node's output rate, gaps and event-time lag, each window")):
+        command = subparsers.add_parser(name, help=help_text)
+        broker_options(command)
+        command.add_argument("flow", help="the flow id")
+        command.add_argument("node", help="the node whose outputs to watch")
+        command.add_argument("--run", default=None, help="only this run (default: any)")
+        command.add_argument("--seconds", type=positive_seconds, default=None,
+                             help="stop after this long (default: at Ctrl-C)")
+        command.add_argument("--json", action="store_true", help="one JSON object a line")
+        command.add_argument("--timeout", type=positive_seconds, default=10.0,
+                             help="bound of the connect, seconds (default: %(default)s)")
+        if name == "tap":
+            command.add_argument("--count", type=whole_number(1), default=None,
+                                 help="stop after this many messages")
+            command.set_defaults(func=cmd_tap)
+        else:
+            command.add_argument("--window", type=positive_seconds, default=1.0,
+                                 help="seconds each line covers (default: %(default)s)")
+            command.set_defaults(func=cmd_hz)
+
+
+__all__ = ["cmd_hz", "cmd_tap", "register"]

@@ -1,0 +1,179 @@
+"""`videoflow tap` and `videoflow hz`: what flows on an edge, live.
+
+A tap is a plain NATS subscription on a node's data subject (vf.{flow}.{run}.{node},
+every run's when none is named). It sees each message as it is published, decodes its
+envelope, and hands it on; it binds no durable and acknowledges nothing, so the flow's
+own readers are not touched and nothing is kept once the tap ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from videoflow.broker.loop import ErrorLog, close_client, connect_fail_fast
+from videoflow.core.naming import SUBJECT_ROOT, subject_for
+from videoflow.errors import BrokerUnavailable, WireError
+from videoflow.wire.serialization import decode_envelope
+
+
+@dataclass(frozen=True, slots=True)
+class Tapped:
+    """One message seen on the edge.
+
+    Attributes:
+        subject: where it was published (its run is the subject's third token).
+        received_at: when the tap saw it, epoch seconds.
+        envelope: the decoded envelope (decode_envelope), None if it did not decode.
+        error: why it did not decode ('' when it did).
+    """
+
+    subject: str
+    received_at: float
+    envelope: dict[str, Any] | None
+    error: str = ""
+
+    @property
+    def run_id(self) -> str:
+        return self.subject.split(".")[2]
+
+
+def edge_subject(flow_id: str, node: str, run_id: str | None = None) -> str:
+    """The subject a tap listens on: the node's data subject in run_id, or in any run."""
+    if run_id is not None:
+        return subject_for(flow_id, run_id, node)
+    probe = subject_for(flow_id, "run", node).split(".")  # checks flow and node
+    return ".".join((SUBJECT_ROOT, probe[1], "*", probe[3]))
+
+
+def tap(nats_url: str, flow_id: str, node: str, seen: Callable[[Tapped], None], *,
+        run_id: str | None = None, count: int | None = None, seconds: float | None = None,
+        timeout: float = 10.0, every: float | None = None,
+        tick: Callable[[], None] | None = None,
+        ready: Callable[[str], None] | None = None) -> int:
+    """Show the messages a node publishes, live, until count of them were seen or
+    seconds passed (None: until interrupted).
+
+    Arguments:
+        seen: called with each message, in order, on this thread.
+        run_id: one run's edge; None for any run of the flow.
+        timeout: the bound of the connect.
+        every / tick: tick() is called every `every` seconds, messages or not (hz's
+            windows).
+        ready: called with the subject once the subscription is in place: from then
+            on, nothing published there is missed.
+
+    Returns:
+        How many messages were seen.
+
+    Raises:
+        BrokerUnavailable: the broker could not be reached within timeout.
+        ValueError: a bad name, count or duration.
+    """
+    if count is not None and (isinstance(count, bool) or count < 1):
+        raise ValueError(f"count must be None or >= 1, got {count!r}")
+    for name, value in (("seconds", seconds), ("every", every)):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"{name} must be None or a finite number > 0, got {value!r}")
+    subject = edge_subject(flow_id, node, run_id)
+
+    async def main() -> int:
+        errors = ErrorLog()
+        try:
+            nc = await asyncio.wait_for(connect_fail_fast(nats_url, timeout, errors), timeout)
+        except (asyncio.TimeoutError, OSError) as error:
+            raise BrokerUnavailable(f"no answer within {timeout:g} s: {error!r}") from error
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        try:
+            await nc.subscribe(subject, cb=queue.put)
+            await nc.flush()
+            if ready is not None:
+                ready(subject)
+            now = time.monotonic()
+            ends = None if seconds is None else now + seconds
+            next_tick = None if every is None else now + every
+            n = 0
+            while count is None or n < count:
+                now = time.monotonic()
+                if next_tick is not None and now >= next_tick:
+                    if tick is not None:
+                        tick()
+                    next_tick += every or 0.0
+                if ends is not None and now >= ends:
+                    break
+                waits = [t - now for t in (ends, next_tick) if t is not None]
+                try:
+                    msg = await asyncio.wait_for(queue.get(), min(waits) if waits else None)
+                except asyncio.TimeoutError:
+                    continue
+                seen(_tapped(msg.subject, msg.data))
+                n += 1
+            return n
+        finally:
+            await close_client(nc)
+
+    return asyncio.run(main())
+
+
+def _tapped(subject: str, data: bytes) -> Tapped:
+    try:
+        return Tapped(subject, time.time(), decode_envelope(data))
+    except WireError as error:
+        return Tapped(subject, time.time(), None, str(error))
+
+
+@dataclass
+class Rate:
+    """What `videoflow hz` says of a window of messages on an edge.
+
+    Feed it each message (add); read() gives the window's figures and starts the next.
+    """
+
+    arrivals: list[float] = field(default_factory=list)
+    lags: list[float] = field(default_factory=list)
+    event_times: list[float] = field(default_factory=list)
+    undecodable: int = 0
+
+    def add(self, message: Tapped) -> None:
+        self.arrivals.append(message.received_at)
+        if message.envelope is None:
+            self.undecodable += 1
+            return
+        event_ts = message.envelope.get("event_ts")
+        if event_ts is not None:
+            self.event_times.append(event_ts)
+            self.lags.append(message.received_at - event_ts)
+
+    def read(self, window_seconds: float) -> dict[str, Any]:
+        """The window's figures: messages, rate per second, the gaps between arrivals
+        (min, mean, max, standard deviation, ms), the event-time span the window
+        covered and how far behind its event time each message arrived (p50, max, ms);
+        None where the window holds too few messages to say."""
+        times, lags, events = self.arrivals, self.lags, self.event_times
+        gaps = [(b - a) * 1000.0 for a, b in zip(times, times[1:], strict=False)]
+
+        def ms(values: list[float]) -> float | None:
+            return None if not values else round(values[0] * 1000.0, 3)
+
+        figures = {
+            "messages": len(times),
+            "rate_per_second": round(len(times) / window_seconds, 3),
+            "gap_ms": None if not gaps else {
+                "min": round(min(gaps), 3), "mean": round(statistics.fmean(gaps), 3),
+                "max": round(max(gaps), 3),
+                "std": round(statistics.pstdev(gaps), 3)},
+            "event_span_ms": ms([max(events) - min(events)]) if events else None,
+            "event_lag_ms": None if not lags else {
+                "p50": ms([statistics.median(lags)]), "max": ms([max(lags)])},
+            "undecodable": self.undecodable,
+        }
+        self.arrivals, self.lags, self.event_times, self.undecodable = [], [], [], 0
+        return figures
+
+
+__all__ = ["Rate", "Tapped", "edge_subject", "tap"]
