@@ -1,14 +1,16 @@
 """The real `videoflow` command in subprocesses, as a shell runs it: a reader that stops
-reading ends the command quietly, and a broker URL's password never reaches what the
-command prints."""
+reading ends the command quietly, a broker URL's password never reaches what the
+command prints or logs, and tap, hz and ls watch a flow that runs."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_cli import HERE, base_environment, command, environment, videoflow
@@ -175,3 +177,37 @@ def test_hz_reports_a_paced_producers_rate_each_window(
     for window in busy:  # paced at 50/s: a loaded machine is slower, never faster
         assert 15 <= window["rate_per_second"] <= 55, window
         assert window["gap_ms"]["min"] >= 0 and window["event_lag_ms"]["p50"] >= 0
+
+
+def test_ls_shows_a_provisioned_run_idle_then_running_once_a_worker_pulls(
+        nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
+    env = environment(tmp_path, count=5)
+    spec = tmp_path / "run.json"
+    made = videoflow("provision", "flows:chain", "--run", "r1", "--out", str(spec),
+                     "--nats-url", nats_server.url, env=env)
+    assert made.returncode == 0, made.stderr
+
+    def listed() -> list[dict[str, Any]]:
+        done = videoflow("ls", "--nats-url", nats_server.url, "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    assert listed() == [{"flow": "cli", "dead_letters": 0, "runs": [
+        {"run": "r1", "streams": 2, "messages": 0, "state": "idle"}]}]  # numbers, scale
+    worker = subprocess.Popen(
+        command("worker", "--spec", str(spec), "--node", "record", "--nats-url",
+                nats_server.url), cwd=HERE, env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while listed()[0]["runs"][0]["state"] != "running":
+            assert time.monotonic() < deadline, listed()
+            time.sleep(0.3)
+        text = videoflow("ls", "--nats-url", nats_server.url, "--flow", "cli")
+        assert text.returncode == 0 and text.stdout.splitlines()[1].split() == [
+            "cli", "r1", "running", "2", "0"], text.stdout
+    finally:
+        worker.kill()
+        worker.wait(timeout=10)
+    assert videoflow("ls", "--nats-url", nats_server.url, "--flow", "other").stdout == (
+        "no flows named 'other'\n")

@@ -10,6 +10,7 @@
     videoflow status --flow FLOW --run RUN [--nats-url URL | --store-dir DIR] [--json]
     videoflow dlq list|show|replay|purge --flow FLOW ...
     videoflow buckets list|remove [--flow FLOW] ...
+    videoflow ls [--flow FLOW] [--json]
     videoflow tap|hz FLOW NODE [--run RUN] [--seconds S] [--json] ...
 
 A flow is named by ``module:attribute`` (the module imported from the current
@@ -38,7 +39,7 @@ from typing import Any
 
 from videoflow import logs
 from videoflow.broker.link import redact_url
-from videoflow.cli import demo, edges, ops
+from videoflow.cli import demo, edges, ls, ops
 from videoflow.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
@@ -279,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo.register(sub)
     ops.register(sub)
+    ls.register(sub)
     edges.register(sub)
     return parser
 

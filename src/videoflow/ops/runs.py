@@ -1,0 +1,146 @@
+"""`videoflow ls`: the flows and runs on a broker, and what state each run is in.
+
+A run is found by its streams' owner labels (STREAM-14), or, for a stream that predates
+them, by its data subject (naming.subject_owner); a flow by any of its runs or by its
+dead-letter stream. A run is 'running' while a replica is pulling from one of its
+durables (a pull request waits on it), and 'idle' when its streams are there but
+nothing reads them: a run kept after it ended (`run --resume` continues it), or one
+whose engine died. What could not be read is Unknown, never 0 (MSG-012).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from nats.aio.client import Client
+from nats.js.api import StreamInfo
+
+from videoflow.backends.messaging import Known, Unknown
+from videoflow.broker.loop import ErrorLog
+from videoflow.core.naming import (
+    KIND_DLQ,
+    LABEL_FLOW_ID,
+    LABEL_KIND,
+    LABEL_RUN_ID,
+    subject_owner,
+    user_metadata,
+)
+from videoflow.ops.broker_calls import (
+    DEFAULT_TIMEOUT_SECONDS,
+    Budget,
+    run_sync,
+    unavailable,
+    unknown_from,
+)
+from videoflow.ops.status import all_streams
+
+RunState = Literal["running", "idle"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """One run on the broker.
+
+    Attributes:
+        flow_id / run_id: the run.
+        streams: how many streams it owns.
+        messages: the messages they hold together.
+        state: 'running' (a replica pulls from one of its durables) or 'idle', or
+            Unknown when its durables could not be read.
+    """
+
+    flow_id: str
+    run_id: str
+    streams: int
+    messages: int
+    state: Known[RunState] | Unknown
+
+
+@dataclass(frozen=True, slots=True)
+class FlowSummary:
+    """One flow on the broker: its runs, and its dead letters (None: no dead-letter
+    stream)."""
+
+    flow_id: str
+    runs: tuple[RunSummary, ...]
+    dead_letters: int | None = None
+
+
+@dataclass
+class _Found:
+    streams: list[StreamInfo] = field(default_factory=list)
+
+
+def _owner(info: StreamInfo) -> tuple[str, str | None] | None:
+    """(flow, run) a stream belongs to, run None for a flow's dead-letter stream."""
+    labels = user_metadata(info.config.metadata)
+    flow = labels.get(LABEL_FLOW_ID)
+    if flow:
+        if labels.get(LABEL_KIND) == KIND_DLQ:
+            return flow, None
+        run = labels.get(LABEL_RUN_ID)
+        return (flow, run) if run else None
+    for subject in info.config.subjects or ():
+        owner = subject_owner(subject)
+        if owner is not None:
+            return owner[0], owner[1]
+    return None
+
+
+async def _state(nc: Client, streams: list[StreamInfo], budget: Budget,
+                 errors: ErrorLog) -> Known[RunState] | Unknown:
+    jsm = nc.jsm()
+    for info in streams:
+        try:
+            consumers = await budget.run(jsm.consumers_info(info.config.name or ""))
+        except Exception as error:  # every failure is reported, never inferred
+            return unknown_from(error, errors)
+        if any((c.num_waiting or 0) > 0 for c in consumers):
+            return Known("running")
+    return Known("idle")
+
+
+def list_flows(nats_url: str, *, flow_id: str | None = None,
+               timeout: float = DEFAULT_TIMEOUT_SECONDS) -> list[FlowSummary]:
+    """The flows on the broker, each with its runs (oldest name first) and dead
+    letters.
+
+    Arguments:
+        flow_id: only this flow.
+        timeout: overall bound in seconds, connect included.
+
+    Raises:
+        BrokerUnavailable: the broker could not be reached, or did not list its
+            streams, within timeout.
+    """
+
+    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> list[FlowSummary]:
+        try:
+            infos = await all_streams(nc.jsm(), budget)
+        except Exception as error:
+            raise unavailable("listing streams", error, errors) from error
+        runs: dict[tuple[str, str], _Found] = {}
+        dead: dict[str, int] = {}
+        for info in infos:
+            owner = _owner(info)
+            if owner is None or (flow_id is not None and owner[0] != flow_id):
+                continue
+            flow, run = owner
+            if run is None:
+                dead[flow] = int(info.state.messages or 0)
+            else:
+                runs.setdefault((flow, run), _Found()).streams.append(info)
+        summaries: dict[str, list[RunSummary]] = {flow: [] for flow in dead}
+        for (flow, run), found in sorted(runs.items()):
+            messages = sum(int(i.state.messages or 0) for i in found.streams)
+            state = await _state(nc, found.streams, budget, errors)
+            summaries.setdefault(flow, []).append(
+                RunSummary(flow, run, len(found.streams), messages, state))
+        return [FlowSummary(flow, tuple(summaries[flow]), dead.get(flow))
+                for flow in sorted(summaries)]
+
+    return run_sync(nats_url, timeout, work)
+
+
+__all__ = ["FlowSummary", "RunState", "RunSummary", "list_flows"]
