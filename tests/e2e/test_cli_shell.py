@@ -122,29 +122,34 @@ def test_a_refused_connect_logs_its_retries_as_json_and_ends_in_one_error_line(
     assert PASSWORD not in done.stderr
 
 
-def listening(process: subprocess.Popen[str]) -> str:
-    """The first line a tap writes to stderr: once it is there, the tap misses nothing."""
-    line = process.stderr.readline() if process.stderr else ""
-    assert line.startswith("listening on "), line
-    return line
+def watch_a_run(watcher: list[str], url: str, out: Path, **sizes: Any,
+                ) -> tuple[subprocess.CompletedProcess[str], str, str, str]:
+    """Start a watcher command (tap, hz), wait until it listens (the first line it
+    writes to stderr: from then on it misses nothing), run flows:chain, and wait for the
+    watcher to end. Returns the run, and the watcher's 'listening on' line, stdout and
+    the rest of its stderr."""
+    watching = subprocess.Popen(command(*watcher, "--nats-url", url), cwd=HERE,
+                                env=base_environment(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        listening = watching.stderr.readline() if watching.stderr else ""
+        assert listening.startswith("listening on "), listening
+        run = videoflow("run", "flows:chain", "--nats-url", url, "--json",
+                        env=environment(out, **sizes))
+        assert run.returncode == 0, run.stderr
+        stdout, stderr = watching.communicate(timeout=30)
+    finally:
+        watching.kill()
+    assert watching.returncode == 0, stderr
+    return run, listening, stdout, stderr
 
 
 def test_tap_prints_each_output_of_a_node_decoded_as_the_flow_runs(
         nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
-    tapping = subprocess.Popen(
-        command("tap", "cli", "scale", "--count", "10", "--json", "--seconds", "60",
-                "--nats-url", nats_server.url),
-        cwd=HERE, env=base_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
-    try:
-        assert listening(tapping) == "listening on vf.cli.*.scale\n"
-        run = videoflow("run", "flows:chain", "--nats-url", nats_server.url, "--json",
-                        env=environment(tmp_path, count=30, pace=0.01))
-        assert run.returncode == 0, run.stderr
-        out, err = tapping.communicate(timeout=30)
-    finally:
-        tapping.kill()
-    assert tapping.returncode == 0, err
+    run, listening, out, err = watch_a_run(
+        ["tap", "cli", "scale", "--count", "10", "--json", "--seconds", "60"],
+        nats_server.url, tmp_path, count=30, pace=0.01)
+    assert listening == "listening on vf.cli.*.scale\n"
     lines = [json.loads(line) for line in out.splitlines()]
     run_id = json.loads(run.stdout)["run_id"]
     # The first ten outputs of scale (x2), in order, each with its run and producer.
@@ -155,20 +160,9 @@ def test_tap_prints_each_output_of_a_node_decoded_as_the_flow_runs(
 
 def test_hz_reports_a_paced_producers_rate_each_window(
         nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
-    watching = subprocess.Popen(
-        command("hz", "cli", "numbers", "--window", "1", "--seconds", "15", "--json",
-                "--nats-url", nats_server.url),
-        cwd=HERE, env=base_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
-    try:
-        listening(watching)
-        run = videoflow("run", "flows:chain", "--nats-url", nats_server.url, "--json",
-                        env=environment(tmp_path, count=150, pace=0.02))
-        assert run.returncode == 0, run.stderr
-        out, err = watching.communicate(timeout=30)
-    finally:
-        watching.kill()
-    assert watching.returncode == 0, err
+    _, _, out, _ = watch_a_run(
+        ["hz", "cli", "numbers", "--window", "1", "--seconds", "15", "--json"],
+        nats_server.url, tmp_path, count=150, pace=0.02)
     windows = [json.loads(line) for line in out.splitlines()]
     assert len(windows) == 15
     assert sum(w["messages"] for w in windows) == 150  # every output, in some window

@@ -242,8 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a throwaway store for the embedded broker, removed at the end "
                             "(the run's dead letters go with it)")
     run.add_argument("--run", help="the run id (default: a fresh one)")
-    run.add_argument("--stop-after", type=positive_seconds, metavar="SECONDS",
-                     help="ask the flow to stop after this long")
+    run.add_argument("--stop-after", type=budget_seconds, metavar="SECONDS",
+                     help="ask the flow to stop after this long (0: at once)")
     run.add_argument("--json", action="store_true", help="print the report as JSON")
     run.add_argument("--resume", metavar="RUN",
                      help="resume a kept run (one whose report said it was kept): start "
