@@ -32,6 +32,7 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from videoflow.broker.failures import observation_failure
+from videoflow.broker.options import tls_options
 from videoflow.errors import BrokerUnavailable, IncompatibleProfile
 
 DEFAULT_OUTAGE_BUDGET_SECONDS: Final = 60.0
@@ -362,6 +363,7 @@ async def connect(
         "error_cb": record,
         "disconnected_cb": disconnected,
         "reconnected_cb": reconnected,
+        **tls_options(),
     }
     settings.update(options)
     while True:

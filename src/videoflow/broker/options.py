@@ -1,10 +1,43 @@
 """Keyword arguments for nats.connect: the short-lived observation connections of the
-operator commands and read-backs (NATS_FACTS §8)."""
+operator commands and read-backs (NATS_FACTS §8), and the TLS every connection of a
+process makes (tls_options)."""
 
 from __future__ import annotations
 
+import os
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
+
+TLS_CA_ENV: Final = "VIDEOFLOW_NATS_TLS_CA"
+"""A PEM file of the certificate authorities that sign the broker's certificate."""
+TLS_CERT_ENV: Final = "VIDEOFLOW_NATS_TLS_CERT"
+"""A PEM file of this client's certificate, for a broker that verifies its clients."""
+TLS_KEY_ENV: Final = "VIDEOFLOW_NATS_TLS_KEY"
+"""The PEM file of that certificate's private key."""
+
+
+def tls_options() -> dict[str, Any]:
+    """nats.connect's ``tls`` for every connection of this process, from the
+    environment: the videoflow command's --tls-ca / --tls-cert / --tls-key write it, so
+    the replicas and workers it starts connect the same way. Empty when none is set
+    (a tls:// URL then uses the system's authorities).
+
+    Raises:
+        ValueError: a certificate without its key or a key without its certificate.
+        OSError / ssl.SSLError: a file that cannot be read or is not PEM.
+    """
+    ca, cert, key = (os.environ.get(name) or None
+                     for name in (TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV))
+    if ca is None and cert is None and key is None:
+        return {}
+    if (cert is None) != (key is None):
+        raise ValueError(f"{TLS_CERT_ENV} and {TLS_KEY_ENV} go together: a client "
+                         "certificate needs its key")
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    if cert is not None:
+        context.load_cert_chain(cert, key)
+    return {"tls": context}
 
 FAIL_FAST_RECONNECT_ATTEMPTS: Final = 1
 """max_reconnect_attempts of a fail-fast connect: 0 would loop forever on a refused
@@ -61,6 +94,7 @@ def connect_options_for(
             "reconnect_time_wait": FAIL_FAST_RECONNECT_WAIT,
             "connect_timeout": min(FAIL_FAST_CONNECT_TIMEOUT, float(timeout)),
             "error_cb": error_cb,
+            **tls_options(),
         }
     return {
         "allow_reconnect": True,
@@ -68,6 +102,7 @@ def connect_options_for(
         "reconnect_time_wait": RETRY_RECONNECT_WAIT,
         "connect_timeout": min(FAIL_FAST_CONNECT_TIMEOUT, float(timeout)),
         "error_cb": error_cb,
+        **tls_options(),
     }
 
 

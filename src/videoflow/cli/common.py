@@ -10,6 +10,7 @@ import os
 from typing import Any, Final
 
 from videoflow.broker.link import check_budget
+from videoflow.broker.options import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV
 from videoflow.errors import VideoflowError
 from videoflow.logs import LOG_FORMATS
 
@@ -41,6 +42,7 @@ class CommandParser(argparse.ArgumentParser):
                           help=VERBOSE_HELP)
         self.add_argument("--log-format", choices=LOG_FORMATS, default=argparse.SUPPRESS,
                           help=LOG_FORMAT_HELP)
+        tls_arguments(self, default=argparse.SUPPRESS)
 
 
 class CommandError(VideoflowError):
@@ -79,6 +81,41 @@ def replica_count(text: str) -> int:
     if not 1 <= value <= 5:
         raise argparse.ArgumentTypeError(f"must be from 1 to 5, got {value}")
     return value
+
+
+TLS_FLAGS: Final = (
+    ("--tls-ca", TLS_CA_ENV, "a PEM file of the authorities that sign the broker's "
+                             "certificate (default: the system's)"),
+    ("--tls-cert", TLS_CERT_ENV, "this client's certificate (PEM), for a broker that "
+                                 "verifies its clients; with --tls-key"),
+    ("--tls-key", TLS_KEY_ENV, "the client certificate's private key (PEM)"),
+)
+"""The TLS flags, each with the variable it writes (videoflow.broker.options), so every
+connection of the command, and of the replicas and workers it starts, uses them."""
+
+
+def readable_file(text: str) -> str:
+    """An argparse type: a file that exists and can be read, as an absolute path (the
+    replicas a run starts may run elsewhere in the tree)."""
+    path = os.path.abspath(text)
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"not a readable file: {text!r}")
+    return path
+
+
+def tls_arguments(parser: argparse.ArgumentParser, default: Any = None) -> None:
+    """Add the TLS flags (TLS_FLAGS) to parser."""
+    for flag, variable, help_text in TLS_FLAGS:
+        parser.add_argument(flag, type=readable_file, default=default, metavar="FILE",
+                            help=f"{help_text} (also ${variable})")
+
+
+def hand_down_tls(args: argparse.Namespace) -> None:
+    """Write the TLS flags given to the environment (see TLS_FLAGS)."""
+    for flag, variable, _ in TLS_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is not None:
+            os.environ[variable] = value
 
 
 def _number(text: str) -> float:

@@ -49,9 +49,11 @@ from videoflow.cli.common import (
     CommandError,
     CommandParser,
     budget_seconds,
+    hand_down_tls,
     nats_url_option,
     positive_seconds,
     replicas_option,
+    tls_arguments,
     whole_number,
 )
 from videoflow.logs import LOG_FORMATS
@@ -225,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
                         help=LOG_FORMAT_HELP)
+    tls_arguments(parser)
     # Every command's parser takes -v and --log-format too, after its name
     # (CommandParser).
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
@@ -313,6 +316,7 @@ def _command(argv: Sequence[str] | None) -> int:
     level = logging.WARNING if args.verbose else logging.ERROR
     logs.configure(args.log_format, level)
     logs.hand_down(args.log_format, level)
+    hand_down_tls(args)
     try:
         return int(args.func(args))
     except CommandError as error:

@@ -32,6 +32,7 @@ from videoflow.backends.jetstream.streams import (
     ensure_stream,
 )
 from videoflow.broker.link import TRANSIENT_RETRY_SECONDS, redact_url, servers_of, transient
+from videoflow.broker.options import tls_options
 from videoflow.core.compiler import CONSUMER, NodeSpec
 from videoflow.core.constants import check_flow_type
 from videoflow.core.credit import max_deliver_for, node_credit, positive_int
@@ -251,6 +252,7 @@ def _default_connect_options() -> dict[str, Any]:
         "max_reconnect_attempts": -1,
         "reconnect_time_wait": PROVISION_RECONNECT_WAIT_SECONDS,
         "error_cb": _log_connect_error,
+        **tls_options(),
     }
 
 
