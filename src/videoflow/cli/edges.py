@@ -17,33 +17,26 @@ import time
 from typing import Any
 
 from videoflow.cli.common import EXIT_OK, positive_seconds, whole_number
-from videoflow.cli.ops import broker_options, broker_url, describe, guarded, when
+from videoflow.cli.ops import broker_options, broker_url, guarded, input_summary
 from videoflow.ops.tap import Rate, Tapped, tap
 
 
 def _line(message: Tapped) -> str:
-    envelope = message.envelope
-    if envelope is None:
+    if message.envelope is None:
         return f"{message.run_id}  undecodable: {message.error}"
-    shown = (describe(envelope["message"]) if envelope["blob_ref"] is None
-             else f"by ref {envelope['blob_ref']}")
-    return (f"{message.run_id}  seq {envelope['seq']}  event {when(envelope['event_ts'])}  "
-            f"from {envelope['producer_name'] or '-'}#{envelope['replica_id']}  {shown}")
+    got = input_summary(message.envelope)
+    shown = got["message"] if got["blob_ref"] is None else f"by ref {got['blob_ref']}"
+    return (f"{message.run_id}  seq {got['seq']}  event {got['event_time']}  "
+            f"from {got['producer'] or '-'}#{got['replica']}  {shown}")
 
 
 def _document(message: Tapped) -> dict[str, Any]:
-    envelope = message.envelope
     document: dict[str, Any] = {"run": message.run_id, "subject": message.subject,
                                 "received_at": message.received_at}
-    if envelope is None:
+    if message.envelope is None:
         document["undecodable"] = message.error
-        return document
-    document.update({
-        "trace_id": envelope["trace_id"], "seq": envelope["seq"],
-        "event_ts": envelope["event_ts"], "producer": envelope["producer_name"],
-        "replica": envelope["replica_id"], "blob_ref": envelope["blob_ref"],
-        "message": None if envelope["blob_ref"] is not None else describe(envelope["message"]),
-    })
+    else:
+        document.update(input_summary(message.envelope))
     return document
 
 

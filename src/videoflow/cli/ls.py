@@ -9,7 +9,7 @@ from typing import Any
 
 from videoflow.backends.messaging import Known
 from videoflow.cli.common import EXIT_OK, positive_seconds
-from videoflow.cli.ops import broker_options, broker_url, guarded
+from videoflow.cli.ops import broker_options, broker_url, guarded, table
 from videoflow.ops.runs import list_flows
 
 
@@ -35,9 +35,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             rows.append((f.flow_id, r.run_id, state, str(r.streams), str(r.messages)))
         if not f.runs:
             rows.append((f.flow_id, "-", "no runs", "-", "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    print(table(rows))
     for f in flows:
         if f.dead_letters:
             print(f"{f.flow_id}: {f.dead_letters} dead letter"

@@ -37,7 +37,14 @@ import numpy as np
 from videoflow import ops
 from videoflow.backends.messaging import CleanupObservation, Known, Unknown
 from videoflow.broker.server import ENV_STORE_DIR
-from videoflow.cli.common import ENV_NATS_URL, EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from videoflow.cli.common import (
+    ENV_NATS_URL,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    positive_seconds,
+    whole_number,
+)
 from videoflow.errors import VideoflowError, WireError
 from videoflow.wire.serialization import decode_envelope
 
@@ -123,7 +130,7 @@ def _dump(document: Any, out: TextIO | None = None) -> None:
     print(json.dumps(document, indent=2, sort_keys=False), file=out or sys.stdout)
 
 
-def _table(rows: Sequence[Sequence[str]], indent: str = "") -> str:
+def table(rows: Sequence[Sequence[str]], indent: str = "") -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
         indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
@@ -174,7 +181,7 @@ def _status_text(status: ops.RunStatus) -> str:
     elif not status.streams:
         lines.append("no streams (never provisioned, or torn down)")
     else:
-        lines.append(_table(
+        lines.append(table(
             [("STREAM", "NODE", "RETENTION", "MESSAGES", "BYTES", "FIRST", "LAST")]
             + [(s.name, s.node, s.retention, _text(s.messages), _text(s.bytes),
                 _text(s.first_seq), _text(s.last_seq)) for s in status.streams]))
@@ -186,7 +193,7 @@ def _status_text(status: ops.RunStatus) -> str:
                 lines.append(f"  {stream.name}: no durables")
                 continue
             lines.append(f"  durables on {stream.name}:")
-            lines.append(_table(
+            lines.append(table(
                 [("DURABLE", "KIND", "PENDING", "ACK_PENDING", "REDELIVERED", "UNRESOLVED")]
                 + [(d.name, d.kind or "-", _text(d.pending), _text(d.ack_pending),
                     _text(d.redelivered), _text(d.unresolved)) for d in stream.durables],
@@ -247,18 +254,24 @@ def describe(value: Any) -> str:
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
 
 
-def _input(envelope: bytes) -> dict[str, Any]:
-    """What a dead letter's kept envelope says of its input, for `dlq show`."""
-    try:
-        decoded = decode_envelope(envelope)
-    except WireError as error:
-        return {"undecodable": str(error)}
+def input_summary(decoded: dict[str, Any]) -> dict[str, Any]:
+    """What a decoded envelope says of its message, as `dlq show`, `tap` and `hz` print
+    it: trace and seq, event time, producer and replica, and the message described (or
+    its ref, when it went by ref)."""
     ref = decoded["blob_ref"]
     return {"trace_id": decoded["trace_id"], "seq": decoded["seq"],
             "event_ts": decoded["event_ts"], "event_time": when(decoded["event_ts"]),
             "producer": decoded["producer_name"], "replica": decoded["replica_id"],
             "blob_ref": ref,
             "message": None if ref is not None else describe(decoded["message"])}
+
+
+def _input(envelope: bytes) -> dict[str, Any]:
+    """What a dead letter's kept envelope says of its input, for `dlq show`."""
+    try:
+        return input_summary(decode_envelope(envelope))
+    except WireError as error:
+        return {"undecodable": str(error)}
 
 
 def _entry_json(entry: ops.DeadLetterEntry, envelope: bool = False) -> dict[str, Any]:
@@ -313,7 +326,7 @@ def cmd_dlq_list(args: argparse.Namespace) -> int:
         else:
             rows.append((str(e.seq), r.run_id, r.node, r.parent, str(r.stream_seq),
                          str(r.attempts), r.reason, _error_text(e)))
-    print(_table(rows))
+    print(table(rows))
     if args.limit is not None and len(entries) == args.limit:
         print(f"(the first {args.limit}; the next page: --after {entries[-1].seq})")
     return EXIT_OK
@@ -385,7 +398,7 @@ def cmd_dlq_replay(args: argparse.Namespace) -> int:
     elif not report.results:
         print("no dead letters to replay")
     else:
-        print(_table([("SEQ", "OUTCOME", "SUBJECT", "STREAM_SEQ", "REASON")] + [
+        print(table([("SEQ", "OUTCOME", "SUBJECT", "STREAM_SEQ", "REASON")] + [
             (str(r.seq), r.outcome, r.subject or "-",
              "-" if r.stream_seq is None else str(r.stream_seq), r.reason or "-")
             for r in report.results]))
@@ -458,7 +471,7 @@ def cmd_buckets_list(args: argparse.Namespace) -> int:
     elif not found:
         print("no flow buckets" + ("" if args.flow is None else f" of flow {args.flow!r}"))
     else:
-        print(_table([("BUCKET", "KIND", "FLOW", "MESSAGES", "BYTES")] + [
+        print(table([("BUCKET", "KIND", "FLOW", "MESSAGES", "BYTES")] + [
             (b.name, b.kind, b.flow, _text(b.messages), _text(b.bytes)) for b in found]))
     return EXIT_OK
 
@@ -491,26 +504,6 @@ def cmd_buckets_remove(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
-
-
 def broker_options(parser: argparse.ArgumentParser) -> None:
     """--nats-url and --store-dir: the broker an operator command talks to."""
     parser.add_argument(
@@ -533,7 +526,7 @@ def _common(parser: argparse.ArgumentParser, *, run: str | None) -> None:
     elif run == "optional":
         parser.add_argument("--run", default=None, help="only this run")
     parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--timeout", type=_positive_float, default=ops.DEFAULT_TIMEOUT_SECONDS,
+    parser.add_argument("--timeout", type=positive_seconds, default=ops.DEFAULT_TIMEOUT_SECONDS,
                         help="overall bound in seconds, connect included (default: "
                              "%(default)s)")
 
@@ -541,7 +534,7 @@ def _common(parser: argparse.ArgumentParser, *, run: str | None) -> None:
 def _selection_args(parser: argparse.ArgumentParser) -> None:
     _common(parser, run="optional")
     parser.add_argument("--node", default=None, help="only dead letters of this node")
-    parser.add_argument("seqs", nargs="*", type=_positive_int, metavar="SEQ",
+    parser.add_argument("seqs", nargs="*", type=whole_number(1), metavar="SEQ",
                         help="DLQ sequences (as dlq list shows them)")
     parser.add_argument("--all", action="store_true",
                         help="every dead letter matching --run/--node (the whole flow "
@@ -571,15 +564,15 @@ def register(subparsers: Any) -> None:
     listing = dlq_sub.add_parser("list", help="list dead letters, oldest first")
     _common(listing, run="optional")
     listing.add_argument("--node", default=None, help="only dead letters of this node")
-    listing.add_argument("--limit", type=_positive_int, default=None,
+    listing.add_argument("--limit", type=whole_number(1), default=None,
                          help="at most this many (the oldest): a page")
-    listing.add_argument("--after", type=_positive_int, default=0, metavar="SEQ",
+    listing.add_argument("--after", type=whole_number(0), default=0, metavar="SEQ",
                          help="only dead letters after this DLQ sequence: the next page")
     listing.set_defaults(func=cmd_dlq_list)
 
     show = dlq_sub.add_parser("show", help="one dead letter in full")
     _common(show, run=None)
-    show.add_argument("seq", type=_positive_int, metavar="SEQ", help="its DLQ sequence")
+    show.add_argument("seq", type=whole_number(1), metavar="SEQ", help="its DLQ sequence")
     show.set_defaults(func=cmd_dlq_show)
 
     replay = dlq_sub.add_parser(
@@ -619,7 +612,7 @@ def register(subparsers: Any) -> None:
     broker_options(listing)
     listing.add_argument("--flow", default=None, help="only this flow's buckets")
     listing.add_argument("--json", action="store_true", help="print JSON")
-    listing.add_argument("--timeout", type=_positive_float,
+    listing.add_argument("--timeout", type=positive_seconds,
                          default=ops.DEFAULT_TIMEOUT_SECONDS,
                          help="overall bound in seconds, connect included (default: "
                               "%(default)s)")

@@ -19,7 +19,6 @@ from videoflow.backends.messaging import Completed, Known, MessagingBackend, Sub
 from videoflow.core.policies import JoinPolicy
 from videoflow.messaging.grouping import (
     SUPERSEDED,
-    EnvelopeEntry,
     ReadyGroup,
     make_assembler,
 )
@@ -71,10 +70,6 @@ class Join:
         self._lags_at = -math.inf
         self.watermark_lags: dict[str, float] = {}
         self.watermark_lag_max: dict[str, float] = {}
-
-    def add(self, parent: str, entry: EnvelopeEntry, handle: Held) -> None:
-        """Hand one decoded input, with its handle, to the assembler."""
-        self.assembler.add(parent, entry, handle)
 
     def pop_ready(self) -> ReadyGroup | None:
         """The next complete group, if any, after the backstop heard which parents

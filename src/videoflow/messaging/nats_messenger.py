@@ -644,7 +644,7 @@ class NATSMessenger(Messenger):
             return  # it was in hand at each of crash_limit process deaths: dead-lettered
         self.deliveries.hold(parent, delivery.token)
         assert self.join is not None  # data arrives only at a node with parents
-        self.join.add(parent, entry, handle)
+        self.join.assembler.add(parent, entry, handle)
 
     def _on_end_marker(self, parent: str, delivery: Delivery) -> None:
         try:

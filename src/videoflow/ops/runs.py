@@ -10,7 +10,7 @@ whose engine died. What could not be read is Unknown, never 0 (MSG-012).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from nats.aio.client import Client
@@ -67,11 +67,6 @@ class FlowSummary:
     dead_letters: int | None = None
 
 
-@dataclass
-class _Found:
-    streams: list[StreamInfo] = field(default_factory=list)
-
-
 def _owner(info: StreamInfo) -> tuple[str, str | None] | None:
     """(flow, run) a stream belongs to, run None for a flow's dead-letter stream."""
     labels = user_metadata(info.config.metadata)
@@ -120,7 +115,7 @@ def list_flows(nats_url: str, *, flow_id: str | None = None,
             infos = await all_streams(nc.jsm(), budget)
         except Exception as error:
             raise unavailable("listing streams", error, errors) from error
-        runs: dict[tuple[str, str], _Found] = {}
+        runs: dict[tuple[str, str], list[StreamInfo]] = {}
         dead: dict[str, int] = {}
         for info in infos:
             owner = _owner(info)
@@ -130,13 +125,13 @@ def list_flows(nats_url: str, *, flow_id: str | None = None,
             if run is None:
                 dead[flow] = int(info.state.messages or 0)
             else:
-                runs.setdefault((flow, run), _Found()).streams.append(info)
+                runs.setdefault((flow, run), []).append(info)
         summaries: dict[str, list[RunSummary]] = {flow: [] for flow in dead}
-        for (flow, run), found in sorted(runs.items()):
-            messages = sum(int(i.state.messages or 0) for i in found.streams)
-            state = await _state(nc, found.streams, budget, errors)
+        for (flow, run), streams in sorted(runs.items()):
+            messages = sum(int(i.state.messages or 0) for i in streams)
+            state = await _state(nc, streams, budget, errors)
             summaries.setdefault(flow, []).append(
-                RunSummary(flow, run, len(found.streams), messages, state))
+                RunSummary(flow, run, len(streams), messages, state))
         return [FlowSummary(flow, tuple(summaries[flow]), dead.get(flow))
                 for flow in sorted(summaries)]
 

@@ -157,8 +157,8 @@ class Rate:
         times, lags, events = self.arrivals, self.lags, self.event_times
         gaps = [(b - a) * 1000.0 for a, b in zip(times, times[1:], strict=False)]
 
-        def ms(values: list[float]) -> float | None:
-            return None if not values else round(values[0] * 1000.0, 3)
+        def ms(seconds: float) -> float:
+            return round(seconds * 1000.0, 3)
 
         figures = {
             "messages": len(times),
@@ -167,9 +167,9 @@ class Rate:
                 "min": round(min(gaps), 3), "mean": round(statistics.fmean(gaps), 3),
                 "max": round(max(gaps), 3),
                 "std": round(statistics.pstdev(gaps), 3)},
-            "event_span_ms": ms([max(events) - min(events)]) if events else None,
+            "event_span_ms": ms(max(events) - min(events)) if events else None,
             "event_lag_ms": None if not lags else {
-                "p50": ms([statistics.median(lags)]), "max": ms([max(lags)])},
+                "p50": ms(statistics.median(lags)), "max": ms(max(lags))},
             "undecodable": self.undecodable,
         }
         self.arrivals, self.lags, self.event_times, self.undecodable = [], [], [], 0
