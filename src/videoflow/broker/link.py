@@ -288,14 +288,16 @@ async def check_bucket_replicas(js: Any, stream: str, bucket: str, replicas: int
     """Read back the copies a KV bucket or object store (its stream) keeps, as the run's
     streams are read back: an existing bucket is bound as it is, so one made with fewer
     copies than asked for would quietly keep the flow's ledger or payloads on fewer
-    servers than its streams.
+    servers than its streams. A 'stream not found' is asked again for READ_BACK_SECONDS:
+    the caller has just bound the bucket, so it is a server not caught up yet.
 
     Raises:
         IncompatibleProfile: it keeps fewer than replicas; the message says how to mend.
+        nats.js.errors.NotFoundError: the stream stayed missing past READ_BACK_SECONDS.
     """
     if replicas <= 1:
         return
-    info = await js.stream_info(stream)
+    info = await _bound_stream_info(js, stream)
     kept = int(getattr(info.config, "num_replicas", None) or 1)
     if kept < replicas:
         raise IncompatibleProfile(
@@ -303,6 +305,25 @@ async def check_bucket_replicas(js: Any, stream: str, bucket: str, replicas: int
             f"for {replicas}: remove the flow's buckets (`videoflow buckets remove`) so they "
             "are made again, or run with the replicas they have",
             channel=bucket, findings=(f"num_replicas {kept} < {replicas}",))
+
+
+READ_BACK_SECONDS: Final = 10.0
+"""How long a bucket's read-back may answer 'stream not found' after the bucket was
+bound: on a cluster that lost a server, a server whose view of the streams has not
+caught up answers 404 for a stream that exists."""
+
+
+async def _bound_stream_info(js: Any, stream: str) -> Any:
+    """stream_info of a stream the caller has just bound, asked again while the
+    cluster answers 404 for it (READ_BACK_SECONDS), then the 404 as it came."""
+    deadline = time.monotonic() + READ_BACK_SECONDS
+    while True:
+        try:
+            return await js.stream_info(stream)
+        except nats.js.errors.NotFoundError:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.2)
 
 
 ErrorCallback = Callable[[BaseException], Awaitable[None]]
@@ -405,6 +426,7 @@ __all__ = [
     "BROKER_KNOWN_ENV",
     "DEFAULT_OUTAGE_BUDGET_SECONDS",
     "OUTAGE_BUDGET_ENV",
+    "READ_BACK_SECONDS",
     "RECOVERY_SECONDS",
     "TRANSIENT_RETRY_SECONDS",
     "Outage",
