@@ -137,6 +137,24 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 to 65535 (0: one the OS picks)."""
+    value = whole_number(0)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 0 to 65535, got {value}")
+    return value
+
+
+def metrics_option(parser: argparse.ArgumentParser) -> None:
+    """--metrics-port: serve Prometheus metrics while the command runs."""
+    parser.add_argument(
+        "--metrics-port", type=port_number, metavar="PORT",
+        help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics while it runs "
+             "(0: a free port, said on stderr; default: $VIDEOFLOW_METRICS_PORT, else "
+             "none; $VIDEOFLOW_METRICS_HOST=0.0.0.0 to be scraped from elsewhere); needs "
+             "videoflow[metrics]")
+
+
 def whole_number(minimum: int) -> Any:
     """An argparse type: a whole number of at least minimum."""
 

@@ -50,6 +50,7 @@ from videoflow.cli.common import (
     CommandParser,
     budget_seconds,
     hand_down_tls,
+    metrics_option,
     nats_url_option,
     positive_seconds,
     replicas_option,
@@ -113,6 +114,7 @@ def _raised_at(error: BaseException) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from videoflow.run.local import run_flow
+    from videoflow.run.metrics import MetricsUnavailable
 
     flow = load_flow(args.flow)
     from videoflow.run.progress import LiveView
@@ -121,12 +123,15 @@ def _run(args: argparse.Namespace) -> int:
     # whose stdout is for machines.
     if args.resume and args.run and args.resume != args.run:
         raise CommandError(f"--resume {args.resume} and --run {args.run} name two runs")
-    report = run_flow(flow, nats_url=args.nats_url, stop_after=args.stop_after,
-                      run_id=args.resume or args.run,
-                      view=False if args.json else LiveView(),
-                      store_dir=args.store_dir, ephemeral=args.ephemeral,
-                      replicas=args.replicas, outage_budget=args.outage_budget,
-                      resume=bool(args.resume))
+    try:
+        report = run_flow(flow, nats_url=args.nats_url, stop_after=args.stop_after,
+                          run_id=args.resume or args.run,
+                          view=False if args.json else LiveView(),
+                          store_dir=args.store_dir, ephemeral=args.ephemeral,
+                          replicas=args.replicas, outage_budget=args.outage_budget,
+                          resume=bool(args.resume), metrics_port=args.metrics_port)
+    except MetricsUnavailable as error:
+        raise CommandError(str(error), EXIT_FAILED) from error
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -194,6 +199,14 @@ def _provision(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from videoflow.run.metrics import (
+        MetricsServer,
+        MetricsUnavailable,
+        ReplicaSample,
+        SnapshotCollector,
+        metrics_port_from_env,
+        observed_snapshot,
+    )
     from videoflow.run.runspec import RunSpec
     from videoflow.run.worker import run_replica
 
@@ -204,14 +217,30 @@ def _worker(args: argparse.Namespace) -> int:
     flow = load_flow(spec.flow)
     job, node = spec.replica(flow, args.node, args.replica, args.nats_url)
     print(f"worker {job.key} of run {spec.run_id}: started", file=sys.stderr, flush=True)
+    port = args.metrics_port if args.metrics_port is not None else metrics_port_from_env()
+    latest: list[ReplicaSample] = []  # the replica's last report, read by each scrape
+    metrics = None
+    if port is not None:
+        try:
+            metrics = MetricsServer(SnapshotCollector(spec.flow_id, latest.copy), port)
+        except MetricsUnavailable as error:
+            raise CommandError(str(error), EXIT_FAILED) from error
+        print(f"worker {job.key}: metrics on {metrics.url}", file=sys.stderr, flush=True)
 
     def progress(task: Any) -> None:
+        if metrics is not None:
+            latest[:] = [ReplicaSample(job.spec.name, str(job.replica_id),
+                                       observed_snapshot(task))]
         s = task.stats
         print(f"worker {job.key}: {s.outcome} processed={s.processed} emitted={s.emitted} "
               f"failed={s.failed} dead_lettered={s.dead_lettered} drops={s.drops}",
               file=sys.stderr, flush=True)
 
-    stats = run_replica(job, node, progress=progress, progress_every=args.progress_every)
+    try:
+        stats = run_replica(job, node, progress=progress, progress_every=args.progress_every)
+    finally:
+        if metrics is not None:
+            metrics.close()
     return 0 if stats.outcome in ("ended", "quiesced") else EXIT_FAILED
 
 
@@ -256,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="how long the broker may be away (restarted, frozen, electing "
                           "a leader) before the run fails (default: "
                           "$VIDEOFLOW_OUTAGE_BUDGET, else 60)")
+    metrics_option(run)
     run.set_defaults(func=_run)
 
     provision = sub.add_parser("provision",
@@ -277,7 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--node", required=True, help="the node's name")
     worker.add_argument("--replica", type=whole_number(0), default=0)
     worker.add_argument("--progress-every", type=positive_seconds, default=5.0,
-                        metavar="SECONDS")
+                        metavar="SECONDS", help="how often it reports (on stderr, and to "
+                        "its metrics)")
+    metrics_option(worker)
     nats_url_option(worker)
     worker.set_defaults(func=_worker)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from videoflow.core.context import RuntimeContext
 from videoflow.core.engine import STOP_QUIESCE, Messenger
+from videoflow.core.histogram import Histogram
 from videoflow.core.node import ConsumerNode, Node, ProcessorNode, ProducerNode
 from videoflow.errors import LedgerError
 
@@ -45,6 +46,13 @@ class TaskStats:
         watermark_lag / watermark_lag_max: a time join's parents, how far each one's
             event-time watermark is behind the most advanced parent's, in seconds:
             the latest sample, and the most seen (parents not heard from are absent).
+        join_latency: every join latency, as a histogram (the metrics endpoint's).
+        hop_latency: seconds from a group's first member arriving to the node done
+            with it (its output handed to the broker, its inputs' ack asked for): the
+            time this node adds to a message's way, join wait included.
+        publications: the messenger's publication outcomes by kind (accepted,
+            duplicate, unknown, dropped, rejected).
+        budget_waits: times receiving paused because the byte budget was full.
         started / ended: wall-clock seconds.
         outcome: 'running', 'ended' (its stream ended), 'quiesced', 'aborted' (a
             parent died; relayed) or 'failed' (this node died).
@@ -60,6 +68,10 @@ class TaskStats:
     join_latencies: list[float] = field(default_factory=list)
     watermark_lag: dict[str, float] = field(default_factory=dict)
     watermark_lag_max: dict[str, float] = field(default_factory=dict)
+    join_latency: Histogram = field(default_factory=Histogram)
+    hop_latency: Histogram = field(default_factory=Histogram)
+    publications: dict[str, int] = field(default_factory=dict)
+    budget_waits: int = 0
     started: float = field(default_factory=time.time)
     ended: float | None = None
     outcome: str = "running"
@@ -68,6 +80,7 @@ class TaskStats:
     _skipped: int = 0
 
     def add_latency(self, seconds: float) -> None:
+        self.join_latency.observe(seconds)
         self._skipped += 1
         if self._skipped < self._stride:
             return
@@ -84,6 +97,10 @@ class TaskStats:
                 "received": dict(self.received),
                 "watermark_lag": dict(self.watermark_lag),
                 "watermark_lag_max": dict(self.watermark_lag_max),
+                "join_latency": self.join_latency.as_dict(),
+                "hop_latency": self.hop_latency.as_dict(),
+                "publications": dict(self.publications),
+                "budget_waits": self.budget_waits,
                 "started": self.started, "ended": self.ended, "outcome": self.outcome,
                 "error": self.error}
 
@@ -109,6 +126,7 @@ class Task:
         self._failed_publications = 0  # the messenger's count, as last folded in
         self._progress, self._every = progress, progress_every
         self._next_progress = time.monotonic() + progress_every
+        self._arrived = 0.0  # when the group being processed first arrived (monotonic)
 
     def quiesce(self) -> None:
         """Stop taking input (SIGTERM): held work settles, prefetched work goes back to
@@ -173,6 +191,8 @@ class Task:
         self.stats.received = dict(getattr(self.messenger, "received", {}))
         self.stats.watermark_lag = dict(getattr(self.messenger, "watermark_lags", {}))
         self.stats.watermark_lag_max = dict(getattr(self.messenger, "watermark_lag_max", {}))
+        self.stats.publications = dict(getattr(self.messenger, "publication_stats", {}))
+        self.stats.budget_waits = int(getattr(self.messenger, "budget_waits", 0))
 
     def _tick(self) -> None:
         if self._progress is not None and time.monotonic() >= self._next_progress:
@@ -207,8 +227,10 @@ class Task:
         """One input per parent, in wiring order: the message, None for a parent
         missing from a quorum group, a list for a collect window."""
         latency = getattr(self.messenger, "last_join_latency", None)
+        self._arrived = time.monotonic()
         if latency is not None:
             self.stats.add_latency(latency)
+            self._arrived -= latency
         order = self.context.parents or tuple(entries)
         return [None if entries[p] is None else entries[p]["message"] for p in order]
 
@@ -233,6 +255,7 @@ class Task:
                 continue
             self.messenger.ack_inputs()
             self.stats.processed += 1
+            self.stats.hop_latency.observe(time.monotonic() - self._arrived)
 
 
 class ProducerTask(Task):

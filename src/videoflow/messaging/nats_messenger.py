@@ -726,6 +726,13 @@ class NATSMessenger(Messenger):
         return self.deliveries.dead_lettered
 
     @property
+    def budget_waits(self) -> int:
+        """Times receiving paused because the byte budget was full (0 for a backend
+        that keeps no budget)."""
+        waits = getattr(self.backend, "budget_waits", None)
+        return 0 if waits is None else int(waits())
+
+    @property
     def unconfirmed_acks(self) -> int:
         """Acks the broker did not confirm (redelivered later)."""
         return self.deliveries.unconfirmed_acks

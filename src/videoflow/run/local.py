@@ -38,6 +38,7 @@ import functools
 import os
 import pickle
 import shutil
+import sys
 import threading
 import time
 import uuid
@@ -50,6 +51,14 @@ from videoflow.core.constants import REALTIME
 from videoflow.core.naming import sanitize
 from videoflow.core.node import Node
 from videoflow.core.report import NodeReport, RunReport
+from videoflow.run.metrics import (
+    MetricsServer,
+    ReplicaSample,
+    SnapshotCollector,
+    check_port,
+    merged,
+    metrics_port_from_env,
+)
 from videoflow.run.processes import Replica, Run, publish_control_stop, reap, supervise
 from videoflow.run.progress import LiveView, NodeProgress
 from videoflow.run.supervision import (
@@ -143,6 +152,7 @@ def run_flow(
     replicas: int = 1,
     outage_budget: float | None = None,
     resume: bool = False,
+    metrics_port: int | None = None,
 ) -> RunReport:
     """Run a flow to its end on this machine.
 
@@ -197,6 +207,10 @@ def run_flow(
             started again. A producer that had not ended is started again only if it
             is replayable (it resumes from its last accepted source offset); any other
             would publish its outputs twice, and is refused (ValueError).
+        metrics_port: serve every replica's counters, latencies and broker counts
+            on http://127.0.0.1:PORT/metrics while the run lasts (videoflow.run.metrics;
+            0: a port the OS picks, said on stderr); None takes VIDEOFLOW_METRICS_PORT,
+            else no endpoint. Needs prometheus-client (videoflow[metrics]).
 
     Returns:
         the RunReport.
@@ -204,7 +218,10 @@ def run_flow(
     Raises:
         ValueError: the flow does not compile, or a node cannot be sent to a worker
             process (its constructor arguments do not pickle); both store_dir and
-            ephemeral; crash_limit neither None nor from 1 to max_restarts.
+            ephemeral; crash_limit neither None nor from 1 to max_restarts; a
+            metrics_port that is not a port.
+        MetricsUnavailable: metrics asked for without prometheus-client, or on a port
+            that cannot be bound.
         BrokerUnavailable / TimeoutError: the broker unreachable, provisioning not done
             within provision_timeout.
         StoreBusy: the embedded server's store is held by another run's server.
@@ -220,6 +237,8 @@ def run_flow(
         raise ValueError(f"crash_limit must be None or from 1 to max_restarts "
                          f"({max_restarts}), got {crash_limit!r}")
     kv = ledger == "kv"
+    metrics_port = (metrics_port_from_env() if metrics_port is None
+                    else check_port(metrics_port))
     compiled = compile_flow(flow, max_retries, ledger_budget=kv)
     nodes = {name: _portable(name, node) for name, node in compiled.nodes.items()}
     if view is None or view is True:
@@ -236,6 +255,18 @@ def run_flow(
             die_with_owner=threading.current_thread() is threading.main_thread()).start()
         url = server.url
     run = Run(compiled, url, run_id or new_run_id())
+    metrics = None
+    if metrics_port is not None:
+        try:
+            metrics = MetricsServer(SnapshotCollector(
+                compiled.flow_id, functools.partial(_metric_samples, run)), metrics_port)
+        except BaseException:
+            if server is not None:
+                server.stop()
+            raise
+        # Said whatever the log level: with port 0, the only way to learn the port.
+        print(f"videoflow: metrics of run {run.run_id} on {metrics.url}", file=sys.stderr,
+              flush=True)
     shared = _shared_payloads(payloads, compiled.flow_id, run.run_id, payload_budget)
     started = time.monotonic()
     run.started, run.signals = started, _SIGNALS.get() or run.signals
@@ -257,7 +288,8 @@ def run_flow(
                                  ledger, bool(payloads),
                                  None if shared is None else str(shared.directory),
                                  str(slot), str(run.crashes.path(spec.name)), crash_limit,
-                                 replicas=replicas, outage_budget=outage_budget)
+                                 replicas=replicas, outage_budget=outage_budget,
+                                 observe=metrics is not None)
                 run.replicas[job.key] = Replica(job, nodes[spec.name])
                 if replica in ended.get(spec.name, ()):
                     run.replicas[job.key].final = {"outcome": "ended",
@@ -275,6 +307,8 @@ def run_flow(
                 if shared is not None and ended_up.torn_down:
                     shared.clear()
         finally:
+            if metrics is not None:
+                metrics.close()
             if server is not None:
                 server.stop()
     # The report is printed, written as JSON and kept: never with the URL's password.
@@ -378,6 +412,20 @@ def _count_superseded(report: RunReport, compiled: CompiledFlow) -> None:
 
 def _accounted(node: NodeReport) -> bool:
     return node.restarts == 0 and all(o == "ended" for o in node.outcomes.values())
+
+
+def _metric_samples(run: Run) -> list[ReplicaSample]:
+    """Every replica's latest report for a scrape (on the server's thread: reads and
+    copies only), the processes of it that died and were started again summed in."""
+    samples = []
+    for key, replica in list(run.replicas.items()):
+        progress = run.progress.get(replica.job.spec.name)
+        live = None if progress is None else progress.replicas.get(key)
+        snapshots = [*replica.dead, *([] if live is None else [live])]
+        if snapshots:
+            samples.append(ReplicaSample(replica.job.spec.name, str(replica.job.replica_id),
+                                         merged(snapshots), replica.restarts))
+    return samples
 
 
 def _portable(name: str, node: Node) -> bytes:

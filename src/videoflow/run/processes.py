@@ -29,6 +29,7 @@ from videoflow.core.compiler import CompiledFlow
 from videoflow.core.constants import REALTIME
 from videoflow.core.report import ProcessDeath
 from videoflow.core.task import Task
+from videoflow.run.metrics import observed_snapshot
 from videoflow.run.progress import LiveView, NodeProgress
 from videoflow.run.supervision import (
     QUIESCE_SIGNAL,
@@ -424,7 +425,7 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
     def progress(task: Task) -> None:
         nonlocal started
         started = True
-        snapshot = task.stats.snapshot()
+        snapshot = observed_snapshot(task) if job.observe else task.stats.snapshot()
         if task.stats.ended is not None:
             snapshot["join_latencies"] = list(task.stats.join_latencies)
             report("final", snapshot)

@@ -52,6 +52,8 @@ class ReplicaJob:
             buckets when this replica creates them (1: a single server).
         outage_budget: seconds this replica's connections wait for a broker that went
             away before giving up (None: VIDEOFLOW_OUTAGE_BUDGET, else 60).
+        observe: each progress report carries the broker's count of the replica's
+            work per parent (metrics.observed_snapshot): the engine serves metrics.
     """
 
     flow_id: str
@@ -71,6 +73,7 @@ class ReplicaJob:
     crash_limit: int | None = None
     replicas: int = 1
     outage_budget: float | None = None
+    observe: bool = False
 
     @property
     def key(self) -> str:

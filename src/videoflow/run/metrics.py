@@ -1,0 +1,280 @@
+"""The /metrics endpoint (Prometheus text format) of a node process and of the local
+engine: the same families, built at scrape time from task snapshots (TaskStats.snapshot
+plus the process's broker observation, 'subscriptions').
+
+A worker process serves its own replica's live snapshot; the local engine serves every
+replica's latest report (about one a second), a replica's processes that died and were
+started again summed into it, so its counters never go back. Needs prometheus-client
+(``pip install 'videoflow[metrics]'``).
+
+Families (every one labelled flow, node and replica; by parent, reason or outcome where
+named):
+- videoflow_received_total{parent}: first deliveries of inputs.
+- videoflow_processed_total: input groups the node completed and acknowledged.
+- videoflow_outputs_total: outputs published.
+- videoflow_failures_total: input groups the node raised on.
+- videoflow_dropped_total{reason}: inputs given up on, by reason.
+- videoflow_dead_letters_total: inputs dead-lettered.
+- videoflow_publications_total{outcome}: publication outcomes (accepted, duplicate,
+  unknown, dropped, rejected).
+- videoflow_pending_messages{parent} / videoflow_unresolved_messages{parent}: work
+  waiting on the broker (available + leased), and retained work nothing will resolve
+  (MSG-012). Absent when the broker could not be read -- never 0 for unknown; then
+  videoflow_pending_unknown{parent,reason} is 1.
+- videoflow_join_latency_seconds: a group's first member arriving to the node
+  receiving the group (histogram).
+- videoflow_hop_latency_seconds: a group's first member arriving to the node done
+  with it, output handed to the broker (histogram).
+- videoflow_watermark_lag_seconds{parent}: a time join's parent, how far its
+  event-time watermark is behind the most advanced parent's.
+- videoflow_budget_waits_total: times receiving paused on a full byte budget.
+- videoflow_restarts_total (engine only): processes of the replica started again.
+- videoflow_replica_up: 1 while the replica's process runs and has not ended.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from videoflow.core.histogram import Histogram
+
+METRICS_PORT_ENV: Final = "VIDEOFLOW_METRICS_PORT"
+"""The port a videoflow process serves /metrics on (0: one the OS picks)."""
+METRICS_HOST_ENV: Final = "VIDEOFLOW_METRICS_HOST"
+"""The address it listens on; 127.0.0.1 unless set (0.0.0.0 for a scraper elsewhere)."""
+
+
+class MetricsUnavailable(RuntimeError):
+    """Metrics were asked for and cannot be served: prometheus-client is not
+    installed, or the port cannot be bound (the message says which)."""
+
+
+@dataclass(frozen=True)
+class ReplicaSample:
+    """What a scrape reads of one replica.
+
+    Attributes:
+        node / replica: the labels.
+        stats: TaskStats.snapshot(), with 'subscriptions' when observed.
+        restarts: processes of the replica started again (None: not counted here).
+    """
+
+    node: str
+    replica: str
+    stats: Mapping[str, Any]
+    restarts: int | None = None
+
+
+Samples = Callable[[], list[ReplicaSample]]
+
+
+def metrics_port_from_env() -> int | None:
+    """VIDEOFLOW_METRICS_PORT as a port, None when unset.
+
+    Raises:
+        ValueError: not a whole number from 0 to 65535.
+    """
+    text = os.environ.get(METRICS_PORT_ENV, "").strip()
+    if not text:
+        return None
+    return check_port(text, METRICS_PORT_ENV)
+
+
+def check_port(value: Any, what: str = "metrics port") -> int:
+    """value as a TCP port (0 lets the OS pick).
+
+    Raises:
+        ValueError: not a whole number from 0 to 65535.
+    """
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a port number, got {value!r}") from None
+    if isinstance(value, bool) or not 0 <= port <= 65535:
+        raise ValueError(f"{what} must be from 0 to 65535, got {value!r}")
+    return port
+
+
+class SnapshotCollector:
+    """A prometheus-client collector over snapshots read at scrape time.
+
+    Arguments:
+        flow: the flow's id (every family's flow label).
+        samples: returns the replicas' samples (called on the server's thread: it
+            must only read, and copy what another thread changes).
+    """
+
+    def __init__(self, flow: str, samples: Samples) -> None:
+        self.flow, self.samples = flow, samples
+
+    def describe(self) -> list[Any]:
+        return []  # unchecked: the families depend on what the replicas report
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        base = ["flow", "node", "replica"]
+
+        def counter(name: str, doc: str, *extra: str) -> Any:
+            return CounterMetricFamily(name, doc, labels=[*base, *extra])
+
+        def gauge(name: str, doc: str, *extra: str) -> Any:
+            return GaugeMetricFamily(name, doc, labels=[*base, *extra])
+
+        received = counter("videoflow_received", "First deliveries of inputs.", "parent")
+        processed = counter("videoflow_processed", "Input groups completed and acked.")
+        outputs = counter("videoflow_outputs", "Outputs published.")
+        failures = counter("videoflow_failures", "Input groups the node raised on.")
+        dropped = counter("videoflow_dropped", "Inputs given up on, by reason.", "reason")
+        dead = counter("videoflow_dead_letters", "Inputs dead-lettered.")
+        published = counter("videoflow_publications", "Publication outcomes.", "outcome")
+        waits = counter("videoflow_budget_waits", "Receives paused on a full byte budget.")
+        restarts = counter("videoflow_restarts", "Processes of the replica started again.")
+        pending = gauge("videoflow_pending_messages",
+                        "Inputs waiting on the broker (available + leased).", "parent")
+        unresolved = gauge("videoflow_unresolved_messages",
+                           "Retained inputs nothing will resolve (MSG-012).", "parent")
+        unknown = gauge("videoflow_pending_unknown",
+                        "1 where the broker's count could not be read, with why.",
+                        "parent", "reason")
+        lag = gauge("videoflow_watermark_lag_seconds",
+                    "A time join's parent, behind the most advanced one in event time.",
+                    "parent")
+        up = gauge("videoflow_replica_up", "1 while the replica's process runs.")
+        join = HistogramMetricFamily(
+            "videoflow_join_latency_seconds",
+            "A group's first member arriving to the node receiving the group.",
+            labels=base)
+        hop = HistogramMetricFamily(
+            "videoflow_hop_latency_seconds",
+            "A group's first member arriving to the node done with it.", labels=base)
+
+        for sample in self.samples():
+            s, labels = sample.stats, [self.flow, sample.node, sample.replica]
+            for parent, n in sorted((s.get("received") or {}).items()):
+                received.add_metric([*labels, parent], n)
+            processed.add_metric(labels, s.get("processed", 0))
+            outputs.add_metric(labels, s.get("emitted", 0))
+            failures.add_metric(labels, s.get("failed", 0))
+            for reason, n in sorted((s.get("drops") or {}).items()):
+                dropped.add_metric([*labels, reason], n)
+            dead.add_metric(labels, s.get("dead_lettered", 0))
+            for outcome, n in sorted((s.get("publications") or {}).items()):
+                published.add_metric([*labels, outcome], n)
+            waits.add_metric(labels, s.get("budget_waits", 0))
+            if sample.restarts is not None:
+                restarts.add_metric(labels, sample.restarts)
+            up.add_metric(labels, 1.0 if s.get("outcome", "running") == "running" else 0.0)
+            for parent, seen in sorted((s.get("subscriptions") or {}).items()):
+                if "unknown" in seen:
+                    unknown.add_metric([*labels, parent, str(seen["unknown"])], 1.0)
+                else:
+                    pending.add_metric([*labels, parent], seen["available"] + seen["leased"])
+                    unresolved.add_metric([*labels, parent], seen["unresolved"])
+            for parent, seconds in sorted((s.get("watermark_lag") or {}).items()):
+                lag.add_metric([*labels, parent], seconds)
+            for family, key in ((join, "join_latency"), (hop, "hop_latency")):
+                if s.get(key):
+                    histogram = Histogram()
+                    histogram.add(s[key])
+                    family.add_metric(labels, histogram.cumulative(), histogram.total)
+        yield from (received, processed, outputs, failures, dropped, dead, published,
+                    waits, restarts, pending, unresolved, unknown, lag, up, join, hop)
+
+
+def observed_snapshot(task: Any) -> dict[str, Any]:
+    """task's TaskStats.snapshot() with 'subscriptions': per parent, the broker's
+    count of its work (available, leased, unresolved), or {'unknown': reason} when it
+    could not be read. A producer has none."""
+    snapshot = task.stats.snapshot()
+    observe = getattr(task.messenger, "subscription_status", None)
+    if observe is None or task.node.kind == "producer":
+        return snapshot
+    try:
+        seen = observe()
+    except Exception as error:  # an observation must never kill the replica
+        snapshot["subscriptions"] = {"*": {"unknown": f"unread: {type(error).__name__}"}}
+        return snapshot
+    subscriptions: dict[str, dict[str, Any]] = {}
+    for parent, observed in seen.items():
+        value = getattr(observed, "value", None)
+        if value is None:
+            subscriptions[parent] = {"unknown": str(getattr(observed, "reason", "unknown"))}
+        else:
+            subscriptions[parent] = {"available": value.available, "leased": value.leased,
+                                     "unresolved": value.unresolved}
+    snapshot["subscriptions"] = subscriptions
+    return snapshot
+
+
+def merged(snapshots: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """One replica's snapshots, its current process's last, summed into one: counters
+    and histograms add up over the processes it had (so they never go back when one
+    is started again); the rest is the current process's."""
+    if len(snapshots) == 1:
+        return dict(snapshots[0])
+    out = dict(snapshots[-1])
+    for key in ("processed", "emitted", "failed", "dead_lettered", "budget_waits"):
+        out[key] = sum(int(s.get(key, 0)) for s in snapshots)
+    for key in ("received", "drops", "publications"):
+        total: dict[str, int] = {}
+        for s in snapshots:
+            for name, n in (s.get(key) or {}).items():
+                total[name] = total.get(name, 0) + int(n)
+        out[key] = total
+    for key in ("join_latency", "hop_latency"):
+        histogram = Histogram()
+        for s in snapshots:
+            if s.get(key):
+                histogram.add(s[key])
+        out[key] = histogram.as_dict()
+    return out
+
+
+class MetricsServer:
+    """/metrics over HTTP on a thread of this process, for a collector.
+
+    Arguments:
+        collector: what a scrape reads.
+        port: the port (0: one the OS picks; see .port).
+        host: the address to listen on (VIDEOFLOW_METRICS_HOST, else 127.0.0.1).
+
+    Raises:
+        MetricsUnavailable: prometheus-client is not installed, or the port cannot be
+            bound.
+    """
+
+    def __init__(self, collector: SnapshotCollector, port: int, host: str | None = None) -> None:
+        try:
+            from prometheus_client import CollectorRegistry, start_http_server
+        except ImportError as error:
+            raise MetricsUnavailable("serving metrics needs prometheus-client: "
+                                     "pip install 'videoflow[metrics]'") from error
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        address = host or os.environ.get(METRICS_HOST_ENV) or "127.0.0.1"
+        try:
+            self._server, self._thread = start_http_server(check_port(port), address,
+                                                           registry)
+        except OSError as error:
+            raise MetricsUnavailable(f"cannot serve metrics on {address}:{port}: "
+                                     f"{error.strerror or error}") from error
+        self.port: int = self._server.server_port
+        self.url = f"http://{address}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5.0)
+
+
+__all__ = ["METRICS_HOST_ENV", "METRICS_PORT_ENV", "MetricsServer", "MetricsUnavailable",
+           "ReplicaSample", "SnapshotCollector", "check_port", "merged",
+           "metrics_port_from_env", "observed_snapshot"]

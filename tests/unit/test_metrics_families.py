@@ -1,0 +1,106 @@
+"""The metrics' families built from snapshots: Prometheus names and labels, histograms
+that add up over replicas and processes, counters that do not go back when a replica's
+process is started again, and an unknown broker count exported as absent, never 0."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from videoflow.core.histogram import LATENCY_BOUNDS, Histogram
+from videoflow.run.metrics import ReplicaSample, SnapshotCollector, check_port, merged
+
+
+def exposition(samples: list[ReplicaSample]) -> dict[tuple[str, frozenset], float]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector("f", lambda: samples))
+    text = generate_latest(registry).decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def histogram(*seconds: float) -> dict:
+    h = Histogram()
+    for s in seconds:
+        h.observe(s)
+    return h.as_dict()
+
+
+def test_a_histogram_counts_an_observation_at_a_bound_in_that_bound_s_bucket() -> None:
+    h = Histogram()
+    for seconds in (0.0005, 0.0006, 100.0):
+        h.observe(seconds)
+    cumulative = dict(h.cumulative())
+    assert cumulative[repr(LATENCY_BOUNDS[0])] == 1
+    assert cumulative[repr(LATENCY_BOUNDS[1])] == 2
+    assert cumulative[repr(LATENCY_BOUNDS[-1])] == 2 and cumulative["+Inf"] == 3
+    assert h.count == 3 and h.total == pytest.approx(100.0011)
+
+
+def test_families_follow_prometheus_names_and_label_every_series() -> None:
+    stats = {"processed": 7, "emitted": 7, "failed": 1, "dead_lettered": 1,
+             "drops": {"expired": 2}, "received": {"cam": 9},
+             "publications": {"accepted": 7}, "budget_waits": 3,
+             "watermark_lag": {"cam": 0.25}, "outcome": "running",
+             "join_latency": histogram(0.002, 0.02), "hop_latency": histogram(0.003),
+             "subscriptions": {"cam": {"available": 4, "leased": 2, "unresolved": 1}}}
+    got = exposition([ReplicaSample("fuse", "0", stats, restarts=2)])
+    labels = {("flow", "f"), ("node", "fuse"), ("replica", "0")}
+
+    def at(name: str, **extra: str) -> float:
+        return got[(name, frozenset(labels | set(extra.items())))]
+
+    assert at("videoflow_processed_total") == 7
+    assert at("videoflow_outputs_total") == 7
+    assert at("videoflow_failures_total") == 1
+    assert at("videoflow_dead_letters_total") == 1
+    assert at("videoflow_dropped_total", reason="expired") == 2
+    assert at("videoflow_received_total", parent="cam") == 9
+    assert at("videoflow_publications_total", outcome="accepted") == 7
+    assert at("videoflow_budget_waits_total") == 3
+    assert at("videoflow_restarts_total") == 2
+    assert at("videoflow_watermark_lag_seconds", parent="cam") == 0.25
+    assert at("videoflow_pending_messages", parent="cam") == 6
+    assert at("videoflow_unresolved_messages", parent="cam") == 1
+    assert at("videoflow_replica_up") == 1
+    assert at("videoflow_join_latency_seconds_count") == 2
+    assert at("videoflow_join_latency_seconds_bucket", le="0.0025") == 1
+    assert at("videoflow_join_latency_seconds_sum") == pytest.approx(0.022)
+    assert at("videoflow_hop_latency_seconds_count") == 1
+
+
+def test_an_unknown_broker_count_is_absent_with_its_reason_never_zero() -> None:
+    stats = {"processed": 1, "subscriptions": {"cam": {"unknown": "timeout"}}}
+    got = exposition([ReplicaSample("fuse", "0", stats)])
+    names = {name for name, _ in got}
+    assert "videoflow_pending_messages" not in names
+    assert "videoflow_unresolved_messages" not in names
+    assert got[("videoflow_pending_unknown", frozenset({
+        ("flow", "f"), ("node", "fuse"), ("replica", "0"), ("parent", "cam"),
+        ("reason", "timeout")}))] == 1
+    # Restarts are counted only where they are known (the engine), not as 0 elsewhere.
+    assert "videoflow_restarts_total" not in names
+
+
+def test_a_replica_started_again_keeps_counting_from_where_its_dead_process_was() -> None:
+    dead = {"processed": 40, "emitted": 40, "drops": {"expired": 1},
+            "received": {"cam": 41}, "publications": {"accepted": 40},
+            "hop_latency": histogram(0.01, 0.02), "outcome": "restarted",
+            "watermark_lag": {"cam": 9.0}}
+    live = {"processed": 5, "emitted": 5, "drops": {"late": 2}, "received": {"cam": 6},
+            "publications": {"accepted": 5}, "hop_latency": histogram(0.5),
+            "outcome": "running", "watermark_lag": {"cam": 0.1}}
+    one = merged([dead, live])
+    assert one["processed"] == 45 and one["emitted"] == 45
+    assert one["drops"] == {"expired": 1, "late": 2}
+    assert one["received"] == {"cam": 47} and one["publications"] == {"accepted": 45}
+    assert sum(one["hop_latency"]["counts"]) == 3
+    # A gauge is the current process's word, not a sum.
+    assert one["watermark_lag"] == {"cam": 0.1} and one["outcome"] == "running"
+
+
+@pytest.mark.parametrize("bad", [-1, 65536, "x", True, None])
+def test_a_port_must_be_a_port(bad: object) -> None:
+    with pytest.raises(ValueError, match="port"):
+        check_port(bad)
