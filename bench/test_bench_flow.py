@@ -119,6 +119,7 @@ from videoflow.flow import Flow
 pytestmark = pytest.mark.timeout(300)
 
 SIDES = ["videoflow", "peer"]
+OBSERVABILITY = ["on", "off"]  # metrics served and scraped, tracing: on / off
 CAMERAS = 8
 FRAME_DT = 1 / 60  # seconds between instants: far above the join's tolerance
 TOLERANCE_MS = 5.0
@@ -227,7 +228,7 @@ def write_summary(write: Callable[[str], None]) -> None:
     write("videoflow flows vs hand-written nats-py peer (ratio = videoflow / peer, "
           "best round; median in brackets)")
     write(f"  {'case':<22}{'unit':<14}{'videoflow':>18}{'peer':>18}{'ratio':>8}")
-    for case in dict.fromkeys(c for c, _ in _RESULTS):
+    for case in dict.fromkeys(c for c, side in _RESULTS if side in SIDES):
         vf, peer = _RESULTS.get((case, "videoflow")), _RESULTS.get((case, "peer"))
         shown = [f"{r['best']:>9,.1f} ({r['median']:,.1f})" if r else "-" for r in (vf, peer)]
         unit = (vf or peer or {}).get("unit", "")
@@ -241,6 +242,11 @@ def write_summary(write: Callable[[str], None]) -> None:
             shown = ["-" if c is None else f"{c:,.0f}" for c in cpu]
             write(f"  {'':<22}{'stage CPU us/msg':<14}{shown[0]:>18}{shown[1]:>18}"
                   "  (median; broker not included)")
+    on, off = _RESULTS.get(("observability", "on")), _RESULTS.get(("observability", "off"))
+    if on and off:
+        write(f"  metrics and tracing on / off (linear_batch): {on['best']:,.1f} / "
+              f"{off['best']:,.1f} msg/s = {on['best'] / off['best']:.3f} (best; median "
+              f"{on['median'] / off['median']:.3f})")
 
 
 def median_of(kept: dict[str, Any] | None, key: str) -> float | None:
@@ -280,16 +286,16 @@ def rounds_dir(tmp_path: Path) -> Callable[[], Path]:
 # ------------------------------------------------------------------ videoflow side
 
 
-def run_flow(url: str, flow: Flow) -> Any:
-    """Run a flow to its end; it must complete."""
-    report = flow.run(url, view=False)
+def run_flow(url: str, flow: Flow, **options: Any) -> Any:
+    """Run a flow to its end (options: run_flow's); it must complete."""
+    report = flow.run(url, view=False, **options)
     assert report.outcome == "completed", report.format()
     return report
 
 
 def videoflow_linear(url: str, out: Path, n: int, flow_type: str, *, processor: bool = True,
                      rate: float = 0.0, latency: bool = False, name: str = "linear",
-                     ) -> dict[str, Any]:
+                     options: dict[str, Any] | None = None) -> dict[str, Any]:
     """numbers -> [transform ->] sink as a videoflow flow; checks what arrived.
 
     Returns:
@@ -300,7 +306,8 @@ def videoflow_linear(url: str, out: Path, n: int, flow_type: str, *, processor: 
     numbers = Numbers(n, str(out), readers, rate=rate, name="numbers")
     last = Transform(str(out), name="transform")(numbers) if processor else numbers
     sink = Sink(str(out), latency=latency, name="sink")(last)
-    report = run_flow(url, Flow([numbers], [sink], flow_type, name=f"bench-{name}"))
+    report = run_flow(url, Flow([numbers], [sink], flow_type, name=f"bench-{name}"),
+                      **(options or {}))
     produced, got = read_stats(out, "numbers"), read_stats(out, "sink")
     assert produced["count"] == n and report.nodes["numbers"].emitted == n
     assert got["duplicates"] == 0, got
@@ -613,3 +620,50 @@ def test_latency_per_hop(benchmark: Any, summary: None, server: embedded.Embedde
     benchmark.extra_info["paced_rate"] = rate
     benchmark.extra_info["rate_basis"] = basis
     assert kept["best"] > 0
+
+
+@contextlib.contextmanager
+def scraped_metrics() -> Iterator[dict[str, Any]]:
+    """run_flow's options serving metrics on a free port, scraped every half second
+    by a thread (as Prometheus would, more often) while the block runs."""
+    import socket
+    import threading
+    import urllib.request
+
+    with socket.socket() as probe:  # a free port; the run binds it a moment later
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done, scrapes = threading.Event(), []
+
+    def scrape() -> None:
+        while not done.wait(0.5):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                            timeout=2) as answer:
+                    scrapes.append(len(answer.read()))
+            except OSError:  # between runs: nothing serves
+                continue
+
+    scraper = threading.Thread(target=scrape, daemon=True)
+    scraper.start()
+    try:
+        yield {"metrics_port": port}
+    finally:
+        done.set()
+        scraper.join(5)
+    assert scrapes, "the metrics endpoint was never scraped"
+
+
+@pytest.mark.benchmark(group="flow_observability")
+@pytest.mark.parametrize("side", OBSERVABILITY)
+def test_observability_cost(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
+                            rounds_dir: Callable[[], Path], side: str) -> None:
+    """The linear BATCH flow with metrics served and scraped and tracing on (no SDK),
+    against both off: the cost of watching a flow."""
+    sizes = sizes_for(benchmark)
+    rounds: list[dict[str, Any]] = []
+    with (scraped_metrics() if side == "on" else contextlib.nullcontext({})) as options:
+        run_rounds(benchmark, sizes.rounds, lambda: rounds.append(videoflow_linear(
+            server.url, rounds_dir(), sizes.messages, BATCH, name="observed",
+            options=options)))
+    record(benchmark, "observability", side, rounds, "rate", "msg/s")
