@@ -46,6 +46,8 @@ class TaskStats:
             event-time watermark is behind the most advanced parent's, in seconds:
             the latest sample, and the most seen (parents not heard from are absent).
         started / ended: wall-clock seconds.
+        snapshot()'s 'at': the process's monotonic clock when the snapshot was made, so
+            a rate is the count's change between two snapshots over the change in 'at'.
         outcome: 'running', 'ended' (its stream ended), 'quiesced', 'aborted' (a
             parent died; relayed) or 'failed' (this node died).
         error: the failure's 'Type: message' when outcome is 'failed' or 'aborted'.
@@ -85,7 +87,7 @@ class TaskStats:
                 "watermark_lag": dict(self.watermark_lag),
                 "watermark_lag_max": dict(self.watermark_lag_max),
                 "started": self.started, "ended": self.ended, "outcome": self.outcome,
-                "error": self.error}
+                "error": self.error, "at": time.monotonic()}
 
 
 Progress = Callable[["Task"], None]
