@@ -289,8 +289,9 @@ class LiveView:
     def relay(self) -> OutputRelay | None:
         """On a terminal, the relay whose lines go above the view: the replicas'
         descriptors that would reach the terminal (stdout, stderr) go through it.
-        None otherwise: the replicas write where the engine does."""
-        if not self.tty:
+        None otherwise (and off POSIX, whose descriptors RelayEnd.adopt replaces):
+        the replicas write where the engine does."""
+        if not self.tty or os.name != "posix":
             return None
         if self._relay is None:
             fds = tuple(fd for fd in (1, 2) if os.isatty(fd))
