@@ -135,8 +135,13 @@ def test_the_view_and_the_report_say_which_parent_of_a_time_join_is_behind() -> 
 
 def test_the_terminal_view_redraws_in_place() -> None:
     out = io.StringIO()
-    view = LiveView(out, tty=True)
+    view = LiveView(out, tty=True, width=80)
     nodes = {"cam": NodeProgress("producer", replicas={"cam[0]": {"emitted": 1}})}
     view.update("t", nodes)
     view.update("t", nodes, force=True)
-    assert out.getvalue().count("\x1b[3F") == 1  # back up over the 3 lines drawn before
+    view.close()
+    # Back up over the 4 lines drawn before (title, header, rule, one row), erasing
+    # each: once per redraw after the first (the forced update, and the close's).
+    back_over_four = "\r\x1b[2K" + "\x1b[1A\x1b[2K" * 3
+    assert out.getvalue().count(back_over_four) == 2
+    assert out.getvalue().count("\x1b[1A") == 6

@@ -54,6 +54,8 @@ class TaskStats:
             duplicate, unknown, dropped, rejected).
         budget_waits: times receiving paused because the byte budget was full.
         started / ended: wall-clock seconds.
+        snapshot()'s 'at': the process's monotonic clock when the snapshot was made, so
+            a rate is the count's change between two snapshots over the change in 'at'.
         outcome: 'running', 'ended' (its stream ended), 'quiesced', 'aborted' (a
             parent died; relayed) or 'failed' (this node died).
         error: the failure's 'Type: message' when outcome is 'failed' or 'aborted'.
@@ -102,7 +104,7 @@ class TaskStats:
                 "publications": dict(self.publications),
                 "budget_waits": self.budget_waits,
                 "started": self.started, "ended": self.ended, "outcome": self.outcome,
-                "error": self.error}
+                "error": self.error, "at": time.monotonic()}
 
 
 Progress = Callable[["Task"], None]

@@ -30,7 +30,7 @@ from videoflow.core.constants import REALTIME
 from videoflow.core.report import ProcessDeath
 from videoflow.core.task import Task
 from videoflow.run.metrics import observed_snapshot
-from videoflow.run.progress import LiveView, NodeProgress
+from videoflow.run.progress import LiveView, NodeProgress, OutputRelay, RelayEnd
 from videoflow.run.supervision import (
     QUIESCE_SIGNAL,
     CrashBook,
@@ -118,6 +118,8 @@ class Run:
     crashes: CrashBook | None = None  # deaths per input, per node (crash_limit)
     # Ctrl-C and SIGTERM: run_flow's handler on the main thread (else never counting)
     signals: StopSignals = field(default_factory=StopSignals)
+    # The live view's: the replicas' stdout and stderr printed above it (else inherited)
+    output: OutputRelay | None = None
 
 
 def supervise(run: Run, max_restarts: int, stop_after: float | None,
@@ -136,10 +138,15 @@ def supervise(run: Run, max_restarts: int, stop_after: float | None,
     # Once the loop is done, the reaping and the teardown that follow are cut short
     # by the third only (StopSignals).
     run.signals.supervising = True
-    for replica in run.replicas.values():
-        if replica.final is None:  # a resumed run's ended replicas are not started
-            _start(context, replica, run.gate)
-    _watch(context, run, max_restarts, stop_after, view)
+    run.output = None if view is None else view.relay()
+    try:
+        for replica in run.replicas.values():
+            if replica.final is None:  # a resumed run's ended replicas are not started
+                _start(context, replica, run.gate, run.output)
+        _watch(context, run, max_restarts, stop_after, view)
+    finally:
+        if view is not None:
+            view.close()  # once the replicas' last lines are printed
     run.signals.finished = True
 
 
@@ -212,7 +219,8 @@ def _alive(replica: Replica) -> bool:
                                             or replica.process.exitcode is None)
 
 
-def _start(context: Any, replica: Replica, run_gate: Any = None) -> None:
+def _start(context: Any, replica: Replica, run_gate: Any = None,
+           output: OutputRelay | None = None) -> None:
     # Each process reports on a pipe of its own, which it alone writes: one killed in
     # the middle of a report (SIGKILL, os._exit) tears only its own pipe, dropped with
     # it. A queue shared by every replica serializes its writers with a lock, which a
@@ -222,14 +230,18 @@ def _start(context: Any, replica: Replica, run_gate: Any = None) -> None:
         replica.reports.close()
     reader, writer = context.Pipe(duplex=False)
     replica.reports = reader
+    job = replica.job
+    relayed = None if output is None else output.open(f"[{job.spec.name}/{job.replica_id}] ")
     replica.process = context.Process(
         target=_child_main,
-        args=(replica.job, replica.node_bytes, writer, run_gate, os.getpid()),
-        name=f"videoflow {replica.job.key}", daemon=False)
+        args=(job, replica.node_bytes, writer, run_gate, os.getpid(), relayed),
+        name=f"videoflow {job.key}", daemon=False)
     try:
         _spawn(replica.process)
     finally:
         writer.close()  # the child's is the only writer left: its end is the pipe's
+        if relayed is not None:
+            relayed.close()  # the same for its stdout and stderr
 
 
 def _spawn(process: Any) -> None:
@@ -282,7 +294,8 @@ def _check(context: Any, run: Run, replica: Replica, max_restarts: int) -> None:
         time.monotonic() - run.started, _count_crash(run, replica), restart))
     if restart:
         replica.restarts += 1
-        _start(context, replica, run.gate)
+        progress.restarts += 1
+        _start(context, replica, run.gate, run.output)
     else:
         replica.lost = True
         run.failed = True
@@ -397,12 +410,14 @@ def reap(run: Run) -> None:
 
 
 def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = None,
-                engine_pid: int | None = None) -> None:
+                engine_pid: int | None = None, output: RelayEnd | None = None) -> None:
     """A replica process: it ends when the engine dies (die_with_parent, first of
     all); the engine coordinates Ctrl-C and SIGTERM, so both are ignored here, and it
     quiesces on QUIESCE_SIGNAL. It reports on its pipe (reports, a Connection it alone
     writes, from this thread); a reader says once it is bound; a producer waits for the
-    gate (REALTIME)."""
+    gate (REALTIME). With output, its stdout and stderr go to the live view's relay."""
+    if output is not None:
+        output.adopt()
     if engine_pid is not None:
         die_with_parent(engine_pid)
     if os.environ.get(logs.LOG_FORMAT_ENV):  # the videoflow command chose how to log

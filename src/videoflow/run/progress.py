@@ -1,20 +1,60 @@
-"""The live view of a running flow: per node, its rate, what waits for it, its drops,
-and for a time join the parent furthest behind in event time.
+"""The live view of a running flow: per node, how much it did and at what rate, what
+waits for it, its drops and dead letters, for a time join the parent furthest behind in
+event time, and its restarts.
 
-On a terminal the view redraws in place; otherwise (a log, a pipe, CI) it prints a
-plain line per node every interval. An unknown pending count is shown as unknown,
-never as 0.
+A node's rate is measured between reports: per replica, the change of its count
+between two consecutive reports over the change of the replica's own clock ('at' in
+its snapshot), summed over the node's replicas. A redraw between two reports shows the
+rate last measured; a replica that ended counts 0, and so does one silent for
+STALE_SECONDS (it reports every second while its loop turns, so it completed nothing
+meanwhile). An unknown pending count is shown as unknown, never as 0.
+
+On a terminal the view is a rich Live table redrawn in place (at most 4 times a
+second), laid out for the terminal's width at every draw: the less telling columns go
+first when it is narrow, and no row ever wraps. What the run writes goes above it,
+line by line, never under it: the engine's prints and logs, and the replicas' stdout
+and stderr, which OutputRelay reads from pipes in their file descriptors' place and
+prints prefixed by the replica ('[scale/0] '). Otherwise (a log, a pipe, CI) it prints
+a plain table every interval, and the replicas write where the engine does.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from videoflow.core.report import format_table
+
+STALE_SECONDS = 3.0
+"""How long a running replica may go without a report before it counts 0 in its
+node's rate (replicas report every second while their loop turns)."""
+
+RELAY_WAIT_SECONDS = 2.0
+"""How long closing the view waits for the replicas' last lines (their pipes' ends)."""
+
+_HEADERS = ("node", "done", "rate/s", "pending", "dropped", "dead-let.", "behind",
+            "restarts")
+# Which columns go first when the terminal is narrow (the highest first); a column
+# with nothing to say (only '0' and '-') goes before any that has.
+_DROP_ORDER = {"node": 0, "rate/s": 1, "pending": 1, "behind": 2, "done": 3,
+               "restarts": 3, "dropped": 4, "dead-let.": 5}
+
+
+@dataclass
+class _Pace:
+    """A replica's last report as the rate sees it."""
+
+    started: Any  # the process's start ('started'): a restarted process is a new one
+    at: float  # the replica's clock at that report
+    count: int
+    heard: float  # the view's clock when it first saw that report
+    rate: float | None = None  # per second, between that report and the one before
 
 
 @dataclass
@@ -24,17 +64,20 @@ class NodeProgress:
     Attributes:
         replicas: the latest snapshot per replica key.
         pending: per replica, messages waiting (int) or the reason it is unknown (str).
+        restarts: how often one of its processes was started again.
     """
 
     kind: str
     replicas: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     pending: dict[str, int | str] = field(default_factory=dict)
-    _last: tuple[float, int] | None = None
-    rate: float = 0.0
+    restarts: int = 0
+    _paces: dict[str, _Pace] = field(default_factory=dict, repr=False)
+
+    def _count(self, stats: Mapping[str, Any]) -> int:
+        return int(stats.get("emitted" if self.kind == "producer" else "processed", 0))
 
     def count(self) -> int:
-        key = "emitted" if self.kind == "producer" else "processed"
-        return sum(int(s.get(key, 0)) for s in self.replicas.values())
+        return sum(self._count(s) for s in self.replicas.values())
 
     def total(self, key: str) -> int:
         return sum(int(s.get(key, 0)) for s in self.replicas.values())
@@ -66,11 +109,154 @@ class NodeProgress:
         return f"{parent} {lags[parent] * 1000.0:.0f} ms"
 
     def mark(self, now: float) -> None:
-        """Update the rate from the count since the last mark."""
-        count = self.count()
-        if self._last is not None and now > self._last[0]:
-            self.rate = (count - self._last[1]) / (now - self._last[0])
-        self._last = (now, count)
+        """Fold the replicas' latest reports into their rates: a report not seen before
+        gives its replica the rate since its previous one.
+
+        Arguments:
+            now: the view's monotonic clock (when the reports were seen).
+        """
+        for key, stats in self.replicas.items():
+            at = stats.get("at")
+            if not isinstance(at, (int, float)):
+                continue  # a report without its clock gives no rate
+            count, pace = self._count(stats), self._paces.get(key)
+            if pace is None or pace.started != stats.get("started") or count < pace.count:
+                self._paces[key] = _Pace(stats.get("started"), at, count, now)
+            elif at > pace.at:
+                pace.rate = (count - pace.count) / (at - pace.at)
+                pace.at, pace.count, pace.heard = at, count, now
+        for key in self._paces.keys() - self.replicas.keys():
+            del self._paces[key]
+
+    def rate(self, now: float) -> float | None:
+        """Per second, summed over the replicas, as of the last mark; None while a
+        running replica has none yet (before its second report).
+
+        Arguments:
+            now: the view's monotonic clock.
+        """
+        if not self.replicas:
+            return None
+        rates: list[float | None] = []
+        for key, stats in self.replicas.items():
+            if stats.get("outcome", "running") != "running" or stats.get("ended"):
+                continue  # it ended, or is a process that died: nothing more from it
+            pace = self._paces.get(key)
+            if pace is not None and now - pace.heard > STALE_SECONDS:
+                rates.append(0.0)  # its loop has not turned since: it completed nothing
+            else:
+                rates.append(None if pace is None else pace.rate)
+        if not rates:
+            return 0.0  # every replica ended
+        if any(r is None for r in rates):
+            return None  # a sum without one of them would be too low
+        return sum(r for r in rates if r is not None)
+
+
+def rate_text(rate: float | None) -> str:
+    """A rate as the view shows it: '-' while unknown, one decimal under 10."""
+    if rate is None:
+        return "-"
+    return f"{rate:.1f}" if 0 < rate < 10 else f"{rate:.0f}"
+
+
+class OutputRelay:
+    """The replicas' stdout and stderr, read from pipes and handed over line by line.
+
+    A replica process writes to its own file descriptors (print, a C extension, a
+    traceback), which no redirection of the engine's sys.stdout reaches: the process
+    puts a pipe in their place (RelayEnd.adopt), and a thread here reads it to its end.
+
+    Arguments:
+        write: called with a replica's prefix and a batch of its complete lines.
+        fds: which of the replicas' descriptors go through the relay (1, 2).
+    """
+
+    def __init__(self, write: Callable[[str, list[str]], None],
+                 fds: tuple[int, ...] = (1, 2)) -> None:
+        self._write, self.fds = write, fds
+        self._threads: list[threading.Thread] = []
+
+    def open(self, prefix: str) -> RelayEnd:
+        """A pipe for one process, read from now on; its lines are prefixed by prefix.
+
+        Returns:
+            the process's end, to hand to it and to close here once it started.
+        """
+        import multiprocessing
+
+        reader, writer = multiprocessing.Pipe(duplex=False)
+        thread = threading.Thread(target=self._pump, args=(reader, prefix), daemon=True,
+                                  name=f"videoflow output {prefix.strip()}")
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+        return RelayEnd(writer, self.fds)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait for every pipe's end (its processes' exit), at most timeout seconds.
+
+        Returns:
+            whether every pipe ended.
+        """
+        deadline = time.monotonic() + timeout
+        for thread in list(self._threads):
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+    def _pump(self, reader: Any, prefix: str) -> None:
+        held = b""
+        try:
+            while True:
+                try:
+                    chunk = os.read(reader.fileno(), 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                *lines, held = (held + chunk).split(b"\n")
+                if len(held) > 65536:  # a line that never ends is shown in pieces
+                    lines, held = [*lines, held], b""
+                if lines:
+                    self._write(prefix, [_decode(line) for line in lines])
+            if held:
+                self._write(prefix, [_decode(held)])
+        finally:
+            reader.close()
+
+
+@dataclass
+class RelayEnd:
+    """A replica process's end of its OutputRelay pipe (it pickles to the spawned
+    process with the descriptor)."""
+
+    pipe: Any  # a multiprocessing Connection, write end
+    fds: tuple[int, ...]
+
+    def adopt(self) -> None:
+        """In the replica process: the pipe in place of its stdout and stderr."""
+        for fd in self.fds:
+            os.dup2(self.pipe.fileno(), fd)
+        self.pipe.close()
+        # Line by line, as on the terminal these descriptors were when Python started.
+        for stream in (sys.stdout, sys.stderr):
+            reconfigure = getattr(stream, "reconfigure", None)
+            if reconfigure is not None:
+                reconfigure(line_buffering=True)
+
+    def close(self) -> None:
+        """In the engine, once the process started: its copy is the only writer."""
+        self.pipe.close()
+
+
+def _decode(line: bytes) -> str:
+    return line.decode("utf-8", errors="replace").rstrip("\r")
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # None, or a closed stream
+        return False
 
 
 class LiveView:
@@ -81,37 +267,180 @@ class LiveView:
         interval: seconds between plain-line reports (redraws on a terminal follow
             every update, at most 4 per second).
         tty: force terminal (True) or plain (False) rendering; None asks the stream.
+        width: on a terminal, draw for this many columns (None: the terminal's width,
+            read at every draw).
+        clock: the view's monotonic clock (when it saw a report, how long ago).
     """
 
     def __init__(self, stream: TextIO | None = None, interval: float = 2.0,
-                 tty: bool | None = None) -> None:
+                 tty: bool | None = None, width: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty() if tty is None else tty
+        self.tty = _is_terminal(self.stream) if tty is None else tty
         self.interval = interval if not self.tty else 0.25
-        self._drawn = 0
+        self.width, self.clock = width, clock
         self._next = 0.0
+        self._lock = threading.RLock()
+        self._live: Any = None  # a rich Live, while the view is drawn on a terminal
+        self._board: _Board | None = None
+        self._relay: OutputRelay | None = None
+        self._handlers: list[tuple[logging.StreamHandler[Any], Any]] = []
+
+    def relay(self) -> OutputRelay | None:
+        """On a terminal, the relay whose lines go above the view: the replicas'
+        descriptors that would reach the terminal (stdout, stderr) go through it.
+        None otherwise (and off POSIX, whose descriptors RelayEnd.adopt replaces):
+        the replicas write where the engine does."""
+        if not self.tty or os.name != "posix":
+            return None
+        if self._relay is None:
+            fds = tuple(fd for fd in (1, 2) if os.isatty(fd))
+            if not fds:
+                return None
+            self._relay = OutputRelay(self.print_lines, fds)
+        return self._relay
 
     def update(self, title: str, nodes: Mapping[str, NodeProgress],
                extra: str = "", force: bool = False) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if not force and now < self._next:
             return
         self._next = now + self.interval
         for progress in nodes.values():
             progress.mark(now)
-        rows = [("node", "done", "rate/s", "pending", "dropped", "dead-let.", "behind")]
-        for name, p in nodes.items():
-            rows.append((name, str(p.count()), f"{p.rate:.0f}", p.pending_text(),
-                         str(p.drops()), str(p.total("dead_lettered")), p.behind_text()))
-        lines = [title + (f"  {extra}" if extra else ""), *format_table(rows)]
-        if self.tty:
-            if self._drawn:
-                self.stream.write(f"\x1b[{self._drawn}F")  # back to the view's first line
-            self.stream.write("".join(f"{line}\x1b[K\n" for line in lines))
-            self._drawn = len(lines)
-        else:
+        heading = title + (f"  {extra}" if extra else "")
+        if not self.tty:
+            rows = [("node", "done", "rate/s", "pending", "dropped", "dead-let.", "behind")]
+            for name, p in nodes.items():
+                rows.append((name, str(p.count()), rate_text(p.rate(now)), p.pending_text(),
+                             str(p.drops()), str(p.total("dead_lettered")), p.behind_text()))
+            lines = [heading, *format_table(rows)]
             self.stream.write("".join(f"{line}\n" for line in lines))
-        self.stream.flush()
+            self.stream.flush()
+            return
+        board = _Board(heading, [
+            (name, str(p.count()), rate_text(p.rate(now)), p.pending_text(), str(p.drops()),
+             str(p.total("dead_lettered")), p.behind_text(), str(p.restarts))
+            for name, p in nodes.items()])
+        with self._lock:
+            self._board = board
+            if self._live is None:
+                self._start(board)
+            else:
+                self._live.update(board, refresh=True)
+
+    def print_lines(self, prefix: str, lines: list[str]) -> None:
+        """Lines a replica wrote, above the view (plain once the view is closed)."""
+        with self._lock:
+            if self._live is None:
+                self.stream.write("".join(f"{prefix}{line}\n" for line in lines))
+                self.stream.flush()
+                return
+            from rich.text import Text
+
+            text = Text("\n").join(Text(prefix, style="dim") + Text.from_ansi(line)
+                                   for line in lines)
+            # soft_wrap: a long line is wrapped by the terminal, not cut by rich.
+            self._live.console.print(text, soft_wrap=True)
+
+    def close(self) -> None:
+        """End the drawing, once the replicas' last lines are printed (the table, as
+        last drawn, stays on the screen). Lines that come later are printed plain."""
+        if self._relay is not None:
+            self._relay.wait(RELAY_WAIT_SECONDS)
+        with self._lock:
+            live, self._live = self._live, None
+            if live is None:
+                return
+            try:
+                live.stop()
+            finally:
+                for handler, stream in self._handlers:
+                    handler.setStream(stream)
+                self._handlers = []
+
+    def _start(self, board: _Board) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        console = Console(file=self.stream, width=self.width, force_terminal=True,
+                          force_interactive=True, highlight=False)
+        # The engine's stdout goes above the view only when it is a terminal too:
+        # redirected to a file, it stays there.
+        live = Live(board, console=console, auto_refresh=False, transient=False,
+                    redirect_stderr=True, redirect_stdout=_is_terminal(sys.stdout),
+                    vertical_overflow="crop")
+        originals = (sys.stderr, sys.stdout)
+        live.start(refresh=True)
+        self._live = live
+        # A log handler holds the stream it was made with, not sys.stderr's proxy: its
+        # records would be written under the table, and overwritten.
+        for handler in logging.getLogger().handlers:
+            if (isinstance(handler, logging.StreamHandler)
+                    and not isinstance(handler, logging.FileHandler)
+                    and handler.stream in originals):
+                proxy = sys.stderr if handler.stream is originals[0] else sys.stdout
+                if proxy is not handler.stream:
+                    self._handlers.append((handler, handler.setStream(proxy)))
 
 
-__all__ = ["LiveView", "NodeProgress"]
+class _Board:
+    """The terminal view as of one update: a title and the table, laid out for the
+    width it is drawn at."""
+
+    def __init__(self, title: str, rows: list[tuple[str, ...]]) -> None:
+        self.title, self.rows = title, rows
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.text import Text
+
+        yield Text(self.title, no_wrap=True, overflow="ellipsis")
+        yield self.table(options.max_width)
+
+    def layout(self, width: int) -> tuple[list[int], int, list[tuple[str, ...]]]:
+        """How the table is drawn at width: the columns shown, the node column's most
+        width, and the rows as shown. When not all fits, long node names are cut and
+        an unknown pending count loses its reason ('unknown') first, then columns go
+        in _DROP_ORDER, one with nothing to say (only '0' and '-') before any other."""
+        rows, cap = self.rows, width
+
+        def need(shown: list[int]) -> int:  # two columns of padding between columns
+            widths = [max(len(_HEADERS[i]), *(len(r[i]) for r in rows)) if rows
+                      else len(_HEADERS[i]) for i in shown]
+            widths[0] = min(widths[0], cap)
+            return sum(widths) + 2 * (len(shown) - 1)
+
+        shown = list(range(len(_HEADERS)))
+        if need(shown) > width:
+            # Narrow: long node names are cut, and unknown pending counts lose their
+            # reason, before any column goes.
+            cap = max(8, width // 3)
+            rows = [(*r[:3], r[3].split(" (")[0], *r[4:]) for r in rows]
+        silent = {i for i in range(4, len(_HEADERS))
+                  if all(r[i] in ("0", "-") for r in rows)}
+        by_drop = sorted(shown[1:], key=lambda i: (i in silent, _DROP_ORDER[_HEADERS[i]], i),
+                         reverse=True)
+        while len(shown) > 1 and need(shown) > width:
+            shown.remove(by_drop.pop(0))
+        return shown, cap, rows
+
+    def table(self, width: int) -> Any:
+        from rich import box
+        from rich.table import Table
+
+        shown, cap, rows = self.layout(width)
+        # No row wraps: a cell too long for what is left of the width is cut ('…').
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                      padding=(0, 1), collapse_padding=True)
+        for i in shown:
+            table.add_column(_HEADERS[i], no_wrap=True, overflow="ellipsis",
+                             justify="left" if i in (0, 3, 6) else "right",
+                             min_width=4 if i == 0 else None,
+                             max_width=cap if i == 0 else None)
+        for row in rows:
+            table.add_row(*(row[i] for i in shown))
+        return table
+
+
+__all__ = ["RELAY_WAIT_SECONDS", "STALE_SECONDS", "LiveView", "NodeProgress", "OutputRelay",
+           "RelayEnd", "rate_text"]

@@ -1,0 +1,248 @@
+"""The live view tells the truth: rates measured between the replicas' reports (steady
+between them, never 0 because a redraw came first), narrow terminals without stacked
+copies of the table, and what the run writes printed above the table, never under it.
+
+The terminal view's output is played on a small terminal model (screen()), which
+knows what rich writes: carriage return, line feed, cursor up, erase line, colours."""
+
+from __future__ import annotations
+
+import io
+import logging
+import multiprocessing
+import os
+import re
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from videoflow.run import progress as progress_module
+from videoflow.run.progress import STALE_SECONDS, LiveView, NodeProgress, OutputRelay, RelayEnd
+
+_CONTROL = re.compile(r"\x1b\[(\??)([0-9;]*)([A-Za-z])|\r|\n|[^\x1b\r\n]")
+
+
+def screen(output: str, width: int) -> list[str]:
+    """The lines a terminal width columns wide shows once output is written to it
+    (the whole scrollback, trailing blanks stripped)."""
+    lines: list[list[str]] = [[]]
+    row = col = 0
+    for found in _CONTROL.finditer(output):
+        text = found.group(0)
+        if text == "\r":
+            col = 0
+        elif text == "\n":
+            row, col = row + 1, 0
+        elif found.group(3) == "A":
+            row = max(0, row - int(found.group(2) or 1))
+        elif found.group(3) == "K":
+            lines[row] = [] if found.group(2) == "2" else lines[row][:col]
+        elif found.group(3):
+            continue  # colours, cursor shown or hidden
+        else:
+            if col == width:  # the terminal wraps a line longer than it is wide
+                row, col = row + 1, 0
+            while len(lines) <= row:
+                lines.append([])
+            while len(lines[row]) < col:
+                lines[row].append(" ")
+            if col < len(lines[row]):
+                lines[row][col] = text
+            else:
+                lines[row].append(text)
+            col += 1
+        while len(lines) <= row:
+            lines.append([])
+    return ["".join(line).rstrip() for line in lines]
+
+
+class Clock:
+    """time.monotonic as the view reads it, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def plain_rate(out: io.StringIO, node: str) -> str:
+    """The rate/s cell of node's row in the plain view's last table."""
+    rows = [line.split() for line in out.getvalue().splitlines()]
+    return [row for row in rows if row and row[0] == node][-1][2]
+
+
+def test_rates_are_measured_between_reports_and_stay_steady_between_them() -> None:
+    # A 30 fps camera in two replicas (20 + 10 a second), reporting every second on
+    # their own clocks (not in step with the view), redrawn every 0.25 s: the rate
+    # is 30 at every redraw once each replica reported twice, never 0, never 2.5x.
+    out, clock = io.StringIO(), Clock()
+    view = LiveView(out, tty=False, clock=clock)
+    cam = NodeProgress("producer")
+    shown: list[str] = []
+    for step in range(48):  # 12 s of redraws
+        t = step * 0.25
+        for key, per_second, offset in (("cam[0]", 20, 0.1), ("cam[1]", 10, 0.6)):
+            reports = int((t - offset) // 1.0) + 1 if t >= offset else 0
+            if reports:  # its latest report, made at offset + k seconds of its clock
+                at = 50.0 + offset + (reports - 1)
+                cam.replicas[key] = {"emitted": round(per_second * (at - 50.0)),
+                                     "at": at, "started": 7.0}
+        clock.now = 1000.0 + t
+        view.update("flow run", {"cam": cam}, force=True)
+        shown.append(plain_rate(out, "cam"))
+    # No rate before every replica's second report (a sum without one is too low).
+    assert shown[:7] == ["-"] * 7
+    settled = shown[7:]  # every replica reported twice by t = 1.75 s
+    assert settled == ["30"] * len(settled)
+
+
+def test_a_rate_is_the_reports_own_count_over_their_own_clock() -> None:
+    # Reports a little late or early on the view's clock: the replica's clock ('at')
+    # says how long the count took, so the rate stays right.
+    sink = NodeProgress("consumer")
+    for at, count, heard in ((10.0, 0, 0.0), (11.3, 39, 1.0), (12.1, 63, 2.0)):
+        sink.replicas["sink[0]"] = {"processed": count, "at": at, "started": 1.0}
+        sink.mark(1000.0 + heard)
+        if count:
+            assert sink.rate(1000.0 + heard + 0.5) == pytest.approx(30.0)
+
+
+def test_a_restarted_ended_or_silent_replica_gives_no_false_rate() -> None:
+    node = NodeProgress("processor")
+    node.replicas["n[0]"] = {"processed": 100, "at": 5.0, "started": 1.0}
+    node.mark(0.0)
+    node.replicas["n[0]"] = {"processed": 130, "at": 6.0, "started": 1.0}
+    node.mark(1.0)
+    assert node.rate(1.2) == pytest.approx(30.0)
+    # Silent past STALE_SECONDS: its loop has not turned, so it completed nothing.
+    assert node.rate(1.0 + STALE_SECONDS + 0.1) == 0.0
+    # A new process of the same replica counts from 0: no negative rate, and none
+    # until its second report.
+    node.replicas["n[0]~1"] = dict(node.replicas["n[0]"], outcome="restarted")
+    node.replicas["n[0]"] = {"processed": 3, "at": 9.0, "started": 2.0}
+    node.mark(4.0)
+    assert node.rate(4.1) is None
+    node.replicas["n[0]"] = {"processed": 33, "at": 10.0, "started": 2.0}
+    node.mark(5.0)
+    assert node.rate(5.1) == pytest.approx(30.0)
+    # Ended: nothing more will come from it.
+    node.replicas["n[0]"] = {"processed": 40, "at": 10.5, "started": 2.0, "ended": 99.0,
+                             "outcome": "ended"}
+    node.mark(5.5)
+    assert node.rate(5.6) == 0.0
+    assert NodeProgress("consumer").rate(0.0) is None  # never heard from: unknown
+
+
+def nodes_for_the_view() -> dict[str, NodeProgress]:
+    fuse = NodeProgress("processor", restarts=2, pending={"fuse_all_cameras[0]": "timeout"},
+                        replicas={"fuse_all_cameras[0]": {
+                            "processed": 1234, "watermark_lag": {"cam1": 0.013}}})
+    return {"cam": NodeProgress("producer", replicas={"cam[0]": {"emitted": 1300}}),
+            "fuse_all_cameras": fuse,
+            "sink": NodeProgress("consumer", replicas={"sink[0]": {"processed": 1200}},
+                                 pending={"sink[0]": 4})}
+
+
+@pytest.mark.parametrize("width", [44, 30, 120])
+def test_a_narrow_terminal_shows_one_table_that_fits_and_never_wraps(width: int) -> None:
+    out = io.StringIO()
+    view = LiveView(out, tty=True, width=width)
+    nodes = nodes_for_the_view()
+    for _ in range(5):
+        view.update("squares r20260101000000abcdef  2 restarts", nodes, force=True)
+    view.close()
+    shown = [line for line in screen(out.getvalue(), width) if line]
+    visible = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    assert all(len(line) <= width for line in re.split(r"[\r\n]", visible))
+    assert len(shown) == 6, shown  # title, header, rule, three rows: one copy
+    assert shown[1].split()[0] == "node" and "rate/s" in shown[1]
+    assert [line.split()[0] for line in shown[3:]] == [
+        "cam", "fuse_all_cameras" if width >= 60 else shown[4].split()[0], "sink"]
+    if width >= 44:  # the pending count and the join's lag stay, unknown as unknown
+        assert "unknown" in shown[4] and "cam1 13 ms" in shown[4]
+    if width >= 120:  # everything, restarts too
+        assert shown[1].split() == ["node", "done", "rate/s", "pending", "dropped",
+                                    "dead-let.", "behind", "restarts"]
+        assert "unknown (timeout)" in shown[4] and shown[4].split()[-1] == "2"
+
+
+def test_what_the_run_writes_is_printed_above_the_table_never_under_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    terminal = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    handler = logging.StreamHandler(sys.stderr)  # as logs.configure makes it
+    logging.getLogger().addHandler(handler)
+    try:
+        view = LiveView(terminal, tty=True, width=44)
+        nodes = nodes_for_the_view()
+        view.update("flow run", nodes, force=True)
+        view.print_lines("[scale/0] ", ["first line", "second line"])
+        view.update("flow run", nodes, force=True)
+        print("the engine prints", file=sys.stderr)  # the view's proxy, while it is live
+        logging.getLogger("videoflow.test").error("the engine logs")
+        view.print_lines("[sink/0] ", ["Traceback (most recent call last):",
+                                       '  File "/tmp/a/very/long/path/to/the/user/flow.py", '
+                                       'line 31, in close',
+                                       "RuntimeError: sink cannot close"])
+        view.close()
+        assert handler.stream is terminal  # given back
+        view.print_lines("[sink/0] ", ["after the end"])  # plain, once closed
+    finally:
+        logging.getLogger().removeHandler(handler)
+    shown = screen(terminal.getvalue(), 44)
+    header = [i for i, line in enumerate(shown) if line.startswith("node ")]
+    assert len(header) == 1, shown
+    text = "\n".join(shown)
+    above = "\n".join(shown[:header[0]])
+    for line in ("[scale/0] first line", "[scale/0] second line", "the engine prints",
+                 "the engine logs", "[sink/0] RuntimeError: sink cannot close"):
+        assert line in above, text
+    # A line longer than the terminal is wrapped by it, whole, not cut.
+    assert "flow.py\", line 31, in close" in above.replace("\n", ""), text
+    assert [line for line in shown if line][-1] == "[sink/0] after the end"
+
+
+def relay_child(end: RelayEnd) -> None:
+    """A process whose stdout and stderr go to a relay: Python's, and the descriptors
+    themselves (what a C library or a subprocess writes)."""
+    end.adopt()
+    print("printed")
+    os.write(1, b"written to fd 1\n")
+    os.write(2, b"written to fd 2\nno newline at the end")
+    raise SystemExit(0)
+
+
+def test_the_relay_reads_a_processs_own_descriptors_line_by_line() -> None:
+    got: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def write(prefix: str, lines: list[str]) -> None:
+        with lock:
+            got.extend((prefix, line) for line in lines)
+
+    relay = OutputRelay(write, (1, 2))
+    end = relay.open("[n/0] ")
+    process = multiprocessing.get_context("spawn").Process(target=relay_child, args=(end,))
+    process.start()
+    end.close()
+    process.join(30)
+    assert process.exitcode == 0
+    assert relay.wait(10)
+    assert got == [("[n/0] ", "printed"), ("[n/0] ", "written to fd 1"),
+                   ("[n/0] ", "written to fd 2"), ("[n/0] ", "no newline at the end")]
+
+
+@pytest.fixture
+def no_terminal_fds(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(progress_module.os, "isatty", lambda fd: False)
+    yield
+
+
+def test_off_a_terminal_there_is_no_relay(no_terminal_fds: None) -> None:
+    # The replicas write where the engine does: a plain view, or descriptors that
+    # are no terminal, relay nothing.
+    assert LiveView(io.StringIO(), tty=False).relay() is None
+    assert LiveView(io.StringIO(), tty=True).relay() is None
