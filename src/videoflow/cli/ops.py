@@ -46,6 +46,7 @@ from videoflow.cli.common import (
     whole_number,
 )
 from videoflow.errors import VideoflowError, WireError
+from videoflow.logs import redact_text
 from videoflow.wire.serialization import decode_envelope
 
 Handler = Callable[[argparse.Namespace], int]
@@ -62,7 +63,7 @@ class UsageError(Exception):
 
 def _error(message: str) -> None:
     text = " ".join(str(message).split())  # one line, whatever the message holds
-    print(f"videoflow: error: {text}", file=sys.stderr)
+    print(f"videoflow: error: {redact_text(text)}", file=sys.stderr)
 
 
 def guarded(handler: Handler) -> Handler:
