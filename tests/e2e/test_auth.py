@@ -232,6 +232,24 @@ async def test_the_library_connect_raises_credentials_refused(
     await client.close()
 
 
+def test_a_way_given_by_flags_wins_over_another_in_the_environment(
+        secured: dict[str, Secured], env: dict[str, str]) -> None:
+    broker = secured["password"]
+    right, wrong = broker.secrets
+    done = videoflow("ls", "--nats-url", broker.url, "--user", "vf", "--password", right,
+                     "--json", env={**env, TOKEN_ENV: wrong})
+    assert done.returncode == 0, done.stderr
+    # The flag and the variable of one way combine.
+    done = videoflow("ls", "--nats-url", broker.url, "--user", "vf", "--json",
+                     env={**env, PASSWORD_ENV: right})
+    assert done.returncode == 0, done.stderr
+    # Two ways in the environment alone are refused.
+    done = videoflow("ls", "--nats-url", broker.url,
+                     env={**env, USER_ENV: "vf", PASSWORD_ENV: right, TOKEN_ENV: wrong})
+    assert done.returncode == 2 and "conflicting broker credentials" in done.stderr
+    assert_no_secret(done, broker)
+
+
 # ------------------------------------------------------------------------ contexts
 
 

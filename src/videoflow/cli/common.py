@@ -161,12 +161,29 @@ def _not_empty(text: str) -> str:
     return text
 
 
+CREDENTIAL_METHODS: Final = ((CREDS_ENV,), (NKEY_ENV,), (USER_ENV, PASSWORD_ENV),
+                              (TOKEN_ENV,))
+"""The ways of authenticating, by the variables each is given in."""
+
+
 def hand_down_connection(args: argparse.Namespace) -> None:
-    """Write the connection flags given to the environment (see CONNECTION_FLAGS)."""
+    """Write the connection flags given to the environment (see CONNECTION_FLAGS). A
+    way of authenticating given by flags wins over another one the environment gives:
+    the variables of the others are removed (`--token` with VIDEOFLOW_NATS_PASSWORD
+    set presents the token), while the flag and the variable of one way combine
+    (`--user vf` with VIDEOFLOW_NATS_PASSWORD set)."""
+    given = set()
     for flag, variable, _ in CONNECTION_FLAGS:
         value = getattr(args, flag[2:].replace("-", "_"), None)
         if value is not None:
             os.environ[variable] = value
+            given.add(variable)
+    chosen = [method for method in CREDENTIAL_METHODS if given.intersection(method)]
+    if len(chosen) == 1:
+        for method in CREDENTIAL_METHODS:
+            if method is not chosen[0]:
+                for variable in method:
+                    os.environ.pop(variable, None)
 
 
 def _number(text: str) -> float:
