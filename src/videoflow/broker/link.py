@@ -450,10 +450,12 @@ async def connect_or_refused(url: str, **options: Any) -> Client:
         either: set[asyncio.Future[Any]] = {connecting, refused}
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        if not connecting.done():
+        if not connecting.done():  # refused, or the caller gave up waiting
             connecting.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await connecting
+            with contextlib.suppress(Exception):
+                await client.close()
     if refused.done():
         with contextlib.suppress(Exception):
             await client.close()
