@@ -41,6 +41,20 @@ class BrokerUnavailable(VideoflowError, ConnectionError):
         self.code = code
 
 
+class CredentialsRefused(BrokerUnavailable):
+    """The broker refused this client's credentials (an authorization violation): a
+    wrong or missing password, token, nkey or creds file, or a user the broker does not
+    know. Not retryable: waiting does not make the credentials right. The message never
+    holds the secret."""
+
+    retryable = False
+
+
+class MissingDependency(VideoflowError, ImportError):
+    """An optional package a feature needs is not installed; the message names the
+    extra to install (``pip install 'videoflow[nkeys]'``)."""
+
+
 class IncompatibleProfile(VideoflowError, ValueError):
     """A channel definitely does not carry the messaging profile asked of it: its
     effective configuration contradicts the profile (an immutable mismatch such as

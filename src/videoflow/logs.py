@@ -11,7 +11,9 @@ them).
 Formats: ``text``, one line per record (``videoflow: <logger>: <message>``), and
 ``json``, one JSON object per line (time in UTC, level, logger, message, pid, and the
 exception's traceback when there is one) for a log collector. Either way a broker URL's
-password or token in a message is masked (``nats://user:***@host``).
+password or token in a message is masked (``nats://user:***@host``), and so is every
+secret the process was given apart from a URL (keep_secret: the --password and --token
+of the videoflow command), wherever it appears.
 """
 
 from __future__ import annotations
@@ -37,16 +39,33 @@ _SECRET_IN_URL: Final = re.compile(
     re.IGNORECASE)
 
 
+SHORTEST_SECRET: Final = 4
+"""Secrets shorter than this are not masked in free text: masking 'a' would mangle
+every message, and a secret that short protects nothing anyway."""
+
+_secrets: set[str] = set()
+
+
+def keep_secret(value: str) -> None:
+    """Have redact_text mask value wherever it appears from now on (a password or token
+    this process presents to the broker)."""
+    if isinstance(value, str) and len(value) >= SHORTEST_SECRET:
+        _secrets.add(value)
+
+
 def redact_text(text: str) -> str:
-    """text with every URL's password (or token: a user part with no password)
-    replaced by '***'."""
+    """text with every URL's password (or token: a user part with no password), and
+    every secret kept with keep_secret, replaced by '***'."""
 
     def mask(found: re.Match[str]) -> str:
         if found["password"] is not None:
             return f"{found['scheme']}{found['user']}:***@"
         return f"{found['scheme']}***@"
 
-    return _SECRET_IN_URL.sub(mask, text)
+    text = _SECRET_IN_URL.sub(mask, text)
+    for secret in sorted(_secrets, key=len, reverse=True):  # the longest first
+        text = text.replace(secret, "***")
+    return text
 
 
 class RedactingFormatter(logging.Formatter):
@@ -122,4 +141,5 @@ def hand_down(log_format: str, level: int) -> None:
 
 
 __all__ = ["LOG_FORMATS", "LOG_FORMAT_ENV", "LOG_LEVEL_ENV", "JsonFormatter",
-           "RedactingFormatter", "configure", "hand_down", "redact_text"]
+           "RedactingFormatter", "SHORTEST_SECRET", "configure", "hand_down", "keep_secret",
+           "redact_text"]

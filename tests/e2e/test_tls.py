@@ -107,3 +107,19 @@ def test_tls_options_read_the_environment(pki: Path,
     monkeypatch.setenv(TLS_CA_ENV, str(pki / "ca.pem"))
     context = tls_options()["tls"]
     assert context.verify_mode.name == "CERT_REQUIRED" and context.check_hostname
+
+
+def test_a_nats_context_gives_the_tls_files(
+        tls_server: embedded.EmbeddedServer, pki: Path, tmp_path: Path) -> None:
+    env = environment(tmp_path)
+    for name in (TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV):
+        env.pop(name, None)
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+    contexts = tmp_path / "config" / "nats" / "context"
+    contexts.mkdir(parents=True)
+    (contexts / "tls.json").write_text(json.dumps({
+        "url": f"tls://127.0.0.1:{tls_server.port}", "ca": str(pki / "ca.pem"),
+        "cert": str(pki / "client.pem"), "key": str(pki / "client.key")}))
+    done = videoflow("ls", "--context", "tls", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []

@@ -16,6 +16,21 @@ _REFUSED_MARKERS: Final = ("connectionrefusederror", "connection refused", "conn
                            "errno 111", "noserverserror", "no servers available")
 
 
+_REFUSAL_MARKERS: Final = ("authorization violation", "user authentication expired",
+                           "user authentication revoked", "account authentication expired")
+
+
+def credentials_refused(error: BaseException | str) -> bool:
+    """Whether error (or what an error callback saw) is the broker refusing this
+    client's credentials as it connects: nats-py reports the server's 'Authorization
+    Violation' as a plain nats.errors.Error or AuthorizationError (NATS_FACTS §8); a
+    permissions violation, which leaves the connection open, is not one."""
+    if isinstance(error, nats.errors.AuthorizationError):
+        return True
+    text = _text(error).lower()
+    return any(marker in text for marker in _REFUSAL_MARKERS)
+
+
 def _describe(error: BaseException) -> str:
     try:
         text = str(error)
@@ -90,4 +105,4 @@ def observation_failure(
     return "api", detail
 
 
-__all__ = ["observation_failure"]
+__all__ = ["credentials_refused", "observation_failure"]

@@ -31,9 +31,9 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
-from videoflow.broker.failures import observation_failure
-from videoflow.broker.options import tls_options
-from videoflow.errors import BrokerUnavailable, IncompatibleProfile
+from videoflow.broker.failures import credentials_refused, observation_failure
+from videoflow.broker.options import auth_options, presented_credentials
+from videoflow.errors import BrokerUnavailable, CredentialsRefused, IncompatibleProfile
 
 DEFAULT_OUTAGE_BUDGET_SECONDS: Final = 60.0
 """How long a connection waits for its broker to come back before it gives up."""
@@ -351,9 +351,12 @@ async def connect(
         a connected client.
 
     Raises:
+        CredentialsRefused: the broker refused the credentials (never waited for).
         BrokerUnavailable: no server answered within connect_timeout (refused, a hung
-            handshake, credentials refused); the message names the servers.
-        ValueError: an empty server list.
+            handshake); the message names the servers.
+        ValueError: an empty server list; credentials that contradict each other
+            (auth_options).
+        MissingDependency: as auth_options.
     """
     servers = servers_of(url)
     tracked = outage if outage is not None else Outage(where=url)
@@ -384,7 +387,7 @@ async def connect(
         "error_cb": record,
         "disconnected_cb": disconnected,
         "reconnected_cb": reconnected,
-        **tls_options(),
+        **auth_options(url),
     }
     settings.update(options)
     while True:
@@ -395,6 +398,8 @@ async def connect(
         except Exception as error:
             reason, detail = observation_failure(error, [f"{type(e).__name__}: {e}"
                                                          for e in seen])
+            if reason == "auth" and any(credentials_refused(e) for e in [error, *seen]):
+                raise refusal(url) from error
             if not _wait_for_known(tracked, reason):
                 raise BrokerUnavailable(
                     f"cannot connect to {redact_url(url)} ({reason}): {detail}") from error
@@ -408,6 +413,54 @@ async def connect(
             tracked.watch(client), name="videoflow-outage-watch")
     else:
         client.options["allow_reconnect"] = False
+    return client
+
+
+def refusal(url: str) -> CredentialsRefused:
+    """The error for a broker at url that refused this process's credentials: what was
+    presented (never the secret itself) and where it came from."""
+    return CredentialsRefused(
+        f"the broker at {redact_url(url)} refused the credentials (authorization "
+        f"violation); presented: {presented_credentials(url)}")
+
+
+async def connect_or_refused(url: str, **options: Any) -> Client:
+    """nats.connect to the servers of url with options, given up at the first
+    credentials refusal: a client that retries its first connect (the provision Job,
+    whose broker may still be starting, retries for ever) would otherwise take a
+    refusal for a broker not there yet and wait on it.
+
+    Raises:
+        CredentialsRefused: the broker refused the credentials.
+        as nats.connect otherwise.
+    """
+    refused: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+    theirs = options.get("error_cb")
+
+    async def error_cb(error: BaseException) -> None:
+        if credentials_refused(error) and not refused.done():
+            refused.set_result(error)
+        if theirs is not None:
+            await theirs(error)
+
+    client = Client()
+    connecting = asyncio.ensure_future(
+        client.connect(servers_of(url), **{**options, "error_cb": error_cb}))
+    try:
+        either: set[asyncio.Future[Any]] = {connecting, refused}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not connecting.done():  # refused, or the caller gave up waiting
+            connecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await connecting
+            with contextlib.suppress(Exception):
+                await client.close()
+    if refused.done():
+        with contextlib.suppress(Exception):
+            await client.close()
+        raise refusal(url) from refused.result()
+    await connecting  # what the connect raised, if it did
     return client
 
 
@@ -434,7 +487,9 @@ __all__ = [
     "check_bucket_replicas",
     "check_budget",
     "connect",
+    "connect_or_refused",
     "outage_budget_from_env",
+    "refusal",
     "retry_until",
     "redact_url",
     "servers_of",

@@ -10,7 +10,18 @@ import os
 from typing import Any, Final
 
 from videoflow.broker.link import check_budget
-from videoflow.broker.options import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV
+from videoflow.broker.options import (
+    CONTEXT_ENV,
+    CREDS_ENV,
+    NKEY_ENV,
+    PASSWORD_ENV,
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
+    TOKEN_ENV,
+    USER_ENV,
+    context_url,
+)
 from videoflow.errors import VideoflowError
 from videoflow.logs import LOG_FORMATS
 
@@ -30,10 +41,10 @@ LOG_FORMAT_HELP: Final = ("how logs are written to stderr: text lines, or one JS
 
 
 class CommandParser(argparse.ArgumentParser):
-    """A command's parser: the global options (-v, --log-format) are taken after the
-    command's name
-    too. Their default here is SUPPRESS, so a flag given before the name is not reset
-    when the command's own arguments are parsed. Nested commands (dlq list) get this
+    """A command's parser: the global options (-v, --log-format, the broker's TLS and
+    credentials) are taken after the command's name too. Their default here is
+    SUPPRESS, so a flag given before the name is not reset when the command's own
+    arguments are parsed. Nested commands (dlq list) get this
     class too (argparse makes subparsers of their parent's class)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -42,7 +53,7 @@ class CommandParser(argparse.ArgumentParser):
                           help=VERBOSE_HELP)
         self.add_argument("--log-format", choices=LOG_FORMATS, default=argparse.SUPPRESS,
                           help=LOG_FORMAT_HELP)
-        tls_arguments(self, default=argparse.SUPPRESS)
+        connection_arguments(self, default=argparse.SUPPRESS)
 
 
 class CommandError(VideoflowError):
@@ -54,14 +65,30 @@ class CommandError(VideoflowError):
 
 
 def nats_url_option(parser: argparse.ArgumentParser, required_default: bool = True) -> None:
-    """--nats-url, defaulting to VIDEOFLOW_NATS_URL (then the local default port when
-    required_default)."""
-    default = os.environ.get(ENV_NATS_URL) or (
-        DEFAULT_NATS_URL if required_default else None)
-    parser.add_argument("--nats-url", default=default,
-                        help="the NATS server (default: $VIDEOFLOW_NATS_URL"
+    """--nats-url, defaulting to VIDEOFLOW_NATS_URL, then the --context's URL, then the
+    local default port when required_default (resolve_nats_url, once the command's
+    flags are all known)."""
+    parser.add_argument("--nats-url", default=None,
+                        help="the NATS server (default: $VIDEOFLOW_NATS_URL, else the "
+                             "--context's URL"
                              + (f", else {DEFAULT_NATS_URL})" if required_default
                                 else ", else the embedded server)"))
+    parser.set_defaults(nats_url_fallback=DEFAULT_NATS_URL if required_default else None)
+
+
+def resolve_nats_url(args: argparse.Namespace) -> None:
+    """Set args.nats_url, for a command that takes one: --nats-url, else
+    VIDEOFLOW_NATS_URL, else the URL of the nats context named (--context), else the
+    command's fallback (nats_url_option; None: the embedded server). Call it once the
+    connection flags are handed down (hand_down_connection).
+
+    Raises:
+        ValueError: the named context cannot be read.
+    """
+    if not hasattr(args, "nats_url"):
+        return
+    args.nats_url = (args.nats_url or os.environ.get(ENV_NATS_URL) or context_url()
+                     or getattr(args, "nats_url_fallback", None))
 
 
 def replicas_option(parser: argparse.ArgumentParser) -> None:
@@ -83,15 +110,29 @@ def replica_count(text: str) -> int:
     return value
 
 
-TLS_FLAGS: Final = (
+CONNECTION_FLAGS: Final = (
     ("--tls-ca", TLS_CA_ENV, "a PEM file of the authorities that sign the broker's "
                              "certificate (default: the system's)"),
     ("--tls-cert", TLS_CERT_ENV, "this client's certificate (PEM), for a broker that "
                                  "verifies its clients; with --tls-key"),
     ("--tls-key", TLS_KEY_ENV, "the client certificate's private key (PEM)"),
+    ("--creds", CREDS_ENV, "a NATS credentials file (a user JWT and its nkey seed)"),
+    ("--nkey", NKEY_ENV, "a file holding a user's nkey seed"),
+    ("--user", USER_ENV, "the user to connect as; with --password"),
+    ("--password", PASSWORD_ENV, "the user's password (prefer the variable: a flag shows "
+                                 "in the process list)"),
+    ("--token", TOKEN_ENV, "the broker's authorization token (prefer the variable)"),
+    ("--context", CONTEXT_ENV, "a nats CLI context by name: its URL and credentials, where "
+                               "none are given"),
 )
-"""The TLS flags, each with the variable it writes (videoflow.broker.options), so every
-connection of the command, and of the replicas and workers it starts, uses them."""
+"""The broker's TLS and credential flags, each with the variable it writes
+(videoflow.broker.options), so every connection of the command, and of the replicas and
+workers it starts, uses them."""
+
+FILE_FLAGS: Final = ("--tls-ca", "--tls-cert", "--tls-key", "--creds", "--nkey")
+SECRET_FLAGS: Final = ("--password", "--token")
+_METAVARS: Final = {"--user": "NAME", "--password": "SECRET", "--token": "SECRET",
+                    "--context": "NAME"}
 
 
 def readable_file(text: str) -> str:
@@ -103,19 +144,46 @@ def readable_file(text: str) -> str:
     return path
 
 
-def tls_arguments(parser: argparse.ArgumentParser, default: Any = None) -> None:
-    """Add the TLS flags (TLS_FLAGS) to parser."""
-    for flag, variable, help_text in TLS_FLAGS:
-        parser.add_argument(flag, type=readable_file, default=default, metavar="FILE",
-                            help=f"{help_text} (also ${variable})")
+def connection_arguments(parser: argparse.ArgumentParser, default: Any = None) -> None:
+    """Add the broker's TLS and credential flags (CONNECTION_FLAGS) to parser."""
+    for flag, variable, help_text in CONNECTION_FLAGS:
+        if flag in FILE_FLAGS:
+            parser.add_argument(flag, type=readable_file, default=default, metavar="FILE",
+                                help=f"{help_text} (also ${variable})")
+        else:
+            parser.add_argument(flag, type=_not_empty, default=default,
+                                metavar=_METAVARS[flag], help=f"{help_text} (also ${variable})")
 
 
-def hand_down_tls(args: argparse.Namespace) -> None:
-    """Write the TLS flags given to the environment (see TLS_FLAGS)."""
-    for flag, variable, _ in TLS_FLAGS:
+def _not_empty(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+CREDENTIAL_METHODS: Final = ((CREDS_ENV,), (NKEY_ENV,), (USER_ENV, PASSWORD_ENV),
+                              (TOKEN_ENV,))
+"""The ways of authenticating, by the variables each is given in."""
+
+
+def hand_down_connection(args: argparse.Namespace) -> None:
+    """Write the connection flags given to the environment (see CONNECTION_FLAGS). A
+    way of authenticating given by flags wins over another one the environment gives:
+    the variables of the others are removed (`--token` with VIDEOFLOW_NATS_PASSWORD
+    set presents the token), while the flag and the variable of one way combine
+    (`--user vf` with VIDEOFLOW_NATS_PASSWORD set)."""
+    given = set()
+    for flag, variable, _ in CONNECTION_FLAGS:
         value = getattr(args, flag[2:].replace("-", "_"), None)
         if value is not None:
             os.environ[variable] = value
+            given.add(variable)
+    chosen = [method for method in CREDENTIAL_METHODS if given.intersection(method)]
+    if len(chosen) == 1:
+        for method in CREDENTIAL_METHODS:
+            if method is not chosen[0]:
+                for variable in method:
+                    os.environ.pop(variable, None)
 
 
 def _number(text: str) -> float:

@@ -49,12 +49,13 @@ from videoflow.cli.common import (
     CommandError,
     CommandParser,
     budget_seconds,
-    hand_down_tls,
+    connection_arguments,
+    hand_down_connection,
     metrics_option,
     nats_url_option,
     positive_seconds,
     replicas_option,
-    tls_arguments,
+    resolve_nats_url,
     whole_number,
 )
 from videoflow.logs import LOG_FORMATS
@@ -256,9 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
                         help=LOG_FORMAT_HELP)
-    tls_arguments(parser)
-    # Every command's parser takes -v and --log-format too, after its name
-    # (CommandParser).
+    connection_arguments(parser)
+    # Every command's parser takes -v, --log-format and the connection flags too, after
+    # its name (CommandParser).
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=CommandParser)
 
@@ -337,8 +338,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
 
 
+def _say(message: object) -> None:
+    """The command's one line on stderr, without a secret in it."""
+    print(f"videoflow: {logs.redact_text(str(message))}", file=sys.stderr)
+
+
 def _command(argv: Sequence[str] | None) -> int:
-    from videoflow.errors import BrokerUnavailable, EmbeddedServerError
+    from videoflow.broker.options import auth_options
+    from videoflow.errors import (
+        BrokerUnavailable,
+        CredentialsRefused,
+        EmbeddedServerError,
+        MissingDependency,
+    )
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -348,28 +360,34 @@ def _command(argv: Sequence[str] | None) -> int:
     level = logging.WARNING if args.verbose else logging.ERROR
     logs.configure(args.log_format, level)
     logs.hand_down(args.log_format, level)
-    hand_down_tls(args)
+    hand_down_connection(args)
     try:
+        resolve_nats_url(args)
+        # Credentials that contradict each other are refused before anything starts.
+        auth_options(getattr(args, "nats_url", None))
         return int(args.func(args))
     except CommandError as error:
-        print(f"videoflow: error: {error}", file=sys.stderr)
+        _say(f"error: {error}")
         if args.verbose and error.__cause__ is not None:
             traceback.print_exception(error.__cause__, file=sys.stderr)
         return error.code
-    except EmbeddedServerError as error:  # no binary, a busy store (it says what to do)
-        print(f"videoflow: error: {error}", file=sys.stderr)
+    except (EmbeddedServerError, MissingDependency) as error:  # it says what to do
+        _say(f"error: {error}")
+        return EXIT_FAILED
+    except CredentialsRefused as error:  # names the broker and what was presented
+        _say(f"error: {error}")
         return EXIT_FAILED
     except (BrokerUnavailable, TimeoutError) as error:
         url = getattr(args, "nats_url", None)
-        print(f"videoflow: error: the broker at {redact_url(url) if url else '?'} "
-              f"did not answer: {error}", file=sys.stderr)
+        _say(f"error: the broker at {redact_url(url) if url else '?'} did not answer: "
+             f"{error}")
         return EXIT_FAILED
     except (ValueError, KeyError) as error:  # a flow that does not compile, a bad name
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"videoflow: error: {message}", file=sys.stderr)
+        _say(f"error: {message}")
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("videoflow: interrupted", file=sys.stderr)
+        _say("interrupted")
         return 130
 
 

@@ -8,8 +8,9 @@ its namespace, a function(args) -> exit code. Output is a plain table, or JSON w
 {"unknown": reason, "detail": ...}), never as 0. Every failure is one line on stderr,
 `videoflow: error: ...`, and a non-zero exit code — never a traceback.
 
-The broker is --nats-url, else VIDEOFLOW_NATS_URL, else the embedded nats-server on
-the store a `videoflow run` without a broker URL keeps (--store-dir, else
+The broker is --nats-url, else VIDEOFLOW_NATS_URL, else the URL of the nats context
+named (--context; main resolves these three), else the embedded nats-server on the
+store a `videoflow run` without a broker URL keeps (--store-dir, else
 VIDEOFLOW_STORE_DIR, else the per-user default): started for the length of the command,
 or, while a run holds that store, that run's own server (ops.embedded_broker).
 
@@ -46,6 +47,7 @@ from videoflow.cli.common import (
     whole_number,
 )
 from videoflow.errors import VideoflowError, WireError
+from videoflow.logs import redact_text
 from videoflow.wire.serialization import decode_envelope
 
 Handler = Callable[[argparse.Namespace], int]
@@ -62,7 +64,7 @@ class UsageError(Exception):
 
 def _error(message: str) -> None:
     text = " ".join(str(message).split())  # one line, whatever the message holds
-    print(f"videoflow: error: {text}", file=sys.stderr)
+    print(f"videoflow: error: {redact_text(text)}", file=sys.stderr)
 
 
 def guarded(handler: Handler) -> Handler:
@@ -508,8 +510,9 @@ def broker_options(parser: argparse.ArgumentParser) -> None:
     """--nats-url and --store-dir: the broker an operator command talks to."""
     parser.add_argument(
         "--nats-url", default=None,
-        help=f"the broker (default: ${ENV_NATS_URL}, else the embedded broker on the "
-             "store a `videoflow run` without a URL keeps; see --store-dir)")
+        help=f"the broker (default: ${ENV_NATS_URL}, else the --context's URL, else the "
+             "embedded broker on the store a `videoflow run` without a URL keeps; see "
+             "--store-dir)")
     parser.add_argument(
         "--store-dir", default=None, metavar="DIR",
         help=f"the embedded broker's store, when no broker URL is given (default: "

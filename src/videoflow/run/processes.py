@@ -24,7 +24,7 @@ from typing import Any
 
 from videoflow import logs
 from videoflow.broker.link import redact_url
-from videoflow.broker.options import tls_options
+from videoflow.broker.options import auth_options
 from videoflow.core.compiler import CompiledFlow
 from videoflow.core.constants import REALTIME
 from videoflow.core.report import ProcessDeath
@@ -70,7 +70,7 @@ def publish_control_stop(nats_url: str, flow_id: str, run_id: str,
     async def send() -> None:
         nc = await nats.connect(servers_of(nats_url), allow_reconnect=False,
                                 connect_timeout=timeout,
-                                max_reconnect_attempts=1, **tls_options())
+                                max_reconnect_attempts=1, **auth_options(nats_url))
         try:
             await nc.publish(control_subject_for(flow_id, run_id), b"stop")
             await nc.flush(timeout=max(1, int(timeout)))

@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-import nats
-import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, StreamConfig
 
@@ -31,8 +29,13 @@ from videoflow.backends.jetstream.streams import (
     ensure_consumer,
     ensure_stream,
 )
-from videoflow.broker.link import TRANSIENT_RETRY_SECONDS, redact_url, servers_of, transient
-from videoflow.broker.options import tls_options
+from videoflow.broker.link import (
+    TRANSIENT_RETRY_SECONDS,
+    connect_or_refused,
+    redact_url,
+    transient,
+)
+from videoflow.broker.options import auth_options
 from videoflow.core.compiler import CONSUMER, NodeSpec
 from videoflow.core.constants import check_flow_type
 from videoflow.core.credit import max_deliver_for, node_credit, positive_int
@@ -244,15 +247,16 @@ async def _log_connect_error(error: BaseException) -> None:
     logger.warning("provision: nats: %s", error)
 
 
-def _default_connect_options() -> dict[str, Any]:
+def _default_connect_options(nats_url: str) -> dict[str, Any]:
     # Retry forever (max_reconnect_attempts -1; 0 would too, but says it less plainly):
-    # the in-cluster provision Job's broker may still be starting (NATS_FACTS §8).
+    # the in-cluster provision Job's broker may still be starting (NATS_FACTS §8). A
+    # refusal of the credentials is not waited on (connect_or_refused).
     return {
         "allow_reconnect": True,
         "max_reconnect_attempts": -1,
         "reconnect_time_wait": PROVISION_RECONNECT_WAIT_SECONDS,
         "error_cb": _log_connect_error,
-        **tls_options(),
+        **auth_options(nats_url),
     }
 
 
@@ -280,13 +284,14 @@ async def provision_flow_connect(
         **kwargs: provision_flow's keyword arguments.
 
     Raises:
+        CredentialsRefused: the broker refused the credentials (at once, not retried).
         as provision_flow; and what nats.connect raises (NoServersError once its
-        attempts run out, an auth error).
+        attempts run out).
     """
     # A bad spec is reported now, not after waiting for a broker that may never come.
     _flow_plan(specs, flow_id, run_id, flow_type, **kwargs)
-    options = {**_default_connect_options(), **(connect_options or {})}
-    nc = await nats.connect(servers_of(nats_url), **options)
+    options = {**_default_connect_options(nats_url), **(connect_options or {})}
+    nc = await connect_or_refused(nats_url, **options)
     try:
         await _provision_riding(nc, specs, flow_id, run_id, flow_type, **kwargs)
     except BaseException:

@@ -165,7 +165,7 @@ async def _read_back_connect(
         # The refusal and any permissions violation arrive only here (NATS_FACTS §8).
         reported.append(error)
 
-    options = connect_options_for(timeout, fail_fast, error_cb)
+    options = connect_options_for(timeout, fail_fast, error_cb, nats_url)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     try:
