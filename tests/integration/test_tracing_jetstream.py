@@ -97,6 +97,7 @@ async def stored(url: str, node: str) -> list[tuple[dict[str, Any], dict[str, st
         found = []
         for seq in range(info.state.first_seq, info.state.last_seq + 1):
             msg = await js.get_msg(stream, seq)
+            assert msg.data is not None
             envelope = decode_envelope(msg.data)
             if not envelope["is_stop_signal"]:  # data, not an end marker
                 found.append((envelope, dict(msg.headers or {})))
