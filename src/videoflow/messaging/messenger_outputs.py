@@ -174,6 +174,7 @@ class Outputs:
             self.window.drain()  # the committed prefix is everything before, confirmed
         self._outputs += 1
         on_accepted: Callable[[Accepted], None] | None = None
+        w3c_lineage = False  # trace_id is a W3C trace id as it is (tracing)
         if group is None and self.replayable:  # MSGID-6: minted from the source offset
             self.source_offset += 1
             offset = self.source_offset
@@ -185,6 +186,7 @@ class Outputs:
             # Unique without a uuid per output: this process's random prefix (96 bits)
             # and a counter; a uuid4 per frame was a quarter of a producer's time.
             trace_id, seq = f"{self._trace_prefix}{self._outputs:08x}", self._outputs
+            w3c_lineage = self._outputs <= 0xFFFFFFFF  # 32 hex digits, never all zero
             msg_id = f"{self.live_id_node}:{self.runtime.epoch}:{self._outputs}"
             event_ts = self.event_ts
         else:
@@ -201,7 +203,7 @@ class Outputs:
         # message is encoded alone first: a frame then goes by ref without also being
         # encoded into an envelope thrown away, and a small message's bytes go into
         # its envelope as they are (msgspec.Raw), not encoded a second time.
-        traceparent, span = self.tracing.output(trace_id, trace, msg_id)
+        traceparent, span = self.tracing.output(trace_id, trace, msg_id, w3c_lineage)
         size = 0
         try:
             blob = None if self._offload_above is None else encode_message(message)
