@@ -438,9 +438,10 @@ class MemoryMessagingBackend(MessagingBackend):
             fetched = self.broker.fetch(self._wire(sub))
             if fetched is None:
                 return
-            seq, attempt, data = fetched
+            seq, attempt, data, traceparent = fetched
             token = DeliveryToken(sub, seq, attempt, generation)
-            delivery = Delivery(token=token, data=data, num_delivered=attempt, stream_seq=seq)
+            delivery = Delivery(token=token, data=data, num_delivered=attempt, stream_seq=seq,
+                                traceparent=traceparent)
             # MSG-011: a redelivery supersedes any earlier attempt this receiver holds.
             for old in [t for t in self._held if t.subscription == sub and t.stream_seq == seq]:
                 del self._held[old]

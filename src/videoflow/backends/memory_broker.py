@@ -56,6 +56,7 @@ class _Message:
     seq: int
     kind: str
     data: bytes
+    traceparent: str | None = None  # the publish's traceparent header
 
 
 @dataclass(slots=True)
@@ -320,7 +321,8 @@ class MemoryBroker:
             interested = [d for d in stream.durables.values() if d.sub.kind == envelope.kind]
             if stream.retention == "limits" or interested:
                 # INTEREST: a message nobody is subscribed to is accepted and discarded.
-                stream.messages[seq] = _Message(seq, envelope.kind, envelope.data)
+                stream.messages[seq] = _Message(seq, envelope.kind, envelope.data,
+                                                envelope.traceparent)
                 stream.size += envelope.size
                 if stream.retention == "limits":
                     self._enforce_limits(stream, envelope.kind)
@@ -395,10 +397,11 @@ class MemoryBroker:
             pending.state, pending.due = "ready", not_before
         self.condition.notify_all()
 
-    def fetch(self, sub: SubscriptionId) -> tuple[int, int, bytes] | None:
-        """Lease the next deliverable message of a durable: (seq, attempt, data), or None
-        when nothing is deliverable now or the durable's credit (max_ack_pending) is
-        spent. Redeliveries come before new messages, lowest sequence first."""
+    def fetch(self, sub: SubscriptionId) -> tuple[int, int, bytes, str | None] | None:
+        """Lease the next deliverable message of a durable: (seq, attempt, data,
+        traceparent), or None when nothing is deliverable now or the durable's credit
+        (max_ack_pending) is spent. Redeliveries come before new messages, lowest
+        sequence first."""
         with self.lock:
             self.expire(sub)
             found = self._durable(sub)
@@ -425,7 +428,8 @@ class MemoryBroker:
                 pending = _Pending(attempt=1, state="leased", due=0.0)
                 durable.pending[seq] = pending
             pending.state, pending.due = "leased", now + spec.ack_wait_seconds
-            return seq, pending.attempt, stream.messages[seq].data
+            message = stream.messages[seq]
+            return seq, pending.attempt, message.data, message.traceparent
 
     @staticmethod
     def _next_fresh(stream: _Stream, durable: _Durable) -> int | None:

@@ -266,12 +266,15 @@ class Envelope:
         data: the encoded envelope (named ``data``, not ``bytes``, so no builtin is
             shadowed).
         msg_id: the broker's deduplication id (Nats-Msg-Id; MSGID-5/6), or None.
+        traceparent: its W3C trace context (videoflow.messaging.tracing), sent as the
+            message's ``traceparent`` header, or None for none.
     """
 
     channel: ChannelId
     kind: EnvelopeKind
     data: bytes
     msg_id: str | None = None
+    traceparent: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.channel, ChannelId):
@@ -325,12 +328,15 @@ class Delivery:
         data: the encoded envelope.
         num_delivered: the broker's delivery count (equals token.attempt).
         stream_seq: the message's stream sequence (equals token.stream_seq).
+        traceparent: the W3C trace context it was published with (its
+            ``traceparent`` header), or None when it carried none.
     """
 
     token: DeliveryToken
     data: bytes
     num_delivered: int
     stream_seq: int
+    traceparent: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.token, DeliveryToken):

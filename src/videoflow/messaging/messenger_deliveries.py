@@ -56,6 +56,7 @@ from videoflow.messaging.dead_letters import (
 )
 from videoflow.messaging.grouping import EndEntry
 from videoflow.messaging.messenger_payloads import MessengerPayloads
+from videoflow.messaging.tracing import settled
 from videoflow.wire.serialization import encode_envelope
 
 DROP_REASONS: Final = ("exhausted", "undecodable", "join_evicted", "join_late",
@@ -188,6 +189,9 @@ class Deliveries:
         self._unsent: list[tuple[Held, tuple[DeliveryToken, SettleOutcome, str]]] = []
         self._unsent_since = 0.0  # monotonic: when the oldest unsent one was gathered
         self._settling: deque[tuple[Held, Receipt[SettleResult]]] = deque()
+        # Settle spans (tracing), by the token of their group's last handle: ended once
+        # that handle's settlement is answered, the group's others before it.
+        self._settle_spans: dict[DeliveryToken, Any] = {}
         self._ends: dict[str, _ParentEnd] = {p: _ParentEnd() for p in self.parent_names}
         # Deliveries of each parent the messenger holds unsettled (in the assembler or
         # in the group handed out): its own share of the durable's leases.
@@ -285,6 +289,13 @@ class Deliveries:
             # frame's memory is worth a round trip of its own.
             self.send_completed()
 
+    def trace_settlement(self, handles: Sequence[Held], span: Any) -> None:
+        """Track one acknowledged group's settle span (videoflow.messaging.tracing):
+        ended once every handle's Completed settlement is answered (collect_settled),
+        or when the group fails after all (fail)."""
+        if handles and span is not None:
+            self._settle_spans[handles[-1].delivery.token] = span
+
     def send_completed_due(self) -> None:
         """send_completed once the oldest gathered settlement has waited
         SETTLE_LINGER_SECONDS (complete_later sends at SETTLE_BATCH on its own, and
@@ -338,6 +349,10 @@ class Deliveries:
                     result = future.result(timeout=self.ack_wait)
                 except concurrent.futures.TimeoutError:
                     result = SettleUnknown("the backend did not answer the settlement")
+                if self._settle_spans:
+                    settled(self._settle_spans.pop(handle.delivery.token, None),
+                            "unknown" if isinstance(result, SettleUnknown)
+                            else type(result).__name__.removeprefix("Settle").lower())
                 if isinstance(result, SettleUnknown):
                     self.unconfirmed_acks += 1
                 elif handle.blob_ref is not None and isinstance(result, SettleConfirmed):
@@ -351,6 +366,8 @@ class Deliveries:
         retry after the backoff, hand back without counting (worker-fatal),
         dead-letter then terminate (poison, or the retry budget spent), or terminate
         against the terminal log and count it (best effort)."""
+        if self._settle_spans and handles:  # an acknowledged group whose output failed
+            settled(self._settle_spans.pop(handles[-1].delivery.token, None), "failed")
         for handle in handles:
             delivery = handle.delivery
             self.let_go(delivery)

@@ -42,6 +42,7 @@ from videoflow.messaging.messenger_deliveries import Deliveries, end_marker
 from videoflow.messaging.messenger_payloads import MessengerPayloads
 from videoflow.messaging.messenger_window import PublicationFailed, PublishWindow
 from videoflow.messaging.publication import PublicationStats, publish_until_known
+from videoflow.messaging.tracing import GroupTrace, NodeTracing
 from videoflow.wire.offload import encode_message
 from videoflow.wire.serialization import OutputEncoder
 
@@ -91,6 +92,8 @@ class Outputs:
         replayable: outputs are minted from source offsets (MSGID-6).
         payload_store / blob_reader_ids: the obligation-keeping store and the reader
             obligations each put acquires (see NATSMessenger).
+        tracing: the node replica's tracing (each output's traceparent and publish
+            span); None: headers only, whatever tracer is configured.
 
     Attributes:
         group_outputs: outputs published for the input group in hand; the messenger
@@ -104,7 +107,8 @@ class Outputs:
                  payloads: MessengerPayloads, deliveries: Deliveries, window: PublishWindow,
                  stats: PublicationStats, ack_wait: float, *, replayable: bool,
                  payload_store: PayloadStore | None,
-                 blob_reader_ids: tuple[str, ...]) -> None:
+                 blob_reader_ids: tuple[str, ...],
+                 tracing: NodeTracing | None = None) -> None:
         self.node_name, self.channel, self.flow_type = node_name, channel, flow_type
         self.replica_id, self.nb_tasks = replica_id, nb_tasks
         self.backend, self.runtime, self.payloads = backend, runtime, payloads
@@ -112,6 +116,8 @@ class Outputs:
         self.ack_wait = ack_wait
         self.replayable = replayable
         self.payload_store, self.blob_reader_ids = payload_store, blob_reader_ids
+        self.tracing = tracing or NodeTracing(node_name, replica_id, channel.flow,
+                                              channel.run, "", {}, tracer=False)
         # MSGID-5 live ids are {node}:{epoch}:{n}, and the node part names the node
         # replica: owner epochs are kept per replica (CTRL-4), so two replicas both
         # start at epoch 1. A ledger that dies with the process starts at 1 again after
@@ -137,7 +143,8 @@ class Outputs:
         self.partition_key: Any = None  # set for the next output only
 
     def publish(self, message: Any, metadata: dict[str, Any] | None,
-                group: ReadyGroup | None, input_key: str | None) -> None:
+                group: ReadyGroup | None, input_key: str | None,
+                trace: GroupTrace | None = None) -> None:
         """Publish one output without waiting for its receipt (see
         NATSMessenger.publish_message).
 
@@ -146,6 +153,8 @@ class Outputs:
                 CHECKPOINT_METADATA_KEY.
             group: the input group in hand, None for a producer.
             input_key: that group's key (NATSMessenger.last_input_key).
+            trace: that group's trace (the header continues it); None for a producer,
+                whose output starts a trace.
 
         Raises:
             PublicationFailed: a producer's earlier output, or this checkpointed one,
@@ -165,6 +174,7 @@ class Outputs:
             self.window.drain()  # the committed prefix is everything before, confirmed
         self._outputs += 1
         on_accepted: Callable[[Accepted], None] | None = None
+        w3c_lineage = False  # trace_id is a W3C trace id as it is (tracing)
         if group is None and self.replayable:  # MSGID-6: minted from the source offset
             self.source_offset += 1
             offset = self.source_offset
@@ -176,6 +186,7 @@ class Outputs:
             # Unique without a uuid per output: this process's random prefix (96 bits)
             # and a counter; a uuid4 per frame was a quarter of a producer's time.
             trace_id, seq = f"{self._trace_prefix}{self._outputs:08x}", self._outputs
+            w3c_lineage = self._outputs <= 0xFFFFFFFF  # 32 hex digits, never all zero
             msg_id = f"{self.live_id_node}:{self.runtime.epoch}:{self._outputs}"
             event_ts = self.event_ts
         else:
@@ -192,19 +203,28 @@ class Outputs:
         # message is encoded alone first: a frame then goes by ref without also being
         # encoded into an envelope thrown away, and a small message's bytes go into
         # its envelope as they are (msgspec.Raw), not encoded a second time.
-        blob = None if self._offload_above is None else encode_message(message)
-        if blob is not None and len(blob) > self.inline_threshold():
-            self._publish_by_ref(blob, header, msg_id, on_accepted)
-        else:
-            data = self._encoder.encode(message if blob is None else msgspec.Raw(blob),
-                                        *header)
-            if not self.payloads.offloads or len(data) <= self.inline_threshold():
-                self.window.send(Envelope(self.channel, "data", data, msg_id),
-                                 self.flow_type, on_accepted=on_accepted)
+        traceparent, span = self.tracing.output(trace_id, trace, msg_id, w3c_lineage)
+        size = 0
+        try:
+            blob = None if self._offload_above is None else encode_message(message)
+            if blob is not None and len(blob) > self.inline_threshold():
+                size = len(blob)
+                self._publish_by_ref(blob, header, msg_id, on_accepted, traceparent)
             else:
-                if blob is None:
-                    blob = encode_message(message)
-                self._publish_by_ref(blob, header, msg_id, on_accepted)
+                data = self._encoder.encode(message if blob is None else msgspec.Raw(blob),
+                                            *header)
+                size = len(data)
+                if not self.payloads.offloads or size <= self.inline_threshold():
+                    self.window.send(Envelope(self.channel, "data", data, msg_id, traceparent),
+                                     self.flow_type, on_accepted=on_accepted)
+                else:
+                    if blob is None:
+                        blob = encode_message(message)
+                    size = len(blob)
+                    self._publish_by_ref(blob, header, msg_id, on_accepted, traceparent)
+        finally:
+            if span is not None:  # a failed send's span ends too (its error propagates)
+                NodeTracing.published(span, size)
         if pending_state is not None:
             self.window.resolve_current()
             self.commit_offset(force=True)
@@ -256,7 +276,8 @@ class Outputs:
         return self._inline_limit
 
     def _publish_by_ref(self, blob: bytes, header: _Header, msg_id: str,
-                        on_accepted: Callable[[Accepted], None] | None) -> None:
+                        on_accepted: Callable[[Accepted], None] | None,
+                        traceparent: str | None = None) -> None:
         """Put the message in the store (MessengerPayloads.put), publish the envelope
         carrying its ref, and resolve the put by the outcome: its intent released once
         accepted, the payload reclaimed at once on a definite refusal, kept (owed) while
@@ -275,8 +296,8 @@ class Outputs:
             if on_accepted is not None:
                 on_accepted(outcome)
 
-        self.window.send(Envelope(self.channel, "data", data, msg_id), self.flow_type,
-                         on_accepted=accepted,
+        self.window.send(Envelope(self.channel, "data", data, msg_id, traceparent),
+                         self.flow_type, on_accepted=accepted,
                          on_refused=lambda: self.payloads.refused(ref, msg_id))
 
     def publish_end(self, is_abort: bool, error: Any, origin: str | None = None) -> None:

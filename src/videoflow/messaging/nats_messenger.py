@@ -86,6 +86,7 @@ from videoflow.core.engine import (
     STOP_QUIESCE,
     Messenger,
 )
+from videoflow.core.naming import subject_for
 from videoflow.core.runtime import FlowRuntime
 from videoflow.errors import PayloadMissing, WireError
 from videoflow.messaging.grouping import (
@@ -103,6 +104,7 @@ from videoflow.messaging.messenger_payloads import MessengerPayloads
 from videoflow.messaging.messenger_window import PublicationFailed, PublishWindow
 from videoflow.messaging.partitions import Partition
 from videoflow.messaging.publication import PublicationStats
+from videoflow.messaging.tracing import GroupTrace, NodeTracing, settled
 from videoflow.wire.offload import BlobStore
 from videoflow.wire.serialization import ENVELOPE_VERSION, decode_envelope
 
@@ -279,6 +281,12 @@ class NATSMessenger(Messenger):
             ledger_budget=self.ledger_budget, ack_wait=ack_wait,
             eos_quiescence=self.eos_quiescence, clock=epoch)
         self.failed_publications = 0  # input groups failed because an output was not
+        # The outputs' traceparent headers, and spans when a tracer is configured.
+        self.tracing = NodeTracing(
+            self.node_name, replica_id, flow_id, run_id,
+            subject_for(flow_id, run_id, self.node_name),
+            {p: subject_for(flow_id, run_id, p) for p in self.parent_names})
+        self._trace: GroupTrace | None = None  # the trace of the group handed out
         self.window = PublishWindow(
             self.node_name, backend, self.deliveries, self.publication_stats_counter,
             ack_wait, on_failed=self._publication_failed,
@@ -287,7 +295,8 @@ class NATSMessenger(Messenger):
             self.node_name, self.channel, flow_type, replica_id, nb_tasks, backend,
             self.runtime, self.payloads, self.deliveries, self.window,
             self.publication_stats_counter, ack_wait, replayable=replayable,
-            payload_store=payload_store, blob_reader_ids=self.blob_reader_ids)
+            payload_store=payload_store, blob_reader_ids=self.blob_reader_ids,
+            tracing=self.tracing)
         self._flushed = False
         self._data_subs: dict[str, SubscriptionId] = {}
         self._eos_subs: dict[SubscriptionId, str] = {}
@@ -446,7 +455,8 @@ class NATSMessenger(Messenger):
             DurabilityUnavailable: metadata carries a checkpoint this runtime cannot
                 keep (RUN-022): nothing was published.
         """
-        self.outputs.publish(message, metadata, self._group, self.last_input_key())
+        self.outputs.publish(message, metadata, self._group, self.last_input_key(),
+                             self._trace)
 
     def _publication_failed(self, failure: PublicationFailed) -> None:
         self.failed_publications += 1
@@ -556,6 +566,9 @@ class NATSMessenger(Messenger):
         if join is None:
             raise ValueError(f"{self.node_name} is a producer: it has no inputs")
         self._group, self.outputs.group_outputs = None, 0
+        if self._trace is not None:  # a group neither acknowledged nor failed
+            settled(self.tracing.end_group(self._trace, "nak"), "abandoned")
+            self._trace = None
         while True:
             if self._quiesced:  # RUN-030: nothing more comes to this process
                 return {parent: end_entry(None) for parent in self.parent_names}
@@ -570,6 +583,7 @@ class NATSMessenger(Messenger):
                 if self._covered is not None and self.last_input_key() == self._covered:
                     self.ack_inputs()  # already applied before the checkpoint: done
                     continue
+                self._trace = self.tracing.begin_group(group.trace_id, group.handles)
                 return group.entries  # the records the assembler kept, read by key
             if self._flushed:
                 return self.deliveries.stop_entries()
@@ -688,9 +702,13 @@ class NATSMessenger(Messenger):
         """Settle every handle of the group last returned Completed, in one batch.
         An unconfirmed settlement leaves its delivery to be redelivered (PAY-004)."""
         group, self._group = self._group, None
+        trace, self._trace = self._trace, None
         if group is not None:
             self.deliveries.hand_back()
             self._timed_group()
+            if trace is not None and self.tracing.enabled:
+                self.deliveries.trace_settlement(group.handles,
+                                                 self.tracing.end_group(trace, "ack"))
             self.window.close_group(group.handles, f"{group.trace_id}:{group.seq}")
 
     def fail_inputs(self, exc: BaseException) -> None:
@@ -699,11 +717,14 @@ class NATSMessenger(Messenger):
         dead-letter then terminate (poison, or the retry budget spent), or terminate
         against the terminal log and count it (best effort)."""
         group, self._group = self._group, None
+        trace, self._trace = self._trace, None
         self.window.abandon_group()
         if group is not None:
             self.deliveries.hand_back()
             self._timed_group()
+            settle = None if trace is None else self.tracing.end_group(trace, "nak")
             self.deliveries.fail(group.handles, exc)
+            settled(settle, "sent")
 
     def _timed_group(self) -> None:
         """Fold the node's time on the group just done into its mean, and set the

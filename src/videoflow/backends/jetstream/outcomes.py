@@ -37,6 +37,9 @@ from videoflow.backends.messaging import (
 MSG_ID_HEADER: Final = "Nats-Msg-Id"
 """The header JetStream deduplicates on inside the stream's duplicate_window."""
 
+TRACEPARENT_HEADER: Final = "traceparent"
+"""The header an envelope's W3C trace context travels in (Envelope.traceparent)."""
+
 STORE_FAILED: Final = 10077
 """err_code of a full DiscardPolicy.NEW stream (JSStreamStoreFailedF, 503; NATS_FACTS
 S8): waiting for acknowledgements to free room can help."""
@@ -80,6 +83,18 @@ async def no_stream_refusal(js: JetStreamContext, subject: str) -> Rejected:
     return Rejected(f"stream {stream} did not answer for {subject}: it has no leader "
                     "right now (a cluster electing one)", retryable=True)
 
+def publish_headers(envelope: Envelope) -> dict[str, str] | None:
+    """The NATS headers an envelope is published with: its msg_id as Nats-Msg-Id (the
+    broker deduplicates on it) and its W3C trace context as traceparent; None when it
+    has neither."""
+    msg_id, traceparent = envelope.msg_id, envelope.traceparent
+    if traceparent is None:
+        return None if msg_id is None else {MSG_ID_HEADER: msg_id}
+    if msg_id is None:
+        return {TRACEPARENT_HEADER: traceparent}
+    return {MSG_ID_HEADER: msg_id, TRACEPARENT_HEADER: traceparent}
+
+
 async def publish_once(
     js: JetStreamContext, subject: str, envelope: Envelope, timeout: float
 ) -> PublishOutcome:
@@ -111,7 +126,7 @@ async def publish_once(
     if timeout <= 0:
         return Rejected("the deadline passed before the send; nothing was sent",
                         retryable=True)
-    headers = None if envelope.msg_id is None else {MSG_ID_HEADER: envelope.msg_id}
+    headers = publish_headers(envelope)
     try:
         ack = await js.publish(subject, envelope.data, timeout=timeout, headers=headers)
     except nats.js.errors.NoStreamResponseError:
@@ -182,7 +197,7 @@ async def publish_pipelined(
                 receipt.set_result(Rejected("the deadline passed before the send; "
                                             "nothing was sent", retryable=True))
                 continue
-            headers = None if envelope.msg_id is None else {MSG_ID_HEADER: envelope.msg_id}
+            headers = publish_headers(envelope)
             inbox = replies.expect_call(functools.partial(_fill, subject, receipt, js))
             try:
                 await client.publish(subject, envelope.data, reply=inbox, headers=headers)
@@ -398,9 +413,11 @@ async def observe_by_republish(
 
 __all__ = [
     "MSG_ID_HEADER",
+    "TRACEPARENT_HEADER",
     "PublicationLedger",
     "no_stream_refusal",
     "observe_by_republish",
+    "publish_headers",
     "publish_once",
     "publish_pipelined",
     "receipt_outcome",

@@ -27,6 +27,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from videoflow.backends.jetstream.outcomes import TRACEPARENT_HEADER
 from videoflow.backends.jetstream.receive_leases import DeliveryLeases, HeldDelivery
 from videoflow.backends.jetstream.receive_queue import PrefetchQueue
 from videoflow.backends.jetstream.settle import ReplyMux, subscribe_inline
@@ -376,7 +377,10 @@ class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
     def _park(self, msg: Msg) -> None:
         seq, attempt, pending = delivery_position(msg)
         token = DeliveryToken(self.subscription, seq, attempt, self.generation)
-        delivery = Delivery(token=token, data=msg.data, num_delivered=attempt, stream_seq=seq)
+        # A status-less message's headers are its publisher's (Nats-Msg-Id, traceparent).
+        headers = msg.headers
+        delivery = Delivery(token=token, data=msg.data, num_delivered=attempt, stream_seq=seq,
+                            traceparent=headers.get(TRACEPARENT_HEADER) if headers else None)
         # A moving mean of the sizes, for depth(): recent sizes weigh most.
         size = delivery.size
         self._mean_size = size if not self._mean_size else 0.9 * self._mean_size + 0.1 * size

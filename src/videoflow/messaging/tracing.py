@@ -1,0 +1,375 @@
+"""Tracing: the W3C trace context every published envelope carries, and OpenTelemetry
+spans for a node's receive, process, publish and settle (the optional ``tracing``
+extra: ``pip install videoflow[tracing]``, opentelemetry-api).
+
+The header. Every data envelope a node publishes carries a ``traceparent`` NATS header
+(``00-<32 hex trace id>-<16 hex span id>-<2 hex flags>``, W3C Trace Context), whether
+or not anything records spans, so any reader of the stream -- a videoflow node or not
+-- can continue the trace. A producer's output starts a trace; a processor's output
+continues its input's; a join's output continues one member's: its first parent's in
+wiring order (the first member present, for a quorum group), and its spans link every
+member's context. The header is the only change on the wire: the envelope (msgpack)
+is untouched, so every reader decodes it as before.
+
+Trace ids. The envelope's own ``trace_id`` is videoflow's lineage id -- what trace
+joins group by -- and not always a W3C trace id: a live producer mints 32 hex digits,
+which are used as they are; a replayable producer mints '<node>:src:<offset>' and a
+time join 'tg-<16 hex>', which map to the first 128 bits of their BLAKE2b digest
+(w3c_trace_id: deterministic, so the same lineage gets the same trace id in every
+process). The lineage id is never changed; the W3C ids travel beside it in the header.
+
+Two paths, chosen once per node replica when its messenger is built (NodeTracing):
+
+- no tracer provider configured -- opentelemetry-api not installed, or installed with
+  its default provider (the proxy, or the no-op one): no span is made, and the header
+  costs one string format per output (and a parse per input group). A producer's
+  output gets the trace id of its lineage (above) and a random span id; a processor's
+  output the trace id and flags of its input's header and a random span id (the
+  lineage's trace id when the input came without a header). The flags of a trace
+  started here say sampled, so that a reader whose tracer samples by its parent
+  records it.
+- a real provider (an SDK's TracerProvider set with ``trace.set_tracer_provider``):
+  spans per the OpenTelemetry messaging conventions (messaging.system 'nats'), named
+  '<operation> <node>' (the node publishing, or the node receiving: low cardinality;
+  the subject is messaging.destination.name), with the node, replica, flow and run as
+  videoflow.* attributes:
+
+  ``publish`` (PRODUCER): one per output, from its encoding until it is handed to the
+  backend (its receipt resolves later, in the publication window); its context is the
+  output's header. A producer's is a root, or a child of the span current around its
+  next(); a processor's is a child of its group's ``process``.
+  ``receive`` (CLIENT): one per input group, from its first member's arrival to its
+  hand-out (for a join: the assembly), a child of the continued member's publish span,
+  linked to every member's.
+  ``process`` (CONSUMER): the node's work on the group, from its hand-out until it is
+  acknowledged or failed; a child of the continued member's publish span, linked to
+  every member's; current (context.attach) while the node runs, so a span the node
+  starts is its child.
+  ``settle`` (CLIENT): a child of ``process``. For an acknowledged group, from the
+  node's done until the broker confirmed every ack (acks wait for the group's outputs
+  to be accepted and go in batches; messaging.operation.name 'ack',
+  videoflow.settle.result 'confirmed' or 'unknown'); for a failed group, the delivery
+  policy's verdicts (messaging.operation.name 'nak').
+
+  A member without a header (a publisher that does not trace) is continued from ids
+  derived from its lineage (w3c_trace_id, and a span id from the same digest), so the
+  trace id matches what the fast path would have given it.
+
+Replicas that run as processes of their own (flow.run spawns them) configure their
+tracer at start: VIDEOFLOW_TRACING_SETUP='module:function' names a function of no
+arguments that sets a provider; it is called once per process, before the first node
+replica looks for one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import random
+import re
+import time
+from collections.abc import Sequence
+from typing import Any, Final, Protocol
+
+from videoflow.backends.messaging import Delivery
+
+TRACEPARENT_HEADER: Final = "traceparent"
+"""The NATS header the trace context travels in (W3C Trace Context's name)."""
+
+SETUP_ENV: Final = "VIDEOFLOW_TRACING_SETUP"
+"""'module:function': called once per process to configure a tracer provider."""
+
+INSTRUMENTATION_NAME: Final = "videoflow"
+"""The tracer's (instrumentation scope's) name."""
+
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
+_ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
+_getrandbits = random.getrandbits
+_set_up = False
+
+
+def w3c_trace_id(lineage: str) -> str:
+    """The W3C trace id of a videoflow lineage id (an envelope's trace_id).
+
+    Arguments:
+        lineage: the envelope's trace_id.
+
+    Returns:
+        lineage itself when it is 32 lowercase hex digits (not all zero), else the
+        first 32 hex digits of its BLAKE2b digest: the same in every process.
+    """
+    if len(lineage) == 32 and lineage != _ZERO_TRACE and _HEX32.fullmatch(lineage):
+        return lineage
+    return _digest(lineage)[:32]
+
+
+def _digest(lineage: str) -> str:
+    """48 hex digits: a lineage's trace id (the first 32), then its span id."""
+    digest = hashlib.blake2b(lineage.encode(), digest_size=24).hexdigest()
+    if digest[:32] == _ZERO_TRACE or digest[32:] == _ZERO_SPAN:  # never in practice
+        digest = hashlib.blake2b(digest.encode(), digest_size=24).hexdigest()
+    return digest
+
+
+def new_span_id() -> str:
+    """A random span id: 16 hex digits, never all zero."""
+    # to_bytes().hex() costs about half of a 016x format, and this is per output.
+    return (_getrandbits(64) or 1).to_bytes(8, "little").hex()
+
+
+def format_traceparent(trace_id: str, span_id: str, flags: str = "01") -> str:
+    """A version 00 traceparent header value.
+
+    Arguments:
+        trace_id / span_id: 32 and 16 lowercase hex digits.
+        flags: 2 hex digits ('01': sampled).
+    """
+    return f"00-{trace_id}-{span_id}-{flags}"
+
+
+def parse_traceparent(value: str | None) -> tuple[str, str, str] | None:
+    """The (trace id, span id, flags) of a traceparent header value, or None when it is
+    absent or not valid W3C Trace Context (version ff, a version 00 value with more
+    fields, an all-zero id, upper-case or short hex)."""
+    if value is None:
+        return None
+    match = _TRACEPARENT.fullmatch(value)
+    if match is None:
+        return None
+    version, trace_id, span_id, flags, rest = match.groups()
+    if (version == "ff" or (version == "00" and rest is not None)
+            or trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN):
+        return None
+    return trace_id, span_id, flags
+
+
+def _continued(traceparent: str | None, lineage: str) -> tuple[str, str, str]:
+    """The context a member continues: its header's, else one derived from its lineage
+    (w3c_trace_id, and a span id from the same digest), sampled."""
+    parsed = parse_traceparent(traceparent)
+    if parsed is not None:
+        return parsed
+    return w3c_trace_id(lineage), _digest(lineage)[32:], "01"
+
+
+def active_tracer() -> Any | None:
+    """The OpenTelemetry tracer to make spans with, or None for the fast path: when
+    opentelemetry-api is not installed or no real provider is configured (after
+    calling the VIDEOFLOW_TRACING_SETUP function, the first time).
+
+    Raises:
+        ImportError / AttributeError: VIDEOFLOW_TRACING_SETUP names a function that
+            does not exist; ValueError: it is not 'module:function'.
+    """
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return None
+    global _set_up
+    if not _set_up:
+        _set_up = True
+        setup = os.environ.get(SETUP_ENV)
+        if setup:
+            module, sep, function = setup.partition(":")
+            if not sep or not module or not function:
+                raise ValueError(f"{SETUP_ENV} must be 'module:function', got {setup!r}")
+            getattr(importlib.import_module(module), function)()
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+        return None
+    return provider.get_tracer(INSTRUMENTATION_NAME)
+
+
+class Member(Protocol):
+    """What the messenger holds for one delivery of a group (its assembler handle)."""
+
+    parent: str
+    delivery: Delivery
+    arrived: float  # time.monotonic() when it reached the assembler
+
+
+class GroupTrace:
+    """One input group's trace, from its hand-out to its settlement (NodeTracing).
+
+    Attributes:
+        trace_id / flags: what its outputs' headers continue.
+        process: its process span, None on the fast path.
+        context: the OpenTelemetry context of process (its outputs' parent).
+        token: the attach token of context, detached when the group is done.
+    """
+
+    __slots__ = ("context", "flags", "process", "token", "trace_id")
+
+    def __init__(self, trace_id: str, flags: str, process: Any = None, context: Any = None,
+                 token: Any = None) -> None:
+        self.trace_id, self.flags = trace_id, flags
+        self.process, self.context, self.token = process, context, token
+
+
+class NodeTracing:
+    """One node replica's tracing (see the module docstring): the outputs' headers, and
+    spans when a real tracer provider is configured.
+
+    Arguments:
+        node_name / replica_id / flow_id / run_id: the node replica and its run.
+        subject: the subject its outputs are published on.
+        parent_subjects: {parent: subject} of its inputs, in wiring order.
+        tracer: the tracer to use; active_tracer() when None. False: none (the fast
+            path whatever is configured).
+
+    Attributes:
+        enabled: spans are made (a real provider was configured).
+    """
+
+    def __init__(self, node_name: str, replica_id: int, flow_id: str, run_id: str,
+                 subject: str, parent_subjects: dict[str, str], tracer: Any = None) -> None:
+        self.node_name, self.subject = node_name, subject
+        self.parent_order = tuple(parent_subjects)
+        self.tracer = active_tracer() if tracer is None else (tracer or None)
+        self.enabled = self.tracer is not None
+        self.attributes: dict[str, Any] = {
+            "messaging.system": "nats", "videoflow.node": node_name,
+            "videoflow.replica": replica_id, "videoflow.flow": flow_id,
+            "videoflow.run": run_id}
+        self._consumer = {**self.attributes, "messaging.consumer.group.name": node_name}
+        if len(parent_subjects) == 1:
+            self._consumer["messaging.destination.name"] = next(iter(parent_subjects.values()))
+        elif parent_subjects:
+            self._consumer["videoflow.parents"] = list(parent_subjects)
+
+    # ------------------------------------------------------------------ outputs
+
+    def output(self, lineage: str, group: GroupTrace | None, msg_id: str,
+               w3c_lineage: bool = False) -> tuple[str, Any]:
+        """The traceparent of one output, and its publish span (None on the fast path),
+        to be ended with published once it is handed to the backend.
+
+        Arguments:
+            lineage: the output's envelope trace_id.
+            group: its input group's trace; None for a producer's output.
+            msg_id: its message id.
+            w3c_lineage: the caller made lineage a valid W3C trace id (a live
+                producer's), so it is not checked again.
+        """
+        if self.tracer is None:
+            if group is None:
+                trace_id = lineage if w3c_lineage else w3c_trace_id(lineage)
+                return f"00-{trace_id}-{new_span_id()}-01", None
+            return f"00-{group.trace_id}-{new_span_id()}-{group.flags}", None
+        from opentelemetry.trace import SpanKind
+        span = self.tracer.start_span(
+            f"publish {self.node_name}", None if group is None else group.context,
+            SpanKind.PRODUCER, attributes={
+                **self.attributes, "messaging.operation.type": "send",
+                "messaging.operation.name": "publish",
+                "messaging.destination.name": self.subject, "messaging.message.id": msg_id,
+                "videoflow.trace_id": lineage})
+        context = span.get_span_context()
+        return format_traceparent(f"{context.trace_id:032x}", f"{context.span_id:016x}",
+                                  f"{int(context.trace_flags):02x}"), span
+
+    @staticmethod
+    def published(span: Any, size: int) -> None:
+        """End an output's publish span (output) once it was handed to the backend."""
+        if span is not None:
+            span.set_attribute("messaging.message.body.size", size)
+            span.end()
+
+    # ------------------------------------------------------------------ input groups
+
+    def begin_group(self, lineage: str, members: Sequence[Member]) -> GroupTrace:
+        """An input group is handed to the node: what its outputs continue, and (with a
+        tracer) its receive span, ended, and its process span, started and current.
+
+        Arguments:
+            lineage: the group's trace_id.
+            members: every delivery backing the group (members and collect samples).
+        """
+        first = members[0]
+        if len(members) > 1:  # the first parent's, in wiring order
+            rank = {parent: index for index, parent in enumerate(self.parent_order)}
+            first = min(members, key=lambda m: rank.get(m.parent, len(rank)))
+        if self.tracer is None:
+            parsed = parse_traceparent(first.delivery.traceparent)
+            if parsed is not None:
+                return GroupTrace(parsed[0], parsed[2])
+            return GroupTrace(w3c_trace_id(lineage), "01")
+        return self._begin_spans(lineage, members, first)
+
+    def _begin_spans(self, lineage: str, members: Sequence[Member], first: Member
+                     ) -> GroupTrace:
+        from opentelemetry import context as otel_context
+        from opentelemetry import trace
+        from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind
+
+        def remote(member: Member) -> Any:
+            trace_id, span_id, flags = _continued(member.delivery.traceparent, lineage)
+            return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
+                               trace_flags=trace.TraceFlags(int(flags, 16)))
+
+        parent = trace.set_span_in_context(NonRecordingSpan(remote(first)))
+        links = [Link(remote(member), {"videoflow.parent": member.parent})
+                 for member in members]
+        attributes = {**self._consumer, "videoflow.trace_id": lineage,
+                      "messaging.batch.message_count": len(members)}
+        now_ns, now = time.time_ns(), time.monotonic()
+        arrived = min(member.arrived for member in members)
+        tracer = self.tracer
+        assert tracer is not None
+        receive = tracer.start_span(
+            f"receive {self.node_name}", parent, SpanKind.CLIENT, links=links,
+            attributes={**attributes, "messaging.operation.type": "receive",
+                        "messaging.operation.name": "receive"},
+            start_time=now_ns - max(int((now - arrived) * 1e9), 0))
+        receive.end(now_ns)
+        process = tracer.start_span(
+            f"process {self.node_name}", parent, SpanKind.CONSUMER, links=links,
+            attributes={**attributes, "messaging.operation.type": "process",
+                        "messaging.operation.name": "process"}, start_time=now_ns)
+        context = trace.set_span_in_context(process)
+        ids = process.get_span_context()
+        return GroupTrace(f"{ids.trace_id:032x}", f"{int(ids.trace_flags):02x}", process,
+                          context, otel_context.attach(context))
+
+    def end_group(self, group: GroupTrace | None, operation: str) -> Any:
+        """The node is done with a group: end its process span, and start its settle
+        span (returned; None on the fast path), to be ended with settled.
+
+        Arguments:
+            operation: 'ack' (completed) or 'nak' (failed: the policy decides).
+        """
+        if group is None or group.process is None:
+            return None
+        from opentelemetry import context as otel_context
+        from opentelemetry.trace import SpanKind, StatusCode
+        if group.token is not None:
+            otel_context.detach(group.token)
+            group.token = None
+        if operation != "ack":
+            group.process.set_status(StatusCode.ERROR)
+        group.process.end()
+        tracer = self.tracer
+        assert tracer is not None
+        return tracer.start_span(
+            f"settle {self.node_name}", group.context, SpanKind.CLIENT,
+            attributes={**self._consumer, "messaging.operation.type": "settle",
+                        "messaging.operation.name": operation})
+
+
+def settled(span: Any, result: str) -> None:
+    """End a settle span (NodeTracing.end_group), saying how it ended.
+
+    Arguments:
+        result: 'confirmed', 'unknown' (the broker did not confirm: redelivered later)
+            or 'failed' (the group failed after all: its publication).
+    """
+    if span is not None:
+        span.set_attribute("videoflow.settle.result", result)
+        span.end()
+
+
+__all__ = ["INSTRUMENTATION_NAME", "SETUP_ENV", "TRACEPARENT_HEADER", "GroupTrace",
+           "Member", "NodeTracing", "active_tracer", "format_traceparent", "new_span_id",
+           "parse_traceparent", "settled", "w3c_trace_id"]
