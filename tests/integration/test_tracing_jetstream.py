@@ -14,7 +14,6 @@ from typing import Any
 
 import nats
 import pytest
-from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -24,6 +23,7 @@ from videoflow.broker import server as embedded
 from videoflow.core.compiler import NodeSpec
 from videoflow.core.constants import BATCH
 from videoflow.core.naming import stream_name_for
+from videoflow.messaging import tracing
 from videoflow.messaging.nats_messenger import NATSMessenger
 from videoflow.messaging.topology import provision_flow_sync
 from videoflow.messaging.tracing import parse_traceparent
@@ -38,19 +38,18 @@ COUNT = 5
 
 @pytest.fixture
 def exporter() -> Iterator[InMemorySpanExporter]:
-    """The SDK installed as the global provider (once per process: OpenTelemetry refuses
-    a second one), with an in-memory exporter for this test; stopped after it, so the
-    spans of later tests in this process are not kept."""
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
+    """The SDK's provider, with an in-memory exporter, for this test's messengers only
+    (use_tracer_provider): OpenTelemetry's global provider is left alone, so later
+    tests in this process run without spans, as a process without an SDK does."""
+    provider = TracerProvider()
     made = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(made))
+    tracing.use_tracer_provider(provider)
     try:
         yield made
     finally:
-        made.shutdown()
+        tracing.use_tracer_provider(None)
+        provider.shutdown()
 
 
 def messenger(url: str, node: str, parents: list[str], **options: Any) -> NATSMessenger:

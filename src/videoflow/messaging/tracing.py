@@ -88,6 +88,16 @@ _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
 _getrandbits = random.getrandbits
 _set_up = False
+_provider: Any = None  # use_tracer_provider's, over OpenTelemetry's global one
+
+
+def use_tracer_provider(provider: Any) -> None:
+    """Send the spans of the messengers made from now on in this process to provider
+    instead of OpenTelemetry's global one (which can be set only once per process);
+    None goes back to the global one. As instrumentation libraries take a
+    tracer_provider: for a program, or a test, that keeps its own."""
+    global _provider
+    _provider = provider
 
 
 def w3c_trace_id(lineage: str) -> str:
@@ -176,7 +186,7 @@ def active_tracer() -> Any | None:
             if not sep or not module or not function:
                 raise ValueError(f"{SETUP_ENV} must be 'module:function', got {setup!r}")
             getattr(importlib.import_module(module), function)()
-    provider = trace.get_tracer_provider()
+    provider = _provider or trace.get_tracer_provider()
     if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
         return None
     return provider.get_tracer(INSTRUMENTATION_NAME)
@@ -372,4 +382,4 @@ def settled(span: Any, result: str) -> None:
 
 __all__ = ["INSTRUMENTATION_NAME", "SETUP_ENV", "TRACEPARENT_HEADER", "GroupTrace",
            "Member", "NodeTracing", "active_tracer", "format_traceparent", "new_span_id",
-           "parse_traceparent", "settled", "w3c_trace_id"]
+           "parse_traceparent", "settled", "use_tracer_provider", "w3c_trace_id"]
