@@ -48,6 +48,11 @@ so neither runs above half its own maximum (VF_BENCH_FLOW_RATE, default 300 msg/
 that case did not run). Each message carries its send time (time.time()); the sink
 keeps receive time minus send time. The figure is the p50 per hop (over 2 hops).
 
+``flow_observability``: the linear BATCH flow, videoflow only, watched against not:
+"on" serves metrics (run_flow's metrics_port), scraped every half second, and traces
+(every output's traceparent header; no SDK, so no span); "off" serves none and runs
+with VIDEOFLOW_TRACING=off. The summary's line gives on / off: the cost of watching.
+
 On both sides a producer starts only once its readers have (each reader leaves a
 ready file when its input is bound, every producer waits for them), so no stage is
 measured while another is still starting, and a REALTIME stream does not drop all but
@@ -115,6 +120,7 @@ from flow_bench_nodes import (
 from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.flow import Flow
+from videoflow.messaging.tracing import TRACING_ENV
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -657,9 +663,15 @@ def scraped_metrics() -> Iterator[dict[str, Any]]:
 @pytest.mark.benchmark(group="flow_observability")
 @pytest.mark.parametrize("side", OBSERVABILITY)
 def test_observability_cost(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
-                            rounds_dir: Callable[[], Path], side: str) -> None:
-    """The linear BATCH flow with metrics served and scraped and tracing on (no SDK),
-    against both off: the cost of watching a flow."""
+                            rounds_dir: Callable[[], Path], side: str,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The linear BATCH flow with metrics served and scraped and tracing on (its
+    traceparent header on every output; no SDK, so no span), against both off
+    (VIDEOFLOW_TRACING=off, which the replicas inherit): the cost of watching a flow."""
+    if side == "off":
+        monkeypatch.setenv(TRACING_ENV, "off")
+    else:
+        monkeypatch.delenv(TRACING_ENV, raising=False)
     sizes = sizes_for(benchmark)
     rounds: list[dict[str, Any]] = []
     with (scraped_metrics() if side == "on" else contextlib.nullcontext({})) as options:

@@ -25,6 +25,7 @@ from videoflow.backends.messaging import (
 from videoflow.core.constants import BATCH
 from videoflow.messaging.nats_messenger import NATSMessenger
 from videoflow.messaging.tracing import (
+    TRACING_ENV,
     NodeTracing,
     format_traceparent,
     new_span_id,
@@ -98,6 +99,23 @@ def test_without_a_tracer_an_output_continues_its_first_parent_s_member_and_flag
     # A producer's output starts a trace from its lineage.
     parsed = parse_traceparent(tracing.output("cam:src:4", None, "m")[0])
     assert parsed is not None and (parsed[0], parsed[2]) == (w3c_trace_id("cam:src:4"), "01")
+
+
+@pytest.mark.parametrize("value", ["off", "0", "false", "NO"])
+def test_tracing_off_writes_no_header_and_makes_no_span_even_with_a_provider(
+        value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TRACING_ENV, value)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = NodeTracing("scale", 0, "f", "r", "vf.f.r.scale", {"cam": "vf.f.r.cam"},
+                          tracer=provider.get_tracer("test"))
+    assert not tracing.enabled
+    group = tracing.begin_group("cam:src:1", [member("cam", VALID)])
+    assert tracing.output("cam:src:1", group, "scale:k:1") == (None, None)
+    assert tracing.output("cam:src:2", None, "m") == (None, None)
+    assert tracing.end_group(group, "ack") is None
+    assert exporter.get_finished_spans() == ()
 
 
 def test_with_a_tracer_a_member_without_a_header_is_continued_from_its_lineage() -> None:

@@ -55,6 +55,9 @@ Two paths, chosen once per node replica when its messenger is built (NodeTracing
   derived from its lineage (w3c_trace_id, and a span id from the same digest), so the
   trace id matches what the fast path would have given it.
 
+VIDEOFLOW_TRACING=off turns both off: no header, no span (a flow whose readers must
+not see trace ids, or a measurement of what tracing costs).
+
 Replicas that run as processes of their own (flow.run spawns them) configure their
 tracer at start: VIDEOFLOW_TRACING_SETUP='module:function' names a function of no
 arguments that sets a provider; it is called once per process, before the first node
@@ -76,6 +79,10 @@ from videoflow.backends.messaging import Delivery
 
 TRACEPARENT_HEADER: Final = "traceparent"
 """The NATS header the trace context travels in (W3C Trace Context's name)."""
+
+TRACING_ENV: Final = "VIDEOFLOW_TRACING"
+"""'off' (or 0, false, no): no traceparent header and no span, in every node replica
+that starts with it set."""
 
 SETUP_ENV: Final = "VIDEOFLOW_TRACING_SETUP"
 """'module:function': called once per process to configure a tracer provider."""
@@ -237,7 +244,10 @@ class NodeTracing:
                  subject: str, parent_subjects: dict[str, str], tracer: Any = None) -> None:
         self.node_name, self.subject = node_name, subject
         self.parent_order = tuple(parent_subjects)
-        self.tracer = active_tracer() if tracer is None else (tracer or None)
+        self.off = os.environ.get(TRACING_ENV, "").strip().lower() in ("off", "0", "false",
+                                                                         "no")
+        self.tracer = None if self.off else (
+            active_tracer() if tracer is None else (tracer or None))
         self.enabled = self.tracer is not None
         self.attributes: dict[str, Any] = {
             "messaging.system": "nats", "videoflow.node": node_name,
@@ -252,9 +262,10 @@ class NodeTracing:
     # ------------------------------------------------------------------ outputs
 
     def output(self, lineage: str, group: GroupTrace | None, msg_id: str,
-               w3c_lineage: bool = False) -> tuple[str, Any]:
-        """The traceparent of one output, and its publish span (None on the fast path),
-        to be ended with published once it is handed to the backend.
+               w3c_lineage: bool = False) -> tuple[str | None, Any]:
+        """The traceparent of one output (None with tracing off), and its publish span
+        (None on the fast path), to be ended with published once it is handed to the
+        backend.
 
         Arguments:
             lineage: the output's envelope trace_id.
@@ -264,6 +275,8 @@ class NodeTracing:
                 producer's), so it is not checked again.
         """
         if self.tracer is None:
+            if self.off:
+                return None, None
             if group is None:
                 trace_id = lineage if w3c_lineage else w3c_trace_id(lineage)
                 return f"00-{trace_id}-{new_span_id()}-01", None
@@ -302,6 +315,8 @@ class NodeTracing:
             rank = {parent: index for index, parent in enumerate(self.parent_order)}
             first = min(members, key=lambda m: rank.get(m.parent, len(rank)))
         if self.tracer is None:
+            if self.off:
+                return _UNTRACED
             parsed = parse_traceparent(first.delivery.traceparent)
             if parsed is not None:
                 return GroupTrace(parsed[0], parsed[2])
@@ -368,6 +383,10 @@ class NodeTracing:
                         "messaging.operation.name": operation})
 
 
+_UNTRACED: Final = GroupTrace("0" * 32, "00")
+"""The trace of every input group with tracing off (never written anywhere)."""
+
+
 def settled(span: Any, result: str) -> None:
     """End a settle span (NodeTracing.end_group), saying how it ended.
 
@@ -380,6 +399,6 @@ def settled(span: Any, result: str) -> None:
         span.end()
 
 
-__all__ = ["INSTRUMENTATION_NAME", "SETUP_ENV", "TRACEPARENT_HEADER", "GroupTrace",
+__all__ = ["INSTRUMENTATION_NAME", "SETUP_ENV", "TRACEPARENT_HEADER", "TRACING_ENV", "GroupTrace",
            "Member", "NodeTracing", "active_tracer", "format_traceparent", "new_span_id",
            "parse_traceparent", "settled", "use_tracer_provider", "w3c_trace_id"]
