@@ -16,13 +16,18 @@ from typing import Any
 
 import nats
 import pytest
-from flow_nodes import Numbers, Record, Scale
+from flow_nodes import Numbers, Record, RejectMultiplesOf, Scale
 
 from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH
 from videoflow.errors import WireError
 from videoflow.flow import Flow
-from videoflow.messaging.tracing import SETUP_ENV, parse_traceparent, w3c_trace_id
+from videoflow.messaging.tracing import (
+    SETUP_ENV,
+    TRACING_ENV,
+    parse_traceparent,
+    w3c_trace_id,
+)
 from videoflow.wire.serialization import decode_envelope
 
 pytestmark = pytest.mark.timeout(120)
@@ -37,6 +42,7 @@ class Tap:
     def __init__(self, url: str) -> None:
         self.url = url
         self.seen: list[tuple[str, dict[str, Any], dict[str, str]]] = []
+        self.raw: list[tuple[str, bytes, dict[str, str]]] = []  # every message, as is
         self._ready, self._stop = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()))
 
@@ -44,6 +50,7 @@ class Tap:
         nc = await nats.connect(self.url)
 
         async def seen(msg: Any) -> None:
+            self.raw.append((msg.subject, msg.data, dict(msg.headers or {})))
             try:
                 envelope = decode_envelope(msg.data)
             except WireError:
@@ -155,3 +162,42 @@ def test_replicas_set_up_by_the_hook_chain_their_spans_across_processes(
             assert span["context"]["trace_id"] == by_id[span["parent_id"]]["context"][
                 "trace_id"]
     assert len({s["context"]["trace_id"] for s in spans}) == COUNT
+
+
+def test_end_markers_carry_a_trace_and_a_dead_letter_carries_its_input_s(
+    nats_server: embedded.EmbeddedServer, out: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(SETUP_ENV, raising=False)
+    numbers = Numbers(COUNT)
+    sink = Record(str(out))(RejectMultiplesOf(7, name="reject")(numbers))
+    with Tap(nats_server.url) as tap:
+        report = Flow([numbers], [sink], BATCH, name="tracedlq").run(nats_server.url,
+                                                                    view=False)
+    assert report.outcome == "completed", report.format()
+    assert report.nodes["reject"].dead_lettered == 2, report.format()
+    # Which input each traceparent the producer wrote belongs to.
+    value_of = {headers["traceparent"]: envelope["message"]
+                for subject, envelope, headers in tap.seen if subject.endswith(".numbers")}
+    assert len(value_of) == COUNT
+    dead = [headers for subject, _, headers in tap.raw if "._dlq." in subject]
+    assert sorted(value_of[h["traceparent"]] for h in dead) == [7, 14]
+    ends = [headers for subject, _, headers in tap.raw if subject.endswith("._eos")]
+    assert len(ends) == 2  # numbers' and reject's
+    assert all(parse_traceparent(h.get("traceparent")) is not None for h in ends)
+
+
+def test_tracing_off_publishes_no_traceparent_at_all(
+    nats_server: embedded.EmbeddedServer, out: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(SETUP_ENV, raising=False)
+    monkeypatch.setenv(TRACING_ENV, "off")
+    numbers = Numbers(COUNT)
+    sink = Record(str(out))(RejectMultiplesOf(7)(numbers))
+    with Tap(nats_server.url) as tap:
+        report = Flow([numbers], [sink], BATCH, name="untraced").run(nats_server.url,
+                                                                    view=False)
+    assert report.outcome == "completed", report.format()
+    published = [(subject, headers) for subject, _, headers in tap.raw
+                 if subject.startswith("vf.untraced.")]
+    assert len(published) >= 2 * COUNT  # outputs, end markers, dead letters
+    assert [p for p in published if "traceparent" in p[1]] == []

@@ -187,6 +187,7 @@ def dead_letter(
     record: DeadLetter,
     deadline: float,
     attempt_seconds: float = ATTEMPT_SECONDS,
+    traceparent: str | None = None,
 ) -> DeadLettered:
     """Publish record to the flow's dead-letter stream and, only once it is accepted
     there, terminate the delivery against it (DELIV-15: Terminal(record_ref), the
@@ -203,10 +204,12 @@ def dead_letter(
         record: its dead letter (dead_letter_for).
         deadline: monotonic time after which nothing more is tried.
         attempt_seconds: the most one publish waits for its receipt.
+        traceparent: the input's W3C trace context (its delivery's header), which the
+            record carries as its own header: the dead letter is found in its trace.
     """
     msg_id = dead_letter_record_id(record.run_id, record.node, record.parent, record.stream_seq)
     envelope = Envelope(ChannelId(record.flow_id, record.run_id, record.node), "dlq",
-                        encode_dead_letter(record), msg_id)
+                        encode_dead_letter(record), msg_id, traceparent)
     published = publish_until_known(backend, envelope, BATCH, deadline,
                                     attempt_seconds=attempt_seconds)
     if not isinstance(published.outcome, Accepted):

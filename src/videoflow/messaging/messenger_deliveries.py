@@ -418,7 +418,8 @@ class Deliveries:
         pinned = handle.blob_ref is not None and self.payloads.pin_for_dead_letter(
             handle.blob_ref, handle.parent, delivery.stream_seq)
         done = dead_letter(self.backend, delivery.token, record,
-                           time.monotonic() + self.ack_wait)
+                           time.monotonic() + self.ack_wait,
+                           traceparent=delivery.traceparent)
         if done.settled is not None:
             self.dead_lettered += 1
         if pinned and isinstance(done.settled, SettleConfirmed):

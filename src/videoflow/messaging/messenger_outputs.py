@@ -311,8 +311,8 @@ class Outputs:
         data = end_marker(self.node_name, self.channel.flow, self.channel.run,
                           self.replica_id, self.nb_tasks, is_abort, error, origin)
         kind = "abort" if is_abort else "eos"
-        envelope = Envelope(self.channel, "eos", data,
-                            f"{self.node_name}:{kind}:{self.replica_id}")
+        msg_id = f"{self.node_name}:{kind}:{self.replica_id}"
+        envelope = Envelope(self.channel, "eos", data, msg_id, self.tracing.marker(msg_id))
         published = publish_until_known(self.backend, envelope, BATCH,
                                         time.monotonic() + self.ack_wait)
         self.stats.count(published)

@@ -2,13 +2,14 @@
 spans for a node's receive, process, publish and settle (the optional ``tracing``
 extra: ``pip install videoflow[tracing]``, opentelemetry-api).
 
-The header. Every data envelope a node publishes carries a ``traceparent`` NATS header
+The header. Every envelope a node publishes carries a ``traceparent`` NATS header
 (``00-<32 hex trace id>-<16 hex span id>-<2 hex flags>``, W3C Trace Context), whether
 or not anything records spans, so any reader of the stream -- a videoflow node or not
 -- can continue the trace. A producer's output starts a trace; a processor's output
 continues its input's; a join's output continues one member's: its first parent's in
 wiring order (the first member present, for a quorum group), and its spans link every
-member's context. The header is the only change on the wire: the envelope (msgpack)
+member's context. A dead letter carries its input's header as it came, and an end
+marker a trace of its own (NodeTracing.marker). The header is the only change on the wire: the envelope (msgpack)
 is untouched, so every reader decodes it as before.
 
 Trace ids. The envelope's own ``trace_id`` is videoflow's lineage id -- what trace
@@ -292,6 +293,13 @@ class NodeTracing:
         context = span.get_span_context()
         return format_traceparent(f"{context.trace_id:032x}", f"{context.span_id:016x}",
                                   f"{int(context.trace_flags):02x}"), span
+
+    def marker(self, lineage: str) -> str | None:
+        """The traceparent of an end marker (None with tracing off): a trace of its
+        own, from its lineage (its message id), as any output carries one."""
+        if self.off:
+            return None
+        return f"00-{w3c_trace_id(lineage)}-{new_span_id()}-01"
 
     @staticmethod
     def published(span: Any, size: int) -> None:
