@@ -9,8 +9,8 @@ or not anything records spans, so any reader of the stream -- a videoflow node o
 continues its input's; a join's output continues one member's: its first parent's in
 wiring order (the first member present, for a quorum group), and its spans link every
 member's context. A dead letter carries its input's header as it came, and an end
-marker a trace of its own (NodeTracing.marker). The header is the only change on the wire: the envelope (msgpack)
-is untouched, so every reader decodes it as before.
+marker a trace of its own (NodeTracing.marker). The header is the only change on the
+wire: the envelope (msgpack) is untouched, so every reader decodes it as before.
 
 Trace ids. The envelope's own ``trace_id`` is videoflow's lineage id -- what trace
 joins group by -- and not always a W3C trace id: a live producer mints 32 hex digits,
