@@ -130,15 +130,20 @@ def kill_for_good(server: embedded.EmbeddedServer) -> Callable[[Fault], None]:
 
 class CountThenMark(ProducerNode):
     """0 .. count-1 with event times, then a marker file once its stream has ended (the
-    fault can wait for it: whatever then goes missing was already on the broker)."""
+    fault can wait for it: whatever then goes missing was already on the broker). The
+    file is written at close(), which the task calls once the end of stream it published
+    after the last next() was accepted -- not at that next(), which comes before."""
 
     def __init__(self, count: int, marker: str, **options: Any) -> None:
         super().__init__(**options)
         self.count, self.marker, self.i = count, marker, 0
 
-    def next(self) -> int:
+    def close(self) -> None:
         if self.i >= self.count:
             Path(self.marker).write_text("ended")
+
+    def next(self) -> int:
+        if self.i >= self.count:
             raise StopIteration
         value, self.i = self.i, self.i + 1
         assert self.context is not None
