@@ -43,10 +43,14 @@ async def _clean_ends(nc: Client, budget: Budget, flow_id: str, run_id: str,
                                 f"node {node!r}: it cannot be resumed") from error
     if not sum((info.state.subjects or {}).values()):
         return set()
-    subscription = await budget.run(js.pull_subscribe(
-        eos_subject_for(flow_id, run_id, node), stream=stream,
-        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE,
-                              inactive_threshold=5.0)))
+    # An ephemeral reader, deleted once read: left to its inactive_threshold it would
+    # count the resumed replicas' new end markers as pending, and a resumed run that
+    # ends within the threshold would find its stream 'unprocessed' and be kept.
+    reader = await budget.run(nc.jsm().add_consumer(stream, ConsumerConfig(
+        deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE,
+        filter_subject=eos_subject_for(flow_id, run_id, node), mem_storage=True,
+        num_replicas=1, inactive_threshold=5.0)))
+    subscription = await budget.run(js.pull_subscribe_bind(reader.name, stream))
     ended: set[int] = set()
     try:
         while True:
@@ -66,6 +70,10 @@ async def _clean_ends(nc: Client, budget: Budget, flow_id: str, run_id: str,
     finally:
         with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
             await subscription.unsubscribe()
+        with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+            # inactive_threshold removes it if this fails
+            await asyncio.wait_for(nc.jsm().delete_consumer(stream, reader.name),
+                                   max(min(budget.left(), 2.0), 0.5))
 
 
 def ended_replicas(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str], *,
