@@ -110,7 +110,9 @@ def test_a_broker_gone_for_good_fails_the_run_within_its_budget_keeps_it_and_a_r
     # The reason says what happened, in the operator's words.
     text = report.format()
     assert f"unreachable for more than {budget:g} s" in text, text
-    assert failed_after < budget + 60, failed_after  # within the budget, plus a wind-down
+    # Within the budget, plus a wind-down: no replica waits out a publication's own
+    # deadline (ack_wait, 30 s) for a broker given up for good.
+    assert failed_after < budget + 20, failed_after
     # Nothing was deleted: the report says the run was kept, and how to resume it.
     assert not report.torn_down
     assert f"--resume {report.run_id}" in report.kept, report.kept

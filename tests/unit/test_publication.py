@@ -11,6 +11,7 @@ from videoflow.backends.memory import MemoryBroker, MemoryMessagingBackend
 from videoflow.backends.messaging import (
     RELIABLE_WORK,
     Accepted,
+    BrokerUnavailable,
     ChannelId,
     ChannelSpec,
     Completed,
@@ -236,6 +237,24 @@ def test_a_broker_away_past_its_budget_leaves_the_send_unknown_at_the_budget(clo
     published = ladder(backend, clock, envelope(1), BATCH, within=2.0)
     assert isinstance(published.outcome, PublicationUnknown)  # MSG-014: never Rejected
     assert sum(clock.slept) == pytest.approx(30.0)
+
+
+def test_a_broker_given_up_for_good_ends_the_ladder_at_once_not_at_its_deadline(clock) -> None:  # type: ignore[no-untyped-def]
+    # The budget runs out 5 s in, the deadline is 30 s off: once the adapter has given
+    # the broker up nothing can resolve the send, so the ladder says so then, as the
+    # broker being gone (it was a 25 s wait for a run whose broker was gone for good).
+    class GivenUp(AwayThenBack):
+        def given_up(self) -> str | None:
+            return "the broker was unreachable for more than 5 s" if (
+                self.clock() >= self.budget_ends) else None
+
+    backend = GivenUp(clock, back_at=clock() + 500.0, budget_ends=clock() + 5.0)
+    backend.start()
+    provision(backend)
+    backend.lose_next_receipts(1)
+    with pytest.raises(BrokerUnavailable, match="unreachable for more than 5 s"):
+        ladder(backend, clock, envelope(1), BATCH, within=30.0)
+    assert 5.0 <= sum(clock.slept) < 6.0
 
 
 def test_without_an_outage_the_deadline_is_the_deadline(backend, clock) -> None:  # type: ignore[no-untyped-def]

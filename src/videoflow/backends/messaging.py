@@ -255,6 +255,13 @@ class MessagingBackend(abc.ABC):
         whose broker cannot go away) means no extension."""
         return 0.0
 
+    def given_up(self) -> str | None:
+        """Why the adapter gave its broker up for good -- away past the outage budget:
+        nothing can be published, observed or settled any more, so an outcome still
+        unknown stays so -- or None while the broker may still answer (the default,
+        for an adapter whose broker cannot go away)."""
+        return None
+
     @abc.abstractmethod
     def stop_receiving(self) -> int:
         """Stop admitting input on every bound subscription — the quiesce half of a

@@ -32,6 +32,7 @@ from typing import Final
 
 from videoflow.backends.messaging import (
     Accepted,
+    BrokerUnavailable,
     Envelope,
     MessagingBackend,
     PublicationUnknown,
@@ -115,6 +116,9 @@ def publish_until_known(
 
     Raises:
         ValueError: flow_type is neither REALTIME nor BATCH.
+        BrokerUnavailable: the outcome is not known and the backend gave its broker up
+            for good (MessagingBackend.given_up): waiting out the deadline could not
+            change it.
     """
     if flow_type not in (REALTIME, BATCH):
         raise ValueError(f"flow_type must be {REALTIME!r} or {BATCH!r}, got {flow_type!r}")
@@ -131,6 +135,9 @@ def publish_until_known(
                 return Published(outcome, dropped=False, attempts=attempts)
             if flow_type == REALTIME:
                 return Published(outcome, dropped=True, attempts=attempts)
+        gone = backend.given_up()
+        if gone is not None:
+            raise BrokerUnavailable(gone)
         remaining = due(backend, deadline) - clock()
         if remaining <= 0:
             return Published(outcome, dropped=False, attempts=attempts)

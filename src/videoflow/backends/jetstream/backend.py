@@ -293,6 +293,9 @@ class JetStreamMessagingBackend(BackendProvisioning, BackendPublishing, BackendR
     def pursue_until(self) -> float:
         return self.outage.pursue_until()
 
+    def given_up(self) -> str | None:
+        return self.outage.given_up
+
     def start(self) -> None:
         """Connect on a fresh loop and its keeper thread (LoopRunner). Idempotent.
 
