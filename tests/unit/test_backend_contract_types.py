@@ -316,9 +316,10 @@ ABSTRACT_ADDITIONS = {"ensure_dead_letters"}
 # and then runs code of its own gives an adapter whose loop runs on the caller's
 # thread (issue 10).
 IDLE_ADDITIONS = {"catch_up"}
-# An addition whose default extends nothing: how long a broker outage lets the
-# publication ladder go on, for an adapter whose broker can go away (issue 12).
-OUTAGE_ADDITIONS = {"pursue_until"}
+# Additions whose defaults extend nothing and give nothing up: how long a broker outage
+# lets the publication ladder go on, for an adapter whose broker can go away (issue 12),
+# and why it gave its broker up for good, which ends the ladder at once.
+OUTAGE_ADDITIONS = {"pursue_until", "given_up"}
 
 # The shared design folder sits beside the repository (in every session and in CI).
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "spec" / "messaging-api-reference.txt"
