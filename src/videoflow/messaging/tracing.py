@@ -212,18 +212,34 @@ class GroupTrace:
     """One input group's trace, from its hand-out to its settlement (NodeTracing).
 
     Attributes:
-        trace_id / flags: what its outputs' headers continue.
+        trace_id / flags: what its outputs' headers continue; on the fast path None
+            until continued() reads them from header (or lineage) at the first
+            output: a consumer, which publishes nothing, never parses a header.
         process: its process span, None on the fast path.
         context: the OpenTelemetry context of process (its outputs' parent).
         token: the attach token of context, detached when the group is done.
+        header / lineage: the continued member's traceparent and the group's lineage.
     """
 
-    __slots__ = ("context", "flags", "process", "token", "trace_id")
+    __slots__ = ("context", "flags", "header", "lineage", "process", "token", "trace_id")
 
-    def __init__(self, trace_id: str, flags: str, process: Any = None, context: Any = None,
-                 token: Any = None) -> None:
+    def __init__(self, trace_id: str | None, flags: str, process: Any = None,
+                 context: Any = None, token: Any = None, header: str | None = None,
+                 lineage: str = "") -> None:
         self.trace_id, self.flags = trace_id, flags
         self.process, self.context, self.token = process, context, token
+        self.header, self.lineage = header, lineage
+
+    def continued(self) -> tuple[str, str]:
+        """(trace id, flags) the group's outputs continue: its member's header's, or its
+        lineage's trace id, sampled, when that header is absent or not valid."""
+        if self.trace_id is None:
+            parsed = parse_traceparent(self.header)
+            if parsed is not None:
+                self.trace_id, self.flags = parsed[0], parsed[2]
+            else:
+                self.trace_id, self.flags = w3c_trace_id(self.lineage), "01"
+        return self.trace_id, self.flags
 
 
 class NodeTracing:
@@ -281,7 +297,8 @@ class NodeTracing:
             if group is None:
                 trace_id = lineage if w3c_lineage else w3c_trace_id(lineage)
                 return f"00-{trace_id}-{new_span_id()}-01", None
-            return f"00-{group.trace_id}-{new_span_id()}-{group.flags}", None
+            trace_id, flags = group.continued()
+            return f"00-{trace_id}-{new_span_id()}-{flags}", None
         from opentelemetry.trace import SpanKind
         span = self.tracer.start_span(
             f"publish {self.node_name}", None if group is None else group.context,
@@ -325,10 +342,7 @@ class NodeTracing:
         if self.tracer is None:
             if self.off:
                 return _UNTRACED
-            parsed = parse_traceparent(first.delivery.traceparent)
-            if parsed is not None:
-                return GroupTrace(parsed[0], parsed[2])
-            return GroupTrace(w3c_trace_id(lineage), "01")
+            return GroupTrace(None, "01", header=first.delivery.traceparent, lineage=lineage)
         return self._begin_spans(lineage, members, first)
 
     def _begin_spans(self, lineage: str, members: Sequence[Member], first: Member
