@@ -68,7 +68,7 @@ import argparse
 import json
 from typing import Any
 
-from videoflow.cli.common import EXIT_FAILED, CommandError, nats_url_option
+from videoflow.cli.common import EXIT_FAILED, CommandError, metrics_option, nats_url_option
 from videoflow.cli.demo_flow import (
     DEFAULT_SEED,
     MAX_CAMERAS,
@@ -94,6 +94,7 @@ from videoflow.cli.demo_truth import (
     quorum_for,
     timing_for,
 )
+from videoflow.run.metrics import MetricsUnavailable
 from videoflow.run.progress import LiveView
 
 
@@ -116,10 +117,13 @@ def _command(args: argparse.Namespace) -> int:
             raise ValueError(f"--fusion-delay must be 0 to 60 s, got {args.fusion_delay:g}")
     except ValueError as error:
         raise CommandError(str(error)) from error
-    result = run_demo(args.cameras, args.fps, args.duration, size, args.imu_hz,
-                      args.drop_rate, args.seed, args.nats_url, args.start_delay,
-                      view=False if args.json else LiveView(), backlog=args.backlog,
-                      fusion_delay=args.fusion_delay)
+    try:
+        result = run_demo(args.cameras, args.fps, args.duration, size, args.imu_hz,
+                          args.drop_rate, args.seed, args.nats_url, args.start_delay,
+                          view=False if args.json else LiveView(), backlog=args.backlog,
+                          fusion_delay=args.fusion_delay, metrics_port=args.metrics_port)
+    except MetricsUnavailable as error:
+        raise CommandError(str(error), EXIT_FAILED) from error
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
     return 0 if result.ok else EXIT_FAILED
 
@@ -166,6 +170,7 @@ def register(subparsers: Any) -> None:
                            "first capture, then catches up on what waited for it "
                            "(default: 0)")
     nats_url_option(demo, required_default=False)
+    metrics_option(demo)
     demo.add_argument("--json", action="store_true",
                       help="print the result as JSON (no live view)")
     demo.set_defaults(func=_command)

@@ -303,7 +303,7 @@ def run_demo(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
              drop_rate: float = 0.02, seed: int = DEFAULT_SEED, nats_url: str | None = None,
              start_delay: float = START_DELAY_S,
              view: LiveView | bool | None = None, backlog: bool = False,
-             fusion_delay: float = 0.0) -> DemoResult:
+             fusion_delay: float = 0.0, metrics_port: int | None = None) -> DemoResult:
     """Build the demo flow, run it to its end and check it.
 
     Arguments:
@@ -311,6 +311,7 @@ def run_demo(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
         nats_url: the broker; None takes VIDEOFLOW_NATS_URL, else starts the embedded
             nats-server.
         view: as run_flow (None: a live view on a terminal).
+        metrics_port: as run_flow (None: VIDEOFLOW_METRICS_PORT, else none).
 
     Returns:
         the DemoResult.
@@ -323,7 +324,7 @@ def run_demo(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
         summary_path = Path(directory) / "summary.json"
         flow = build_flow(cameras, fps, duration, frame_size, imu_hz, drop_rate, seed,
                           str(summary_path), start_delay, backlog, fusion_delay)
-        report = flow.run(nats_url, view=view)
+        report = flow.run(nats_url, view=view, metrics_port=metrics_port)
         counts = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     instants = int(duration * fps)
     result = DemoResult(report, cameras, quorum_for(cameras), fps, instants / fps, imu_hz,
