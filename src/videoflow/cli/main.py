@@ -231,7 +231,7 @@ def _worker(args: argparse.Namespace) -> int:
     def progress(task: Any) -> None:
         if metrics is not None:
             latest[:] = [ReplicaSample(job.spec.name, str(job.replica_id),
-                                       observed_snapshot(task))]
+                                       observed_snapshot(task)[0])]
         s = task.stats
         print(f"worker {job.key}: {s.outcome} processed={s.processed} emitted={s.emitted} "
               f"failed={s.failed} dead_lettered={s.dead_lettered} drops={s.drops}",

@@ -409,16 +409,25 @@ class NATSMessenger(Messenger):
         total, unknown = self._pending()
         return unknown if unknown is not None else Known(total)
 
+    def observe_work(self) -> tuple[Known[int] | Unknown, dict[str, Known[Any] | Unknown]]:
+        """pending_observation and subscription_status from one read of the broker (a
+        progress report that carries both asks once)."""
+        seen = self.subscription_status()
+        total, unknown = self._pending(seen)
+        return (unknown if unknown is not None else Known(total)), seen
+
     def pending_count(self) -> int:
         """pending_observation's total; a parent whose broker count failed contributes
         only what is held here (use pending_observation where that matters)."""
         return self._pending()[0]
 
-    def _pending(self) -> tuple[int, Unknown | None]:
+    def _pending(self, seen: dict[str, Known[Any] | Unknown] | None = None,
+                 ) -> tuple[int, Unknown | None]:
         """(what is counted -- held here and on the broker for every parent whose
-        count was read --, the first parent's Unknown, if any)."""
+        count was read --, the first parent's Unknown, if any), from seen when given,
+        else from a fresh subscription_status."""
         total, unknown = self._local_pending(), None
-        for observed in self.subscription_status().values():
+        for observed in (self.subscription_status() if seen is None else seen).values():
             if isinstance(observed, Known):
                 value = observed.value
                 total += value.available + value.leased + value.unresolved

@@ -189,19 +189,28 @@ class SnapshotCollector:
                     waits, restarts, pending, unresolved, unknown, lag, up, join, hop)
 
 
-def observed_snapshot(task: Any) -> dict[str, Any]:
-    """task's TaskStats.snapshot() with 'subscriptions': per parent, the broker's
+def pending_word(seen: Any) -> int | str:
+    """A pending observation as a progress report carries it: the count, or why it
+    is unknown (never 0 for unknown)."""
+    value = getattr(seen, "value", None)
+    return value if isinstance(value, int) else str(getattr(seen, "reason", "unknown"))
+
+
+def observed_snapshot(task: Any) -> tuple[dict[str, Any], int | str | None]:
+    """task's TaskStats.snapshot() with 'subscriptions' -- per parent, the broker's
     count of its work (available, leased, unresolved), or {'unknown': reason} when it
-    could not be read. A producer has none."""
+    could not be read -- and the replica's pending (pending_word; None for a
+    producer, which has none), both from one read of the broker (observe_work)."""
     snapshot = task.stats.snapshot()
-    observe = getattr(task.messenger, "subscription_status", None)
+    observe = getattr(task.messenger, "observe_work", None)
     if observe is None or task.node.kind == "producer":
-        return snapshot
+        return snapshot, None
     try:
-        seen = observe()
+        pending, seen = observe()
     except Exception as error:  # an observation must never kill the replica
-        snapshot["subscriptions"] = {"*": {"unknown": f"unread: {type(error).__name__}"}}
-        return snapshot
+        why = f"unread: {type(error).__name__}"
+        snapshot["subscriptions"] = {"*": {"unknown": why}}
+        return snapshot, why
     subscriptions: dict[str, dict[str, Any]] = {}
     for parent, observed in seen.items():
         value = getattr(observed, "value", None)
@@ -211,7 +220,7 @@ def observed_snapshot(task: Any) -> dict[str, Any]:
             subscriptions[parent] = {"available": value.available, "leased": value.leased,
                                      "unresolved": value.unresolved}
     snapshot["subscriptions"] = subscriptions
-    return snapshot
+    return snapshot, pending_word(pending)
 
 
 def merged(snapshots: list[Mapping[str, Any]]) -> dict[str, Any]:
@@ -277,4 +286,4 @@ class MetricsServer:
 
 __all__ = ["METRICS_HOST_ENV", "METRICS_PORT_ENV", "MetricsServer", "MetricsUnavailable",
            "ReplicaSample", "SnapshotCollector", "check_port", "merged",
-           "metrics_port_from_env", "observed_snapshot"]
+           "metrics_port_from_env", "observed_snapshot", "pending_word"]

@@ -29,7 +29,7 @@ from videoflow.core.compiler import CompiledFlow
 from videoflow.core.constants import REALTIME
 from videoflow.core.report import ProcessDeath
 from videoflow.core.task import Task
-from videoflow.run.metrics import observed_snapshot
+from videoflow.run.metrics import observed_snapshot, pending_word
 from videoflow.run.progress import LiveView, NodeProgress, OutputRelay, RelayEnd
 from videoflow.run.supervision import (
     QUIESCE_SIGNAL,
@@ -440,12 +440,14 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
     def progress(task: Task) -> None:
         nonlocal started
         started = True
-        snapshot = observed_snapshot(task) if job.observe else task.stats.snapshot()
         if task.stats.ended is not None:
+            snapshot = observed_snapshot(task)[0] if job.observe else task.stats.snapshot()
             snapshot["join_latencies"] = list(task.stats.join_latencies)
             report("final", snapshot)
             return
-        report("progress", (snapshot, _pending(task)))
+        # With metrics, one read of the broker serves them and the view.
+        report("progress", observed_snapshot(task) if job.observe
+               else (task.stats.snapshot(), _pending(task)))
 
     try:
         node = pickle.loads(node_bytes)
@@ -474,8 +476,7 @@ def _pending(task: Task) -> int | str | None:
         seen = observe()
     except Exception as error:  # an observation must never kill the replica
         return f"unread: {type(error).__name__}"
-    value = getattr(seen, "value", None)
-    return value if isinstance(value, int) else str(getattr(seen, "reason", "unknown"))
+    return pending_word(seen)
 
 
 __all__ = ["LOST_GRACE_SECONDS", "START_GATE_SECONDS", "STOP_GRACE_SECONDS", "Replica", "Run",
