@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from shm_helpers import base_of
 
+from videoflow.backends.payload import BATCH_TTL_SECONDS
 from videoflow.backends.shm_payload import (
     OFFLOAD_ABOVE_BYTES,
     PayloadBudgetExhausted,
@@ -208,6 +209,21 @@ def test_the_sweep_reclaims_what_crashed_runs_left_past_its_ttl(tmp_path: Path) 
     assert not (tmp_path / "flow" / "old").exists()
     assert live.get(kept) == b"still owed"
     assert (tmp_path / "flow").is_dir()  # the live run's flow folder stays
+
+
+def test_the_sweep_leaves_a_live_run_s_empty_folder_and_removes_one_long_untouched(
+        tmp_path: Path) -> None:
+    # Another run starting on the host sweeps: a run that holds no payload right now
+    # keeps its folder (it was taken away under it, and its end failed to list it).
+    live = SharedMemoryPayloadStore(tmp_path / "flow" / "live")
+    abandoned = SharedMemoryPayloadStore(tmp_path / "flow" / "abandoned")
+    for store in (live, abandoned):  # as a store that has had payloads has one
+        (store.directory / ".lock").touch()
+    long_ago = time.time() - BATCH_TTL_SECONDS - 60
+    os.utime(abandoned.directory / "records", (long_ago, long_ago))
+    assert sweep_expired(tmp_path) == 0
+    assert live.directory.is_dir() and not abandoned.directory.exists()
+    assert live.get(live.put(b"still usable", ["fuse"], "p1")) == b"still usable"
 
 
 def test_the_root_is_this_users_folder_in_shared_memory_where_there_is_one() -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from videoflow.backends.filesystem_payload import FilesystemPayloadStore
-from videoflow.backends.payload import PINNED_PREFIXES, PayloadRecord
+from videoflow.backends.payload import BATCH_TTL_SECONDS, PINNED_PREFIXES, PayloadRecord
 from videoflow.errors import PayloadMissing, UnobservableState, VideoflowError
 
 __all__ = [
@@ -261,7 +261,10 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
 def sweep_expired(root: Path | None = None) -> int:
     """Reclaim what crashed runs left past its TTL in every store under root (shm_root()
     when None), removing the folders left empty: nothing outlives its TTL even when no
-    run of its flow comes back (BLOB-7).
+    run of its flow comes back (BLOB-7). A folder goes only when the sweep emptied it,
+    or when it has been empty and untouched for BATCH_TTL_SECONDS: an empty folder is
+    also a live run's that holds no payload right now, and another run starting on the
+    host must not take it away.
 
     Returns:
         How many payloads were reclaimed.
@@ -271,9 +274,12 @@ def sweep_expired(root: Path | None = None) -> int:
     for lock in sorted(root.glob("*/*/.lock")) if root.is_dir() else ():
         folder = lock.parent
         with contextlib.suppress(OSError, UnobservableState):
+            # Read before the store is opened: opening and reclaiming touch it.
+            idle = time.time() - os.stat(folder / "records").st_mtime
             store = SharedMemoryPayloadStore(folder)
-            reclaimed += store.reclaim_expired()
-            if not store.refs():
+            here = store.reclaim_expired()
+            reclaimed += here
+            if not store.refs() and (here or idle >= BATCH_TTL_SECONDS):
                 _remove_with_empty_parent(folder)
     return reclaimed
 
