@@ -31,6 +31,8 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
+from videoflow.broker.client import CLIENT_CLASS
+from videoflow.broker.client import connect as client_connect
 from videoflow.broker.failures import credentials_refused, observation_failure
 from videoflow.broker.options import auth_options, presented_credentials
 from videoflow.errors import BrokerUnavailable, CredentialsRefused, IncompatibleProfile
@@ -392,7 +394,7 @@ async def connect(
     settings.update(options)
     while True:
         try:
-            client = await asyncio.wait_for(nats.connect(servers, **settings),
+            client = await asyncio.wait_for(client_connect(servers, **settings),
                                             connect_timeout)
             break
         except Exception as error:
@@ -443,7 +445,7 @@ async def connect_or_refused(url: str, **options: Any) -> Client:
         if theirs is not None:
             await theirs(error)
 
-    client = Client()
+    client = CLIENT_CLASS()
     connecting = asyncio.ensure_future(
         client.connect(servers_of(url), **{**options, "error_cb": error_cb}))
     try:

@@ -33,6 +33,7 @@ from videoflow.backends.messaging import (
     Receipt,
     Rejected,
 )
+from videoflow.broker.client import encode_headers
 
 MSG_ID_HEADER: Final = "Nats-Msg-Id"
 """The header JetStream deduplicates on inside the stream's duplicate_window."""
@@ -85,14 +86,14 @@ async def no_stream_refusal(js: JetStreamContext, subject: str) -> Rejected:
 
 def publish_headers(envelope: Envelope) -> dict[str, str] | None:
     """The NATS headers an envelope is published with: its msg_id as Nats-Msg-Id (the
-    broker deduplicates on it) and its W3C trace context as traceparent; None when it
-    has neither."""
+    broker deduplicates on it) and its W3C trace context as traceparent, encoded once
+    (broker.client.encode_headers); None when it has neither."""
     msg_id, traceparent = envelope.msg_id, envelope.traceparent
     if traceparent is None:
-        return None if msg_id is None else {MSG_ID_HEADER: msg_id}
+        return None if msg_id is None else encode_headers({MSG_ID_HEADER: msg_id})
     if msg_id is None:
-        return {TRACEPARENT_HEADER: traceparent}
-    return {MSG_ID_HEADER: msg_id, TRACEPARENT_HEADER: traceparent}
+        return encode_headers({TRACEPARENT_HEADER: traceparent})
+    return encode_headers({MSG_ID_HEADER: msg_id, TRACEPARENT_HEADER: traceparent})
 
 
 async def publish_once(
