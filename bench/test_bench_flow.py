@@ -52,8 +52,9 @@ keeps receive time minus send time. The figure is the p50 per hop (over 2 hops).
 "on" serves metrics (run_flow's metrics_port), scraped every half second, and traces
 (every output's traceparent header; no SDK, so no span); "off" serves none and runs
 with VIDEOFLOW_TRACING=off. Rounds of the two alternate (2 x rounds pairs, the first
-side of a pair changing each time). The summary's line gives on / off: the cost of
-watching.
+side of a pair changing each time). The summary's lines give on / off, the cost of
+watching: of the best rounds, of the medians, and the median of the pairs' own
+ratios, the steadiest of the three on a machine whose load drifts.
 
 On both sides a producer starts only once its readers have (each reader leaves a
 ready file when its input is bound, every producer waits for them), so no stage is
@@ -255,6 +256,19 @@ def write_summary(write: Callable[[str], None]) -> None:
         write(f"  metrics and tracing on / off (linear_batch): {on['best']:,.1f} / "
               f"{off['best']:,.1f} msg/s = {on['best'] / off['best']:.3f} (best; median "
               f"{on['median'] / off['median']:.3f})")
+        paired = paired_ratios(on, off)
+        if paired:
+            write(f"  {'':<22}per pair (on and off run back to back): median "
+                  f"{statistics.median(paired):.3f} of {len(paired)}, from "
+                  f"{min(paired):.3f} to {max(paired):.3f}")
+
+
+def paired_ratios(on: dict[str, Any], off: dict[str, Any]) -> list[float]:
+    """on's rate over off's in each pair of rounds run back to back (the i-th round of
+    each side): the machine's load, which drifts over a run, weighs alike on both
+    rounds of a pair, so their ratio is steadier than one of bests or medians."""
+    return [a["rate"] / b["rate"] for a, b in zip(on["rounds"], off["rounds"], strict=False)
+            if a.get("rate") and b.get("rate")]
 
 
 def median_of(kept: dict[str, Any] | None, key: str) -> float | None:
@@ -703,3 +717,4 @@ def test_observability_cost(benchmark: Any, summary: None, server: embedded.Embe
     benchmark.extra_info.clear()  # record() keeps one side's: keep both
     benchmark.extra_info.update({side: {k: kept[side][k] for k in ("best", "median", "rounds")}
                                  for side in OBSERVABILITY})
+    benchmark.extra_info["paired_ratios"] = paired_ratios(kept["on"], kept["off"])
