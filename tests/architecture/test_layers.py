@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("jetstream", ("videoflow.backends.jetstream",)),
     ("messaging", ("videoflow.messaging",)),
     ("ops", ("videoflow.ops",)),
+    ("io", ("videoflow.io",)),
     ("run", ("videoflow.run",)),
     ("facade", ("videoflow", "videoflow.flow", "videoflow.serialization")),
     ("cli", ("videoflow.cli", "videoflow.__main__")),
@@ -40,7 +41,7 @@ JETSTREAM_IN_MESSAGING = {
 speak only the contract."""
 
 
-NATS_CLIENT_FLOORS = ("broker", "jetstream", "ops", "run")
+NATS_CLIENT_FLOORS = ("broker", "jetstream", "ops", "io", "run")
 """The floors that may use the NATS client library itself; the rest reach the broker
 only through the contract (or not at all)."""
 

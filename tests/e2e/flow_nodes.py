@@ -394,3 +394,12 @@ def frames_seen(directory: Path) -> list[tuple[int, bool, bool, bool]]:
     rows = log.read_text().split("\n") if log.exists() else []
     return [(int(i), w == "1", r == "1", m == "1")
             for i, w, r, m in (row.split() for row in rows if row)]
+
+
+class AsFrame(ProcessorNode):
+    """Each number as a small uint8 frame (2x3, filled with it), for sinks of arrays."""
+
+    def process(self, value: int) -> Any:
+        import numpy as np
+
+        return np.full((2, 3), value, np.uint8)

@@ -16,18 +16,23 @@ class RuntimeContext:
         node_name: the node's name in the flow.
         parents: its parents' names, in wiring order (the order of its inputs).
         publishes: whether the node has an output (a consumer has none).
+        broker_url: the URL of the broker the flow runs on ('' when not known).
 
     Attributes:
         node_name, parents, replica_id, nb_tasks, flow_id, run_id: who and where this is.
+        broker_url: the flow's broker, for a node that talks to NATS itself (a sink
+            writing a plain subject).
     """
 
     def __init__(self, messenger: Messenger, node_name: str, *,
                  parents: tuple[str, ...] = (), publishes: bool = True, replica_id: int = 0,
-                 nb_tasks: int = 1, flow_id: str = "", run_id: str = "") -> None:
+                 nb_tasks: int = 1, flow_id: str = "", run_id: str = "",
+                 broker_url: str = "") -> None:
         self._messenger = messenger
         self.node_name, self.parents = node_name, tuple(parents)
         self.replica_id, self.nb_tasks = replica_id, nb_tasks
         self.flow_id, self.run_id = flow_id, run_id
+        self.broker_url = broker_url
         self._pending: bytes | None = None
         self._publishes = publishes
 
@@ -74,6 +79,13 @@ class RuntimeContext:
         """Per parent: event_ts, metadata, trace_id and seq of the current group."""
         info = getattr(self._messenger, "last_input_info", None)
         return None if info is None else info()
+
+    @property
+    def traceparent(self) -> str | None:
+        """A W3C traceparent continuing the current input group's trace, for what the
+        node sends outside videoflow itself; None with tracing off."""
+        make = getattr(self._messenger, "output_traceparent", None)
+        return None if make is None else make()
 
     def take_metadata(self) -> dict[str, Any] | None:
         """For the task: the metadata carrying a pending checkpoint to the next output

@@ -467,6 +467,18 @@ class NATSMessenger(Messenger):
         self.outputs.publish(message, metadata, self._group, self.last_input_key(),
                              self._trace)
 
+    def output_traceparent(self) -> str | None:
+        """The W3C traceparent of something the node sends itself for the group last
+        returned (a sink writing outside videoflow): the group's trace continued with
+        a new span id, as an output's header would be; None with tracing off or no
+        group."""
+        group = self._group
+        if group is None:
+            return None
+        traceparent, span = self.tracing.output(group.trace_id, self._trace, "", False)
+        self.tracing.published(span, 0)  # a span (with a tracer) ends at the hand-out
+        return traceparent
+
     def _publication_failed(self, failure: PublicationFailed) -> None:
         self.failed_publications += 1
 

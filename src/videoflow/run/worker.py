@@ -161,7 +161,7 @@ def run_replica(job: ReplicaJob, node: Node, *,
         context = RuntimeContext(messenger, spec.name, parents=spec.parents,
                                  publishes=spec.publishes, replica_id=job.replica_id,
                                  nb_tasks=spec.nb_tasks, flow_id=job.flow_id,
-                                 run_id=job.run_id)
+                                 run_id=job.run_id, broker_url=job.nats_url)
         task = task_for(node, messenger, context, progress=progress,
                         progress_every=progress_every)
         if before_start is not None:

@@ -1,0 +1,13 @@
+"""Data in and out of flows from outside videoflow: nodes that read and write plain
+NATS subjects (SubjectSink), for publishers and readers that know nothing of it."""
+
+from videoflow.io.subject_sink import (
+    DTYPE_HEADER,
+    EVENT_TIME_HEADER,
+    SHAPE_HEADER,
+    SinkPublishFailed,
+    SubjectSink,
+)
+
+__all__ = ["DTYPE_HEADER", "EVENT_TIME_HEADER", "SHAPE_HEADER", "SinkPublishFailed",
+           "SubjectSink"]

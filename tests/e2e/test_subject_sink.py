@@ -1,0 +1,178 @@
+"""SubjectSink on a real nats-server: flows whose end is a plain NATS subject, read back
+by plain nats-py (no videoflow code on the reading side), in each encoding, into a
+JetStream stream (each group once, even sent twice) and on core NATS."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+import nats
+import numpy as np
+import pytest
+from flow_nodes import AsFrame, Numbers
+
+from videoflow.broker import server as embedded
+from videoflow.core.constants import BATCH
+from videoflow.flow import Flow
+from videoflow.io import DTYPE_HEADER, EVENT_TIME_HEADER, SHAPE_HEADER, SubjectSink
+from videoflow.io.subject_sink import SinkPublishFailed
+from videoflow.messaging.tracing import parse_traceparent
+from videoflow.wire.numpy_ext import ext_hook
+
+pytestmark = pytest.mark.timeout(120)
+
+COUNT = 20
+
+
+async def stream_messages(url: str, stream: str) -> list[Any]:
+    """Every message the stream holds, in order, read with plain nats-py."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        last = (await js.stream_info(stream)).state.last_seq
+        return [await js.get_msg(stream, seq) for seq in range(1, last + 1)]
+    finally:
+        await nc.close()
+
+
+async def add_stream(url: str, name: str, subjects: list[str], **config: Any) -> None:
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().add_stream(name=name, subjects=subjects, **config)
+    finally:
+        await nc.close()
+
+
+def test_a_flow_writes_raw_frames_into_a_stream_a_plain_reader_decodes(
+        nats_server: embedded.EmbeddedServer) -> None:
+    url = nats_server.url
+    asyncio.run(add_stream(url, "PLAIN", ["plain.>"]))
+    numbers = Numbers(COUNT, name="numbers")
+    frames = AsFrame(name="frames")(numbers)
+    sink = SubjectSink("plain.frames", encoding="bytes", name="out")(frames)
+    report = Flow([numbers], [sink], BATCH, name="sinkraw").run(url, view=False)
+    assert report.outcome == "completed", report.format()
+    held = asyncio.run(stream_messages(url, "PLAIN"))
+    assert len(held) == COUNT  # every group once
+    seen, ids, traces = [], set(), set()
+    for msg in held:
+        headers = msg.headers or {}
+        shape = tuple(int(d) for d in headers[SHAPE_HEADER].split(","))
+        frame = np.frombuffer(msg.data, dtype=np.dtype(headers[DTYPE_HEADER])).reshape(shape)
+        assert frame.shape == (2, 3) and frame.dtype == np.uint8
+        value = int(frame[0, 0])
+        assert (frame == value).all()
+        # The number's event time, as the producer set it.
+        assert float(headers[EVENT_TIME_HEADER]) == 1000.0 + value
+        parsed = parse_traceparent(headers["traceparent"])
+        assert parsed is not None
+        seen.append(value)
+        ids.add(headers["Nats-Msg-Id"])
+        traces.add(parsed[0])
+    assert sorted(seen) == list(range(COUNT))
+    assert len(ids) == COUNT and all(i.startswith("out:") for i in ids)
+    assert len(traces) == COUNT  # each number its own trace, continued to the subject
+
+
+@pytest.mark.parametrize("encoding", ["msgpack", "json"])
+def test_a_flow_writes_a_core_subject_a_plain_subscriber_reads(
+        encoding: str, nats_server: embedded.EmbeddedServer) -> None:
+    url = nats_server.url
+    got: list[Any] = []
+
+    async def run() -> None:
+        nc = await nats.connect(url)
+        sub = await nc.subscribe("loose.numbers")
+        await nc.flush()
+        numbers = Numbers(COUNT, name="numbers")
+        sink = SubjectSink("loose.numbers", encoding=encoding, name="out")(numbers)
+        flow = Flow([numbers], [sink], BATCH, name=f"sink{encoding}")
+        report = await asyncio.to_thread(flow.run, url, view=False)
+        assert report.outcome == "completed", report.format()
+        while True:
+            try:
+                got.append(await sub.next_msg(timeout=1))
+            except nats.errors.TimeoutError:
+                break
+        await nc.close()
+
+    asyncio.run(run())
+    decode = (lambda b: msgspec.msgpack.decode(b, ext_hook=ext_hook)) if encoding == "msgpack" \
+        else json.loads
+    values = [decode(m.data) for m in got]
+    assert sorted(values) == list(range(COUNT))
+    for msg, value in zip(got, values, strict=True):
+        assert float(msg.headers[EVENT_TIME_HEADER]) == 1000.0 + value
+
+
+class InputContext(SimpleNamespace):
+    """What SubjectSink reads of its RuntimeContext, for driving it outside a flow."""
+
+
+def sink_on(url: str, subject: str, key: str) -> tuple[SubjectSink, InputContext]:
+    sink = SubjectSink(subject, encoding="msgpack", name="out", timeout=2.0)
+    context = InputContext(broker_url=url, input_info={"p": {"event_ts": 5.0}},
+                           traceparent=None, last_input_key=key)
+    sink.context = context  # type: ignore[assignment]
+    return sink, context
+
+
+def test_a_group_sent_again_is_held_once(nats_server: embedded.EmbeddedServer) -> None:
+    # A crash after the stream accepted a message and before the input's ack: the
+    # group comes again, and is sent again with the same Nats-Msg-Id.
+    url = nats_server.url
+    asyncio.run(add_stream(url, "ONCE", ["once"]))
+    sink, context = sink_on(url, "once", "trace-1:0")
+    sink.open()
+    try:
+        assert sink.stream == "ONCE"
+        sink.consume({"v": 1})
+        sink.consume({"v": 1})  # the redelivery
+        context.last_input_key = "trace-1:1"
+        sink.consume({"v": 2})
+    finally:
+        sink.close()
+    held = asyncio.run(stream_messages(url, "ONCE"))
+    assert [msgspec.msgpack.decode(m.data) for m in held] == [{"v": 1}, {"v": 2}]
+    assert [m.headers["Nats-Msg-Id"] for m in held] == ["out:trace-1:0", "out:trace-1:1"]
+
+
+def test_a_refused_message_fails_the_input(nats_server: embedded.EmbeddedServer) -> None:
+    url = nats_server.url
+    asyncio.run(add_stream(url, "FULL", ["full"], max_msgs=1, discard="new"))
+    sink, context = sink_on(url, "full", "a:0")
+    sink.open()
+    try:
+        sink.consume(1)
+        context.last_input_key = "a:1"
+        with pytest.raises(SinkPublishFailed, match="'full'"):
+            sink.consume(2)  # the stream is full and refuses new messages
+    finally:
+        sink.close()
+
+
+@pytest.mark.parametrize("arguments, error", [
+    ({"subject": "a.*"}, "wildcards"),
+    ({"subject": ""}, "wildcards"),
+    ({"subject": "a", "encoding": "xml"}, "encoding"),
+    ({"subject": "a", "timeout": 0}, "timeout"),
+    ({"subject": "a", "timeout": float("nan")}, "timeout"),
+])
+def test_a_sink_refuses_bad_arguments(arguments: dict[str, Any], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        SubjectSink(**arguments)
+
+
+def test_bytes_encoding_takes_bytes_or_arrays_only(tmp_path: Path) -> None:
+    sink = SubjectSink("a", encoding="bytes", name="out")
+    assert sink.encode(b"xy") == (b"xy", {})
+    data, headers = sink.encode(np.arange(6, dtype="<f4").reshape(2, 3)[:, ::2])
+    assert headers == {SHAPE_HEADER: "2,2", DTYPE_HEADER: "<f4"}
+    assert np.frombuffer(data, "<f4").tolist() == [0.0, 2.0, 3.0, 5.0]
+    with pytest.raises(TypeError, match="bytes or a numpy array"):
+        sink.encode(3)
