@@ -41,6 +41,7 @@ import nats.errors
 import nats.js.errors
 import numpy as np
 
+from videoflow.backends.jetstream.outcomes import MSG_ID_HEADER, TRACEPARENT_HEADER
 from videoflow.broker.client import encode_headers
 from videoflow.broker.link import connect
 from videoflow.broker.loop import LoopRunner
@@ -56,7 +57,6 @@ SHAPE_HEADER: Final = "Videoflow-Shape"
 DTYPE_HEADER: Final = "Videoflow-Dtype"
 """A raw numpy payload's dtype, as numpy writes it with its byte order ('|u1', '<f4')."""
 
-MSG_ID_HEADER: Final = "Nats-Msg-Id"
 ENCODINGS: Final = ("msgpack", "json", "bytes")
 
 
@@ -130,7 +130,7 @@ class SubjectSink(ConsumerNode):
                 headers[EVENT_TIME_HEADER] = repr(float(event_ts))
             traceparent = context.traceparent
             if traceparent is not None:
-                headers["traceparent"] = traceparent
+                headers[TRACEPARENT_HEADER] = traceparent
             key = context.last_input_key
             if key is not None:
                 headers[MSG_ID_HEADER] = f"{self.name}:{key}"
