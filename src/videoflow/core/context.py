@@ -87,6 +87,17 @@ class RuntimeContext:
         make = getattr(self._messenger, "output_traceparent", None)
         return None if make is None else make()
 
+    def count_drop(self, reason: str) -> None:
+        """Count one input the node gave up on itself, by reason ('undecodable' for a
+        source's record it cannot read): it shows in the run report's drops.
+
+        Raises:
+            ValueError: a reason the messenger does not count.
+        """
+        count = getattr(self._messenger, "count_drop", None)
+        if count is not None:
+            count(reason)
+
     def take_metadata(self) -> dict[str, Any] | None:
         """For the task: the metadata carrying a pending checkpoint to the next output
         (None without one); the checkpoint is then no longer pending."""

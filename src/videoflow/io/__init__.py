@@ -1,6 +1,8 @@
 """Data in and out of flows from outside videoflow: nodes that read and write plain
-NATS subjects (SubjectSink), for publishers and readers that know nothing of it."""
+NATS subjects (SubjectSink), for publishers and readers that know nothing of it, and
+replay of recorded ROS bags (RosbagSource; the 'ros' extra)."""
 
+from videoflow.io.rosbag_source import RosbagSource
 from videoflow.io.subject_sink import (
     DTYPE_HEADER,
     EVENT_TIME_HEADER,
@@ -9,5 +11,5 @@ from videoflow.io.subject_sink import (
     SubjectSink,
 )
 
-__all__ = ["DTYPE_HEADER", "EVENT_TIME_HEADER", "SHAPE_HEADER", "SinkPublishFailed",
-           "SubjectSink"]
+__all__ = ["DTYPE_HEADER", "EVENT_TIME_HEADER", "SHAPE_HEADER", "RosbagSource",
+           "SinkPublishFailed", "SubjectSink"]

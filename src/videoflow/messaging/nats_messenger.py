@@ -779,6 +779,18 @@ class NATSMessenger(Messenger):
         """Acks the broker did not confirm (redelivered later)."""
         return self.deliveries.unconfirmed_acks
 
+    def count_drop(self, reason: str) -> None:
+        """Count one input the node itself gave up on (a source's undecodable record),
+        as the messenger counts its own: reported with the node's drops.
+
+        Raises:
+            ValueError: a reason that is not one of DROP_REASONS.
+        """
+        if reason not in self.deliveries.drops:
+            raise ValueError(f"a drop's reason must be one of {sorted(self.deliveries.drops)}, "
+                             f"got {reason!r}")
+        self.deliveries.drops[reason] += 1
+
     def take_drops(self) -> dict[str, int]:
         """Inputs given up on since the last call, by reason (DROP_REASONS)."""
         return self.deliveries.take_drops()
