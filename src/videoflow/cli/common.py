@@ -205,6 +205,14 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number above 0 (a speed multiple)."""
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number above 0, got {text!r}")
+    return value
+
+
 def port_number(text: str) -> int:
     """An argparse type: a TCP port, 0 to 65535 (0: one the OS picks)."""
     value = whole_number(0)(text)

@@ -53,6 +53,7 @@ from videoflow.cli.common import (
     hand_down_connection,
     metrics_option,
     nats_url_option,
+    positive_number,
     positive_seconds,
     replicas_option,
     resolve_nats_url,
@@ -61,15 +62,14 @@ from videoflow.cli.common import (
 from videoflow.logs import LOG_FORMATS
 
 
-def load_flow(reference: str) -> Any:
-    """The Flow named 'module:attribute' (a Flow or a callable returning one).
+def load_attribute(reference: str) -> Any:
+    """The attribute named 'module:attribute', its module imported from the current
+    directory as `python -m` would.
 
     Raises:
-        CommandError: a malformed reference, a module that does not import, a missing
-            attribute, or something that is not a Flow.
+        CommandError: a malformed reference, a module that does not import, or a
+            missing attribute.
     """
-    from videoflow.flow import Flow
-
     module_name, sep, attribute = reference.partition(":")
     if not sep or not module_name or not attribute:
         raise CommandError(f"a flow is named module:attribute, got {reference!r}")
@@ -86,12 +86,24 @@ def load_flow(reference: str) -> Any:
     except Exception as error:  # the module's own code raised as it was imported
         raise CommandError(f"cannot import {module_name!r}: {_raised_at(error)}") from error
     try:
-        found = getattr(module, attribute)
+        return getattr(module, attribute)
     except AttributeError as error:
         raise CommandError(f"{module_name!r} has no attribute {attribute!r}") from error
+
+
+def load_flow(reference: str, *arguments: Any) -> Any:
+    """The Flow named 'module:attribute': a Flow, or a callable returning one, called
+    with arguments.
+
+    Raises:
+        CommandError: as load_attribute; the callable raised; not a Flow.
+    """
+    from videoflow.flow import Flow
+
+    found = load_attribute(reference)
     if callable(found) and not isinstance(found, Flow):
         try:
-            found = found()
+            found = found(*arguments)
         except Exception as error:  # the user's function that builds the flow
             raise CommandError(f"{reference}() raised {_raised_at(error)}") from error
     if not isinstance(found, Flow):
@@ -114,10 +126,28 @@ def _raised_at(error: BaseException) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    return _run_to_end(load_flow(args.flow), args)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """A bag's topics, each a RosbagSource, into the flow --into builds from them."""
+    from videoflow.io import RosbagSource
+
+    bag = args.bag[0] if len(args.bag) == 1 else args.bag
+    for path in args.bag:
+        if not Path(path).exists():
+            raise CommandError(f"no bag at {path}")
+    names = [topic.strip("/").replace("/", "_") or "root" for topic in args.topics]
+    if len(set(names)) != len(names):
+        raise CommandError(f"--topics names a topic twice: {' '.join(args.topics)}")
+    sources = {topic: RosbagSource(bag, topic, speed=args.speed, name=name)
+               for topic, name in zip(args.topics, names, strict=True)}
+    return _run_to_end(load_flow(args.into, sources), args)
+
+
+def _run_to_end(flow: Any, args: argparse.Namespace) -> int:
     from videoflow.run.local import run_flow
     from videoflow.run.metrics import MetricsUnavailable
-
-    flow = load_flow(args.flow)
     from videoflow.run.progress import LiveView
 
     # A live view on a terminal, plain progress lines otherwise; none with --json,
@@ -288,6 +318,29 @@ def build_parser() -> argparse.ArgumentParser:
                           "$VIDEOFLOW_OUTAGE_BUDGET, else 60)")
     metrics_option(run)
     run.set_defaults(func=_run)
+
+    replay = sub.add_parser("replay", help="replay topics of a ROS bag into a flow")
+    replay.add_argument("bag", nargs="+",
+                        help="a ROS 2 bag directory, or ROS 1 .bag files (a split recording)")
+    replay.add_argument("--topics", nargs="+", required=True, metavar="TOPIC",
+                        help="the topics to replay, each a source node named after it "
+                             "('/cam0/image' is cam0_image)")
+    replay.add_argument("--into", required=True, metavar="MODULE:ATTR",
+                        help="a function of the sources ({topic: node}) returning the Flow")
+    replay.add_argument("--speed", type=positive_number, metavar="X",
+                        help="a multiple of the recorded pace (default: as fast as the "
+                             "flow takes it)")
+    nats_url_option(replay, required_default=False)
+    replay_store = replay.add_mutually_exclusive_group()
+    replay_store.add_argument("--store-dir", metavar="DIR",
+                              help="the embedded broker's store, as for run")
+    replay_store.add_argument("--ephemeral", action="store_true",
+                              help="a throwaway store for the embedded broker")
+    replay.add_argument("--json", action="store_true", help="print the report as JSON")
+    replicas_option(replay)
+    metrics_option(replay)
+    replay.set_defaults(func=_replay, run=None, resume=None, stop_after=None,
+                        outage_budget=None)
 
     provision = sub.add_parser("provision",
                                help="create a run's streams and durables for workers")

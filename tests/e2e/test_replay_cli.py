@@ -1,0 +1,48 @@
+"""`videoflow replay BAG --topics ... --into MODULE:ATTR`: a bag's topics, each a
+RosbagSource, into the flow the user's function builds from them, run to its end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from ros_nodes import read_lines
+from test_cli import environment, videoflow
+from test_rosbag_replay import CAMERAS, fusion_bag
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_replay_runs_a_bags_topics_through_the_users_flow(tmp_path: Path) -> None:
+    bag, truth = fusion_bag(tmp_path / "rig", 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    done = videoflow("replay", str(bag), "--topics", "/cam0/image", "/cam1/image", "/imu",
+                     "--into", "replay_flows:fuse", "--ephemeral", "--json",
+                     env=environment(out))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["outcome"] == "completed"
+    assert report["nodes"]["cam0_image"]["emitted"] == len(truth["cam0"])
+    assert report["nodes"]["imu"]["emitted"] == len(truth["imu"])
+    captured = {k for cam in CAMERAS for k in truth[cam]}
+    assert len(read_lines(out / "groups.jsonl")) == len(captured)
+
+
+@pytest.mark.parametrize("arguments, said", [
+    (["nowhere", "--topics", "/a", "--into", "replay_flows:fuse"], "no bag at nowhere"),
+    (["BAG", "--topics", "/a", "/a", "--into", "replay_flows:fuse"], "names a topic twice"),
+    (["BAG", "--topics", "/a", "--into", "replay_flows:nothing"], "has no attribute"),
+    (["BAG", "--topics", "/a", "--into", "replay_flows:fuse", "--speed", "-2"],
+     "must be a number above 0"),
+])
+def test_replay_refuses_what_it_cannot_run_in_one_line(arguments: list[str], said: str,
+                                                       tmp_path: Path) -> None:
+    bag = tmp_path / "bag"
+    bag.mkdir()
+    done = videoflow("replay", *[str(bag) if a == "BAG" else a for a in arguments],
+                     env=environment(tmp_path))
+    assert done.returncode != 0
+    assert said in done.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in done.stderr
