@@ -63,6 +63,31 @@ class RuntimeContext:
         inherits its input group's event time."""
         self._messenger.set_output_event_timestamp(value)
 
+    def set_source_offset(self, offset: int) -> None:
+        """A replayable producer whose source numbers its records (a stream's
+        sequence): the next output's id is minted from offset (MSGID-6), so the same
+        record published again, after a restart, is the same message to the broker.
+
+        Raises:
+            ValueError: an offset below 1, or a node that is not a replayable producer.
+        """
+        self._messenger.set_output_source_offset(offset)  # type: ignore[attr-defined]
+
+    @property
+    def accepted_outputs(self) -> int:
+        """A replayable producer's outputs the broker accepted in this process, in the
+        order they were published: a source acknowledges the records they came from."""
+        count = getattr(self._messenger, "accepted_outputs", None)
+        return 0 if count is None else int(count())
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether the replica was asked to stop (the flow's stop, a quiesce): a
+        producer waiting on a live source checks it while nothing comes, and ends
+        (StopIteration) when it is set."""
+        check = getattr(self._messenger, "check_for_termination", None)
+        return bool(check()) if check is not None else False
+
     def set_partition_key(self, value: Any) -> None:
         """The key a partitioned child routes the next output by."""
         self._messenger.set_output_partition_key(value)

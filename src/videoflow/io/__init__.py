@@ -1,5 +1,5 @@
 """Data in and out of flows from outside videoflow: nodes that read and write plain
-NATS subjects (SubjectSink), for publishers and readers that know nothing of it, and
+NATS subjects (SubjectSource, SubjectSink), for publishers and readers that know nothing of it, and
 replay of recorded ROS bags (RosbagSource; the 'ros' extra)."""
 
 from videoflow.io.rosbag_source import RosbagSource
@@ -10,6 +10,7 @@ from videoflow.io.subject_sink import (
     SinkPublishFailed,
     SubjectSink,
 )
+from videoflow.io.subject_source import SubjectSource
 
 __all__ = ["DTYPE_HEADER", "EVENT_TIME_HEADER", "SHAPE_HEADER", "RosbagSource",
-           "SinkPublishFailed", "SubjectSink"]
+           "SinkPublishFailed", "SubjectSink", "SubjectSource"]

@@ -33,6 +33,7 @@ and the delivery policy retries the input as for any node failure.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -43,9 +44,8 @@ import numpy as np
 
 from videoflow.backends.jetstream.outcomes import MSG_ID_HEADER, TRACEPARENT_HEADER
 from videoflow.broker.client import encode_headers
-from videoflow.broker.link import connect
-from videoflow.broker.loop import LoopRunner
 from videoflow.core.node import ConsumerNode
+from videoflow.io.session import BrokerSession
 from videoflow.wire.numpy_ext import enc_hook
 
 EVENT_TIME_HEADER: Final = "Event-Time"
@@ -95,26 +95,17 @@ class SubjectSink(ConsumerNode):
             raise ValueError(f"SubjectSink: timeout must be a positive number of seconds, "
                              f"got {timeout!r}")
         self.subject, self.encoding, self.url, self.timeout = subject, encoding, url, timeout
-        self._runner: LoopRunner | None = None
-        self._client: Any = None
-        self._js: Any = None
+        self._session: BrokerSession | None = None
         self.stream: str | None = None
 
     def open(self) -> None:
         url = self.url or (self.context.broker_url if self.context is not None else "")
         if not url:
             raise ValueError(f"node {self.name!r}: no broker to publish to (give url)")
-        runner = self._runner = LoopRunner(name=f"videoflow-sink-{self.name}")
-        runner.start()
-
-        async def ignore(error: BaseException) -> None:
-            return None
-
-        self._client = runner.run(connect(url, self.timeout, ignore), self.timeout * 2)
-        self._js = self._client.jetstream(timeout=self.timeout)
+        session = self._session = BrokerSession(url, self.timeout, f"videoflow-sink-{self.name}")
         try:
-            self.stream = runner.run(self._js.find_stream_name_by_subject(self.subject),
-                                     self.timeout)
+            self.stream = session.run(
+                session.jetstream.find_stream_name_by_subject(self.subject))
         except nats.js.errors.NotFoundError:
             self.stream = None  # core NATS: no stream captures the subject
 
@@ -134,21 +125,22 @@ class SubjectSink(ConsumerNode):
             key = context.last_input_key
             if key is not None:
                 headers[MSG_ID_HEADER] = f"{self.name}:{key}"
-        assert self._runner is not None, "open() was not called"
+        assert self._session is not None, "open() was not called"
         try:
-            self._runner.run(self._send(data, encode_headers(headers)), self.timeout * 2)
+            self._session.run(self._send(data, encode_headers(headers)))
         except (nats.errors.Error, TimeoutError) as error:
             raise SinkPublishFailed(
                 f"node {self.name!r}: publishing to {self.subject!r} failed: "
                 f"{type(error).__name__}: {error}") from error
 
     async def _send(self, data: bytes, headers: dict[str, str]) -> None:
+        assert self._session is not None
         if self.stream is not None:
-            await self._js.publish(self.subject, data, timeout=self.timeout,
-                                   headers=headers)
+            await self._session.jetstream.publish(self.subject, data, timeout=self.timeout,
+                                                  headers=headers)
         else:
-            await self._client.publish(self.subject, data, headers=headers)
-            await self._client.flush(timeout=self.timeout)
+            await self._session.client.publish(self.subject, data, headers=headers)
+            await self._session.client.flush(timeout=math.ceil(self.timeout))  # whole seconds
 
     def encode(self, value: Any) -> tuple[bytes, dict[str, str]]:
         """The message's payload and the headers its encoding adds.
@@ -171,15 +163,9 @@ class SubjectSink(ConsumerNode):
                         f"array, got {type(value).__name__}")
 
     def close(self) -> None:
-        runner, self._runner = self._runner, None
-        if runner is None:
-            return
-        client, self._client = self._client, None
-        try:
-            if client is not None:
-                runner.run(client.close(), self.timeout)
-        finally:
-            runner.stop()
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
 
 
 def _json_default(value: Any) -> Any:

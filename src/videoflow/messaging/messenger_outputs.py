@@ -100,6 +100,12 @@ class Outputs:
             sets it to 0 as it hands out a group.
         live_id_node: the node part of a live producer's message ids.
         source_offset: a replayable producer's last minted source offset.
+        given_offset: the source offset the next output is minted from, when its
+            source gave one (a stream sequence: set_output_source_offset); else the
+            last one + 1.
+        accepted_outputs: a replayable producer's outputs accepted in this process, in
+            the order published (a producer's outputs resolve in order, and one not
+            accepted fails it): a source acknowledges what they were made from.
     """
 
     def __init__(self, node_name: str, channel: ChannelId, flow_type: str, replica_id: int,
@@ -128,6 +134,8 @@ class Outputs:
             self.live_id_node += f"~{uuid.uuid4().hex[:12]}"
         self.source_offset = runtime.source_offset() if replayable else 0
         self._confirmed_offset = self.source_offset  # MSGID-6: the last accepted one
+        self.given_offset: int | None = None  # the next output's, set by its source
+        self.accepted_outputs = 0  # a replayable producer's, accepted in this process
         self._committed_offset = self.source_offset
         self._offset_committed_at = 0.0
         self._trace_prefix = uuid.uuid4().hex[:24]
@@ -176,8 +184,12 @@ class Outputs:
         on_accepted: Callable[[Accepted], None] | None = None
         w3c_lineage = False  # trace_id is a W3C trace id as it is (tracing)
         if group is None and self.replayable:  # MSGID-6: minted from the source offset
-            self.source_offset += 1
-            offset = self.source_offset
+            if self.given_offset is not None:  # the source's own (a stream sequence)
+                offset, self.given_offset = self.given_offset, None
+                self.source_offset = max(self.source_offset, offset)
+            else:
+                self.source_offset += 1
+                offset = self.source_offset
             trace_id = f"{self.node_name}:src:{offset}"
             seq, msg_id = offset, trace_id
             event_ts = self.event_ts
@@ -246,6 +258,7 @@ class Outputs:
 
     def _offset_confirmed(self, offset: int) -> None:
         self._confirmed_offset = max(self._confirmed_offset, offset)
+        self.accepted_outputs += 1
 
     def commit_offset(self, force: bool = False) -> None:
         """MSGID-6: record the last confirmed source offset in the ledger -- at most

@@ -444,6 +444,25 @@ class NATSMessenger(Messenger):
     def set_output_event_timestamp(self, value: float) -> None:
         self.outputs.event_ts = float(value)
 
+    def set_output_source_offset(self, offset: int) -> None:
+        """A replayable producer: the source offset (MSGID-6) its next output's id is
+        minted from, when the source has its own (a stream's sequence), instead of
+        the last one + 1.
+
+        Raises:
+            ValueError: an offset below 1, or not a replayable producer.
+        """
+        if not self.outputs.replayable:
+            raise ValueError(f"node {self.node_name!r} is not a replayable producer")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 1:
+            raise ValueError(f"a source offset must be an int >= 1, got {offset!r}")
+        self.outputs.given_offset = offset
+
+    def accepted_outputs(self) -> int:
+        """A replayable producer's outputs accepted by the broker in this process,
+        counted in the order they were published."""
+        return self.outputs.accepted_outputs
+
     def set_output_partition_key(self, value: Any) -> None:
         self.outputs.partition_key = value
 
