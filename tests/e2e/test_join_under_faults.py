@@ -255,11 +255,14 @@ def test_a_killed_camera_replaying_from_its_first_instant_adds_no_group_and_coun
 
     fused = groups(logs)
     got = by_instant(fused)
-    # The first instant whole again: the replacement's first frame in real time, or one
-    # either side of it (its last replayed frame, sent within the instant the live
-    # cameras' frames of it were fed; its first real-time frame fed after theirs).
+    # The first instant whole again: at the latest one after the replacement's first
+    # frame in real time (fed after the live cameras' frames of it). It can come
+    # earlier: a replayed frame of an instant whose group is still waiting in the
+    # join completes it, and how many instants are still waiting when the burst
+    # comes hangs on the machine's load (under the parallel suite, 9 of them). How
+    # long the gap may last is assert_gap_within_one_timeout's, below.
     back = next(k for k in range(FAILS_AT, INSTANTS) if got.get(k) == whole(k))
-    assert abs(back - on_time) <= 1, (back, on_time)
+    assert back <= on_time + 1, (back, on_time)
     assert got == {
         **{k: whole(k) for k in range(FAILS_AT)},
         **{k: lacking_failed(k) for k in range(FAILS_AT, back)},
