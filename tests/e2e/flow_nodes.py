@@ -12,6 +12,7 @@ from typing import Any
 
 from videoflow.core.node import ConsumerNode, ProcessorNode, ProducerNode
 from videoflow.core.policies import PoisonMessage
+from videoflow.io import SubjectSink
 
 
 class Numbers(ProducerNode):
@@ -403,3 +404,20 @@ class AsFrame(ProcessorNode):
         import numpy as np
 
         return np.full((2, 3), value, np.uint8)
+
+
+class FailOnceSink(SubjectSink):
+    """A SubjectSink that fails each group once, after its message went out: the
+    group comes again and is sent again (its Nats-Msg-Id the same)."""
+
+    def open(self) -> None:
+        super().open()
+        self.tried: set[str] = set()
+
+    def consume(self, *inputs: Any) -> None:
+        super().consume(*inputs)
+        assert self.context is not None
+        key = str(self.context.last_input_key)
+        if key not in self.tried:
+            self.tried.add(key)
+            raise RuntimeError(f"failed once after sending {key}")

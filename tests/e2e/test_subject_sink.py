@@ -7,20 +7,18 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import msgspec
 import nats
 import numpy as np
 import pytest
-from flow_nodes import AsFrame, Numbers
+from flow_nodes import AsFrame, FailOnceSink, Numbers
 
 from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH
 from videoflow.flow import Flow
 from videoflow.io import DTYPE_HEADER, EVENT_TIME_HEADER, SHAPE_HEADER, SubjectSink
-from videoflow.io.subject_sink import SinkPublishFailed
 from videoflow.messaging.tracing import parse_traceparent
 from videoflow.wire.numpy_ext import ext_hook
 
@@ -110,50 +108,37 @@ def test_a_flow_writes_a_core_subject_a_plain_subscriber_reads(
         assert float(msg.headers[EVENT_TIME_HEADER]) == 1000.0 + value
 
 
-class InputContext(SimpleNamespace):
-    """What SubjectSink reads of its RuntimeContext, for driving it outside a flow."""
-
-
-def sink_on(url: str, subject: str, key: str) -> tuple[SubjectSink, InputContext]:
-    sink = SubjectSink(subject, encoding="msgpack", name="out", timeout=2.0)
-    context = InputContext(broker_url=url, input_info={"p": {"event_ts": 5.0}},
-                           traceparent=None, last_input_key=key)
-    sink.context = context  # type: ignore[assignment]
-    return sink, context
+FAST_RETRY = {"max_retries": 2, "backoff": {"base_ms": 50.0, "factor": 1.0, "max_ms": 50.0}}
 
 
 def test_a_group_sent_again_is_held_once(nats_server: embedded.EmbeddedServer) -> None:
-    # A crash after the stream accepted a message and before the input's ack: the
-    # group comes again, and is sent again with the same Nats-Msg-Id.
+    # The sink fails each group after its message went out (as a crash between the
+    # stream's accept and the input's ack would): the group comes again, is sent
+    # again with the same Nats-Msg-Id, and the stream keeps one.
     url = nats_server.url
     asyncio.run(add_stream(url, "ONCE", ["once"]))
-    sink, context = sink_on(url, "once", "trace-1:0")
-    sink.open()
-    try:
-        assert sink.stream == "ONCE"
-        sink.consume({"v": 1})
-        sink.consume({"v": 1})  # the redelivery
-        context.last_input_key = "trace-1:1"
-        sink.consume({"v": 2})
-    finally:
-        sink.close()
+    numbers = Numbers(COUNT, name="numbers")
+    sink = FailOnceSink("once", encoding="msgpack", name="out", delivery=FAST_RETRY)(numbers)
+    report = Flow([numbers], [sink], BATCH, name="sinkonce").run(url, view=False)
+    assert report.outcome == "completed", report.format()
+    assert (report.nodes["out"].failed, report.nodes["out"].processed) == (COUNT, COUNT)
     held = asyncio.run(stream_messages(url, "ONCE"))
-    assert [msgspec.msgpack.decode(m.data) for m in held] == [{"v": 1}, {"v": 2}]
-    assert [m.headers["Nats-Msg-Id"] for m in held] == ["out:trace-1:0", "out:trace-1:1"]
+    assert sorted(msgspec.msgpack.decode(m.data) for m in held) == list(range(COUNT))
+    assert len({m.headers["Nats-Msg-Id"] for m in held}) == COUNT
 
 
 def test_a_refused_message_fails_the_input(nats_server: embedded.EmbeddedServer) -> None:
+    # A stream whose messages may be 8 bytes, headers included: every message is
+    # refused for good, each group fails, and is dead-lettered once its retries are
+    # spent; the flow completes with its dead letters.
     url = nats_server.url
-    asyncio.run(add_stream(url, "FULL", ["full"], max_msgs=1, discard="new"))
-    sink, context = sink_on(url, "full", "a:0")
-    sink.open()
-    try:
-        sink.consume(1)
-        context.last_input_key = "a:1"
-        with pytest.raises(SinkPublishFailed, match="'full'"):
-            sink.consume(2)  # the stream is full and refuses new messages
-    finally:
-        sink.close()
+    asyncio.run(add_stream(url, "TINY", ["tiny"], max_msg_size=8))
+    numbers = Numbers(3, name="numbers")
+    sink = SubjectSink("tiny", encoding="json", name="out", delivery=FAST_RETRY)(numbers)
+    report = Flow([numbers], [sink], BATCH, name="sinktiny").run(url, view=False)
+    assert report.nodes["out"].dead_lettered == 3, report.format()
+    assert report.nodes["out"].failed == 3 * (1 + FAST_RETRY["max_retries"])  # type: ignore[operator]
+    assert asyncio.run(stream_messages(url, "TINY")) == []
 
 
 @pytest.mark.parametrize("arguments, error", [

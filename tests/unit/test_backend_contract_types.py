@@ -176,6 +176,18 @@ def test_envelope_size_and_validation() -> None:
         Envelope(CH, "data", b"", msg_id="")
 
 
+def test_an_external_envelope_names_a_plain_subject_for_data() -> None:
+    env = Envelope(CH, "data", b"x", subject="rig.out", headers={"Event-Time": "1.5"})
+    assert (env.subject, dict(env.headers or {})) == ("rig.out", {"Event-Time": "1.5"})
+    for subject in ("", "rig.*", "rig.>", "a b"):
+        with pytest.raises(ValueError, match="subject"):
+            Envelope(CH, "data", b"x", subject=subject)
+    with pytest.raises(ValueError, match="subject"):
+        Envelope(CH, "eos", b"x", subject="rig.out")  # only data goes outside
+    with pytest.raises(ValueError, match="headers"):
+        Envelope(CH, "data", b"x", headers={"n": 1})  # type: ignore[dict-item]
+
+
 def test_delivery_tokens_equal_only_for_the_same_attempt_and_generation() -> None:
     token = DeliveryToken(SUB, stream_seq=7, attempt=1, generation=0)
     same = DeliveryToken(SubscriptionId("detector", ChannelId("f", "r", "camera")), 7, 1, 0)

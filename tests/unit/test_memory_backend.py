@@ -822,3 +822,13 @@ def test_dead_letters_are_kept_per_flow_filterable_by_run_and_node_for_a_week(
     assert backend.subject_for(ChannelId("flow", "run", "sink"), "dlq") == "vf.flow._dlq.run.sink"
     clock.advance(7 * 24 * 3600)  # STREAM-8: a week, then they age out
     assert broker.dead_letters("flow") == []
+
+
+def test_an_external_subject_is_refused_for_good(backend: MemoryMessagingBackend) -> None:
+    # The in-process broker holds the flow's channels only: a plain subject outside
+    # them is captured by no stream (the JetStream adapter's publish goes to the
+    # stream capturing it; tests/e2e/test_subject_sink.py).
+    provision(backend)
+    outcome = backend.publish(Envelope(CHANNEL, "data", b"x", subject="rig.out"), now() + 1.0)
+    assert isinstance(outcome, Rejected) and not outcome.retryable
+    assert "rig.out" in outcome.reason

@@ -303,6 +303,8 @@ class MemoryBroker:
                                 f"{self.max_payload})", retryable=False)
             if envelope.kind == "dlq":
                 return self._publish_dead_letter(envelope, now)
+            if envelope.subject is not None:  # this broker holds the flow's channels only
+                return Rejected(f"no stream captures {envelope.subject!r}", retryable=False)
             stream = self._streams.get(envelope.channel)
             if stream is None:
                 return Rejected(f"no channel captures {envelope.channel!r}", retryable=False)

@@ -14,7 +14,7 @@ truth-tested, so "zero pending" can never be confused with "could not read" (MSG
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Generic, Literal, TypeAlias, TypeVar
 
@@ -268,6 +268,10 @@ class Envelope:
         msg_id: the broker's deduplication id (Nats-Msg-Id; MSGID-5/6), or None.
         traceparent: its W3C trace context (videoflow.messaging.tracing), sent as the
             message's ``traceparent`` header, or None for none.
+        subject: a subject outside the flow's to publish data on instead of the
+            channel's (a sink writing a plain subject a stream captures: data is then
+            the payload as its readers take it, not an envelope); None: the channel's.
+        headers: further headers to send with it (an external publication's), or None.
     """
 
     channel: ChannelId
@@ -275,6 +279,8 @@ class Envelope:
     data: bytes
     msg_id: str | None = None
     traceparent: str | None = None
+    subject: str | None = None
+    headers: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.channel, ChannelId):
@@ -285,6 +291,14 @@ class Envelope:
             raise ValueError(f"Envelope.data must be bytes, got {type(self.data).__name__}")
         if self.msg_id is not None:
             _require_text("Envelope", "msg_id", self.msg_id)
+        if self.subject is not None:
+            _require_text("Envelope", "subject", self.subject)
+            if self.kind != "data" or any(c in self.subject for c in " \t\r\n*>"):
+                raise ValueError(f"Envelope.subject must be a subject without spaces or "
+                                 f"wildcards, for data, got {self.subject!r} ({self.kind})")
+        if self.headers is not None and not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.headers.items()):
+            raise ValueError(f"Envelope.headers must map str to str, got {self.headers!r}")
 
     @property
     def size(self) -> int:

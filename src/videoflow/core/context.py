@@ -112,6 +112,19 @@ class RuntimeContext:
         make = getattr(self._messenger, "output_traceparent", None)
         return None if make is None else make()
 
+    def publish_external(self, subject: str, data: bytes, headers: dict[str, str],
+                         msg_id: str | None = None) -> None:
+        """Publish data on a subject outside the flow that a JetStream stream captures,
+        for the current input group: it goes out at once, and the group's inputs are
+        acknowledged only once the stream accepted it (a refusal fails the group).
+
+        Arguments:
+            subject / data / headers: the message, as its readers take it.
+            msg_id: its Nats-Msg-Id, the same when the group comes again.
+        """
+        self._messenger.publish_external(  # type: ignore[attr-defined]
+            subject, data, headers, msg_id)
+
     def count_drop(self, reason: str) -> None:
         """Count one input the node gave up on itself, by reason ('undecodable' for a
         source's record it cannot read): it shows in the run report's drops.

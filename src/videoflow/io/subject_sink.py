@@ -126,6 +126,14 @@ class SubjectSink(ConsumerNode):
             if key is not None:
                 headers[MSG_ID_HEADER] = f"{self.name}:{key}"
         assert self._session is not None, "open() was not called"
+        if self.stream is not None and context is not None:
+            # In flight through the replica's own publication window: the input is
+            # acknowledged once the stream accepted it, and the next ones go out
+            # meanwhile (a publish waited for one by one costs a round trip each).
+            msg_id = headers.pop(MSG_ID_HEADER, None)
+            headers.pop(TRACEPARENT_HEADER, None)  # the window's output carries its own
+            context.publish_external(self.subject, data, headers, msg_id)
+            return
         try:
             self._session.run(self._send(data, encode_headers(headers)))
         except (nats.errors.Error, TimeoutError) as error:

@@ -65,6 +65,7 @@ from videoflow.backends.messaging import (
     ChannelId,
     Completed,
     Delivery,
+    Envelope,
     Known,
     MessagingBackend,
     SubscriptionId,
@@ -72,6 +73,7 @@ from videoflow.backends.messaging import (
     Unknown,
 )
 from videoflow.backends.payload import PayloadStore
+from videoflow.core.constants import BATCH
 from videoflow.core.credit import (
     PRODUCER_WINDOW,
     RECEIVE_PREFETCH,
@@ -485,6 +487,22 @@ class NATSMessenger(Messenger):
         """
         self.outputs.publish(message, metadata, self._group, self.last_input_key(),
                              self._trace)
+
+    def publish_external(self, subject: str, data: bytes, headers: dict[str, str],
+                         msg_id: str | None = None) -> None:
+        """Publish data on a subject outside the flow (one a stream captures) as an
+        output of the group last returned: in flight once this returns, with the
+        group's trace continued, and the group's inputs settled only once it is
+        accepted -- for any node, a consumer included (a sink writing a plain
+        subject). A refusal fails the group, as for an output.
+
+        Arguments:
+            subject: the subject; headers: sent with it; msg_id: its Nats-Msg-Id,
+                stable across a redelivery of the group for the broker to deduplicate.
+        """
+        self.window.send(Envelope(self.channel, "data", data, msg_id,
+                                  self.output_traceparent(), subject=subject,
+                                  headers=headers), BATCH)
 
     def output_traceparent(self) -> str | None:
         """The W3C traceparent of something the node sends itself for the group last

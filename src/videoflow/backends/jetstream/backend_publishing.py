@@ -69,8 +69,8 @@ class BackendPublishing(BackendState):
             return Receipt(Rejected(f"{self._not_connected()}; nothing was sent",
                                     retryable=self.outage.given_up is None))
         receipt: Receipt[PublishOutcome] = Receipt(runner=self._runner)
-        self._publications.put((self.subject_for(envelope.channel, envelope.kind), envelope,
-                                deadline, receipt))
+        subject = envelope.subject or self.subject_for(envelope.channel, envelope.kind)
+        self._publications.put((subject, envelope, deadline, receipt))
         return receipt
 
     def publish(self, envelope: Envelope, deadline: float) -> PublishOutcome:

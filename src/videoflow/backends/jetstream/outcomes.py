@@ -85,10 +85,18 @@ async def no_stream_refusal(js: JetStreamContext, subject: str) -> Rejected:
                     "right now (a cluster electing one)", retryable=True)
 
 def publish_headers(envelope: Envelope) -> dict[str, str] | None:
-    """The NATS headers an envelope is published with: its msg_id as Nats-Msg-Id (the
-    broker deduplicates on it) and its W3C trace context as traceparent, encoded once
-    (broker.client.encode_headers); None when it has neither."""
+    """The NATS headers an envelope is published with: its own (an external
+    publication's), its msg_id as Nats-Msg-Id (the broker deduplicates on it) and its
+    W3C trace context as traceparent, encoded once (broker.client.encode_headers);
+    None when it has none."""
     msg_id, traceparent = envelope.msg_id, envelope.traceparent
+    if envelope.headers:
+        pairs = dict(envelope.headers)
+        if msg_id is not None:
+            pairs[MSG_ID_HEADER] = msg_id
+        if traceparent is not None:
+            pairs[TRACEPARENT_HEADER] = traceparent
+        return encode_headers(pairs)
     if traceparent is None:
         return None if msg_id is None else encode_headers({MSG_ID_HEADER: msg_id})
     if msg_id is None:
