@@ -19,15 +19,17 @@ message:
 - Nats-Msg-Id: '<node>:<input key>', the same when the group is delivered again.
 
 Delivery. When a JetStream stream captures the subject (looked up at open), each
-message is published to it and the input acknowledged only once the stream accepted
-it; a message sent again after a redelivery (a crash between the stream's accept and
+message is published to it as an output of its input group, through the replica's
+publication window (RuntimeContext.publish_external: in flight at once, the next
+inputs taken meanwhile), and the input acknowledged only once the stream accepted it; a message sent again after a redelivery (a crash between the stream's accept and
 the input's ack) is dropped by the stream's duplicate window, so the stream holds
 each group once (at-least-once with deduplication). A subject no stream captures
 gets a core NATS publish, flushed before the input is acknowledged: it reached the
 server, and whoever was subscribed then (core NATS keeps nothing).
 
-A publish the broker refused or did not confirm in time raises SinkPublishFailed,
-and the delivery policy retries the input as for any node failure.
+A message the stream refused fails its group, and a core publish that could not be
+flushed raises SinkPublishFailed: the delivery policy retries the input as for any
+node failure.
 """
 
 from __future__ import annotations
