@@ -21,7 +21,8 @@ message:
 Delivery. When a JetStream stream captures the subject (looked up at open), each
 message is published to it as an output of its input group, through the replica's
 publication window (RuntimeContext.publish_external: in flight at once, the next
-inputs taken meanwhile), and the input acknowledged only once the stream accepted it; a message sent again after a redelivery (a crash between the stream's accept and
+inputs taken meanwhile), and the input acknowledged only once the stream accepted
+it; a message sent again after a redelivery (a crash between the stream's accept and
 the input's ack) is dropped by the stream's duplicate window, so the stream holds
 each group once (at-least-once with deduplication). A subject no stream captures
 gets a core NATS publish, flushed before the input is acknowledged: it reached the

@@ -34,6 +34,8 @@ that many seconds; else when the flow is stopped (videoflow stop, a quiesce).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import math
 import time
@@ -147,6 +149,8 @@ class SubjectSource(ProducerNode):
         self._acked_outputs = 0  # of the outputs accepted, those whose record is acked
         self._taken = 0
         self._last_record = time.monotonic()
+        self._fetching: Any = None  # the prefetch's awaitable, while one is out
+        self._acks: list[asyncio.Future[None]] = []
 
     async def _bind(self) -> str:
         assert self._session is not None
@@ -181,7 +185,9 @@ class SubjectSource(ProducerNode):
         if session is None:
             return
         try:
-            self._ack_accepted(session)  # after the task drained: every one resolved
+            if hasattr(self, "_unacked"):  # open() bound the durable
+                self._ack_accepted(session)  # after the task drained: every one resolved
+                session.run(_settled(self._acks, self._fetching))
         finally:
             session.close()
 
@@ -219,13 +225,41 @@ class SubjectSource(ProducerNode):
 
     def _next_record(self, session: BrokerSession) -> Any:
         if not self._records:
+            fetching, self._fetching = self._fetching, None
             try:
-                got = session.run(self._sub.fetch(self.batch, timeout=FETCH_SECONDS),
+                got = session.run(fetching if fetching is not None else self._fetch(),
                                   FETCH_SECONDS + self.timeout)
             except (nats.errors.TimeoutError, TimeoutError):
                 return None
             self._records.extend(got)
+            # The next batch is asked for while this one is handed out: the broker's
+            # round trip overlaps the node's work instead of adding to it.
+            if self.count is None or self._taken + len(self._records) < self.count:
+                self._fetching = self._prefetch(session)
         return self._records.popleft() if self._records else None
+
+    async def _fetch(self) -> list[Any]:
+        msgs: list[Any] = await self._sub.fetch(self.batch, timeout=FETCH_SECONDS)
+        return msgs
+
+    def _prefetch(self, session: BrokerSession) -> Any:
+        """A fetch started on the session's loop now, awaited by the next
+        _next_record (a coroutine that waits for the task)."""
+        task: asyncio.Future[list[Any]] | None = None
+
+        def start() -> None:
+            nonlocal task
+            task = asyncio.ensure_future(self._fetch())
+
+        session.runner.call_soon(start)
+        session.runner.turn()  # the request goes out now, not when the loop next runs
+
+        async def result() -> list[Any]:
+            while task is None:  # start has not run yet: it runs before this resumes
+                await asyncio.sleep(0)
+            return await task
+
+        return result()
 
     def _decoded(self, data: bytes, headers: dict[str, str]) -> tuple[Any, float | None]:
         """(value, event time or None) of one record.
@@ -278,9 +312,15 @@ class SubjectSource(ProducerNode):
             done.append(self._unacked.popleft())
             self._acked_outputs += 1
         if done:
-            # Not waited on one by one: a lost ack redelivers the record, whose output
-            # the broker then drops as a duplicate.
-            session.run(_ack_all(done))
+            # Sent on the session's loop without being waited for (close waits for
+            # the last): a lost ack redelivers the record, whose output the broker
+            # then drops as a duplicate.
+            self._acks = [a for a in self._acks if not a.done()]
+
+            def start() -> None:
+                self._acks.append(asyncio.ensure_future(_ack_all(done)))
+
+            session.runner.call_soon(start)
 
     def _dead_letter(self, session: BrokerSession, msg: Any, error: BaseException) -> None:
         """A record that does not decode: counted, kept in the dead-letter stream, then
@@ -303,6 +343,15 @@ class SubjectSource(ProducerNode):
 async def _ack_all(msgs: list[Any]) -> None:
     for msg in msgs:
         await msg.ack()
+
+
+async def _settled(acks: list[asyncio.Future[None]], fetching: Any) -> None:
+    """Wait for the acks sent; let an outstanding prefetch end (what it got is not
+    acknowledged: redelivered to the next reader after ack_wait)."""
+    await asyncio.gather(*acks)
+    if fetching is not None:
+        with contextlib.suppress(nats.errors.TimeoutError, TimeoutError):
+            await fetching
 
 
 def _seconds(value: Any) -> float:
