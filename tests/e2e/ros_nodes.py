@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ class StampFusion(ProcessorNode):
             "imu": list(info["imu"]["event_ts"]) if imu else [],
             "imu_ok": all(isinstance(s["angular_velocity"], np.ndarray)
                           and s["angular_velocity"].shape == (3,) for s in imu),
+            "at": time.time(),  # when fused: a paced replay spreads these out
         }
 
 
