@@ -1,6 +1,6 @@
 """The seam between a node's task loop and the messaging layer: the Messenger.
 
-A task (videoflow.core.task, a later issue) never touches a broker. It asks its
+A task (videoflow.core.task) never touches a broker. It asks its
 messenger for the next input group, hands it to the node, publishes what the node
 returned, and then acknowledges the inputs, or fails them when the node raised. Every
 promise about delivery (ack after process, the delivery-policy ladder, dead letters,

@@ -1,5 +1,6 @@
-"""The operator's side of a flow on NATS JetStream: what `videoflow status`, `videoflow dlq`,
-`videoflow teardown` and `videoflow buckets` do, as plain synchronous functions.
+"""The operator's side of a flow on NATS JetStream: what `videoflow status`, `dlq`,
+`teardown`, `buckets`, `ls`, `tap` and `hz` do, and what `run --resume` reads, as plain
+synchronous functions.
 
 Every function opens a short-lived connection of its own with the fail-fast options
 (NATS_FACTS S4, §8), bounds everything it asks of the broker by one overall timeout, and
@@ -8,8 +9,8 @@ within that timeout; a value that could not be read once connected is Unknown(re
 detail), never 0 (MSG-012).
 
 Runs are found by ownership — their owner labels, or for an unlabelled stream its data
-subject (STREAM-14, backends.jetstream.streams.owned_stream) — never by a stream-name prefix, which
-cannot tell run r-x from run r. Dead letters live on the flow-scoped stream
+subject (STREAM-14, backends.jetstream.streams.owned_stream) — never by a stream-name
+prefix, which cannot tell run r-x from run r. Dead letters live on the flow-scoped stream
 vf-{flow}-dlq (STREAM-8) under vf.{flow}._dlq.{run}.{node}; nothing here but dlq_purge
 ever removes one, and teardown never touches that stream.
 

@@ -45,7 +45,8 @@ backend_settlement. The pieces below them live beside this module too: broker.lo
 (publication outcomes), jetstream.receive (a binding's pull loop, its queue and its
 settlement), jetstream.settle (the reply inbox and how a batch of settlements goes on
 the wire), jetstream.specs (specs to configs, answers to observations). Every NATS
-behaviour relied on is cited against nats-py 2.15.0 and /work/shared/design/NATS_FACTS.md.
+behaviour relied on is cited against nats-py's source (2.15.0) and the project's
+checked NATS facts (NATS_FACTS).
 """
 
 from __future__ import annotations

@@ -89,8 +89,8 @@ class BackendProvisioning(BackendState):
     def ensure_subscription(
         self, spec: SubscriptionSpec, operation_id: str
     ) -> VerifiedSubscription:
-        """Bind the subscription's durable (creating it when absent, from a config that
-        reproduces today's bytes), read it back, and start prefetching into its queue.
+        """Bind the subscription's durable (creating it when absent, from the config
+        its spec means), read it back, and start prefetching into its queue.
         A data subscription also subscribes to the broker's MAX_DELIVERIES advisory for
         its durable, which feeds unresolved (MSG-012). Repeating the same operation_id
         returns the same binding; a new one rebinds with the next generation, handing

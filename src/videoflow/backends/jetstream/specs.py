@@ -61,10 +61,10 @@ def channel_spec_for(
     replicas: int = 1,
     max_bytes: int | None = None,
 ) -> ChannelSpec:
-    """The channel a node's output stream must provide, from the flow type — today's
+    """The channel a node's output stream must provide, from the flow type's
     stream settings, as a spec. replicas is the copies a replicated broker keeps
     (STREAM-14); max_bytes caps the stream's storage (a capacity fixture); both default
-    to today's unset values.
+    to unset.
 
     Raises:
         ValueError: an unknown flow type, or a field ChannelSpec refuses.
@@ -91,10 +91,11 @@ def _flow_type_of(spec: ChannelSpec) -> str:
 
 
 def stream_config_for_spec(spec: ChannelSpec, generation: str | None = None) -> StreamConfig:
-    """The JetStream StreamConfig a channel spec means — byte-identical to today's for a
-    default spec: reliable_work is the BATCH stream (INTEREST, DiscardPolicy.NEW at
-    batch_max_msgs), live_latest the REALTIME one (LIMITS, DiscardPolicy.OLD at
-    realtime_buffer per subject); max_bytes, when set, is added to either.
+    """The JetStream StreamConfig a channel spec means — for a default spec,
+    byte-identical to the flow type's (configs.stream_config_for): reliable_work is the
+    BATCH stream (INTEREST, DiscardPolicy.NEW at batch_max_msgs), live_latest the
+    REALTIME one (LIMITS, DiscardPolicy.OLD at realtime_buffer per subject);
+    max_bytes, when set, is added to either.
 
     Raises:
         IncompatibleProfile: a profile that is not a stream-level promise.
@@ -143,9 +144,9 @@ def durable_of(subscription: SubscriptionId, instance_id: str) -> str:
 
 
 def consumer_config_for_spec(spec: SubscriptionSpec, instance_id: str) -> ConsumerConfig:
-    """The durable a subscription spec means, reproducing today's bytes: a data durable
-    is consumer_config_for with the spec's ack_wait, max_deliver and credit as
-    max_ack_pending (MSG-017); an EOS durable is today's eos_consumer_config as it is
+    """The durable a subscription spec means, byte-identical to the flow type's: a
+    data durable is consumer_config_for with the spec's ack_wait, max_deliver and
+    credit as max_ack_pending (MSG-017); an EOS durable is eos_consumer_config as it is
     (its ack_wait and unbounded credit are fixed by design)."""
     sub, channel = spec.id, spec.id.channel
     if sub.kind == "eos":
