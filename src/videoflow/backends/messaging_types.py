@@ -9,6 +9,11 @@ Outcomes and observations are closed unions of distinct types, never flags or
 sentinels: callers match on the type (``isinstance`` or ``match``). In particular
 ``Known(0)`` and ``Unknown(...)`` are different types, and neither may be
 truth-tested, so "zero pending" can never be confused with "could not read" (MSG-012).
+
+Over ~700 lines, as one module: it is the contract's vocabulary, about forty small
+types each with its validation and docstring, read together with
+videoflow.backends.messaging; split by kind, each part would be imported beside all the
+others everywhere.
 """
 
 from __future__ import annotations
