@@ -45,7 +45,7 @@ from videoflow.messaging.grouping import ENTRY_KEYS, EnvelopeEntry
 from videoflow.messaging.nats_messenger import NATSMessenger
 from videoflow.messaging.partitions import partition_of
 from videoflow.wire.offload import MemoryBlobStore
-from videoflow.wire.serialization import decode_envelope
+from videoflow.wire.serialization import decode_envelope, encode_envelope
 
 FLOW, RUN = "flow", "run"
 FAST_RETRIES = {"max_retries": 2, "backoff": {"base_ms": 1.0, "factor": 1.0, "max_ms": 1.0}}
@@ -286,6 +286,39 @@ def test_bytes_that_are_not_an_envelope_are_counted_and_terminated_against_the_l
     (entry,) = sink.terminal_entries()
     assert entry["reason"].startswith("undecodable") and entry["record_ref"].startswith(
         "terminal:sink:")
+
+
+def test_an_end_marker_on_the_data_subject_is_undecodable_and_the_node_goes_on(flows) -> None:  # type: ignore[no-untyped-def]
+    # End markers travel on the end-marker subject. A foreign writer's envelope flagged
+    # as one on the data subject must not end a one-parent node while data still comes.
+    flow = flows({"cam": [], "sink": ["cam"]})
+    cam, sink = flow.messenger("cam"), flow.messenger("sink")
+    cam.publish_message("before")
+    data = ChannelId(FLOW, RUN, "cam")
+    for flags in ({"is_stop_signal": True}, {"is_abort": True, "abort_origin": "cam"}):
+        forged = encode_envelope("x", trace_id="forged", seq=0, **flags)
+        assert flow.admin.publish(Envelope(data, "data", forged), 10**9).__class__.__name__ \
+            == "Accepted"
+    run_producer(cam, ["after"])
+    *groups, stop = run_node(sink, None)
+    assert [g["cam"]["message"] for g in groups] == ["before", "after"]
+    assert stop["cam"]["is_stop_signal"]  # the real end, after the data
+    assert sink.take_drops()["undecodable"] == 2
+    assert all(entry["reason"].startswith("undecodable") for entry in sink.terminal_entries())
+
+
+@pytest.mark.parametrize("error", ["boom", ["a", 1], {"type": 7, "message": "x"}])
+def test_an_abort_whose_error_is_not_an_error_record_reaches_the_child_as_malformed(
+        flows, error: Any) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "sink": ["cam"]})
+    sink = flow.messenger("sink")
+    marker = encode_envelope(None, trace_id="cam:end", seq=0, metadata={"replicas": 1},
+                             is_abort=True, abort_origin="cam", abort_error=error)
+    flow.admin.publish(Envelope(ChannelId(FLOW, RUN, "cam"), "eos", marker, "cam:abort:0"),
+                       10**9)
+    (stop,) = run_node(sink, None)
+    assert stop["cam"]["is_abort"] and stop["cam"]["abort_origin"] == "cam"
+    assert stop["cam"]["abort_error"] == {"type": "malformed", "message": repr(error)}
 
 
 def test_an_abort_reaches_the_child_as_an_aborted_end_carrying_the_error(flows) -> None:  # type: ignore[no-untyped-def]

@@ -106,11 +106,17 @@ def end_entry(aborted: dict[str, Any] | None) -> EndEntry:
 
     Returns:
         A stop entry (is_stop_signal True), or an abort entry carrying the abort's
-        origin and error.
+        origin and error: its error record as written ({"type", "message"}, or None),
+        or, from a writer that sent something else, {"type": "malformed", "message":
+        what it sent} -- the task reads the record's keys, and relays it.
     """
     if aborted is None:
         return EndEntry(True)
-    return EndEntry(False, True, aborted["abort_origin"], aborted["abort_error"])
+    error, origin = aborted["abort_error"], aborted["abort_origin"]
+    if error is not None and not (isinstance(error, dict) and all(
+            isinstance(error.get(key, ""), str) for key in ("type", "message"))):
+        error = {"type": "malformed", "message": repr(error)[:500]}
+    return EndEntry(False, True, origin, error)
 
 
 class Held(Protocol):

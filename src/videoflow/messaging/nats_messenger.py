@@ -696,6 +696,11 @@ class NATSMessenger(Messenger):
             self.received[parent] += 1
         try:
             decoded = decode_envelope(delivery.data)
+            if decoded["is_stop_signal"] or decoded["is_abort"]:
+                # End markers travel on the end-marker subject only: one on the data
+                # subject (a foreign writer's) would end a one-parent node's input
+                # while its parent's data still comes.
+                raise WireError("an end marker on the data subject")
             ref = decoded.get("blob_ref")
             if ref is not None:  # restored before the entry is built: one entry per input
                 decoded["message"] = self.payloads.restore(ref)
