@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import nats
 import nats.errors
@@ -18,6 +19,13 @@ from nats.js.api import ObjectStoreConfig
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
+from videoflow.backends.jetstream.objects import (
+    chunk_bytes,
+    chunk_subject,
+    get_object,
+    object_info,
+    put_object,
+)
 from videoflow.backends.payload import (
     REF_PATTERN,
     Change,
@@ -216,17 +224,27 @@ class NatsObjectPayloadStore(PayloadStore):
         return self._call(lambda: self._get_entry(ref), f"record read of {ref}")[0]
 
     def _write_blob(self, ref: str, data: bytes) -> None:
-        self._call(lambda: self._objects.put(ref, data), f"put of {ref}")
+        js, attempts = self._nc.jetstream(timeout=self.timeout), itertools.count()
+        chunk = chunk_bytes(self.max_payload)
+
+        async def put() -> None:
+            # A retry may follow a put whose meta message was written after all: its
+            # chunks go once the new ones are in place, as nats-py's put does.
+            earlier = await object_info(js, self.bucket, ref) if next(attempts) else None
+            await put_object(js, self.bucket, ref, data, chunk, self.timeout)
+            if earlier is not None and earlier.nuid:
+                await js.purge_stream(f"OBJ_{self.bucket}",
+                                      subject=chunk_subject(self.bucket, earlier.nuid))
+
+        self._call(put, f"put of {ref}")
 
     def _read_blob(self, ref: str) -> bytes | None:
-        async def read() -> bytes | None:
-            try:
-                result = await self._objects.get(ref)
-            except nats.js.errors.ObjectNotFoundError:
-                return None
-            return result.data
-
-        return self._call(read, f"get of {ref}")
+        js = self._nc.jetstream(timeout=self.timeout)
+        # One buffer filled in place (a read-only view of it is what view() hands out):
+        # no copy beyond the one off the socket.
+        read = self._call(lambda: get_object(js, self.bucket, ref, self.timeout),
+                          f"get of {ref}")
+        return cast("bytes | None", read)  # a bytearray: bytes-like, wrapped as it is
 
     def _drop_blob(self, ref: str) -> None:
         async def drop() -> None:
