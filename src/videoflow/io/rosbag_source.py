@@ -8,9 +8,21 @@ with its event time: its ``header.stamp``, else (no header, or a zero stamp) the
 the bag recorded it.
 
 Pace. speed=None replays as fast as the flow takes it; speed=1.0 at the recorded
-pace, 2.0 twice as fast. The pace counts from the bag's first message of any topic
-(its start time) and from the source's first next(), so sources of several topics of
-one bag, started together, keep the recording's spacing between topics too.
+pace, 2.0 twice as fast. A message recorded at r is sent at anchor + (r - start) /
+speed, where start is the bag's first record time of any topic (not the topic's), so
+sources of several topics of one bag keep the recording's spacing between topics. The
+record time paces, not the header stamp: the bag's start is on the recorder's clock,
+and a sensor's stamps may be on another.
+
+The anchor is the instant (epoch seconds, on the wall clock every process of the
+flow shares) at which the bag's start is replayed. Sources of one bag given the same
+anchor (``videoflow replay`` computes one, a short delay after its launch) stay
+aligned as recorded however far apart their processes started before it, so a time
+join's timeout need not outlast their start skew. A source that opens after its
+anchor is behind from its first message: it catches up at once (it never sleeps a
+negative time), then keeps the pace. Without an anchor each source counts from its
+own first next(): sources started together keep the recording's spacing, but one
+started later stays that much behind for the whole replay.
 
 A source is replayable (MSGID-6): after a restart it resumes after the outputs already
 accepted, and a repeated output carries the id it had, which the broker's duplicate
@@ -25,6 +37,7 @@ replay goes on.
 from __future__ import annotations
 
 import logging
+import math
 import struct
 import time
 from collections.abc import Iterator, Sequence
@@ -33,7 +46,7 @@ from typing import Any
 
 from videoflow.core.node import ProducerNode
 from videoflow.errors import MissingDependency
-from videoflow.io.ros_messages import Undecodable, decode, stamp_of
+from videoflow.io.ros_messages import Undecodable, decode, normalized_type, stamp_of
 
 logger = logging.getLogger(__name__)
 
@@ -47,16 +60,20 @@ class RosbagSource(ProducerNode):
         topic: the topic to replay.
         speed: None (as fast as the flow takes it) or a positive multiple of the
             recorded pace.
+        anchor: with a speed, the instant (epoch seconds) the bag's start is replayed
+            at, shared by the sources of one bag; None: the source's first next().
         **node: Node's arguments (name, ...).
 
     Raises:
-        ValueError: no bag, or a speed that is not None or a positive number.
+        ValueError: no bag, a speed that is not None or a positive number, an anchor
+            that is not a finite number, or one without a speed.
     """
 
     replayable = True
 
     def __init__(self, bag: str | Path | Sequence[str | Path], topic: str, *,
-                 speed: float | None = None, **node: Any) -> None:
+                 speed: float | None = None, anchor: float | None = None,
+                 **node: Any) -> None:
         super().__init__(**node)
         paths = [bag] if isinstance(bag, (str, Path)) else list(bag)
         if not paths:
@@ -65,8 +82,16 @@ class RosbagSource(ProducerNode):
                 speed, (int, float)) or not speed > 0 or speed == float("inf")):
             raise ValueError(f"RosbagSource: speed must be None or a positive number, "
                              f"got {speed!r}")
+        if anchor is not None:
+            if isinstance(anchor, bool) or not isinstance(anchor, (int, float)) \
+                    or not math.isfinite(anchor):
+                raise ValueError(f"RosbagSource: anchor must be None or epoch seconds, "
+                                 f"got {anchor!r}")
+            if speed is None:
+                raise ValueError("RosbagSource: an anchor paces a replay: give a speed")
         self.paths = [str(p) for p in paths]
         self.topic, self.speed = topic, speed
+        self.anchor = None if anchor is None else float(anchor)
         self.undecodable = 0
         self._reader: Any = None
         self._messages: Iterator[tuple[Any, int, bytes]] | None = None
@@ -74,6 +99,34 @@ class RosbagSource(ProducerNode):
         self._errors: tuple[type[Exception], ...] = ()  # what an undecodable one raises
 
     def open(self) -> None:
+        reader, connections, self._errors = self._opened()
+        self._reader = reader
+        self._start_ns = reader.start_time
+        self._t0: float | None = None
+        self._messages = reader.messages(connections=connections)
+
+    def message_type(self) -> str:
+        """The type of the topic's messages as ROS 2 spells it ('sensor_msgs/msg/Image'),
+        from the bag's index: a flow's builder picks what each source feeds by it.
+
+        Raises:
+            MissingDependency: rosbags is not installed.
+            ValueError: the bag has no such topic.
+        """
+        reader, connections, _ = self._opened()
+        try:
+            return normalized_type(connections[0].msgtype)
+        finally:
+            reader.close()
+
+    def _opened(self) -> tuple[Any, list[Any], tuple[type[Exception], ...]]:
+        """The bag open: (reader, the topic's connections, what an undecodable message
+        raises).
+
+        Raises:
+            MissingDependency: rosbags is not installed.
+            ValueError: the bag has no such topic.
+        """
         try:
             from rosbags.highlevel import AnyReader, AnyReaderError
             from rosbags.serde import SerdeError
@@ -81,34 +134,31 @@ class RosbagSource(ProducerNode):
         except ImportError as error:
             raise MissingDependency("RosbagSource needs the rosbags package: "
                                     "pip install 'videoflow[ros]'") from error
-        self._errors = (AnyReaderError, SerdeError, TypesysError, Undecodable, KeyError,
-                        IndexError, ValueError, struct.error)
+        errors = (AnyReaderError, SerdeError, TypesysError, Undecodable, KeyError,
+                  IndexError, ValueError, struct.error)
         reader = AnyReader([Path(p) for p in self.paths],
                            default_typestore=get_typestore(Stores.LATEST))
         reader.open()
-        self._reader = reader
         connections = [c for c in reader.connections if c.topic == self.topic]
         if not connections:
             topics = sorted({c.topic for c in reader.connections})
-            self.close()
+            reader.close()
             raise ValueError(f"node {self.name!r}: the bag has no topic {self.topic!r} "
                              f"(it has {topics})")
-        self._start_ns = reader.start_time
-        self._t0: float | None = None
-        self._messages = reader.messages(connections=connections)
+        return reader, connections, errors
 
     def next(self) -> Any:
         while True:
-            connection, stamp_ns, raw = self._read()
+            connection, record_ns, raw = self._read()
             value = self._decoded(connection, raw)
             if value is None:
                 continue
             message, output = value
             if self.speed is not None:
-                self._pace(stamp_ns)
+                self._pace(record_ns)
             event = stamp_of(message)
             assert self.context is not None
-            self.context.set_event_timestamp(event if event is not None else stamp_ns * 1e-9)
+            self.context.set_event_timestamp(event if event is not None else record_ns * 1e-9)
             return output
 
     def resume(self, offset: int) -> None:
@@ -143,13 +193,20 @@ class RosbagSource(ProducerNode):
             logger.warning("node %r: undecodable %s message on %s, skipped (%s: %s)",
                            self.name, msgtype, self.topic, type(error).__name__, error)
 
-    def _pace(self, stamp_ns: int) -> None:
-        now = time.monotonic()
-        if self._t0 is None:
-            self._t0 = now
-        due = self._t0 + (stamp_ns - self._start_ns) * 1e-9 / (self.speed or 1.0)
-        if due > now:
-            time.sleep(due - now)
+    def _pace(self, record_ns: int) -> None:
+        """Wait until the message recorded at record_ns is due (the module docstring);
+        one already due goes at once."""
+        offset = (record_ns - self._start_ns) * 1e-9 / (self.speed or 1.0)
+        if self.anchor is not None:
+            # The wall clock: the one instant every process of the flow reads alike.
+            delay = self.anchor + offset - time.time()
+        else:
+            now = time.monotonic()
+            if self._t0 is None:
+                self._t0 = now
+            delay = self._t0 + offset - now
+        if delay > 0:
+            time.sleep(delay)
 
     def close(self) -> None:
         reader, self._reader, self._messages = self._reader, None, None
