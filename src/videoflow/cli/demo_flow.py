@@ -1,5 +1,7 @@
 """The demo's flow and its run: the options checked, the flow built from the demo's
-nodes, run to its end and checked against what the seed predicts (DemoResult).
+nodes, run to its end and checked against what the seed predicts (DemoResult). And
+fuse_bag: the demo's fusion over a recorded ROS bag instead of the simulation
+(``videoflow replay BAG --topics ... --into videoflow.cli.demo_flow:fuse_bag``).
 """
 
 from __future__ import annotations
@@ -7,12 +9,23 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from videoflow.cli.demo_nodes import START_DELAY_S, Camera, Fusion, Imu, StartGate, Verify
+from videoflow.cli.demo_nodes import (
+    START_DELAY_S,
+    Camera,
+    Fusion,
+    GroupLog,
+    Imu,
+    StartGate,
+    Verify,
+)
 from videoflow.cli.demo_truth import (
+    IMU_WINDOW_MS,
+    TOLERANCE_MS,
     Expected,
     expected,
     imu_range,
@@ -41,6 +54,17 @@ MIN_IMU_COMPLETENESS = 99.0
 windows must hold."""
 
 LAG_WARNING_MS = 100.0  # cameras this far behind real time may make the figures drift
+
+REPLAY_PACED_TIMEOUT_MS = 1_000.0
+"""fuse_bag's join timeout when every source is paced from one anchor: the topics
+arrive as recorded, each at least every frame period, so a source is silent this
+long only when its process stalls, or opens this long after the anchor."""
+
+REPLAY_FAST_TIMEOUT_MS = 10_000.0
+"""fuse_bag's join timeout otherwise: each source then runs through its topic on its
+own (as fast as the flow takes it, or paced from its own start), and one may be
+seconds behind another; a frame a camera dropped is found missing by the camera's
+next frame, not by the timeout."""
 
 
 def check_options(cameras: int, fps: float, duration: float, frame_size: tuple[int, int],
@@ -345,3 +369,53 @@ def run_demo(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
     result.drops = {name: {reason: n for reason, n in node.dropped.items() if n}
                     for name, node in report.nodes.items() if node.dropped_total}
     return result
+
+
+def fuse_bag(sources: Mapping[str, Any], groups_path: str | None = None, *,
+             tolerance_ms: float = TOLERANCE_MS, window_ms: float = IMU_WINDOW_MS) -> Flow:
+    """The demo's fusion over a recorded bag: its image topics are the cameras, its
+    IMU topic the IMU, joined by event time as the demo joins its cameras (all but
+    one camera make a group, the IMU taken in a window around each) into the demo's
+    Fusion, whose summaries go to a GroupLog. As ``--into`` of ``videoflow replay``,
+    which hands it {topic: RosbagSource}.
+
+    The join gives up on a silent source after REPLAY_PACED_TIMEOUT_MS when every
+    source is paced from one anchor (``videoflow replay --speed``), else after
+    REPLAY_FAST_TIMEOUT_MS.
+
+    Arguments:
+        sources: {topic: RosbagSource}, in the order the cameras are fused.
+        groups_path: where GroupLog writes each group's summary (a JSON line); None
+            keeps none.
+        tolerance_ms: how far apart one instant's frames may be stamped (the demo's,
+            for cameras up to 60 fps).
+        window_ms: the IMU window's half-width around a group's time.
+
+    Returns:
+        the Flow, named 'demo-replay', of type BATCH.
+
+    Raises:
+        ValueError: no image topic, not exactly one IMU topic, or a topic of another
+            type; a source the bag has no topic for.
+    """
+    from videoflow.io.ros_messages import COMPRESSED_IMAGE, IMAGE, IMU
+
+    kinds = {topic: source.message_type() for topic, source in sources.items()}
+    cameras = [sources[t] for t, kind in kinds.items() if kind in (IMAGE, COMPRESSED_IMAGE)]
+    imus = [sources[t] for t, kind in kinds.items() if kind == IMU]
+    others = [f"{t} ({kind})" for t, kind in kinds.items()
+              if kind not in (IMAGE, COMPRESSED_IMAGE, IMU)]
+    if others or not cameras or len(imus) != 1:
+        raise ValueError(f"fuse_bag fuses image topics and one IMU topic; got "
+                         f"{len(cameras)} image and {len(imus)} IMU topic(s)"
+                         + (f", and {', '.join(others)}" if others else ""))
+    imu = imus[0]
+    anchors = {source.anchor for source in sources.values()}  # an anchor has a speed
+    paced = len(anchors) == 1 and None not in anchors
+    fusion = Fusion(None, None, None, window_ms, name="fusion", join_policy={
+        "mode": "time", "tolerance_ms": tolerance_ms, "quorum": quorum_for(len(cameras)),
+        "timeout_ms": REPLAY_PACED_TIMEOUT_MS if paced else REPLAY_FAST_TIMEOUT_MS,
+        "missing": "drop", "max_pending": 1024, "collect": {imu.name: window_ms}})(
+        *cameras, imu)
+    sink = GroupLog(groups_path, name="groups")(fusion)
+    return Flow([*cameras, imu], [sink], flow_type=BATCH, name="demo-replay")

@@ -1,5 +1,6 @@
 """The demo's nodes: the cameras, the IMU, the fusion join and the verify sink, and
-the StartGate that gives every process of the flow one first capture instant.
+the StartGate that gives every process of the flow one first capture instant; and
+GroupLog, the sink of a bag replayed into the demo's fusion (demo_flow.fuse_bag).
 
 Module level: every replica runs in a spawned process that imports them.
 """
@@ -148,19 +149,43 @@ class Imu(ProducerNode):
 
 
 class Fusion(ProcessorNode):
-    """The join: process(cam0, ..., camN, imu_samples) for each group. Its output is a
-    summary of the group (the frames stay here), with its IMU window's tally against
-    the samples that exist (imu_tally; hz, samples and window_ms as the IMU's)."""
+    """The join: process(cam0, ..., camN, imu_samples) for each group, the IMU the last
+    parent. Its output is a summary of the group (the frames stay here): each frame's
+    stamp, first pixel and shape, the IMU window's sample times, their span around the
+    frames' mean stamp and their mean angular velocity.
 
-    def __init__(self, gate: StartGate, hz: float, samples: tuple[int, int],
-                 window_ms: float, delay: float = 0.0, **options: Any) -> None:
+    It fuses the demo's own frames and samples (dicts carrying their stamp and, for a
+    frame, its capture instant k) and replayed ones as RosbagSource yields them (a
+    numpy image; an Imu dict with its angular_velocity), whose stamps are their event
+    times. The ground truth exists only in the simulation: with a gate, the summary
+    also says which instant each frame is of, whether its pixels agree, how far behind
+    real time it was sent, and its IMU window's tally against the samples that exist
+    (imu_tally; hz, samples and window_ms as the IMU's); without one (a replay) those
+    are None.
+
+    Arguments:
+        gate: the demo's StartGate; None for replayed data.
+        hz / samples: the simulated IMU's (imu_range); None without a gate.
+        window_ms: the join's IMU window half-width.
+        delay: seconds from the first capture until the first input (needs a gate).
+        **options: Node's arguments (name, join_policy, ...).
+    """
+
+    def __init__(self, gate: StartGate | None, hz: float | None,
+                 samples: tuple[int, int] | None, window_ms: float, delay: float = 0.0,
+                 **options: Any) -> None:
         super().__init__(**options)
+        if gate is None and (delay or hz is not None or samples is not None):
+            raise ValueError("Fusion: delay, hz and samples are the simulation's: give its "
+                             "gate")
         self.gate, self.hz, self.samples, self.window_ms = gate, hz, samples, window_ms
         self.delay = delay
 
     def open(self) -> None:
-        self.gate.arrive(self.name)
         self.t0: float | None = None
+        if self.gate is None:
+            return
+        self.gate.arrive(self.name)
         if self.delay:
             # A node that starts late: what its parents send meanwhile waits for it on
             # the broker, and it catches up on that backlog.
@@ -168,25 +193,65 @@ class Fusion(ProcessorNode):
             _sleep_until(self.t0 + self.delay)
 
     def process(self, *inputs: Any) -> dict[str, Any]:
+        assert self.context is not None
+        *frames, imu = inputs
+        *cameras, imu_parent = self.context.parents
+        info = self.context.input_info or {}
+        stamps = [None if f is None else _stamp(f, info[p]["event_ts"])
+                  for p, f in zip(cameras, frames, strict=True)]
+        images = [None if f is None else f["frame"] if isinstance(f, dict) else f
+                  for f in frames]
+        imu_t = [_stamp(s, t) for s, t in zip(imu, info[imu_parent]["event_ts"],
+                                               strict=True)] if imu else []
+        present = [t for t in stamps if t is not None]
+        group_t = sum(present) / len(present)
+        offsets_ms = [(t - group_t) * 1000.0 for t in imu_t]
+        summary = {
+            "stamps": stamps,
+            "pixels": [None if i is None else i.flat[0].item() for i in images],
+            "shapes": [None if i is None else list(i.shape) for i in images],
+            "imu": len(imu),
+            "imu_stamps": imu_t,
+            "imu_span_ms": [min(offsets_ms), max(offsets_ms)] if imu else None,
+            "gyro_mean": np.mean([_gyro(s) for s in imu], axis=0).tolist() if imu else None,
+            "fused_at": time.time(),  # a paced replay spreads these over the recording
+            "instants": None, "pixels_agree": None, "imu_in_window": None,
+            "imu_expected": None, "lag_ms": None,
+        }
+        if self.gate is not None:
+            summary.update(self._truth(frames, present, imu_t))
+        return summary
+
+    def _truth(self, frames: list[Any], stamps: list[float],
+               imu_t: list[float]) -> dict[str, Any]:
+        """The simulation's checks of one group (the frames are the demo cameras')."""
+        assert self.gate is not None and self.hz is not None and self.samples is not None
         if self.t0 is None:
             self.t0 = self.gate.t0()  # every node is up: a frame exists
-        *frames, imu = inputs
         present = [f for f in frames if f is not None]
-        group_t = sum(f["t"] for f in present) / len(present)
-        offsets_ms = [(s["t"] - group_t) * 1000.0 for s in imu]
-        in_window, exist = imu_tally([s["t"] for s in imu], [f["t"] for f in present],
-                                     self.t0, self.hz, self.samples, self.window_ms)
+        in_window, exist = imu_tally(imu_t, stamps, self.t0, self.hz, self.samples,
+                                     self.window_ms)
         lags = [f["lag_ms"] for f in present if f["lag_ms"] is not None]
         return {
             "instants": [None if f is None else f["k"] for f in frames],
             # The pixels say which instant a frame is of: they arrived intact.
             "pixels_agree": all(int(f["frame"][0, 0]) == f["k"] % 256 for f in present),
-            "imu": len(imu),
             "imu_in_window": in_window,
             "imu_expected": exist,
-            "imu_span_ms": [min(offsets_ms), max(offsets_ms)] if imu else None,
             "lag_ms": max(lags) if lags else None,
         }
+
+
+def _stamp(value: Any, event_ts: float) -> float:
+    """A demo frame's or sample's own stamp (the event time it was published with); a
+    replayed one's event time (its header stamp, else its record time)."""
+    return float(value["t"]) if isinstance(value, dict) and "t" in value else float(event_ts)
+
+
+def _gyro(sample: dict[str, Any]) -> Any:
+    """An IMU sample's angular velocity (x, y, z): the demo's gyro, a replayed
+    sensor_msgs/Imu's angular_velocity."""
+    return sample["gyro"] if "gyro" in sample else sample["angular_velocity"]
 
 
 class Verify(ConsumerNode):
@@ -239,3 +304,37 @@ class Verify(ConsumerNode):
         partial = Path(self.path).with_suffix(".partial")
         partial.write_text(json.dumps(counts))
         partial.replace(self.path)  # the reader never sees half a file
+
+
+class GroupLog(ConsumerNode):
+    """Writes each fused group's summary once (a redelivered group is skipped) as a
+    JSON line to path; with no path it keeps none, and the run report counts them.
+
+    Arguments:
+        path: the file, appended to; None for none.
+        **options: Node's arguments (name, ...).
+    """
+
+    def __init__(self, path: str | None = None, **options: Any) -> None:
+        super().__init__(**options)
+        self.path = path
+
+    def open(self) -> None:
+        self.seen: set[str] = set()
+        self.out = None if self.path is None else open(self.path, "a")
+
+    def consume(self, summary: dict[str, Any]) -> None:
+        assert self.context is not None
+        key = self.context.last_input_key
+        if key is not None:
+            if key in self.seen:
+                return
+            self.seen.add(key)
+        if self.out is not None:
+            self.out.write(json.dumps(summary) + "\n")
+            self.out.flush()
+
+    def close(self) -> None:
+        out = getattr(self, "out", None)
+        if out is not None:
+            out.close()
