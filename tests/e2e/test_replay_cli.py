@@ -1,5 +1,6 @@
 """`videoflow replay BAG --topics ... --into MODULE:ATTR`: a bag's topics, each a
-RosbagSource, into the flow the user's function builds from them, run to its end."""
+RosbagSource, into the flow the user's function builds from them, run to its end; at
+the recorded pace, into the demo's fusion (videoflow.cli.demo_flow:fuse_bag)."""
 
 from __future__ import annotations
 
@@ -30,12 +31,32 @@ def test_replay_runs_a_bags_topics_through_the_users_flow(tmp_path: Path) -> Non
     assert len(read_lines(out / "groups.jsonl")) == len(captured)
 
 
+def test_replay_at_the_recorded_pace_into_the_demos_fusion(tmp_path: Path) -> None:
+    bag, truth = fusion_bag(tmp_path / "rig.bag", 1)
+    # --speed: every topic paced from one anchor, 5 s after launch (the embedded
+    # broker, the run's streams and its five processes start meanwhile), so the demo's
+    # fusion joins them with its paced timeout (1 s).
+    done = videoflow("replay", str(bag), "--topics", "/cam0/image", "/cam1/image", "/imu",
+                     "--into", "videoflow.cli.demo_flow:fuse_bag", "--speed", "1",
+                     "--start-delay", "5", "--ephemeral", "--json", env=environment(tmp_path))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["outcome"] == "completed"
+    captured = {k for cam in CAMERAS for k in truth[cam]}
+    assert report["nodes"]["fusion"]["emitted"] == len(captured)  # one group per instant
+    assert report["nodes"]["groups"]["processed"] == len(captured)
+    assert not any(report["nodes"]["fusion"]["dropped"].values())
+    assert report["nodes"]["imu"]["emitted"] == len(truth["imu"])
+
+
 @pytest.mark.parametrize("arguments, said", [
     (["nowhere", "--topics", "/a", "--into", "replay_flows:fuse"], "no bag at nowhere"),
     (["BAG", "--topics", "/a", "/a", "--into", "replay_flows:fuse"], "names a topic twice"),
     (["BAG", "--topics", "/a", "--into", "replay_flows:nothing"], "has no attribute"),
     (["BAG", "--topics", "/a", "--into", "replay_flows:fuse", "--speed", "-2"],
      "must be a number above 0"),
+    (["BAG", "--topics", "/a", "--into", "replay_flows:fuse", "--start-delay", "2"],
+     "--start-delay paces a replay: give --speed too"),
 ])
 def test_replay_refuses_what_it_cannot_run_in_one_line(arguments: list[str], said: str,
                                                        tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -129,8 +130,17 @@ def _run(args: argparse.Namespace) -> int:
     return _run_to_end(load_flow(args.flow), args)
 
 
+REPLAY_START_DELAY_S = 5.0
+"""With --speed, how long after `replay` starts the bag's first instant is replayed
+(the sources' shared anchor): the broker, the run's streams and every replica's
+process are started meanwhile (2 to 6 s on a busy 2-core machine). A source up later
+than that catches up at once."""
+
+
 def _replay(args: argparse.Namespace) -> int:
-    """A bag's topics, each a RosbagSource, into the flow --into builds from them."""
+    """A bag's topics, each a RosbagSource, into the flow --into builds from them; with
+    --speed, every source paced from one anchor, so the topics stay aligned as
+    recorded however far apart their processes start."""
     from videoflow.io import RosbagSource
 
     bag = args.bag[0] if len(args.bag) == 1 else args.bag
@@ -140,7 +150,13 @@ def _replay(args: argparse.Namespace) -> int:
     names = [topic.strip("/").replace("/", "_") or "root" for topic in args.topics]
     if len(set(names)) != len(names):
         raise CommandError(f"--topics names a topic twice: {' '.join(args.topics)}")
-    sources = {topic: RosbagSource(bag, topic, speed=args.speed, name=name)
+    if args.start_delay is not None and args.speed is None:
+        raise CommandError("--start-delay paces a replay: give --speed too")
+    anchor = None
+    if args.speed is not None:
+        delay = REPLAY_START_DELAY_S if args.start_delay is None else args.start_delay
+        anchor = time.time() + delay
+    sources = {topic: RosbagSource(bag, topic, speed=args.speed, anchor=anchor, name=name)
                for topic, name in zip(args.topics, names, strict=True)}
     return _run_to_end(load_flow(args.into, sources), args)
 
@@ -330,6 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--speed", type=positive_number, metavar="X",
                         help="a multiple of the recorded pace (default: as fast as the "
                              "flow takes it)")
+    replay.add_argument("--start-delay", type=budget_seconds, metavar="SECONDS",
+                        help="with --speed, the bag's first instant is replayed this long "
+                             "after launch, on every topic at once; a source up later "
+                             f"catches up (default: {REPLAY_START_DELAY_S:g})")
     nats_url_option(replay, required_default=False)
     replay_store = replay.add_mutually_exclusive_group()
     replay_store.add_argument("--store-dir", metavar="DIR",
