@@ -1,6 +1,7 @@
-"""Nodes and a bag writer for the rosbag replay tests: a fusion node that reports, per
-group, its cameras' stamps and first pixels and its IMU window's stamps, and a sink
-that writes each group once, as a JSON line."""
+"""Nodes for the rosbag replay and SubjectSource tests: a fusion node that reports, per
+group, its cameras' stamps and first pixels and its IMU window's stamps, a sink that
+writes each group once, as a JSON line, and a SubjectSource decoding that says which
+process (replica) read each record."""
 
 from __future__ import annotations
 
@@ -55,6 +56,12 @@ class JsonLines(ConsumerNode):
             out.write(json.dumps(value, default=_plain) + "\n")
             out.flush()
             os.fsync(out.fileno())
+
+
+def json_with_pid(data: bytes, headers: dict[str, str]) -> dict[str, Any]:
+    """A JSON record as SubjectSource(decode=...) reads it, with the id of the process
+    that read it: each replica of a source is a process of its own."""
+    return {**json.loads(data), "pid": os.getpid()}
 
 
 def _plain(value: Any) -> Any:

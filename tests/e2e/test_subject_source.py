@@ -1,12 +1,14 @@
 """SubjectSource on a real nats-server: four cameras and an IMU published by plain
 nats-py (no videoflow code on the publishing side) -- frames as raw bytes with shape
 headers, or as native envelopes packed by hand from docs/WIRE.md -- fused by a time
-join, every group checked against the stamps published. Garbage on a subject is
+join, every group checked against the stamps published. Two replicas of one source
+share its durable, and every record comes out once. Garbage on a subject is
 counted, kept in the dead-letter stream, and the flow goes on."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import struct
 from pathlib import Path
@@ -16,7 +18,7 @@ import msgspec
 import nats
 import numpy as np
 import pytest
-from ros_nodes import JsonLines, StampFusion, read_lines
+from ros_nodes import JsonLines, StampFusion, json_with_pid, read_lines
 
 from videoflow.broker import server as embedded
 from videoflow.cli.demo_truth import imu_window_ms, in_window
@@ -132,17 +134,66 @@ def test_plain_publishers_are_fused_group_for_group(native: bool, tmp_path: Path
                                                  for n in (*names, "imu")])) == 0
 
 
-async def unacked(url: str, durables: list[str]) -> int:
+async def unacked(url: str, durables: list[str], stream: str = "RIG") -> int:
+    """What the durables still hold for a reader: delivered and not acknowledged, or
+    not delivered yet."""
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
         total = 0
         for durable in durables:
-            info = await js.consumer_info("RIG", durable)
+            info = await js.consumer_info(stream, durable)
             total += info.num_ack_pending + info.num_pending
         return total
     finally:
         await nc.close()
+
+
+RECORDS = 300
+
+
+def test_two_replicas_share_the_durable_and_every_record_comes_out_once(
+        tmp_path: Path, nats_server: embedded.EmbeddedServer) -> None:
+    # Each replica ends once its fetches got nothing for idle_end: long enough for
+    # both to be up before the records come (count is refused with two replicas).
+    items = SubjectSource("WORK", subject="work.items", decode=json_with_pid, idle_end=5.0,
+                          batch=4, nb_tasks=2, name="items")
+    out = tmp_path / "got.jsonl"
+    sink = JsonLines(str(out), name="sink")(items)
+    flow = Flow([items], [sink], BATCH, name="replicas")
+
+    async def run() -> Any:
+        nc = await nats.connect(nats_server.url)
+        js = nc.jetstream()
+        await js.add_stream(name="WORK", subjects=["work.>"])
+        running = asyncio.ensure_future(asyncio.to_thread(flow.run, nats_server.url,
+                                                          view=False))
+        # Published once both replicas wait on the durable, so that both take a share
+        # (a batch of 4 at a time), not one of them everything before the other is up.
+        for _ in range(1200):
+            try:
+                if (await js.consumer_info("WORK", "vf-replicas-items")).num_waiting >= 2:
+                    break
+            except nats.js.errors.NotFoundError:
+                pass  # no replica has bound the durable yet
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the two replicas never both waited on the durable")
+        for i in range(RECORDS):  # a plain nats-py publisher
+            await js.publish("work.items", json.dumps({"id": i, "value": i * i}).encode())
+        await nc.close()
+        return await running
+
+    report = asyncio.run(run())
+    assert report.outcome == "completed", report.format()
+    assert report.nodes["items"].emitted == RECORDS
+    assert not report.nodes["items"].dropped_total
+    got = read_lines(out)
+    assert sorted(r["id"] for r in got) == list(range(RECORDS))  # each once, none lost
+    assert all(r["value"] == r["id"] ** 2 for r in got)
+    assert len({r["pid"] for r in got}) == 2, "one replica read every record"
+    # Every record was acknowledged by the replica that read it.
+    assert asyncio.run(unacked(nats_server.url, ["vf-replicas-items"], "WORK")) == 0
 
 
 def test_garbage_is_counted_kept_and_the_flow_goes_on(tmp_path: Path,
@@ -195,6 +246,7 @@ def test_garbage_is_counted_kept_and_the_flow_goes_on(tmp_path: Path,
     ({"subject": "a", "count": 0}, "count"),
     ({"subject": "a", "idle_end": float("nan")}, "idle_end"),
     ({"subject": "a", "batch": 1.5}, "batch"),
+    ({"subject": "a", "count": 10, "nb_tasks": 2}, "replicas share the records"),
 ])
 def test_a_source_refuses_bad_arguments(arguments: dict[str, Any], error: str) -> None:
     with pytest.raises(ValueError, match=error):

@@ -30,6 +30,13 @@ decode is counted as an 'undecodable' drop, written to the flow's dead-letter st
 
 Ending. With count, after that many records; with idle_end, once nothing came for
 that many seconds; else when the flow is stopped (videoflow stop, a quiesce).
+
+Replicas. With nb_tasks replicas, each process binds the one durable and they share
+its records, each taking what its own fetches get (a record goes to one of them; one
+redelivered may go to another, under the id it had). Each replica ends on its own:
+after idle_end seconds in which its fetches got nothing, or at the flow's stop.
+count is refused there: it counts one replica's records, which no replica knows the
+others' share of, so with N records and count=N none would reach it.
 """
 
 from __future__ import annotations
@@ -81,7 +88,8 @@ class SubjectSource(ProducerNode):
         shape / dtype: a raw numpy payload's, when its headers do not say.
         event_time_field: the payload's key holding its event time.
         durable: the consumer's name (default vf-<flow>-<node>).
-        count / idle_end: end after count records / idle_end seconds of none.
+        count / idle_end: end after count records / idle_end seconds of none (count
+            with one replica only: the module docstring).
         url: the broker; None: the flow's own.
         batch: records asked for at once.
         ack_wait: seconds the broker waits for a record's ack before redelivering it.
@@ -90,7 +98,7 @@ class SubjectSource(ProducerNode):
 
     Raises:
         ValueError: neither stream nor subject, an unknown decoding, a shape without
-            a dtype, bad numbers.
+            a dtype, bad numbers, count with nb_tasks above 1.
     """
 
     replayable = True
@@ -120,6 +128,10 @@ class SubjectSource(ProducerNode):
                     or not value > 0 or not math.isfinite(value)):
                 raise ValueError(f"SubjectSource: {label} must be a positive "
                                  f"{'int' if whole else 'number'}, got {value!r}")
+        if count is not None and self.nb_tasks > 1:
+            raise ValueError(f"SubjectSource: count ends one replica after its own count "
+                             f"records, and the {self.nb_tasks} replicas share the records: "
+                             "end them with idle_end (or a stop)")
         self.stream, self.subject, self.create = stream, subject, create
         self.decode = decode
         self.shape = None if shape is None else tuple(int(d) for d in shape)
