@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import inspect
 import mmap
+import os
 import random
 import re
 import threading
@@ -990,3 +991,45 @@ def test_realtime_keeps_the_freshest_input_and_drops_a_failure_instead_of_retryi
     assert len(view.terminal_entries()) == 1  # terminated against the log (DELIV-15)
     cam.publish_message("frame-5")
     assert view.receive_message()["cam"]["message"] == "frame-5"  # not frame-4 again
+
+
+def test_a_frame_passed_through_unchanged_is_stored_again_without_a_copy(
+    flows, tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    # Issue 14, point 3: a processor that returns its input (the dict whose frame is a
+    # read-only view of shared memory) publishes a payload of its own -- its own ref,
+    # obligations and intent -- over the same bytes (a second link to the file).
+    flow = flows({"cam": [], "pass": ["cam"], "sink": ["pass"]})
+    store = SharedMemoryPayloadStore(tmp_path)
+    cam = flow.messenger("cam", payload_store=store, blob_reader_ids=["pass"])
+    passer = flow.messenger("pass", payload_store=store, blob_reader_ids=["sink"])
+    sink = flow.messenger("sink", payload_store=store)
+    frame = np.arange(480 * 640, dtype=np.uint32).astype(np.uint8).reshape(480, 640)
+    cam.publish_message({"i": 0, "frame": frame})
+    cam.publish_message({"i": 1, "frame": frame})
+    cam.publish_stop_signal()
+
+    def passed(change: bool) -> os.stat_result:
+        message = passer.receive_message()["cam"]["message"]
+        if change:
+            message["seen"] = True  # its bytes no longer say what it holds
+        before = set(store.refs())
+        passer.publish_message(message)
+        passer.drain()
+        (ref,) = set(store.refs()) - before
+        assert store.records()[ref].channel == "pass"
+        assert store.obligations(ref) == ("sink",)  # its own, for its own reader
+        linked = os.stat(tmp_path / "blobs" / ref)
+        passer.ack_inputs()
+        return linked
+
+    assert passed(change=False).st_nlink == 2  # the camera's file, a second name
+    assert passed(change=True).st_nlink == 1  # written anew
+    got = []
+    for _ in range(2):
+        got.append(sink.receive_message()["pass"]["message"])
+        sink.ack_inputs()
+    assert [g["i"] for g in got] == [0, 1] and got[1]["seen"] is True
+    assert all(np.array_equal(g["frame"], frame) and not g["frame"].flags.writeable
+               for g in got)
+    assert store.refs() == () and store.used_bytes() == 0

@@ -114,6 +114,27 @@ def test_put_then_get_returns_the_same_bytes(stores: Stores) -> None:
     assert ref in store.refs()
 
 
+def test_put_from_stores_a_payload_again_under_its_own_ref_and_obligations(
+        stores: Stores) -> None:
+    store = stores.new()
+    data = bytes(range(256)) * 40
+    source = store.put(data, ["pass"], "cam-1")
+    again = store.put_from(source, ["sink"], "pass-1", channel="pass")
+    assert again != source and store.get(again) == data
+    assert store.obligations(again) == ("intent/pass-1", "sink")
+    assert store.records()[again].channel == "pass"
+    # The source goes (its reader and intent done); the copy, or the second link to
+    # the same bytes, stays until its own reader is done.
+    store.resolve_intent(source, "cam-1", accepted=True)
+    assert store.release(source, "pass") is True
+    assert source not in store.refs() and store.get(again) == data
+    store.resolve_intent(again, "pass-1", accepted=True)
+    assert store.release(again, "sink") is True
+    assert store.refs() == ()
+    with pytest.raises(PayloadMissing):
+        store.put_from(source, ["sink"], "pass-2")
+
+
 def test_put_acquires_each_reader_obligation_and_the_publisher_intent(stores: Stores) -> None:
     store = stores.new()
     ref = store.put(b"frame", READERS, "pub-1")

@@ -25,6 +25,7 @@ from videoflow.backends.payload import (
     PayloadStore,
     apply_change,
 )
+from videoflow.errors import PayloadMissing
 
 __all__ = ["FilesystemPayloadStore"]
 
@@ -67,6 +68,7 @@ class FilesystemPayloadStore(PayloadStore):
 
     durable: bool = True
     """Whether writes are fsynced: a store in memory (tmpfs) has no disk to reach."""
+    shares_bytes = True  # put_from links the file: each ref's name, the same bytes
 
     def _forgotten(self, record: PayloadRecord) -> None:
         """A record was deleted (under the lock): a budgeted store frees its bytes."""
@@ -130,6 +132,17 @@ class FilesystemPayloadStore(PayloadStore):
                 os.unlink(path)
             raise
         os.close(fd)
+        if self.durable:
+            _fsync_directory(self._blobs)
+
+    def _share_blob(self, source: str, ref: str) -> None:
+        # A second name for the same file: no byte is copied, and the bytes live until
+        # the last of the refs naming them is reclaimed (each unlinks its own name).
+        try:
+            os.link(f"{self._blobs}/{source}", f"{self._blobs}/{ref}")
+        except FileNotFoundError:
+            raise PayloadMissing(f"payload {source} has no bytes (reclaimed)",
+                                 ref=source) from None
         if self.durable:
             _fsync_directory(self._blobs)
 

@@ -242,6 +242,8 @@ class PayloadStore(abc.ABC):
     """Whether the records are the publisher's outbox (channel and stream_seq kept
     in them), so reconciliation reads them instead of the run ledger's: a store whose
     records share the payload's fate needs no second, remote copy of them."""
+    shares_bytes: bool = False
+    """Whether put_from gives a new ref the bytes of another without a copy."""
 
     def __init__(
         self,
@@ -327,31 +329,74 @@ class PayloadStore(abc.ABC):
             ValueError: an empty or duplicate reader id, a reader id in the intent
                 namespace, an empty publication id, or a TTL that is not > 0.
         """
+        blob = data if isinstance(data, bytes) else bytes(data)
+        return self._store(len(blob), lambda ref: self._write_blob(ref, blob), reader_ids,
+                           publication_id, ttl_seconds, channel, while_waiting)
+
+    def put_from(
+        self,
+        source: str,
+        reader_ids: Sequence[str],
+        publication_id: str,
+        *,
+        ttl_seconds: float | None = None,
+        channel: str | None = None,
+        while_waiting: Callable[[], None] | None = None,
+    ) -> str:
+        """Stores the payload source holds again, under a ref of its own with its own
+        obligations and intent (put's arguments): for a node that publishes what it
+        read. Without a copy where the store shares bytes between refs (shares_bytes:
+        the filesystem and shared-memory stores link the file), else read and put.
+
+        Raises:
+            PayloadMissing: source is unknown, reclaimed or expired.
+            ValueError: as put.
+        """
+        if not self.shares_bytes:
+            return self.put(self.get(source), reader_ids, publication_id,
+                            ttl_seconds=ttl_seconds, channel=channel,
+                            while_waiting=while_waiting)
+        size = self._live_record(source).size
+        return self._store(size, lambda ref: self._share_blob(source, ref), reader_ids,
+                           publication_id, ttl_seconds, channel, while_waiting)
+
+    def _store(self, size: int, write: Callable[[str], None], reader_ids: Sequence[str],
+               publication_id: str, ttl_seconds: float | None, channel: str | None,
+               while_waiting: Callable[[], None] | None) -> str:
+        """put's work, with the bytes written by write(ref)."""
         readers = _checked_readers(reader_ids)
         if not isinstance(publication_id, str) or not publication_id:
             raise ValueError(f"publication_id must be a non-empty str, not {publication_id!r}")
         ttl = self.ttl_seconds if ttl_seconds is None else _checked_ttl(ttl_seconds)
-        blob = data if isinstance(data, bytes) else bytes(data)
-        self._admit(len(blob), while_waiting)
+        self._admit(size, while_waiting)
         ref = uuid.uuid4().hex
         record = PayloadRecord(
             obligations=readers | {intent_id(publication_id)},
             readers=readers,
             publication_id=publication_id,
             expires_at=self.clock() + ttl,
-            size=len(blob),
+            size=size,
             channel=channel,
         )
         # The record goes first: bytes without a record would belong to nobody, while a
         # record without bytes (a crash in between) is reclaimed by its TTL.
         self._transact(ref, lambda _old: (record, None))
         try:
-            self._write_blob(ref, blob)
+            write(ref)
         except Exception:
             with contextlib.suppress(OSError, BrokerUnavailable, UnobservableState):
                 self._mutate(ref, lambda _old: (None, None))
             raise
         return ref
+
+    def _share_blob(self, source: str, ref: str) -> None:
+        """Give ref the bytes of source without copying them (a store that
+        shares_bytes).
+
+        Raises:
+            PayloadMissing: source's bytes are gone.
+        """
+        raise NotImplementedError
 
     def _admit(self, size: int,  # noqa: B027 - only a budgeted store waits
                while_waiting: Callable[[], None] | None) -> None:

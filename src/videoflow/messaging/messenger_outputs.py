@@ -218,10 +218,20 @@ class Outputs:
         traceparent, span = self.tracing.output(trace_id, trace, msg_id, w3c_lineage)
         size = 0
         try:
-            blob = None if self._offload_above is None else encode_message(message)
-            if blob is not None and len(blob) > self.inline_threshold():
+            # An input passed on unchanged (a pass-through, a filter) is stored again
+            # without encoding it or copying its bytes, where the store shares them.
+            passed = None if self.payload_store is None else self.payloads.passed_through(
+                message)
+            blob = None if self._offload_above is None or passed is not None else (
+                encode_message(message))
+            if passed is not None:
+                source, size = passed
+                self._publish_by_ref(lambda: self.payloads.put_from(
+                    source, msg_id, while_waiting=self.window.advance),
+                    header, msg_id, on_accepted, traceparent)
+            elif blob is not None and len(blob) > self.inline_threshold():
                 size = len(blob)
-                self._publish_by_ref(blob, header, msg_id, on_accepted, traceparent)
+                self._publish_blob(blob, header, msg_id, on_accepted, traceparent)
             else:
                 data = self._encoder.encode(message if blob is None else msgspec.Raw(blob),
                                             *header)
@@ -233,7 +243,7 @@ class Outputs:
                     if blob is None:
                         blob = encode_message(message)
                     size = len(blob)
-                    self._publish_by_ref(blob, header, msg_id, on_accepted, traceparent)
+                    self._publish_blob(blob, header, msg_id, on_accepted, traceparent)
         finally:
             if span is not None:  # a failed send's span ends too (its error propagates)
                 NodeTracing.published(span, size)
@@ -288,10 +298,20 @@ class Outputs:
             self._inline_limit = limit if cheaper is None else min(limit, cheaper)
         return self._inline_limit
 
-    def _publish_by_ref(self, blob: bytes, header: _Header, msg_id: str,
+    def _publish_blob(self, blob: bytes, header: _Header, msg_id: str,
+                      on_accepted: Callable[[Accepted], None] | None,
+                      traceparent: str | None = None) -> None:
+        """_publish_by_ref of an encoded message (MessengerPayloads.put)."""
+        # A full budget waits for readers' releases, and for this node's own intents,
+        # which only its window resolves: it goes on resolving while it waits.
+        self._publish_by_ref(
+            lambda: self.payloads.put(blob, msg_id, while_waiting=self.window.advance),
+            header, msg_id, on_accepted, traceparent)
+
+    def _publish_by_ref(self, put: Callable[[], str], header: _Header, msg_id: str,
                         on_accepted: Callable[[Accepted], None] | None,
                         traceparent: str | None = None) -> None:
-        """Put the message in the store (MessengerPayloads.put), publish the envelope
+        """Put the message in the store (put(), returning its ref), publish the envelope
         carrying its ref, and resolve the put by the outcome: its intent released once
         accepted, the payload reclaimed at once on a definite refusal, kept (owed) while
         unknown (PAY-007/013). In the counter store (RFC 0002, BLOB-5) a refusal deletes
@@ -299,9 +319,7 @@ class Outputs:
         if self.payload_store is not None and not self.blob_reader_ids:
             raise PublicationFailed(f"{self.node_name}: an output over the inline limit "
                                     "needs blob_reader_ids (whose reads it must outlive)")
-        # A full budget waits for readers' releases, and for this node's own intents,
-        # which only its window resolves: it goes on resolving while it waits.
-        ref = self.payloads.put(blob, msg_id, while_waiting=self.window.advance)
+        ref = put()
         data = self._encoder.encode(None, *header, blob_ref=ref)  # header: as publish's
 
         def accepted(outcome: Accepted) -> None:

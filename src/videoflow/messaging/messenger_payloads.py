@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from videoflow.backends.messaging import MessagingBackend
 from videoflow.backends.messaging_types import DLQ_RETENTION_SECONDS
 from videoflow.backends.payload import PayloadStore
@@ -74,6 +76,10 @@ class MessengerPayloads:
         self.blob_ttl_seconds = blob_ttl_seconds
         self.reader_id = reader_id
         self._reconciled_at = float("-inf")
+        # What restore handed out, while this node holds it: message id -> (message,
+        # ref, its values as they were), so an output that is an input passed on
+        # unchanged is stored again without a copy (passed_through).
+        self._restored: dict[int, tuple[Any, str, tuple[Any, ...] | None, int]] = {}
 
     @property
     def offloads(self) -> bool:
@@ -149,15 +155,69 @@ class MessengerPayloads:
         if self.payload_store is not None:
             # A view, not a copy: from the shared-memory store, arrays in the message
             # are the stored pages themselves.
-            return decode_message(self.payload_store.view(ref), what=f"payload {ref!r}")
+            view = self.payload_store.view(ref)
+            message = decode_message(view, what=f"payload {ref!r}")
+            if self.payload_store.shares_bytes:
+                self._remember(message, ref, view.nbytes)
+            return message
         if self.blob_store is not None:
             return restore_message(ref, self.blob_store)
         raise KeyError(f"payload {ref!r} arrived by ref and no payload store is set")
+
+    def _remember(self, message: Any, ref: str, size: int) -> None:
+        values = _frozen_values(message)
+        if values is None and not _frozen(message):
+            return  # mutable in place: an output that is it may differ from its bytes
+        if len(self._restored) >= _RESTORED_KEPT:  # inputs given up without read_done
+            del self._restored[next(iter(self._restored))]
+        self._restored[id(message)] = (message, ref, values, size)
+
+    def passed_through(self, message: Any) -> tuple[str, int] | None:
+        """The ref and size of the payload message was restored from, when it is that
+        input passed on unchanged (the same object; a dict, list or tuple with the same
+        values, each immutable or a read-only array); else None."""
+        kept = self._restored.get(id(message))
+        if kept is None or kept[0] is not message:
+            return None
+        values = kept[2]
+        if values is not None:
+            now = _frozen_values(message)
+            # By identity, against the values themselves (kept alive here, so a new
+            # object cannot take an old one's id).
+            if now is None or len(now) != len(values) or not all(
+                    a is b for a, b in zip(now, values, strict=True)):
+                return None
+        return kept[1], kept[3]
+
+    def put_from(self, source: str, msg_id: str,
+                 while_waiting: Callable[[], None] | None = None) -> str:
+        """put, for an output that is the input restored from source passed on: the
+        payload store stores source's bytes again under a new ref without copying them
+        where it can (PayloadStore.put_from).
+
+        Raises:
+            PayloadMissing: source is gone (never while this node holds it).
+        """
+        store = self.payload_store
+        assert store is not None  # passed_through finds only payload-store inputs
+        ttl = {} if self.blob_ttl_seconds is None else {"ttl_seconds": self.blob_ttl_seconds}
+        ref = store.put_from(source, self.blob_reader_ids, msg_id, channel=self.node_name,
+                             while_waiting=while_waiting, **ttl)
+        if not store.keeps_outbox:
+            self.runtime.record_publication(msg_id, (ref,), self.blob_reader_ids)
+        return ref
+
+    def _forget(self, refs: Sequence[str]) -> None:
+        if self._restored:
+            gone = set(refs)
+            for key in [k for k, kept in self._restored.items() if kept[1] in gone]:
+                del self._restored[key]
 
     def read_done(self, ref: str) -> None:
         """This reader is done with a payload (its settlement confirmed): release its
         obligation, or count one read down in the counter store, deleting the payload
         with the last (BLOB-5)."""
+        self._forget((ref,))
         if self.payload_store is not None:
             self.payload_store.release(ref, self.reader_id)
         elif self.blob_store is not None and self.runtime.blob_read(ref) == 0:
@@ -167,6 +227,7 @@ class MessengerPayloads:
         """read_done for each of refs, released together where the store can
         (PayloadStore.release_many)."""
         if self.payload_store is not None:
+            self._forget(refs)
             self.payload_store.release_many(refs, self.reader_id)
         else:
             for ref in refs:
@@ -220,6 +281,34 @@ class MessengerPayloads:
         else:
             ledger = RuntimeObligationLedger(self.runtime, self.backend, channels)
         return reconcile(self.payload_store, ledger)
+
+
+_RESTORED_KEPT = 4096
+"""The most restored inputs passed_through remembers (those released are forgotten)."""
+
+_IMMUTABLE = (str, bytes, int, float, bool, type(None))
+
+
+def _frozen(value: Any) -> bool:
+    """Whether value cannot change in place: an immutable scalar, or a read-only array
+    (one decoded from a store's view cannot be made writeable)."""
+    if isinstance(value, np.ndarray):
+        return not value.flags.writeable
+    return type(value) in _IMMUTABLE
+
+
+def _frozen_values(message: Any) -> tuple[Any, ...] | None:
+    """A dict's keys and values in order, or a list's or tuple's items, when every value
+    is _frozen (so the same objects mean the same bytes); None otherwise."""
+    if type(message) is dict:
+        values = list(message.values())
+        flat: tuple[Any, ...] = tuple(x for item in message.items() for x in item)
+    elif type(message) in (list, tuple):
+        values = list(message)
+        flat = tuple(values)
+    else:
+        return None
+    return flat if all(_frozen(value) for value in values) else None
 
 
 __all__ = ["MessengerPayloads"]
