@@ -36,7 +36,6 @@ from test_payload_store import (  # noqa: E402
     test_concurrent_releases_never_double_reclaim_or_lose_a_release,
     test_put_acquires_each_reader_obligation_and_the_publisher_intent,
     test_put_refuses_malformed_obligations,
-    test_put_from_stores_a_payload_again_under_its_own_ref_and_obligations,
     test_put_then_get_returns_the_same_bytes,
     test_release_in_any_order_reclaims_exactly_when_the_last_obligation_goes,
     test_release_is_idempotent_and_reclaims_once,
