@@ -655,8 +655,10 @@ class NATSMessenger(Messenger):
         if group is not None:
             return group
         # Asking the broker whether a parent is drained costs a round trip: only once
-        # a receive came back empty -- while data arrives, it is not.
-        if not self._flushed and self._idle and all(
+        # a receive came back empty -- while data arrives, it is not. Nor while outputs
+        # are in flight: a refusal sends their inputs back to be retried, and a node
+        # that had ended would leave them on the broker unprocessed.
+        if not self._flushed and self._idle and not self.window.in_flight and all(
                 self.deliveries.drained(p, self._data_subs[p]) for p in self.parent_names):
             self._ready.extend(join.flush())
             self._flushed = True
