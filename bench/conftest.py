@@ -1,17 +1,22 @@
 """Shared helpers for the benchmarks: the two grouping cores as a fixture parameter,
-and an entries/s recorder whose figures are summarised at the end of the run, with the
-compiled/reference ratio per group.
+an entries/s recorder whose figures are summarised at the end of the run, with the
+compiled/reference ratio per group, and, for the whole-flow benchmarks, an embedded
+nats-server per module and fresh directories for each round's stage files.
 """
 
 from __future__ import annotations
 
 import importlib
+import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+
+from videoflow.broker import server as embedded
 
 CORE_MODULES = {
     "compiled": "videoflow.messaging._grouping_core",
@@ -97,3 +102,23 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
                 f"{group} {kind}: ns/entry at {sizes[-1]:,} pending / at {sizes[0]:,} "
                 f"= {hi / lo:.2f}"
             )
+
+
+@pytest.fixture(scope="module")
+def flow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[embedded.EmbeddedServer]:
+    """An embedded nats-server for one module's whole-flow rounds, on a store of its own."""
+    with embedded.start(Path(tmp_path_factory.mktemp("bench-flows")) / "store") as running:
+        yield running
+
+
+@pytest.fixture
+def rounds_dir(tmp_path: Path) -> Callable[[], Path]:
+    """Returns new(): a fresh directory for one round's stage files."""
+    counter = itertools.count()
+
+    def new() -> Path:
+        made = tmp_path / f"round{next(counter)}"
+        made.mkdir()
+        return made
+
+    return new

@@ -210,26 +210,6 @@ def run_rounds(benchmark: Any, rounds: int, target: Callable[[], None]) -> None:
 # ------------------------------------------------------------------ fixtures
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[embedded.EmbeddedServer]:
-    with embedded.start(Path(tmp_path_factory.mktemp("bench-frames")) / "store") as running:
-        yield running
-
-
-@pytest.fixture
-def rounds_dir(tmp_path: Path) -> Callable[[], Path]:
-    """Returns new(): a fresh directory for one round's stage files."""
-    made: list[Path] = []
-
-    def new() -> Path:
-        directory = tmp_path / f"round{len(made)}"
-        directory.mkdir()
-        made.append(directory)
-        return directory
-
-    return new
-
-
 # ------------------------------------------------------------------ the rounds
 
 
@@ -294,7 +274,7 @@ def flow_round(url: str, out: Path, n: int, payloads: str) -> dict[str, Any]:
 
 @pytest.mark.benchmark(group="frames_1080p")
 @pytest.mark.parametrize("case", CASES)
-def test_frames_1080p(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
+def test_frames_1080p(benchmark: Any, summary: None, flow_server: embedded.EmbeddedServer,
                       rounds_dir: Callable[[], Path], case: str) -> None:
     sizes = sizes_for(benchmark)
     n = sizes.for_case(case)
@@ -307,5 +287,5 @@ def test_frames_1080p(benchmark: Any, summary: None, server: embedded.EmbeddedSe
                    lambda: rounds.append(memcpy_round(pool, target, n)))
     else:
         run_rounds(benchmark, sizes.rounds,
-                   lambda: rounds.append(flow_round(server.url, rounds_dir(), n, case)))
+                   lambda: rounds.append(flow_round(flow_server.url, rounds_dir(), n, case)))
     record(benchmark, case, n, rounds)
