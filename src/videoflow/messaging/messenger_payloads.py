@@ -80,6 +80,7 @@ class MessengerPayloads:
         # ref, its values as they were), so an output that is an input passed on
         # unchanged is stored again without a copy (passed_through).
         self._restored: dict[int, tuple[Any, str, tuple[Any, ...] | None, int]] = {}
+        self._restored_by_ref: dict[str, int] = {}  # ref -> its message's id, to forget
 
     @property
     def offloads(self) -> bool:
@@ -168,9 +169,11 @@ class MessengerPayloads:
         values = _frozen_values(message)
         if values is None and not _frozen(message):
             return  # mutable in place: an output that is it may differ from its bytes
+        self._forget((ref,))  # a redelivery read again replaces what its first read left
         if len(self._restored) >= _RESTORED_KEPT:  # inputs given up without read_done
-            del self._restored[next(iter(self._restored))]
+            self._forget((self._restored[next(iter(self._restored))][1],))
         self._restored[id(message)] = (message, ref, values, size)
+        self._restored_by_ref[ref] = id(message)
 
     def passed_through(self, message: Any) -> tuple[str, int] | None:
         """The ref and size of the payload message was restored from, when it is that
@@ -208,10 +211,12 @@ class MessengerPayloads:
         return ref
 
     def _forget(self, refs: Sequence[str]) -> None:
-        if self._restored:
-            gone = set(refs)
-            for key in [k for k, kept in self._restored.items() if kept[1] in gone]:
-                del self._restored[key]
+        # On every release: by ref, not a scan of everything remembered.
+        if self._restored_by_ref:
+            for ref in refs:
+                key = self._restored_by_ref.pop(ref, None)
+                if key is not None:
+                    self._restored.pop(key, None)
 
     def read_done(self, ref: str) -> None:
         """This reader is done with a payload (its settlement confirmed): release its
