@@ -1,7 +1,7 @@
 """Shared helpers for the benchmarks: the two grouping cores as a fixture parameter,
 an entries/s recorder whose figures are summarised at the end of the run, with the
 compiled/reference ratio per group, and, for the whole-flow benchmarks, an embedded
-nats-server per module and fresh directories for each round's stage files.
+nats-server per module (server) and fresh directories for each round's stage files.
 """
 
 from __future__ import annotations
@@ -105,8 +105,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def flow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[embedded.EmbeddedServer]:
-    """An embedded nats-server for one module's whole-flow rounds, on a store of its own."""
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[embedded.EmbeddedServer]:
+    """An embedded nats-server for one benchmark module, on a store of its own."""
     with embedded.start(Path(tmp_path_factory.mktemp("bench-flows")) / "store") as running:
         yield running
 

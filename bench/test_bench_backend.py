@@ -47,7 +47,6 @@ import itertools
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -152,12 +151,6 @@ def write_summary(write: Callable[[str], None]) -> None:
                 write(f"  {group}: {side} / {raw_side} = "
                       f"{best[(group, side)] / best[(group, raw_side)]:.2f} best, "
                       f"{median[(group, side)] / median[(group, raw_side)]:.2f} median")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[embedded.EmbeddedServer]:
-    with embedded.start(Path(tmp_path_factory.mktemp("bench-backend")) / "store") as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

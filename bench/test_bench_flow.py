@@ -547,47 +547,47 @@ def linear(side: str) -> Callable[..., dict[str, Any]]:
 
 @pytest.mark.benchmark(group="flow_linear_batch")
 @pytest.mark.parametrize("side", SIDES)
-def test_linear_batch(benchmark: Any, summary: None, flow_server: embedded.EmbeddedServer,
+def test_linear_batch(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
                       rounds_dir: Callable[[], Path], side: str) -> None:
     sizes = sizes_for(benchmark)
     rounds: list[dict[str, Any]] = []
     run_rounds(benchmark, sizes.rounds, lambda: rounds.append(
-        linear(side)(flow_server.url, rounds_dir(), sizes.messages, BATCH, name="batch")))
+        linear(side)(server.url, rounds_dir(), sizes.messages, BATCH, name="batch")))
     record(benchmark, "linear_batch", side, rounds, "rate", "msg/s")
 
 
 @pytest.mark.benchmark(group="flow_linear_realtime")
 @pytest.mark.parametrize("side", SIDES)
-def test_linear_realtime(benchmark: Any, summary: None, flow_server: embedded.EmbeddedServer,
+def test_linear_realtime(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
                          rounds_dir: Callable[[], Path], side: str) -> None:
     sizes = sizes_for(benchmark)
     rounds: list[dict[str, Any]] = []
     n = REALTIME_FACTOR * sizes.messages
     run_rounds(benchmark, sizes.rounds, lambda: rounds.append(
-        linear(side)(flow_server.url, rounds_dir(), n, REALTIME, name="realtime")))
+        linear(side)(server.url, rounds_dir(), n, REALTIME, name="realtime")))
     record(benchmark, "linear_realtime", side, rounds, "rate", "received/s")
 
 
 @pytest.mark.benchmark(group="flow_time_join")
 @pytest.mark.parametrize("side", SIDES)
-def test_time_join(benchmark: Any, summary: None, flow_server: embedded.EmbeddedServer,
+def test_time_join(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
                    rounds_dir: Callable[[], Path], side: str) -> None:
     sizes = sizes_for(benchmark)
     run = videoflow_join if side == "videoflow" else peer_join
     rounds: list[dict[str, Any]] = []
     run_rounds(benchmark, sizes.rounds,
-               lambda: rounds.append(run(flow_server.url, rounds_dir(), sizes.frames)))
+               lambda: rounds.append(run(server.url, rounds_dir(), sizes.frames)))
     record(benchmark, "time_join_8", side, rounds, "rate", "groups/s")
 
 
 @pytest.mark.benchmark(group="flow_producer")
 @pytest.mark.parametrize("side", SIDES)
-def test_producer_rate(benchmark: Any, summary: None, flow_server: embedded.EmbeddedServer,
+def test_producer_rate(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
                        rounds_dir: Callable[[], Path], side: str) -> None:
     sizes = sizes_for(benchmark)
     rounds: list[dict[str, Any]] = []
     run_rounds(benchmark, sizes.rounds, lambda: rounds.append(linear(side)(
-        flow_server.url, rounds_dir(), sizes.messages, BATCH, processor=False, name="producer")))
+        server.url, rounds_dir(), sizes.messages, BATCH, processor=False, name="producer")))
     record(benchmark, "producer", side, rounds, "producer_rate", "msg/s")
 
 
@@ -610,14 +610,14 @@ def paced_rate() -> tuple[float, str]:
 
 @pytest.mark.benchmark(group="flow_latency")
 @pytest.mark.parametrize("side", SIDES)
-def test_latency_per_hop(benchmark: Any, summary: None, flow_server: embedded.EmbeddedServer,
+def test_latency_per_hop(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
                          rounds_dir: Callable[[], Path], side: str) -> None:
     sizes = sizes_for(benchmark)
     rate, basis = paced_rate()
     n = max(50, min(sizes.messages, int(rate * LATENCY_SECONDS[benchmark.disabled])))
     rounds: list[dict[str, Any]] = []
     run_rounds(benchmark, sizes.rounds, lambda: rounds.append(linear(side)(
-        flow_server.url, rounds_dir(), n, BATCH, rate=rate, latency=True, name="latency")))
+        server.url, rounds_dir(), n, BATCH, rate=rate, latency=True, name="latency")))
     kept = record(benchmark, "latency_p50_per_hop", side, rounds, "p50_ms_per_hop", "ms",
                   lower_is_better=True)
     benchmark.extra_info["paced_rate"] = rate
@@ -677,7 +677,7 @@ def observed_round(url: str, out: Path, n: int, side: str) -> dict[str, Any]:
 
 
 @pytest.mark.benchmark(group="flow_observability")
-def test_observability_cost(benchmark: Any, summary: None, flow_server: embedded.EmbeddedServer,
+def test_observability_cost(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
                             rounds_dir: Callable[[], Path]) -> None:
     """The cost of watching a flow: rounds on and off alternate (off first, then on
     first, ...), so a machine whose load comes and goes weighs on both alike; the
@@ -689,7 +689,7 @@ def test_observability_cost(benchmark: Any, summary: None, flow_server: embedded
     def pair() -> None:
         order = OBSERVABILITY if next(pairs) % 2 else OBSERVABILITY[::-1]
         for side in order:
-            rounds[side].append(observed_round(flow_server.url, rounds_dir(), sizes.messages,
+            rounds[side].append(observed_round(server.url, rounds_dir(), sizes.messages,
                                                side))
 
     run_rounds(benchmark, sizes.rounds * 2 if not benchmark.disabled else 1, pair)

@@ -274,7 +274,7 @@ def flow_round(url: str, out: Path, n: int, payloads: str) -> dict[str, Any]:
 
 @pytest.mark.benchmark(group="frames_1080p")
 @pytest.mark.parametrize("case", CASES)
-def test_frames_1080p(benchmark: Any, summary: None, flow_server: embedded.EmbeddedServer,
+def test_frames_1080p(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
                       rounds_dir: Callable[[], Path], case: str) -> None:
     sizes = sizes_for(benchmark)
     n = sizes.for_case(case)
@@ -287,5 +287,5 @@ def test_frames_1080p(benchmark: Any, summary: None, flow_server: embedded.Embed
                    lambda: rounds.append(memcpy_round(pool, target, n)))
     else:
         run_rounds(benchmark, sizes.rounds,
-                   lambda: rounds.append(flow_round(flow_server.url, rounds_dir(), n, case)))
+                   lambda: rounds.append(flow_round(server.url, rounds_dir(), n, case)))
     record(benchmark, case, n, rounds)

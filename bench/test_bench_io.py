@@ -23,7 +23,6 @@ import multiprocessing
 import os
 import statistics
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import nats
@@ -120,12 +119,6 @@ def peer_round(url: str, tag: str, n: int) -> None:
     process.start()
     process.join(300)
     assert process.exitcode == 0, process.exitcode
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[embedded.EmbeddedServer]:
-    with embedded.start(Path(tmp_path_factory.mktemp("bench-io")) / "store") as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

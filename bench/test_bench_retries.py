@@ -42,12 +42,6 @@ _RESULTS: dict[str, dict[str, Any]] = {}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[embedded.EmbeddedServer]:
-    with embedded.start(Path(tmp_path_factory.mktemp("bench-retries")) / "store") as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
 def summary(request: pytest.FixtureRequest) -> Iterator[None]:
     """The flaky / clean ratio at the module's end (not with timing off)."""
     yield
