@@ -109,11 +109,18 @@ def test_without_an_anchor_a_source_counts_from_its_own_first_message(bag: Path)
     b = opened(bag, "/b", speed=1.0)
     try:
         time.sleep(0.3)  # opened long before its first next(): no catching up
-        got = sent_at(b, 2)
+        # The source paces on the monotonic clock, from its first next(): read the
+        # same clock, before that call, so the origin is at or after start.
+        start = time.monotonic()
+        got = []
+        for _ in range(2):
+            b.next()
+            got.append(time.monotonic())
     finally:
         b.close()
-    # The bag's start is 0.1 s before /b's first message: that much, then 0.2 s.
-    assert 0.2 <= got[1] - got[0] <= 0.2 + LATE_S
+    # The bag's start is 0.1 s before /b's first message: that much, then 0.2 s more.
+    assert start + 0.1 <= got[0] <= start + 0.1 + LATE_S, got[0] - start
+    assert start + 0.3 <= got[1] <= start + 0.3 + LATE_S, got[1] - start
 
 
 @pytest.mark.parametrize("speed, anchor, said", [
