@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import struct
+import subprocess
+import sys
 from typing import Any
 
 import msgspec
@@ -462,6 +464,26 @@ def test_structured_dtype_with_titles_is_refused_at_encode() -> None:
 def test_masked_arrays_are_refused_rather_than_losing_the_mask() -> None:
     with pytest.raises(TypeError, match="masked arrays"):
         encode_envelope(np.ma.masked_array([1, 2], mask=[False, True]), trace_id="t", seq=1)
+
+
+def test_encoding_an_array_does_not_import_numpy_ma() -> None:
+    # numpy loads numpy.ma on first touch (about 90 ms): a camera's first frame paid it.
+    code = ("import sys, numpy as np\n"
+            "from videoflow.wire.serialization import encode_envelope\n"
+            "encode_envelope({'frame': np.zeros((4, 4), np.uint8)}, trace_id='t', seq=1)\n"
+            "print('numpy.ma' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+
+    assert done.stdout.strip() == "False"
+
+
+def test_a_masked_array_subclass_is_refused_too() -> None:
+    class Labelled(np.ma.MaskedArray):
+        pass
+
+    with pytest.raises(TypeError, match="masked arrays"):
+        encode_envelope(Labelled([1, 2], mask=[True, False]), trace_id="t", seq=1)
 
 
 def test_array_decoded_from_bytes_is_read_only() -> None:
