@@ -21,6 +21,7 @@ from videoflow.core.compiler import NodeSpec
 from videoflow.core.naming import ledger_bucket, payload_bucket
 from videoflow.core.node import Node
 from videoflow.core.task import RuntimeContext, Task, TaskStats, task_for
+from videoflow.run.allocator import tune_allocator
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,9 @@ def run_replica(job: ReplicaJob, node: Node, *,
         before_start: called once the replica's durables are bound, before its task
             runs (the local engine's start gate).
 
+    It is the process's: its allocator is tuned for frame-sized buffers first
+    (videoflow.run.allocator).
+
     Returns:
         the task's stats.
 
@@ -108,6 +112,7 @@ def run_replica(job: ReplicaJob, node: Node, *,
         BrokerUnavailable: the broker, its ledger or payload store unreachable.
         Exception: whatever killed the node (after its abort was published).
     """
+    tune_allocator()
     from videoflow.backends.jetstream.ledger_store import NatsKvRuntimeStore
     from videoflow.backends.jetstream.payloads import NatsObjectPayloadStore
     from videoflow.backends.payload import PayloadStore
