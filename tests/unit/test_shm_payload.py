@@ -21,13 +21,14 @@ from shm_helpers import base_of
 from videoflow.backends.payload import BATCH_TTL_SECONDS
 from videoflow.backends.shm_payload import (
     OFFLOAD_ABOVE_BYTES,
+    PAGE_BYTES,
     PayloadBudgetExhausted,
     SharedMemoryPayloadStore,
     shm_root,
     sweep_expired,
 )
-from videoflow.errors import PayloadMissing
-from videoflow.wire.offload import decode_message, encode_message
+from videoflow.errors import PayloadMissing, UnobservableState
+from videoflow.wire.offload import GatheredMessage, decode_message, encode_message, gather_message
 
 FRAME = np.arange(480 * 640, dtype=np.uint32).astype(np.uint8).reshape(480, 640)
 
@@ -246,3 +247,47 @@ def test_a_waiting_put_lets_its_publisher_resolve_what_it_holds(tmp_path: Path) 
 
     ref = store.put(b"b" * 6000, ["fuse"], "p2", while_waiting=resolve)
     assert calls and held not in store.refs() and store.get(ref) == b"b" * 6000
+
+
+BIG = np.random.default_rng(3).integers(0, 256, (720, 1280, 3), dtype=np.uint8)
+
+
+def test_a_gathered_frame_is_written_from_the_producers_array_and_read_aligned_as_it_was(
+    tmp_path: Path,
+) -> None:
+    store = SharedMemoryPayloadStore(tmp_path)
+    message = {"k": 7, "frame": BIG, "small": np.arange(3)}
+    gathered = gather_message(message)
+    assert isinstance(gathered, GatheredMessage) and store.writes_gathered
+
+    ref = store.put(gathered, ["fuse"], "cam:7")
+
+    frame = decode_message(store.view(ref))["frame"]
+    assert np.array_equal(frame, BIG) and isinstance(base_of(frame), mmap.mmap)
+    # The same offset in its page as the producer's array had.
+    assert frame.ctypes.data % PAGE_BYTES == BIG.ctypes.data % PAGE_BYTES
+    assert store.get(ref) == encode_message(message)  # the padding is not the payload's
+    assert store.used_bytes() == len(encode_message(message))
+    again = store.put(gathered, ["fuse"], "cam:8")  # into the same spare-less folder
+    assert store.get(again) == encode_message(message)
+
+
+def test_a_passed_through_gathered_frame_reads_the_same(tmp_path: Path) -> None:
+    store = SharedMemoryPayloadStore(tmp_path)
+    source = store.put(gather_message({"frame": BIG}), ["pass"], "cam:1")
+    passed = store.put_from(source, ["sink"], "pass:1")
+    assert np.array_equal(decode_message(store.view(passed))["frame"], BIG)
+
+
+def test_a_file_longer_than_its_record_by_a_page_or_more_is_malformed(
+    tmp_path: Path,
+) -> None:
+    store = SharedMemoryPayloadStore(tmp_path)
+    ref = store.put(encode_message(FRAME), ["fuse"], "p1")
+    blob = tmp_path / "blobs" / ref
+    blob.write_bytes(bytes(PAGE_BYTES) + blob.read_bytes())
+    with pytest.raises(UnobservableState, match="its record says") as caught:
+        store.view(ref)
+    assert caught.value.reason == "malformed"
+    with pytest.raises(UnobservableState, match="its record says"):
+        store.get(ref)

@@ -15,7 +15,7 @@ import pytest
 from videoflow.backends import shm_spares
 from videoflow.backends.shm_payload import SharedMemoryPayloadStore
 from videoflow.backends.shm_spares import SPARE_MIN_BYTES
-from videoflow.wire.offload import decode_message, encode_message
+from videoflow.wire.offload import decode_message, encode_message, gather_message
 
 FRAME = np.arange(480 * 640, dtype=np.uint32).astype(np.uint8).reshape(480, 640)
 OTHER = FRAME[::-1].copy()
@@ -184,3 +184,16 @@ def test_without_leases_that_see_readers_every_release_unlinks(
     ref = store.put(encode_message({"frame": OTHER}), ["fuse"], "p2")
     assert _spares(store) == []
     assert np.array_equal(decode_message(store.view(ref))["frame"], OTHER)
+
+
+def test_a_gathered_frame_is_written_over_a_spare_with_its_padding(
+    store: SharedMemoryPayloadStore,
+) -> None:
+    big = np.random.default_rng(5).integers(0, 256, (600, 800, 3), dtype=np.uint8)
+    _ref, inode = _released(store, encode_message({"frame": FRAME, "pad": b"x" * 5000}), "p1")
+
+    ref = store.put(gather_message({"frame": big}), ["fuse"], "p2")
+
+    assert os.stat(store.directory / "blobs" / ref).st_ino == inode
+    assert store.get(ref) == encode_message({"frame": big})
+    assert np.array_equal(decode_message(store.view(ref))["frame"], big)

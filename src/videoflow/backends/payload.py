@@ -19,6 +19,9 @@ records beside the blobs, survives a restart), shared memory on one host
 (videoflow.backends.shm_payload), and the JetStream adapter's NatsObjectPayloadStore
 (videoflow.backends.jetstream.payloads), shared by every worker on the broker. Every
 public method is synchronous, like the rest of the backend contract.
+
+Over ~700 lines: the contract is one class whose every public method states its
+rule, with the primitives each store implements; MemoryPayloadStore is the rest.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from videoflow.errors import (
     PayloadMissing,
     UnobservableState,
 )
+from videoflow.wire.offload import GatheredMessage
 
 __all__ = [
     "BATCH_TTL_SECONDS",
@@ -244,6 +248,9 @@ class PayloadStore(abc.ABC):
     records share the payload's fate needs no second, remote copy of them."""
     shares_bytes: bool = False
     """Whether put_from gives a new ref the bytes of another without a copy."""
+    writes_gathered: bool = False
+    """Whether put writes a GatheredMessage's pieces as they are (one copy of each
+    frame); the other stores take its joined bytes."""
 
     def __init__(
         self,
@@ -271,6 +278,11 @@ class PayloadStore(abc.ABC):
 
     @abc.abstractmethod
     def _write_blob(self, ref: str, data: bytes) -> None: ...
+
+    def _write_gathered(self, ref: str, data: GatheredMessage) -> None:
+        """Write a gathered message's pieces as ref's bytes (a store that
+        writes_gathered)."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def _read_blob(self, ref: str) -> bytes | None: ...
@@ -300,7 +312,7 @@ class PayloadStore(abc.ABC):
 
     def put(
         self,
-        data: bytes | bytearray | memoryview,
+        data: bytes | bytearray | memoryview | GatheredMessage,
         reader_ids: Sequence[str],
         publication_id: str,
         *,
@@ -311,7 +323,7 @@ class PayloadStore(abc.ABC):
         """Stores a payload, acquiring its reader obligations and the publisher's intent.
 
         Arguments:
-            data: the payload bytes (copied).
+            data: the payload bytes (copied); a GatheredMessage is its joined bytes.
             reader_ids: one obligation per reader that will read the ref
                 (blob_reader_ids); may be empty when nobody reads it.
             publication_id: the publication that will carry the ref; acquires
@@ -329,6 +341,11 @@ class PayloadStore(abc.ABC):
             ValueError: an empty or duplicate reader id, a reader id in the intent
                 namespace, an empty publication id, or a TTL that is not > 0.
         """
+        if self.writes_gathered and isinstance(data, GatheredMessage):
+            gathered = data
+            return self._store(len(gathered), lambda ref: self._write_gathered(ref, gathered),
+                               reader_ids, publication_id, ttl_seconds, channel,
+                               while_waiting)
         blob = data if isinstance(data, bytes) else bytes(data)
         return self._store(len(blob), lambda ref: self._write_blob(ref, blob), reader_ids,
                            publication_id, ttl_seconds, channel, while_waiting)

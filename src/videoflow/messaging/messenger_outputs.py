@@ -43,7 +43,7 @@ from videoflow.messaging.messenger_payloads import MessengerPayloads
 from videoflow.messaging.messenger_window import PublicationFailed, PublishWindow
 from videoflow.messaging.publication import PublicationStats, publish_until_known
 from videoflow.messaging.tracing import GroupTrace, NodeTracing
-from videoflow.wire.offload import encode_message
+from videoflow.wire.offload import GatheredMessage, encode_message, gather_message
 from videoflow.wire.serialization import OutputEncoder
 
 _Header = tuple[str, int, "dict[str, Any] | None", "float | None", Any]
@@ -144,6 +144,9 @@ class Outputs:
         # Past this size a store is cheaper than the broker (shared memory); None: only
         # what the broker refuses goes by ref.
         self._offload_above = None if payload_store is None else payload_store.offload_above
+        # A store that writes a message's pieces as they are takes its frames uncopied.
+        self._encode = gather_message if payload_store is not None and (
+            payload_store.writes_gathered) else encode_message
         self._inline_limit: int | None = None
         self._outputs = 0
         self.group_outputs = 0
@@ -223,7 +226,7 @@ class Outputs:
             passed = None if self.payload_store is None else self.payloads.passed_through(
                 message)
             blob = None if self._offload_above is None or passed is not None else (
-                encode_message(message))
+                self._encode(message))
             if passed is not None:
                 source, size = passed
                 self._publish_by_ref(lambda: self.payloads.put_from(
@@ -233,8 +236,8 @@ class Outputs:
                 size = len(blob)
                 self._publish_blob(blob, header, msg_id, on_accepted, traceparent)
             else:
-                data = self._encoder.encode(message if blob is None else msgspec.Raw(blob),
-                                            *header)
+                data = self._encoder.encode(
+                    message if blob is None else msgspec.Raw(bytes(blob)), *header)
                 size = len(data)
                 if not self.payloads.offloads or size <= self.inline_threshold():
                     self.window.send(Envelope(self.channel, "data", data, msg_id, traceparent),
@@ -298,7 +301,7 @@ class Outputs:
             self._inline_limit = limit if cheaper is None else min(limit, cheaper)
         return self._inline_limit
 
-    def _publish_blob(self, blob: bytes, header: _Header, msg_id: str,
+    def _publish_blob(self, blob: bytes | GatheredMessage, header: _Header, msg_id: str,
                       on_accepted: Callable[[Accepted], None] | None,
                       traceparent: str | None = None) -> None:
         """_publish_by_ref of an encoded message (MessengerPayloads.put)."""

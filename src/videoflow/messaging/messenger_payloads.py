@@ -35,7 +35,7 @@ from videoflow.messaging.obligations import (
     StoreObligationLedger,
     reconcile,
 )
-from videoflow.wire.offload import BlobStore, decode_message, restore_message
+from videoflow.wire.offload import BlobStore, GatheredMessage, decode_message, restore_message
 
 
 class MessengerPayloads:
@@ -89,7 +89,7 @@ class MessengerPayloads:
 
     # ------------------------------------------------------------------ the writer
 
-    def put(self, blob: bytes, msg_id: str,
+    def put(self, blob: bytes | GatheredMessage, msg_id: str,
             while_waiting: Callable[[], None] | None = None) -> str:
         """Put an output's message (encoded alone, encode_message) where the ref its
         envelope carries will point.
@@ -100,7 +100,8 @@ class MessengerPayloads:
         leaves it to the store's TTL; RFC 0002, BLOB-5).
 
         Arguments:
-            blob: the output's message, encode_message's bytes.
+            blob: the output's message, encode_message's bytes (or gather_message's
+                pieces, for a store that writes_gathered).
             msg_id: the publication's msg_id, the intent's name.
             while_waiting: what to do while a budgeted store waits for room (the
                 publisher's window resolving what it can).
@@ -117,7 +118,7 @@ class MessengerPayloads:
                 self.runtime.record_publication(msg_id, (ref,), self.blob_reader_ids)
             return ref
         assert self.blob_store is not None
-        ref = self.blob_store.put(blob)
+        ref = self.blob_store.put(bytes(blob))
         if self.blob_readers is not None:
             self.runtime.count_blob_readers(ref, self.blob_readers)
         return ref

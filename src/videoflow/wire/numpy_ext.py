@@ -43,9 +43,9 @@ import numpy as np
 
 from videoflow.errors import WireError
 
-__all__ = ["enc_hook", "ext_hook", "pack_array"]
+__all__ = ["EXT_NDARRAY", "array_parts", "enc_hook", "ext_hook", "masked", "pack_array"]
 
-_EXT_NDARRAY = 1
+EXT_NDARRAY = 1
 _EXT_NPSCALAR = 2
 
 
@@ -209,16 +209,39 @@ def _checked_descr(dtype: np.dtype[Any]) -> str | dict[str, Any]:
 
 
 def pack_array(array: np.ndarray[Any, Any]) -> bytes:
+    head, raw = array_parts(array)
+    return head if raw is None else b"".join((head, raw.data))
+
+
+def array_parts(array: np.ndarray[Any, Any]) -> tuple[bytes, np.ndarray[Any, Any] | None]:
+    """An array's ext 1/2 payload in two parts, not joined: its head (the u32 length
+    and the [descr, shape] header) and its raw data as a flat C-ordered uint8 array
+    (the array's own memory when it is C-contiguous; None when it holds no bytes).
+
+    Raises:
+        TypeError: a dtype the wire cannot carry.
+    """
     descr = _checked_descr(array.dtype)
     header = _header_encoder.encode((descr, array.shape))
+    head = _U32.pack(len(header)) + header
     if array.nbytes == 0:
-        return _U32.pack(len(header)) + header
+        return head, None
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
     # A flat uint8 view exports a plain byte buffer even for dtypes (datetime,
     # structured) that refuse the buffer protocol themselves.
-    flat = array.reshape(-1).view(np.uint8).data
-    return b"".join((_U32.pack(len(header)), header, flat))
+    return head, array.reshape(-1).view(np.uint8)
+
+
+def masked(array: np.ndarray[Any, Any]) -> bool:
+    """Whether array is a numpy masked array, which the wire refuses (its mask would be
+    lost), without importing numpy.ma: numpy loads it on first touch, 90 ms, which made
+    a camera's first frame three frame periods late. An array can only be masked once
+    something has imported numpy.ma."""
+    if type(array) is np.ndarray:
+        return False
+    ma = sys.modules.get("numpy.ma")
+    return ma is not None and isinstance(array, ma.MaskedArray)
 
 
 def _unpack_array(data: memoryview) -> np.ndarray[Any, Any]:
@@ -256,25 +279,17 @@ def _unpack_array(data: memoryview) -> np.ndarray[Any, Any]:
 
 def enc_hook(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
-        if type(obj) is not np.ndarray and _masked(obj):
+        if masked(obj):
             # Its mask would be silently dropped.
             raise TypeError("cannot encode numpy masked arrays in an envelope")
-        return msgspec.msgpack.Ext(_EXT_NDARRAY, pack_array(np.asarray(obj)))
+        return msgspec.msgpack.Ext(EXT_NDARRAY, pack_array(np.asarray(obj)))
     if isinstance(obj, np.generic):
         return msgspec.msgpack.Ext(_EXT_NPSCALAR, pack_array(np.asarray(obj)))
     raise TypeError(f"cannot encode objects of type {type(obj).__qualname__} in an envelope")
 
 
-def _masked(array: np.ndarray[Any, Any]) -> bool:
-    # Not np.ma.MaskedArray: numpy imports numpy.ma on that first touch, 90 ms, which
-    # made a camera's first frame three frame periods late. An array can only be masked
-    # once something has imported numpy.ma.
-    ma = sys.modules.get("numpy.ma")
-    return ma is not None and isinstance(array, ma.MaskedArray)
-
-
 def ext_hook(code: int, data: memoryview) -> Any:
-    if code == _EXT_NDARRAY:
+    if code == EXT_NDARRAY:
         return _unpack_array(data)
     if code == _EXT_NPSCALAR:
         array = _unpack_array(data)
