@@ -51,10 +51,12 @@ keeps receive time minus send time. The figure is the p50 per hop (over 2 hops).
 ``flow_observability``: the linear BATCH flow, videoflow only, watched against not:
 "on" serves metrics (run_flow's metrics_port), scraped every half second, and traces
 (every output's traceparent header; no SDK, so no span); "off" serves none and runs
-with VIDEOFLOW_TRACING=off. Rounds of the two alternate (2 x rounds pairs, the first
+with VIDEOFLOW_TRACING=off. Rounds of the two alternate (4 x rounds pairs, the first
 side of a pair changing each time). The summary's lines give on / off, the cost of
 watching: of the best rounds, of the medians, and the median of the pairs' own
-ratios, the steadiest of the three on a machine whose load drifts.
+ratios, the steadiest of the three on a machine whose load drifts; then the pairs'
+ratios of stage CPU per message, which a slower or faster moment of the host moves
+less than a rate.
 
 On both sides a producer starts only once its readers have (each reader leaves a
 ready file when its input is bound, every producer waits for them), so no stage is
@@ -261,14 +263,20 @@ def write_summary(write: Callable[[str], None]) -> None:
             write(f"  {'':<22}per pair (on and off run back to back): median "
                   f"{statistics.median(paired):.3f} of {len(paired)}, from "
                   f"{min(paired):.3f} to {max(paired):.3f}")
+        cpu = paired_ratios(on, off, "cpu_us_per_msg")
+        if cpu:
+            write(f"  {'':<22}stage CPU per message on / off, per pair: median "
+                  f"{statistics.median(cpu):.3f}, geometric mean "
+                  f"{statistics.geometric_mean(cpu):.3f} (broker and engine not included)")
 
 
-def paired_ratios(on: dict[str, Any], off: dict[str, Any]) -> list[float]:
-    """on's rate over off's in each pair of rounds run back to back (the i-th round of
-    each side): the machine's load, which drifts over a run, weighs alike on both
-    rounds of a pair, so their ratio is steadier than one of bests or medians."""
-    return [a["rate"] / b["rate"] for a, b in zip(on["rounds"], off["rounds"], strict=False)
-            if a.get("rate") and b.get("rate")]
+def paired_ratios(on: dict[str, Any], off: dict[str, Any], key: str = "rate") -> list[float]:
+    """on's figure (its rate by default) over off's in each pair of rounds run back to
+    back (the i-th round of each side): the machine's load, which drifts over a run,
+    weighs alike on both rounds of a pair, so their ratio is steadier than one of bests
+    or medians."""
+    return [a[key] / b[key] for a, b in zip(on["rounds"], off["rounds"], strict=False)
+            if a.get(key) and b.get(key)]
 
 
 def median_of(kept: dict[str, Any] | None, key: str) -> float | None:
@@ -692,7 +700,10 @@ def test_observability_cost(benchmark: Any, summary: None, server: embedded.Embe
             rounds[side].append(observed_round(server.url, rounds_dir(), sizes.messages,
                                                side))
 
-    run_rounds(benchmark, sizes.rounds * 2 if not benchmark.disabled else 1, pair)
+    # Four pairs per round asked: a pair's ratio ranges 0.7-1.3 on this kind of host,
+    # and six pairs' median moved by 0.07 between runs of the same code; 24 pairs
+    # (VF_BENCH_FLOW_ROUNDS=6) are what it takes to read a few percent.
+    run_rounds(benchmark, sizes.rounds * 4 if not benchmark.disabled else 1, pair)
     kept = {side: record(benchmark, "observability", side, rounds[side], "rate", "msg/s")
             for side in OBSERVABILITY}
     benchmark.extra_info.clear()  # record() keeps one side's: keep both
