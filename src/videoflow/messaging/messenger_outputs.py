@@ -144,9 +144,10 @@ class Outputs:
         # Past this size a store is cheaper than the broker (shared memory); None: only
         # what the broker refuses goes by ref.
         self._offload_above = None if payload_store is None else payload_store.offload_above
-        # A store that writes a message's pieces as they are takes its frames uncopied.
-        self._encode = gather_message if payload_store is not None and (
-            payload_store.writes_gathered) else encode_message
+        # Frames left as pieces: a store that writes them as they are (writes_gathered)
+        # copies a frame once; the others join the pieces, one copy where encoding the
+        # frame into msgspec's buffer made two.
+        self._encode = encode_message if payload_store is None else gather_message
         self._inline_limit: int | None = None
         self._outputs = 0
         self.group_outputs = 0
