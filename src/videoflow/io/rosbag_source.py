@@ -199,12 +199,16 @@ class RosbagSource(ProducerNode):
         offset = (record_ns - self._start_ns) * 1e-9 / (self.speed or 1.0)
         if self.anchor is not None:
             # The wall clock: the one instant every process of the flow reads alike.
-            delay = self.anchor + offset - time.time()
-        else:
-            now = time.monotonic()
-            if self._t0 is None:
-                self._t0 = now
-            delay = self._t0 + offset - now
+            # sleep() counts on the monotonic clock, which the wall clock may trail by
+            # a few microseconds (a slewed clock): asked again until it says due.
+            due = self.anchor + offset
+            while (delay := due - time.time()) > 0:
+                time.sleep(delay)
+            return
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0 = now
+        delay = self._t0 + offset - now
         if delay > 0:
             time.sleep(delay)
 
