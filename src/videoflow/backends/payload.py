@@ -440,9 +440,17 @@ class PayloadStore(abc.ABC):
         data = self._read_blob(ref)
         if data is None:
             raise PayloadMissing(f"payload {ref} has no bytes (reclaimed)", ref=ref)
-        if len(data) != record.size:
+        return self._payload_of(ref, data, record.size)
+
+    def _payload_of(self, ref: str, data: bytes, size: int) -> bytes:
+        """The payload in the bytes stored for ref, whose record says size.
+
+        Raises:
+            UnobservableState: the bytes do not hold it.
+        """
+        if len(data) != size:
             raise UnobservableState(
-                f"payload {ref} holds {len(data)} bytes, its record says {record.size}",
+                f"payload {ref} holds {len(data)} bytes, its record says {size}",
                 reason="malformed",
             )
         return data

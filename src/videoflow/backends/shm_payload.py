@@ -163,20 +163,19 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
         while True:
             with self._locked():
                 used = _read_int(self._usage_path, 0)
-                spare = sum(self._spares.sizes())  # released files kept to be reused
+                # Released files kept to be reused hold memory too: they go first.
+                spare = sum(self._spares.sizes())
                 if used + spare + size > self.budget_bytes:
                     spare -= self._spares.discard(used + spare + size - self.budget_bytes)
-                used += spare
-                if used + size > self.budget_bytes and (
+                if used + spare + size > self.budget_bytes and (
                         time.monotonic() - self._recounted_at >= _RECOUNT_SECONDS):
                     # The count drifts only upward (a crash between a reservation and
                     # its record, bytes deleted by hand); what is mapped is the truth.
                     # Once per _RECOUNT_SECONDS per process, not per put: with the
                     # budget full, a listing per frame was a tenth of a camera's time.
-                    used = self._count_bytes() + spare
-                    self._recounted_at = time.monotonic()
-                if used + size <= self.budget_bytes:
-                    _write_int(self._usage_path, used - spare + size)
+                    used, self._recounted_at = self._count_bytes(), time.monotonic()
+                if used + spare + size <= self.budget_bytes:
+                    _write_int(self._usage_path, used + size)
                     return
             if not waited:
                 waited = True
@@ -184,9 +183,10 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
             if time.monotonic() >= deadline:
                 raise PayloadBudgetExhausted(
                     f"no room for a payload of {size} bytes in the shared-memory budget of "
-                    f"{self.budget_bytes} bytes ({used} held) within "
+                    f"{self.budget_bytes} bytes ({used + spare} held) within "
                     f"{self.budget_wait_seconds:g} s: raise the budget, or find the reader "
-                    "that is not releasing", size=size, budget=self.budget_bytes, used=used)
+                    "that is not releasing", size=size, budget=self.budget_bytes,
+                    used=used + spare)
             if while_waiting is not None:
                 while_waiting()
             time.sleep(delay)
@@ -253,6 +253,11 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
         flags = os.O_WRONLY | (os.O_CREAT | os.O_EXCL if claimed is None else 0)
         try:
             fd = os.open(path, flags, 0o600)
+        except BaseException:
+            if claimed is not None:
+                os.unlink(claimed)
+            raise  # a new file that could not be made is no one's to remove
+        try:
             try:
                 _write_all(fd, [bytes(pad), *pieces] if pad else pieces)
                 if claimed is not None:
@@ -298,18 +303,8 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
         finally:
             os.close(fd)
 
-    def get(self, ref: str) -> bytes:
-        """The payload's bytes, copied (view reads them without a copy).
-
-        Raises:
-            PayloadMissing: ref unknown, reclaimed, expired, or its bytes are gone.
-            UnobservableState: the bytes do not match the record's size.
-        """
-        record = self._live_record(ref)
-        data = self._read_blob(ref)
-        if data is None:
-            raise PayloadMissing(f"payload {ref} has no bytes (reclaimed)", ref=ref)
-        pad = _padding(ref, len(data), record.size)
+    def _payload_of(self, ref: str, data: bytes, size: int) -> bytes:
+        pad = _padding(ref, len(data), size)  # get() reads past the padding too
         return data[pad:] if pad else data
 
     # --- the end of a run ----------------------------------------------------------
@@ -329,7 +324,7 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
 
         cleared = sum(1 for ref in self._list_refs() if self._mutate(ref, unpinned))
         self.reclaim_expired()
-        self._spares.discard(self.budget_bytes)
+        self._spares.discard()
         if not self._list_refs():
             _remove_with_empty_parent(self.directory)
         return cleared

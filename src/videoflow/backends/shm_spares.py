@@ -116,15 +116,16 @@ class SpareFiles:
             os.unlink(claimed)
         return None
 
-    def discard(self, needed: int) -> int:
-        """Unlink spares, largest first, until needed bytes are freed or none is left.
+    def discard(self, needed: int | None = None) -> int:
+        """Unlink spares, largest first, until needed bytes are freed (every one when
+        None) or none is left.
 
         Returns:
             the bytes freed.
         """
         freed = 0
         for size, name in sorted(self._listed(), reverse=True):
-            if freed >= needed:
+            if needed is not None and freed >= needed:
                 break
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"{self.directory}/{name}")

@@ -245,7 +245,7 @@ class Outputs:
                                      self.flow_type, on_accepted=on_accepted)
                 else:
                     if blob is None:
-                        blob = encode_message(message)
+                        blob = self._encode(message)
                     size = len(blob)
                     self._publish_blob(blob, header, msg_id, on_accepted, traceparent)
         finally:

@@ -150,7 +150,8 @@ GATHER_ABOVE_BYTES: Final = 64 * 1024
 """Arrays from this size on stay out of gather_message's encoding, pieces of their own.
 msgpack writes their extension with a 32-bit length (ext 32) from 64 KiB on."""
 
-_EXT32: Final = struct.Struct(">BIb")  # 0xc9, the length, the type
+_EXT32: Final = struct.Struct(">BIb")  # its code, the length, the type
+_EXT32_CODE: Final = 0xC9
 _FIXEXT16: Final = 0xD8
 
 
@@ -201,7 +202,7 @@ class _Gatherer(threading.local):
     def hook(self, obj: Any) -> Any:
         if (isinstance(obj, np.ndarray) and obj.nbytes >= self.above
                 and obj.nbytes < (1 << 32) - (1 << 16) and not masked(obj)):
-            head, raw = array_parts(obj)
+            head, raw = array_parts(np.asarray(obj))  # as enc_hook: a subclass's data
             assert raw is not None  # nbytes >= above > 0
             if not self.arrays:  # this call's first: its token
                 self.token = self.prefix + (next(self.calls) & 0xFFFFFFFF).to_bytes(4, "big")
@@ -243,7 +244,7 @@ def gather_message(message: Any, above: int = GATHER_ABOVE_BYTES) -> bytes | Gat
             # The message's own bytes hold a placeholder (8 random bytes and a count:
             # never in practice): encoded whole instead, never wrong.
             return encode_message(message)
-        ext = _EXT32.pack(0xC9, len(head) + raw.nbytes, EXT_NDARRAY)
+        ext = _EXT32.pack(_EXT32_CODE, len(head) + raw.nbytes, EXT_NDARRAY)
         pieces += (encoded[start:at], ext + head)
         total += at - start + len(ext) + len(head)
         if largest is None or raw.nbytes > largest.nbytes:
