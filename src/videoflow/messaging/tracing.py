@@ -93,6 +93,9 @@ INSTRUMENTATION_NAME: Final = "videoflow"
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
+# Version 00, exactly: what every input group's header is read with first (half the
+# cost of the general pattern and its checks, once per group on a processor).
+_TRACEPARENT_00 = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
 _getrandbits = random.getrandbits
 _set_up = False
@@ -153,6 +156,12 @@ def parse_traceparent(value: str | None) -> tuple[str, str, str] | None:
     fields, an all-zero id, upper-case or short hex)."""
     if value is None:
         return None
+    match = _TRACEPARENT_00.fullmatch(value)
+    if match is not None:
+        trace_id, span_id, flags = match.groups()
+        if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
+            return None
+        return trace_id, span_id, flags
     match = _TRACEPARENT.fullmatch(value)
     if match is None:
         return None
@@ -208,27 +217,40 @@ class Member(Protocol):
     arrived: float  # time.monotonic() when it reached the assembler
 
 
+class GroupSpans:
+    """The spans of one input group (a real tracer's path).
+
+    Attributes:
+        process: its process span.
+        context: the OpenTelemetry context of process (its outputs' parent).
+        token: the attach token of context, detached when the group is done.
+    """
+
+    __slots__ = ("context", "process", "token")
+
+    def __init__(self, process: Any, context: Any, token: Any) -> None:
+        self.process, self.context, self.token = process, context, token
+
+
 class GroupTrace:
     """One input group's trace, from its hand-out to its settlement (NodeTracing).
 
     Attributes:
+        header / lineage: the continued member's traceparent and the group's lineage.
         trace_id / flags: what its outputs' headers continue; on the fast path None
             until continued() reads them from header (or lineage) at the first
             output: a consumer, which publishes nothing, never parses a header.
-        process: its process span, None on the fast path.
-        context: the OpenTelemetry context of process (its outputs' parent).
-        token: the attach token of context, detached when the group is done.
-        header / lineage: the continued member's traceparent and the group's lineage.
+        spans: its spans; None on the fast path.
     """
 
-    __slots__ = ("context", "flags", "header", "lineage", "process", "token", "trace_id")
+    # One per input group on every node: positional and five slots, which costs a
+    # third of what keyword arguments to seven did.
+    __slots__ = ("flags", "header", "lineage", "spans", "trace_id")
 
-    def __init__(self, trace_id: str | None, flags: str, process: Any = None,
-                 context: Any = None, token: Any = None, header: str | None = None,
-                 lineage: str = "") -> None:
-        self.trace_id, self.flags = trace_id, flags
-        self.process, self.context, self.token = process, context, token
-        self.header, self.lineage = header, lineage
+    def __init__(self, header: str | None, lineage: str, trace_id: str | None = None,
+                 flags: str = "01", spans: GroupSpans | None = None) -> None:
+        self.header, self.lineage, self.trace_id, self.flags = header, lineage, trace_id, flags
+        self.spans = spans
 
     def continued(self) -> tuple[str, str]:
         """(trace id, flags) the group's outputs continue: its member's header's, or its
@@ -261,6 +283,7 @@ class NodeTracing:
                  subject: str, parent_subjects: dict[str, str], tracer: Any = None) -> None:
         self.node_name, self.subject = node_name, subject
         self.parent_order = tuple(parent_subjects)
+        self._rank = {parent: index for index, parent in enumerate(parent_subjects)}
         self.off = os.environ.get(TRACING_ENV, "").strip().lower() in ("off", "0", "false",
                                                                          "no")
         self.tracer = None if self.off else (
@@ -300,8 +323,9 @@ class NodeTracing:
             trace_id, flags = group.continued()
             return f"00-{trace_id}-{new_span_id()}-{flags}", None
         from opentelemetry.trace import SpanKind
+        spans = None if group is None else group.spans
         span = self.tracer.start_span(
-            f"publish {self.node_name}", None if group is None else group.context,
+            f"publish {self.node_name}", None if spans is None else spans.context,
             SpanKind.PRODUCER, attributes={
                 **self.attributes, "messaging.operation.type": "send",
                 "messaging.operation.name": "publish",
@@ -335,14 +359,14 @@ class NodeTracing:
             lineage: the group's trace_id.
             members: every delivery backing the group (members and collect samples).
         """
+        if self.off:
+            return _UNTRACED
         first = members[0]
         if len(members) > 1:  # the first parent's, in wiring order
-            rank = {parent: index for index, parent in enumerate(self.parent_order)}
+            rank = self._rank
             first = min(members, key=lambda m: rank.get(m.parent, len(rank)))
         if self.tracer is None:
-            if self.off:
-                return _UNTRACED
-            return GroupTrace(None, "01", header=first.delivery.traceparent, lineage=lineage)
+            return GroupTrace(first.delivery.traceparent, lineage)
         return self._begin_spans(lineage, members, first)
 
     def _begin_spans(self, lineage: str, members: Sequence[Member], first: Member
@@ -377,8 +401,9 @@ class NodeTracing:
                         "messaging.operation.name": "process"}, start_time=now_ns)
         context = trace.set_span_in_context(process)
         ids = process.get_span_context()
-        return GroupTrace(f"{ids.trace_id:032x}", f"{int(ids.trace_flags):02x}", process,
-                          context, otel_context.attach(context))
+        return GroupTrace(first.delivery.traceparent, lineage, f"{ids.trace_id:032x}",
+                          f"{int(ids.trace_flags):02x}",
+                          GroupSpans(process, context, otel_context.attach(context)))
 
     def end_group(self, group: GroupTrace | None, operation: str) -> Any:
         """The node is done with a group: end its process span, and start its settle
@@ -387,25 +412,26 @@ class NodeTracing:
         Arguments:
             operation: 'ack' (completed) or 'nak' (failed: the policy decides).
         """
-        if group is None or group.process is None:
+        spans = None if group is None else group.spans
+        if spans is None:
             return None
         from opentelemetry import context as otel_context
         from opentelemetry.trace import SpanKind, StatusCode
-        if group.token is not None:
-            otel_context.detach(group.token)
-            group.token = None
+        if spans.token is not None:
+            otel_context.detach(spans.token)
+            spans.token = None
         if operation != "ack":
-            group.process.set_status(StatusCode.ERROR)
-        group.process.end()
+            spans.process.set_status(StatusCode.ERROR)
+        spans.process.end()
         tracer = self.tracer
         assert tracer is not None
         return tracer.start_span(
-            f"settle {self.node_name}", group.context, SpanKind.CLIENT,
+            f"settle {self.node_name}", spans.context, SpanKind.CLIENT,
             attributes={**self._consumer, "messaging.operation.type": "settle",
                         "messaging.operation.name": operation})
 
 
-_UNTRACED: Final = GroupTrace("0" * 32, "00")
+_UNTRACED: Final = GroupTrace(None, "", "0" * 32, "00")
 """The trace of every input group with tracing off (never written anywhere)."""
 
 
@@ -421,6 +447,6 @@ def settled(span: Any, result: str) -> None:
         span.end()
 
 
-__all__ = ["INSTRUMENTATION_NAME", "SETUP_ENV", "TRACEPARENT_HEADER", "TRACING_ENV", "GroupTrace",
-           "Member", "NodeTracing", "active_tracer", "format_traceparent", "new_span_id",
-           "parse_traceparent", "settled", "use_tracer_provider", "w3c_trace_id"]
+__all__ = ["INSTRUMENTATION_NAME", "SETUP_ENV", "TRACEPARENT_HEADER", "TRACING_ENV", "GroupSpans",
+           "GroupTrace", "Member", "NodeTracing", "active_tracer", "format_traceparent",
+           "new_span_id", "parse_traceparent", "settled", "use_tracer_provider", "w3c_trace_id"]
