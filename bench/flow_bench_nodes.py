@@ -62,6 +62,10 @@ others by this many unacked frames before the broker holds it back."""
 READY_SECONDS = 60.0
 """How long a producer waits for its readers to start before it fails."""
 
+MARK_EVERY = 100
+"""A sink notes the time of every MARK_EVERY-th message (Tally.marks): how many had
+arrived by any instant, for rates over a window two flows ran side by side."""
+
 BATCH_MAX_MSGS = 10_000
 """Backlog bound of a peer BATCH stream, the same as a videoflow BATCH stream's
 (DiscardPolicy.NEW beyond it)."""
@@ -111,6 +115,20 @@ def wait_ready(out: str, stages: list[str]) -> None:
         time.sleep(0.005)
 
 
+def wait_gate(gate: str) -> None:
+    """Wait until the file gate exists: what starts the producers of flows run side
+    by side at one moment.
+
+    Raises:
+        TimeoutError: no gate within READY_SECONDS.
+    """
+    deadline = time.monotonic() + READY_SECONDS
+    while not Path(gate).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no start gate {gate} within {READY_SECONDS} s")
+        time.sleep(0.001)
+
+
 def transform(value: dict[str, Any]) -> dict[str, Any]:
     """The linear processor's work, the same on both sides: keep the fields, add one."""
     return {"i": value["i"], "t": value["t"], "pad": value["pad"], "y": 2 * value["i"]}
@@ -157,10 +175,13 @@ class Tally:
         self.latencies: list[float] = []
         self.last_id = -1
         self.out_of_order = 0
+        self.marks: list[float] = []
 
     def add(self, value: dict[str, Any], received: float) -> None:
         """Count one message (received: its time.time() on arrival)."""
         self.window.tick()
+        if self.window.count % MARK_EVERY == 0:
+            self.marks.append(self.window.last or 0.0)
         if "ks" in value:  # a fused join group: every member of one instant
             ident = value["ks"][0]
             self.mixed += len(set(value["ks"])) != 1
@@ -178,7 +199,7 @@ class Tally:
         return {**self.window.fields(), "distinct": len(self.seen),
                 "duplicates": self.duplicates, "mixed": self.mixed,
                 "out_of_order": self.out_of_order, "last_id": self.last_id,
-                "latencies": self.latencies}
+                "latencies": self.latencies, "marks": self.marks}
 
 
 # ------------------------------------------------------------------ videoflow nodes
@@ -187,15 +208,17 @@ class Tally:
 class Numbers(ProducerNode):
     """{"i", "t", "pad"} for i in 0 .. count-1, paced at `rate` per second if rate > 0.
 
-    Its first next() waits for the readers to be started (wait_ready). Records the
-    time of its first next() call (after that wait) and of the call that ends its
-    stream (StopIteration), so its rate covers count outputs handed to the task.
+    Its first next() waits for the readers to be started (wait_ready), and then for
+    the file gate when one is named (wait_gate). Records the time of its first next()
+    call (after those waits) and of the call that ends its stream (StopIteration), so
+    its rate covers count outputs handed to the task.
     """
 
     def __init__(self, count: int, out: str, readers: list[str], rate: float = 0.0,
-                 **options: Any) -> None:
+                 gate: str | None = None, **options: Any) -> None:
         super().__init__(**options)
         self.count, self.out, self.readers, self.rate = count, out, readers, rate
+        self.gate = gate
 
     def open(self) -> None:
         self.i = 0
@@ -206,6 +229,9 @@ class Numbers(ProducerNode):
     def next(self) -> dict[str, Any]:
         if self.first is None:
             wait_ready(self.out, self.readers)
+            if self.gate is not None:
+                mark_ready(self.out, self.name)  # for whoever opens the gate
+                wait_gate(self.gate)
         now = time.monotonic()
         if self.first is None:
             self.first, self.cpu_first = now, time.process_time()

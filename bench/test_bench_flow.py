@@ -51,12 +51,16 @@ keeps receive time minus send time. The figure is the p50 per hop (over 2 hops).
 ``flow_observability``: the linear BATCH flow, videoflow only, watched against not:
 "on" serves metrics (run_flow's metrics_port), scraped every half second, and traces
 (every output's traceparent header; no SDK, so no span); "off" serves none and runs
-with VIDEOFLOW_TRACING=off. Rounds of the two alternate (4 x rounds pairs, the first
-side of a pair changing each time). The summary's lines give on / off, the cost of
-watching: of the best rounds, of the medians, and the median of the pairs' own
-ratios, the steadiest of the three on a machine whose load drifts; then the pairs'
-ratios of stage CPU per message, which a slower or faster moment of the host moves
-less than a rate.
+with VIDEOFLOW_TRACING=off. The two run side by side, each its own engine process
+with its own replicas, on one broker, their producers released at one moment (a
+start gate): on a shared host whose speed drifts by tens of percent within seconds,
+two runs one after the other compare two hosts, two at once share every slow and
+fast moment. Per pair, on / off of: the stages' CPU per message; the same with each
+engine process's CPU (serving metrics, and the scraper); each sink's rate over the
+window both ran (the counts read off marks its sink notes every 100 messages). The
+summary gives each ratio's median over the pairs and its range. Rates of two flows
+sharing two cores swing with how the scheduler happens to share them (two identical
+flows: 0.8-1.3), so CPU per message is the figure to read.
 
 On both sides a producer starts only once its readers have (each reader leaves a
 ready file when its input is bound, every producer waits for them), so no stage is
@@ -88,11 +92,14 @@ a full stream.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import itertools
+import json
 import multiprocessing
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -113,6 +120,7 @@ from flow_bench_nodes import (
     BATCH_MAX_MSGS,
     CREDIT,
     JOIN_CREDIT,
+    MARK_EVERY,
     Camera,
     Fuse,
     Numbers,
@@ -136,6 +144,7 @@ FRAME_DT = 1 / 60  # seconds between instants: far above the join's tolerance
 TOLERANCE_MS = 5.0
 HOPS = 2  # producer -> processor -> sink
 PEER_SECONDS = 240.0  # bound of one peer round's processes
+PAIR_READY_SECONDS = 120.0  # two flows starting at once, their producers ready
 LATENCY_SECONDS = {True: 1.0, False: 4.0}  # paced run length, timing off / on
 # REALTIME runs REALTIME_FACTOR x N (a REALTIME stream has no backlog bound): its
 # producers are not paced, and N alone would end them within a second.
@@ -255,24 +264,20 @@ def write_summary(write: Callable[[str], None]) -> None:
                   "  (median; broker not included)")
     on, off = _RESULTS.get(("observability", "on")), _RESULTS.get(("observability", "off"))
     if on and off:
-        write(f"  metrics and tracing on / off (linear_batch): {on['best']:,.1f} / "
-              f"{off['best']:,.1f} msg/s = {on['best'] / off['best']:.3f} (best; median "
-              f"{on['median'] / off['median']:.3f})")
-        paired = paired_ratios(on, off)
-        if paired:
-            write(f"  {'':<22}per pair (on and off run back to back): median "
-                  f"{statistics.median(paired):.3f} of {len(paired)}, from "
-                  f"{min(paired):.3f} to {max(paired):.3f}")
-        cpu = paired_ratios(on, off, "cpu_us_per_msg")
-        if cpu:
-            write(f"  {'':<22}stage CPU per message on / off, per pair: median "
-                  f"{statistics.median(cpu):.3f}, geometric mean "
-                  f"{statistics.geometric_mean(cpu):.3f} (broker and engine not included)")
+        write(f"  metrics and tracing on / off (linear_batch, {len(on['rounds'])} pairs, "
+              "each pair's two runs side by side; per pair, then the median and range):")
+        for key, what in (("cpu_us_per_msg", "stage CPU per message"),
+                          ("cpu_with_engine_us_per_msg", "stage and engine CPU per message"),
+                          ("rate", "sink rate, the window both ran")):
+            paired = paired_ratios(on, off, key)
+            if paired:
+                write(f"  {'':<6}{what:<36}{statistics.median(paired):.3f}  "
+                      f"({min(paired):.3f} to {max(paired):.3f})")
 
 
 def paired_ratios(on: dict[str, Any], off: dict[str, Any], key: str = "rate") -> list[float]:
-    """on's figure (its rate by default) over off's in each pair of rounds run back to
-    back (the i-th round of each side): the machine's load, which drifts over a run,
+    """on's figure (its rate by default) over off's in each pair of rounds run side by
+    side (the i-th round of each side): the machine's load, which drifts over a run,
     weighs alike on both rounds of a pair, so their ratio is steadier than one of bests
     or medians."""
     return [a[key] / b[key] for a, b in zip(on["rounds"], off["rounds"], strict=False)
@@ -306,15 +311,17 @@ def run_flow(url: str, flow: Flow, **options: Any) -> Any:
 
 def videoflow_linear(url: str, out: Path, n: int, flow_type: str, *, processor: bool = True,
                      rate: float = 0.0, latency: bool = False, name: str = "linear",
-                     options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """numbers -> [transform ->] sink as a videoflow flow; checks what arrived.
+                     options: dict[str, Any] | None = None, gate: str | None = None
+                     ) -> dict[str, Any]:
+    """numbers -> [transform ->] sink as a videoflow flow; checks what arrived. The
+    producer waits for the file gate when one is named (Numbers).
 
     Returns:
         the round's figures: sink, processor and producer rates (msg/s), the sink's
         count, superseded messages (REALTIME), the p50 latency per hop (latency=True).
     """
     readers = ["transform", "sink"] if processor else ["sink"]
-    numbers = Numbers(n, str(out), readers, rate=rate, name="numbers")
+    numbers = Numbers(n, str(out), readers, rate=rate, gate=gate, name="numbers")
     last = Transform(str(out), name="transform")(numbers) if processor else numbers
     sink = Sink(str(out), latency=latency, name="sink")(last)
     report = run_flow(url, Flow([numbers], [sink], flow_type, name=f"bench-{name}"),
@@ -665,18 +672,21 @@ def scraped_metrics() -> Iterator[dict[str, Any]]:
     assert scrapes, "the metrics endpoint was never scraped"
 
 
-def observed_round(url: str, out: Path, n: int, side: str) -> dict[str, Any]:
-    """One linear BATCH round watched ("on": metrics served and scraped, every output's
-    traceparent header; no SDK, so no span) or not ("off": no metrics, and
-    VIDEOFLOW_TRACING=off, which the replicas inherit)."""
+@contextlib.contextmanager
+def watched(side: str) -> Iterator[dict[str, Any]]:
+    """run_flow's options for a run watched ("on": metrics served and scraped, every
+    output's traceparent header; no SDK, so no span) or not ("off": no metrics, and
+    VIDEOFLOW_TRACING=off, which the replicas inherit), with the environment set for
+    the block."""
     saved = os.environ.get(TRACING_ENV)
     try:
         if side == "off":
             os.environ[TRACING_ENV] = "off"
-            return videoflow_linear(url, out, n, BATCH, name="observed")
-        os.environ.pop(TRACING_ENV, None)
-        with scraped_metrics() as options:
-            return videoflow_linear(url, out, n, BATCH, name="observed", options=options)
+            yield {}
+        else:
+            os.environ.pop(TRACING_ENV, None)
+            with scraped_metrics() as options:
+                yield options
     finally:
         if saved is None:
             os.environ.pop(TRACING_ENV, None)
@@ -684,25 +694,113 @@ def observed_round(url: str, out: Path, n: int, side: str) -> dict[str, Any]:
             os.environ[TRACING_ENV] = saved
 
 
+def observed_round(url: str, out: Path, n: int, side: str, gate: str | None = None
+                   ) -> dict[str, Any]:
+    """One linear BATCH run, watched or not (watched); its producer waits for gate
+    when one is named."""
+    with watched(side) as options:
+        return videoflow_linear(url, out, n, BATCH, name=f"observed-{side}",
+                                options=options, gate=gate)
+
+
+def observed_child(url: str, out: str, n: int, side: str, gate: str) -> None:
+    """observed_round in a process of its own, its figures written to <out>/round.json
+    (observed_pair runs two at once), with the CPU of the stages and of this process
+    (the engine, serving metrics, and the scraper) from the gate's opening to the end,
+    per message."""
+    opened: list[float] = []
+
+    def at_gate() -> None:
+        while not Path(gate).exists():
+            time.sleep(0.001)
+        opened.append(time.process_time())
+
+    watcher = threading.Thread(target=at_gate, daemon=True)
+    watcher.start()
+    figures = observed_round(url, Path(out), n, side, gate)
+    watcher.join(1.0)
+    if opened and figures["cpu_us_per_msg"] is not None:
+        engine = 1e6 * (time.process_time() - opened[0]) / n
+        figures["cpu_with_engine_us_per_msg"] = figures["cpu_us_per_msg"] + engine
+    Path(out, "round.json").write_text(json.dumps(figures))
+
+
+def arrived_by(sink: dict[str, Any], when: float) -> float:
+    """How many messages a sink had received at monotonic time `when`, read off its
+    marks (every MARK_EVERY-th message's time) between its first and last message,
+    linearly in between."""
+    times = [sink["first"], *sink["marks"], sink["last"]]
+    counts = [1, *range(MARK_EVERY, MARK_EVERY * len(sink["marks"]) + 1, MARK_EVERY),
+              sink["count"]]
+    at = bisect.bisect_right(times, when)
+    if at == 0:
+        return 0.0
+    if at == len(times):
+        return float(counts[-1])
+    t0, t1, c0, c1 = times[at - 1], times[at], counts[at - 1], counts[at]
+    return c0 + (c1 - c0) * ((when - t0) / (t1 - t0) if t1 > t0 else 1.0)
+
+
+def observed_pair(url: str, outs: dict[str, Path], n: int) -> dict[str, dict[str, Any]]:
+    """One round of each side, run at once (observed_child), their producers released
+    together once both flows' readers are up.
+
+    Returns:
+        each side's figures, "rate" being its sink's over the window both sinks were
+        receiving ("alone_rate": over its whole run).
+    """
+    context = multiprocessing.get_context("spawn")
+    gate = outs["on"].with_name(f"{outs['on'].name}-gate")
+    children = {side: context.Process(target=observed_child, name=f"observed-{side}",
+                                      args=(url, str(outs[side]), n, side, str(gate)))
+                for side in OBSERVABILITY}
+    try:
+        for child in children.values():
+            child.start()
+        deadline = time.monotonic() + PAIR_READY_SECONDS
+        while not all((outs[side] / "ready-numbers").exists() for side in OBSERVABILITY):
+            failed = {side: c.exitcode for side, c in children.items() if not c.is_alive()}
+            assert not failed, f"a side ended before its producer was ready: {failed}"
+            assert time.monotonic() < deadline, "producers not ready in time"
+            time.sleep(0.005)
+        gate.touch()
+        for child in children.values():
+            child.join(PEER_SECONDS)
+    finally:
+        for child in children.values():
+            if child.is_alive():
+                child.terminate()
+                child.join(10)
+    assert all(c.exitcode == 0 for c in children.values()), {
+        side: c.exitcode for side, c in children.items()}
+    figures = {side: json.loads((outs[side] / "round.json").read_text())
+               for side in OBSERVABILITY}
+    sinks = {side: read_stats(outs[side], "sink") for side in OBSERVABILITY}
+    start = max(sink["first"] for sink in sinks.values())
+    end = min(sink["last"] for sink in sinks.values())
+    assert end > start, f"the two runs did not overlap: {sinks}"
+    for side in OBSERVABILITY:
+        figures[side]["alone_rate"] = figures[side]["rate"]
+        figures[side]["rate"] = (arrived_by(sinks[side], end)
+                                 - arrived_by(sinks[side], start)) / (end - start)
+    return figures
+
+
 @pytest.mark.benchmark(group="flow_observability")
 def test_observability_cost(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
                             rounds_dir: Callable[[], Path]) -> None:
-    """The cost of watching a flow: rounds on and off alternate (off first, then on
-    first, ...), so a machine whose load comes and goes weighs on both alike; the
-    summary compares the best and the median rounds of each side."""
+    """The cost of watching a flow: pairs of runs on and off, the two of a pair run at
+    once (observed_pair); the summary compares the pairs' rates."""
     sizes = sizes_for(benchmark)
     rounds: dict[str, list[dict[str, Any]]] = {side: [] for side in OBSERVABILITY}
-    pairs = itertools.count()
 
     def pair() -> None:
-        order = OBSERVABILITY if next(pairs) % 2 else OBSERVABILITY[::-1]
-        for side in order:
-            rounds[side].append(observed_round(server.url, rounds_dir(), sizes.messages,
-                                               side))
+        outs = {side: rounds_dir() for side in OBSERVABILITY}
+        for side, figures in observed_pair(server.url, outs, sizes.messages).items():
+            rounds[side].append(figures)
 
-    # Four pairs per round asked: a pair's ratio ranges 0.7-1.3 on this kind of host,
-    # and six pairs' median moved by 0.07 between runs of the same code; 24 pairs
-    # (VF_BENCH_FLOW_ROUNDS=6) are what it takes to read a few percent.
+    # Four pairs per round asked: a pair's ratio still varies by several percent, and
+    # its median over a dozen pairs is what reads a few.
     run_rounds(benchmark, sizes.rounds * 4 if not benchmark.disabled else 1, pair)
     kept = {side: record(benchmark, "observability", side, rounds[side], "rate", "msg/s")
             for side in OBSERVABILITY}
