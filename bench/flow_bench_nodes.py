@@ -108,11 +108,7 @@ def wait_ready(out: str, stages: list[str]) -> None:
     Raises:
         TimeoutError: not all ready within READY_SECONDS.
     """
-    deadline = time.monotonic() + READY_SECONDS
-    while not all(Path(out, f"ready-{stage}").exists() for stage in stages):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"readers not started within {READY_SECONDS} s: {stages}")
-        time.sleep(0.005)
+    _wait_for([Path(out, f"ready-{stage}") for stage in stages], f"readers {stages}")
 
 
 def wait_gate(gate: str) -> None:
@@ -122,10 +118,14 @@ def wait_gate(gate: str) -> None:
     Raises:
         TimeoutError: no gate within READY_SECONDS.
     """
+    _wait_for([Path(gate)], f"start gate {gate}")
+
+
+def _wait_for(files: list[Path], what: str) -> None:
     deadline = time.monotonic() + READY_SECONDS
-    while not Path(gate).exists():
+    while not all(file.exists() for file in files):
         if time.monotonic() > deadline:
-            raise TimeoutError(f"no start gate {gate} within {READY_SECONDS} s")
+            raise TimeoutError(f"{what}: not there within {READY_SECONDS} s")
         time.sleep(0.001)
 
 

@@ -129,6 +129,7 @@ from flow_bench_nodes import (
     connect,
     read_stats,
     run_stage,
+    wait_gate,
 )
 from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH, REALTIME
@@ -711,8 +712,7 @@ def observed_child(url: str, out: str, n: int, side: str, gate: str) -> None:
     opened: list[float] = []
 
     def at_gate() -> None:
-        while not Path(gate).exists():
-            time.sleep(0.001)
+        wait_gate(gate)
         opened.append(time.process_time())
 
     watcher = threading.Thread(target=at_gate, daemon=True)
@@ -790,7 +790,8 @@ def observed_pair(url: str, outs: dict[str, Path], n: int) -> dict[str, dict[str
 def test_observability_cost(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
                             rounds_dir: Callable[[], Path]) -> None:
     """The cost of watching a flow: pairs of runs on and off, the two of a pair run at
-    once (observed_pair); the summary compares the pairs' rates."""
+    once (observed_pair); the summary gives the pairs' ratios of CPU per message (the
+    figure to read) and of rate."""
     sizes = sizes_for(benchmark)
     rounds: dict[str, list[dict[str, Any]]] = {side: [] for side in OBSERVABILITY}
 

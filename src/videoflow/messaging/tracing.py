@@ -159,15 +159,14 @@ def parse_traceparent(value: str | None) -> tuple[str, str, str] | None:
     match = _TRACEPARENT_00.fullmatch(value)
     if match is not None:
         trace_id, span_id, flags = match.groups()
-        if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
+    else:
+        match = _TRACEPARENT.fullmatch(value)
+        if match is None:
             return None
-        return trace_id, span_id, flags
-    match = _TRACEPARENT.fullmatch(value)
-    if match is None:
-        return None
-    version, trace_id, span_id, flags, rest = match.groups()
-    if (version == "ff" or (version == "00" and rest is not None)
-            or trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN):
+        version, trace_id, span_id, flags, rest = match.groups()
+        if version == "ff" or (version == "00" and rest is not None):
+            return None
+    if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
         return None
     return trace_id, span_id, flags
 
@@ -282,7 +281,6 @@ class NodeTracing:
     def __init__(self, node_name: str, replica_id: int, flow_id: str, run_id: str,
                  subject: str, parent_subjects: dict[str, str], tracer: Any = None) -> None:
         self.node_name, self.subject = node_name, subject
-        self.parent_order = tuple(parent_subjects)
         self._rank = {parent: index for index, parent in enumerate(parent_subjects)}
         self.off = os.environ.get(TRACING_ENV, "").strip().lower() in ("off", "0", "false",
                                                                          "no")
