@@ -49,18 +49,30 @@ that case did not run). Each message carries its send time (time.time()); the si
 keeps receive time minus send time. The figure is the p50 per hop (over 2 hops).
 
 ``flow_observability``: the linear BATCH flow, videoflow only, watched against not:
-"on" serves metrics (run_flow's metrics_port), scraped every half second, and traces
+"on" serves metrics (run_flow's metrics_port), scraped every half second (by the
+test's process, as Prometheus would be a process of its own), and traces
 (every output's traceparent header; no SDK, so no span); "off" serves none and runs
 with VIDEOFLOW_TRACING=off. The two run side by side, each its own engine process
 with its own replicas, on one broker, their producers released at one moment (a
 start gate): on a shared host whose speed drifts by tens of percent within seconds,
 two runs one after the other compare two hosts, two at once share every slow and
 fast moment. Per pair, on / off of: the stages' CPU per message; the same with each
-engine process's CPU (serving metrics, and the scraper); each sink's rate over the
+engine process's CPU (serving metrics); each sink's rate over the
 window both ran (the counts read off marks its sink notes every 100 messages). The
 summary gives each ratio's median over the pairs and its range. Rates of two flows
 sharing two cores swing with how the scheduler happens to share them (two identical
 flows: 0.8-1.3), so CPU per message is the figure to read.
+
+``flow_observability_paced``: the same pairs with both producers paced at one rate,
+70% of the slower side's rate in the median flat-out pair of the same run: the cost of
+watching at one load, and the figure to read. Run flat out, a flow's CPU per message
+is not a constant of the code: it falls as the rate rises (batches fill, one loop
+pass and one write serve more messages; measured alone, 510 us at 2,400 msg/s and 280
+at 5,000), so of two flows side by side the one with more to do per message also runs
+slower and then pays more per message for that too. 4 us of extra work per message
+in the processor (1.3% of the stages' CPU) read as 2.8% flat out. Paced, both do the
+same work per second and only what watching adds differs. The summary says how many
+pairs had a side fall behind the pace (its sink below 95% of it).
 
 On both sides a producer starts only once its readers have (each reader leaves a
 ready file when its input is bound, every producer waits for them), so no stage is
@@ -144,6 +156,8 @@ CAMERAS = 8
 FRAME_DT = 1 / 60  # seconds between instants: far above the join's tolerance
 TOLERANCE_MS = 5.0
 HOPS = 2  # producer -> processor -> sink
+PACED_SHARE = 0.7  # of the flat-out pairs' slower side: the paced pairs' rate
+KEPT_PACE = 0.95  # a paced side whose sink rate is under this share of it fell behind
 PEER_SECONDS = 240.0  # bound of one peer round's processes
 PAIR_READY_SECONDS = 120.0  # two flows starting at once, their producers ready
 LATENCY_SECONDS = {True: 1.0, False: 4.0}  # paced run length, timing off / on
@@ -263,17 +277,32 @@ def write_summary(write: Callable[[str], None]) -> None:
             shown = ["-" if c is None else f"{c:,.0f}" for c in cpu]
             write(f"  {'':<22}{'stage CPU us/msg':<14}{shown[0]:>18}{shown[1]:>18}"
                   "  (median; broker not included)")
-    on, off = _RESULTS.get(("observability", "on")), _RESULTS.get(("observability", "off"))
-    if on and off:
-        write(f"  metrics and tracing on / off (linear_batch, {len(on['rounds'])} pairs, "
-              "each pair's two runs side by side; per pair, then the median and range):")
-        for key, what in (("cpu_us_per_msg", "stage CPU per message"),
-                          ("cpu_with_engine_us_per_msg", "stage and engine CPU per message"),
-                          ("rate", "sink rate, the window both ran")):
-            paired = paired_ratios(on, off, key)
-            if paired:
-                write(f"  {'':<6}{what:<36}{statistics.median(paired):.3f}  "
-                      f"({min(paired):.3f} to {max(paired):.3f})")
+    for case, how in (("observability", "flat out"), ("observability_paced", "paced")):
+        on, off = _RESULTS.get((case, "on")), _RESULTS.get((case, "off"))
+        if on and off:
+            write_observability(write, how, on, off)
+
+
+def write_observability(write: Callable[[str], None], how: str, on: dict[str, Any],
+                        off: dict[str, Any]) -> None:
+    """The summary's lines for one observability case: per pair, on / off, then the
+    median and range over the pairs."""
+    rate = on.get("paced_rate")
+    write(f"  metrics and tracing on / off, linear_batch {how}"
+          + (f" at {rate:,.0f} msg/s each" if rate else "")
+          + f" ({len(on['rounds'])} pairs, each pair's two runs side by side):")
+    for key, what in (("cpu_us_per_msg", "stage CPU per message"),
+                      ("cpu_with_engine_us_per_msg", "stage and engine CPU per message"),
+                      ("rate", "sink rate, the window both ran")):
+        paired = paired_ratios(on, off, key)
+        if paired:
+            write(f"  {'':<6}{what:<36}{statistics.median(paired):.3f}  "
+                  f"({min(paired):.3f} to {max(paired):.3f})")
+    if rate:
+        behind = {side: sum(r["rate"] < KEPT_PACE * rate for r in kept["rounds"])
+                  for side, kept in (("on", on), ("off", off))}
+        write(f"  {'':<6}pairs where a side fell below {KEPT_PACE:.0%} of the paced rate: "
+              + ", ".join(f"{side} {count}" for side, count in behind.items()))
 
 
 def paired_ratios(on: dict[str, Any], off: dict[str, Any], key: str = "rate") -> list[float]:
@@ -641,17 +670,24 @@ def test_latency_per_hop(benchmark: Any, summary: None, server: embedded.Embedde
     assert kept["best"] > 0
 
 
-@contextlib.contextmanager
-def scraped_metrics() -> Iterator[dict[str, Any]]:
-    """run_flow's options serving metrics on a free port, scraped every half second
-    by a thread (as Prometheus would, more often) while the block runs."""
+def free_port() -> int:
+    """A port free now on 127.0.0.1 (the run binds it a moment later)."""
     import socket
-    import threading
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@contextlib.contextmanager
+def scraped(port: int) -> Iterator[None]:
+    """/metrics on port scraped every half second by a thread (as Prometheus would,
+    more often) while the block runs; it must have been scraped at least once.
+    Prometheus is a process of its own: so is whatever runs this, never the engine
+    whose CPU is measured."""
     import urllib.request
 
-    with socket.socket() as probe:  # a free port; the run binds it a moment later
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     done, scrapes = threading.Event(), []
 
     def scrape() -> None:
@@ -660,13 +696,13 @@ def scraped_metrics() -> Iterator[dict[str, Any]]:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
                                             timeout=2) as answer:
                     scrapes.append(len(answer.read()))
-            except OSError:  # between runs: nothing serves
+            except OSError:  # before the run serves, or after it ended
                 continue
 
     scraper = threading.Thread(target=scrape, daemon=True)
     scraper.start()
     try:
-        yield {"metrics_port": port}
+        yield
     finally:
         done.set()
         scraper.join(5)
@@ -674,8 +710,8 @@ def scraped_metrics() -> Iterator[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def watched(side: str) -> Iterator[dict[str, Any]]:
-    """run_flow's options for a run watched ("on": metrics served and scraped, every
+def watched(side: str, port: int) -> Iterator[dict[str, Any]]:
+    """run_flow's options for a run watched ("on": metrics served on port, every
     output's traceparent header; no SDK, so no span) or not ("off": no metrics, and
     VIDEOFLOW_TRACING=off, which the replicas inherit), with the environment set for
     the block."""
@@ -686,8 +722,7 @@ def watched(side: str) -> Iterator[dict[str, Any]]:
             yield {}
         else:
             os.environ.pop(TRACING_ENV, None)
-            with scraped_metrics() as options:
-                yield options
+            yield {"metrics_port": port}
     finally:
         if saved is None:
             os.environ.pop(TRACING_ENV, None)
@@ -695,20 +730,20 @@ def watched(side: str) -> Iterator[dict[str, Any]]:
             os.environ[TRACING_ENV] = saved
 
 
-def observed_round(url: str, out: Path, n: int, side: str, gate: str | None = None
-                   ) -> dict[str, Any]:
-    """One linear BATCH run, watched or not (watched); its producer waits for gate
-    when one is named."""
-    with watched(side) as options:
+def observed_round(url: str, out: Path, n: int, side: str, gate: str | None = None,
+                   rate: float = 0.0, port: int = 0) -> dict[str, Any]:
+    """One linear BATCH run, watched or not (watched; metrics on port); its producer
+    waits for gate when one is named, and is paced at rate per second when rate > 0."""
+    with watched(side, port) as options:
         return videoflow_linear(url, out, n, BATCH, name=f"observed-{side}",
-                                options=options, gate=gate)
+                                options=options, gate=gate, rate=rate)
 
 
-def observed_child(url: str, out: str, n: int, side: str, gate: str) -> None:
+def observed_child(url: str, out: str, n: int, side: str, gate: str, rate: float,
+                   port: int) -> None:
     """observed_round in a process of its own, its figures written to <out>/round.json
     (observed_pair runs two at once), with the CPU of the stages and of this process
-    (the engine, serving metrics, and the scraper) from the gate's opening to the end,
-    per message."""
+    (the engine, serving metrics) from the gate's opening to the end, per message."""
     opened: list[float] = []
 
     def at_gate() -> None:
@@ -717,7 +752,7 @@ def observed_child(url: str, out: str, n: int, side: str, gate: str) -> None:
 
     watcher = threading.Thread(target=at_gate, daemon=True)
     watcher.start()
-    figures = observed_round(url, Path(out), n, side, gate)
+    figures = observed_round(url, Path(out), n, side, gate, rate, port)
     watcher.join(1.0)
     if opened and figures["cpu_us_per_msg"] is not None:
         engine = 1e6 * (time.process_time() - opened[0]) / n
@@ -741,19 +776,9 @@ def arrived_by(sink: dict[str, Any], when: float) -> float:
     return c0 + (c1 - c0) * ((when - t0) / (t1 - t0) if t1 > t0 else 1.0)
 
 
-def observed_pair(url: str, outs: dict[str, Path], n: int) -> dict[str, dict[str, Any]]:
-    """One round of each side, run at once (observed_child), their producers released
-    together once both flows' readers are up.
-
-    Returns:
-        each side's figures, "rate" being its sink's over the window both sinks were
-        receiving ("alone_rate": over its whole run).
-    """
-    context = multiprocessing.get_context("spawn")
-    gate = outs["on"].with_name(f"{outs['on'].name}-gate")
-    children = {side: context.Process(target=observed_child, name=f"observed-{side}",
-                                      args=(url, str(outs[side]), n, side, str(gate)))
-                for side in OBSERVABILITY}
+def run_pair(children: dict[str, Any], outs: dict[str, Path], gate: Path) -> None:
+    """Start both sides' processes, open the gate once both producers are ready, and
+    wait for both to end, each successfully."""
     try:
         for child in children.values():
             child.start()
@@ -773,6 +798,27 @@ def observed_pair(url: str, outs: dict[str, Path], n: int) -> dict[str, dict[str
                 child.join(10)
     assert all(c.exitcode == 0 for c in children.values()), {
         side: c.exitcode for side, c in children.items()}
+
+
+def observed_pair(url: str, outs: dict[str, Path], n: int, rate: float = 0.0
+                  ) -> dict[str, dict[str, Any]]:
+    """One round of each side, run at once (observed_child), their producers released
+    together once both flows' readers are up, and paced at rate per second when
+    rate > 0.
+
+    Returns:
+        each side's figures, "rate" being its sink's over the window both sinks were
+        receiving ("alone_rate": over its whole run).
+    """
+    context = multiprocessing.get_context("spawn")
+    gate = outs["on"].with_name(f"{outs['on'].name}-gate")
+    port = free_port()
+    children = {side: context.Process(target=observed_child, name=f"observed-{side}",
+                                      args=(url, str(outs[side]), n, side, str(gate),
+                                            rate, port))
+                for side in OBSERVABILITY}
+    with scraped(port):
+        run_pair(children, outs, gate)
     figures = {side: json.loads((outs[side] / "round.json").read_text())
                for side in OBSERVABILITY}
     sinks = {side: read_stats(outs[side], "sink") for side in OBSERVABILITY}
@@ -786,26 +832,72 @@ def observed_pair(url: str, outs: dict[str, Path], n: int) -> dict[str, dict[str
     return figures
 
 
-@pytest.mark.benchmark(group="flow_observability")
-def test_observability_cost(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
-                            rounds_dir: Callable[[], Path]) -> None:
-    """The cost of watching a flow: pairs of runs on and off, the two of a pair run at
-    once (observed_pair); the summary gives the pairs' ratios of CPU per message (the
-    figure to read) and of rate."""
+def observed_pairs(benchmark: Any, url: str, rounds_dir: Callable[[], Path], case: str,
+                   rate: float = 0.0) -> dict[str, dict[str, Any]]:
+    """Pairs of runs on and off (observed_pair), recorded as `case`: four per round
+    asked (a pair's ratio still varies by several percent, and its median over a
+    dozen pairs is what reads a few), one with timing off.
+
+    Returns:
+        each side's record (record).
+    """
     sizes = sizes_for(benchmark)
     rounds: dict[str, list[dict[str, Any]]] = {side: [] for side in OBSERVABILITY}
 
     def pair() -> None:
         outs = {side: rounds_dir() for side in OBSERVABILITY}
-        for side, figures in observed_pair(server.url, outs, sizes.messages).items():
+        for side, figures in observed_pair(url, outs, sizes.messages, rate).items():
             rounds[side].append(figures)
 
-    # Four pairs per round asked: a pair's ratio still varies by several percent, and
-    # its median over a dozen pairs is what reads a few.
     run_rounds(benchmark, sizes.rounds * 4 if not benchmark.disabled else 1, pair)
-    kept = {side: record(benchmark, "observability", side, rounds[side], "rate", "msg/s")
+    kept = {side: record(benchmark, case, side, rounds[side], "rate", "msg/s")
             for side in OBSERVABILITY}
     benchmark.extra_info.clear()  # record() keeps one side's: keep both
     benchmark.extra_info.update({side: {k: kept[side][k] for k in ("best", "median", "rounds")}
                                  for side in OBSERVABILITY})
     benchmark.extra_info["paired_ratios"] = paired_ratios(kept["on"], kept["off"])
+    return kept
+
+
+@pytest.mark.benchmark(group="flow_observability")
+def test_observability_cost(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
+                            rounds_dir: Callable[[], Path]) -> None:
+    """The cost of watching a flow run flat out: pairs of runs on and off, the two of
+    a pair run at once; the summary gives the pairs' ratios of CPU per message and of
+    rate."""
+    observed_pairs(benchmark, server.url, rounds_dir, "observability")
+
+
+def observed_rate() -> tuple[float, str]:
+    """The rate both sides of every paced observability pair run at: PACED_SHARE of
+    the slower side's rate in the median pair run flat out in this run (so each keeps
+    up with room to spare while the other runs beside it); VF_BENCH_FLOW_RATE
+    (default 300 msg/s) if that case did not run.
+
+    Returns:
+        (messages per second, how it was chosen).
+    """
+    on, off = _RESULTS.get(("observability", "on")), _RESULTS.get(("observability", "off"))
+    slower = [min(a["rate"], b["rate"]) for a, b in zip(
+        (on or {}).get("rounds", []), (off or {}).get("rounds", []), strict=False)
+        if a.get("rate") and b.get("rate")]
+    if slower:
+        return (PACED_SHARE * statistics.median(slower),
+                f"{PACED_SHARE:.0%} of the slower side's rate in flow_observability")
+    return float(os.environ.get("VF_BENCH_FLOW_RATE", 300.0)), "fixed (VF_BENCH_FLOW_RATE)"
+
+
+@pytest.mark.benchmark(group="flow_observability_paced")
+def test_observability_cost_paced(benchmark: Any, summary: None,
+                                  server: embedded.EmbeddedServer,
+                                  rounds_dir: Callable[[], Path]) -> None:
+    """The cost of watching a flow at one load: pairs of runs on and off, both paced
+    at one rate (observed_rate), so both do the same work per second and only what
+    watching adds differs; the summary gives the pairs' ratios of CPU per message
+    (the figure to read) and how many pairs kept pace."""
+    rate, basis = observed_rate()
+    kept = observed_pairs(benchmark, server.url, rounds_dir, "observability_paced", rate)
+    for side in OBSERVABILITY:
+        kept[side]["paced_rate"] = rate
+    benchmark.extra_info["paced_rate"] = rate
+    benchmark.extra_info["rate_basis"] = basis
