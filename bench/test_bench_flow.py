@@ -61,7 +61,8 @@ engine process's CPU (serving metrics); each sink's rate over the
 window both ran (the counts read off marks its sink notes every 100 messages). The
 summary gives each ratio's median over the pairs and its range. Rates of two flows
 sharing two cores swing with how the scheduler happens to share them (two identical
-flows: 0.8-1.3), so CPU per message is the figure to read.
+flows: 0.8-1.3), so CPU per message is what to read here; for the cost of watching,
+read the paced case below.
 
 ``flow_observability_paced``: the same pairs with both producers paced at one rate,
 70% of the slower side's rate in the median flat-out pair of the same run: the cost of
