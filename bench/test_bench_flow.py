@@ -53,11 +53,13 @@ keeps receive time minus send time. The figure is the p50 per hop (over 2 hops).
 test's process, as Prometheus would be a process of its own), and traces
 (every output's traceparent header; no SDK, so no span); "off" serves none and runs
 with VIDEOFLOW_TRACING=off. The two run side by side, each its own engine process
-with its own replicas, on one broker, their producers released at one moment (a
-start gate): on a shared host whose speed drifts by tens of percent within seconds,
-two runs one after the other compare two hosts, two at once share every slow and
-fast moment. Per pair, on / off of: the stages' CPU per message; the same with each
-engine process's CPU (serving metrics); each sink's rate over the
+with its own replicas and its own broker (the two brokers change sides every pair),
+their producers released at one moment (a start gate): on a shared host whose speed
+drifts by tens of percent within seconds, two runs one after the other compare two
+hosts, two at once share every slow and fast moment. Per pair, on / off of: the
+stages' CPU per message; the same with each engine process's CPU (serving metrics);
+its broker's CPU per message (every header is bytes it stores and sends on), and the
+sum of the three; each sink's rate over the
 window both ran (the counts read off marks its sink notes every 100 messages). The
 summary gives each ratio's median over the pairs and its range. Rates of two flows
 sharing two cores swing with how the scheduler happens to share them (two identical
@@ -294,6 +296,8 @@ def write_observability(write: Callable[[str], None], how: str, on: dict[str, An
           + f" ({len(on['rounds'])} pairs, each pair's two runs side by side):")
     for key, what in (("cpu_us_per_msg", "stage CPU per message"),
                       ("cpu_with_engine_us_per_msg", "stage and engine CPU per message"),
+                      ("broker_us_per_msg", "broker CPU per message"),
+                      ("cpu_all_us_per_msg", "stage, engine and broker CPU"),
                       ("rate", "sink rate, the window both ran")):
         paired = paired_ratios(on, off, key)
         if paired:
@@ -671,6 +675,17 @@ def test_latency_per_hop(benchmark: Any, summary: None, server: embedded.Embedde
     assert kept["best"] > 0
 
 
+@pytest.fixture(scope="module")
+def pair_brokers(tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[list[embedded.EmbeddedServer]]:
+    """Two embedded nats-servers, one per side of an observability pair: what each
+    side's broker spends on it is then its own to measure."""
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(embedded.start(
+            Path(tmp_path_factory.mktemp(f"bench-pair-{index}")) / "store"))
+            for index in range(2)]
+
+
 def free_port() -> int:
     """A port free now on 127.0.0.1 (the run binds it a moment later)."""
     import socket
@@ -777,9 +792,10 @@ def arrived_by(sink: dict[str, Any], when: float) -> float:
     return c0 + (c1 - c0) * ((when - t0) / (t1 - t0) if t1 > t0 else 1.0)
 
 
-def run_pair(children: dict[str, Any], outs: dict[str, Path], gate: Path) -> None:
-    """Start both sides' processes, open the gate once both producers are ready, and
-    wait for both to end, each successfully."""
+def run_pair(children: dict[str, Any], outs: dict[str, Path], gate: Path,
+             at_gate: Callable[[], None] = lambda: None) -> None:
+    """Start both sides' processes, open the gate once both producers are ready (then
+    call at_gate), and wait for both to end, each successfully."""
     try:
         for child in children.values():
             child.start()
@@ -790,6 +806,7 @@ def run_pair(children: dict[str, Any], outs: dict[str, Path], gate: Path) -> Non
             assert time.monotonic() < deadline, "producers not ready in time"
             time.sleep(0.005)
         gate.touch()
+        at_gate()
         for child in children.values():
             child.join(PEER_SECONDS)
     finally:
@@ -801,27 +818,51 @@ def run_pair(children: dict[str, Any], outs: dict[str, Path], gate: Path) -> Non
         side: c.exitcode for side, c in children.items()}
 
 
-def observed_pair(url: str, outs: dict[str, Path], n: int, rate: float = 0.0
-                  ) -> dict[str, dict[str, Any]]:
-    """One round of each side, run at once (observed_child), their producers released
-    together once both flows' readers are up, and paced at rate per second when
-    rate > 0.
+def broker_cpu(server: embedded.EmbeddedServer) -> float | None:
+    """The CPU seconds the server's process has spent so far, None where /proc cannot
+    say (not Linux): unknown, never 0."""
+    process = server.process
+    try:
+        fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (AttributeError, OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def observed_pair(brokers: dict[str, embedded.EmbeddedServer], outs: dict[str, Path],
+                  n: int, rate: float = 0.0) -> dict[str, dict[str, Any]]:
+    """One round of each side, run at once (observed_child), each on its own broker,
+    their producers released together once both flows' readers are up, and paced at
+    rate per second when rate > 0.
 
     Returns:
         each side's figures, "rate" being its sink's over the window both sinks were
-        receiving ("alone_rate": over its whole run).
+        receiving ("alone_rate": over its whole run), with "cpu_all_us_per_msg": the
+        stages', its engine's and its broker's CPU per message (the broker's from the
+        gate's opening until both runs ended).
     """
     context = multiprocessing.get_context("spawn")
     gate = outs["on"].with_name(f"{outs['on'].name}-gate")
     port = free_port()
     children = {side: context.Process(target=observed_child, name=f"observed-{side}",
-                                      args=(url, str(outs[side]), n, side, str(gate),
-                                            rate, port))
+                                      args=(brokers[side].url, str(outs[side]), n, side,
+                                            str(gate), rate, port))
                 for side in OBSERVABILITY}
+    spent: dict[str, float | None] = {}
+
+    def at_gate() -> None:
+        spent.update({side: broker_cpu(brokers[side]) for side in OBSERVABILITY})
+
     with scraped(port):
-        run_pair(children, outs, gate)
+        run_pair(children, outs, gate, at_gate)
     figures = {side: json.loads((outs[side] / "round.json").read_text())
                for side in OBSERVABILITY}
+    for side in OBSERVABILITY:
+        before, after = spent.get(side), broker_cpu(brokers[side])
+        engine = figures[side].get("cpu_with_engine_us_per_msg")
+        if before is not None and after is not None and engine is not None:
+            figures[side]["broker_us_per_msg"] = 1e6 * (after - before) / n
+            figures[side]["cpu_all_us_per_msg"] = engine + 1e6 * (after - before) / n
     sinks = {side: read_stats(outs[side], "sink") for side in OBSERVABILITY}
     start = max(sink["first"] for sink in sinks.values())
     end = min(sink["last"] for sink in sinks.values())
@@ -833,11 +874,13 @@ def observed_pair(url: str, outs: dict[str, Path], n: int, rate: float = 0.0
     return figures
 
 
-def observed_pairs(benchmark: Any, url: str, rounds_dir: Callable[[], Path], case: str,
-                   rate: float = 0.0) -> dict[str, dict[str, Any]]:
+def observed_pairs(benchmark: Any, brokers: list[embedded.EmbeddedServer],
+                   rounds_dir: Callable[[], Path], case: str, rate: float = 0.0
+                   ) -> dict[str, dict[str, Any]]:
     """Pairs of runs on and off (observed_pair), recorded as `case`: four per round
     asked (a pair's ratio still varies by several percent, and its median over a
-    dozen pairs is what reads a few), one with timing off.
+    dozen pairs is what reads a few), one with timing off. The sides swap the two
+    brokers from one pair to the next.
 
     Returns:
         each side's record (record).
@@ -847,7 +890,9 @@ def observed_pairs(benchmark: Any, url: str, rounds_dir: Callable[[], Path], cas
 
     def pair() -> None:
         outs = {side: rounds_dir() for side in OBSERVABILITY}
-        for side, figures in observed_pair(url, outs, sizes.messages, rate).items():
+        turn = len(rounds["on"]) % 2
+        sides = {side: brokers[(index + turn) % 2] for index, side in enumerate(OBSERVABILITY)}
+        for side, figures in observed_pair(sides, outs, sizes.messages, rate).items():
             rounds[side].append(figures)
 
     run_rounds(benchmark, sizes.rounds * 4 if not benchmark.disabled else 1, pair)
@@ -861,12 +906,13 @@ def observed_pairs(benchmark: Any, url: str, rounds_dir: Callable[[], Path], cas
 
 
 @pytest.mark.benchmark(group="flow_observability")
-def test_observability_cost(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
+def test_observability_cost(benchmark: Any, summary: None,
+                            pair_brokers: list[embedded.EmbeddedServer],
                             rounds_dir: Callable[[], Path]) -> None:
     """The cost of watching a flow run flat out: pairs of runs on and off, the two of
     a pair run at once; the summary gives the pairs' ratios of CPU per message and of
     rate."""
-    observed_pairs(benchmark, server.url, rounds_dir, "observability")
+    observed_pairs(benchmark, pair_brokers, rounds_dir, "observability")
 
 
 def observed_rate() -> tuple[float, str]:
@@ -890,14 +936,15 @@ def observed_rate() -> tuple[float, str]:
 
 @pytest.mark.benchmark(group="flow_observability_paced")
 def test_observability_cost_paced(benchmark: Any, summary: None,
-                                  server: embedded.EmbeddedServer,
+                                  pair_brokers: list[embedded.EmbeddedServer],
                                   rounds_dir: Callable[[], Path]) -> None:
     """The cost of watching a flow at one load: pairs of runs on and off, both paced
     at one rate (observed_rate), so both do the same work per second and only what
     watching adds differs; the summary gives the pairs' ratios of CPU per message
     (the figure to read) and how many pairs kept pace."""
     rate, basis = observed_rate()
-    kept = observed_pairs(benchmark, server.url, rounds_dir, "observability_paced", rate)
+    kept = observed_pairs(benchmark, pair_brokers, rounds_dir, "observability_paced",
+                          rate)
     for side in OBSERVABILITY:
         kept[side]["paced_rate"] = rate
     benchmark.extra_info["paced_rate"] = rate
