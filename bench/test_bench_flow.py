@@ -831,9 +831,10 @@ def broker_cpu(server: embedded.EmbeddedServer) -> float | None:
 
 def observed_pair(brokers: dict[str, embedded.EmbeddedServer], outs: dict[str, Path],
                   n: int, rate: float = 0.0) -> dict[str, dict[str, Any]]:
-    """One round of each side, run at once (observed_child), each on its own broker,
-    their producers released together once both flows' readers are up, and paced at
-    rate per second when rate > 0.
+    """One round of each side, run at once (observed_child), each on its own broker
+    (brokers: side -> broker, its order the order the sides start in), their
+    producers released together once both flows' readers are up, and paced at rate
+    per second when rate > 0.
 
     Returns:
         each side's figures, "rate" being its sink's over the window both sinks were
@@ -847,7 +848,7 @@ def observed_pair(brokers: dict[str, embedded.EmbeddedServer], outs: dict[str, P
     children = {side: context.Process(target=observed_child, name=f"observed-{side}",
                                       args=(brokers[side].url, str(outs[side]), n, side,
                                             str(gate), rate, port))
-                for side in OBSERVABILITY}
+                for side in brokers}
     spent: dict[str, float | None] = {}
 
     def at_gate() -> None:
@@ -880,7 +881,8 @@ def observed_pairs(benchmark: Any, brokers: list[embedded.EmbeddedServer],
     """Pairs of runs on and off (observed_pair), recorded as `case`: four per round
     asked (a pair's ratio still varies by several percent, and its median over a
     dozen pairs is what reads a few), one with timing off. The sides swap the two
-    brokers from one pair to the next.
+    brokers from one pair to the next, and which starts first every other pair, so
+    neither side always has either.
 
     Returns:
         each side's record (record).
@@ -890,8 +892,9 @@ def observed_pairs(benchmark: Any, brokers: list[embedded.EmbeddedServer],
 
     def pair() -> None:
         outs = {side: rounds_dir() for side in OBSERVABILITY}
-        turn = len(rounds["on"]) % 2
-        sides = {side: brokers[(index + turn) % 2] for index, side in enumerate(OBSERVABILITY)}
+        turn = len(rounds["on"])
+        order = OBSERVABILITY if turn % 4 < 2 else OBSERVABILITY[::-1]
+        sides = {side: brokers[(OBSERVABILITY.index(side) + turn) % 2] for side in order}
         for side, figures in observed_pair(sides, outs, sizes.messages, rate).items():
             rounds[side].append(figures)
 
