@@ -544,6 +544,50 @@ def test_hand_back_returns_parked_deliveries_to_a_survivor_at_once(wired: Wired)
 # ------------------------------------------------- the assembled backend
 
 
+def test_a_take_wakes_the_pull_loop_only_once_it_made_room_to_ask_for(wired: Wired) -> None:
+    """With a request open, the pull loop asks again once half its depth is free. A
+    take that frees less leaves it asleep: a reader that keeps up takes every
+    delivery as it arrives, and woken for each take, to find nothing to ask for, the
+    loop cost it several turns a message. The take that frees enough wakes it, and
+    the room is asked for at once."""
+    batch_channel(wired, "room")
+    publish(wired, "room", 4)  # the first request's (no size seen yet: 4)
+    sub = SubscriptionId("child", ChannelId(FLOW, RUN, "room"))
+    # A fetch far longer than the test: the open request does not expire meanwhile.
+    receiver = wired.run(bind_receiver(wired.client, sub, stream_name_for(FLOW, RUN, "room"),
+                                       "child--from--room", 0, prefetch=8,
+                                       fetch_timeout=60.0, ack_confirm_seconds=2.0))
+
+    def asked() -> int:
+        return sum(pull.remaining for pull in list(receiver._pulls.values()))
+
+    deadline = time.monotonic() + 5
+    # The 4 parked, and a second request, for the 4 more the depth of 8 holds, open.
+    while not (receiver.parked == 4 and asked() == 4 and receiver._space_waiting):
+        assert time.monotonic() < deadline, (receiver.parked, asked())
+        time.sleep(0.005)
+    wakes: list[int] = []
+    space = receiver._space
+    real_set = space.set
+
+    def counted() -> None:
+        wakes.append(receiver.parked)
+        real_set()
+
+    space.set = counted  # type: ignore[method-assign]
+    for taken in range(1, 4):  # an eighth, a quarter, three eighths of the depth free
+        assert len(receiver.take_ready(1)) == 1
+        time.sleep(0.2)  # the keeper runs the loop meanwhile: a wake would have run
+        assert (wakes, asked()) == ([], 4), taken
+    assert len(receiver.take_ready(1)) == 1  # half the depth free: ask for it
+    deadline = time.monotonic() + 5
+    while asked() < 8:
+        assert time.monotonic() < deadline, (wakes, asked())
+        time.sleep(0.005)
+    assert wakes == [0]
+    wired.run(receiver.stop())
+
+
 def test_the_constructor_signature_is_the_reference_one() -> None:
     params = [
         (p.name, None if p.default is inspect.Parameter.empty else p.default)

@@ -246,21 +246,13 @@ class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
                 # ask again a fetch later, not in a tight loop.
                 await asyncio.sleep(hold)
                 continue
-            asked = sum(pull.remaining for pull in self._pulls.values())
-            depth = self.depth()
             with self._hand:  # so a take cannot slip between the count and the wait
-                free = depth - len(self._parked) - asked
-                if self.byte_credit or self.may_fetch is not None:
-                    # Under a byte budget one message at a time, so what lands after
-                    # the budget filled is at most the one already asked for
-                    # (RUN-025's atomic-admission tolerance): sizes are not known
-                    # before they arrive.
-                    free = min(free, 0 if asked else 1)
-                ask = free > 0 and (not asked or 2 * free >= depth)
-                if not ask:
+                free = self._room_to_ask()
+                if not free:
                     self._space.clear()
-                    self._space_waiting = True  # the next take wakes this loop
-            if ask:
+                    # A take that makes room enough to ask for wakes this loop.
+                    self._space_waiting = True
+            if free:
                 if not self._budget_admits():
                     # RUN-025: hold off until settlements free bytes; looked at again
                     # every tenth of a fetch, since a settlement elsewhere notifies
@@ -297,6 +289,25 @@ class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
     async def _reack_quietly(self) -> None:
         with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
             await self.reack_unknown()
+
+    def _room_to_ask(self) -> int:
+        """How many deliveries a new pull request would ask for now, 0 when none should
+        go out (the rule in _pull_loop's docstring). Called under _hand, by the pull
+        loop and by a take on the caller's thread, which wakes the loop only when
+        this says it would ask: waking it for every take, to find nothing to ask for,
+        cost a slow reader several loop turns per message. Pull requests whose expiry
+        has passed do not count (the loop forgets them when it looks)."""
+        now = time.monotonic()
+        asked = sum(pull.remaining for pull in list(self._pulls.values())
+                    if pull.expires_at > now)
+        depth = self.depth()
+        free = depth - len(self._parked) - asked
+        if self.byte_credit or self.may_fetch is not None:
+            # Under a byte budget one message at a time, so what lands after the
+            # budget filled is at most the one already asked for (RUN-025's
+            # atomic-admission tolerance): sizes are not known before they arrive.
+            free = min(free, 0 if asked else 1)
+        return free if free > 0 and (not asked or 2 * free >= depth) else 0
 
     def depth(self) -> int:
         """How many deliveries to keep asked for or parked: the prefetch, or fewer once

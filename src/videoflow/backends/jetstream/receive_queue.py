@@ -39,6 +39,7 @@ class PrefetchQueue:
     _broker_pending: int | None
     _handed_back: bool
     schedule: Callable[[Callable[[], Any]], None] | None
+    _room_to_ask: Callable[[], int]
 
     @property
     def parked(self) -> int:
@@ -66,7 +67,8 @@ class PrefetchQueue:
         byte_credit bytes, 0 = unbounded: the first always goes). Safe from any
         thread: the caller's takes them straight off the queue the loop parks into,
         with no round trip through the loop; the pull loop is woken (one call onto
-        the loop) only when it is waiting for the room this take made."""
+        the loop) only when it waits for room and this take made enough to ask for
+        more (_room_to_ask)."""
         taken: list[Delivery] = []
         size = 0
         with self._hand:
@@ -82,7 +84,7 @@ class PrefetchQueue:
                 held.parked = False
                 taken.append(delivery)
                 size += delivery.size
-            wake = bool(taken) and self._space_waiting
+            wake = bool(taken) and self._space_waiting and self._room_to_ask() > 0
             if wake:
                 self._space_waiting = False
         if wake:
