@@ -541,9 +541,6 @@ def test_hand_back_returns_parked_deliveries_to_a_survivor_at_once(wired: Wired)
     wired.run(survivor.stop())
 
 
-# ------------------------------------------------- the assembled backend
-
-
 def test_a_take_wakes_the_pull_loop_only_once_it_made_room_to_ask_for(wired: Wired) -> None:
     """With a request open, the pull loop asks again once half its depth is free. A
     take that frees less leaves it asleep: a reader that keeps up takes every
@@ -586,6 +583,9 @@ def test_a_take_wakes_the_pull_loop_only_once_it_made_room_to_ask_for(wired: Wir
         time.sleep(0.005)
     assert wakes == [0]
     wired.run(receiver.stop())
+
+
+# ------------------------------------------------- the assembled backend
 
 
 def test_the_constructor_signature_is_the_reference_one() -> None:
