@@ -42,7 +42,6 @@ about 2.5x of publish_async.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterator
@@ -53,6 +52,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from bench_summary import summary_at_end
 from videoflow.backends.jetstream.backend import (
     JetStreamMessagingBackend,
     channel_spec_for,
@@ -126,13 +126,7 @@ class Raw:
 def summary(request: pytest.FixtureRequest) -> Iterator[None]:
     """Prints the messages/s and backend/raw ratios of this module's cases at its end,
     through the terminal reporter (output capture would swallow a plain print)."""
-    yield
-    plugins = request.config.pluginmanager
-    reporter, capture = plugins.getplugin("terminalreporter"), plugins.getplugin("capturemanager")
-    if not _RESULTS or reporter is None:
-        return
-    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        write_summary(reporter.write_line)
+    yield from summary_at_end(request, lambda: bool(_RESULTS), write_summary, timed_only=False)
 
 
 def write_summary(write: Callable[[str], None]) -> None:

@@ -131,6 +131,7 @@ from nats.js.api import (
     StreamConfig,
 )
 
+from bench_summary import summary_at_end
 from flow_bench_nodes import (
     BATCH_MAX_MSGS,
     CREDIT,
@@ -252,13 +253,7 @@ def summary(request: pytest.FixtureRequest) -> Iterator[None]:
     """At the module's end, the videoflow/peer table, through the terminal reporter
     (output capture would swallow a plain print). Not with timing off: the smoke
     sizes make no figures worth reading."""
-    yield
-    plugins = request.config.pluginmanager
-    reporter, capture = plugins.getplugin("terminalreporter"), plugins.getplugin("capturemanager")
-    if not _RESULTS or reporter is None or request.config.getoption("benchmark_disable"):
-        return
-    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        write_summary(reporter.write_line)
+    yield from summary_at_end(request, lambda: bool(_RESULTS), write_summary)
 
 
 def write_summary(write: Callable[[str], None]) -> None:
@@ -821,10 +816,11 @@ def run_pair(children: dict[str, Any], outs: dict[str, Path], gate: Path,
 def broker_cpu(server: embedded.EmbeddedServer) -> float | None:
     """The CPU seconds the server's process has spent so far, None where /proc cannot
     say (not Linux): unknown, never 0."""
-    process = server.process
+    if server.process is None:
+        return None
     try:
-        fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (AttributeError, OSError, IndexError):
+        fields = Path(f"/proc/{server.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 

@@ -50,7 +50,6 @@ VF_BENCH_FRAMES_ROUNDS.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
 import time
@@ -62,6 +61,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench_summary import summary_at_end
 from flow_bench_nodes import BATCH_MAX_MSGS, read_stats
 from frame_bench_nodes import (
     FRAME_BYTES,
@@ -153,13 +153,7 @@ def summary(request: pytest.FixtureRequest) -> Iterator[None]:
     """At the module's end, the cases' bytes/s and their ratios, through the terminal
     reporter (output capture would swallow a plain print). Not with timing off: the
     smoke sizes make no figures worth reading."""
-    yield
-    plugins = request.config.pluginmanager
-    reporter, capture = plugins.getplugin("terminalreporter"), plugins.getplugin("capturemanager")
-    if not _RESULTS or reporter is None or request.config.getoption("benchmark_disable"):
-        return
-    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        write_summary(reporter.write_line)
+    yield from summary_at_end(request, lambda: bool(_RESULTS), write_summary)
 
 
 def write_summary(write: Callable[[str], None]) -> None:
