@@ -94,7 +94,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         )
     for group in sorted({g for g, _, s, *_ in _RESULTS if s is not None}):
         for kind in CORE_MODULES:
-            sizes = sorted(s for g, c, s, *_ in _RESULTS if g == group and c == kind)
+            sizes = sorted(s for g, c, s, *_ in _RESULTS
+                           if g == group and c == kind and s is not None)
             if len(sizes) < 2:
                 continue
             lo, hi = best[(group, kind, sizes[0])], best[(group, kind, sizes[-1])]

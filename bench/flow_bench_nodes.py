@@ -18,6 +18,7 @@ import asyncio
 import collections
 import json
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -629,8 +630,9 @@ async def peer_joiner(url: str, out: str, stage: str, edges: list[tuple[str, str
         await nc.close()
 
 
-PEER_STAGES = {"producer": peer_producer, "processor": peer_processor,
-               "sink": peer_sink, "joiner": peer_joiner}
+PEER_STAGES: dict[str, Callable[..., Coroutine[Any, Any, None]]] = {
+    "producer": peer_producer, "processor": peer_processor, "sink": peer_sink,
+    "joiner": peer_joiner}
 
 
 def run_stage(kind: str, kwargs: dict[str, Any]) -> None:

@@ -45,7 +45,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -67,6 +67,7 @@ from videoflow.backends.messaging import (
     Completed,
     Delivery,
     Envelope,
+    Receipt,
     SettleConfirmed,
     SettleResult,
     SubscriptionId,
@@ -328,7 +329,7 @@ def backend_receive(backend: JetStreamMessagingBackend, sub: SubscriptionId, how
     settled = 0
     deadline = time.monotonic() + 6 * CALL_SECONDS
     ids = itertools.count()
-    in_flight: list[Future[SettleResult]] = []
+    in_flight: list[Receipt[SettleResult]] = []
 
     def complete(delivery: Delivery) -> SettleResult:
         return backend.settle(delivery.token, Completed(), f"s-{next(ids)}")

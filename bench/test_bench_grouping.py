@@ -219,6 +219,7 @@ def expected_time_counts(stream: Stream, quorum: int | None, end: float) -> tupl
                 open_groups.remove(group)
                 emitted += 1
         else:
+            assert entry.event_ts is not None
             last[parent] = now
             watermark[parent] = max(watermark[parent], entry.event_ts)
         resolve(now)
@@ -246,7 +247,8 @@ each_core = pytest.mark.parametrize("grouping_core", ["compiled", "reference"], 
 @each_core
 @pytest.mark.parametrize("n_parents", [2, 8])
 def test_trace_join(
-    benchmark, record_throughput, grouping_core: ModuleType, n_parents: int
+    benchmark: Any, record_throughput: Callable[..., None], grouping_core: ModuleType,
+    n_parents: int
 ) -> None:
     benchmark.group = f"trace-{n_parents}"
     traces = 20_000 // n_parents
@@ -271,7 +273,9 @@ def test_trace_join(
     "case",
     ["8cam", "8cam-drops", "8cam-drops-imu"],
 )
-def test_time_join(benchmark, record_throughput, grouping_core: ModuleType, case: str) -> None:
+def test_time_join(
+    benchmark: Any, record_throughput: Callable[..., None], grouping_core: ModuleType, case: str
+) -> None:
     benchmark.group = f"time-{case}"
     drop = DROP_RATE if "drops" in case else 0.0
     imu = case.endswith("imu")
@@ -305,7 +309,7 @@ BATCH_INSTANTS = 1000
 @each_core
 @pytest.mark.parametrize("pending", PENDING)
 def test_pending_scale_time(
-    benchmark, record_throughput, grouping_core: ModuleType, pending: int
+    benchmark: Any, record_throughput: Callable[..., None], grouping_core: ModuleType, pending: int
 ) -> None:
     """Per-entry cost of complete 8-camera groups while ``pending`` incomplete groups
     (cam0 only, at old event times 10 ms apart) sit in the assembler: the other
@@ -347,7 +351,7 @@ def test_pending_scale_time(
 @each_core
 @pytest.mark.parametrize("pending", PENDING)
 def test_pending_scale_trace(
-    benchmark, record_throughput, grouping_core: ModuleType, pending: int
+    benchmark: Any, record_throughput: Callable[..., None], grouping_core: ModuleType, pending: int
 ) -> None:
     """The same with 2-parent trace groups: ``pending`` half-groups (parent p0 only)
     held while a batch of complete traces goes through."""
