@@ -858,8 +858,8 @@ def observed_pair(brokers: dict[str, embedded.EmbeddedServer], outs: dict[str, P
         before, after = spent.get(side), broker_cpu(brokers[side])
         engine = figures[side].get("cpu_with_engine_us_per_msg")
         if before is not None and after is not None and engine is not None:
-            figures[side]["broker_us_per_msg"] = 1e6 * (after - before) / n
-            figures[side]["cpu_all_us_per_msg"] = engine + 1e6 * (after - before) / n
+            broker = figures[side]["broker_us_per_msg"] = 1e6 * (after - before) / n
+            figures[side]["cpu_all_us_per_msg"] = engine + broker
     sinks = {side: read_stats(outs[side], "sink") for side in OBSERVABILITY}
     start = max(sink["first"] for sink in sinks.values())
     end = min(sink["last"] for sink in sinks.values())
