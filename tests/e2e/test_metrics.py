@@ -118,6 +118,9 @@ def test_a_local_run_serves_every_replicas_metrics_while_it_runs(tmp_path: Path)
     assert 0 < scale_done <= report["nodes"]["scale"]["processed"] == 300
     assert assert_histogram(last, "videoflow_hop_latency_seconds", node="scale") > 0
     assert assert_histogram(last, "videoflow_join_latency_seconds", node="scale") > 0
+    # A producer has no groups, so no latency histograms.
+    assert value(last, "videoflow_hop_latency_seconds_count", node="numbers") is None
+    assert value(last, "videoflow_join_latency_seconds_count", node="numbers") is None
     # The broker's count of scale's work: a number, or absent with why -- never both,
     # and at least once read.
     counted = 0

@@ -70,6 +70,21 @@ def test_families_follow_prometheus_names_and_label_every_series() -> None:
     assert at("videoflow_hop_latency_seconds_count") == 1
 
 
+def test_latency_histograms_are_a_node_with_inputs_own_even_before_it_observed_any() -> None:
+    empty = {"join_latency": histogram(), "hop_latency": histogram(), "outcome": "running"}
+    got = exposition([ReplicaSample("cam", "0", {**empty, "emitted": 5}, inputs=False),
+                      ReplicaSample("fuse", "0", empty)])
+    histograms = {(name, dict(labels)["node"]) for name, labels in got
+                  if name.startswith(("videoflow_join_latency", "videoflow_hop_latency"))}
+    # The producer's never-observed histograms are not exported; the fuse node's are,
+    # at zero, from its first report (a rate over them then counts its first groups).
+    assert {node for _, node in histograms} == {"fuse"}
+    assert got[("videoflow_hop_latency_seconds_count", frozenset(
+        {("flow", "f"), ("node", "fuse"), ("replica", "0")}))] == 0
+    assert got[("videoflow_outputs_total", frozenset(
+        {("flow", "f"), ("node", "cam"), ("replica", "0")}))] == 5
+
+
 def test_an_unknown_broker_count_is_absent_with_its_reason_never_zero() -> None:
     stats = {"processed": 1, "subscriptions": {"cam": {"unknown": "timeout"}}}
     got = exposition([ReplicaSample("fuse", "0", stats)])

@@ -277,7 +277,8 @@ def _worker(args: argparse.Namespace) -> int:
     def progress(task: Any) -> None:
         if metrics is not None:
             latest[:] = [ReplicaSample(job.spec.name, str(job.replica_id),
-                                       observed_snapshot(task)[0])]
+                                       observed_snapshot(task)[0],
+                                       inputs=job.spec.kind != "producer")]
         s = task.stats
         print(f"worker {job.key}: {s.outcome} processed={s.processed} emitted={s.emitted} "
               f"failed={s.failed} dead_lettered={s.dead_lettered} drops={s.drops}",

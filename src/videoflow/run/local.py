@@ -424,7 +424,8 @@ def _metric_samples(run: Run) -> list[ReplicaSample]:
         snapshots = [*replica.dead, *([] if live is None else [live])]
         if snapshots:
             samples.append(ReplicaSample(replica.job.spec.name, str(replica.job.replica_id),
-                                         merged(snapshots), replica.restarts))
+                                         merged(snapshots), replica.restarts,
+                                         inputs=replica.job.spec.kind != "producer"))
     return samples
 
 

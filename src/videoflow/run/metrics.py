@@ -22,9 +22,9 @@ named):
   (MSG-012). Absent when the broker could not be read -- never 0 for unknown; then
   videoflow_pending_unknown{parent,reason} is 1.
 - videoflow_join_latency_seconds: a group's first member arriving to the node
-  receiving the group (histogram).
+  receiving the group (histogram; a node with inputs: a producer has no groups).
 - videoflow_hop_latency_seconds: a group's first member arriving to the node done
-  with it, output handed to the broker (histogram).
+  with it, output handed to the broker (histogram; a node with inputs).
 - videoflow_watermark_lag_seconds{parent}: a time join's parent, how far its
   event-time watermark is behind the most advanced parent's.
 - videoflow_budget_waits_total: times receiving paused on a full byte budget.
@@ -60,12 +60,16 @@ class ReplicaSample:
         node / replica: the labels.
         stats: TaskStats.snapshot(), with 'subscriptions' when observed.
         restarts: processes of the replica started again (None: not counted here).
+        inputs: the node has inputs (False for a producer, whose latency histograms,
+            never observed, are not exported: half a scrape's lines, rendered for
+            nothing, in a flow of a few nodes).
     """
 
     node: str
     replica: str
     stats: Mapping[str, Any]
     restarts: int | None = None
+    inputs: bool = True
 
 
 Samples = Callable[[], list[ReplicaSample]]
@@ -181,7 +185,7 @@ class SnapshotCollector:
             for parent, seconds in sorted((s.get("watermark_lag") or {}).items()):
                 lag.add_metric([*labels, parent], seconds)
             for family, key in ((join, "join_latency"), (hop, "hop_latency")):
-                if s.get(key):
+                if sample.inputs and s.get(key):
                     histogram = Histogram()
                     histogram.add(s[key])
                     family.add_metric(labels, histogram.cumulative(), histogram.total)
