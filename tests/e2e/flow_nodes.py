@@ -110,6 +110,24 @@ class Record(ConsumerNode):
             os.replace(partial, path)
 
 
+class RecordCollector(ConsumerNode):
+    """Writes, at its first input, what its process's garbage collector holds: the
+    objects frozen out of its full collections, and those a full collection walks."""
+
+    def __init__(self, directory: str, **options: Any) -> None:
+        super().__init__(**options)
+        self.directory = directory
+
+    def consume(self, *inputs: Any) -> None:
+        import gc
+        import json
+
+        path = Path(self.directory) / "collector.json"
+        if not path.exists():
+            path.write_text(json.dumps({"frozen": gc.get_freeze_count(),
+                                        "walked": len(gc.get_objects())}))
+
+
 def applied(directory: Path) -> list[Any]:
     """What a Record sink applied: one value list per group."""
     import ast

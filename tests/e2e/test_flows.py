@@ -4,6 +4,7 @@ nats-server; the sinks' effects read back from files."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from flow_nodes import (
     KeyedNumbers,
     Numbers,
     Record,
+    RecordCollector,
     RejectMultiplesOf,
     Scale,
     applied,
@@ -155,3 +157,17 @@ def test_a_node_that_exits_its_process_ends_the_run_as_failed_not_hung(
     assert report.nodes["record"].errors["record[0]"].startswith(
         "explode died: SystemExit: exploded at 10")
     assert sorted(v for (v,) in applied(out)) == list(range(10))
+
+
+def test_a_replica_process_walks_only_what_its_run_made_in_a_full_collection(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    # What the process imported and set up is frozen before its task runs
+    # (videoflow.run.gc_freeze), so a full collection does not walk it again and again.
+    numbers = Numbers(20)
+    sink = RecordCollector(str(out))(numbers)
+    report = Flow([numbers], [sink], BATCH, name="frozen").run(nats_server.url, view=False)
+    assert report.outcome == "completed", report.format()
+    held = json.loads((out / "collector.json").read_text())
+    assert held["frozen"] > 10_000  # numpy, nats-py, msgspec, videoflow, the replica
+    assert held["walked"] < held["frozen"] / 4, held

@@ -22,6 +22,7 @@ from videoflow.core.naming import ledger_bucket, payload_bucket
 from videoflow.core.node import Node
 from videoflow.core.task import RuntimeContext, Task, TaskStats, task_for
 from videoflow.run.allocator import tune_allocator
+from videoflow.run.gc_freeze import freeze_setup
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,9 @@ def run_replica(job: ReplicaJob, node: Node, *,
             runs (the local engine's start gate).
 
     It is the process's: its allocator is tuned for frame-sized buffers first
-    (videoflow.run.allocator).
+    (videoflow.run.allocator), and once it is set up, what it holds is frozen out of
+    the garbage collector's full collections (videoflow.run.gc_freeze; run on the
+    main thread only).
 
     Returns:
         the task's stats.
@@ -169,6 +172,7 @@ def run_replica(job: ReplicaJob, node: Node, *,
                                  run_id=job.run_id, broker_url=job.nats_url)
         task = task_for(node, messenger, context, progress=progress,
                         progress_every=progress_every)
+        freeze_setup()
         if before_start is not None:
             before_start()
         with _stop_signals(task, sigint_quiesces, quiesce_signal):

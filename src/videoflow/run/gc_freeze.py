@@ -1,0 +1,39 @@
+"""What a replica process's garbage collector walks.
+
+Python's cyclic collector now and then makes a full collection: whenever the objects
+that survived its younger collections reach a quarter of those it holds for good, it
+walks every object the process has. In a replica, most of them are the modules it
+imported (numpy, nats-py, msgspec, videoflow) and its own setup: tens of thousands of
+objects that live as long as the process and are never garbage. Measured in a
+flat-out linear flow (about 6,000 msg/s on 2 cores): each full collection paused the
+processor or the producer 24-78 ms, several in the first seconds of a run and then
+more as it goes.
+
+freeze_setup collects once, when the replica is set up and before its task runs, and
+moves every object then alive to the collector's permanent generation (gc.freeze):
+later full collections walk only what the run made. A frozen object is still freed
+as soon as nothing refers to it; only a reference cycle among objects of the setup
+that became garbage later would be kept (none is known).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+__all__ = ["freeze_setup"]
+
+
+def freeze_setup() -> bool:
+    """Collect, then freeze every object alive (see the module), once the replica is
+    set up. Only on the process's main thread, where a replica runs as the process's
+    own: a replica run on another thread (a test's) shares its process with others.
+
+    Returns:
+        whether the objects were frozen (False off the main thread).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    gc.collect()
+    gc.freeze()
+    return True
