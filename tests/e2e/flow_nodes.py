@@ -111,12 +111,17 @@ class Record(ConsumerNode):
 
 
 class RecordCollector(ConsumerNode):
-    """Writes, at its first input, what its process's garbage collector holds: the
-    objects frozen out of its full collections, and those a full collection walks."""
+    """Loads a 'model' of `loaded` objects in open(); writes, at its first input, what
+    its process's garbage collector holds: the objects frozen out of its full
+    collections, and those a full collection walks."""
 
-    def __init__(self, directory: str, **options: Any) -> None:
+    def __init__(self, directory: str, loaded: int = 0, **options: Any) -> None:
         super().__init__(**options)
-        self.directory = directory
+        self.directory, self.loaded = directory, loaded
+        self.model: list[list[int]] = []
+
+    def open(self) -> None:
+        self.model = [[k] for k in range(self.loaded)]
 
     def consume(self, *inputs: Any) -> None:
         import gc

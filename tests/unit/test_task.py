@@ -91,13 +91,13 @@ class Chain:
         made.start()
         return made
 
-    def task(self, name: str, node: Any, **options: Any) -> Any:
+    def task(self, name: str, node: Any, opened: Any = None, **options: Any) -> Any:
         parents = self.edges.get(name, ())
         messenger = NATSMessenger(SimpleNamespace(name=name), list(parents), "nats://unused",
                                   FLOW, BATCH, RUN, backend=self.backend(), **options)
         context = RuntimeContext(messenger, name, parents=parents,
                                  publishes=node.kind != "consumer", flow_id=FLOW, run_id=RUN)
-        return task_for(node, messenger, context)
+        return task_for(node, messenger, context, opened=opened)
 
 
 def test_each_input_is_processed_published_and_acknowledged_and_the_end_propagates() -> None:
@@ -115,6 +115,22 @@ def test_each_input_is_processed_published_and_acknowledged_and_the_end_propagat
             upper.outcome) == (2, 2, 1, 1, "ended")
     assert (kept.processed, kept.outcome) == (2, "ended")
     assert len(upper.join_latencies) == 3  # every group received, the poison one too
+
+
+def test_the_opened_hook_runs_once_the_node_is_open_before_its_first_input() -> None:
+    chain = Chain({"keep": ("items",)})
+    chain.task("items", Items(["a", "b"])).run()
+    events: list[str] = []
+
+    class Watched(Keep):
+        def open(self) -> None:
+            events.append("open")
+
+        def consume(self, *inputs: Any) -> None:
+            events.append(f"consume {inputs[0]}")
+
+    chain.task("keep", Watched(), opened=lambda: events.append("opened")).run()
+    assert events == ["open", "opened", "consume a", "consume b"]
 
 
 def test_a_producer_that_dies_aborts_and_every_descendant_learns_who_and_why() -> None:

@@ -119,11 +119,15 @@ class Task:
         context: the RuntimeContext set on node.context.
         progress: called with the task every progress_every seconds (and at the end).
         progress_every: seconds between progress calls.
+        opened: called once the node is open, before its first input (a replica
+            process freezes what it set up then: videoflow.run.gc_freeze).
     """
 
     def __init__(self, node: Node, messenger: Messenger, context: RuntimeContext, *,
-                 progress: Progress | None = None, progress_every: float = 1.0) -> None:
+                 progress: Progress | None = None, progress_every: float = 1.0,
+                 opened: Callable[[], Any] | None = None) -> None:
         self.node, self.messenger, self.context = node, messenger, context
+        self._opened = opened
         self.stats = TaskStats()
         self._failed_publications = 0  # the messenger's count, as last folded in
         self._progress, self._every = progress, progress_every
@@ -148,6 +152,8 @@ class Task:
         node.context = self.context
         try:
             node.open()
+            if self._opened is not None:
+                self._opened()
             try:
                 self._loop()
                 drain = getattr(self.messenger, "drain", None)

@@ -9,9 +9,10 @@ flat-out linear flow (about 6,000 msg/s on 2 cores): each full collection paused
 processor or the producer 24-78 ms, several in the first seconds of a run and then
 more as it goes.
 
-freeze_setup collects once, when the replica is set up and before its task runs, and
-moves every object then alive to the collector's permanent generation (gc.freeze):
-later full collections walk only what the run made. A frozen object is still freed
+freeze_setup collects once, when the replica is set up and its node open (a model, a
+table, whatever its open() loaded) and before its first input, and moves every object
+then alive to the collector's permanent generation (gc.freeze): later full
+collections walk only what the run made. A frozen object is still freed
 as soon as nothing refers to it; only a reference cycle among objects of the setup
 that became garbage later would be kept (none is known).
 """

@@ -104,9 +104,9 @@ def run_replica(job: ReplicaJob, node: Node, *,
             runs (the local engine's start gate).
 
     It is the process's: its allocator is tuned for frame-sized buffers first
-    (videoflow.run.allocator), and once it is set up, what it holds is frozen out of
-    the garbage collector's full collections (videoflow.run.gc_freeze; run on the
-    main thread only).
+    (videoflow.run.allocator), and once it is set up and its node open, what it holds
+    is frozen out of the garbage collector's full collections (videoflow.run.gc_freeze;
+    on the main thread only).
 
     Returns:
         the task's stats.
@@ -171,8 +171,7 @@ def run_replica(job: ReplicaJob, node: Node, *,
                                  nb_tasks=spec.nb_tasks, flow_id=job.flow_id,
                                  run_id=job.run_id, broker_url=job.nats_url)
         task = task_for(node, messenger, context, progress=progress,
-                        progress_every=progress_every)
-        freeze_setup()
+                        progress_every=progress_every, opened=freeze_setup)
         if before_start is not None:
             before_start()
         with _stop_signals(task, sigint_quiesces, quiesce_signal):
