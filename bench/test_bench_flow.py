@@ -75,7 +75,9 @@ at 5,000), so of two flows side by side the one with more to do per message also
 slower and then pays more per message for that too. 4 us of extra work per message
 in the processor (1.3% of the stages' CPU) read as 2.8% flat out. Paced, both do the
 same work per second and only what watching adds differs. The summary says how many
-pairs had a side fall behind the pace (its sink below 95% of it).
+pairs had a side fall behind the pace (its sink below 95% of it), the all-in ratio over
+the pairs that kept it, and when over a quarter fell behind, that the host was
+saturated at that pace: the reading is then not one at one load.
 
 On both sides a producer starts only once its readers have (each reader leaves a
 ready file when its input is bound, every producer waits for them), so no stage is
@@ -303,6 +305,21 @@ def write_observability(write: Callable[[str], None], how: str, on: dict[str, An
                   for side, kept in (("on", on), ("off", off))}
         write(f"  {'':<6}pairs where a side fell below {KEPT_PACE:.0%} of the paced rate: "
               + ", ".join(f"{side} {count}" for side, count in behind.items()))
+        # The pairs at that load: both sides kept the pace. Shown beside the median of
+        # every pair, not in its place: a side that falls behind because watching
+        # costs more leaves this subset with it.
+        kept_pace = [a["cpu_all_us_per_msg"] / b["cpu_all_us_per_msg"]
+                     for a, b in zip(on["rounds"], off["rounds"], strict=False)
+                     if min(a["rate"], b["rate"]) >= KEPT_PACE * rate
+                     and a.get("cpu_all_us_per_msg") and b.get("cpu_all_us_per_msg")]
+        if kept_pace:
+            write(f"  {'':<6}{'all of it, in pairs that kept pace':<36}"
+                  f"{statistics.median(kept_pace):.3f}  ({len(kept_pace)} pairs)")
+        if 4 * max(behind.values()) > len(on["rounds"]):
+            write(f"  {'':<6}over a quarter of the pairs fell behind: at this pace the "
+                  "host was saturated, so this is\n"
+                  f"  {'':<6}not a reading at one load (a lower one: VF_BENCH_FLOW_RATE "
+                  "with -k paced)")
 
 
 def paired_ratios(on: dict[str, Any], off: dict[str, Any], key: str = "rate") -> list[float]:
