@@ -195,6 +195,9 @@ def test_delivery_tokens_equal_only_for_the_same_attempt_and_generation() -> Non
     assert token != DeliveryToken(SUB, 7, 2, 0)  # a redelivery (MSG-011)
     assert token != DeliveryToken(SUB, 7, 1, 1)  # a rebind
     assert token != DeliveryToken(SUB, 8, 1, 0)
+    # The same position through another subscription is another token, in a set too.
+    other = DeliveryToken(SubscriptionId("tracker", ChannelId("f", "r", "camera")), 7, 1, 0)
+    assert token != other and len({token, same, other}) == 2
     with pytest.raises(AttributeError):
         token.attempt = 2  # type: ignore[misc]
 
