@@ -61,8 +61,8 @@ class ReplicaSample:
         stats: TaskStats.snapshot(), with 'subscriptions' when observed.
         restarts: processes of the replica started again (None: not counted here).
         inputs: the node has inputs (False for a producer, whose latency histograms,
-            never observed, are not exported: half a scrape's lines, rendered for
-            nothing, in a flow of a few nodes).
+            never observed, are not exported: a quarter of a 3-node flow's lines,
+            rendered at every scrape for nothing).
     """
 
     node: str
