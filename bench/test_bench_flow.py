@@ -79,6 +79,9 @@ pairs had a side fall behind the pace (its sink below 95% of it), the all-in rat
 the pairs that kept it, and when over a quarter fell behind, that the host was
 saturated at that pace: the reading is then not one at one load.
 
+``flow_tracing_paced``: the same paced pairs, at the same rate, with "on" serving no
+metrics: what the trace header alone costs with no SDK installed (no span is made).
+
 On both sides a producer starts only once its readers have (each reader leaves a
 ready file when its input is bound, every producer waits for them), so no stage is
 measured while another is still starting, and a REALTIME stream does not drop all but
@@ -277,18 +280,20 @@ def write_summary(write: Callable[[str], None]) -> None:
             shown = ["-" if c is None else f"{c:,.0f}" for c in cpu]
             write(f"  {'':<22}{'stage CPU us/msg':<14}{shown[0]:>18}{shown[1]:>18}"
                   "  (median; broker not included)")
-    for case, how in (("observability", "flat out"), ("observability_paced", "paced")):
+    for case, how in (("observability", "flat out"), ("observability_paced", "paced"),
+                      ("tracing_paced", "paced")):
         on, off = _RESULTS.get((case, "on")), _RESULTS.get((case, "off"))
         if on and off:
-            write_observability(write, how, on, off)
+            write_observability(write, how, on, off,
+                                "tracing" if case == "tracing_paced" else "metrics and tracing")
 
 
 def write_observability(write: Callable[[str], None], how: str, on: dict[str, Any],
-                        off: dict[str, Any]) -> None:
-    """The summary's lines for one observability case: per pair, on / off, then the
-    median and range over the pairs."""
+                        off: dict[str, Any], what: str = "metrics and tracing") -> None:
+    """The summary's lines for one observability case (what it turns on): per pair,
+    on / off, then the median and range over the pairs."""
     rate = on.get("paced_rate")
-    write(f"  metrics and tracing on / off, linear_batch {how}"
+    write(f"  {what} on / off, linear_batch {how}"
           + (f" at {rate:,.0f} msg/s each" if rate else "")
           + f" ({len(on['rounds'])} pairs, each pair's two runs side by side):")
     for key, what in (("cpu_us_per_msg", "stage CPU per message"),
@@ -738,11 +743,11 @@ def scraped(port: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def watched(side: str, port: int) -> Iterator[dict[str, Any]]:
-    """run_flow's options for a run watched ("on": metrics served on port, every
-    output's traceparent header; no SDK, so no span) or not ("off": no metrics, and
-    VIDEOFLOW_TRACING=off, which the replicas inherit), with the environment set for
-    the block."""
+def watched(side: str, port: int, metrics: bool = True) -> Iterator[dict[str, Any]]:
+    """run_flow's options for a run watched ("on": metrics served on port unless
+    metrics is False, every output's traceparent header; no SDK, so no span) or not
+    ("off": no metrics, and VIDEOFLOW_TRACING=off, which the replicas inherit), with
+    the environment set for the block."""
     saved = os.environ.get(TRACING_ENV)
     try:
         if side == "off":
@@ -750,7 +755,7 @@ def watched(side: str, port: int) -> Iterator[dict[str, Any]]:
             yield {}
         else:
             os.environ.pop(TRACING_ENV, None)
-            yield {"metrics_port": port}
+            yield {"metrics_port": port} if metrics else {}
     finally:
         if saved is None:
             os.environ.pop(TRACING_ENV, None)
@@ -759,16 +764,17 @@ def watched(side: str, port: int) -> Iterator[dict[str, Any]]:
 
 
 def observed_round(url: str, out: Path, n: int, side: str, gate: str | None = None,
-                   rate: float = 0.0, port: int = 0) -> dict[str, Any]:
-    """One linear BATCH run, watched or not (watched; metrics on port); its producer
-    waits for gate when one is named, and is paced at rate per second when rate > 0."""
-    with watched(side, port) as options:
+                   rate: float = 0.0, port: int = 0, metrics: bool = True) -> dict[str, Any]:
+    """One linear BATCH run, watched or not (watched; metrics on port unless metrics
+    is False); its producer waits for gate when one is named, and is paced at rate per
+    second when rate > 0."""
+    with watched(side, port, metrics) as options:
         return videoflow_linear(url, out, n, BATCH, name=f"observed-{side}",
                                 options=options, gate=gate, rate=rate)
 
 
 def observed_child(url: str, out: str, n: int, side: str, gate: str, rate: float,
-                   port: int) -> None:
+                   port: int, metrics: bool = True) -> None:
     """observed_round in a process of its own, its figures written to <out>/round.json
     (observed_pair runs two at once), with the CPU of the stages and of this process
     (the engine, serving metrics) from the gate's opening to the end, per message."""
@@ -780,7 +786,7 @@ def observed_child(url: str, out: str, n: int, side: str, gate: str, rate: float
 
     watcher = threading.Thread(target=at_gate, daemon=True)
     watcher.start()
-    figures = observed_round(url, Path(out), n, side, gate, rate, port)
+    figures = observed_round(url, Path(out), n, side, gate, rate, port, metrics)
     watcher.join(1.0)
     if opened and figures["cpu_us_per_msg"] is not None:
         engine = 1e6 * (time.process_time() - opened[0]) / n
@@ -843,11 +849,12 @@ def broker_cpu(server: embedded.EmbeddedServer) -> float | None:
 
 
 def observed_pair(brokers: dict[str, embedded.EmbeddedServer], outs: dict[str, Path],
-                  n: int, rate: float = 0.0) -> dict[str, dict[str, Any]]:
+                  n: int, rate: float = 0.0, metrics: bool = True
+                  ) -> dict[str, dict[str, Any]]:
     """One round of each side, run at once (observed_child), each on its own broker
     (brokers: side -> broker, its order the order the sides start in), their
     producers released together once both flows' readers are up, and paced at rate
-    per second when rate > 0.
+    per second when rate > 0; "on" serves metrics, scraped, unless metrics is False.
 
     Returns:
         each side's figures, "rate" being its sink's over the window both sinks were
@@ -860,14 +867,14 @@ def observed_pair(brokers: dict[str, embedded.EmbeddedServer], outs: dict[str, P
     port = free_port()
     children = {side: context.Process(target=observed_child, name=f"observed-{side}",
                                       args=(brokers[side].url, str(outs[side]), n, side,
-                                            str(gate), rate, port))
+                                            str(gate), rate, port, metrics))
                 for side in brokers}
     spent: dict[str, float | None] = {}
 
     def at_gate() -> None:
         spent.update({side: broker_cpu(brokers[side]) for side in OBSERVABILITY})
 
-    with scraped(port):
+    with scraped(port) if metrics else contextlib.nullcontext():
         run_pair(children, outs, gate, at_gate)
     figures = {side: json.loads((outs[side] / "round.json").read_text())
                for side in OBSERVABILITY}
@@ -889,8 +896,8 @@ def observed_pair(brokers: dict[str, embedded.EmbeddedServer], outs: dict[str, P
 
 
 def observed_pairs(benchmark: Any, brokers: list[embedded.EmbeddedServer],
-                   rounds_dir: Callable[[], Path], case: str, rate: float = 0.0
-                   ) -> dict[str, dict[str, Any]]:
+                   rounds_dir: Callable[[], Path], case: str, rate: float = 0.0,
+                   metrics: bool = True) -> dict[str, dict[str, Any]]:
     """Pairs of runs on and off (observed_pair), recorded as `case`: four per round
     asked (a pair's ratio still varies by several percent, and its median over a
     dozen pairs is what reads a few), one with timing off. The sides swap the two
@@ -908,7 +915,8 @@ def observed_pairs(benchmark: Any, brokers: list[embedded.EmbeddedServer],
         turn = len(rounds["on"])
         order = OBSERVABILITY if turn % 4 < 2 else OBSERVABILITY[::-1]
         sides = {side: brokers[(OBSERVABILITY.index(side) + turn) % 2] for side in order}
-        for side, figures in observed_pair(sides, outs, sizes.messages, rate).items():
+        for side, figures in observed_pair(sides, outs, sizes.messages, rate,
+                                           metrics).items():
             rounds[side].append(figures)
 
     run_rounds(benchmark, sizes.rounds * 4 if not benchmark.disabled else 1, pair)
@@ -961,6 +969,22 @@ def test_observability_cost_paced(benchmark: Any, summary: None,
     rate, basis = observed_rate()
     kept = observed_pairs(benchmark, pair_brokers, rounds_dir, "observability_paced",
                           rate)
+    for side in OBSERVABILITY:
+        kept[side]["paced_rate"] = rate
+    benchmark.extra_info["paced_rate"] = rate
+    benchmark.extra_info["rate_basis"] = basis
+
+
+@pytest.mark.benchmark(group="flow_tracing_paced")
+def test_tracing_cost_paced(benchmark: Any, summary: None,
+                            pair_brokers: list[embedded.EmbeddedServer],
+                            rounds_dir: Callable[[], Path]) -> None:
+    """What the trace header alone costs (no SDK, so no span; no metrics served): the
+    paced pairs of flow_observability_paced, at the same rate, with "on" serving no
+    metrics."""
+    rate, basis = observed_rate()
+    kept = observed_pairs(benchmark, pair_brokers, rounds_dir, "tracing_paced", rate,
+                          metrics=False)
     for side in OBSERVABILITY:
         kept[side]["paced_rate"] = rate
     benchmark.extra_info["paced_rate"] = rate
