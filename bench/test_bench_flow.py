@@ -280,20 +280,22 @@ def write_summary(write: Callable[[str], None]) -> None:
             shown = ["-" if c is None else f"{c:,.0f}" for c in cpu]
             write(f"  {'':<22}{'stage CPU us/msg':<14}{shown[0]:>18}{shown[1]:>18}"
                   "  (median; broker not included)")
-    for case, how in (("observability", "flat out"), ("observability_paced", "paced"),
-                      ("tracing_paced", "paced")):
+    watching = "metrics and tracing"
+    for case, turned_on, how in (("observability", watching, "flat out"),
+                                 ("observability_paced", watching, "paced"),
+                                 ("tracing_paced", "tracing", "paced")):
         on, off = _RESULTS.get((case, "on")), _RESULTS.get((case, "off"))
         if on and off:
-            write_observability(write, how, on, off,
-                                "tracing" if case == "tracing_paced" else "metrics and tracing")
+            write_observability(write, how, on, off, turned_on)
 
 
 def write_observability(write: Callable[[str], None], how: str, on: dict[str, Any],
-                        off: dict[str, Any], what: str = "metrics and tracing") -> None:
-    """The summary's lines for one observability case (what it turns on): per pair,
-    on / off, then the median and range over the pairs."""
+                        off: dict[str, Any], turned_on: str = "metrics and tracing"
+                        ) -> None:
+    """The summary's lines for one observability case (turned_on: what "on" turns
+    on): per pair, on / off, then the median and range over the pairs."""
     rate = on.get("paced_rate")
-    write(f"  {what} on / off, linear_batch {how}"
+    write(f"  {turned_on} on / off, linear_batch {how}"
           + (f" at {rate:,.0f} msg/s each" if rate else "")
           + f" ({len(on['rounds'])} pairs, each pair's two runs side by side):")
     for key, what in (("cpu_us_per_msg", "stage CPU per message"),
@@ -966,9 +968,15 @@ def test_observability_cost_paced(benchmark: Any, summary: None,
     at one rate (observed_rate), so both do the same work per second and only what
     watching adds differs; the summary gives the pairs' ratios of CPU per message
     (the figure to read) and how many pairs kept pace."""
+    paced_pairs(benchmark, pair_brokers, rounds_dir, "observability_paced")
+
+
+def paced_pairs(benchmark: Any, brokers: list[embedded.EmbeddedServer],
+                rounds_dir: Callable[[], Path], case: str, metrics: bool = True) -> None:
+    """observed_pairs, both sides paced at observed_rate, recorded as `case` with the
+    rate and how it was chosen."""
     rate, basis = observed_rate()
-    kept = observed_pairs(benchmark, pair_brokers, rounds_dir, "observability_paced",
-                          rate)
+    kept = observed_pairs(benchmark, brokers, rounds_dir, case, rate, metrics)
     for side in OBSERVABILITY:
         kept[side]["paced_rate"] = rate
     benchmark.extra_info["paced_rate"] = rate
@@ -982,10 +990,4 @@ def test_tracing_cost_paced(benchmark: Any, summary: None,
     """What the trace header alone costs (no SDK, so no span; no metrics served): the
     paced pairs of flow_observability_paced, at the same rate, with "on" serving no
     metrics."""
-    rate, basis = observed_rate()
-    kept = observed_pairs(benchmark, pair_brokers, rounds_dir, "tracing_paced", rate,
-                          metrics=False)
-    for side in OBSERVABILITY:
-        kept[side]["paced_rate"] = rate
-    benchmark.extra_info["paced_rate"] = rate
-    benchmark.extra_info["rate_basis"] = basis
+    paced_pairs(benchmark, pair_brokers, rounds_dir, "tracing_paced", metrics=False)
