@@ -4,6 +4,8 @@ directory of files, one per applied group, named by the group's identity."""
 
 from __future__ import annotations
 
+import gc
+import json
 import logging
 import os
 import time
@@ -124,9 +126,6 @@ class RecordCollector(ConsumerNode):
         self.model = [[k] for k in range(self.loaded)]
 
     def consume(self, *inputs: Any) -> None:
-        import gc
-        import json
-
         path = Path(self.directory) / "collector.json"
         if not path.exists():
             path.write_text(json.dumps({"frozen": gc.get_freeze_count(),
