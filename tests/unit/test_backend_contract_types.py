@@ -52,6 +52,7 @@ from videoflow.backends.messaging import (
     VerifiedChannel,
     VerifiedSubscription,
 )
+from videoflow.backends.messaging_types import received
 from videoflow.errors import VideoflowError
 
 CH = ChannelId("f", "r", "camera")
@@ -219,6 +220,18 @@ def test_delivery_agrees_with_its_token() -> None:
     assert delivery.size == 3
     with pytest.raises(ValueError, match="agree"):
         Delivery(token, b"xyz", num_delivered=1, stream_seq=7)
+
+
+def test_a_backend_built_delivery_is_the_one_its_constructors_would_build() -> None:
+    built = received(SUB, 7, 2, 3, b"xyz", "00-" + "a" * 32 + "-" + "b" * 16 + "-01")
+    checked = Delivery(DeliveryToken(SUB, 7, 2, 3), b"xyz", num_delivered=2, stream_seq=7,
+                       traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01")
+    assert built == checked and built.token == checked.token
+    assert hash(built.token) == hash(checked.token) and built.size == 3
+    with pytest.raises(AttributeError):  # as frozen as a checked one
+        built.token.attempt = 3  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        built.data = b""  # type: ignore[misc]
 
 
 def test_publish_outcomes_are_distinct_types() -> None:

@@ -70,6 +70,7 @@ from videoflow.backends.messaging import (
     VerifiedChannel,
     VerifiedSubscription,
 )
+from videoflow.backends.messaging_types import received
 from videoflow.core.naming import (
     dlq_subject_for,
     eos_subject_for,
@@ -439,9 +440,7 @@ class MemoryMessagingBackend(MessagingBackend):
             if fetched is None:
                 return
             seq, attempt, data, traceparent = fetched
-            token = DeliveryToken(sub, seq, attempt, generation)
-            delivery = Delivery(token=token, data=data, num_delivered=attempt, stream_seq=seq,
-                                traceparent=traceparent)
+            delivery = received(sub, seq, attempt, generation, data, traceparent)
             # MSG-011: a redelivery supersedes any earlier attempt this receiver holds.
             for old in [t for t in self._held if t.subscription == sub and t.stream_seq == seq]:
                 del self._held[old]
@@ -454,7 +453,7 @@ class MemoryMessagingBackend(MessagingBackend):
                         skipped.append((binding.on_skip, delivery))
                 continue
             binding.parked.append(delivery)
-            self._held[token] = delivery
+            self._held[delivery.token] = delivery
 
     def _sub_bytes(self, sub: SubscriptionId) -> int:
         return sum(d.size for t, d in self._held.items() if t.subscription == sub)

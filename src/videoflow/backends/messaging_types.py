@@ -378,6 +378,30 @@ class Delivery:
         return len(self.data)
 
 
+_new = object.__new__
+_set = object.__setattr__
+
+
+def received(subscription: SubscriptionId, stream_seq: int, attempt: int, generation: int,
+             data: bytes, traceparent: str | None) -> Delivery:
+    """A Delivery and its token as a backend hands them out, built without the checks
+    their constructors make: a backend's values come from the broker's own position
+    fields (ints) and message (bytes), and the checks cost 1.4 us of every delivery's
+    2.6 (measured, Python 3.11), paid by every reader of a flow for every message."""
+    token = _new(DeliveryToken)
+    _set(token, "subscription", subscription)
+    _set(token, "stream_seq", stream_seq)
+    _set(token, "attempt", attempt)
+    _set(token, "generation", generation)
+    delivery = _new(Delivery)
+    _set(delivery, "token", token)
+    _set(delivery, "data", data)
+    _set(delivery, "num_delivered", attempt)
+    _set(delivery, "stream_seq", stream_seq)
+    _set(delivery, "traceparent", traceparent)
+    return delivery
+
+
 # ------------------------------------------------------------------ publish outcomes
 
 

@@ -32,6 +32,7 @@ from videoflow.backends.jetstream.receive_leases import DeliveryLeases, HeldDeli
 from videoflow.backends.jetstream.receive_queue import PrefetchQueue
 from videoflow.backends.jetstream.settle import ReplyMux, subscribe_inline
 from videoflow.backends.messaging import Delivery, DeliveryToken, SettleResult, SubscriptionId
+from videoflow.backends.messaging_types import received
 
 logger = logging.getLogger(__name__)
 
@@ -387,11 +388,10 @@ class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
 
     def _park(self, msg: Msg) -> None:
         seq, attempt, pending = delivery_position(msg)
-        token = DeliveryToken(self.subscription, seq, attempt, self.generation)
         # A status-less message's headers are its publisher's (Nats-Msg-Id, traceparent).
         headers = msg.headers
-        delivery = Delivery(token=token, data=msg.data, num_delivered=attempt, stream_seq=seq,
-                            traceparent=headers.get(TRACEPARENT_HEADER) if headers else None)
+        delivery = received(self.subscription, seq, attempt, self.generation, msg.data,
+                            headers.get(TRACEPARENT_HEADER) if headers else None)
         # A moving mean of the sizes, for depth(): recent sizes weigh most.
         size = delivery.size
         self._mean_size = size if not self._mean_size else 0.9 * self._mean_size + 0.1 * size
