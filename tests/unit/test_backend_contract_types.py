@@ -52,7 +52,7 @@ from videoflow.backends.messaging import (
     VerifiedChannel,
     VerifiedSubscription,
 )
-from videoflow.backends.messaging_types import received
+from videoflow.backends.messaging_types import outgoing, received, stored
 from videoflow.errors import VideoflowError
 
 CH = ChannelId("f", "r", "camera")
@@ -232,6 +232,17 @@ def test_a_backend_built_delivery_is_the_one_its_constructors_would_build() -> N
         built.token.attempt = 3  # type: ignore[misc]
     with pytest.raises(AttributeError):
         built.data = b""  # type: ignore[misc]
+
+
+def test_a_messenger_built_envelope_and_a_backend_built_acceptance_are_the_checked_ones(
+) -> None:
+    tp = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    assert outgoing(CH, b"xyz", "n:1", tp) == Envelope(CH, "data", b"xyz", "n:1", tp)
+    assert outgoing(CH, b"xyz", "n:1", None) == Envelope(CH, "data", b"xyz", "n:1")
+    assert stored(7, True) == Accepted(7, duplicate=True)
+    assert stored(7, False) == Accepted(7)
+    with pytest.raises(AttributeError):
+        stored(7, False).stream_seq = 8  # type: ignore[misc]
 
 
 def test_publish_outcomes_are_distinct_types() -> None:
