@@ -69,6 +69,14 @@ class WarningScale(Scale):
         return super().process(value)
 
 
+class PrintingScale(Scale):
+    """Scale that prints each value it is given, as a user's node prints."""
+
+    def process(self, value: int) -> int:
+        print(f"scaling {value}", flush=True)
+        return super().process(value)
+
+
 class Add(ProcessorNode):
     def process(self, a: int, b: int) -> int:
         return a + b

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import os
 
-from flow_nodes import Numbers, Record, RejectMultiplesOf, Scale, WarningScale
+from flow_nodes import (
+    Numbers,
+    PrintingScale,
+    Record,
+    RejectMultiplesOf,
+    Scale,
+    WarningScale,
+)
 
 from videoflow.flow import Flow
 
@@ -39,6 +46,13 @@ def warning_chain() -> Flow:
     count, pace, out, _ = _env()
     numbers = Numbers(count, pace=pace)
     return Flow([numbers], [Record(out)(WarningScale(2)(numbers))], name="cliwarn")
+
+
+def printing_chain() -> Flow:
+    """numbers -> scale(x2), which prints each value -> record."""
+    count, pace, out, _ = _env()
+    numbers = Numbers(count, pace=pace)
+    return Flow([numbers], [Record(out)(PrintingScale(2)(numbers))], name="cliprint")
 
 
 not_a_flow = 42

@@ -71,6 +71,17 @@ def test_run_json_reports_the_broker_without_its_password(
     assert PASSWORD not in done.stdout + done.stderr
 
 
+def test_run_json_keeps_stdout_for_its_document_and_what_nodes_print_goes_to_stderr(
+        nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
+    done = videoflow("run", "flows:printing_chain", "--nats-url", nats_server.url, "--json",
+                     env=environment(tmp_path, count=5))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)  # the whole of stdout is the one document
+    assert report["outcome"] == "completed"
+    assert [line for line in done.stderr.splitlines() if line.startswith("scaling")] == [
+        f"scaling {n}" for n in range(5)]
+
+
 def test_an_unreachable_broker_is_named_without_its_password(tmp_path: Path) -> None:
     done = videoflow("provision", "flows:chain", "--out", str(tmp_path / "x.json"),
                      "--nats-url", f"nats://flow:{PASSWORD}@127.0.0.1:1", "--timeout", "3",

@@ -5,8 +5,11 @@ name, and the argparse types for counts, seconds and budgets."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import sys
+from collections.abc import Iterator
 from typing import Any, Final
 
 from videoflow.broker.link import check_budget
@@ -62,6 +65,33 @@ class CommandError(VideoflowError):
     def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
         super().__init__(message)
         self.code = code
+
+
+@contextlib.contextmanager
+def stdout_for_the_document(document: bool) -> Iterator[None]:
+    """With document (--json), what anyone writes to stdout while the block runs --
+    the command, the nodes it runs, the replica processes it starts (they inherit the
+    descriptor) -- goes to stderr instead, so stdout holds only the JSON document
+    printed after the block. Without, nothing changes."""
+    if not document:
+        yield
+        return
+    sys.stdout.flush()
+    try:
+        kept = os.dup(1)
+    except OSError:  # no descriptor 1 to keep (a closed stdout): Python's own only
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+        return
+    try:
+        sys.stderr.flush()
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(kept, 1)
+        os.close(kept)
 
 
 def nats_url_option(parser: argparse.ArgumentParser, required_default: bool = True) -> None:

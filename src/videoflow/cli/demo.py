@@ -68,7 +68,13 @@ import argparse
 import json
 from typing import Any
 
-from videoflow.cli.common import EXIT_FAILED, CommandError, metrics_option, nats_url_option
+from videoflow.cli.common import (
+    EXIT_FAILED,
+    CommandError,
+    metrics_option,
+    nats_url_option,
+    stdout_for_the_document,
+)
 from videoflow.cli.demo_flow import (
     DEFAULT_SEED,
     MAX_CAMERAS,
@@ -118,10 +124,12 @@ def _command(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise CommandError(str(error)) from error
     try:
-        result = run_demo(args.cameras, args.fps, args.duration, size, args.imu_hz,
-                          args.drop_rate, args.seed, args.nats_url, args.start_delay,
-                          view=False if args.json else LiveView(), backlog=args.backlog,
-                          fusion_delay=args.fusion_delay, metrics_port=args.metrics_port)
+        with stdout_for_the_document(args.json):
+            result = run_demo(args.cameras, args.fps, args.duration, size, args.imu_hz,
+                              args.drop_rate, args.seed, args.nats_url, args.start_delay,
+                              view=False if args.json else LiveView(),
+                              backlog=args.backlog, fusion_delay=args.fusion_delay,
+                              metrics_port=args.metrics_port)
     except MetricsUnavailable as error:
         raise CommandError(str(error), EXIT_FAILED) from error
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())

@@ -58,6 +58,7 @@ from videoflow.cli.common import (
     positive_seconds,
     replicas_option,
     resolve_nats_url,
+    stdout_for_the_document,
     whole_number,
 )
 from videoflow.logs import LOG_FORMATS
@@ -171,12 +172,13 @@ def _run_to_end(flow: Any, args: argparse.Namespace) -> int:
     if args.resume and args.run and args.resume != args.run:
         raise CommandError(f"--resume {args.resume} and --run {args.run} name two runs")
     try:
-        report = run_flow(flow, nats_url=args.nats_url, stop_after=args.stop_after,
-                          run_id=args.resume or args.run,
-                          view=False if args.json else LiveView(),
-                          store_dir=args.store_dir, ephemeral=args.ephemeral,
-                          replicas=args.replicas, outage_budget=args.outage_budget,
-                          resume=bool(args.resume), metrics_port=args.metrics_port)
+        with stdout_for_the_document(args.json):  # what the nodes print: to stderr
+            report = run_flow(flow, nats_url=args.nats_url, stop_after=args.stop_after,
+                              run_id=args.resume or args.run,
+                              view=False if args.json else LiveView(),
+                              store_dir=args.store_dir, ephemeral=args.ephemeral,
+                              replicas=args.replicas, outage_budget=args.outage_budget,
+                              resume=bool(args.resume), metrics_port=args.metrics_port)
     except MetricsUnavailable as error:
         raise CommandError(str(error), EXIT_FAILED) from error
     if args.json:
