@@ -184,6 +184,73 @@ def test_hz_reports_a_paced_producers_rate_each_window(
         assert window["gap_ms"]["min"] >= 0 and window["event_lag_ms"]["p50"] >= 0
 
 
+def store_environment(store: Path, out: Path | None = None, **sizes: Any) -> dict[str, str]:
+    """The environment of a command given no broker URL: the embedded broker on store."""
+    env = base_environment() if out is None else environment(out, **sizes)
+    env.pop("VIDEOFLOW_NATS_URL", None)
+    env["VIDEOFLOW_STORE_DIR"] = str(store)
+    return env
+
+
+def test_tap_given_no_url_follows_run_after_run_on_the_store_and_keeps_none_out(
+        tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    watching = subprocess.Popen(
+        command("tap", "cli", "scale", "--count", "10", "--json", "--seconds", "120"),
+        cwd=HERE, env=store_environment(store), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    runs = []
+    try:
+        said = watching.stderr.readline() if watching.stderr else ""
+        assert said == f"waiting for a run on the store {store}\n"
+        for k in range(2):
+            out = tmp_path / f"out{k}"
+            out.mkdir()
+            # A tap that started a server on the store would hold it: this run would
+            # wait for it, then fail.
+            run = videoflow("run", "flows:chain", "--json",
+                            env=store_environment(store, out, count=5, pace=0.05))
+            assert run.returncode == 0, run.stderr
+            runs.append(json.loads(run.stdout)["run_id"])
+        stdout, stderr = watching.communicate(timeout=60)
+    finally:
+        watching.kill()
+    assert watching.returncode == 0, stderr
+    seen = [(line["run"], line["message"]) for line in map(json.loads, stdout.splitlines())]
+    assert seen == [(run, repr(2 * n)) for run in runs for n in range(5)]
+    told = stderr.splitlines()
+    assert told.count("listening on vf.cli.*.scale") == 2, told
+    stopped = [line for line in told if line.startswith("the run's broker at nats://")]
+    assert len(stopped) == 1 and stopped[0].endswith(" stopped"), told  # the first run's
+    assert told[-1].startswith("tap: 10 messages in "), told
+
+
+def test_tap_says_when_its_broker_is_lost_and_ends_in_one_error_past_the_budget(
+        tmp_path: Path) -> None:
+    server = embedded.start(tmp_path / "store")
+    url = server.url
+    env = base_environment()
+    env["VIDEOFLOW_OUTAGE_BUDGET"] = "2"
+    watching = subprocess.Popen(command("tap", "cli", "scale", "--nats-url", url),
+                                cwd=HERE, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        said = watching.stderr.readline() if watching.stderr else ""
+        assert said == "listening on vf.cli.*.scale\n"
+        server.stop()
+        stdout, stderr = watching.communicate(timeout=60)
+    finally:
+        watching.kill()
+        server.stop()
+    assert watching.returncode == 1, stderr
+    assert stdout == ""
+    told = stderr.splitlines()
+    assert told[0] == f"lost the broker at {url}; reconnecting"
+    assert told[-1] == (
+        f"videoflow: error: the broker {url} was unreachable for more than 2 s (the outage "
+        "budget; raise it with outage_budget= or VIDEOFLOW_OUTAGE_BUDGET)")
+
+
 def test_ls_shows_a_provisioned_run_idle_then_running_once_a_worker_pulls(
         nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
     env = environment(tmp_path, count=5)

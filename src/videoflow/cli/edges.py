@@ -5,19 +5,24 @@
     videoflow hz FLOW NODE [--run RUN] [--window S] [--seconds S] [--json]
 
 Both end at --count / --seconds or on Ctrl-C, which is how a tap is usually ended: it
-then says what it saw and exits 0.
+then says what it saw and exits 0. Given no broker URL, they follow the runs on the
+embedded broker's store: they wait for a `videoflow run` there, watch it until its
+broker stops, and wait for the next (RunBrokers), saying so on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
 from typing import Any
 
-from videoflow.cli.common import EXIT_OK, positive_seconds, whole_number
-from videoflow.cli.ops import broker_options, broker_url, guarded, input_summary
+from videoflow.cli.common import ENV_NATS_URL, EXIT_OK, positive_seconds, whole_number
+from videoflow.cli.ops import broker_options, guarded, input_summary
+from videoflow.ops.embedded import RunBrokers
 from videoflow.ops.tap import Rate, Tapped, tap
 
 
@@ -46,12 +51,12 @@ def cmd_tap(args: argparse.Namespace) -> int:
         print(json.dumps(_document(message)) if args.json else _line(message), flush=True)
 
     started, got = time.monotonic(), 0
-    with broker_url(args) as url:
-        try:
-            got = tap(url, args.flow, args.node, seen, run_id=args.run, count=args.count,
-                      seconds=args.seconds, timeout=args.timeout, ready=_listening)
-        except KeyboardInterrupt:
-            got = -1  # the count is in the lines already printed
+    try:
+        got = tap(_broker(args), args.flow, args.node, seen, run_id=args.run,
+                  count=args.count, seconds=args.seconds, timeout=args.timeout,
+                  ready=_listening, status=_status)
+    except KeyboardInterrupt:
+        got = -1  # the count is in the lines already printed
     if got >= 0:
         print(f"tap: {got} message{'s' if got != 1 else ''} in "
               f"{time.monotonic() - started:.1f} s", file=sys.stderr)
@@ -76,17 +81,26 @@ def cmd_hz(args: argparse.Namespace) -> int:
               + (f"  undecodable {figures['undecodable']}" if figures["undecodable"] else ""),
               flush=True)
 
-    with broker_url(args) as url:
-        try:
-            tap(url, args.flow, args.node, rate.add, run_id=args.run, seconds=args.seconds,
-                timeout=args.timeout, every=args.window, tick=tick, ready=_listening)
-        except KeyboardInterrupt:
-            pass
+    with contextlib.suppress(KeyboardInterrupt):
+        tap(_broker(args), args.flow, args.node, rate.add, run_id=args.run,
+            seconds=args.seconds, timeout=args.timeout, every=args.window, tick=tick,
+            ready=_listening, status=_status)
     return EXIT_OK
+
+
+def _broker(args: argparse.Namespace) -> str | RunBrokers:
+    """The broker given, else the runs on the embedded broker's store, followed: a
+    tap that started a server on the store would keep runs from starting there."""
+    url = args.nats_url or os.environ.get(ENV_NATS_URL)
+    return str(url) if url else RunBrokers(args.store_dir)
 
 
 def _listening(subject: str) -> None:
     print(f"listening on {subject}", file=sys.stderr, flush=True)
+
+
+def _status(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def register(subparsers: Any) -> None:

@@ -15,7 +15,8 @@ vf-{flow}-dlq (STREAM-8) under vf.{flow}._dlq.{run}.{node}; nothing here but dlq
 ever removes one, and teardown never touches that stream.
 
 Given no broker URL, the commands talk to the embedded nats-server on the store a
-`videoflow run` without a URL keeps (embedded_broker).
+`videoflow run` without a URL keeps (embedded_broker); tap and hz follow the runs on it
+instead (RunBrokers).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from videoflow.ops.buckets import (
     flow_bucket_names,
 )
 from videoflow.ops.dead_letters import DeadLetterEntry, DeadLetterNotFound, dlq_list, dlq_show
-from videoflow.ops.embedded import embedded_broker
+from videoflow.ops.embedded import RunBrokers, embedded_broker
 from videoflow.ops.purge import dlq_purge
 from videoflow.ops.replay import REPLAY_INTO_LIVE_RUN as REPLAY_INTO_LIVE_RUN
 from videoflow.ops.replay import REPLAY_MSG_ID_PREFIX, ReplayReport, ReplayResult, dlq_replay
@@ -68,6 +69,7 @@ __all__ = [
     "DurableStatus",
     "ReplayReport",
     "ReplayResult",
+    "RunBrokers",
     "RunStatus",
     "StreamStatus",
     "dlq_list",

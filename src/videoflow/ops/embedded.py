@@ -9,7 +9,13 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from videoflow.broker.server import EmbeddedServer, StoreBusy, answers, store_dir_for
+from videoflow.broker.server import (
+    EmbeddedServer,
+    StoreBusy,
+    answers,
+    read_server_record,
+    store_dir_for,
+)
 from videoflow.errors import EmbeddedServerError
 
 
@@ -59,3 +65,30 @@ def embedded_broker(store_dir: str | os.PathLike[str] | None = None) -> Iterator
         yield server.url
     finally:
         server.stop()
+
+
+class RunBrokers:
+    """The broker a `videoflow run` is using on a store, run after run: what `tap` and
+    `hz` given no broker URL follow. They start no server of their own on the store,
+    which would hold it and keep a run from starting there for as long as they watch.
+
+    Arguments:
+        store_dir: the store; None takes VIDEOFLOW_STORE_DIR, else the per-user
+            default (server.store_dir_for).
+    """
+
+    def __init__(self, store_dir: str | os.PathLike[str] | None = None) -> None:
+        path = store_dir_for(store_dir)
+        assert path is not None  # not ephemeral: a command's store is never temporary
+        self.store = path
+
+    def __call__(self) -> str | None:
+        """The URL of the server a run started on the store, if one holds it and
+        answers now; else None."""
+        record = read_server_record(self.store)
+        if record is None or record.purpose != "run" or not answers(record.url):
+            return None
+        return record.url
+
+    def __str__(self) -> str:
+        return f"the store {self.store}"

@@ -14,8 +14,9 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
+from videoflow.broker.link import Outage, outage_budget_from_env, redact_url
 from videoflow.broker.loop import ErrorLog, close_client, connect_fail_fast
 from videoflow.core.naming import SUBJECT_ROOT, subject_for
 from videoflow.errors import BrokerUnavailable, WireError
@@ -51,29 +52,44 @@ def edge_subject(flow_id: str, node: str, run_id: str | None = None) -> str:
     return ".".join((SUBJECT_ROOT, probe[1], "*", probe[3]))
 
 
-def tap(nats_url: str, flow_id: str, node: str, seen: Callable[[Tapped], None], *,
-        run_id: str | None = None, count: int | None = None, seconds: float | None = None,
-        timeout: float = 10.0, every: float | None = None,
-        tick: Callable[[], None] | None = None,
-        ready: Callable[[str], None] | None = None) -> int:
+FOLLOW_POLL_SECONDS: Final = 0.25
+"""How often a tap following runs looks for a run's broker on the store, and how soon
+it notices one stopped."""
+
+
+def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
+        seen: Callable[[Tapped], None], *, run_id: str | None = None,
+        count: int | None = None, seconds: float | None = None, timeout: float = 10.0,
+        every: float | None = None, tick: Callable[[], None] | None = None,
+        ready: Callable[[str], None] | None = None,
+        status: Callable[[str], None] | None = None) -> int:
     """Show the messages a node publishes, live, until count of them were seen or
     seconds passed (None: until interrupted).
 
     Arguments:
+        broker: the broker's URL: the tap rides out its outages within the outage
+            budget (VIDEOFLOW_OUTAGE_BUDGET, else broker.link's default). Or a
+            function giving the URL of the broker a run is using now, None while none
+            is (ops.embedded.RunBrokers): the tap follows run after run, waiting for
+            one, watching it until its broker stops, then waiting for the next.
         seen: called with each message, in order, on this thread.
         run_id: one run's edge; None for any run of the flow.
-        timeout: the bound of the connect.
+        timeout: the bound of each connect.
         every / tick: tick() is called every `every` seconds, messages or not (hz's
-            windows).
-        ready: called with the subject once the subscription is in place: from then
-            on, nothing published there is missed.
+            windows), waits for a run included.
+        ready: called with the subject once the subscription is in place (at each
+            broker, when following runs): from then on, nothing published there is
+            missed.
+        status: called with a line for the user when the tap waits for a run, and when
+            a broker goes away, comes back or stops.
 
     Returns:
         How many messages were seen.
 
     Raises:
-        BrokerUnavailable: the broker could not be reached within timeout.
-        ValueError: a bad name, count or duration.
+        BrokerUnavailable: the broker could not be reached within timeout, or it was
+            away for longer than the outage budget.
+        ValueError: a bad name, count or duration, or VIDEOFLOW_OUTAGE_BUDGET.
     """
     if count is not None and (isinstance(count, bool) or count < 1):
         raise ValueError(f"count must be None or >= 1, got {count!r}")
@@ -81,34 +97,39 @@ def tap(nats_url: str, flow_id: str, node: str, seen: Callable[[Tapped], None], 
         if value is not None and not (value > 0 and math.isfinite(value)):
             raise ValueError(f"{name} must be None or a finite number > 0, got {value!r}")
     subject = edge_subject(flow_id, node, run_id)
+    pace = _Pace(seconds, every, tick)
+    say = status or (lambda line: None)
 
-    async def main() -> int:
+    async def watch(url: str, following: bool, wanted: int | None) -> int:
+        """What one broker shows, until wanted messages were seen, the pace ended, or
+        (following) the broker stopped."""
         errors = ErrorLog()
+        # A run's broker is not waited for once it stops: the next run's is another.
+        outage = Outage(budget=0.0 if following else outage_budget_from_env(),
+                        where=redact_url(url))
         try:
-            nc = await asyncio.wait_for(connect_fail_fast(nats_url, timeout, errors), timeout)
+            nc = await asyncio.wait_for(
+                connect_fail_fast(url, timeout, errors, outage), timeout)
         except (asyncio.TimeoutError, OSError) as error:
             raise BrokerUnavailable(f"no answer within {timeout:g} s: {error!r}") from error
         queue: asyncio.Queue[Any] = asyncio.Queue()
+        n, away = 0, False
         try:
             await nc.subscribe(subject, cb=queue.put)
             await nc.flush()
             if ready is not None:
                 ready(subject)
-            now = time.monotonic()
-            ends = None if seconds is None else now + seconds
-            next_tick = None if every is None else now + every
-            n = 0
-            while count is None or n < count:
-                now = time.monotonic()
-                if next_tick is not None and now >= next_tick:
-                    if tick is not None:
-                        tick()
-                    next_tick += every or 0.0
-                if ends is not None and now >= ends:
-                    break
-                waits = [t - now for t in (ends, next_tick) if t is not None]
+            while (wanted is None or n < wanted) and not pace.step():
+                if nc.is_closed:
+                    if outage.given_up is not None:
+                        raise BrokerUnavailable(outage.given_up)
+                    break  # following: the run's broker stopped
+                if outage.away != away:
+                    away = outage.away
+                    say(f"lost the broker at {redact_url(url)}; reconnecting" if away
+                        else f"the broker at {redact_url(url)} is back")
                 try:
-                    msg = await asyncio.wait_for(queue.get(), min(waits) if waits else None)
+                    msg = await asyncio.wait_for(queue.get(), pace.wait(FOLLOW_POLL_SECONDS))
                 except asyncio.TimeoutError:
                     continue
                 seen(_tapped(msg.subject, msg.data))
@@ -117,7 +138,53 @@ def tap(nats_url: str, flow_id: str, node: str, seen: Callable[[Tapped], None], 
         finally:
             await close_client(nc)
 
+    async def main() -> int:
+        if not callable(broker):
+            return await watch(broker, False, count)
+        n, waiting = 0, False
+        while (count is None or n < count) and not pace.step():
+            url = broker()
+            if url is None:
+                if not waiting:
+                    say(f"waiting for a run on {broker}")
+                    waiting = True
+                await asyncio.sleep(pace.wait(FOLLOW_POLL_SECONDS))
+                continue
+            waiting = False
+            n += await watch(url, True, None if count is None else count - n)
+            if (count is None or n < count) and not pace.ended:
+                say(f"the run's broker at {redact_url(url)} stopped")
+        return n
+
     return asyncio.run(main())
+
+
+class _Pace:
+    """A tap's clock: when it ends (seconds), and hz's ticks (every)."""
+
+    def __init__(self, seconds: float | None, every: float | None,
+                 tick: Callable[[], None] | None) -> None:
+        now = time.monotonic()
+        self.ends = None if seconds is None else now + seconds
+        self.every, self.tick = every, tick
+        self.next_tick = None if every is None else now + every
+        self.ended = False
+
+    def step(self) -> bool:
+        """Tick if one is due; whether the tap's time is up."""
+        now = time.monotonic()
+        if self.next_tick is not None and now >= self.next_tick:
+            if self.tick is not None:
+                self.tick()
+            self.next_tick += self.every or 0.0
+        self.ended = self.ends is not None and now >= self.ends
+        return self.ended
+
+    def wait(self, at_most: float) -> float:
+        """How long to wait for something before stepping again."""
+        now = time.monotonic()
+        return max(0.0, min([t - now for t in (self.ends, self.next_tick) if t is not None]
+                            + [at_most]))
 
 
 def _tapped(subject: str, data: bytes) -> Tapped:
