@@ -24,7 +24,8 @@ import logging
 import os
 import re
 import sys
-from typing import Final
+import time
+from typing import Any, Final
 
 LOG_FORMAT_ENV: Final = "VIDEOFLOW_LOG_FORMAT"
 LOG_LEVEL_ENV: Final = "VIDEOFLOW_LOG_LEVEL"
@@ -81,19 +82,34 @@ class JsonFormatter(logging.Formatter):
     URLs masked."""
 
     def format(self, record: logging.LogRecord) -> str:
-        moment = datetime.datetime.fromtimestamp(record.created, tz=datetime.timezone.utc)
-        document = {
-            "time": moment.isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": redact_text(record.getMessage()),
-            "pid": record.process,
-        }
+        document = _document(record.created, record.levelname, record.name,
+                             record.getMessage(), record.process)
         if record.exc_info:
             document["exception"] = redact_text(self.formatException(record.exc_info))
         if record.stack_info:
             document["stack"] = self.formatStack(record.stack_info)
         return json.dumps(document, default=str)
+
+
+def _document(created: float, level: str, logger: str, message: str, pid: int | None
+              ) -> dict[str, Any]:
+    moment = datetime.datetime.fromtimestamp(created, tz=datetime.timezone.utc)
+    return {"time": moment.isoformat(timespec="milliseconds"), "level": level,
+            "logger": logger, "message": redact_text(message), "pid": pid}
+
+
+def json_line(logger: str, message: str, level: str = "INFO", **fields: Any) -> str:
+    """One line in the json format's shape, for what is written beside the logs rather
+    than through them (the run's progress off a terminal): time, level, logger,
+    message, pid, then fields."""
+    return json.dumps({**_document(time.time(), level, logger, message, os.getpid()),
+                       **fields}, default=str)
+
+
+def in_json() -> bool:
+    """Whether the videoflow command chose json logs (for this process and the ones it
+    starts: LOG_FORMAT_ENV)."""
+    return os.environ.get(LOG_FORMAT_ENV) == "json"
 
 
 def configure(log_format: str | None = None, level: int | None = None) -> None:

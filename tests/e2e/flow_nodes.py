@@ -77,6 +77,13 @@ class PrintingScale(Scale):
         return super().process(value)
 
 
+class NoModel(Scale):
+    """Scale whose open() fails, as a node whose model file is missing."""
+
+    def open(self) -> None:
+        raise RuntimeError("no model file at /models/scale.onnx")
+
+
 class Add(ProcessorNode):
     def process(self, a: int, b: int) -> int:
         return a + b

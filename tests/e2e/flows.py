@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from flow_nodes import (
+    NoModel,
     Numbers,
     PrintingScale,
     Record,
@@ -53,6 +54,14 @@ def printing_chain() -> Flow:
     count, pace, out, _ = _env()
     numbers = Numbers(count, pace=pace)
     return Flow([numbers], [Record(out)(PrintingScale(2)(numbers))], name="cliprint")
+
+
+def no_model() -> Flow:
+    """numbers -> scale(x2), whose open() fails -> record."""
+    count, pace, out, _ = _env()
+    numbers = Numbers(count, pace=pace)
+    return Flow([numbers], [Record(out)(NoModel(2, name="scale")(numbers))],
+                name="clinomodel")
 
 
 not_a_flow = 42

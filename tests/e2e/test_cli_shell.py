@@ -108,6 +108,28 @@ def test_with_log_format_json_the_command_and_its_replicas_log_json_lines(
     assert set(warned[0]) >= {"time", "level", "logger", "message", "pid"}
 
 
+def test_with_log_format_json_stderr_is_json_lines_progress_and_a_replicas_failure_too(
+        nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
+    # Off a terminal, without --json: the view reports on stderr, as JSON lines too.
+    done = videoflow("run", "flows:no_model", "--nats-url", nats_server.url,
+                     "--log-format", "json", env=environment(tmp_path, count=5))
+    assert done.returncode == 1, done.stderr  # the scale replica could not open
+    records = [json.loads(line) for line in done.stderr.splitlines()]  # every line
+    views = [r for r in records if r["logger"] == "videoflow.run.progress"]
+    assert views and all(r["level"] == "INFO" for r in views), records
+    assert [n["node"] for n in views[-1]["nodes"]] == ["numbers", "scale", "record"]
+    for node in views[-1]["nodes"][1:]:  # readers: a count, or unknown and why
+        assert isinstance(node["pending"], int) or node["pending_unknown"], node
+    failed = [r for r in records if r["logger"] == "videoflow.run.processes"]
+    assert len(failed) == 1 and failed[0]["level"] == "ERROR", records
+    assert failed[0]["message"] == (
+        "scale[0] failed: RuntimeError: no model file at /models/scale.onnx")
+    assert failed[0]["exception"].startswith("Traceback (most recent call last):")
+    assert failed[0]["exception"].endswith(
+        "RuntimeError: no model file at /models/scale.onnx")
+    assert "flow_nodes.py" in failed[0]["exception"]  # the user's file, whole
+
+
 def test_text_logs_mask_a_password_too(
         nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
     done = videoflow("run", "flows:warning_chain", "--nats-url", nats_server.url, "-v",

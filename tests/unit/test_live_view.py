@@ -8,6 +8,7 @@ knows what rich writes: carriage return, line feed, cursor up, erase line, colou
 from __future__ import annotations
 
 import io
+import json
 import logging
 import multiprocessing
 import os
@@ -97,6 +98,35 @@ def test_rates_are_measured_between_reports_and_stay_steady_between_them() -> No
     assert shown[:7] == ["-"] * 7
     settled = shown[7:]  # every replica reported twice by t = 1.75 s
     assert settled == ["30"] * len(settled)
+
+
+def test_off_a_terminal_with_json_logs_each_report_is_one_json_line_in_the_logs_shape(
+) -> None:
+    out, clock = io.StringIO(), Clock()
+    view = LiveView(out, tty=False, clock=clock, json_lines=True)
+    cam, fuse = NodeProgress("producer"), NodeProgress("processor")
+    for second in range(3):
+        cam.replicas["cam[0]"] = {"emitted": 30 * second, "at": 50.0 + second,
+                                  "started": 7.0}
+        fuse.replicas["fuse[0]"] = {"processed": 29 * second, "at": 50.2 + second,
+                                    "started": 7.0, "drops": {"late": second},
+                                    "watermark_lag": {"imu": 0.04}}
+        fuse.pending["fuse[0]"] = 3 if second else "unread: TimeoutError"
+        clock.now = 1000.0 + second
+        view.update("demo r1", {"cam": cam, "fuse": fuse}, force=True)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len(lines) == 3
+    assert {(line["logger"], line["level"], line["message"]) for line in lines} == {
+        ("videoflow.run.progress", "INFO", "demo r1")}
+    assert set(lines[0]) >= {"time", "pid", "nodes"}
+    first, last = lines[0]["nodes"], lines[-1]["nodes"]
+    assert first[1]["pending"] is None  # unknown is never 0: it says why
+    assert first[1]["pending_unknown"] == "unread: TimeoutError"
+    assert last == [
+        {"node": "cam", "done": 60, "rate_per_second": 30.0, "pending": None, "dropped": 0,
+         "dead_lettered": 0, "behind": None, "restarts": 0},
+        {"node": "fuse", "done": 58, "rate_per_second": 29.0, "pending": 3, "dropped": 2,
+         "dead_lettered": 0, "behind": {"parent": "imu", "ms": 40.0}, "restarts": 0}]
 
 
 def test_a_rate_is_the_reports_own_count_over_their_own_clock() -> None:

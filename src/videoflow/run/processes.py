@@ -11,6 +11,7 @@ videoflow.run.supervision's.
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -41,6 +42,8 @@ from videoflow.run.supervision import (
     read_in_hand,
 )
 from videoflow.run.worker import ReplicaJob, run_replica
+
+logger = logging.getLogger(__name__)
 
 LOST_GRACE_SECONDS = 10.0
 """After a replica is lost for good, how long the rest may wind down on their own
@@ -463,7 +466,11 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
     except Exception as error:
         if not started:
             report("error", f"{type(error).__name__}: {error}")
-        traceback.print_exc()
+        if logs.in_json():  # stderr stays JSON lines: the traceback in the record
+            logger.error("%s[%d] failed: %s: %s", job.spec.name, job.replica_id,
+                         type(error).__name__, error, exc_info=True)
+        else:
+            traceback.print_exc()
         raise SystemExit(1) from error
 
 

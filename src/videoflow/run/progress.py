@@ -15,7 +15,8 @@ first when it is narrow, and no row ever wraps. What the run writes goes above i
 line by line, never under it: the engine's prints and logs, and the replicas' stdout
 and stderr, which OutputRelay reads from pipes in their file descriptors' place and
 prints prefixed by the replica ('[scale/0] '). Otherwise (a log, a pipe, CI) it prints
-a plain table every interval, and the replicas write where the engine does.
+a plain table every interval -- or, when the command logs json, one JSON line in the
+logs' shape -- and the replicas write where the engine does.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from videoflow.core.report import format_table
+from videoflow.logs import in_json, json_line
 
 STALE_SECONDS = 3.0
 """How long a running replica may go without a report before it counts 0 in its
@@ -85,28 +87,40 @@ class NodeProgress:
     def drops(self) -> int:
         return sum(sum((s.get("drops") or {}).values()) for s in self.replicas.values())
 
-    def pending_text(self) -> str:
+    def pending_count(self) -> int | str | None:
+        """Messages waiting for the node, or why that is unknown (never 0 for unknown);
+        None for a producer, which nothing waits for."""
         if self.kind == "producer":
-            return "-"
+            return None
         if not self.pending:
-            return "unknown (unread)"
+            return "unread"
         unknown = [v for v in self.pending.values() if isinstance(v, str)]
         if unknown:
-            return f"unknown ({unknown[0]})"
-        return str(sum(v for v in self.pending.values() if isinstance(v, int)))
+            return unknown[0]
+        return sum(v for v in self.pending.values() if isinstance(v, int))
 
-    def behind_text(self) -> str:
+    def pending_text(self) -> str:
+        pending = self.pending_count()
+        if pending is None:
+            return "-"
+        return f"unknown ({pending})" if isinstance(pending, str) else str(pending)
+
+    def behind(self) -> tuple[str, float] | None:
         """A time join's parent furthest behind the most advanced one in event time,
-        and by how much, as of the latest word ('-' for other nodes, and when none is
-        behind)."""
+        and by how many seconds, as of the latest word (None for other nodes, and when
+        none is behind)."""
         lags: dict[str, float] = {}
         for stats in self.replicas.values():
             for parent, lag in (stats.get("watermark_lag") or {}).items():
                 lags[parent] = max(lags.get(parent, 0.0), lag)
         parent = max(lags, key=lambda p: lags[p], default=None)
         if parent is None or lags[parent] <= 0:
-            return "-"
-        return f"{parent} {lags[parent] * 1000.0:.0f} ms"
+            return None
+        return parent, lags[parent]
+
+    def behind_text(self) -> str:
+        behind = self.behind()
+        return "-" if behind is None else f"{behind[0]} {behind[1] * 1000.0:.0f} ms"
 
     def mark(self, now: float) -> None:
         """Fold the replicas' latest reports into their rates: a report not seen before
@@ -151,6 +165,27 @@ class NodeProgress:
         if any(r is None for r in rates):
             return None  # a sum without one of them would be too low
         return sum(r for r in rates if r is not None)
+
+
+def progress_document(name: str, progress: NodeProgress, now: float) -> dict[str, Any]:
+    """One node's row of the view as JSON: done, rate_per_second (None while unknown),
+    pending (None for a producer; when unknown, None and pending_unknown saying why),
+    dropped, dead_lettered, behind ({parent, ms} or None) and restarts."""
+    pending = progress.pending_count()
+    behind = progress.behind()
+    rate = progress.rate(now)
+    document: dict[str, Any] = {
+        "node": name, "done": progress.count(),
+        "rate_per_second": None if rate is None else round(rate, 3),
+        "pending": pending if isinstance(pending, int) else None}
+    if isinstance(pending, str):
+        document["pending_unknown"] = pending
+    document.update(
+        dropped=progress.drops(), dead_lettered=progress.total("dead_lettered"),
+        behind=None if behind is None else {"parent": behind[0],
+                                            "ms": round(behind[1] * 1000.0, 1)},
+        restarts=progress.restarts)
+    return document
 
 
 def rate_text(rate: float | None) -> str:
@@ -270,13 +305,20 @@ class LiveView:
         width: on a terminal, draw for this many columns (None: the terminal's width,
             read at every draw).
         clock: the view's monotonic clock (when it saw a report, how long ago).
+        json_lines: off a terminal, report as one JSON object per line in the json
+            logs' shape (logger videoflow.run.progress, the nodes' figures under
+            'nodes': progress_document) instead of a plain table; None: when the
+            videoflow command logs json (--log-format json), so its stderr stays JSON
+            lines throughout.
     """
 
     def __init__(self, stream: TextIO | None = None, interval: float = 2.0,
                  tty: bool | None = None, width: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 json_lines: bool | None = None) -> None:
         self.stream = stream or sys.stderr
         self.tty = _is_terminal(self.stream) if tty is None else tty
+        self.json_lines = in_json() if json_lines is None else json_lines
         self.interval = interval if not self.tty else 0.25
         self.width, self.clock = width, clock
         self._next = 0.0
@@ -309,6 +351,11 @@ class LiveView:
         for progress in nodes.values():
             progress.mark(now)
         heading = title + (f"  {extra}" if extra else "")
+        if not self.tty and self.json_lines:
+            self.stream.write(json_line(__name__, heading, nodes=[
+                progress_document(name, p, now) for name, p in nodes.items()]) + "\n")
+            self.stream.flush()
+            return
         if not self.tty:
             rows = [("node", "done", "rate/s", "pending", "dropped", "dead-let.", "behind")]
             for name, p in nodes.items():
