@@ -267,10 +267,15 @@ def test_dlq_list_reads_3000_records_a_page_per_round_trip_within_a_short_timeou
                           timeout=2.0)
     assert [e.seq for e in first + second] == list(range(1, 2001))
     assert cli(["dlq", "list", "--nats-url", nats_server.url, "--flow", flow,
+                "--limit", "2", "--after", "2996"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out[1:]] == ["2997", "2998", "(the"]
+    assert out[-1] == "(the first 2; the next page: --after 2998)"
+    # The last page says there is no next one by naming none.
+    assert cli(["dlq", "list", "--nats-url", nats_server.url, "--flow", flow,
                 "--limit", "2", "--after", "2998"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in out[1:3]] == ["2999", "3000"]
-    assert out[-1] == "(the first 2; the next page: --after 3000)"
+    assert [line.split()[0] for line in out[1:]] == ["2999", "3000"]
 
 
 def test_dlq_show_prints_when_in_utc_and_the_decoded_input(

@@ -311,8 +311,12 @@ def _error_text(entry: ops.DeadLetterEntry) -> str:
 @guarded
 def cmd_dlq_list(args: argparse.Namespace) -> int:
     with broker_url(args) as url:
+        # One more than the page, to say whether a next page exists.
         entries = ops.dlq_list(url, args.flow, run_id=args.run, node=args.node,
-                               limit=args.limit, timeout=args.timeout, after=args.after)
+                               limit=None if args.limit is None else args.limit + 1,
+                               timeout=args.timeout, after=args.after)
+    more = args.limit is not None and len(entries) > args.limit
+    entries = entries[:args.limit]
     if args.json:
         _dump([_entry_json(e) for e in entries])
         return EXIT_OK
@@ -329,7 +333,7 @@ def cmd_dlq_list(args: argparse.Namespace) -> int:
             rows.append((str(e.seq), r.run_id, r.node, r.parent, str(r.stream_seq),
                          str(r.attempts), r.reason, _error_text(e)))
     print(table(rows))
-    if args.limit is not None and len(entries) == args.limit:
+    if more:
         print(f"(the first {args.limit}; the next page: --after {entries[-1].seq})")
     return EXIT_OK
 
