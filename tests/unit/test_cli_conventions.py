@@ -99,7 +99,7 @@ def flow_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
-    for name in ("vf_syntax", "vf_raises", "vf_builder"):
+    for name in ("vf_syntax", "vf_raises", "vf_builder", "vf_needs"):
         sys.modules.pop(name, None)
 
 
@@ -126,6 +126,19 @@ def test_a_flow_module_that_raises_as_it_imports_is_one_line_naming_its_line(
     assert one_error_line(capsys) == (
         "videoflow: error: cannot import 'vf_raises': RuntimeError: no camera "
         f"({flow_dir / 'vf_raises.py'}, line 2)")
+
+
+def test_a_flow_module_whose_own_import_fails_is_one_line_naming_that_import(
+        flow_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (flow_dir / "vf_needs.py").write_text("import os\nimport vf_not_installed_xyz\n")
+    assert main(["run", "vf_needs:flow"]) == 2
+    assert one_error_line(capsys) == (
+        "videoflow: error: cannot import 'vf_needs': ModuleNotFoundError: No module named "
+        f"'vf_not_installed_xyz' ({flow_dir / 'vf_needs.py'}, line 2)")
+    # A flow module that is not there at all has no line to name.
+    assert main(["run", "vf_nowhere_xyz:flow"]) == 2
+    assert one_error_line(capsys) == (
+        "videoflow: error: cannot import 'vf_nowhere_xyz': No module named 'vf_nowhere_xyz'")
 
 
 def test_a_flow_function_that_raises_is_one_line_and_verbose_adds_its_traceback(

@@ -80,7 +80,10 @@ def load_attribute(reference: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise CommandError(f"cannot import {module_name!r}: {error}") from error
+        # An import the module itself makes is named where it is made; a module that
+        # is not there at all has no line to name.
+        said = _raised_at(error) if _their_frames(error) else str(error)
+        raise CommandError(f"cannot import {module_name!r}: {said}") from error
     except SyntaxError as error:
         where = f"{error.filename}, line {error.lineno}" if error.filename else "?"
         raise CommandError(f"cannot import {module_name!r}: {type(error).__name__}: "
@@ -117,11 +120,17 @@ def _raised_at(error: BaseException) -> str:
     """'Type: message (file, line N)' for an exception a user's module raised: where in
     their code, not where in videoflow's."""
     frames = traceback.extract_tb(error.__traceback__)
-    theirs = [f for f in frames if "videoflow" not in Path(f.filename).parts
-              and "importlib" not in f.filename]
+    theirs = _their_frames(error)
     at = theirs[-1] if theirs else (frames[-1] if frames else None)
     where = f" ({at.filename}, line {at.lineno})" if at is not None else ""
     return f"{type(error).__name__}: {error}{where}"
+
+
+def _their_frames(error: BaseException) -> list[traceback.FrameSummary]:
+    """The frames of error's traceback in the user's code: not videoflow's, not the
+    import machinery's."""
+    return [f for f in traceback.extract_tb(error.__traceback__)
+            if "videoflow" not in Path(f.filename).parts and "importlib" not in f.filename]
 
 
 # ------------------------------------------------------------------------- run
