@@ -14,12 +14,20 @@ that closes the client once its broker has been away for longer than the budget.
 A broker that stops answering without closing the socket (a frozen process, a lost
 route) is found by the client's pings: every PING_SECONDS, and given up as a stale
 connection after MAX_OUTSTANDING_PINGS unanswered, which starts the same reconnect.
+
+Each outage is logged as a warning (this module's logger, videoflow.broker.link, which
+`videoflow -v` shows) once as it begins (the broker, and how long the connection will
+wait for it), once as it ends (how long the broker was away) and once if the connection
+is given up (a warning too: whoever uses the connection fails with that reason and
+reports it); never once per reconnect attempt. Every connection of a process logs its
+own outages, its broker's URL redacted (redact_url).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import time
@@ -36,6 +44,8 @@ from videoflow.broker.client import connect as client_connect
 from videoflow.broker.failures import credentials_refused, observation_failure
 from videoflow.broker.options import auth_options, presented_credentials
 from videoflow.errors import BrokerUnavailable, CredentialsRefused, IncompatibleProfile
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_OUTAGE_BUDGET_SECONDS: Final = 60.0
 """How long a connection waits for its broker to come back before it gives up."""
@@ -204,15 +214,31 @@ class Outage:
             return self.back_at + RECOVERY_SECONDS
         return 0.0
 
-    def went_away(self) -> None:
-        if self.down_since is None:
-            self.down_since = self.clock()
+    def went_away(self) -> bool:
+        """Record that the broker is away (a second report of the same outage changes
+        nothing).
 
-    def came_back(self) -> None:
+        Returns:
+            whether this began an outage.
+        """
         if self.down_since is not None:
+            return False
+        self.down_since = self.clock()
+        return True
+
+    def came_back(self) -> float | None:
+        """Record that the broker is back, and run the on_back callbacks.
+
+        Returns:
+            how long it was away, in seconds; None when no outage was on record.
+        """
+        away = None
+        if self.down_since is not None:
+            away = max(self.clock() - self.down_since, 0.0)
             self.down_since, self.back_at = None, self.clock()
         for callback in list(self.on_back):
             callback()
+        return away
 
     def overdue(self) -> bool:
         """Whether the current outage has outlasted the budget."""
@@ -220,7 +246,7 @@ class Outage:
 
     def reason(self) -> str:
         """Why the connection was given up, in words an operator can act on."""
-        return (f"the broker {self.where} was unreachable for more than "
+        return (f"the broker {redact_url(self.where)} was unreachable for more than "
                 f"{self.budget:g} s (the outage budget; raise it with outage_budget= "
                 f"or {OUTAGE_BUDGET_ENV})")
 
@@ -240,6 +266,9 @@ class Outage:
             client.options["reconnect_time_wait"] = self.reconnect_wait()
             if self.overdue():
                 self.given_up = self.reason()
+                # A warning, not an error: whoever uses the connection fails with this
+                # reason and says so (a command's one error line, a run's report).
+                logger.warning("gave up the connection: %s", self.given_up)
                 with contextlib.suppress(Exception):
                     await client.close()
                 return
@@ -371,11 +400,21 @@ async def connect(
         del seen[:-8]
         await error_cb(error)
 
+    connected: list[Client] = []  # the client, once its first connect succeeded
+
     async def disconnected() -> None:
-        tracked.went_away()
+        # nats-py calls this at every close as well: only a client that is
+        # reconnecting lost its broker (a close, the watchdog's included, is its
+        # owner's doing, and the watchdog logs its own).
+        began = tracked.went_away()
+        if began and connected and connected[0].is_reconnecting:
+            logger.warning("lost the connection to the broker at %s; reconnecting for "
+                           "up to %g s (the outage budget)", redact_url(url), tracked.budget)
 
     async def reconnected() -> None:
-        tracked.came_back()
+        away = tracked.came_back()
+        if away is not None:
+            _log_back(connected[0] if connected else None, url, away)
 
     settings: dict[str, Any] = {
         # NATS_FACTS §8: fail fast on the first connect (NoServersError after two
@@ -406,8 +445,11 @@ async def connect(
                 raise BrokerUnavailable(
                     f"cannot connect to {redact_url(url)} ({reason}): {detail}") from error
             await asyncio.sleep(RECONNECT_MAX_WAIT)
+    connected.append(client)
     if tracked.away:
-        tracked.came_back()
+        away = tracked.came_back()
+        if away is not None:
+            _log_back(client, url, away)
     if tracked.budget > 0:
         # Connected: from now on, reconnect until the watchdog gives up.
         client.options["max_reconnect_attempts"] = -1
@@ -416,6 +458,13 @@ async def connect(
     else:
         client.options["allow_reconnect"] = False
     return client
+
+
+def _log_back(client: Client | None, url: str, away: float) -> None:
+    """The one line that says a connection's broker is back, and after how long."""
+    server = getattr(client, "connected_url", None)
+    at = redact_url(server.geturl()) if server is not None else redact_url(url)
+    logger.warning("the connection to the broker at %s is back after %.1f s", at, away)
 
 
 def refusal(url: str) -> CredentialsRefused:
@@ -472,7 +521,10 @@ def _wait_for_known(outage: Outage, reason: str) -> bool:
     budget counted from the first failure."""
     if not outage.known or reason not in ("unreachable", "timeout"):
         return False
-    outage.went_away()
+    if outage.went_away():
+        logger.warning("the broker at %s does not answer (%s); waiting for it for up to "
+                       "%g s (the outage budget)", redact_url(outage.where), reason,
+                       outage.budget)
     assert outage.down_since is not None
     return outage.clock() - outage.down_since < outage.budget
 
