@@ -213,7 +213,7 @@ def test_wheel_ships_compiled_core_stub_and_marker_but_no_sources(dists: Dists) 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sdist_ships_the_tests_and_the_license(dists: Dists) -> None:
+def test_sdist_ships_the_tests_the_files_they_read_and_the_license(dists: Dists) -> None:
     with tarfile.open(dists.sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     shipped_tests = {name for name in names if name.startswith("tests/")}
@@ -225,6 +225,16 @@ def test_sdist_ships_the_tests_and_the_license(dists: Dists) -> None:
     assert in_tree and in_tree <= shipped_tests, (
         f"sdist lacks tests: {sorted(in_tree - shipped_tests)[:10]}")
     assert not [n for n in shipped_tests if n.endswith((".pyc", ".pyo"))]
+    # What the tests read beside themselves travels with them, so they pass from the
+    # unpacked sdist: the wire page (test_wire_foreign_writer.py), and CI's script and
+    # workflows (the trusted-publishing and CI-script tests below).
+    read_by_tests = {"docs/WIRE.md", ".ci/run"} | {
+        path.relative_to(REPO_ROOT).as_posix()
+        for path in (REPO_ROOT / ".github" / "workflows").glob("*.yml")
+    }
+    assert ".github/workflows/wheels.yml" in read_by_tests
+    assert read_by_tests <= names, (
+        f"sdist lacks files the tests read: {sorted(read_by_tests - names)}")
     assert "LICENSE" in names
 
 
