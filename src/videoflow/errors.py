@@ -52,7 +52,7 @@ class CredentialsRefused(BrokerUnavailable):
 
 class MissingDependency(VideoflowError, ImportError):
     """An optional package a feature needs is not installed; the message names the
-    extra to install (``pip install 'videoflow[nkeys]'``)."""
+    package to install (``pip install nkeys``), whichever way videoflow was installed."""
 
 
 class IncompatibleProfile(VideoflowError, ValueError):

@@ -366,14 +366,16 @@ def test_a_file_that_is_not_a_seed_or_creds_is_refused_without_quoting_it(
         auth_options()
 
 
-def test_without_the_nkeys_package_a_seed_names_the_extra_to_install(
+def test_without_the_nkeys_package_a_seed_names_the_package_to_install(
         secured: dict[str, Secured], monkeypatch: pytest.MonkeyPatch) -> None:
     for variable in SETTING_ENV.values():
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.delenv(CONTEXT_ENV, raising=False)
     monkeypatch.setenv(NKEY_ENV, secured["nkey"].right[1])
     monkeypatch.setitem(sys.modules, "nkeys", None)  # `import nkeys` raises ImportError
-    with pytest.raises(MissingDependency, match=r"pip install 'videoflow\[nkeys\]'"):
+    with pytest.raises(MissingDependency,
+                       match=r"^a creds file or an nkey seed needs the nkeys package: "
+                             r"pip install nkeys$"):
         auth_options()
 
 

@@ -1,5 +1,6 @@
-"""Packaging checks: what the sdist and wheel contain, and that an installed wheel imports
-the compiled grouping core and envelope decoder.
+"""Packaging checks: what the sdist and wheel contain, that an installed wheel imports
+the compiled grouping core and envelope decoder, and that install hints name packages
+videoflow depends on.
 
 The tests marked ``slow`` build distributions and a virtual environment. They run by
 default. cibuildwheel's test command leaves them out with ``-m "not slow"``, because it
@@ -8,6 +9,7 @@ already runs against a built wheel.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import shutil
@@ -408,3 +410,43 @@ def test_ci_script_runs_the_readme_test_command_verbatim() -> None:
     command = commands[0].split(" || ", 1)[0]
     readme_lines = {line.strip() for line in readme.splitlines()}
     assert command in readme_lines, f"README.md no longer shows the command CI runs:\n{command}"
+
+
+# `pip install` and what follows it: package names, '.' or '.[extra]', quoted or not.
+_PIP_INSTALL = re.compile(r"pip install((?:\s+(?:'[^'\s]+'|[A-Za-z0-9.][\w.\[\],-]*))+)")
+
+
+def _distribution_name(requirement: str) -> str:
+    name = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+    assert name is not None, requirement
+    return re.sub(r"[-_.]+", "-", name.group(0)).lower()
+
+
+def test_install_hints_name_what_videoflow_depends_on_never_videoflow_by_name() -> None:
+    # "videoflow" on PyPI is another project: a hint at run time names the third-party
+    # packages themselves, which works however videoflow was installed, and the README
+    # installs extras from the checkout, as its Install section installs videoflow.
+    metadata = importlib.metadata.metadata("videoflow")
+    extras = set(metadata.get_all("Provides-Extra") or [])
+    depended_on = {_distribution_name(r) for r in importlib.metadata.requires("videoflow") or []}
+    assert {"metrics", "tracing", "nkeys", "ros"} <= extras, extras
+    assert {"prometheus-client", "nkeys", "rosbags", "pillow"} <= depended_on, depended_on
+
+    wrong: list[str] = []
+    sources = sorted((REPO_ROOT / "src" / "videoflow").rglob("*.py"))
+    assert sources
+    for path in [*sources, REPO_ROOT / "README.md"]:
+        in_readme = path.name == "README.md"
+        text = path.read_text(encoding="utf-8")
+        wrong += [f"{path.relative_to(REPO_ROOT)}: {line.strip()}"
+                  for line in text.splitlines() if "videoflow[" in line]
+        for hint in _PIP_INSTALL.finditer(text):
+            for target in (word.strip("'") for word in hint.group(1).split()):
+                extra = re.fullmatch(r"\.\[(\w+)\]", target)
+                if target == "." or (in_readme and extra and extra.group(1) in extras):
+                    continue
+                if extra is None and _distribution_name(target) in depended_on:
+                    continue
+                wrong.append(f"{path.relative_to(REPO_ROOT)}: {hint.group(0)}")
+    shown = "\n".join(wrong)
+    assert not wrong, f"install hints that name no package videoflow depends on:\n{shown}"

@@ -31,7 +31,7 @@ TOKEN_ENV: Final = "VIDEOFLOW_NATS_TOKEN"
 CONTEXT_ENV: Final = "VIDEOFLOW_NATS_CONTEXT"
 """The name of a nats CLI context: the URL and credentials used where none are given."""
 
-NKEYS_INSTALL: Final = "pip install 'videoflow[nkeys]'"
+NKEYS_INSTALL: Final = "pip install nkeys"
 
 SETTING_ENV: Final = {
     "creds": CREDS_ENV, "nkey": NKEY_ENV, "user": USER_ENV, "password": PASSWORD_ENV,

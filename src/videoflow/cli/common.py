@@ -258,7 +258,7 @@ def metrics_option(parser: argparse.ArgumentParser) -> None:
         help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics while it runs "
              "(0: a free port, said on stderr; default: $VIDEOFLOW_METRICS_PORT, else "
              "none; $VIDEOFLOW_METRICS_HOST=0.0.0.0 to be scraped from elsewhere); needs "
-             "videoflow[metrics]")
+             "prometheus-client")
 
 
 def whole_number(minimum: int) -> Any:

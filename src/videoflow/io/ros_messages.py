@@ -136,7 +136,7 @@ def compressed_image(message: Any) -> np.ndarray:
         from PIL import Image, UnidentifiedImageError
     except ImportError as error:
         raise MissingDependency("decoding sensor_msgs/CompressedImage needs Pillow: "
-                                "pip install 'videoflow[ros]'") from error
+                                "pip install pillow") from error
     import io
 
     try:

@@ -1,6 +1,6 @@
 """RosbagSource: a producer that replays one topic of a recorded ROS bag (ROS 1 .bag
 files, or a ROS 2 bag directory) into a flow, through the rosbags package (the ``ros``
-extra: ``pip install 'videoflow[ros]'``; no ROS installation).
+extra: ``pip install rosbags pillow``; no ROS installation).
 
 Each message becomes one output, decoded as videoflow.io.ros_messages says (images as
 numpy arrays, IMU and point clouds as structured values, the rest as dicts), stamped
@@ -133,7 +133,7 @@ class RosbagSource(ProducerNode):
             from rosbags.typesys import Stores, TypesysError, get_typestore
         except ImportError as error:
             raise MissingDependency("RosbagSource needs the rosbags package: "
-                                    "pip install 'videoflow[ros]'") from error
+                                    "pip install rosbags") from error
         errors = (AnyReaderError, SerdeError, TypesysError, Undecodable, KeyError,
                   IndexError, ValueError, struct.error)
         reader = AnyReader([Path(p) for p in self.paths],

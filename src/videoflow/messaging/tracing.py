@@ -1,6 +1,6 @@
 """Tracing: the W3C trace context every published envelope carries, and OpenTelemetry
 spans for a node's receive, process, publish and settle (the optional ``tracing``
-extra: ``pip install videoflow[tracing]``, opentelemetry-api).
+extra: ``pip install opentelemetry-api``).
 
 The header. Every envelope a node publishes carries a ``traceparent`` NATS header
 (``00-<32 hex trace id>-<16 hex span id>-<2 hex flags>``, W3C Trace Context), whether

@@ -210,7 +210,7 @@ def run_flow(
         metrics_port: serve every replica's counters, latencies and broker counts
             on http://127.0.0.1:PORT/metrics while the run lasts (videoflow.run.metrics;
             0: a port the OS picks, said on stderr); None takes VIDEOFLOW_METRICS_PORT,
-            else no endpoint. Needs prometheus-client (videoflow[metrics]).
+            else no endpoint. Needs prometheus-client (pip install prometheus-client).
 
     Returns:
         the RunReport.

@@ -5,7 +5,7 @@ plus the process's broker observation, 'subscriptions').
 A worker process serves its own replica's live snapshot; the local engine serves every
 replica's latest report (about one a second), a replica's processes that died and were
 started again summed into it, so its counters never go back. Needs prometheus-client
-(``pip install 'videoflow[metrics]'``).
+(``pip install prometheus-client``).
 
 Families (every one labelled flow, node and replica; by parent, reason or outcome where
 named):
@@ -269,7 +269,7 @@ class MetricsServer:
             from prometheus_client import CollectorRegistry, start_http_server
         except ImportError as error:
             raise MetricsUnavailable("serving metrics needs prometheus-client: "
-                                     "pip install 'videoflow[metrics]'") from error
+                                     "pip install prometheus-client") from error
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
         address = host or os.environ.get(METRICS_HOST_ENV) or "127.0.0.1"
