@@ -62,7 +62,12 @@ not see trace ids, or a measurement of what tracing costs).
 Replicas that run as processes of their own (flow.run spawns them) configure their
 tracer at start: VIDEOFLOW_TRACING_SETUP='module:function' names a function of no
 arguments that sets a provider; it is called once per process, before the first node
-replica looks for one.
+replica looks for one. Whoever sets it asked for spans, so a setting that cannot give
+any is an error, never a silent run without them: the engine checks it once before it
+starts a replica (check_setup: its module imported, the function found, not called;
+opentelemetry-api installed), and each replica checks it again as it calls the
+function (active_tracer), which also turns an ImportError the function raises into a
+MissingDependency naming what is missing.
 """
 
 from __future__ import annotations
@@ -73,10 +78,11 @@ import os
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
 from videoflow.backends.messaging import Delivery
+from videoflow.errors import MissingDependency, VideoflowError
 
 TRACEPARENT_HEADER: Final = "traceparent"
 """The NATS header the trace context travels in (W3C Trace Context's name)."""
@@ -90,6 +96,16 @@ SETUP_ENV: Final = "VIDEOFLOW_TRACING_SETUP"
 
 INSTRUMENTATION_NAME: Final = "videoflow"
 """The tracer's (instrumentation scope's) name."""
+
+API_INSTALL: Final = "pip install opentelemetry-api"
+"""What installs the OpenTelemetry API the spans are made with (the tracing extra)."""
+
+
+class TracingSetupError(VideoflowError, ValueError):
+    """VIDEOFLOW_TRACING_SETUP names no function that can be called: it is not
+    'module:function', its module is not found or raised as it was imported, or the
+    module has no such function. A ValueError, as the videoflow command's other usage
+    errors (one line, exit code 2). Not retryable."""
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
@@ -180,28 +196,115 @@ def _continued(traceparent: str | None, lineage: str) -> tuple[str, str, str]:
     return w3c_trace_id(lineage), _digest(lineage)[32:], "01"
 
 
-def active_tracer() -> Any | None:
-    """The OpenTelemetry tracer to make spans with, or None for the fast path: when
-    opentelemetry-api is not installed or no real provider is configured (after
-    calling the VIDEOFLOW_TRACING_SETUP function, the first time).
+def tracing_off() -> bool:
+    """Whether VIDEOFLOW_TRACING turns the header and the spans off."""
+    return os.environ.get(TRACING_ENV, "").strip().lower() in ("off", "0", "false", "no")
+
+
+def check_setup() -> None:
+    """Check, without calling it, that VIDEOFLOW_TRACING_SETUP names a function the
+    node replicas can call and that spans can be made: the engine does, once, before it
+    starts a replica, so that a mistake is one error rather than one traceback per
+    replica. Nothing is checked when the variable is unset or empty, or with tracing
+    off (VIDEOFLOW_TRACING), when the replicas do not call it.
+
+    Imports the function's module (what its import does, it does in this process
+    too) and opentelemetry-api.
 
     Raises:
-        ImportError / AttributeError: VIDEOFLOW_TRACING_SETUP names a function that
-            does not exist; ValueError: it is not 'module:function'.
+        TracingSetupError: not 'module:function'; the module is not found or raised
+            as it was imported; it has no such function.
+        MissingDependency: opentelemetry-api is not installed, or the module imports
+            a package that is not.
     """
+    setup = os.environ.get(SETUP_ENV, "").strip()
+    if not setup or tracing_off():
+        return
+    _require_api(setup)
+    _setup_function(setup)
+
+
+def _require_api(setup: str) -> None:
+    """Raises MissingDependency when opentelemetry-api cannot be imported."""
+    try:
+        from opentelemetry import trace  # noqa: F401
+    except ImportError as error:
+        raise MissingDependency(
+            f"{SETUP_ENV}={setup!r} asks for spans, but opentelemetry-api is not "
+            f"installed ({error}): {API_INSTALL}, or unset {SETUP_ENV}") from error
+
+
+def _setup_function(setup: str) -> Callable[[], Any]:
+    """The function setup ('module:function') names, its module imported.
+
+    Raises:
+        TracingSetupError / MissingDependency: as check_setup.
+    """
+    module_name, sep, name = setup.partition(":")
+    if not sep or not module_name.strip() or not name.strip():
+        raise TracingSetupError(f"{SETUP_ENV} must be 'module:function', got {setup!r}")
+    module_name, name = module_name.strip(), name.strip()
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        missing = error.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise TracingSetupError(f"{SETUP_ENV}={setup!r}: cannot import "
+                                    f"{module_name!r}: {error}") from error
+        raise _missing(setup, f"importing {module_name!r}", error) from error
+    except Exception as error:  # the module's own code raised as it was imported
+        raise TracingSetupError(f"{SETUP_ENV}={setup!r}: cannot import {module_name!r}: "
+                                f"{type(error).__name__}: {error}") from error
+    function = getattr(module, name, None)
+    if function is None:
+        raise TracingSetupError(f"{SETUP_ENV}={setup!r}: {module_name!r} has no "
+                                f"attribute {name!r}")
+    if not callable(function):
+        raise TracingSetupError(f"{SETUP_ENV}={setup!r}: {module_name}.{name} is a "
+                                f"{type(function).__name__}, not a function")
+    return function
+
+
+def _missing(setup: str, doing: str, error: ImportError) -> MissingDependency:
+    """The error for an ImportError the setup's module or function raised: what is
+    missing, and what installs it when it is OpenTelemetry's."""
+    # The first missing module of a dotted import is the one named: 'opentelemetry.sdk'
+    # when the SDK is not installed, whatever was imported from it.
+    hint = {"opentelemetry": f": {API_INSTALL}",
+            "opentelemetry.sdk": ": pip install opentelemetry-sdk"}.get(error.name or "", "")
+    return MissingDependency(f"{SETUP_ENV}={setup!r}: {doing} failed, "
+                             f"{type(error).__name__}: {error}{hint}")
+
+
+def active_tracer() -> Any | None:
+    """The OpenTelemetry tracer to make spans with, or None for the fast path: when
+    no real provider is configured (after calling the VIDEOFLOW_TRACING_SETUP
+    function, the first time), or opentelemetry-api is not installed and the variable
+    is not set.
+
+    Raises:
+        TracingSetupError: VIDEOFLOW_TRACING_SETUP is not 'module:function', or names
+            a module or function that does not exist (check_setup).
+        MissingDependency: it is set but opentelemetry-api is not installed, or its
+            module or function raised an ImportError (a package not installed).
+    """
+    global _set_up
+    setup = os.environ.get(SETUP_ENV, "").strip() if not _set_up else ""
     try:
         from opentelemetry import trace
     except ImportError:
+        if setup:
+            _require_api(setup)  # raises: spans were asked for
         return None
-    global _set_up
     if not _set_up:
         _set_up = True
-        setup = os.environ.get(SETUP_ENV)
         if setup:
-            module, sep, function = setup.partition(":")
-            if not sep or not module or not function:
-                raise ValueError(f"{SETUP_ENV} must be 'module:function', got {setup!r}")
-            getattr(importlib.import_module(module), function)()
+            function = _setup_function(setup)
+            try:
+                function()
+            except ImportError as error:
+                raise _missing(setup, f"calling {setup.partition(':')[2].strip()}()",
+                               error) from error
     provider = _provider or trace.get_tracer_provider()
     if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
         return None
@@ -282,8 +385,7 @@ class NodeTracing:
                  subject: str, parent_subjects: dict[str, str], tracer: Any = None) -> None:
         self.node_name, self.subject = node_name, subject
         self._rank = {parent: index for index, parent in enumerate(parent_subjects)}
-        self.off = os.environ.get(TRACING_ENV, "").strip().lower() in ("off", "0", "false",
-                                                                         "no")
+        self.off = tracing_off()
         self.tracer = None if self.off else (
             active_tracer() if tracer is None else (tracer or None))
         self.enabled = self.tracer is not None
@@ -445,6 +547,8 @@ def settled(span: Any, result: str) -> None:
         span.end()
 
 
-__all__ = ["INSTRUMENTATION_NAME", "SETUP_ENV", "TRACEPARENT_HEADER", "TRACING_ENV", "GroupSpans",
-           "GroupTrace", "Member", "NodeTracing", "active_tracer", "format_traceparent",
-           "new_span_id", "parse_traceparent", "settled", "use_tracer_provider", "w3c_trace_id"]
+__all__ = ["API_INSTALL", "INSTRUMENTATION_NAME", "SETUP_ENV", "TRACEPARENT_HEADER",
+           "TRACING_ENV", "GroupSpans", "GroupTrace", "Member", "NodeTracing",
+           "TracingSetupError", "active_tracer", "check_setup", "format_traceparent",
+           "new_span_id", "parse_traceparent", "settled", "tracing_off",
+           "use_tracer_provider", "w3c_trace_id"]

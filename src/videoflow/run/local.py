@@ -222,6 +222,9 @@ def run_flow(
             metrics_port that is not a port.
         MetricsUnavailable: metrics asked for without prometheus-client, or on a port
             that cannot be bound.
+        TracingSetupError / MissingDependency: VIDEOFLOW_TRACING_SETUP names no function
+            the replicas could call, or spans cannot be made (opentelemetry-api not
+            installed): checked before anything starts (tracing.check_setup).
         BrokerUnavailable / TimeoutError: the broker unreachable, provisioning not done
             within provision_timeout.
         StoreBusy: the embedded server's store is held by another run's server.
@@ -229,6 +232,7 @@ def run_flow(
     """
     from videoflow.broker.server import EmbeddedServer, store_dir_for
     from videoflow.messaging.topology import provision_flow_sync
+    from videoflow.messaging.tracing import check_setup
     from videoflow.ops.run_teardown import RunTeardown
 
     if resume and run_id is None:
@@ -236,6 +240,9 @@ def run_flow(
     if crash_limit is not None and not 1 <= crash_limit <= max_restarts:
         raise ValueError(f"crash_limit must be None or from 1 to max_restarts "
                          f"({max_restarts}), got {crash_limit!r}")
+    # Once here, not in every replica: a tracing setup that cannot give spans is one
+    # error before anything starts, not a traceback per replica.
+    check_setup()
     kv = ledger == "kv"
     metrics_port = (metrics_port_from_env() if metrics_port is None
                     else check_port(metrics_port))

@@ -30,6 +30,8 @@ from videoflow.core.compiler import CompiledFlow
 from videoflow.core.constants import REALTIME
 from videoflow.core.report import ProcessDeath
 from videoflow.core.task import Task
+from videoflow.errors import MissingDependency
+from videoflow.messaging.tracing import TracingSetupError
 from videoflow.run.metrics import observed_snapshot, pending_word
 from videoflow.run.progress import LiveView, NodeProgress, OutputRelay, RelayEnd
 from videoflow.run.supervision import (
@@ -466,7 +468,13 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
     except Exception as error:
         if not started:
             report("error", f"{type(error).__name__}: {error}")
-        if logs.in_json():  # stderr stays JSON lines: the traceback in the record
+        if not started and isinstance(error, (TracingSetupError, MissingDependency)):
+            # It says what to fix, and the engine's report says it for each replica: a
+            # traceback in every replica would bury it (run_flow checks the tracing
+            # setup before any starts; this is the backstop, a setup function that
+            # raised ImportError when called, say).
+            logger.debug("%s[%d] failed", job.spec.name, job.replica_id, exc_info=True)
+        elif logs.in_json():  # stderr stays JSON lines: the traceback in the record
             logger.error("%s[%d] failed: %s: %s", job.spec.name, job.replica_id,
                          type(error).__name__, error, exc_info=True)
         else:
