@@ -78,7 +78,11 @@ def test_a_broker_restarted_mid_run_is_logged_lost_and_back_by_each_replica_as_j
     where = f"nats://flow:***@127.0.0.1:{port}"
     lost = [r for r in link if r["message"].startswith("lost the connection")]
     back = [r for r in link if r["message"].startswith("the connection to the broker")]
-    assert len(lost) + len(back) == len(link), link  # nothing else: no error, no retries
+    # Nothing else, but a request retried once the broker is back and JetStream not yet
+    # ready (at most one line per connection, not seen in practice): no error.
+    others = [r for r in link if r not in lost and r not in back]
+    assert all(r["message"].startswith(f"a request to the broker at {where} failed with "
+                                       "the connection up") for r in others), others
     assert all(r["level"] == "WARNING" for r in link), link
     assert all(r["message"] == f"lost the connection to the broker at {where}; reconnecting "
                "for up to 60 s (the outage budget)" for r in lost), lost

@@ -19,8 +19,10 @@ Each outage is logged as a warning (this module's logger, videoflow.broker.link,
 `videoflow -v` shows) once as it begins (the broker, and how long the connection will
 wait for it), once as it ends (how long the broker was away) and once if the connection
 is given up (a warning too: whoever uses the connection fails with that reason and
-reports it); never once per reconnect attempt. Every connection of a process logs its
-own outages, its broker's URL redacted (redact_url).
+reports it); never once per reconnect attempt. A request retried with the connection
+up is a warning too, at most one per connection every TRANSIENT_RETRY_SECONDS
+(wait_back). Every connection of a process logs its own, its broker's URL redacted
+(redact_url).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import contextlib
 import logging
 import os
 import re
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
@@ -179,6 +182,8 @@ class Outage:
         down_since: when the current outage began, None while connected.
         back_at: when the latest outage ended, None before any.
         given_up: why the connection was given up (the budget ran out), else None.
+        retry_noted: when a request retried with the connection up was last logged
+            (wait_back), None before any.
     """
 
     def __init__(self, budget: float = DEFAULT_OUTAGE_BUDGET_SECONDS, where: str = "",
@@ -190,6 +195,7 @@ class Outage:
         self.down_since: float | None = None
         self.back_at: float | None = None
         self.given_up: str | None = None
+        self.retry_noted: float | None = None
         self.on_back: list[Callable[[], None]] = []  # called on the loop as it returns
         self._watch: asyncio.Task[None] | None = None
 
@@ -306,13 +312,39 @@ def retry_until(outage: Outage, started: float) -> float:
     return max(started + TRANSIENT_RETRY_SECONDS, outage.pursue_until())
 
 
-def wait_back(client: Client, outage: Outage, until: float, step: float = 0.1) -> None:
+def wait_back(client: Client, outage: Outage, until: float, step: float = 0.1,
+              error: BaseException | None = None) -> None:
     """Block the calling thread (never the client's loop) until the client is
-    connected again, `until` (monotonic) passes, or the connection is given up."""
+    connected again, `until` (monotonic) passes, or the connection is given up.
+
+    A request retried with the connection up (a stream between two leaders, JetStream
+    not ready yet after a restart) is logged as a warning, at most once per
+    TRANSIENT_RETRY_SECONDS per connection; one retried while the broker is away is
+    the outage's to log (its lost and back lines).
+
+    Arguments:
+        error: the failure being retried, for the warning; None: the exception being
+            handled (the retry ladders call this from their except blocks).
+    """
+    if client.is_connected and outage.given_up is None:
+        _note_retry(outage, error if error is not None else sys.exc_info()[1], until)
     while (not client.is_connected and outage.given_up is None
            and outage.clock() < until and not client.is_closed):
         time.sleep(step)
     time.sleep(min(step, max(until - outage.clock(), 0.0)))
+
+
+def _note_retry(outage: Outage, error: BaseException | None, until: float) -> None:
+    """The warning for a request retried with the connection up, unless this
+    connection gave one less than TRANSIENT_RETRY_SECONDS ago."""
+    now = outage.clock()
+    if outage.retry_noted is not None and now - outage.retry_noted < TRANSIENT_RETRY_SECONDS:
+        return
+    outage.retry_noted = now
+    failure = "" if error is None else f" ({type(error).__name__}: {error})"
+    logger.warning("a request to the broker at %s failed with the connection up%s; "
+                   "trying again for up to %.0f s", redact_url(outage.where), failure,
+                   max(until - now, 0.0))
 
 
 async def check_bucket_replicas(js: Any, stream: str, bucket: str, replicas: int) -> None:
