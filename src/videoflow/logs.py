@@ -10,9 +10,11 @@ them).
 
 Formats: ``text``, one line per record (``videoflow: <logger>: <message>``), and
 ``json``, one JSON object per line (time in UTC, level, logger, message, pid, and the
-exception's traceback when there is one) for a log collector. Either way a broker URL's
-password or token in a message is masked (``nats://user:***@host``), and so is every
-secret the process was given apart from a URL (keep_secret: the --password and --token
+exception's traceback when there is one) for a log collector. A node replica's process
+names its replica in each record (set_origin: ``videoflow: scale[0]: <logger>: ...``,
+and ``replica`` in json). Either way a broker URL's password or token in a message is
+masked (``nats://user:***@host``), and so is every secret the process was given apart
+from a URL (keep_secret: the --password and --token
 of the videoflow command), wherever it appears.
 """
 
@@ -70,10 +72,14 @@ def redact_text(text: str) -> str:
 
 
 class RedactingFormatter(logging.Formatter):
-    """The text format, with secrets in URLs masked."""
+    """The text format, with secrets in URLs masked; in a node replica's process, the
+    replica named after 'videoflow: ' (set_origin)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return redact_text(super().format(record))
+        text = super().format(record)
+        if _origin is not None and text.startswith("videoflow: "):
+            text = f"videoflow: {_origin}: {text[len('videoflow: '):]}"
+        return redact_text(text)
 
 
 class JsonFormatter(logging.Formatter):
@@ -84,6 +90,8 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         document = _document(record.created, record.levelname, record.name,
                              record.getMessage(), record.process)
+        if _origin is not None:
+            document["replica"] = _origin
         if record.exc_info:
             document["exception"] = redact_text(self.formatException(record.exc_info))
         if record.stack_info:
@@ -96,6 +104,18 @@ def _document(created: float, level: str, logger: str, message: str, pid: int | 
     moment = datetime.datetime.fromtimestamp(created, tz=datetime.timezone.utc)
     return {"time": moment.isoformat(timespec="milliseconds"), "level": level,
             "logger": logger, "message": redact_text(message), "pid": pid}
+
+
+_origin: str | None = None
+
+
+def set_origin(origin: str | None) -> None:
+    """Name this process's log records after the node replica it runs ('scale[0]'),
+    so that lines alike from several replicas (a broker outage each of them sees) tell
+    whose they are: the text format says it after 'videoflow: ', the json format as
+    'replica'. None: no name."""
+    global _origin
+    _origin = origin
 
 
 def json_line(logger: str, message: str, level: str = "INFO", **fields: Any) -> str:

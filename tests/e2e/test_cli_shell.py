@@ -106,6 +106,7 @@ def test_with_log_format_json_the_command_and_its_replicas_log_json_lines(
     assert warned[0]["message"] == "scaling from nats://flow:***@broker:4222"
     assert "hunter2" not in done.stderr
     assert set(warned[0]) >= {"time", "level", "logger", "message", "pid"}
+    assert warned[0]["replica"] == "warning_scale[0]"
 
 
 def test_with_log_format_json_stderr_is_json_lines_progress_and_a_replicas_failure_too(
@@ -135,7 +136,8 @@ def test_text_logs_mask_a_password_too(
     done = videoflow("run", "flows:warning_chain", "--nats-url", nats_server.url, "-v",
                      "--json", env=environment(tmp_path, count=5))
     assert done.returncode == 0, done.stderr
-    assert "videoflow: flow_nodes: scaling from nats://flow:***@broker:4222" in (
+    # Logged in the replica's process, which names itself.
+    assert "videoflow: warning_scale[0]: flow_nodes: scaling from nats://flow:***@broker:4222" in (
         done.stderr.splitlines())
     assert "hunter2" not in done.stderr
 

@@ -95,3 +95,7 @@ def test_a_broker_restarted_mid_run_is_logged_lost_and_back_by_each_replica_as_j
     assert engine.pid not in by_pid_lost
     assert by_pid_lost == by_pid_back
     assert all(n <= 3 for n in by_pid_lost.values()), by_pid_lost
+    # Each record names the replica whose process logged it, one replica per process.
+    named = {(r["pid"], r["replica"]) for r in lost + back}
+    assert {replica for _, replica in named} <= {"numbers[0]", "scale[0]", "record[0]"}
+    assert len(named) == len(by_pid_lost), named

@@ -22,6 +22,7 @@ def root_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     yield
+    logs.set_origin(None)
     if logs._installed is not None:  # the handler this test's configure() installed
         root.removeHandler(logs._installed)
         logs._installed = None
@@ -68,6 +69,23 @@ def test_text_lines_name_the_logger_and_mask_secrets(
     logs.configure("text", logging.WARNING)
     logging.getLogger("videoflow.broker.link").warning("away: nats://u:pw@h:1")
     assert capsys.readouterr().err == "videoflow: videoflow.broker.link: away: nats://u:***@h:1\n"
+
+
+def test_a_replicas_process_names_the_replica_in_every_record(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    logs.set_origin("scale[1]")
+    logs.configure("text", logging.WARNING)
+    logging.getLogger("videoflow.broker.link").warning("away: nats://u:pw@h:1")
+    assert capsys.readouterr().err == (
+        "videoflow: scale[1]: videoflow.broker.link: away: nats://u:***@h:1\n")
+    logs.configure("json", logging.WARNING)
+    logging.getLogger("videoflow.broker.link").warning("back")
+    record = json.loads(capsys.readouterr().err)
+    assert (record["replica"], record["logger"], record["message"]) == (
+        "scale[1]", "videoflow.broker.link", "back")
+    logs.set_origin(None)  # the engine's own process names none
+    logging.getLogger("videoflow.run").warning("done")
+    assert "replica" not in json.loads(capsys.readouterr().err)
 
 
 def test_a_process_started_after_hand_down_logs_as_its_parent_chose(

@@ -274,6 +274,7 @@ def _worker(args: argparse.Namespace) -> int:
         raise CommandError(f"cannot read the run spec {args.spec!r}: {error}") from error
     flow = load_flow(spec.flow)
     job, node = spec.replica(flow, args.node, args.replica, args.nats_url)
+    logs.set_origin(job.key)
     print(f"worker {job.key} of run {spec.run_id}: started", file=sys.stderr, flush=True)
     port = args.metrics_port if args.metrics_port is not None else metrics_port_from_env()
     latest: list[ReplicaSample] = []  # the replica's last report, read by each scrape

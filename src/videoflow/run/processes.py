@@ -427,6 +427,7 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
         die_with_parent(engine_pid)
     if os.environ.get(logs.LOG_FORMAT_ENV):  # the videoflow command chose how to log
         logs.configure()
+    logs.set_origin(job.key)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one sent while starting is dropped
     if hasattr(signal, "pthread_sigmask"):
@@ -475,8 +476,8 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
             # raised ImportError when called, say).
             logger.debug("%s[%d] failed", job.spec.name, job.replica_id, exc_info=True)
         elif logs.in_json():  # stderr stays JSON lines: the traceback in the record
-            logger.error("%s[%d] failed: %s: %s", job.spec.name, job.replica_id,
-                         type(error).__name__, error, exc_info=True)
+            logger.error("%s failed: %s: %s", job.key, type(error).__name__, error,
+                         exc_info=True)
         else:
             traceback.print_exc()
         raise SystemExit(1) from error
