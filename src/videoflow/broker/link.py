@@ -177,6 +177,8 @@ class Outage:
         clock: monotonic seconds.
         known: the broker is known to exist (a replica of a provisioned run): a first
             connect that finds it away is made again within the budget.
+        what: the connection, as the log lines name it ('the payload store's
+            connection'): a process holds several, whose outages are logged alike.
 
     Attributes:
         down_since: when the current outage began, None while connected.
@@ -187,9 +189,10 @@ class Outage:
     """
 
     def __init__(self, budget: float = DEFAULT_OUTAGE_BUDGET_SECONDS, where: str = "",
-                 clock: Callable[[], float] = time.monotonic, known: bool = False) -> None:
+                 clock: Callable[[], float] = time.monotonic, known: bool = False,
+                 what: str = "the connection") -> None:
         self.budget = check_budget(budget)
-        self.where = where
+        self.where, self.what = where, what
         self.clock = clock
         self.known = known
         self.down_since: float | None = None
@@ -274,7 +277,7 @@ class Outage:
                 self.given_up = self.reason()
                 # A warning, not an error: whoever uses the connection fails with this
                 # reason and says so (a command's one error line, a run's report).
-                logger.warning("gave up the connection: %s", self.given_up)
+                logger.warning("gave up %s: %s", self.what, self.given_up)
                 with contextlib.suppress(Exception):
                     await client.close()
                 return
@@ -440,13 +443,14 @@ async def connect(
         # owner's doing, and the watchdog logs its own).
         began = tracked.went_away()
         if began and connected and connected[0].is_reconnecting:
-            logger.warning("lost the connection to the broker at %s; reconnecting for "
-                           "up to %g s (the outage budget)", redact_url(url), tracked.budget)
+            logger.warning("lost %s to the broker at %s; reconnecting for up to %g s "
+                           "(the outage budget)", tracked.what, redact_url(url),
+                           tracked.budget)
 
     async def reconnected() -> None:
         away = tracked.came_back()
         if away is not None:
-            _log_back(connected[0] if connected else None, url, away)
+            _log_back(connected[0] if connected else None, url, away, tracked.what)
 
     settings: dict[str, Any] = {
         # NATS_FACTS §8: fail fast on the first connect (NoServersError after two
@@ -481,7 +485,7 @@ async def connect(
     if tracked.away:
         away = tracked.came_back()
         if away is not None:
-            _log_back(client, url, away)
+            _log_back(client, url, away, tracked.what)
     if tracked.budget > 0:
         # Connected: from now on, reconnect until the watchdog gives up.
         client.options["max_reconnect_attempts"] = -1
@@ -492,11 +496,11 @@ async def connect(
     return client
 
 
-def _log_back(client: Client | None, url: str, away: float) -> None:
+def _log_back(client: Client | None, url: str, away: float, what: str) -> None:
     """The one line that says a connection's broker is back, and after how long."""
     server = getattr(client, "connected_url", None)
     at = redact_url(server.geturl()) if server is not None else redact_url(url)
-    logger.warning("the connection to the broker at %s is back after %.1f s", at, away)
+    logger.warning("%s to the broker at %s is back after %.1f s", what, at, away)
 
 
 def refusal(url: str) -> CredentialsRefused:

@@ -206,7 +206,7 @@ class JetStreamMessagingBackend(BackendProvisioning, BackendPublishing, BackendR
         self.instance_id = uuid.uuid4().hex[:12]  # names this process's EOS durables
         self.errors = ErrorLog()
         self.outage = Outage(outage_budget_from_env(), where=nats_url,
-                             known=broker_known_from_env())
+                             known=broker_known_from_env(), what="the messaging connection")
         self.outage.on_back.append(self._reconnected)
         self._runner = LoopRunner()
         self._client: Client | None = None

@@ -81,7 +81,7 @@ class NatsKvRuntimeStore(RuntimeStore):
         # retried on it (TRANSIENT_RETRY_SECONDS).
         self.outage = Outage(outage_budget_from_env() if outage_budget is None
                              else outage_budget, where=str(nats_url or "the broker"),
-                             known=broker_known_from_env())
+                             known=broker_known_from_env(), what="the ledger's connection")
         self._close_client = close_client
         self._owns_client = client is None
         if client is None:

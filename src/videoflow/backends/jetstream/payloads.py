@@ -98,7 +98,8 @@ class NatsObjectPayloadStore(PayloadStore):
         self.timeout = timeout
         self.outage = Outage(outage_budget_from_env() if outage_budget is None
                              else outage_budget, where=nats_url,
-                             known=broker_known_from_env())
+                             known=broker_known_from_env(),
+                             what="the payload store's connection")
         self._errors = ErrorLog()
         self._runner = LoopRunner(name=f"videoflow-payload-{bucket}")
         self._runner.start()
