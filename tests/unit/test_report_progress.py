@@ -87,6 +87,33 @@ def test_the_report_names_every_process_death_and_every_failure_with_its_reason(
     assert "restart" not in RunReport("f", "r3", "batch", "x").format()
 
 
+def test_on_a_narrow_terminal_the_reports_table_fits_and_keeps_what_went_wrong() -> None:
+    nodes = {
+        "numbers": NodeReport("producer", emitted=100, throughput=52.6),
+        "fuse_cameras": NodeReport("processor", processed=97, emitted=97, dead_lettered=3,
+                                   throughput=51.0, join_latency_p50_ms=3.2,
+                                   join_latency_p99_ms=17.9),
+        "record": NodeReport("consumer", processed=97, throughput=51.0,
+                             join_latency_p50_ms=0.1, join_latency_p99_ms=0.4)}
+    run = RunReport("f", "r1", "batch", "nats://x", nodes=nodes)
+    wide = run.format().splitlines()
+    assert wide == run.format(200).splitlines()  # room for all: all of it
+    assert wide[1].split() == ["node", "kind", "processed", "emitted", "rate/s", "dropped",
+                               "dead-let.", "join", "p50", "ms", "join", "p99", "ms"]
+    for width, header in (
+            (80, ["node", "kind", "processed", "emitted", "rate/s", "dead-let.",
+                  "join", "p50", "ms"]),  # no drops: that column goes first
+            (50, ["node", "processed", "emitted", "dead-let."]),
+            (44, ["node", "done", "dead-let."])):
+        table = run.format(width).splitlines()[1:5]
+        assert table[0].split() == header, (width, table)
+        assert all(len(line) <= width for line in table), (width, table)
+    # 'done' is what each did, a producer's emitted; the dead letters stay at any
+    # width: what went wrong is never cut.
+    assert [line.split() for line in run.format(10).splitlines()[2:5]] == [
+        ["numbers", "100", "0"], ["fuse_cameras", "97", "3"], ["record", "97", "0"]]
+
+
 def test_the_view_says_how_many_restarts_so_far() -> None:
     out = io.StringIO()
     LiveView(out, tty=False).update("flow run", {}, "2 restarts")

@@ -31,6 +31,7 @@ import importlib
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -193,7 +194,9 @@ def _run_to_end(flow: Any, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
-        print(report.format())
+        # On a terminal, the table fits its width (a narrow one drops columns).
+        print(report.format(shutil.get_terminal_size().columns if sys.stdout.isatty()
+                            else None))
     return 0 if report.ok else EXIT_FAILED
 
 

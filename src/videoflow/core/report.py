@@ -175,20 +175,29 @@ class RunReport:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def format(self) -> str:
+    def format(self, width: int | None = None) -> str:
         """A plain-text table, one line per node; then each parent's lag behind, each
-        process death (restarted or not) and each replica's failure, with its reason."""
+        process death (restarted or not) and each replica's failure, with its reason.
+
+        Arguments:
+            width: the columns the table must fit in (a terminal's), or None for all
+                of it. Columns go as fit_columns says; the lines after the table are
+                prose, wrapped by the terminal.
+        """
         restarts = sum(n.restarts for n in self.nodes.values())
         head = (f"run {self.run_id} of flow {self.flow_id!r} ({self.flow_type}): "
                 f"{self.outcome} in {self.seconds:.1f} s"
                 + (f", {restarts} restart{'s' if restarts != 1 else ''}" if restarts else ""))
-        rows = [("node", "kind", "processed", "emitted", "rate/s", "dropped", "dead-let.",
-                 "join p50 ms", "join p99 ms")]
+        rows: list[tuple[str, ...]] = [
+            ("node", "kind", "processed", "emitted", "rate/s", "dropped", "dead-let.",
+             "join p50 ms", "join p99 ms")]
         for name, n in self.nodes.items():
             rows.append((name, n.kind, str(n.processed), str(n.emitted),
                          f"{n.throughput:.1f}", _drops(n.dropped), str(n.dead_lettered),
                          _ms(n.join_latency_p50_ms), _ms(n.join_latency_p99_ms)))
-        lines = [head, *format_table(rows, left=2)]
+        if width is not None:
+            rows = fit_columns(rows, width)
+        lines = [head, *format_table(rows, left=2 if rows[0][1] == "kind" else 1)]
         for name, n in self.nodes.items():
             if any(n.watermark_lag_max_ms.values()):
                 lags = sorted(n.watermark_lag_max_ms.items(), key=lambda kv: -kv[1])
@@ -216,6 +225,39 @@ def _drops(dropped: Mapping[str, int]) -> str:
     return f"{total} (" + ", ".join(f"{k} {v}" for k, v in dropped.items() if v) + ")"
 
 
+_FIT_ORDER = ("join p99 ms", "join p50 ms", "kind", "rate/s", "processed")
+_SAID_IF_ANY = ("dropped", "dead-let.")
+
+
+def fit_columns(rows: list[tuple[str, ...]], width: int) -> list[tuple[str, ...]]:
+    """The report's rows with columns left out until format_table's lines fit in
+    width: first a drop or dead-letter column with nothing in it (all '0'), then the
+    join latencies, the kind and the rate; then processed and emitted become one
+    'done' column (what a node processed, or a producer, which processes nothing,
+    emitted), as the live view shows it. The node, what it did, and any drops or dead
+    letters stay, whatever the width."""
+    header = rows[0]
+    order = [c for c in _SAID_IF_ANY
+             if c in header and all(r[header.index(c)] == "0" for r in rows[1:])]
+    order += [c for c in _FIT_ORDER if c in header]
+
+    def too_wide(kept: list[tuple[str, ...]]) -> bool:
+        return max(len(line) for line in format_table(kept)) > width
+
+    for column in order:
+        if not too_wide(rows):
+            break
+        i = rows[0].index(column)
+        if column == "processed" and "emitted" in rows[0]:
+            j = rows[0].index("emitted")
+            done = [("done",)] + [(r[i] if r[i] != "0" else r[j],) for r in rows[1:]]
+            rows = [r[:i] + d + r[i + 1:j] + r[j + 1:] for r, d in zip(rows, done,
+                                                                       strict=True)]
+            continue
+        rows = [r[:i] + r[i + 1:] for r in rows]
+    return rows
+
+
 def format_table(rows: Iterable[tuple[str, ...]], left: int = 1) -> list[str]:
     """Rows as indented, aligned lines: the first `left` columns left-aligned, the
     rest (numbers) right-aligned."""
@@ -226,4 +268,5 @@ def format_table(rows: Iterable[tuple[str, ...]], left: int = 1) -> list[str]:
             for r in rows]
 
 
-__all__ = ["NodeReport", "ProcessDeath", "RunReport", "format_table", "percentile"]
+__all__ = ["NodeReport", "ProcessDeath", "RunReport", "fit_columns", "format_table",
+           "percentile"]
