@@ -52,7 +52,11 @@ from videoflow.backends.messaging import (
     VerifiedChannel,
     VerifiedSubscription,
 )
-from videoflow.backends.messaging_types import outgoing, received, stored
+from videoflow.backends.messaging_types import (
+    trusted_accepted,
+    trusted_delivery,
+    trusted_envelope,
+)
 from videoflow.errors import VideoflowError
 
 CH = ChannelId("f", "r", "camera")
@@ -223,7 +227,7 @@ def test_delivery_agrees_with_its_token() -> None:
 
 
 def test_a_backend_built_delivery_is_the_one_its_constructors_would_build() -> None:
-    built = received(SUB, 7, 2, 3, b"xyz", "00-" + "a" * 32 + "-" + "b" * 16 + "-01")
+    built = trusted_delivery(SUB, 7, 2, 3, b"xyz", "00-" + "a" * 32 + "-" + "b" * 16 + "-01")
     checked = Delivery(DeliveryToken(SUB, 7, 2, 3), b"xyz", num_delivered=2, stream_seq=7,
                        traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01")
     assert built == checked and built.token == checked.token
@@ -237,12 +241,12 @@ def test_a_backend_built_delivery_is_the_one_its_constructors_would_build() -> N
 def test_a_messenger_built_envelope_and_a_backend_built_acceptance_are_the_checked_ones(
 ) -> None:
     tp = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
-    assert outgoing(CH, b"xyz", "n:1", tp) == Envelope(CH, "data", b"xyz", "n:1", tp)
-    assert outgoing(CH, b"xyz", "n:1", None) == Envelope(CH, "data", b"xyz", "n:1")
-    assert stored(7, True) == Accepted(7, duplicate=True)
-    assert stored(7, False) == Accepted(7)
+    assert trusted_envelope(CH, b"xyz", "n:1", tp) == Envelope(CH, "data", b"xyz", "n:1", tp)
+    assert trusted_envelope(CH, b"xyz", "n:1", None) == Envelope(CH, "data", b"xyz", "n:1")
+    assert trusted_accepted(7, True) == Accepted(7, duplicate=True)
+    assert trusted_accepted(7, False) == Accepted(7)
     with pytest.raises(AttributeError):
-        stored(7, False).stream_seq = 8  # type: ignore[misc]
+        trusted_accepted(7, False).stream_seq = 8  # type: ignore[misc]
 
 
 def test_publish_outcomes_are_distinct_types() -> None:

@@ -58,6 +58,16 @@ def test_delivery_position_reads_what_nats_py_metadata_reads(reply: str) -> None
         meta.sequence.stream, meta.num_delivered, meta.num_pending) == (1234, 3, 5)
 
 
+@pytest.mark.parametrize("reply", [
+    "$JS.ACK.vf-f-r-n.child--from--n.0.1234.77.1700000000000000000.5",  # delivered 0
+    "$JS.ACK.vf-f-r-n.child--from--n.3.0.77.1700000000000000000.5",  # stream seq 0
+])
+def test_a_delivery_without_a_sequence_or_count_is_refused(reply: str) -> None:
+    # Deliveries are built from these without DeliveryToken's checks (trusted_delivery).
+    with pytest.raises(ValueError, match="without a stream sequence and count"):
+        delivery_position(Msg(None, subject="s", reply=reply, data=b""))  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("reply", ["", "inbox.1", "$JS.ACK.s.c.x.1.1.1.1", "$JS.ACK.a.b.c"])
 def test_a_reply_that_is_not_a_jetstream_ack_fails_as_nats_py_metadata_fails(
     reply: str,

@@ -70,7 +70,7 @@ from videoflow.backends.messaging import (
     VerifiedChannel,
     VerifiedSubscription,
 )
-from videoflow.backends.messaging_types import received
+from videoflow.backends.messaging_types import trusted_delivery
 from videoflow.core.naming import (
     dlq_subject_for,
     eos_subject_for,
@@ -440,7 +440,7 @@ class MemoryMessagingBackend(MessagingBackend):
             if fetched is None:
                 return
             seq, attempt, data, traceparent = fetched
-            delivery = received(sub, seq, attempt, generation, data, traceparent)
+            delivery = trusted_delivery(sub, seq, attempt, generation, data, traceparent)
             # MSG-011: a redelivery supersedes any earlier attempt this receiver holds.
             for old in [t for t in self._held if t.subscription == sub and t.stream_seq == seq]:
                 del self._held[old]

@@ -32,7 +32,7 @@ from videoflow.backends.messaging import (
     MessagingBackend,
     Rejected,
 )
-from videoflow.backends.messaging_types import outgoing
+from videoflow.backends.messaging_types import trusted_envelope
 from videoflow.backends.payload import PayloadStore, inline_threshold
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.core.engine import CHECKPOINT_METADATA_KEY
@@ -242,7 +242,7 @@ class Outputs:
                     message if blob is None else msgspec.Raw(bytes(blob)), *header)
                 size = len(data)
                 if not self.payloads.offloads or size <= self.inline_threshold():
-                    self.window.send(outgoing(self.channel, data, msg_id, traceparent),
+                    self.window.send(trusted_envelope(self.channel, data, msg_id, traceparent),
                                      self.flow_type, on_accepted=on_accepted)
                 else:
                     if blob is None:

@@ -33,7 +33,7 @@ from videoflow.backends.messaging import (
     Receipt,
     Rejected,
 )
-from videoflow.backends.messaging_types import stored
+from videoflow.backends.messaging_types import trusted_accepted
 from videoflow.broker.client import encode_headers
 
 MSG_ID_HEADER: Final = "Nats-Msg-Id"
@@ -291,7 +291,7 @@ def receipt_outcome(subject: str, reply: Msg) -> PublishOutcome:
     seq = answer.get("seq")
     if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
         return PublicationUnknown(f"a PubAck without a stream sequence: {answer!r}")
-    return stored(seq, bool(answer.get("duplicate")))
+    return trusted_accepted(seq, bool(answer.get("duplicate")))
 
 
 class PublicationLedger:

@@ -32,7 +32,7 @@ from videoflow.backends.jetstream.receive_leases import DeliveryLeases, HeldDeli
 from videoflow.backends.jetstream.receive_queue import PrefetchQueue
 from videoflow.backends.jetstream.settle import ReplyMux, subscribe_inline
 from videoflow.backends.messaging import Delivery, DeliveryToken, SettleResult, SubscriptionId
-from videoflow.backends.messaging_types import received
+from videoflow.backends.messaging_types import trusted_delivery
 
 logger = logging.getLogger(__name__)
 
@@ -52,15 +52,25 @@ def delivery_position(msg: Msg) -> tuple[int, int, int]:
     <cseq>.<ts>.<pending> for 9 tokens, and the domain form with delivered at 6 and
     pending at 10 for 11 or more). Msg.metadata builds three dataclasses and a
     datetime per message, several times the cost of this; anything unexpected goes to
-    it, which raises on a reply that is not JetStream's."""
+    it, which raises on a reply that is not JetStream's.
+
+    Raises:
+        ValueError / NotJSMessageError: the reply is not a JetStream delivery's, or its
+            stream sequence or delivery count is 0.
+    """
     tokens: list[str] = msg.reply.split(".") if msg.reply else []
     if len(tokens) >= 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
         at = 4 if len(tokens) == 9 else 6
         delivered, seq, pending = tokens[at], tokens[at + 1], tokens[at + 4]
         if (delivered.isdigit() and seq.isdigit() and pending.isdigit()
                 and len(tokens) != 10):
-            return int(seq), int(delivered), int(pending)
+            position = int(seq), int(delivered), int(pending)
+            if position[0] and position[1]:
+                return position
     meta = msg.metadata
+    if not (meta.sequence.stream >= 1 and meta.num_delivered >= 1):
+        # A delivery is built from these unchecked (trusted_delivery).
+        raise ValueError(f"a delivery without a stream sequence and count: {msg.reply!r}")
     return meta.sequence.stream, meta.num_delivered, meta.num_pending
 
 
@@ -390,7 +400,7 @@ class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
         seq, attempt, pending = delivery_position(msg)
         # A status-less message's headers are its publisher's (Nats-Msg-Id, traceparent).
         headers = msg.headers
-        delivery = received(self.subscription, seq, attempt, self.generation, msg.data,
+        delivery = trusted_delivery(self.subscription, seq, attempt, self.generation, msg.data,
                             headers.get(TRACEPARENT_HEADER) if headers else None)
         # A moving mean of the sizes, for depth(): recent sizes weigh most.
         size = delivery.size
