@@ -5,7 +5,9 @@ module that fails to import reported in one line (its traceback with -v)."""
 from __future__ import annotations
 
 import importlib.metadata
+import io
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ import pytest
 
 import videoflow
 from videoflow import logs
+from videoflow.cli.common import stdout_for_the_document
 from videoflow.cli.main import build_parser, main
 
 
@@ -139,6 +142,42 @@ def test_a_flow_module_whose_own_import_fails_is_one_line_naming_that_import(
     assert main(["run", "vf_nowhere_xyz:flow"]) == 2
     assert one_error_line(capsys) == (
         "videoflow: error: cannot import 'vf_nowhere_xyz': No module named 'vf_nowhere_xyz'")
+
+
+def test_a_flow_module_in_a_checkout_named_videoflow_is_still_the_users_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    checkout = tmp_path / "videoflow"  # `git clone .../videoflow`, a flow beside it
+    checkout.mkdir()
+    monkeypatch.chdir(checkout)
+    monkeypatch.syspath_prepend(str(checkout))
+    monkeypatch.delitem(sys.modules, "vf_in_checkout", raising=False)
+    (checkout / "vf_in_checkout.py").write_text("import os\nimport vf_absent_xyz\n")
+    assert main(["run", "vf_in_checkout:flow"]) == 2
+    assert one_error_line(capsys) == (
+        "videoflow: error: cannot import 'vf_in_checkout': ModuleNotFoundError: No module "
+        f"named 'vf_absent_xyz' ({checkout / 'vf_in_checkout.py'}, line 2)")
+
+
+def test_the_document_stdout_is_given_back_even_when_a_flush_is_interrupted(
+        capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    class Interrupted(io.StringIO):
+        armed = False
+
+        def flush(self) -> None:
+            if self.armed:  # a second Ctrl-C as the block ends
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        with stdout_for_the_document(True):
+            os.write(1, b"a node printed\n")
+            interrupted = Interrupted()
+            interrupted.armed = True
+            monkeypatch.setattr(sys, "stderr", interrupted)
+    monkeypatch.undo()
+    os.write(1, b"the document\n")
+    out, err = capfd.readouterr()
+    assert (out, err) == ("the document\n", "a node printed\n")
 
 
 def test_a_flow_function_that_raises_is_one_line_and_verbose_adds_its_traceback(

@@ -89,9 +89,14 @@ def stdout_for_the_document(document: bool) -> Iterator[None]:
         with contextlib.redirect_stdout(sys.stderr):
             yield
     finally:
-        sys.stderr.flush()
-        os.dup2(kept, 1)
-        os.close(kept)
+        try:
+            # What was written meanwhile goes where it was meant to: stderr.
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.flush()
+                sys.stderr.flush()
+        finally:  # a second Ctrl-C in the flush must not leave stdout on stderr
+            os.dup2(kept, 1)
+            os.close(kept)
 
 
 def nats_url_option(parser: argparse.ArgumentParser, required_default: bool = True) -> None:

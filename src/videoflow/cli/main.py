@@ -37,7 +37,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from videoflow import logs
 from videoflow.broker.link import redact_url
@@ -127,11 +127,17 @@ def _raised_at(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}{where}"
 
 
+_PACKAGE: Final = Path(__file__).resolve().parent.parent
+"""videoflow's own source tree, whose frames are not the user's."""
+
+
 def _their_frames(error: BaseException) -> list[traceback.FrameSummary]:
-    """The frames of error's traceback in the user's code: not videoflow's, not the
-    import machinery's."""
+    """The frames of error's traceback in the user's code: not videoflow's package, not
+    the import machinery's (a checkout named videoflow is the user's all the same)."""
     return [f for f in traceback.extract_tb(error.__traceback__)
-            if "videoflow" not in Path(f.filename).parts and "importlib" not in f.filename]
+            if not f.filename.startswith("<frozen importlib")
+            and "importlib" not in Path(f.filename).parts
+            and not Path(f.filename).resolve().is_relative_to(_PACKAGE)]
 
 
 # ------------------------------------------------------------------------- run
