@@ -18,7 +18,9 @@ from videoflow.io import SubjectSink
 
 
 class Numbers(ProducerNode):
-    """0 .. count-1, each stamped with an event time; sleeps pace it when asked."""
+    """0 .. count-1, each stamped with an event time; sleeps pace it when asked. With
+    VF_TEST_GATE naming a file, the first waits until that file exists (a test lets
+    the run go once its watcher is in place)."""
 
     def __init__(self, count: int, pace: float = 0.0, **options: Any) -> None:
         super().__init__(**options)
@@ -27,6 +29,12 @@ class Numbers(ProducerNode):
     def next(self) -> int:
         if self.i >= self.count:
             raise StopIteration
+        gate = os.environ.get("VF_TEST_GATE")
+        if self.i == 0 and gate:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(gate):
+                assert time.monotonic() < deadline, f"no gate file {gate}"
+                time.sleep(0.02)
         value, self.i = self.i, self.i + 1
         assert self.context is not None
         self.context.set_event_timestamp(1000.0 + value)

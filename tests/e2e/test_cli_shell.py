@@ -223,26 +223,35 @@ def test_tap_given_no_url_follows_run_after_run_on_the_store_and_keeps_none_out(
         command("tap", "cli", "scale", "--count", "10", "--json", "--seconds", "120"),
         cwd=HERE, env=store_environment(store), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
-    runs = []
+    assert watching.stderr is not None
+    runs, told = [], []
     try:
-        said = watching.stderr.readline() if watching.stderr else ""
-        assert said == f"waiting for a run on the store {store}\n"
+        told.append(watching.stderr.readline())
+        assert told[0] == f"waiting for a run on the store {store}\n"
         for k in range(2):
-            out = tmp_path / f"out{k}"
+            out, gate = tmp_path / f"out{k}", tmp_path / f"gate{k}"
             out.mkdir()
             # A tap that started a server on the store would hold it: this run would
-            # wait for it, then fail.
-            run = videoflow("run", "flows:chain", "--json",
-                            env=store_environment(store, out, count=5, pace=0.05))
-            assert run.returncode == 0, run.stderr
-            runs.append(json.loads(run.stdout)["run_id"])
-        stdout, stderr = watching.communicate(timeout=60)
+            # wait for it, then fail. Its producer starts once the tap listens on it.
+            env = store_environment(store, out, count=5, gate=gate)
+            run = subprocess.Popen(command("run", "flows:chain", "--json"), cwd=HERE,
+                                   env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+            while sum(line.startswith("listening on") for line in told) < k + 1:
+                told.append(watching.stderr.readline())
+                assert told[-1], told  # the tap ended
+            gate.touch()
+            stdout, stderr = run.communicate(timeout=120)
+            assert run.returncode == 0, stderr
+            runs.append(json.loads(stdout)["run_id"])
+        stdout, rest = watching.communicate(timeout=60)
     finally:
         watching.kill()
-    assert watching.returncode == 0, stderr
+        watching.wait()
+    assert watching.returncode == 0, rest
     seen = [(line["run"], line["message"]) for line in map(json.loads, stdout.splitlines())]
     assert seen == [(run, repr(2 * n)) for run in runs for n in range(5)]
-    told = stderr.splitlines()
+    told = [line.rstrip("\n") for line in told] + rest.splitlines()
     assert told.count("listening on vf.cli.*.scale") == 2, told
     stopped = [line for line in told if line.startswith("the run's broker at nats://")]
     assert len(stopped) == 1 and stopped[0].endswith(" stopped"), told  # the first run's
@@ -265,6 +274,7 @@ def test_tap_says_when_its_broker_is_lost_and_ends_in_one_error_past_the_budget(
         stdout, stderr = watching.communicate(timeout=60)
     finally:
         watching.kill()
+        watching.wait()
         server.stop()
     assert watching.returncode == 1, stderr
     assert stdout == ""

@@ -247,7 +247,7 @@ class StoreBusy(EmbeddedServerError):
         self.orphaned = orphaned
 
 
-def _running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
     """Whether a process with this pid exists (it may be a zombie: close enough)."""
     if sys.platform == "win32":
         return True  # not told apart there: the message then only says to wait
@@ -457,7 +457,7 @@ class EmbeddedServer:
                     time.monotonic() >= deadline:
                 os.close(fd)
                 raise StoreBusy(store_dir, record, orphaned=record is not None
-                                and not _running(record.owner_pid))
+                                and not pid_running(record.owner_pid))
             time.sleep(0.05)
         self._lock_fd = fd
 

@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import time
 from typing import Any
 
-from videoflow.cli.common import ENV_NATS_URL, EXIT_OK, positive_seconds, whole_number
-from videoflow.cli.ops import broker_options, guarded, input_summary
+from videoflow.cli.common import EXIT_OK, positive_seconds, whole_number
+from videoflow.cli.ops import broker_options, given_url, guarded, input_summary
 from videoflow.ops.embedded import RunBrokers
 from videoflow.ops.tap import Rate, Tapped, tap
 
@@ -91,8 +90,7 @@ def cmd_hz(args: argparse.Namespace) -> int:
 def _broker(args: argparse.Namespace) -> str | RunBrokers:
     """The broker given, else the runs on the embedded broker's store, followed: a
     tap that started a server on the store would keep runs from starting there."""
-    url = args.nats_url or os.environ.get(ENV_NATS_URL)
-    return str(url) if url else RunBrokers(args.store_dir)
+    return given_url(args) or RunBrokers(args.store_dir)
 
 
 def _listening(subject: str) -> None:
@@ -109,7 +107,7 @@ def register(subparsers: Any) -> None:
             ("tap", "print the messages a node publishes, decoded, as they go"),
             ("hz", "a node's output rate, gaps and event-time lag, each window")):
         command = subparsers.add_parser(name, help=help_text)
-        broker_options(command)
+        broker_options(command, following=True)
         command.add_argument("flow", help="the flow id")
         command.add_argument("node", help="the node whose outputs to watch")
         command.add_argument("--run", default=None, help="only this run (default: any)")

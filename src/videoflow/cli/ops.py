@@ -92,7 +92,7 @@ def guarded(handler: Handler) -> Handler:
     return run
 
 
-def _given_url(args: argparse.Namespace) -> str | None:
+def given_url(args: argparse.Namespace) -> str | None:
     """--nats-url, else VIDEOFLOW_NATS_URL, else None (the embedded broker)."""
     url = args.nats_url or os.environ.get(ENV_NATS_URL)
     return str(url) if url else None
@@ -103,7 +103,7 @@ def broker_url(args: argparse.Namespace) -> Iterator[str]:
     """The URL the command talks to: the one given, else the embedded broker on the
     store (--store-dir, else the environment's, else the per-user default) for the
     length of the with block."""
-    url = _given_url(args)
+    url = given_url(args)
     if url is not None:
         yield url
         return
@@ -510,17 +510,22 @@ def cmd_buckets_remove(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def broker_options(parser: argparse.ArgumentParser) -> None:
-    """--nats-url and --store-dir: the broker an operator command talks to."""
+def broker_options(parser: argparse.ArgumentParser, following: bool = False) -> None:
+    """--nats-url and --store-dir: the broker an operator command talks to; following:
+    the runs on the store it follows (tap, hz)."""
     parser.add_argument(
         "--nats-url", default=None,
-        help=f"the broker (default: ${ENV_NATS_URL}, else the --context's URL, else the "
-             "embedded broker on the store a `videoflow run` without a URL keeps; see "
-             "--store-dir)")
+        help=f"the broker (default: ${ENV_NATS_URL}, else the --context's URL, else "
+             + ("the runs on the store of `videoflow run` without a URL, followed one "
+                "after the other" if following else
+                "the embedded broker on the store a `videoflow run` without a URL keeps")
+             + "; see --store-dir)")
     parser.add_argument(
         "--store-dir", default=None, metavar="DIR",
-        help=f"the embedded broker's store, when no broker URL is given (default: "
-             f"${ENV_STORE_DIR}, else the per-user data directory)")
+        help=("the store whose runs to follow" if following else
+              "the embedded broker's store")
+             + f", when no broker URL is given (default: ${ENV_STORE_DIR}, else the "
+             "per-user data directory)")
 
 
 def _common(parser: argparse.ArgumentParser, *, run: str | None) -> None:

@@ -13,6 +13,7 @@ from videoflow.broker.server import (
     EmbeddedServer,
     StoreBusy,
     answers,
+    pid_running,
     read_server_record,
     store_dir_for,
 )
@@ -84,9 +85,11 @@ class RunBrokers:
 
     def __call__(self) -> str | None:
         """The URL of the server a run started on the store, if one holds it and
-        answers now; else None."""
+        answers now; else None. A record left by a server that died (a SIGKILLed
+        run's) names a port another server may hold since: its pid must run too."""
         record = read_server_record(self.store)
-        if record is None or record.purpose != "run" or not answers(record.url):
+        if (record is None or record.purpose != "run" or not pid_running(record.pid)
+                or not answers(record.url)):
             return None
         return record.url
 

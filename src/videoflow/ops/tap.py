@@ -19,7 +19,7 @@ from typing import Any, Final
 from videoflow.broker.link import Outage, outage_budget_from_env, redact_url
 from videoflow.broker.loop import ErrorLog, close_client, connect_fail_fast
 from videoflow.core.naming import SUBJECT_ROOT, subject_for
-from videoflow.errors import BrokerUnavailable, WireError
+from videoflow.errors import BrokerUnavailable, CredentialsRefused, WireError
 from videoflow.wire.serialization import decode_envelope
 
 
@@ -52,9 +52,9 @@ def edge_subject(flow_id: str, node: str, run_id: str | None = None) -> str:
     return ".".join((SUBJECT_ROOT, probe[1], "*", probe[3]))
 
 
-FOLLOW_POLL_SECONDS: Final = 0.25
-"""How often a tap following runs looks for a run's broker on the store, and how soon
-it notices one stopped."""
+POLL_SECONDS: Final = 0.25
+"""How often a tap looks for a run's broker on the store (following runs), and how soon
+it notices its broker went away."""
 
 
 def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
@@ -119,6 +119,7 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
             await nc.flush()
             if ready is not None:
                 ready(subject)
+            pace.start()  # given a URL, --seconds and the windows count from here
             while (wanted is None or n < wanted) and not pace.step():
                 if nc.is_closed:
                     if outage.given_up is not None:
@@ -129,7 +130,7 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
                     say(f"lost the broker at {redact_url(url)}; reconnecting" if away
                         else f"the broker at {redact_url(url)} is back")
                 try:
-                    msg = await asyncio.wait_for(queue.get(), pace.wait(FOLLOW_POLL_SECONDS))
+                    msg = await asyncio.wait_for(queue.get(), pace.wait(POLL_SECONDS))
                 except asyncio.TimeoutError:
                     continue
                 seen(_tapped(msg.subject, msg.data))
@@ -141,6 +142,7 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
     async def main() -> int:
         if not callable(broker):
             return await watch(broker, False, count)
+        pace.start()  # following runs, the waits count too
         n, waiting = 0, False
         while (count is None or n < count) and not pace.step():
             url = broker()
@@ -148,35 +150,64 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
                 if not waiting:
                     say(f"waiting for a run on {broker}")
                     waiting = True
-                await asyncio.sleep(pace.wait(FOLLOW_POLL_SECONDS))
+                await asyncio.sleep(pace.wait(POLL_SECONDS))
                 continue
-            waiting = False
-            n += await watch(url, True, None if count is None else count - n)
-            if (count is None or n < count) and not pace.ended:
-                say(f"the run's broker at {redact_url(url)} stopped")
+            try:
+                n += await watch(url, True, None if count is None else count - n)
+            except CredentialsRefused:
+                raise
+            except BrokerUnavailable:
+                pass  # the run ended before the tap could attach: wait for the next
+            else:
+                waiting = False
+                if (count is not None and n >= count) or pace.ended:
+                    break
+                if broker() == url:  # the server runs on: only the connection went
+                    say(f"lost the connection to the run's broker at {redact_url(url)}; "
+                        "attaching again")
+                else:
+                    say(f"the run's broker at {redact_url(url)} stopped")
+            await asyncio.sleep(pace.wait(POLL_SECONDS))
         return n
 
     return asyncio.run(main())
 
 
 class _Pace:
-    """A tap's clock: when it ends (seconds), and hz's ticks (every)."""
+    """A tap's clock: when it ends (seconds after start), and hz's ticks (every
+    `every` seconds from start).
+
+    Arguments:
+        seconds: how long the tap runs once started; None: until interrupted.
+        every / tick: tick() every `every` seconds once started; None: no ticks.
+    """
 
     def __init__(self, seconds: float | None, every: float | None,
                  tick: Callable[[], None] | None) -> None:
-        now = time.monotonic()
-        self.ends = None if seconds is None else now + seconds
-        self.every, self.tick = every, tick
-        self.next_tick = None if every is None else now + every
-        self.ended = False
+        self.seconds, self.every, self.tick = seconds, every, tick
+        self.ends: float | None = None
+        self.next_tick: float | None = None
+        self.started = self.ended = False
+
+    def start(self) -> None:
+        """Start the clock (once: a later call leaves it running)."""
+        if not self.started:
+            now = time.monotonic()
+            self.ends = None if self.seconds is None else now + self.seconds
+            self.next_tick = None if self.every is None else now + self.every
+            self.started = True
 
     def step(self) -> bool:
-        """Tick if one is due; whether the tap's time is up."""
+        """Tick if one is due (once, however late: a window missed while the tap was
+        connecting is not made up in a burst); whether the tap's time is up."""
         now = time.monotonic()
         if self.next_tick is not None and now >= self.next_tick:
             if self.tick is not None:
                 self.tick()
-            self.next_tick += self.every or 0.0
+            every = self.every or 0.0
+            self.next_tick += every
+            if self.next_tick <= now:
+                self.next_tick = now + every
         self.ended = self.ends is not None and now >= self.ends
         return self.ended
 
