@@ -27,6 +27,7 @@ import os
 import re
 import sys
 import time
+import traceback
 from typing import Any, Final
 
 LOG_FORMAT_ENV: Final = "VIDEOFLOW_LOG_FORMAT"
@@ -124,6 +125,25 @@ def json_line(logger: str, message: str, level: str = "INFO", **fields: Any) -> 
     message, pid, then fields."""
     return json.dumps({**_document(time.time(), level, logger, message, os.getpid()),
                        **fields}, default=str)
+
+
+def say(message: str, level: str = "INFO", error: BaseException | None = None,
+        **fields: Any) -> None:
+    """What the videoflow command says on stderr whatever the log level (its one error
+    line, where its metrics are served), secrets masked: 'videoflow: <message>' (then
+    error's traceback, when given), or, when logs are json, one record in their shape
+    (logger 'videoflow', the traceback as 'exception', and fields)."""
+    if in_json():
+        if error is not None:
+            fields["exception"] = redact_text("".join(
+                traceback.format_exception(type(error), error, error.__traceback__)))
+        line = json_line("videoflow", message, level, **fields)
+    else:
+        line = f"videoflow: {redact_text(message)}"
+        if error is not None:
+            line += "\n" + "".join(traceback.format_exception(
+                type(error), error, error.__traceback__)).rstrip("\n")
+    print(line, file=sys.stderr, flush=True)
 
 
 def in_json() -> bool:

@@ -149,7 +149,9 @@ def test_a_refused_connect_logs_its_retries_as_json_and_ends_in_one_error_line(
                      "--log-format", "json", env=environment(tmp_path))
     assert done.returncode == 1
     *logged, last = done.stderr.strip().splitlines()
-    assert last.startswith("videoflow: error: the broker at nats://flow:***@127.0.0.1:1")
+    error = json.loads(last)  # the command's own error is a record too
+    assert (error["level"], error["logger"]) == ("ERROR", "videoflow")
+    assert error["message"].startswith("error: the broker at nats://flow:***@127.0.0.1:1")
     assert logged, done.stderr
     for line in logged:
         record = json.loads(line)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import io
+import json
 import logging
 import os
 import sys
@@ -142,6 +143,23 @@ def test_a_flow_module_whose_own_import_fails_is_one_line_naming_that_import(
     assert main(["run", "vf_nowhere_xyz:flow"]) == 2
     assert one_error_line(capsys) == (
         "videoflow: error: cannot import 'vf_nowhere_xyz': No module named 'vf_nowhere_xyz'")
+
+
+def test_with_json_logs_the_commands_own_error_is_a_json_record_too(
+        flow_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (flow_dir / "vf_raises.py").write_text("import os\nraise RuntimeError('no camera')\n")
+    assert main(["run", "vf_raises:flow", "--log-format", "json"]) == 2
+    record = json.loads(one_error_line(capsys))
+    assert (record["level"], record["logger"], record["message"]) == (
+        "ERROR", "videoflow", "error: cannot import 'vf_raises': RuntimeError: no camera "
+        f"({flow_dir / 'vf_raises.py'}, line 2)")
+    assert "exception" not in record
+    sys.modules.pop("vf_raises", None)
+    # -v adds the traceback, inside the record.
+    assert main(["run", "vf_raises:flow", "--log-format", "json", "-v"]) == 2
+    record = json.loads(one_error_line(capsys))
+    assert record["exception"].startswith("Traceback (most recent call last):")
+    assert record["exception"].rstrip().endswith("RuntimeError: no camera")
 
 
 def test_a_flow_module_in_a_checkout_named_videoflow_is_still_the_users_code(

@@ -33,10 +33,10 @@ def test_every_command_sets_func_and_the_url_falls_back_to_the_environment(
         assert callable(parse(argv).func)
     args = parse(["status", "--flow", "f", "--run", "r"])
     monkeypatch.delenv(ENV_NATS_URL, raising=False)
-    assert cli_ops._given_url(args) is None  # the embedded broker on the store
+    assert cli_ops.given_url(args) is None  # the embedded broker on the store
     monkeypatch.setenv(ENV_NATS_URL, "nats://broker:4222")
-    assert cli_ops._given_url(args) == "nats://broker:4222"
-    assert cli_ops._given_url(parse(["status", "--flow", "f", "--run", "r", "--nats-url",
+    assert cli_ops.given_url(args) == "nats://broker:4222"
+    assert cli_ops.given_url(parse(["status", "--flow", "f", "--run", "r", "--nats-url",
                                      "nats://x:1"])) == "nats://x:1"
 
 

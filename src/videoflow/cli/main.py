@@ -284,7 +284,7 @@ def _worker(args: argparse.Namespace) -> int:
     flow = load_flow(spec.flow)
     job, node = spec.replica(flow, args.node, args.replica, args.nats_url)
     logs.set_origin(job.key)
-    print(f"worker {job.key} of run {spec.run_id}: started", file=sys.stderr, flush=True)
+    logs.say(f"worker {job.key} of run {spec.run_id}: started")
     port = args.metrics_port if args.metrics_port is not None else metrics_port_from_env()
     latest: list[ReplicaSample] = []  # the replica's last report, read by each scrape
     metrics = None
@@ -293,7 +293,7 @@ def _worker(args: argparse.Namespace) -> int:
             metrics = MetricsServer(SnapshotCollector(spec.flow_id, latest.copy), port)
         except MetricsUnavailable as error:
             raise CommandError(str(error), EXIT_FAILED) from error
-        print(f"worker {job.key}: metrics on {metrics.url}", file=sys.stderr, flush=True)
+        logs.say(f"worker {job.key}: metrics on {metrics.url}")
 
     def progress(task: Any) -> None:
         if metrics is not None:
@@ -301,9 +301,11 @@ def _worker(args: argparse.Namespace) -> int:
                                        observed_snapshot(task)[0],
                                        inputs=job.spec.kind != "producer")]
         s = task.stats
-        print(f"worker {job.key}: {s.outcome} processed={s.processed} emitted={s.emitted} "
-              f"failed={s.failed} dead_lettered={s.dead_lettered} drops={s.drops}",
-              file=sys.stderr, flush=True)
+        logs.say(f"worker {job.key}: {s.outcome} processed={s.processed} "
+                 f"emitted={s.emitted} failed={s.failed} dead_lettered={s.dead_lettered} "
+                 f"drops={s.drops}", replica=job.key, outcome=s.outcome,
+                 processed=s.processed, emitted=s.emitted, failed=s.failed,
+                 dead_lettered=s.dead_lettered, drops=dict(s.drops))
 
     try:
         stats = run_replica(job, node, progress=progress, progress_every=args.progress_every)
@@ -433,9 +435,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
 
 
-def _say(message: object) -> None:
-    """The command's one line on stderr, without a secret in it."""
-    print(f"videoflow: {logs.redact_text(str(message))}", file=sys.stderr)
+def _say(message: object, error: BaseException | None = None) -> None:
+    """The command's one line on stderr, without a secret in it (a JSON record when
+    logs are json), then error's traceback when given."""
+    text = str(message)
+    logs.say(text, "ERROR" if text.startswith("error:") else "WARNING", error)
 
 
 def _command(argv: Sequence[str] | None) -> int:
@@ -462,9 +466,7 @@ def _command(argv: Sequence[str] | None) -> int:
         auth_options(getattr(args, "nats_url", None))
         return int(args.func(args))
     except CommandError as error:
-        _say(f"error: {error}")
-        if args.verbose and error.__cause__ is not None:
-            traceback.print_exception(error.__cause__, file=sys.stderr)
+        _say(f"error: {error}", error.__cause__ if args.verbose else None)
         return error.code
     except (EmbeddedServerError, MissingDependency) as error:  # it says what to do
         _say(f"error: {error}")

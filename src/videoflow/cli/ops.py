@@ -47,7 +47,7 @@ from videoflow.cli.common import (
     whole_number,
 )
 from videoflow.errors import VideoflowError, WireError
-from videoflow.logs import redact_text
+from videoflow.logs import say
 from videoflow.wire.serialization import decode_envelope
 
 Handler = Callable[[argparse.Namespace], int]
@@ -64,7 +64,7 @@ class UsageError(Exception):
 
 def _error(message: str) -> None:
     text = " ".join(str(message).split())  # one line, whatever the message holds
-    print(f"videoflow: error: {redact_text(text)}", file=sys.stderr)
+    say(f"error: {text}", "ERROR")
 
 
 def guarded(handler: Handler) -> Handler:

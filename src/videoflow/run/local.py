@@ -38,13 +38,13 @@ import functools
 import os
 import pickle
 import shutil
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from videoflow import logs
 from videoflow.broker.link import redact_url
 from videoflow.core.compiler import CompiledFlow, compile_flow
 from videoflow.core.constants import REALTIME
@@ -272,8 +272,7 @@ def run_flow(
                 server.stop()
             raise
         # Said whatever the log level: with port 0, the only way to learn the port.
-        print(f"videoflow: metrics of run {run.run_id} on {metrics.url}", file=sys.stderr,
-              flush=True)
+        logs.say(f"metrics of run {run.run_id} on {metrics.url}")
     shared = _shared_payloads(payloads, compiled.flow_id, run.run_id, payload_budget)
     started = time.monotonic()
     run.started, run.signals = started, _SIGNALS.get() or run.signals
