@@ -470,11 +470,12 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
         if not started:
             report("error", f"{type(error).__name__}: {error}")
         if not started and isinstance(error, (TracingSetupError, MissingDependency)):
-            # It says what to fix, and the engine's report says it for each replica: a
-            # traceback in every replica would bury it (run_flow checks the tracing
-            # setup before any starts; this is the backstop, a setup function that
-            # raised ImportError when called, say).
-            logger.debug("%s[%d] failed", job.spec.name, job.replica_id, exc_info=True)
+            # It says what to fix (a package to install, a tracing setup to mend), and
+            # the engine's report says it for each replica: a traceback in every replica
+            # would bury it. (run_flow checks the tracing setup before any starts; this
+            # is the backstop, for a setup function that raised ImportError when called,
+            # and for a node whose open() needs a package that is not installed.)
+            logger.debug("%s failed", job.key, exc_info=True)
         elif logs.in_json():  # stderr stays JSON lines: the traceback in the record
             logger.error("%s failed: %s: %s", job.key, type(error).__name__, error,
                          exc_info=True)
