@@ -162,6 +162,21 @@ def test_with_json_logs_the_commands_own_error_is_a_json_record_too(
     assert record["exception"].rstrip().endswith("RuntimeError: no camera")
 
 
+def test_with_json_logs_a_taps_own_lines_are_records_and_its_messages_stay_on_stdout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("VIDEOFLOW_NATS_URL", raising=False)
+    store = tmp_path / "store"  # no run on it: the tap waits, then its time is up
+    assert main(["tap", "f", "n", "--store-dir", str(store), "--seconds", "0.5",
+                 "--log-format", "json"]) == 0
+    out, err = capsys.readouterr()
+    records = [json.loads(line) for line in err.splitlines()]
+    assert [(r["logger"], r["message"]) for r in records] == [
+        ("videoflow", f"waiting for a run on the store {store}"),
+        ("videoflow", records[-1]["message"])]
+    assert records[-1]["message"].startswith("tap: 0 messages in ") and out == ""
+
+
 def test_a_flow_module_in_a_checkout_named_videoflow_is_still_the_users_code(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+from videoflow import logs
 from videoflow.cli.common import EXIT_OK, positive_seconds, whole_number
 from videoflow.cli.ops import broker_options, given_url, guarded, input_summary
 from videoflow.ops.embedded import RunBrokers
@@ -57,8 +58,8 @@ def cmd_tap(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         got = -1  # the count is in the lines already printed
     if got >= 0:
-        print(f"tap: {got} message{'s' if got != 1 else ''} in "
-              f"{time.monotonic() - started:.1f} s", file=sys.stderr)
+        _status(f"tap: {got} message{'s' if got != 1 else ''} in "
+                f"{time.monotonic() - started:.1f} s")
     return EXIT_OK
 
 
@@ -94,11 +95,16 @@ def _broker(args: argparse.Namespace) -> str | RunBrokers:
 
 
 def _listening(subject: str) -> None:
-    print(f"listening on {subject}", file=sys.stderr, flush=True)
+    _status(f"listening on {subject}")
 
 
 def _status(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    """A line for the user on stderr (stdout is the messages'): as it is, or with JSON
+    logs, a record in their shape."""
+    if logs.in_json():
+        logs.say(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 def register(subparsers: Any) -> None:
