@@ -9,6 +9,7 @@ own readers are not touched and nothing is kept once the tap ends.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import statistics
 import time
@@ -51,6 +52,9 @@ def edge_subject(flow_id: str, node: str, run_id: str | None = None) -> str:
     probe = subject_for(flow_id, "run", node).split(".")  # checks flow and node
     return ".".join((SUBJECT_ROOT, probe[1], "*", probe[3]))
 
+
+_LINK_LOGS: Final = logging.getLogger("videoflow.broker.link")
+"""The connection's own outage lines (-v): when they show, the tap does not repeat them."""
 
 POLL_SECONDS: Final = 0.25
 """How often a tap looks for a run's broker on the store (following runs), and how soon
@@ -127,8 +131,9 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
                     break  # following: the run's broker stopped
                 if outage.away != away:
                     away = outage.away
-                    say(f"lost the broker at {redact_url(url)}; reconnecting" if away
-                        else f"the broker at {redact_url(url)} is back")
+                    if not _LINK_LOGS.isEnabledFor(logging.WARNING):  # else it says so
+                        say(f"lost the broker at {redact_url(url)}; reconnecting" if away
+                            else f"the broker at {redact_url(url)} is back")
                 try:
                     msg = await asyncio.wait_for(queue.get(), pace.wait(POLL_SECONDS))
                 except asyncio.TimeoutError:
