@@ -5,6 +5,7 @@ directory from the environment, so `videoflow provision`, every `videoflow worke
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from flow_nodes import (
     NoModel,
@@ -35,33 +36,31 @@ def chain() -> Flow:
     return Flow([numbers], [sink], name="cli")
 
 
-def poison() -> Flow:
-    """numbers -> reject multiples of 7 (poison) -> record."""
+def _through(middle: Any, name: str) -> Flow:
+    """numbers -> middle -> record, sized by the environment."""
     count, pace, out, _ = _env()
     numbers = Numbers(count, pace=pace)
-    return Flow([numbers], [Record(out)(RejectMultiplesOf(7)(numbers))], name="clipoison")
+    return Flow([numbers], [Record(out)(middle(numbers))], name=name)
+
+
+def poison() -> Flow:
+    """numbers -> reject multiples of 7 (poison) -> record."""
+    return _through(RejectMultiplesOf(7), "clipoison")
 
 
 def warning_chain() -> Flow:
     """numbers -> scale(x2), which logs a warning -> record."""
-    count, pace, out, _ = _env()
-    numbers = Numbers(count, pace=pace)
-    return Flow([numbers], [Record(out)(WarningScale(2)(numbers))], name="cliwarn")
+    return _through(WarningScale(2), "cliwarn")
 
 
 def printing_chain() -> Flow:
     """numbers -> scale(x2), which prints each value -> record."""
-    count, pace, out, _ = _env()
-    numbers = Numbers(count, pace=pace)
-    return Flow([numbers], [Record(out)(PrintingScale(2)(numbers))], name="cliprint")
+    return _through(PrintingScale(2), "cliprint")
 
 
 def no_model() -> Flow:
     """numbers -> scale(x2), whose open() fails -> record."""
-    count, pace, out, _ = _env()
-    numbers = Numbers(count, pace=pace)
-    return Flow([numbers], [Record(out)(NoModel(2, name="scale")(numbers))],
-                name="clinomodel")
+    return _through(NoModel(2, name="scale"), "clinomodel")
 
 
 not_a_flow = 42
