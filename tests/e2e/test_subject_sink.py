@@ -16,6 +16,7 @@ import pytest
 from flow_nodes import AsFrame, FailOnceSink, Numbers
 
 from videoflow.broker import server as embedded
+from videoflow.broker.loop import registered
 from videoflow.core.constants import BATCH
 from videoflow.flow import Flow
 from videoflow.io import DTYPE_HEADER, EVENT_TIME_HEADER, SHAPE_HEADER, SubjectSink
@@ -86,7 +87,7 @@ def test_a_flow_writes_a_core_subject_a_plain_subscriber_reads(
     async def run() -> None:
         nc = await nats.connect(url)
         sub = await nc.subscribe("loose.numbers")
-        await nc.flush()
+        await registered(nc, 5)
         numbers = Numbers(COUNT, name="numbers")
         sink = SubjectSink("loose.numbers", encoding=encoding, name="out")(numbers)
         flow = Flow([numbers], [sink], BATCH, name=f"sink{encoding}")

@@ -19,6 +19,7 @@ import pytest
 from flow_nodes import Numbers, Record, RejectMultiplesOf, Scale
 
 from videoflow.broker import server as embedded
+from videoflow.broker.loop import registered
 from videoflow.core.constants import BATCH
 from videoflow.errors import WireError
 from videoflow.flow import Flow
@@ -59,7 +60,7 @@ class Tap:
                 self.seen.append((msg.subject, envelope, dict(msg.headers or {})))
 
         await nc.subscribe("vf.>", cb=seen)
-        await nc.flush()
+        await registered(nc, 5)
         self._ready.set()
         while not self._stop.is_set():
             await asyncio.sleep(0.05)

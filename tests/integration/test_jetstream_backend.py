@@ -10,11 +10,13 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from videoflow.backends.jetstream.backend import (
@@ -65,6 +67,7 @@ from videoflow.broker.loop import (
     bound_reads,
     close_client,
     connect_fail_fast,
+    registered,
 )
 from videoflow.core.constants import BATCH
 from videoflow.core.naming import (
@@ -269,6 +272,42 @@ def test_connect_and_close_on_the_runner_loop(nats_server: embedded.EmbeddedServ
         assert errors.reports == []
     finally:
         runner.stop()
+
+
+def test_registered_writes_its_ping_after_the_subscription(wired: Wired) -> None:
+    # Why `registered` exists: one flush's PING leaves before a SUB still in nats-py's
+    # pending buffer, so its PONG proves nothing; `registered`'s last PING follows it.
+    transport = wired.client._transport
+    assert transport is not None
+    wire: list[bytes] = []
+    write, writelines = transport.write, transport.writelines
+
+    def record(data: bytes) -> None:
+        wire.append(bytes(data).split(b" ")[0].strip())
+        write(data)
+
+    def record_lines(lines: list[bytes]) -> None:
+        wire.extend(bytes(data).split(b" ")[0].strip() for data in lines)
+        writelines(lines)
+
+    async def subscribe_then(settle: Callable[[], Awaitable[None]]) -> list[bytes]:
+        wire.clear()
+
+        async def ignore(_msg: Msg) -> None:
+            pass
+
+        await wired.client.subscribe("registered.probe", cb=ignore)
+        await settle()
+        return list(wire)
+
+    transport.write, transport.writelines = record, record_lines  # type: ignore[method-assign, assignment]
+    try:
+        once = wired.run(subscribe_then(lambda: wired.client.flush(timeout=5)))
+        assert once.index(b"PING") < once.index(b"SUB"), once  # the nats-py fact
+        twice = wired.run(subscribe_then(lambda: registered(wired.client, 5)))
+        assert twice.index(b"SUB") < len(twice) - 1 - twice[::-1].index(b"PING"), twice
+    finally:
+        transport.write, transport.writelines = write, writelines  # type: ignore[method-assign]
 
 
 def test_a_connection_reads_in_bounded_chunks_and_a_larger_message_still_arrives_whole(

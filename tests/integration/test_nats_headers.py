@@ -13,6 +13,7 @@ from nats.aio.client import Client as NatsClient
 
 from videoflow.broker import client as fast
 from videoflow.broker.link import connect as link_connect
+from videoflow.broker.loop import registered
 from videoflow.broker.server import EmbeddedServer
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -76,6 +77,7 @@ async def test_a_published_block_is_what_nats_py_writes(pairs: dict[str, str],
     reader = Recording()
     await reader.connect(nats_server.url)
     sub = await reader.subscribe("h.>")
+    await registered(reader, 5)  # before another connection publishes
     ours = await fast.connect(nats_server.url)
     theirs = await nats.connect(nats_server.url)
     try:
@@ -120,8 +122,8 @@ async def test_a_message_from_any_publisher_reads_the_same(nats_server: Embedded
     theirs = await nats.connect(nats_server.url)
     try:
         subs = [await ours.subscribe("any"), await plain.subscribe("any")]
-        await ours.flush()
-        await plain.flush()
+        await registered(ours, 5)
+        await registered(plain, 5)
         sent: list[dict[str, Any]] = [{"traceparent": TRACEPARENT, "B": " x "},
                                       {"X-Text": "caf\u00e9"}]
         for headers in sent:

@@ -21,6 +21,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from videoflow import ops
 from videoflow.backends.messaging import Known, Unknown
 from videoflow.broker import server as embedded
+from videoflow.broker.loop import registered
 from videoflow.cli.ops import register
 from videoflow.core.compiler import NodeSpec
 from videoflow.core.constants import BATCH
@@ -238,7 +239,7 @@ def test_dlq_list_reads_3000_records_a_page_per_round_trip_within_a_short_timeou
             requests.append(msg.subject)
 
         await nc.subscribe("$JS.API.>", cb=seen)
-        await nc.flush()
+        await registered(nc, 5)
         return nc, requests
 
     loop = asyncio.new_event_loop()

@@ -12,6 +12,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from videoflow.backends.jetstream.settle import ReplyMux
+from videoflow.broker.loop import registered
 
 
 async def echoing_mux(client: Client) -> ReplyMux:
@@ -20,7 +21,7 @@ async def echoing_mux(client: Client) -> ReplyMux:
         await client.publish(msg.reply, b"re:" + msg.data)
 
     await client.subscribe("echo", cb=answer)
-    await client.flush()
+    await registered(client, 5)
     mux = ReplyMux(client)
     await mux.start()
     return mux

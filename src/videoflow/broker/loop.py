@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -535,6 +536,25 @@ def bound_reads(client: Client, chunk: int = READ_CHUNK_BYTES) -> bool:
     return True
 
 
+async def registered(client: Client, timeout: float) -> None:
+    """Return once the server has processed every command the client wrote before
+    the call: a SUB made just before is registered, so a message published after
+    this returns, from any connection, reaches it.
+
+    One flush does not prove it: nats-py writes a flush's PING straight to the
+    socket, while SUB and PUB wait in its pending buffer for the flusher task, so
+    the PING leaves first and its PONG can come back before the server has read
+    the SUB. By the first PONG the flusher has written them; the second PING leaves
+    after them, and the server answers one connection's commands in order.
+
+    Raises:
+        nats.errors.FlushTimeoutError: no PONG within timeout.
+    """
+    seconds = max(int(math.ceil(timeout)), 1)  # nats-py takes whole seconds
+    await client.flush(timeout=seconds)
+    await client.flush(timeout=seconds)
+
+
 async def close_client(client: Client, timeout: float = CLOSE_TIMEOUT_SECONDS) -> None:
     """Close a client, flushing what it still buffers; never raises (a close that fails
     leaves nothing the caller could do)."""
@@ -556,4 +576,5 @@ __all__ = [
     "bound_reads",
     "close_client",
     "connect_fail_fast",
+    "registered",
 ]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from videoflow.broker.link import Outage, outage_budget_from_env, redact_url
-from videoflow.broker.loop import ErrorLog, close_client, connect_fail_fast
+from videoflow.broker.loop import ErrorLog, close_client, connect_fail_fast, registered
 from videoflow.core.naming import SUBJECT_ROOT, subject_for
 from videoflow.errors import BrokerUnavailable, CredentialsRefused, WireError
 from videoflow.wire.serialization import decode_envelope
@@ -120,7 +120,7 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
         n, away = 0, False
         try:
             await nc.subscribe(subject, cb=queue.put)
-            await nc.flush()
+            await registered(nc, timeout)  # what is published after `ready` is seen
             if ready is not None:
                 ready(subject)
             pace.start()  # given a URL, --seconds and the windows count from here

@@ -38,6 +38,7 @@ from videoflow.backends.messaging import (
     VerifiedChannel,
     VerifiedSubscription,
 )
+from videoflow.broker.loop import registered
 from videoflow.core.naming import control_subject_for
 
 
@@ -177,9 +178,9 @@ class BackendProvisioning(BackendState):
 
         async def subscribe() -> None:
             await client.subscribe(control_subject_for(self.flow_id, self.run_id), cb=on_stop)
-            # SUB is fire-and-forget; the PING/PONG of a flush proves the server has
-            # registered it, so a stop published after this returns is never missed.
-            await client.flush(timeout=int(BROKER_CALL_SECONDS))
+            # SUB is fire-and-forget: once the server has it, a stop published after
+            # this returns is never missed.
+            await registered(client, BROKER_CALL_SECONDS)
 
         self._call(subscribe(), BROKER_CALL_SECONDS)
 
