@@ -5,7 +5,9 @@ and receiving with fenced settlement (MSG-011). Never a mock broker."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
+import logging
 import os
 import signal
 import threading
@@ -360,6 +362,39 @@ def test_runner_keeps_a_timeout_the_coroutine_raised_itself() -> None:
             runner.run(own_timeout(), timeout=5)
     finally:
         runner.stop()
+
+
+
+def test_what_a_call_raises_after_its_caller_gave_up_prints_no_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A payload put cut off by a broker outage ends like this: its caller timed out
+    # (an unknown outcome, reported as such), then the call's clean-up raised. asyncio
+    # would print "Task exception was never retrieved" and a traceback on stderr.
+    caplog.set_level(logging.DEBUG)
+    runner = LoopRunner()
+    runner.start()
+    ended = threading.Event()
+    try:
+        async def fails_late() -> None:
+            try:
+                await asyncio.sleep(30)
+            finally:
+                await asyncio.sleep(0.2)  # its clean-up outlives the cancel
+                ended.set()
+                raise ValueError("after the caller left")  # noqa: B012
+
+        with pytest.raises(TimeoutError):
+            runner.run(fails_late(), timeout=0.2)
+        assert ended.wait(5)
+        runner.run(asyncio.sleep(0.1), timeout=5)  # the loop ends the task meanwhile
+        gc.collect()  # asyncio reports an unread exception when its task is collected
+    finally:
+        runner.stop()
+    assert not [r for r in caplog.records
+                if r.name == "asyncio" and r.levelno >= logging.ERROR], caplog.text
+    assert any("after the caller left" in r.getMessage() for r in caplog.records
+               if r.name == "videoflow.broker.loop")
 
 
 # ------------------------------------------------- layer 2: publication outcomes

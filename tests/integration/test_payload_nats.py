@@ -3,8 +3,10 @@ travelling by ref, and the inline threshold derived from the server's max_payloa
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,6 +15,7 @@ import nats
 import nats.errors
 import pytest
 
+from videoflow.backends.jetstream.objects import chunk_bytes
 from videoflow.backends.jetstream.payloads import NatsObjectPayloadStore
 from videoflow.backends.payload import inline_threshold, should_offload
 from videoflow.broker import server as embedded
@@ -143,3 +146,48 @@ def test_two_workers_on_one_bucket_never_double_reclaim_or_lose_a_release(
 def test_an_unreachable_broker_is_a_typed_refusal(closed_port_url: str) -> None:
     with pytest.raises(BrokerUnavailable, match="could not open"):
         NatsObjectPayloadStore(closed_port_url, timeout=3.0)
+
+
+
+def test_a_put_cut_off_by_a_broker_restart_leaves_only_the_stored_objects_chunks(
+    tmp_path: Path, clock: FakeClock,
+) -> None:
+    # The broker dies mid-put, after some chunks are stored, and is away longer than
+    # a call may take, so the cut-off attempt's own clean-up cannot reach it. The
+    # attempt made once it is back succeeds; the first attempt's chunks, which no meta
+    # message names and no sweep would ever find, must not stay in the bucket.
+    store_dir = tmp_path / "store"
+    servers = [embedded.start(store_dir)]
+    url, bucket = servers[0].url, "payloads-restart"
+    store = NatsObjectPayloadStore(url, bucket, clock=clock, timeout=1.0, outage_budget=30.0)
+    frame = bytes(range(256)) * (24 * 1024 * 1024 // 256)
+
+    async def chunk_subjects() -> dict[str, int]:
+        nc = await nats.connect(url)
+        try:
+            info = await nc.jetstream().stream_info(
+                f"OBJ_{bucket}", subjects_filter=f"$O.{bucket}.C.>")
+            return dict(info.state.subjects or {})
+        finally:
+            await nc.close()
+
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            putting = pool.submit(store.put, frame, ["reader"], "cam-0:1:1")
+            while sum(asyncio.run(chunk_subjects()).values()) < 3:
+                assert not putting.done(), "the put ended before the broker could be cut"
+            assert servers[0].process is not None
+            servers[0].process.kill()
+            servers[0].process.wait()
+            time.sleep(2.5)  # past the store's 1 s calls: the clean-up cannot land
+            servers.append(embedded.start(
+                store_dir, extra_args=("-p", url.rsplit(":", 1)[1])))
+            ref = putting.result(timeout=60)
+        assert store.get(ref) == frame
+        held = asyncio.run(chunk_subjects())
+        assert len(held) == 1, held  # the stored object's chunks, and only those
+        assert sum(held.values()) == -(-len(frame) // chunk_bytes(store.max_payload))
+    finally:
+        store.close()
+        for server in servers:
+            server.stop()

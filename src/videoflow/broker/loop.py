@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import math
 import threading
 import time
@@ -26,6 +27,8 @@ from videoflow.broker.options import connect_options_for
 from videoflow.errors import BrokerUnavailable
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_SECONDS: Final = 5.0
 """How long a clean close (drain of pending publishes included) is given."""
@@ -344,11 +347,13 @@ class LoopRunner:
         if self.in_loop_thread():
             coro.close()
             raise RuntimeError("LoopRunner.run called on its own loop thread")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        given_up: list[bool] = []
+        future = asyncio.run_coroutine_threadsafe(_heeded(coro, given_up), self._loop)
         future.add_done_callback(lambda _: self.poke())
         self.wait_until(future.done, time.monotonic() + max(timeout, 0.0),
                         lambda seconds: concurrent.futures.wait((future,), seconds))
         if not future.done():
+            given_up.append(True)
             future.cancel()
             raise TimeoutError(f"no result from the backend's loop within {timeout:.3f}s")
         try:
@@ -488,6 +493,21 @@ class ErrorLog:
 
     def texts(self) -> list[str]:
         return [f"{type(e).__name__}: {e}" for e in self.reports]
+
+
+async def _heeded(coro: Coroutine[Any, Any, T], given_up: list[bool]) -> T:
+    """coro's result. What it raises after its caller gave up on it (LoopRunner.run's
+    timeout, already reported as such) is logged at debug and the call ends cancelled,
+    as its caller asked: left as it was, asyncio would print "Task exception was never
+    retrieved" and a traceback when the task is collected, since the cancelled call's
+    future never reads it."""
+    try:
+        return await coro
+    except Exception as error:
+        if not given_up:
+            raise
+        logger.debug("a call given up on ended later: %r", error)
+        raise asyncio.CancelledError from error
 
 
 async def connect_fail_fast(url: str, connect_timeout: float, errors: ErrorLog,
