@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -94,6 +95,7 @@ def test_a_batch_flow_rides_out_a_broker_frozen(
 @pytest.mark.parametrize("run", RUNS)
 def test_a_broker_gone_for_good_fails_the_run_within_its_budget_keeps_it_and_a_resume_completes(
     nats_server: embedded.EmbeddedServer, out: Path, tmp_path: Path, run: int,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     budget = 5.0
     ended = tmp_path / "producer-ended"
@@ -110,6 +112,10 @@ def test_a_broker_gone_for_good_fails_the_run_within_its_budget_keeps_it_and_a_r
     # The reason says what happened, in the operator's words.
     text = report.format()
     assert f"unreachable for more than {budget:g} s" in text, text
+    # Each replica the loss ended says so in one line, not a traceback each.
+    stderr = capfd.readouterr().err
+    assert "Traceback" not in stderr, stderr
+    assert re.search(r"failed: BrokerUnavailable: .*unreachable for more than", stderr), stderr
     # Within the budget, plus a wind-down: no replica waits out a publication's own
     # deadline (ack_wait, 30 s) for a broker given up for good.
     assert failed_after < budget + 20, failed_after

@@ -30,7 +30,7 @@ from videoflow.core.compiler import CompiledFlow
 from videoflow.core.constants import REALTIME
 from videoflow.core.report import ProcessDeath
 from videoflow.core.task import Task
-from videoflow.errors import MissingDependency
+from videoflow.errors import BrokerUnavailable, MissingDependency
 from videoflow.messaging.tracing import TracingSetupError
 from videoflow.run.metrics import observed_snapshot, pending_word
 from videoflow.run.progress import LiveView, NodeProgress, OutputRelay, RelayEnd
@@ -475,6 +475,12 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
             # would bury it. (run_flow checks the tracing setup before any starts; this
             # is the backstop, for a setup function that raised ImportError when called,
             # and for a node whose open() needs a package that is not installed.)
+            logger.debug("%s failed", job.key, exc_info=True)
+        elif isinstance(error, BrokerUnavailable):
+            # The broker away past the outage budget, or refusing: the connection's own
+            # warning and the run's report say so, and how to resume; a traceback in
+            # every replica would bury both. One line each, the trace at debug.
+            logger.error("%s failed: %s: %s", job.key, type(error).__name__, error)
             logger.debug("%s failed", job.key, exc_info=True)
         elif logs.in_json():  # stderr stays JSON lines: the traceback in the record
             logger.error("%s failed: %s: %s", job.key, type(error).__name__, error,
