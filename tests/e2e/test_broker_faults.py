@@ -130,6 +130,10 @@ def test_a_broker_gone_for_good_fails_the_run_within_its_budget_keeps_it_and_a_r
         resumed = Flow([numbers], [sink], BATCH, name="gone").run(
             restarted.url, view=False, run_id=report.run_id, resume=True)
         assert resumed.outcome == "completed", resumed.format()
+        # What the failed run's replicas held went out again at once, not after
+        # ack_wait lapsed on processes that were gone.
+        assert re.search(r"\d+ deliver(y|ies) its replicas had not settled (is|are) "
+                         r"handed out again now", capfd.readouterr().err)
         assert resumed.torn_down, resumed.kept
         # The producer had ended: it is not run again, so nothing is published twice.
         assert resumed.nodes["count_then_mark"].emitted == 0, resumed.format()

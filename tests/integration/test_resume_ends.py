@@ -5,15 +5,17 @@ resumed replicas' new end markers as unprocessed, and the resumed run was kept).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import nats
+import nats.errors
 import pytest
-from nats.js.api import StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from videoflow.broker import server as embedded
 from videoflow.core.naming import eos_subject_for, stream_name_for, subject_for
 from videoflow.messaging.messenger_deliveries import end_marker
-from videoflow.ops.resume import ended_replicas
+from videoflow.ops.resume import ended_replicas, release_leases
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -50,3 +52,69 @@ def test_clean_ends_are_read_and_no_reader_is_left_on_the_stream(
     # Replica 0 ended cleanly; replica 1 aborted (started again); replica 2 said nothing.
     assert ended_replicas(nats_server.url, FLOW, RUN, [NODE]) == {NODE: {0}}
     assert asyncio.run(consumers(nats_server.url)) == []
+
+
+async def leave_leases(url: str, took: int = 6) -> None:
+    """Ten messages on the run's stream, a durable (ack_wait 30 s) and a reader that
+    took the first `took` of them, acked the even ones out of order, and vanished
+    holding the odd ones."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        stream = stream_name_for(FLOW, RUN, NODE)
+        await js.add_stream(StreamConfig(name=stream, subjects=[subject_for(FLOW, RUN, NODE)]))
+        for n in range(10):
+            await js.publish(subject_for(FLOW, RUN, NODE), str(n).encode())
+        await js.add_consumer(stream, ConsumerConfig(
+            durable_name="sink", ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=5))
+    finally:
+        await nc.close()
+    dead = await nats.connect(url)
+    try:
+        reader = await dead.jetstream().pull_subscribe_bind("sink", stream)
+        for msg in await reader.fetch(took, timeout=5) if took else []:
+            if int(msg.data) % 2 == 0:
+                await msg.ack_sync()
+    finally:
+        await dead.close()
+
+
+async def read_after_the_release(url: str) -> tuple[list[tuple[int, int]], float]:
+    """What a new reader of the durable is handed within 5 s, as (message, delivery
+    count), and the durable's ack_wait."""
+    nc = await nats.connect(url)
+    got: list[tuple[int, int]] = []
+    try:
+        js = nc.jetstream()
+        stream = stream_name_for(FLOW, RUN, NODE)
+        reader = await js.pull_subscribe_bind("sink", stream)
+        deadline = asyncio.get_running_loop().time() + 5
+        while len(got) < 7 and asyncio.get_running_loop().time() < deadline:
+            with contextlib.suppress(nats.errors.TimeoutError, asyncio.TimeoutError):
+                for msg in await reader.fetch(10, timeout=0.5):
+                    got.append((int(msg.data), msg.metadata.num_delivered))
+                    await msg.ack_sync()
+        info = await js.consumer_info(stream, "sink")
+        return got, float(info.config.ack_wait or 0)
+    finally:
+        await nc.close()
+
+
+def test_a_dead_replicas_leases_are_handed_out_again_at_once_and_nothing_acked_twice(
+        nats_server: embedded.EmbeddedServer) -> None:
+    asyncio.run(leave_leases(nats_server.url))
+    assert release_leases(nats_server.url, FLOW, RUN, [NODE]) == 3
+    got, ack_wait = asyncio.run(read_after_the_release(nats_server.url))
+    # The three leased first, each on its second delivery (max_deliver still counts
+    # it), well within the 30 s ack_wait; then the six never delivered; 0, 2 and 4,
+    # acked, never again.
+    assert got == [(1, 2), (3, 2), (5, 2), (6, 1), (7, 1), (8, 1), (9, 1)]
+    assert ack_wait == 30.0  # the durable's own, given back
+
+
+def test_a_run_whose_replicas_held_no_lease_releases_none(
+        nats_server: embedded.EmbeddedServer) -> None:
+    asyncio.run(leave_leases(nats_server.url, took=0))
+    assert release_leases(nats_server.url, FLOW, RUN, [NODE]) == 0
+    got, ack_wait = asyncio.run(read_after_the_release(nats_server.url))
+    assert got[:2] == [(0, 1), (1, 1)] and ack_wait == 30.0

@@ -7,6 +7,15 @@ under the same run id with resume=True (`videoflow run … --resume RUN`) starts
 replicas that have not ended: their durables still hold what they had not settled, so
 they take up where the run left off. A replica whose clean end-of-stream marker is on
 its stream is not started again: its outputs and its end are already there.
+
+What the failed run's replicas had received and not settled is leased to processes
+that no longer exist: the broker would hand it out again only once ack_wait lapsed on
+each (30 s by default), with the resumed replicas idle meanwhile once the rest is done.
+release_leases makes those leases lapse at once: each durable still holding some gets a
+short ack_wait for a moment (the server checks its pending deliveries again 100 ms
+after a change of ack_wait), then its own back. A lapsed lease is redelivered first,
+counted as a delivery like any lapse (max_deliver still holds), and what was acked is
+not delivered again, unlike a consumer reset (ADR-60), which rewinds to the ack floor.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable
+from typing import Final
 
 import nats.errors
 import nats.js.errors
@@ -27,6 +37,17 @@ from videoflow.ops.broker_calls import DEFAULT_TIMEOUT_SECONDS, Budget, run_sync
 from videoflow.wire.serialization import decode_envelope
 
 _FETCH_BATCH = 256
+
+LAPSE_SECONDS: Final = 0.5
+"""The ack_wait a durable holds while its dead leases lapse: a lease the resumed run
+could have taken is older than that (its processes are gone)."""
+
+_LAPSE_CHECK_SECONDS: Final = 1.0
+"""How long the short ack_wait stays: the server's check comes 100 ms after the change,
+and may be put off while it is busy with acks."""
+
+_GIVE_BACK_SECONDS: Final = 2.0
+"""The least time each durable's own ack_wait is given to be set back in."""
 
 
 async def _clean_ends(nc: Client, budget: Budget, flow_id: str, run_id: str,
@@ -105,4 +126,67 @@ def ended_replicas(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str
     return run_sync(nats_url, timeout, work)
 
 
-__all__ = ["ended_replicas"]
+def release_leases(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str], *,
+                   timeout: float = DEFAULT_TIMEOUT_SECONDS) -> int:
+    """Make the leases a kept run's dead replicas still hold lapse now, so a resumed
+    run is handed their deliveries at once instead of after ack_wait (see the module
+    docstring). Call it before any replica of the resumed run starts: a live replica's
+    leases would lapse too (delivered twice, never lost).
+
+    Arguments:
+        nats_url: the broker.
+        flow_id / run_id: the kept run.
+        nodes: the nodes whose streams are read (those with an output stream).
+        timeout: overall bound in seconds, connect included.
+
+    Returns:
+        how many deliveries were leased when they were made to lapse.
+
+    Raises:
+        BrokerUnavailable: the broker unreachable, or a durable's ack_wait could not be
+            changed or given back (a durable left with the short one is put right by
+            the replicas, which verify their durables' config as they bind).
+    """
+    streams = [stream_name_for(flow_id, run_id, node) for node in nodes]
+
+    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> int:
+        jsm = nc.jsm()
+        holding: list[tuple[str, ConsumerConfig, float, int]] = []
+        try:
+            for stream in streams:
+                for info in await budget.run(jsm.consumers_info(stream)):
+                    config = info.config
+                    if (config.durable_name and info.num_ack_pending
+                            and config.ack_policy == AckPolicy.EXPLICIT):
+                        holding.append((stream, config, float(config.ack_wait or 0.0),
+                                        info.num_ack_pending))
+            if not holding:
+                return 0
+            changed: list[tuple[str, ConsumerConfig, float, int]] = []
+            try:
+                for stream, config, ack_wait, held in holding:
+                    config.ack_wait = LAPSE_SECONDS
+                    await budget.run(jsm.add_consumer(stream, config))
+                    changed.append((stream, config, ack_wait, held))
+                await asyncio.sleep(min(_LAPSE_CHECK_SECONDS, budget.left()))
+            finally:
+                # Each given back, even past the budget or after another failed.
+                failed: BaseException | None = None
+                for stream, config, ack_wait, _held in changed:
+                    config.ack_wait = ack_wait
+                    try:
+                        await asyncio.wait_for(jsm.add_consumer(stream, config),
+                                               max(budget.left(), _GIVE_BACK_SECONDS))
+                    except (nats.errors.Error, asyncio.TimeoutError) as error:
+                        failed = failed or error
+                if failed is not None:
+                    raise failed
+            return sum(held for *_, held in holding)
+        except (nats.errors.Error, asyncio.TimeoutError) as error:
+            raise unavailable(f"making the leases of run {run_id!r} lapse", error,
+                              errors) from error
+
+    return run_sync(nats_url, timeout, work)
+
+
+__all__ = ["LAPSE_SECONDS", "ended_replicas", "release_leases"]

@@ -284,6 +284,8 @@ def run_flow(
                             max_retries=max_retries, ack_wait=ack_wait, ledger_budget=kv,
                             replicas=replicas)
         ended = _ended(url, compiled, run.run_id, nodes, provision_timeout) if resume else {}
+        if resume:
+            _release_leases(url, compiled, run.run_id, provision_timeout)
         for spec in compiled.specs:
             run.progress[spec.name] = NodeProgress(spec.kind)
             for replica in range(spec.nb_tasks):
@@ -386,6 +388,21 @@ def _ended(url: str, compiled: CompiledFlow, run_id: str, nodes: dict[str, bytes
                 "its stream and is not replayable, so it would publish its outputs again "
                 "(make it replayable, or start a new run)")
     return ended
+
+
+def _release_leases(url: str, compiled: CompiledFlow, run_id: str, timeout: float) -> None:
+    """For a resumed run, before any replica starts: what the failed run's replicas had
+    received and not settled is delivered again now, not once ack_wait lapses on
+    processes that are gone; said when there was any."""
+    from videoflow.ops.resume import release_leases
+
+    held = release_leases(url, compiled.flow_id, run_id,
+                          [s.name for s in compiled.specs if s.kind != "consumer"],
+                          timeout=timeout)
+    if held:
+        logs.say(f"run {run_id}: {held} deliver{'y' if held == 1 else 'ies'} its "
+                 f"replicas had not settled {'is' if held == 1 else 'are'} handed out "
+                 "again now (not after ack_wait)", held=held)
 
 
 def _lost(replica: Replica) -> dict[str, Any]:
