@@ -55,6 +55,12 @@ class MissingDependency(VideoflowError, ImportError):
     package to install (``pip install nkeys``), whichever way videoflow was installed."""
 
 
+class RunNotKept(VideoflowError, ValueError):
+    """A resume named a run whose streams are not on the broker: it never ran there,
+    it was torn down, or it is another flow's. Nothing is started: a fresh start
+    under that id would publish every output again."""
+
+
 class IncompatibleProfile(VideoflowError, ValueError):
     """A channel definitely does not carry the messaging profile asked of it: its
     effective configuration contradicts the profile (an immutable mismatch such as

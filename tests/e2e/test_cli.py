@@ -241,6 +241,20 @@ def test_ctrl_c_on_the_embedded_broker_drains_before_the_broker_stops(
     assert report["torn_down"] is True  # the broker was still there to tear down on
 
 
+def test_resuming_a_run_that_is_not_kept_is_refused_and_starts_nothing(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    # A typo in the run id, a run torn down, another flow's run: started afresh under
+    # that id, the flow would publish every output again and say "completed".
+    done = videoflow("run", "flows:chain", "--nats-url", nats_server.url,
+                     "--resume", "rNOPE", env=environment(out, count=10))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "run 'rNOPE' of flow 'cli' has no stream for node" in lines[0]
+    assert "nothing to resume" in lines[0], lines
+    assert asyncio.run(stream_names(nats_server.url)) == []  # nothing provisioned
+
+
 @pytest.mark.parametrize("args, message", [
     (("run", "flows"), "a flow is named module:attribute"),
     (("run", "nowhere:flow"), "cannot import 'nowhere'"),

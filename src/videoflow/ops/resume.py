@@ -32,7 +32,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from videoflow.broker.loop import ErrorLog
 from videoflow.core.naming import eos_subject_for, stream_name_for
-from videoflow.errors import BrokerUnavailable
+from videoflow.errors import RunNotKept
 from videoflow.ops.broker_calls import DEFAULT_TIMEOUT_SECONDS, Budget, run_sync, unavailable
 from videoflow.wire.serialization import decode_envelope
 
@@ -60,8 +60,9 @@ async def _clean_ends(nc: Client, budget: Budget, flow_id: str, run_id: str,
         info = await budget.run(js.stream_info(
             stream, subjects_filter=eos_subject_for(flow_id, run_id, node)))
     except nats.js.errors.NotFoundError as error:
-        raise BrokerUnavailable(f"run {run_id!r} of flow {flow_id!r} has no stream for "
-                                f"node {node!r}: it cannot be resumed") from error
+        raise RunNotKept(f"run {run_id!r} of flow {flow_id!r} has no stream for node "
+                         f"{node!r} on this broker (it never ran here, was torn down, or "
+                         "is another flow's): there is nothing to resume") from error
     if not sum((info.state.subjects or {}).values()):
         return set()
     # An ephemeral reader, deleted once read: left to its inactive_threshold it would
@@ -108,8 +109,9 @@ def ended_replicas(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str
         timeout: overall bound in seconds, connect included.
 
     Raises:
-        BrokerUnavailable: the broker unreachable, or a node's stream missing (the run
-            was torn down, or never provisioned: nothing to resume).
+        RunNotKept: a node's stream is missing (the run was torn down, never ran on
+            this broker, or is another flow's: nothing to resume).
+        BrokerUnavailable: the broker unreachable.
     """
     names = list(nodes)
 

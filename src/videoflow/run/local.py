@@ -227,6 +227,8 @@ def run_flow(
             installed): checked before anything starts (tracing.check_setup).
         BrokerUnavailable / TimeoutError: the broker unreachable, provisioning not done
             within provision_timeout.
+        RunNotKept: resume=True for a run whose streams are not on the broker (never
+            run there, torn down, or another flow's): nothing is started.
         StoreBusy: the embedded server's store is held by another run's server.
         EmbeddedServerError: the embedded server could not start.
     """
@@ -262,6 +264,14 @@ def run_flow(
             die_with_owner=threading.current_thread() is threading.main_thread()).start()
         url = server.url
     run = Run(compiled, url, run_id or new_run_id())
+    try:
+        # Before anything is provisioned: a run id whose streams are not there (a typo,
+        # a run torn down, another flow's) is refused, never started afresh.
+        ended = _ended(url, compiled, run.run_id, nodes, provision_timeout) if resume else {}
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
     metrics = None
     if metrics_port is not None:
         try:
@@ -283,7 +293,6 @@ def run_flow(
                             compiled.flow_type, timeout=provision_timeout,
                             max_retries=max_retries, ack_wait=ack_wait, ledger_budget=kv,
                             replicas=replicas)
-        ended = _ended(url, compiled, run.run_id, nodes, provision_timeout) if resume else {}
         if resume:
             _release_leases(url, compiled, run.run_id, provision_timeout)
         for spec in compiled.specs:
@@ -372,7 +381,8 @@ def _ended(url: str, compiled: CompiledFlow, run_id: str, nodes: dict[str, bytes
 
     Raises:
         ValueError: a producer that had not ended is not replayable.
-        BrokerUnavailable: the run's streams could not be read, or are gone.
+        RunNotKept: a node's stream is not on the broker: nothing to resume.
+        BrokerUnavailable: the run's streams could not be read.
     """
     from videoflow.ops.resume import ended_replicas
 
