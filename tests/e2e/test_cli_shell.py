@@ -4,6 +4,7 @@ command prints or logs, and tap, hz and ls watch a flow that runs."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from broker_reads import stream_names
 from test_cli import HERE, base_environment, command, environment, videoflow
 
 from videoflow.broker import server as embedded
@@ -324,3 +326,37 @@ def test_ls_shows_a_provisioned_run_idle_then_running_once_a_worker_pulls(
         worker.wait(timeout=10)
     assert videoflow("ls", "--nats-url", nats_server.url, "--flow", "other").stdout == (
         "no flows named 'other'\n")
+
+
+def test_teardown_of_a_running_run_is_refused_unless_forced(
+        nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
+    # Its replicas would wait on streams that are gone: an operator who meant another
+    # run, or did not know it still ran, is told, and --force says they did.
+    env = environment(tmp_path, count=5)
+    spec = tmp_path / "run.json"
+    made = videoflow("provision", "flows:chain", "--run", "r1", "--out", str(spec),
+                     "--nats-url", nats_server.url, env=env)
+    assert made.returncode == 0, made.stderr
+    worker = subprocess.Popen(
+        command("worker", "--spec", str(spec), "--node", "record", "--nats-url",
+                nats_server.url), cwd=HERE, env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    base = ["teardown", "--nats-url", nats_server.url, "--flow", "cli", "--run", "r1"]
+    try:
+        deadline = time.monotonic() + 30
+        while "running" not in videoflow("ls", "--nats-url", nats_server.url).stdout:
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        refused = videoflow(*base)
+        assert refused.returncode == 1, refused.stderr
+        assert refused.stderr.strip() == (
+            "videoflow: error: run 'r1' of flow 'cli' is running (a replica reads its "
+            "streams): stop it first (Ctrl-C, or SIGTERM to its `videoflow run`), or pass "
+            "--force to tear it down under it")
+        assert asyncio.run(stream_names(nats_server.url)) != []  # nothing deleted
+        forced = videoflow(*base, "--force")
+        assert forced.returncode == 0, forced.stderr
+        assert "removed: " in forced.stdout
+    finally:
+        worker.kill()
+        worker.wait(timeout=10)

@@ -43,11 +43,13 @@ from videoflow.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
+    CommandError,
     positive_seconds,
     whole_number,
 )
 from videoflow.errors import VideoflowError, WireError
 from videoflow.logs import say
+from videoflow.ops.runs import list_flows
 from videoflow.wire.serialization import decode_envelope
 
 Handler = Callable[[argparse.Namespace], int]
@@ -434,6 +436,29 @@ def cmd_dlq_purge(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------
 
 
+def _refuse_a_running_run(url: str, flow: str, run: str, timeout: float) -> None:
+    """Teardown deletes the streams a running run's replicas read and write: they
+    would be left waiting on what is gone. Refused while a replica reads the run (as
+    `videoflow ls` tells it), or while that cannot be told; --force tears down anyway.
+
+    Raises:
+        CommandError: the run is running, or its state could not be read (exit 1).
+    """
+    states = [r.state for f in list_flows(url, flow_id=flow, timeout=timeout)
+              for r in f.runs if r.run_id == run]
+    if not states:
+        return  # nothing of it here: teardown says so
+    (state,) = states
+    if state == Known("running"):
+        raise CommandError(f"run {run!r} of flow {flow!r} is running (a replica reads its "
+                         "streams): stop it first (Ctrl-C, or SIGTERM to its `videoflow "
+                         "run`), or pass --force to tear it down under it", EXIT_FAILED)
+    if isinstance(state, Unknown):
+        raise CommandError(f"cannot tell whether run {run!r} of flow {flow!r} is running "
+                         f"({state.reason}: {state.detail}); pass --force to tear it "
+                         "down anyway", EXIT_FAILED)
+
+
 def _cleanup_json(flow: str, run: str, cleanup: CleanupObservation) -> dict[str, Any]:
     return {"flow": flow, "run": run, "removed": list(cleanup.removed),
             "remaining": list(cleanup.remaining), "complete": cleanup.complete}
@@ -442,6 +467,8 @@ def _cleanup_json(flow: str, run: str, cleanup: CleanupObservation) -> dict[str,
 @guarded
 def cmd_teardown(args: argparse.Namespace) -> int:
     with broker_url(args) as url:
+        if not args.force:
+            _refuse_a_running_run(url, args.flow, args.run, args.timeout)
         cleanup = ops.teardown(url, args.flow, args.run, timeout=args.timeout)
     if args.json:
         _dump(_cleanup_json(args.flow, args.run, cleanup))
@@ -611,6 +638,9 @@ def register(subparsers: Any) -> None:
     teardown = subparsers.add_parser(
         "teardown", help="delete a run's streams and durables (never the dead letters)")
     _common(teardown, run="required")
+    teardown.add_argument("--force", action="store_true",
+                          help="tear down a run even while a replica reads it (it is "
+                               "refused otherwise)")
     teardown.set_defaults(func=cmd_teardown)
 
     buckets = subparsers.add_parser(
