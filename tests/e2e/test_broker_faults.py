@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -54,7 +55,7 @@ STRIKE_AT = COUNT * 3 // 20
 """The fault strikes once the sink has applied this many groups: mid-stream."""
 
 
-def run_linear(url: str, out: Path, name: str, **options: object) -> RunReport:
+def run_linear(url: str | None, out: Path, name: str, **options: object) -> RunReport:
     numbers = Numbers(COUNT)
     sink = Record(str(out))(Scale(2, nb_tasks=2)(numbers))
     return Flow([numbers], [sink], BATCH, name=name).run(url, view=False, **options)
@@ -77,6 +78,32 @@ def test_a_batch_flow_rides_out_a_broker_killed_and_restarted(
     assert fault.error is None and fault.struck_at is not None
     assert fault.recovered_at is not None
     assert_whole(report, out)
+
+
+@pytest.mark.timeout(240)
+def test_a_runs_own_embedded_broker_killed_is_started_again_and_the_run_completes(
+    out: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str],
+) -> None:
+    # The broker the run started itself (no URL): the engine that owns it sees it end,
+    # starts it again on its store and port at once, and says so; the replicas ride it
+    # out like any restart. Before, nothing noticed: the run stalled for the outage
+    # budget, then failed, with a zombie nats-server beside it.
+    store = tmp_path / "store"
+
+    def kill_the_runs_broker(fault: Fault) -> None:
+        record = embedded.read_server_record(store)
+        assert record is not None
+        os.kill(record.pid, signal.SIGKILL)
+        fault.struck_at = time.monotonic()
+
+    with strike_when(out, STRIKE_AT, kill_the_runs_broker) as fault:
+        report = run_linear(None, out, "own", store_dir=str(store))
+    assert fault.error is None and fault.struck_at is not None
+    assert_whole(report, out)
+    said = capfd.readouterr().err
+    assert re.search(r"videoflow: the embedded nats-server \(pid \d+\) ended \(killed by "
+                     r"SIGKILL\); started again on its store at nats://127\.0\.0\.1:\d+",
+                     said), said
 
 
 @pytest.mark.timeout(240)

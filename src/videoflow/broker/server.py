@@ -368,6 +368,8 @@ class EmbeddedServer:
         self._owned_store = False
         self._log_dir: str | None = None
         self._log: IO[bytes] | None = None
+        self._args: list[str] = []
+        self._restarts = 0
 
     @property
     def url(self) -> str:
@@ -409,7 +411,26 @@ class EmbeddedServer:
         # The log lives apart from the store, so a given store holds only JetStream data
         # (and, when locked, videoflow's lock and record).
         self._log_dir = tempfile.mkdtemp(prefix="videoflow-nats-log-")
-        self.log_path = Path(self._log_dir) / "nats-server.log"
+        self._args = args
+        self._spawn(args, Path(self._log_dir) / "nats-server.log")
+        try:
+            self._await_ready()
+            if self._lock_fd is not None:
+                self._write_record()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, args: list[str], log_path: Path) -> None:
+        """Run the nats-server process with args, its output to log_path.
+
+        Raises:
+            EmbeddedServerError: it cannot be run (the server is stopped).
+        """
+        if self._log is not None:
+            self._log.close()
+        self.log_path = log_path
         self._log = open(self.log_path, "wb")  # closed in stop()
         inherit: dict[str, Any] = {}
         if self._lock_fd is not None and sys.platform != "win32":
@@ -428,7 +449,31 @@ class EmbeddedServer:
             )
         except OSError as exc:
             self.stop()
-            raise EmbeddedServerError(f"cannot run {binary!r}: {exc}") from exc
+            raise EmbeddedServerError(f"cannot run {args[0]!r}: {exc}") from exc
+
+    def restart(self) -> int | None:
+        """Start the server again on its store and port if its process ended (a crash,
+        the OOM killer, a stray kill): clients reconnecting to url find it there, with
+        what the store held. The store's lock stays held throughout (this process
+        holds it too).
+
+        Returns:
+            the ended process's exit code (negative: the signal that ended it), or
+            None when it was still running (nothing done).
+
+        Raises:
+            EmbeddedServerError: not started, or it could not start again (its port
+                taken meanwhile, say): the server is stopped.
+        """
+        if self.process is None or self._log_dir is None:
+            raise EmbeddedServerError("the server is not started")
+        code = self.process.poll()
+        if code is None:
+            return None
+        self._restarts += 1
+        args = [*self._args]
+        args[args.index("-p") + 1] = str(self.port)
+        self._spawn(args, Path(self._log_dir) / f"nats-server.{self._restarts}.log")
         try:
             self._await_ready()
             if self._lock_fd is not None:
@@ -436,7 +481,7 @@ class EmbeddedServer:
         except BaseException:
             self.stop()
             raise
-        return self
+        return code
 
     def _take_lock(self, store_dir: Path) -> None:
         """Takes store_dir's lock, waiting for a command's or a starting server's hold.

@@ -38,6 +38,7 @@ import functools
 import os
 import pickle
 import shutil
+import signal
 import threading
 import time
 import uuid
@@ -71,6 +72,7 @@ from videoflow.run.worker import ReplicaJob
 
 if TYPE_CHECKING:
     from videoflow.backends.shm_payload import SharedMemoryPayloadStore
+    from videoflow.broker.server import EmbeddedServer
     from videoflow.ops.run_teardown import RunTeardown
 
 NATS_URL_ENV = "VIDEOFLOW_NATS_URL"
@@ -264,6 +266,8 @@ def run_flow(
             die_with_owner=threading.current_thread() is threading.main_thread()).start()
         url = server.url
     run = Run(compiled, url, run_id or new_run_id())
+    if server is not None:
+        run.keep_broker = broker_keeper(server)
     try:
         # Before anything is provisioned: a run id whose streams are not there (a typo,
         # a run torn down, another flow's) is refused, never started afresh.
@@ -413,6 +417,38 @@ def _release_leases(url: str, compiled: CompiledFlow, run_id: str, timeout: floa
         logs.say(f"run {run_id}: {held} deliver{'y' if held == 1 else 'ies'} its "
                  f"replicas had not settled {'is' if held == 1 else 'are'} handed out "
                  "again now (not after ack_wait)", held=held)
+
+
+def broker_keeper(server: EmbeddedServer) -> Callable[[], None]:
+    """What keeps a run's embedded nats-server up: called between the supervision
+    loop's steps (on the thread that started the server, which its die-with-owner
+    signal is bound to), it starts the server again on its store and port if its
+    process ended, and says so. The replicas' connections ride that out like any
+    broker restart (the outage budget); a server that cannot start again is said once,
+    and the run fails when their budget runs out."""
+    from videoflow.errors import EmbeddedServerError
+
+    failed = False
+
+    def keep() -> None:
+        nonlocal failed
+        if failed or server.process is None:
+            return
+        pid = server.process.pid
+        try:
+            code = server.restart()
+        except EmbeddedServerError as error:
+            failed = True
+            logs.say(f"the embedded nats-server (pid {pid}) ended and could not start "
+                     f"again: {error}", level="ERROR")
+            return
+        if code is not None:
+            how = (f"killed by {signal.Signals(-code).name}" if code < 0
+                   else f"exit code {code}")
+            logs.say(f"the embedded nats-server (pid {pid}) ended ({how}); started again "
+                     f"on its store at {server.url}", level="WARNING")
+
+    return keep
 
 
 def _lost(replica: Replica) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +126,8 @@ class Run:
     signals: StopSignals = field(default_factory=StopSignals)
     # The live view's: the replicas' stdout and stderr printed above it (else inherited)
     output: OutputRelay | None = None
+    # Called between the loop's steps, on the main thread: the embedded broker's keeper
+    keep_broker: Callable[[], None] | None = None
 
 
 def supervise(run: Run, max_restarts: int, stop_after: float | None,
@@ -169,6 +172,8 @@ def _watch(context: Any, run: Run, max_restarts: int, stop_after: float | None,
             interrupts += 1
             _interrupt(run, interrupts)
         _drain(run, timeout=0.2)
+        if run.keep_broker is not None:
+            run.keep_broker()
         for replica in run.replicas.values():
             _check(context, run, replica, max_restarts)
         _open_gate(run)
