@@ -210,6 +210,8 @@ def interrupt_a_run(out: Path, *options: str) -> tuple[dict[str, Any], list[int]
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode == 0, stderr
+    # The key was heard, and what another press would do is said.
+    assert "videoflow: stopping: the producers end their streams" in stderr, stderr
     report = json.loads(stdout)
     assert report["outcome"] == "stopped"
     # Nothing lost: everything the producer published reached the sink.
@@ -253,6 +255,32 @@ def test_resuming_a_run_that_is_not_kept_is_refused_and_starts_nothing(
     assert len(lines) == 1 and "run 'rNOPE' of flow 'cli' has no stream for node" in lines[0]
     assert "nothing to resume" in lines[0], lines
     assert asyncio.run(stream_names(nats_server.url)) == []  # nothing provisioned
+
+
+def test_a_run_kept_after_its_broker_was_lost_names_the_command_that_resumes_it(
+    tmp_path: Path, out: Path,
+) -> None:
+    server = embedded.start(tmp_path / "store")
+    try:
+        run = subprocess.Popen(
+            command("run", "flows:chain", "--nats-url", server.url, "--outage-budget", "2",
+                    "--json"), cwd=HERE, env=environment(out, count=100000, pace=0.005),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(lambda: count_applied(out) >= 20, 60, "the flow to get going")
+            server.stop()
+            stdout, stderr = run.communicate(timeout=90)
+        finally:
+            if run.poll() is None:
+                run.kill()
+    finally:
+        server.stop()
+    assert run.returncode == 1, stderr
+    report = json.loads(stdout)
+    assert report["outcome"] == "failed" and not report["torn_down"]
+    # The flow it ran, not a placeholder; and the flag that raises the budget.
+    assert f"videoflow run flows:chain --resume {report['run_id']}" in report["kept"], report
+    assert "raise it with --outage-budget" in stderr, stderr
 
 
 @pytest.mark.parametrize("args, message", [

@@ -285,7 +285,7 @@ def test_tap_says_when_its_broker_is_lost_and_ends_in_one_error_past_the_budget(
     assert watching.returncode == 1, stderr
     assert stdout == ""
     gave_up = (f"the broker {url} was unreachable for more than 2 s (the outage budget; "
-               "raise it with outage_budget= or VIDEOFLOW_OUTAGE_BUDGET)")
+               "raise it with --outage-budget, outage_budget= or VIDEOFLOW_OUTAGE_BUDGET)")
     # Said once: by the tap, or with -v by the connection's own warnings.
     assert stderr.splitlines() == ([
         f"videoflow: videoflow.broker.link: lost the connection to the broker at {url}; "

@@ -124,7 +124,7 @@ def test_a_broker_away_past_the_budget_logs_the_lost_warning_then_the_given_up_o
     assert records[1].getMessage() == (
         f"gave up the connection: the broker nats://flow:***@127.0.0.1:{port} "
         "was unreachable for more than 1 s (the outage budget; raise it with "
-        "outage_budget= or VIDEOFLOW_OUTAGE_BUDGET)")
+        "--outage-budget, outage_budget= or VIDEOFLOW_OUTAGE_BUDGET)")
     assert all(PASSWORD not in r.getMessage() for r in caplog.records)
 
 

@@ -256,8 +256,8 @@ class Outage:
     def reason(self) -> str:
         """Why the connection was given up, in words an operator can act on."""
         return (f"the broker {redact_url(self.where)} was unreachable for more than "
-                f"{self.budget:g} s (the outage budget; raise it with outage_budget= "
-                f"or {OUTAGE_BUDGET_ENV})")
+                f"{self.budget:g} s (the outage budget; raise it with --outage-budget, "
+                f"outage_budget= or {OUTAGE_BUDGET_ENV})")
 
     def reconnect_wait(self) -> float:
         """The wait between reconnect attempts now: short at first, longer as the

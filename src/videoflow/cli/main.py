@@ -144,7 +144,7 @@ def _their_frames(error: BaseException) -> list[traceback.FrameSummary]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    return _run_to_end(load_flow(args.flow), args)
+    return _run_to_end(load_flow(args.flow), args, resume_as=f"videoflow run {args.flow}")
 
 
 REPLAY_START_DELAY_S = 5.0
@@ -178,8 +178,11 @@ def _replay(args: argparse.Namespace) -> int:
     return _run_to_end(load_flow(args.into, sources), args)
 
 
-def _run_to_end(flow: Any, args: argparse.Namespace) -> int:
-    from videoflow.run.local import run_flow
+def _run_to_end(flow: Any, args: argparse.Namespace, resume_as: str | None = None) -> int:
+    """Run flow as the command's arguments say, and print its report. resume_as: the
+    command that runs this flow, for the report's resume hint (which, from run_flow,
+    can only name it as MODULE:ATTR)."""
+    from videoflow.run.local import RESUME_COMMAND, run_flow
     from videoflow.run.metrics import MetricsUnavailable
     from videoflow.run.progress import LiveView
 
@@ -197,6 +200,8 @@ def _run_to_end(flow: Any, args: argparse.Namespace) -> int:
                               resume=bool(args.resume), metrics_port=args.metrics_port)
     except MetricsUnavailable as error:
         raise CommandError(str(error), EXIT_FAILED) from error
+    if resume_as is not None:
+        report.kept = report.kept.replace(f"{RESUME_COMMAND} ", f"{resume_as} ")
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -78,6 +78,10 @@ if TYPE_CHECKING:
 NATS_URL_ENV = "VIDEOFLOW_NATS_URL"
 """The environment variable naming the broker when no nats_url is given."""
 
+RESUME_COMMAND = "videoflow run MODULE:ATTR"
+"""How a kept run's resume hint names the command (the videoflow command puts the
+flow it ran in its place)."""
+
 CRASH_LIMIT = 2
 """run_flow's default crash_limit: an input in hand at two process deaths of its node
 is not handed to a third."""
@@ -365,7 +369,7 @@ def _tear_down(url: str, compiled: CompiledFlow, run_id: str,
     from videoflow.ops.run_teardown import RunTeardown, teardown, teardown_processed
 
     if compiled.flow_type != REALTIME:
-        hint = (f"resume it with `videoflow run MODULE:ATTR --resume {run_id}` "
+        hint = (f"resume it with `{RESUME_COMMAND} --resume {run_id}` "
                 f"(or run_flow(..., run_id={run_id!r}, resume=True))")
         return teardown_processed(url, compiled.flow_id, run_id, resume_hint=hint,
                                   timeout=timeout)

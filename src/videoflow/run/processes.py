@@ -197,12 +197,20 @@ def _watch(context: Any, run: Run, max_restarts: int, stop_after: float | None,
 
 def _interrupt(run: Run, count: int) -> None:
     """The count-th Ctrl-C or SIGTERM: the first asks the flow to stop, the second
-    quiesces every replica, the third and later kill what is left."""
+    quiesces every replica, the third and later kill what is left; each says so, and
+    what the next one would do (a wind-down can take a while, with nothing else to
+    show the key was heard)."""
     if count == 1:
+        logs.say("stopping: the producers end their streams and the rest finish what "
+                 "they hold (again: the replicas stop now; a third time: killed)",
+                 level="WARNING")
         _request_stop(run)
     elif count == 2:
+        logs.say("stopping every replica now, handing back what it had not begun "
+                 "(again: killed)", level="WARNING")
         _signal_all(run, QUIESCE_SIGNAL)
     else:
+        logs.say("killing what is left", level="WARNING")
         _signal_all(run, signal.SIGKILL)
 
 
