@@ -306,3 +306,17 @@ def test_an_unreachable_broker_gets_one_line_not_a_traceback(tmp_path: Path) -> 
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("videoflow: error: the broker at "
                                                    "nats://127.0.0.1:1 did not answer")
+
+
+def test_a_run_on_an_unreachable_broker_fails_at_once_naming_the_cause(tmp_path: Path) -> None:
+    # Not after provisioning waited out its 30 s retrying, with the cause dropped.
+    started = time.monotonic()
+    done = videoflow("run", "flows:chain", "--nats-url", "nats://127.0.0.1:1",
+                     env=environment(tmp_path))
+    took = time.monotonic() - started
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "videoflow: error: the broker at nats://127.0.0.1:1 did not answer"), lines
+    assert "ConnectionRefusedError" in lines[0], lines
+    assert took < 15, took  # the first connect's bound is 10 s; provisioning's was 30

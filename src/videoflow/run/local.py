@@ -78,6 +78,10 @@ if TYPE_CHECKING:
 NATS_URL_ENV = "VIDEOFLOW_NATS_URL"
 """The environment variable naming the broker when no nats_url is given."""
 
+FIRST_CONTACT_SECONDS = 10.0
+"""The bound of the first connect to a broker given by URL (a TLS handshake to a
+distant broker included)."""
+
 RESUME_COMMAND = "videoflow run MODULE:ATTR"
 """How a kept run's resume hint names the command (the videoflow command puts the
 flow it ran in its place)."""
@@ -269,6 +273,8 @@ def run_flow(
             store_dir_for(store_dir, ephemeral=ephemeral), lock=True, purpose="run",
             die_with_owner=threading.current_thread() is threading.main_thread()).start()
         url = server.url
+    if server is None:
+        _first_contact(url, min(provision_timeout, FIRST_CONTACT_SECONDS))
     run = Run(compiled, url, run_id or new_run_id())
     if server is not None:
         run.keep_broker = broker_keeper(server)
@@ -421,6 +427,25 @@ def _release_leases(url: str, compiled: CompiledFlow, run_id: str, timeout: floa
         logs.say(f"run {run_id}: {held} deliver{'y' if held == 1 else 'ies'} its "
                  f"replicas had not settled {'is' if held == 1 else 'are'} handed out "
                  "again now (not after ack_wait)", held=held)
+
+
+def _first_contact(url: str, timeout: float) -> None:
+    """A broker given by URL is reached once before anything else, failing fast: one
+    that refuses, or whose name does not resolve, or that does not speak NATS, is
+    reported at once with its cause, not after provisioning waited out its timeout
+    retrying (the replicas' first connect fails fast the same way).
+
+    Raises:
+        BrokerUnavailable: it did not answer within timeout, and why.
+    """
+    import asyncio
+
+    from videoflow.broker.loop import ErrorLog, close_client, connect_fail_fast
+
+    async def reach() -> None:
+        await close_client(await connect_fail_fast(url, timeout, ErrorLog()))
+
+    asyncio.run(reach())
 
 
 def broker_keeper(server: EmbeddedServer) -> Callable[[], None]:
