@@ -43,6 +43,28 @@ class Numbers(ProducerNode):
         return value
 
 
+class ReplayableNumbers(Numbers):
+    """Numbers that a resume takes up from its ledger's offset; with `fails_at`, the
+    first to reach that value raises (a source that broke), leaving `marker` behind so
+    the run after it gets past."""
+
+    replayable = True
+
+    def __init__(self, count: int, fails_at: int | None = None, marker: str = "",
+                 **options: Any) -> None:
+        super().__init__(count, **options)
+        self.fails_at, self.marker = fails_at, marker
+
+    def resume(self, offset: int) -> None:
+        self.i = offset
+
+    def next(self) -> int:
+        if self.i == self.fails_at and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            raise RuntimeError(f"the source broke at {self.i}")
+        return super().next()
+
+
 class KeyedNumbers(Numbers):
     """Numbers whose outputs carry a partition key: the value modulo `keys`."""
 

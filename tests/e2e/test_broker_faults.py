@@ -35,7 +35,7 @@ from broker_faults import (
 )
 from broker_reads import stream_names
 from cluster import Cluster
-from flow_nodes import Numbers, Record, Scale, applied
+from flow_nodes import Numbers, Record, ReplayableNumbers, Scale, applied
 from test_cli import HERE, command, environment
 from test_pipeline_safety import assert_applied_exactly, assert_clean
 
@@ -167,6 +167,30 @@ def test_a_broker_gone_for_good_fails_the_run_within_its_budget_keeps_it_and_a_r
         assert_applied_exactly(out, [2 * i for i in range(COUNT)])
     finally:
         restarted.stop()
+
+
+@pytest.mark.timeout(240)
+def test_a_replayable_producer_that_broke_keeps_its_run_and_a_resume_finishes_it(
+    nats_server: embedded.EmbeddedServer, out: Path, tmp_path: Path,
+) -> None:
+    # Everything it had published was processed, so nothing was left unprocessed: the
+    # run was torn down, and the source could never be taken up where it broke.
+    count, broke_at = 300, 120
+
+    def flow() -> Flow:
+        numbers = ReplayableNumbers(count, fails_at=broke_at, marker=str(tmp_path / "broke"),
+                                    name="source")
+        return Flow([numbers], [Record(str(out))(Scale(2)(numbers))], BATCH, name="broke")
+
+    report = flow().run(nats_server.url, view=False)
+    assert report.outcome == "failed", report.format()
+    assert not report.torn_down
+    assert "not finished: source, replayable" in report.kept, report.kept
+    assert f"--resume {report.run_id}" in report.kept, report.kept
+    resumed = flow().run(nats_server.url, view=False, run_id=report.run_id, resume=True)
+    assert resumed.outcome == "completed", resumed.format()
+    assert resumed.torn_down, resumed.kept
+    assert_applied_exactly(out, [2 * i for i in range(count)])
 
 
 # ----------------------------------------------------------------- a 3-node cluster

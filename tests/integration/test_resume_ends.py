@@ -15,7 +15,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 from videoflow.broker import server as embedded
 from videoflow.core.naming import eos_subject_for, stream_name_for, subject_for
 from videoflow.messaging.messenger_deliveries import end_marker
-from videoflow.ops.resume import ended_replicas, release_leases
+from videoflow.ops.resume import drop_abort_markers, ended_replicas, release_leases
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -118,3 +118,22 @@ def test_a_run_whose_replicas_held_no_lease_releases_none(
     assert release_leases(nats_server.url, FLOW, RUN, [NODE]) == 0
     got, ack_wait = asyncio.run(read_after_the_release(nats_server.url))
     assert got[:2] == [(0, 1), (1, 1)] and ack_wait == 30.0
+
+
+def test_a_resume_deletes_the_abort_markers_and_keeps_the_clean_ends(
+        nats_server: embedded.EmbeddedServer) -> None:
+    asyncio.run(publish_ends(nats_server.url))
+    assert drop_abort_markers(nats_server.url, FLOW, RUN, [NODE]) == 1
+    assert ended_replicas(nats_server.url, FLOW, RUN, [NODE]) == {NODE: {0}}
+
+    async def markers_left() -> int:
+        nc = await nats.connect(nats_server.url)
+        try:
+            info = await nc.jetstream().stream_info(
+                stream_name_for(FLOW, RUN, NODE), subjects_filter=eos_subject_for(FLOW, RUN, NODE))
+            return sum((info.state.subjects or {}).values())
+        finally:
+            await nc.close()
+
+    assert asyncio.run(markers_left()) == 1  # replica 0's clean end
+    assert asyncio.run(consumers(nats_server.url)) == []  # no reader left behind

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import runtime_contract
-from videoflow.core.runtime import FlowRuntime, MemoryRuntimeStore
+from videoflow.core.runtime import FlowRuntime, MemoryRuntimeStore, forget_aborts
 from videoflow.core.runtime_records import key_token, token_text
 from videoflow.errors import DurabilityUnavailable, LedgerError, RevisionConflict, VideoflowError
 
@@ -164,3 +164,21 @@ def test_key_tokens_round_trip_and_stay_in_the_kv_alphabet(text: str) -> None:
 def test_key_tokens_of_distinct_texts_are_distinct() -> None:
     texts = ["", "=", "=3D", ".", "=2E", "a.b", "a=2Eb", "ü"]
     assert len({key_token(t) for t in texts}) == len(texts)
+
+
+def test_a_resume_forgets_the_aborts_of_the_run_before_and_keeps_its_clean_ends() -> None:
+    store = MemoryRuntimeStore()
+    first = FlowRuntime(store, "flow-1", "run-1", "fuse", 1)
+    first.claim_owner()
+    first.record_eos("cam", 0, aborted=True)  # the camera died
+    first.record_eos("imu", 0)                 # the IMU ended its stream
+    other_run = FlowRuntime(store, "flow-1", "run-2", "fuse", 0)
+    other_run.claim_owner()
+    other_run.record_eos("cam", 0, aborted=True)
+    assert forget_aborts(store, "flow-1", "run-1") == 1
+    resumed = FlowRuntime(store, "flow-1", "run-1", "fuse", 1)
+    resumed.claim_owner()
+    assert resumed.eos_received("cam") == {}  # the camera, started again, ends anew
+    assert resumed.eos_received("imu") == {0: "stop"}
+    assert resumed.record_eos("cam", 0) is True
+    assert other_run.eos_received("cam") == {0: "abort"}  # another run's, untouched

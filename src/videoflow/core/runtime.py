@@ -622,6 +622,30 @@ class FlowRuntime:
         return 0 if found is None else _DECODE_COUNTER.decode(found[0]).value
 
 
+def forget_aborts(store: RuntimeStore, flow_id: str, run_id: str) -> int:
+    """For a run about to be resumed, before any of its replicas starts: forget every
+    abort its replicas recorded from a parent's replica. record_eos keeps a replica's
+    first marker for good, so a child would otherwise abort again on the resume, as
+    its parent did before it, although the parent is started again and ends its stream
+    anew. A clean end stays: that replica is not started again.
+
+    Returns:
+        how many were forgotten.
+    """
+    prefix = f"{key_token(flow_id)}.{key_token(run_id)}."
+    forgotten = 0
+    for key in store.keys(prefix):
+        # {node}.r{replica}.eos.{parent}.{parent replica}
+        parts = key[len(prefix):].split(".")
+        if len(parts) != 5 or parts[2] != "eos":
+            continue
+        found = store.get(key)
+        if found is not None and _DECODE_EOS.decode(found[0]).kind == "abort":
+            store.delete(key)
+            forgotten += 1
+    return forgotten
+
+
 def _first(entry: TerminalEntry) -> Callable[[TerminalEntry | None], TerminalEntry]:
     """A change that keeps the entry a key already holds, else writes entry."""
     return lambda current: current or entry
@@ -636,6 +660,7 @@ __all__ = [
     "Publication",
     "RuntimeStore",
     "TerminalEntry",
+    "forget_aborts",
     "key_token",
     "run_key_filter",
     "token_text",

@@ -54,6 +54,18 @@ async def _clean_ends(nc: Client, budget: Budget, flow_id: str, run_id: str,
                       node: str) -> set[int]:
     """The replica ids whose clean end-of-stream marker is on node's stream (an abort
     is no end: that replica is started again)."""
+    return {replica for _, replica, aborted in await _markers(nc, budget, flow_id, run_id,
+                                                              node) if not aborted}
+
+
+async def _markers(nc: Client, budget: Budget, flow_id: str, run_id: str,
+                   node: str) -> list[tuple[int, int, bool]]:
+    """The end-of-stream markers on node's stream: (stream sequence, replica id,
+    whether it is an abort), in order.
+
+    Raises:
+        RunNotKept: node has no stream.
+    """
     js = nc.jetstream(timeout=max(budget.left(), 0.1))
     stream = stream_name_for(flow_id, run_id, node)
     try:
@@ -64,7 +76,7 @@ async def _clean_ends(nc: Client, budget: Budget, flow_id: str, run_id: str,
                          f"{node!r} on this broker (it never ran here, was torn down, or "
                          "is another flow's): there is nothing to resume") from error
     if not sum((info.state.subjects or {}).values()):
-        return set()
+        return []
     # An ephemeral reader, deleted once read: left to its inactive_threshold it would
     # count the resumed replicas' new end markers as pending, and a resumed run that
     # ends within the threshold would find its stream 'unprocessed' and be kept.
@@ -73,22 +85,23 @@ async def _clean_ends(nc: Client, budget: Budget, flow_id: str, run_id: str,
         filter_subject=eos_subject_for(flow_id, run_id, node), mem_storage=True,
         num_replicas=1, inactive_threshold=5.0)))
     subscription = await budget.run(js.pull_subscribe_bind(reader.name, stream))
-    ended: set[int] = set()
+    found: list[tuple[int, int, bool]] = []
     try:
         while True:
             try:
                 msgs = await subscription.fetch(_FETCH_BATCH, timeout=min(
                     1.0, max(budget.left(), 0.1)))
             except nats.errors.TimeoutError:
-                return ended
+                return found
             for msg in msgs:
                 marker = decode_envelope(msg.data)
-                if marker.get("is_stop_signal") and not marker.get("is_abort"):
-                    replica = marker.get("replica_id")
-                    if isinstance(replica, int):
-                        ended.add(replica)
+                replica = marker.get("replica_id")
+                ended = marker.get("is_stop_signal") or marker.get("is_abort")
+                if ended and isinstance(replica, int):
+                    found.append((msg.metadata.sequence.stream, replica,
+                                  bool(marker.get("is_abort"))))
             if len(msgs) < _FETCH_BATCH:
-                return ended
+                return found
     finally:
         with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
             await subscription.unsubscribe()
@@ -96,6 +109,41 @@ async def _clean_ends(nc: Client, budget: Budget, flow_id: str, run_id: str,
             # inactive_threshold removes it if this fails
             await asyncio.wait_for(nc.jsm().delete_consumer(stream, reader.name),
                                    max(min(budget.left(), 2.0), 0.5))
+
+
+def drop_abort_markers(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str], *,
+                       timeout: float = DEFAULT_TIMEOUT_SECONDS) -> int:
+    """For a run about to be resumed, before any of its replicas starts: delete the
+    abort markers on its nodes' streams. A resumed child reads its parents' markers
+    from the start, and an abort there would end it again, although the replica that
+    aborted is started again and ends its stream anew (clean ends stay: those replicas
+    are not started again). The children's ledgers forget them too
+    (runtime.forget_aborts).
+
+    Returns:
+        how many were deleted.
+
+    Raises:
+        RunNotKept: a node's stream is missing.
+        BrokerUnavailable: the broker unreachable, or a marker could not be deleted.
+    """
+    names = list(nodes)
+
+    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> int:
+        dropped = 0
+        for node in names:
+            stream = stream_name_for(flow_id, run_id, node)
+            try:
+                for seq, _, aborted in await _markers(nc, budget, flow_id, run_id, node):
+                    if aborted:
+                        await budget.run(nc.jsm().delete_msg(stream, seq))
+                        dropped += 1
+            except (nats.errors.Error, asyncio.TimeoutError) as error:
+                raise unavailable(f"deleting the abort markers of {node!r} in run "
+                                  f"{run_id!r}", error, errors) from error
+        return dropped
+
+    return run_sync(nats_url, timeout, work)
 
 
 def ended_replicas(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str], *,
@@ -191,4 +239,4 @@ def release_leases(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str
     return run_sync(nats_url, timeout, work)
 
 
-__all__ = ["LAPSE_SECONDS", "ended_replicas", "release_leases"]
+__all__ = ["LAPSE_SECONDS", "drop_abort_markers", "ended_replicas", "release_leases"]

@@ -5,6 +5,7 @@ records; the flow's dead-letter stream is never touched. And the end of a BATCH 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import nats.js.errors
@@ -120,18 +121,21 @@ def unprocessed_work(status: RunStatus) -> dict[str, int | str] | None:
 
 def teardown_processed(
     nats_url: str, flow_id: str, run_id: str, *, resume_hint: str = "",
-    timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    unfinished: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> RunTeardown:
     """A BATCH run's end: tear it down (teardown) only once nothing of it is left
     unprocessed. A run that holds work nobody settled — it failed, was stopped, or lost
     its broker for longer than the outage budget — keeps every stream it owns, and its
     ledger records, so the run can be resumed and lose nothing; so does a run whose
-    durables could not be read. A broker that cannot be reached deletes nothing either.
+    durables could not be read, and one a replayable producer did not finish (what it
+    published was all processed, but a resume takes it up where it stopped). A broker
+    that cannot be reached deletes nothing either.
 
     Arguments:
         nats_url: the broker.
         flow_id / run_id: the run.
         resume_hint: how to resume this run (e.g. the command line), quoted in the note.
+        unfinished: the replayable producers that did not end their stream.
         timeout: overall bound in seconds of the reading and the deleting each.
 
     Returns:
@@ -147,9 +151,15 @@ def teardown_processed(
             f"streams ({error}); once it is back, {resume}, or delete it with {delete}"))
     left = unprocessed_work(status)
     names = () if isinstance(status.streams, Unknown) else tuple(s.name for s in status.streams)
-    if left is None or left:
-        what = ("its streams could not be listed" if left is None else
-                "unprocessed: " + ", ".join(f"{k} {v}" for k, v in sorted(left.items())))
+    if left is None or left or unfinished:
+        why = []
+        if left is None:
+            why.append("its streams could not be listed")
+        elif left:
+            why.append("unprocessed: " + ", ".join(f"{k} {v}" for k, v in sorted(left.items())))
+        if unfinished:
+            why.append(f"not finished: {', '.join(unfinished)}, replayable")
+        what = "; ".join(why)
         return RunTeardown(False, names, left or {}, note=(
             f"kept run {run_id} ({what}): {resume}, or delete it with {delete}"))
     try:

@@ -42,7 +42,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from videoflow import logs
@@ -282,6 +282,8 @@ def run_flow(
         # Before anything is provisioned: a run id whose streams are not there (a typo,
         # a run torn down, another flow's) is refused, never started afresh.
         ended = _ended(url, compiled, run.run_id, nodes, provision_timeout) if resume else {}
+        if resume:
+            _forget_aborts(url, compiled, run.run_id, kv, replicas, provision_timeout)
     except BaseException:
         if server is not None:
             server.stop()
@@ -334,7 +336,8 @@ def run_flow(
         ended_up = RunTeardown(False)  # teardown=False: nothing asked, nothing said
         try:
             if teardown:
-                ended_up = _tear_down(url, compiled, run.run_id, provision_timeout)
+                ended_up = _tear_down(url, compiled, run.run_id, provision_timeout,
+                                      _unfinished_replayable(run, nodes))
                 if shared is not None and ended_up.torn_down:
                     shared.clear()
         finally:
@@ -366,11 +369,22 @@ def run_flow(
     return report
 
 
-def _tear_down(url: str, compiled: CompiledFlow, run_id: str,
-               timeout: float) -> RunTeardown:
+def _unfinished_replayable(run: Run, nodes: dict[str, bytes]) -> list[str]:
+    """The replayable producers of which a replica did not end its stream (it failed,
+    or was lost): a resume would take them up where their ledger says they were."""
+    unfinished = {replica.job.spec.name for replica in run.replicas.values()
+                  if replica.job.spec.kind == "producer"
+                  and (replica.final or {}).get("outcome") != "ended"}
+    return sorted(name for name in unfinished
+                  if getattr(pickle.loads(nodes[name]), "replayable", False))
+
+
+def _tear_down(url: str, compiled: CompiledFlow, run_id: str, timeout: float,
+               unfinished: Sequence[str] = ()) -> RunTeardown:
     """The run's end on the broker: a BATCH run is torn down only once nothing of it
-    is left unprocessed (teardown_processed), any other wholly; a broker that cannot be
-    reached deletes nothing, and says so."""
+    is left unprocessed and no replayable producer is left unfinished
+    (teardown_processed), any other wholly; a broker that cannot be reached deletes
+    nothing, and says so."""
     from videoflow.errors import BrokerUnavailable
     from videoflow.ops.run_teardown import RunTeardown, teardown, teardown_processed
 
@@ -378,7 +392,7 @@ def _tear_down(url: str, compiled: CompiledFlow, run_id: str,
         hint = (f"resume it with `{RESUME_COMMAND} --resume {run_id}` "
                 f"(or run_flow(..., run_id={run_id!r}, resume=True))")
         return teardown_processed(url, compiled.flow_id, run_id, resume_hint=hint,
-                                  timeout=timeout)
+                                  unfinished=unfinished, timeout=timeout)
     try:
         cleanup = teardown(url, compiled.flow_id, run_id, timeout=timeout)
     except BrokerUnavailable as error:
@@ -412,6 +426,29 @@ def _ended(url: str, compiled: CompiledFlow, run_id: str, nodes: dict[str, bytes
                 "its stream and is not replayable, so it would publish its outputs again "
                 "(make it replayable, or start a new run)")
     return ended
+
+
+def _forget_aborts(url: str, compiled: CompiledFlow, run_id: str, kv: bool, replicas: int,
+                   timeout: float) -> None:
+    """For a resumed run, before any replica starts: the aborts of the run before are
+    forgotten, on the streams and in the ledger, as every replica that aborted is
+    started again (a child would otherwise end at its parent's old abort)."""
+    from videoflow.ops.resume import drop_abort_markers
+
+    drop_abort_markers(url, compiled.flow_id, run_id,
+                       [s.name for s in compiled.specs if s.kind != "consumer"],
+                       timeout=timeout)
+    if kv:
+        from videoflow.backends.jetstream.ledger_store import NatsKvRuntimeStore
+        from videoflow.core.naming import ledger_bucket
+        from videoflow.core.runtime import forget_aborts
+
+        store = NatsKvRuntimeStore(url, ledger_bucket(compiled.flow_id), timeout=timeout,
+                                   replicas=replicas)
+        try:
+            forget_aborts(store, compiled.flow_id, run_id)
+        finally:
+            store.close()
 
 
 def _release_leases(url: str, compiled: CompiledFlow, run_id: str, timeout: float) -> None:
