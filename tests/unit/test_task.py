@@ -3,6 +3,8 @@ with its own backend on one broker (as worker processes share one server)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -92,12 +94,18 @@ class Chain:
         return made
 
     def task(self, name: str, node: Any, opened: Any = None, **options: Any) -> Any:
-        parents = self.edges.get(name, ())
-        messenger = NATSMessenger(SimpleNamespace(name=name), list(parents), "nats://unused",
-                                  FLOW, BATCH, RUN, backend=self.backend(), **options)
-        context = RuntimeContext(messenger, name, parents=parents,
-                                 publishes=node.kind != "consumer", flow_id=FLOW, run_id=RUN)
-        return task_for(node, messenger, context, opened=opened)
+        return task_for(node, *_messenger_and_context(self, name, node.kind != "consumer",
+                                                      **options), opened=opened)
+
+
+def _messenger_and_context(chain: Chain, name: str, publishes: bool,
+                           **options: Any) -> tuple[NATSMessenger, RuntimeContext]:
+    parents = chain.edges.get(name, ())
+    messenger = NATSMessenger(SimpleNamespace(name=name), list(parents), "nats://unused",
+                              FLOW, BATCH, RUN, backend=chain.backend(), **options)
+    return messenger, RuntimeContext(messenger, name, parents=parents,
+                                     publishes=publishes, flow_id=FLOW,
+                                     run_id=RUN)
 
 
 def test_each_input_is_processed_published_and_acknowledged_and_the_end_propagates() -> None:
@@ -188,3 +196,37 @@ def test_a_replayable_producer_resumes_after_what_was_accepted() -> None:
     second = Replayable(["a", "b", "c", "d"])
     assert producer(second).run().emitted == 2
     assert second.resumed_at == 2
+
+
+def test_a_node_waiting_for_input_still_reports_what_it_has_done() -> None:
+    # Its progress went out only between inputs: a sink whose parent stalled showed the
+    # figures of its last input for as long as it waited (0, for a fast first burst).
+    chain = Chain({"keep": ("items",)})
+    resume = threading.Event()
+
+    class TwoThenStall(Items):
+        def next(self) -> Any:
+            if self.i == 2:
+                assert resume.wait(10)
+            return super().next()
+
+    reports: list[int] = []
+    producer = threading.Thread(target=chain.task("items", TwoThenStall(["a", "b", "c"])).run)
+    producer.start()
+    keep = Keep()
+    consumer = task_for(keep, *_messenger_and_context(chain, "keep", False),
+                        progress=lambda task: reports.append(task.stats.processed),
+                        progress_every=0.05)
+    consuming = threading.Thread(target=consumer.run)
+    consuming.start()
+    try:
+        deadline = time.monotonic() + 10
+        while 2 not in reports:
+            assert time.monotonic() < deadline, reports
+            time.sleep(0.02)
+        assert keep.kept == ["a", "b"]  # reported while the producer still stalls
+    finally:
+        resume.set()
+        producer.join(10)
+        consuming.join(10)
+    assert keep.kept == ["a", "b", "c"]

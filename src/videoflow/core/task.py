@@ -133,6 +133,8 @@ class Task:
         self._progress, self._every = progress, progress_every
         self._next_progress = time.monotonic() + progress_every
         self._arrived = 0.0  # when the group being processed first arrived (monotonic)
+        if progress is not None and hasattr(messenger, "on_wait"):
+            messenger.on_wait = self._tick  # reports while it waits for input too
 
     def quiesce(self) -> None:
         """Stop taking input (SIGTERM): held work settles, prefetched work goes back to

@@ -300,6 +300,9 @@ class NATSMessenger(Messenger):
             payload_store=payload_store, blob_reader_ids=self.blob_reader_ids,
             tracing=self.tracing)
         self._flushed = False
+        # Called between waits for input (the task's progress report): a node waiting
+        # on its parents still says what it has done, not what it had at its last input.
+        self.on_wait: Callable[[], None] | None = None
         self._data_subs: dict[str, SubscriptionId] = {}
         self._eos_subs: dict[SubscriptionId, str] = {}
         self._all_subs: list[SubscriptionId] = []
@@ -645,6 +648,8 @@ class NATSMessenger(Messenger):
                 return group.entries  # the records the assembler kept, read by key
             if self._flushed:
                 return self.deliveries.stop_entries()
+            if self.on_wait is not None:
+                self.on_wait()
             self._receive_once()
 
     def _next_group(self, join: Join) -> ReadyGroup | None:
