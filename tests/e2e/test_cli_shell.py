@@ -360,3 +360,15 @@ def test_teardown_of_a_running_run_is_refused_unless_forced(
     finally:
         worker.kill()
         worker.wait(timeout=10)
+
+
+def test_off_a_terminal_a_replicas_traceback_is_headed_by_its_name(
+        nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
+    # No live view labels its lines there: in a log, whose traceback is it?
+    done = videoflow("run", "flows:no_model", "--nats-url", nats_server.url,
+                     env=environment(tmp_path, count=5))
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    at = lines.index("videoflow: scale[0] failed: RuntimeError: no model file at "
+                     "/models/scale.onnx")
+    assert lines[at + 1] == "Traceback (most recent call last):", lines

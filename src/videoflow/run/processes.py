@@ -499,6 +499,9 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
             logger.error("%s failed: %s: %s", job.key, type(error).__name__, error,
                          exc_info=True)
         else:
+            if output is None:  # no live view to label its lines: say whose it is
+                logs.say(f"{job.key} failed: {type(error).__name__}: {error}",
+                         level="ERROR")
             traceback.print_exc()
         raise SystemExit(1) from error
 
