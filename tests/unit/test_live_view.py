@@ -276,3 +276,25 @@ def test_off_a_terminal_there_is_no_relay(no_terminal_fds: None) -> None:
     # are no terminal, relay nothing.
     assert LiveView(io.StringIO(), tty=False).relay() is None
     assert LiveView(io.StringIO(), tty=True).relay() is None
+
+
+def test_a_running_replica_gone_silent_makes_its_nodes_pending_unknown_not_stale() -> None:
+    # Stuck in its node's code, or on a broker that is away: the count it last reported
+    # is not what waits now (the view showed it for minutes, unchanged).
+    node = NodeProgress("processor")
+    node.replicas["n[0]"] = {"processed": 4, "at": 5.0, "started": 1.0}
+    node.pending["n[0]"] = 20
+    node.mark(1.0)
+    assert node.pending_count(1.5) == 20
+    silent_at = 1.0 + STALE_SECONDS + 1.0
+    assert node.pending_count(silent_at) == f"no word for {STALE_SECONDS + 1.0:.0f} s"
+    assert node.pending_text(silent_at) == f"unknown (no word for {STALE_SECONDS + 1.0:.0f} s)"
+    assert node.pending_count() == 20  # as reported, when no clock is given
+    # Its next report brings the count back; a replica that ended is silent for good.
+    node.replicas["n[0]"] = {"processed": 9, "at": 10.0, "started": 1.0}
+    node.pending["n[0]"] = 15
+    node.mark(silent_at)
+    assert node.pending_count(silent_at + 0.5) == 15
+    node.replicas["n[0]"] = {"processed": 9, "at": 11.0, "started": 1.0, "ended": True}
+    node.mark(silent_at + 1.0)
+    assert node.pending_count(silent_at + 60.0) == 15

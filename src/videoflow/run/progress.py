@@ -87,20 +87,34 @@ class NodeProgress:
     def drops(self) -> int:
         return sum(sum((s.get("drops") or {}).values()) for s in self.replicas.values())
 
-    def pending_count(self) -> int | str | None:
+    def pending_count(self, now: float | None = None) -> int | str | None:
         """Messages waiting for the node, or why that is unknown (never 0 for unknown);
-        None for a producer, which nothing waits for."""
+        None for a producer, which nothing waits for.
+
+        Arguments:
+            now: the view's monotonic clock: a running replica silent for longer than
+                STALE_SECONDS (stuck in its node's code, or on a broker that is away)
+                makes the count unknown, not the one it last reported. None: as
+                reported.
+        """
         if self.kind == "producer":
             return None
         if not self.pending:
             return "unread"
+        if now is not None:
+            silent = [now - pace.heard for key, pace in self._paces.items()
+                      if now - pace.heard > STALE_SECONDS
+                      and self.replicas.get(key, {}).get("outcome", "running") == "running"
+                      and not self.replicas.get(key, {}).get("ended")]
+            if silent:
+                return f"no word for {max(silent):.0f} s"
         unknown = [v for v in self.pending.values() if isinstance(v, str)]
         if unknown:
             return unknown[0]
         return sum(v for v in self.pending.values() if isinstance(v, int))
 
-    def pending_text(self) -> str:
-        pending = self.pending_count()
+    def pending_text(self, now: float | None = None) -> str:
+        pending = self.pending_count(now)
         if pending is None:
             return "-"
         return f"unknown ({pending})" if isinstance(pending, str) else str(pending)
@@ -171,7 +185,7 @@ def progress_document(name: str, progress: NodeProgress, now: float) -> dict[str
     """One node's row of the view as JSON: done, rate_per_second (None while unknown),
     pending (None for a producer; when unknown, None and pending_unknown saying why),
     dropped, dead_lettered, behind ({parent, ms} or None) and restarts."""
-    pending = progress.pending_count()
+    pending = progress.pending_count(now)
     behind = progress.behind()
     rate = progress.rate(now)
     document: dict[str, Any] = {
@@ -359,14 +373,14 @@ class LiveView:
         if not self.tty:
             rows = [("node", "done", "rate/s", "pending", "dropped", "dead-let.", "behind")]
             for name, p in nodes.items():
-                rows.append((name, str(p.count()), rate_text(p.rate(now)), p.pending_text(),
+                rows.append((name, str(p.count()), rate_text(p.rate(now)), p.pending_text(now),
                              str(p.drops()), str(p.total("dead_lettered")), p.behind_text()))
             lines = [heading, *format_table(rows)]
             self.stream.write("".join(f"{line}\n" for line in lines))
             self.stream.flush()
             return
         board = _Board(heading, [
-            (name, str(p.count()), rate_text(p.rate(now)), p.pending_text(), str(p.drops()),
+            (name, str(p.count()), rate_text(p.rate(now)), p.pending_text(now), str(p.drops()),
              str(p.total("dead_lettered")), p.behind_text(), str(p.restarts))
             for name, p in nodes.items()])
         with self._lock:
