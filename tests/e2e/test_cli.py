@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -320,3 +321,19 @@ def test_a_run_on_an_unreachable_broker_fails_at_once_naming_the_cause(tmp_path:
         "videoflow: error: the broker at nats://127.0.0.1:1 did not answer"), lines
     assert "ConnectionRefusedError" in lines[0], lines
     assert took < 15, took  # the first connect's bound is 10 s; provisioning's was 30
+
+
+def test_a_run_on_a_port_that_does_not_speak_nats_says_so(tmp_path: Path) -> None:
+    # A port that accepts and never greets (a web server, say): the connect times out
+    # with an empty TimeoutError, which said nothing ("TimeoutError: ").
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        done = videoflow("run", "flows:chain", "--nats-url", f"nats://127.0.0.1:{port}",
+                         env=environment(tmp_path))
+    assert done.returncode == 1
+    (line,) = done.stderr.strip().splitlines()
+    assert line.endswith("nothing there answered as a NATS server would: is it the "
+                         "broker's client port?"), line
+    assert "TimeoutError: " not in line, line

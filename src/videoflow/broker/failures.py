@@ -31,7 +31,9 @@ def credentials_refused(error: BaseException | str) -> bool:
     return any(marker in text for marker in _REFUSAL_MARKERS)
 
 
-def _describe(error: BaseException) -> str:
+def describe(error: BaseException) -> str:
+    """'Type: message', or the type alone for an error with no message (a bare
+    TimeoutError), never a dangling colon."""
     try:
         text = str(error)
     except Exception:  # a broken __str__ must not break the failure path
@@ -41,11 +43,11 @@ def _describe(error: BaseException) -> str:
 
 
 def _text(item: Any) -> str:
-    return _describe(item) if isinstance(item, BaseException) else str(item)
+    return describe(item) if isinstance(item, BaseException) else str(item)
 
 
 def observation_failure(
-    error: BaseException, reported: Sequence[str] = ()
+    error: BaseException, reported: Sequence[str | BaseException] = ()
 ) -> tuple[str, str]:
     """(reason, detail) for a failed observation of the broker, in the Unknown
     vocabulary: auth (credentials refused, or a permissions violation the error callback
@@ -62,7 +64,7 @@ def observation_failure(
     Returns:
         (reason, detail): detail names the error and, when there are any, the reports.
     """
-    described = _describe(error)
+    described = describe(error)
     notes = [_text(r) for r in reported]
     detail = described if not notes else f"{described} (reported: {'; '.join(notes)})"
     everything = " ".join([described, *notes]).lower()
@@ -105,4 +107,4 @@ def observation_failure(
     return "api", detail
 
 
-__all__ = ["credentials_refused", "observation_failure"]
+__all__ = ["credentials_refused", "describe", "observation_failure"]

@@ -44,7 +44,7 @@ from nats.aio.client import Client
 
 from videoflow.broker.client import CLIENT_CLASS
 from videoflow.broker.client import connect as client_connect
-from videoflow.broker.failures import credentials_refused, observation_failure
+from videoflow.broker.failures import credentials_refused, describe, observation_failure
 from videoflow.broker.options import auth_options, presented_credentials
 from videoflow.errors import BrokerUnavailable, CredentialsRefused, IncompatibleProfile
 
@@ -344,7 +344,7 @@ def _note_retry(outage: Outage, error: BaseException | None, until: float) -> No
     if outage.retry_noted is not None and now - outage.retry_noted < TRANSIENT_RETRY_SECONDS:
         return
     outage.retry_noted = now
-    failure = "" if error is None else f" ({type(error).__name__}: {error})"
+    failure = "" if error is None else f" ({describe(error)})"
     logger.warning("a request to the broker at %s failed with the connection up%s; "
                    "trying again for up to %.0f s", redact_url(outage.where), failure,
                    max(until - now, 0.0))
@@ -473,8 +473,11 @@ async def connect(
                                             connect_timeout)
             break
         except Exception as error:
-            reason, detail = observation_failure(error, [f"{type(e).__name__}: {e}"
-                                                         for e in seen])
+            reason, detail = observation_failure(error, list(seen))
+            if seen and all(isinstance(e, TimeoutError) for e in seen):
+                # Connected, but no INFO came: something else listens on that port.
+                detail += ("; nothing there answered as a NATS server would: is it "
+                           "the broker's client port?")
             if reason == "auth" and any(credentials_refused(e) for e in [error, *seen]):
                 raise refusal(url) from error
             if not _wait_for_known(tracked, reason):

@@ -22,6 +22,7 @@ from typing import Any, Final, Generic, TypeVar
 
 from nats.aio.client import Client
 
+from videoflow.broker.failures import describe
 from videoflow.broker.link import Outage, connect
 from videoflow.broker.options import connect_options_for
 from videoflow.errors import BrokerUnavailable
@@ -492,7 +493,7 @@ class ErrorLog:
         del self.reports[:-_ERRORS_KEPT]
 
     def texts(self) -> list[str]:
-        return [f"{type(e).__name__}: {e}" for e in self.reports]
+        return [describe(e) for e in self.reports]
 
 
 async def _heeded(coro: Coroutine[Any, Any, T], given_up: list[bool]) -> T:
