@@ -204,8 +204,13 @@ class RunReport:
                 lines.append(f"  {name}: parents' event time behind the most advanced, at "
                              "most: " + ", ".join(f"{p} {lag:.1f} ms" for p, lag in lags))
         for n in self.nodes.values():
+            # A replica lost at its last death: its 'lost' line below tells that death.
+            last = {death.replica: death for death in n.deaths}
+            told = {id(last[key]) for key, outcome in n.outcomes.items()
+                    if outcome == "lost" and key in last}
             for death in n.deaths:
-                lines.append(f"  {death.replica} died: {death.describe()}")
+                if id(death) not in told:
+                    lines.append(f"  {death.replica} died: {death.describe()}")
         for n in self.nodes.values():
             for key, error in n.errors.items():
                 lines.append(f"  {key} {n.outcomes.get(key, '')}: {error}")
