@@ -13,7 +13,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from videoflow.broker import server as embedded
-from videoflow.core.naming import eos_subject_for, stream_name_for, subject_for
+from videoflow.core.naming import durable_name_for, eos_subject_for, stream_name_for, subject_for
 from videoflow.messaging.messenger_deliveries import end_marker
 from videoflow.ops.resume import drop_abort_markers, ended_replicas, release_leases
 
@@ -54,9 +54,12 @@ def test_clean_ends_are_read_and_no_reader_is_left_on_the_stream(
     assert asyncio.run(consumers(nats_server.url)) == []
 
 
-async def leave_leases(url: str, took: int = 6) -> None:
-    """Ten messages on the run's stream, a durable (ack_wait 30 s) and a reader that
-    took the first `took` of them, acked the even ones out of order, and vanished
+DURABLE = durable_name_for("sink", NODE)
+
+
+async def leave_leases(url: str, took: int = 6, max_deliver: int = -1) -> None:
+    """Ten messages on the run's stream, a data durable (ack_wait 30 s) and a reader
+    that took the first `took` of them, acked the even ones out of order, and vanished
     holding the odd ones."""
     nc = await nats.connect(url)
     try:
@@ -66,12 +69,13 @@ async def leave_leases(url: str, took: int = 6) -> None:
         for n in range(10):
             await js.publish(subject_for(FLOW, RUN, NODE), str(n).encode())
         await js.add_consumer(stream, ConsumerConfig(
-            durable_name="sink", ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=5))
+            durable_name=DURABLE, ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
+            max_deliver=max_deliver))
     finally:
         await nc.close()
     dead = await nats.connect(url)
     try:
-        reader = await dead.jetstream().pull_subscribe_bind("sink", stream)
+        reader = await dead.jetstream().pull_subscribe_bind(DURABLE, stream)
         for msg in await reader.fetch(took, timeout=5) if took else []:
             if int(msg.data) % 2 == 0:
                 await msg.ack_sync()
@@ -87,14 +91,14 @@ async def read_after_the_release(url: str) -> tuple[list[tuple[int, int]], float
     try:
         js = nc.jetstream()
         stream = stream_name_for(FLOW, RUN, NODE)
-        reader = await js.pull_subscribe_bind("sink", stream)
+        reader = await js.pull_subscribe_bind(DURABLE, stream)
         deadline = asyncio.get_running_loop().time() + 5
         while len(got) < 7 and asyncio.get_running_loop().time() < deadline:
             with contextlib.suppress(nats.errors.TimeoutError, asyncio.TimeoutError):
                 for msg in await reader.fetch(10, timeout=0.5):
                     got.append((int(msg.data), msg.metadata.num_delivered))
                     await msg.ack_sync()
-        info = await js.consumer_info(stream, "sink")
+        info = await js.consumer_info(stream, DURABLE)
         return got, float(info.config.ack_wait or 0)
     finally:
         await nc.close()
@@ -105,8 +109,8 @@ def test_a_dead_replicas_leases_are_handed_out_again_at_once_and_nothing_acked_t
     asyncio.run(leave_leases(nats_server.url))
     assert release_leases(nats_server.url, FLOW, RUN, [NODE]) == 3
     got, ack_wait = asyncio.run(read_after_the_release(nats_server.url))
-    # The three leased first, each on its second delivery (max_deliver still counts
-    # it), well within the 30 s ack_wait; then the six never delivered; 0, 2 and 4,
+    # The three leased first, each on its second delivery (counted as a lapse would
+    # be), well within the 30 s ack_wait; then the six never delivered; 0, 2 and 4,
     # acked, never again.
     assert got == [(1, 2), (3, 2), (5, 2), (6, 1), (7, 1), (8, 1), (9, 1)]
     assert ack_wait == 30.0  # the durable's own, given back
@@ -137,3 +141,13 @@ def test_a_resume_deletes_the_abort_markers_and_keeps_the_clean_ends(
 
     assert asyncio.run(markers_left()) == 1  # replica 0's clean end
     assert asyncio.run(consumers(nats_server.url)) == []  # no reader left behind
+
+
+def test_a_durable_with_a_delivery_cap_keeps_its_leases_until_ack_wait(
+        nats_server: embedded.EmbeddedServer) -> None:
+    # A lease on its last delivery would lapse into a max-deliveries advisory that no
+    # replica is there to hear yet: its message neither processed nor dead-lettered.
+    asyncio.run(leave_leases(nats_server.url, max_deliver=2))
+    assert release_leases(nats_server.url, FLOW, RUN, [NODE]) == 0
+    got, ack_wait = asyncio.run(read_after_the_release(nats_server.url))
+    assert got[:4] == [(6, 1), (7, 1), (8, 1), (9, 1)] and ack_wait == 30.0

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from videoflow.run.local import broker_keeper
 from videoflow.run.supervision import (
     ORPHAN_GRACE_SECONDS,
     PARENT_SIGNAL,
@@ -322,3 +323,49 @@ def test_a_report_pipe_torn_by_a_dead_process_is_dropped_and_the_others_still_re
     writer.close()
     _drain(run, timeout=0.0)  # type: ignore[arg-type]
     assert replicas["n[1]"].reports is None  # its writer gone: the pipe's end
+
+
+class _Broker:
+    """An EmbeddedServer as the keeper sees it: a process that may have ended, and a
+    restart that starts another."""
+
+    def __init__(self) -> None:
+        self.process = SimpleNamespace(pid=100, returncode=None, poll=lambda: None)
+        self.url, self.log_path, self.restarts = "nats://127.0.0.1:4222", "/tmp/x.log", 0
+
+    def end(self, code: int) -> None:
+        self.process = SimpleNamespace(pid=self.process.pid, returncode=code,
+                                       poll=lambda: code)
+
+    def restart(self) -> int:
+        self.restarts += 1
+        self.process = SimpleNamespace(pid=100 + self.restarts, returncode=None,
+                                       poll=lambda: None)
+        return 0
+
+
+def test_the_runs_broker_is_started_again_when_it_ends_but_not_a_fourth_time_in_a_minute(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    broker = _Broker()
+    keep = broker_keeper(broker)  # type: ignore[arg-type]
+    keep()
+    assert broker.restarts == 0  # running: nothing done
+    broker.end(-9)
+    keep()
+    assert broker.restarts == 1
+    assert capsys.readouterr().err.strip() == (
+        "videoflow: the embedded nats-server (pid 100) ended (killed by SIGKILL); started "
+        "again on its store at nats://127.0.0.1:4222")
+    broker.end(-40)  # a real-time signal has no name: said by number, no crash
+    keep()
+    assert "ended (killed by signal 40); started again" in capsys.readouterr().err
+    broker.end(1)
+    keep()
+    assert broker.restarts == 3
+    broker.end(1)  # the fourth end within the minute: it dies as soon as it is up
+    keep()
+    keep()
+    assert broker.restarts == 3
+    said = capsys.readouterr().err
+    assert "ended (exit code 1), its 4th end in 60 s: not started again" in said, said

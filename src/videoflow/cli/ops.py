@@ -49,7 +49,7 @@ from videoflow.cli.common import (
 )
 from videoflow.errors import VideoflowError, WireError
 from videoflow.logs import say
-from videoflow.ops.runs import list_flows
+from videoflow.ops.runs import run_state
 from videoflow.wire.serialization import decode_envelope
 
 Handler = Callable[[argparse.Namespace], int]
@@ -444,11 +444,9 @@ def _refuse_a_running_run(url: str, flow: str, run: str, timeout: float) -> None
     Raises:
         CommandError: the run is running, or its state could not be read (exit 1).
     """
-    states = [r.state for f in list_flows(url, flow_id=flow, timeout=timeout)
-              for r in f.runs if r.run_id == run]
-    if not states:
+    state = run_state(url, flow, run, timeout=timeout)
+    if state is None:
         return  # nothing of it here: teardown says so
-    (state,) = states
     if state == Known("running"):
         raise CommandError(f"run {run!r} of flow {flow!r} is running (a replica reads its "
                          "streams): stop it first (Ctrl-C, or SIGTERM to its `videoflow "

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final
 
 import nats.errors
 import nats.js.errors
@@ -178,10 +178,15 @@ def ended_replicas(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str
 
 def release_leases(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str], *,
                    timeout: float = DEFAULT_TIMEOUT_SECONDS) -> int:
-    """Make the leases a kept run's dead replicas still hold lapse now, so a resumed
-    run is handed their deliveries at once instead of after ack_wait (see the module
-    docstring). Call it before any replica of the resumed run starts: a live replica's
-    leases would lapse too (delivered twice, never lost).
+    """Make the leases a kept run's dead replicas still hold on its data durables lapse
+    now, so a resumed run is handed their deliveries at once instead of after ack_wait
+    (see the module docstring). Call it before any replica of the resumed run starts:
+    a live replica's leases would lapse too (delivered twice, never lost).
+
+    Only durables without a delivery cap (max_deliver unlimited, as the kv ledger's
+    are): on a capped one, a lease on its last delivery would lapse into a
+    max-deliveries advisory that no replica is there yet to hear, and its message
+    would be neither processed nor dead-lettered. Those wait out ack_wait, as before.
 
     Arguments:
         nats_url: the broker.
@@ -194,8 +199,8 @@ def release_leases(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str
 
     Raises:
         BrokerUnavailable: the broker unreachable, or a durable's ack_wait could not be
-            changed or given back (a durable left with the short one is put right by
-            the replicas, which verify their durables' config as they bind).
+            changed or given back. A durable left with the short one is harmless: no
+            replica reads it before it binds, which sets its ack_wait back.
     """
     streams = [stream_name_for(flow_id, run_id, node) for node in nodes]
 
@@ -204,25 +209,29 @@ def release_leases(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str
         holding: list[tuple[str, ConsumerConfig, float, int]] = []
         try:
             for stream in streams:
-                for info in await budget.run(jsm.consumers_info(stream)):
+                for info in await _all_consumers(jsm, stream, budget):
                     config = info.config
-                    if (config.durable_name and info.num_ack_pending
-                            and config.ack_policy == AckPolicy.EXPLICIT):
+                    if ("--from--" in (config.durable_name or "")  # a data durable
+                            and info.num_ack_pending
+                            and config.ack_policy == AckPolicy.EXPLICIT
+                            and (config.max_deliver or -1) <= 0):
                         holding.append((stream, config, float(config.ack_wait or 0.0),
                                         info.num_ack_pending))
             if not holding:
                 return 0
-            changed: list[tuple[str, ConsumerConfig, float, int]] = []
+            changed: list[tuple[str, ConsumerConfig, float]] = []
             try:
-                for stream, config, ack_wait, held in holding:
+                for stream, config, ack_wait, _held in holding:
+                    # Counted as changed before it is sent: a request that timed out may
+                    # have been applied all the same, and is given back too.
+                    changed.append((stream, config, ack_wait))
                     config.ack_wait = LAPSE_SECONDS
                     await budget.run(jsm.add_consumer(stream, config))
-                    changed.append((stream, config, ack_wait, held))
-                await asyncio.sleep(min(_LAPSE_CHECK_SECONDS, budget.left()))
+                await asyncio.sleep(_LAPSE_CHECK_SECONDS)  # whole, whatever the budget
             finally:
                 # Each given back, even past the budget or after another failed.
                 failed: BaseException | None = None
-                for stream, config, ack_wait, _held in changed:
+                for stream, config, ack_wait in changed:
                     config.ack_wait = ack_wait
                     try:
                         await asyncio.wait_for(jsm.add_consumer(stream, config),
@@ -237,6 +246,17 @@ def release_leases(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str
                               errors) from error
 
     return run_sync(nats_url, timeout, work)
+
+
+async def _all_consumers(jsm: Any, stream: str, budget: Budget) -> list[Any]:
+    """Every consumer of stream, page by page (the API answers 256 at most at a time:
+    the per-process EOS durables of a run's dead processes can be that many)."""
+    found: list[Any] = []
+    while True:
+        page = await budget.run(jsm.consumers_info(stream, offset=len(found)))
+        found.extend(page)
+        if not page:
+            return found
 
 
 __all__ = ["LAPSE_SECONDS", "drop_abort_markers", "ended_replicas", "release_leases"]

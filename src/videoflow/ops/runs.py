@@ -138,4 +138,29 @@ def list_flows(nats_url: str, *, flow_id: str | None = None,
     return run_sync(nats_url, timeout, work)
 
 
-__all__ = ["FlowSummary", "RunState", "RunSummary", "list_flows"]
+def run_state(nats_url: str, flow_id: str, run_id: str, *,
+              timeout: float = DEFAULT_TIMEOUT_SECONDS) -> Known[RunState] | Unknown | None:
+    """One run's state, as list_flows tells it, reading that run's durables only.
+
+    Returns:
+        Known('running' or 'idle'), Unknown when its durables could not be read, or
+        None when the broker holds no stream of it.
+
+    Raises:
+        BrokerUnavailable: the broker could not be reached, or did not list its
+            streams, within timeout.
+    """
+
+    async def work(nc: Client, budget: Budget,
+                   errors: ErrorLog) -> Known[RunState] | Unknown | None:
+        try:
+            infos = await all_streams(nc.jsm(), budget)
+        except Exception as error:
+            raise unavailable("listing streams", error, errors) from error
+        streams = [i for i in infos if _owner(i) == (flow_id, run_id)]
+        return await _state(nc, streams, budget, errors) if streams else None
+
+    return run_sync(nats_url, timeout, work)
+
+
+__all__ = ["FlowSummary", "RunState", "RunSummary", "list_flows", "run_state"]

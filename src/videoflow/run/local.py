@@ -82,6 +82,12 @@ FIRST_CONTACT_SECONDS = 10.0
 """The bound of the first connect to a broker given by URL (a TLS handshake to a
 distant broker included)."""
 
+BROKER_RESTARTS_PER_WINDOW = 3
+BROKER_RESTART_WINDOW_SECONDS = 60.0
+"""A run's embedded nats-server is started again after it ends, but not a fourth time
+within a minute: one that dies as soon as it is up (no memory, a full disk) is left
+down, and the run fails within its outage budget saying why."""
+
 RESUME_COMMAND = "videoflow run MODULE:ATTR"
 """How a kept run's resume hint names the command (the videoflow command puts the
 flow it ran in its place)."""
@@ -337,7 +343,7 @@ def run_flow(
         try:
             if teardown:
                 ended_up = _tear_down(url, compiled, run.run_id, provision_timeout,
-                                      _unfinished_replayable(run, nodes))
+                                      _unfinished_replayable(compiled, run, nodes, ended))
                 if shared is not None and ended_up.torn_down:
                     shared.clear()
         finally:
@@ -369,12 +375,18 @@ def run_flow(
     return report
 
 
-def _unfinished_replayable(run: Run, nodes: dict[str, bytes]) -> list[str]:
+def _unfinished_replayable(compiled: CompiledFlow, run: Run, nodes: dict[str, bytes],
+                           ended: dict[str, set[int]]) -> list[str]:
     """The replayable producers of which a replica did not end its stream (it failed,
-    or was lost): a resume would take them up where their ledger says they were."""
-    unfinished = {replica.job.spec.name for replica in run.replicas.values()
-                  if replica.job.spec.kind == "producer"
-                  and (replica.final or {}).get("outcome") != "ended"}
+    was lost, or never started: a resume that failed before its replicas did): a
+    resume would take them up where their ledger says they were."""
+    unfinished = set()
+    for spec in compiled.specs:
+        for replica in range(spec.nb_tasks if spec.kind == "producer" else 0):
+            started = run.replicas.get(f"{spec.name}[{replica}]")
+            final = (started.final if started is not None else None) or {}
+            if final.get("outcome") != "ended" and replica not in ended.get(spec.name, ()):
+                unfinished.add(spec.name)
     return sorted(name for name in unfinished
                   if getattr(pickle.loads(nodes[name]), "replayable", False))
 
@@ -455,11 +467,18 @@ def _release_leases(url: str, compiled: CompiledFlow, run_id: str, timeout: floa
     """For a resumed run, before any replica starts: what the failed run's replicas had
     received and not settled is delivered again now, not once ack_wait lapses on
     processes that are gone; said when there was any."""
+    from videoflow.errors import BrokerUnavailable
     from videoflow.ops.resume import release_leases
 
-    held = release_leases(url, compiled.flow_id, run_id,
-                          [s.name for s in compiled.specs if s.kind != "consumer"],
-                          timeout=timeout)
+    try:
+        held = release_leases(url, compiled.flow_id, run_id,
+                              [s.name for s in compiled.specs if s.kind != "consumer"],
+                              timeout=timeout)
+    except BrokerUnavailable as error:
+        # A speed-up, not a step the resume needs: those leases lapse in ack_wait.
+        logs.say(f"run {run_id}: what its replicas had not settled is handed out again "
+                 f"once ack_wait lapses ({error})", level="WARNING")
+        return
     if held:
         logs.say(f"run {run_id}: {held} deliver{'y' if held == 1 else 'ies'} its "
                  f"replicas had not settled {'is' if held == 1 else 'are'} handed out "
@@ -495,26 +514,43 @@ def broker_keeper(server: EmbeddedServer) -> Callable[[], None]:
     from videoflow.errors import EmbeddedServerError
 
     failed = False
+    restarts: list[float] = []
 
     def keep() -> None:
         nonlocal failed
-        if failed or server.process is None:
+        if failed or server.process is None or server.process.poll() is None:
             return
-        pid = server.process.pid
+        pid, code = server.process.pid, server.process.returncode
+        now = time.monotonic()
+        restarts[:] = [t for t in restarts if now - t < BROKER_RESTART_WINDOW_SECONDS]
+        if len(restarts) >= BROKER_RESTARTS_PER_WINDOW:
+            failed = True  # it dies as soon as it is up: starting it again will not help
+            logs.say(f"the embedded nats-server (pid {pid}) ended ({_how(code)}), its "
+                     f"{len(restarts) + 1}th end in {BROKER_RESTART_WINDOW_SECONDS:g} s: "
+                     f"not started again (its log: {server.log_path})", level="ERROR")
+            return
+        restarts.append(now)
         try:
-            code = server.restart()
+            server.restart()
         except EmbeddedServerError as error:
             failed = True
-            logs.say(f"the embedded nats-server (pid {pid}) ended and could not start "
-                     f"again: {error}", level="ERROR")
+            logs.say(f"the embedded nats-server (pid {pid}) ended ({_how(code)}) and "
+                     f"could not start again: {error}", level="ERROR")
             return
-        if code is not None:
-            how = (f"killed by {signal.Signals(-code).name}" if code < 0
-                   else f"exit code {code}")
-            logs.say(f"the embedded nats-server (pid {pid}) ended ({how}); started again "
-                     f"on its store at {server.url}", level="WARNING")
+        logs.say(f"the embedded nats-server (pid {pid}) ended ({_how(code)}); started "
+                 f"again on its store at {server.url}", level="WARNING")
 
     return keep
+
+
+def _how(code: int) -> str:
+    """How a process ended, from its exit code (negative: the signal)."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:  # a real-time signal has no name
+        return f"killed by signal {-code}"
 
 
 def _lost(replica: Replica) -> dict[str, Any]:
