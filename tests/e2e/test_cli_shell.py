@@ -9,7 +9,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -294,13 +294,22 @@ def test_tap_says_when_its_broker_is_lost_and_ends_in_one_error_past_the_budget(
         else [f"lost the broker at {url}; reconnecting"]) + [f"videoflow: error: {gave_up}"]
 
 
-def test_ls_shows_a_provisioned_run_idle_then_running_once_a_worker_pulls(
-        nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
+def provision_r1(url: str, tmp_path: Path) -> Callable[[], subprocess.Popen[bytes]]:
+    """Run r1 of flows:chain provisioned on url; returns what starts a worker of its
+    record node (which pulls, so `ls` tells the run running)."""
     env = environment(tmp_path, count=5)
     spec = tmp_path / "run.json"
     made = videoflow("provision", "flows:chain", "--run", "r1", "--out", str(spec),
-                     "--nats-url", nats_server.url, env=env)
+                     "--nats-url", url, env=env)
     assert made.returncode == 0, made.stderr
+    return lambda: subprocess.Popen(
+        command("worker", "--spec", str(spec), "--node", "record", "--nats-url", url),
+        cwd=HERE, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_ls_shows_a_provisioned_run_idle_then_running_once_a_worker_pulls(
+        nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
+    start_worker = provision_r1(nats_server.url, tmp_path)
 
     def listed() -> list[dict[str, Any]]:
         done = videoflow("ls", "--nats-url", nats_server.url, "--json")
@@ -309,10 +318,7 @@ def test_ls_shows_a_provisioned_run_idle_then_running_once_a_worker_pulls(
 
     assert listed() == [{"flow": "cli", "dead_letters": 0, "runs": [
         {"run": "r1", "streams": 2, "messages": 0, "state": "idle"}]}]  # numbers, scale
-    worker = subprocess.Popen(
-        command("worker", "--spec", str(spec), "--node", "record", "--nats-url",
-                nats_server.url), cwd=HERE, env=env, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
+    worker = start_worker()
     try:
         deadline = time.monotonic() + 30
         while listed()[0]["runs"][0]["state"] != "running":
@@ -332,15 +338,7 @@ def test_teardown_of_a_running_run_is_refused_unless_forced(
         nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
     # Its replicas would wait on streams that are gone: an operator who meant another
     # run, or did not know it still ran, is told, and --force says they did.
-    env = environment(tmp_path, count=5)
-    spec = tmp_path / "run.json"
-    made = videoflow("provision", "flows:chain", "--run", "r1", "--out", str(spec),
-                     "--nats-url", nats_server.url, env=env)
-    assert made.returncode == 0, made.stderr
-    worker = subprocess.Popen(
-        command("worker", "--spec", str(spec), "--node", "record", "--nats-url",
-                nats_server.url), cwd=HERE, env=env, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
+    worker = provision_r1(nats_server.url, tmp_path)()
     base = ["teardown", "--nats-url", nats_server.url, "--flow", "cli", "--run", "r1"]
     try:
         deadline = time.monotonic() + 30

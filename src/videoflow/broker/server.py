@@ -413,6 +413,12 @@ class EmbeddedServer:
         self._log_dir = tempfile.mkdtemp(prefix="videoflow-nats-log-")
         self._args = args
         self._spawn(args, Path(self._log_dir) / "nats-server.log")
+        self._settle()
+        return self
+
+    def _settle(self) -> None:
+        """Wait for the spawned process to be ready and record it (a locked store);
+        stop the server if it is not."""
         try:
             self._await_ready()
             if self._lock_fd is not None:
@@ -420,7 +426,6 @@ class EmbeddedServer:
         except BaseException:
             self.stop()
             raise
-        return self
 
     def _spawn(self, args: list[str], log_path: Path) -> None:
         """Run the nats-server process with args, its output to log_path.
@@ -474,13 +479,7 @@ class EmbeddedServer:
         args = [*self._args]
         args[args.index("-p") + 1] = str(self.port)
         self._spawn(args, Path(self._log_dir) / f"nats-server.{self._restarts}.log")
-        try:
-            self._await_ready()
-            if self._lock_fd is not None:
-                self._write_record()
-        except BaseException:
-            self.stop()
-            raise
+        self._settle()
         return code
 
     def _take_lock(self, store_dir: Path) -> None:
