@@ -136,6 +136,12 @@ def test_a_local_run_serves_every_replicas_metrics_while_it_runs(tmp_path: Path)
             assert value(s, "videoflow_unresolved_messages", node="scale",
                          parent="numbers") == 0
     assert counted > 0
+    # record's two replicas read one durable: it is one series, with no replica label
+    # (one per replica would make a sum by node twice its backlog).
+    record = [dict(ls) for s in seen for (n, ls), _ in s.items()
+              if n == "videoflow_pending_messages" and ("node", "record") in ls]
+    assert record and all(ls["durable"] == "record--from--scale" and "replica" not in ls
+                          for ls in record)
     # Its outputs are accepted as they go: never more than it made (and its end of
     # stream, once), and -- confirmations taking far less than a report's second --
     # at the last report at least what it had made two reports before. A report taken

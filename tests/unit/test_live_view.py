@@ -298,3 +298,28 @@ def test_a_running_replica_gone_silent_makes_its_nodes_pending_unknown_not_stale
     node.replicas["n[0]"] = {"processed": 9, "at": 11.0, "started": 1.0, "ended": True}
     node.mark(silent_at + 1.0)
     assert node.pending_count(silent_at + 60.0) == 15
+
+
+def test_replicas_sharing_a_durable_count_its_backlog_once_and_own_durables_each() -> None:
+    # Two replicas of one node read one durable: each reports the broker's count of it,
+    # which the view showed twice (1,259 pending on a 600-message stream).
+    def reading(at: float, available: int, leased: int, durable: str, shared: bool) -> dict:
+        return {"processed": 1, "at": at, "started": 1.0, "subscriptions": {"cam": {
+            "available": available, "leased": leased, "unresolved": 0,
+            "durable": durable, "shared": shared}}}
+
+    node = NodeProgress("processor")
+    node.replicas = {"n[0]": reading(5.0, 400, 6, "n--from--cam", True),
+                     "n[1]": reading(5.5, 390, 7, "n--from--cam", True)}
+    # Their own totals add what each holds, which the broker counts as leased already.
+    node.pending = {"n[0]": 409, "n[1]": 400}
+    assert node.pending_count() == 397  # the later reading of the one durable
+    # A partitioned node's replicas each read their own.
+    node.replicas = {"n[0]": reading(5.0, 10, 1, "n--from--cam--p0", False),
+                     "n[1]": reading(5.5, 20, 2, "n--from--cam--p1", False)}
+    assert node.pending_count() == 33
+    # A replica that ended left nothing waiting; the other's reading stands.
+    node.replicas = {"n[0]": {**reading(6.0, 0, 0, "n--from--cam", True), "ended": True},
+                     "n[1]": reading(5.5, 390, 7, "n--from--cam", True)}
+    node.pending = {"n[0]": 0, "n[1]": 400}
+    assert node.pending_count() == 397

@@ -44,7 +44,8 @@ def test_families_follow_prometheus_names_and_label_every_series() -> None:
              "publications": {"accepted": 7}, "budget_waits": 3,
              "watermark_lag": {"cam": 0.25}, "outcome": "running",
              "join_latency": histogram(0.002, 0.02), "hop_latency": histogram(0.003),
-             "subscriptions": {"cam": {"available": 4, "leased": 2, "unresolved": 1}}}
+             "subscriptions": {"cam": {"available": 4, "leased": 2, "unresolved": 1,
+                                       "durable": "fuse--from--cam", "shared": True}}}
     got = exposition([ReplicaSample("fuse", "0", stats, restarts=2)])
     labels = {("flow", "f"), ("node", "fuse"), ("replica", "0")}
 
@@ -61,8 +62,10 @@ def test_families_follow_prometheus_names_and_label_every_series() -> None:
     assert at("videoflow_budget_waits_total") == 3
     assert at("videoflow_restarts_total") == 2
     assert at("videoflow_watermark_lag_seconds", parent="cam") == 0.25
-    assert at("videoflow_pending_messages", parent="cam") == 6
-    assert at("videoflow_unresolved_messages", parent="cam") == 1
+    by_durable = {("flow", "f"), ("node", "fuse"), ("parent", "cam"),
+                  ("durable", "fuse--from--cam")}
+    assert got[("videoflow_pending_messages", frozenset(by_durable))] == 6
+    assert got[("videoflow_unresolved_messages", frozenset(by_durable))] == 1
     assert at("videoflow_replica_up") == 1
     assert at("videoflow_join_latency_seconds_count") == 2
     assert at("videoflow_join_latency_seconds_bucket", le="0.0025") == 1
@@ -92,10 +95,29 @@ def test_an_unknown_broker_count_is_absent_with_its_reason_never_zero() -> None:
     assert "videoflow_pending_messages" not in names
     assert "videoflow_unresolved_messages" not in names
     assert got[("videoflow_pending_unknown", frozenset({
-        ("flow", "f"), ("node", "fuse"), ("replica", "0"), ("parent", "cam"),
+        ("flow", "f"), ("node", "fuse"), ("parent", "cam"), ("durable", ""),
         ("reason", "timeout")}))] == 1
     # Restarts are counted only where they are known (the engine), not as 0 elsewhere.
     assert "videoflow_restarts_total" not in names
+
+
+def test_a_durable_the_replicas_share_is_one_series_as_last_read_and_own_ones_each() -> None:
+    def reading(at: float, available: int, durable: str, shared: bool) -> dict:
+        return {"outcome": "running", "at": at, "subscriptions": {"cam": {
+            "available": available, "leased": 3, "unresolved": 0, "durable": durable,
+            "shared": shared}}}
+
+    got = exposition([
+        ReplicaSample("scale", "0", reading(10.0, 400, "scale--from--cam", True)),
+        ReplicaSample("scale", "1", reading(10.5, 390, "scale--from--cam", True)),
+        ReplicaSample("part", "0", reading(10.0, 7, "part--from--cam--p0", False)),
+        ReplicaSample("part", "1", reading(9.0, 9, "part--from--cam--p1", False))])
+    pending = {dict(labels)["durable"]: value for (name, labels), value in got.items()
+               if name == "videoflow_pending_messages"}
+    # Two replicas reading one durable are not two backlogs (a sum by node would be
+    # twice the stream): the later reading stands for it.
+    assert pending == {"scale--from--cam": 393, "part--from--cam--p0": 10,
+                       "part--from--cam--p1": 12}
 
 
 def test_a_replica_started_again_keeps_counting_from_where_its_dead_process_was() -> None:

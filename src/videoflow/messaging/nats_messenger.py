@@ -88,7 +88,11 @@ from videoflow.core.engine import (
     STOP_QUIESCE,
     Messenger,
 )
-from videoflow.core.naming import subject_for
+from videoflow.core.naming import (
+    durable_name_for,
+    partitioned_durable_name_for,
+    subject_for,
+)
 from videoflow.core.runtime import FlowRuntime
 from videoflow.errors import PayloadMissing, WireError
 from videoflow.messaging.grouping import (
@@ -404,6 +408,15 @@ class NATSMessenger(Messenger):
         parents = list(self._data_subs)
         seen = self.backend.observe_subscriptions([self._data_subs[p] for p in parents])
         return dict(zip(parents, seen, strict=True))
+
+    def durables(self) -> dict[str, tuple[str, bool]]:
+        """Per parent, the data durable this replica reads and whether the node's other
+        replicas read it too (a shared, competing-consumer durable) or it is this
+        replica's own (a partitioned node's): what its broker count is a count of."""
+        return {parent: ((durable_name_for(self.node_name, parent), True) if sub.replica is None
+                         else (partitioned_durable_name_for(self.node_name, parent,
+                                                            sub.replica), False))
+                for parent, sub in self._data_subs.items()}
 
     def pending_observation(self) -> Known[int] | Unknown:
         """Messages waiting for this node across its parents -- prefetched here, held

@@ -7,8 +7,8 @@ replica's latest report (about one a second), a replica's processes that died an
 started again summed into it, so its counters never go back. Needs prometheus-client
 (``pip install prometheus-client``).
 
-Families (every one labelled flow, node and replica; by parent, reason or outcome where
-named):
+Families (labelled flow, node and replica, and by parent, reason or outcome where
+named; the broker's counts by flow, node, parent and durable instead):
 - videoflow_received_total{parent}: first deliveries of inputs.
 - videoflow_processed_total: input groups the node completed and acknowledged.
 - videoflow_outputs_total: outputs published.
@@ -17,10 +17,12 @@ named):
 - videoflow_dead_letters_total: inputs dead-lettered.
 - videoflow_publications_total{outcome}: publication outcomes (accepted, duplicate,
   unknown, dropped, rejected).
-- videoflow_pending_messages{parent} / videoflow_unresolved_messages{parent}: work
-  waiting on the broker (available + leased), and retained work nothing will resolve
-  (MSG-012). Absent when the broker could not be read -- never 0 for unknown; then
-  videoflow_pending_unknown{parent,reason} is 1.
+- videoflow_pending_messages{parent,durable} / videoflow_unresolved_messages{parent,
+  durable}: work waiting on the broker (available + leased), and retained work nothing
+  will resolve (MSG-012), per data durable: the replicas of a node share one per parent
+  (a partitioned node's have one each), so a shared one is one series, not one per
+  replica. Absent when the broker could not be read -- never 0 for unknown; then
+  videoflow_pending_unknown{parent,durable,reason} is 1.
 - videoflow_join_latency_seconds: a group's first member arriving to the node
   receiving the group (histogram; a node with inputs: a producer has no groups).
 - videoflow_hop_latency_seconds: a group's first member arriving to the node done
@@ -141,13 +143,17 @@ class SnapshotCollector:
         published = counter("videoflow_publications", "Publication outcomes.", "outcome")
         waits = counter("videoflow_budget_waits", "Receives paused on a full byte budget.")
         restarts = counter("videoflow_restarts", "Processes of the replica started again.")
-        pending = gauge("videoflow_pending_messages",
-                        "Inputs waiting on the broker (available + leased).", "parent")
-        unresolved = gauge("videoflow_unresolved_messages",
-                           "Retained inputs nothing will resolve (MSG-012).", "parent")
-        unknown = gauge("videoflow_pending_unknown",
-                        "1 where the broker's count could not be read, with why.",
-                        "parent", "reason")
+        by_durable = ["flow", "node", "parent", "durable"]
+        pending = GaugeMetricFamily("videoflow_pending_messages",
+                                    "Inputs waiting on the broker (available + leased).",
+                                    labels=by_durable)
+        unresolved = GaugeMetricFamily("videoflow_unresolved_messages",
+                                       "Retained inputs nothing will resolve (MSG-012).",
+                                       labels=by_durable)
+        unknown = GaugeMetricFamily("videoflow_pending_unknown",
+                                    "1 where the broker's count could not be read, with why.",
+                                    labels=[*by_durable, "reason"])
+        latest: dict[tuple[str, str, str], tuple[float, Mapping[str, Any]]] = {}
         lag = gauge("videoflow_watermark_lag_seconds",
                     "A time join's parent, behind the most advanced one in event time.",
                     "parent")
@@ -176,12 +182,13 @@ class SnapshotCollector:
             if sample.restarts is not None:
                 restarts.add_metric(labels, sample.restarts)
             up.add_metric(labels, 1.0 if s.get("outcome", "running") == "running" else 0.0)
-            for parent, seen in sorted((s.get("subscriptions") or {}).items()):
-                if "unknown" in seen:
-                    unknown.add_metric([*labels, parent, str(seen["unknown"])], 1.0)
-                else:
-                    pending.add_metric([*labels, parent], seen["available"] + seen["leased"])
-                    unresolved.add_metric([*labels, parent], seen["unresolved"])
+            for parent, seen in (s.get("subscriptions") or {}).items():
+                # The node's replicas share a durable unless partitioned: its count is
+                # exported once, as the replica that read it last saw it.
+                read = (sample.node, parent, str(seen.get("durable", "")))
+                at = float(s.get("at") or 0.0)
+                if at >= latest.get(read, (-1.0, {}))[0]:
+                    latest[read] = (at, seen)
             for parent, seconds in sorted((s.get("watermark_lag") or {}).items()):
                 lag.add_metric([*labels, parent], seconds)
             for family, key in ((join, "join_latency"), (hop, "hop_latency")):
@@ -189,6 +196,13 @@ class SnapshotCollector:
                     histogram = Histogram()
                     histogram.add(s[key])
                     family.add_metric(labels, histogram.cumulative(), histogram.total)
+        for (node, parent, durable), (_, seen) in sorted(latest.items()):
+            labels = [self.flow, node, parent, durable]
+            if "unknown" in seen:
+                unknown.add_metric([*labels, str(seen["unknown"])], 1.0)
+            else:
+                pending.add_metric(labels, seen["available"] + seen["leased"])
+                unresolved.add_metric(labels, seen["unresolved"])
         yield from (received, processed, outputs, failures, dropped, dead, published,
                     waits, restarts, pending, unresolved, unknown, lag, up, join, hop)
 
@@ -215,6 +229,7 @@ def observed_snapshot(task: Any) -> tuple[dict[str, Any], int | str | None]:
         why = f"unread: {type(error).__name__}"
         snapshot["subscriptions"] = {"*": {"unknown": why}}
         return snapshot, why
+    durables: dict[str, tuple[str, bool]] = getattr(task.messenger, "durables", dict)()
     subscriptions: dict[str, dict[str, Any]] = {}
     for parent, observed in seen.items():
         value = getattr(observed, "value", None)
@@ -223,6 +238,9 @@ def observed_snapshot(task: Any) -> tuple[dict[str, Any], int | str | None]:
         else:
             subscriptions[parent] = {"available": value.available, "leased": value.leased,
                                      "unresolved": value.unresolved}
+        if parent in durables:
+            durable, shared = durables[parent]
+            subscriptions[parent].update(durable=durable, shared=shared)
     snapshot["subscriptions"] = subscriptions
     return snapshot, pending_word(pending)
 

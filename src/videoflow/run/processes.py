@@ -33,7 +33,7 @@ from videoflow.core.report import ProcessDeath
 from videoflow.core.task import Task
 from videoflow.errors import BrokerUnavailable, MissingDependency
 from videoflow.messaging.tracing import TracingSetupError
-from videoflow.run.metrics import observed_snapshot, pending_word
+from videoflow.run.metrics import observed_snapshot
 from videoflow.run.progress import LiveView, NodeProgress, OutputRelay, RelayEnd
 from videoflow.run.supervision import (
     QUIESCE_SIGNAL,
@@ -464,9 +464,9 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
             snapshot["join_latencies"] = list(task.stats.join_latencies)
             report("final", snapshot)
             return
-        # With metrics, one read of the broker serves them and the view.
-        report("progress", observed_snapshot(task) if job.observe
-               else (task.stats.snapshot(), _pending(task)))
+        # One read of the broker serves the view and the metrics: per durable, so that
+        # replicas sharing one are counted once.
+        report("progress", observed_snapshot(task))
 
     try:
         node = pickle.loads(node_bytes)
@@ -504,18 +504,6 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
                          level="ERROR")
             traceback.print_exc()
         raise SystemExit(1) from error
-
-
-def _pending(task: Task) -> int | str | None:
-    """Messages waiting for the replica, or why that is unknown (never 0 for unknown)."""
-    observe = getattr(task.messenger, "pending_observation", None)
-    if observe is None or task.node.kind == "producer":
-        return None
-    try:
-        seen = observe()
-    except Exception as error:  # an observation must never kill the replica
-        return f"unread: {type(error).__name__}"
-    return pending_word(seen)
 
 
 __all__ = ["LOST_GRACE_SECONDS", "START_GATE_SECONDS", "STOP_GRACE_SECONDS", "Replica", "Run",

@@ -111,7 +111,30 @@ class NodeProgress:
         unknown = [v for v in self.pending.values() if isinstance(v, str)]
         if unknown:
             return unknown[0]
-        return sum(v for v in self.pending.values() if isinstance(v, int))
+        return self._unsettled()
+
+    def _unsettled(self) -> int:
+        """The inputs not yet settled, as the broker counts them per data durable
+        (available, leased, unresolved): a durable the replicas share once, as the
+        replica that read it last saw it, not once per replica. What a replica holds
+        (prefetched, in open groups) is leased, so in that count already. A replica
+        that ended, or whose report has no per-durable counts, gives its own total."""
+        total, shared = 0, dict[str, tuple[float, int]]()
+        for key, word in self.pending.items():
+            stats = self.replicas.get(key, {})
+            counts = stats.get("subscriptions")
+            if stats.get("ended") is not None or not isinstance(counts, Mapping):
+                total += int(word)
+                continue
+            for seen in counts.values():
+                n = int(seen["available"]) + int(seen["leased"]) + int(seen["unresolved"])
+                if seen.get("shared") and "durable" in seen:
+                    at = float(stats.get("at") or 0.0)
+                    if at >= shared.get(seen["durable"], (-1.0, 0))[0]:
+                        shared[seen["durable"]] = (at, n)
+                else:
+                    total += n
+        return total + sum(n for _, n in shared.values())
 
     def pending_text(self, now: float | None = None) -> str:
         pending = self.pending_count(now)

@@ -54,8 +54,9 @@ class ReplicaJob:
             buckets when this replica creates them (1: a single server).
         outage_budget: seconds this replica's connections wait for a broker that went
             away before giving up (None: VIDEOFLOW_OUTAGE_BUDGET, else 60).
-        observe: each progress report carries the broker's count of the replica's
-            work per parent (metrics.observed_snapshot): the engine serves metrics.
+        observe: the final report carries the broker's count of the replica's work
+            per parent too, as each progress report does (metrics.observed_snapshot):
+            the engine serves metrics.
     """
 
     flow_id: str
