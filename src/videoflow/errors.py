@@ -61,6 +61,12 @@ class RunNotKept(VideoflowError, ValueError):
     under that id would publish every output again."""
 
 
+class RunExists(VideoflowError, ValueError):
+    """A new run was given the id of a run whose streams are on the broker (running,
+    or kept after it ended): started afresh it would take the running one's durables
+    over, or mix the kept one's messages into its own. Nothing is started."""
+
+
 class IncompatibleProfile(VideoflowError, ValueError):
     """A channel definitely does not carry the messaging profile asked of it: its
     effective configuration contradicts the profile (an immutable mismatch such as

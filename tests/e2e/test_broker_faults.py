@@ -193,6 +193,20 @@ def test_a_replayable_producer_that_broke_keeps_its_run_and_a_resume_finishes_it
     assert_applied_exactly(out, [2 * i for i in range(count)])
 
 
+@pytest.mark.timeout(120)
+def test_a_run_on_an_ephemeral_store_that_did_not_finish_is_not_called_resumable(
+    out: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its streams go with the store when the run ends: a hint to resume it would fail.
+    monkeypatch.delenv("VIDEOFLOW_NATS_URL", raising=False)
+    numbers = ReplayableNumbers(50, fails_at=20, marker=str(tmp_path / "broke"), name="source")
+    report = Flow([numbers], [Record(str(out))(Scale(2)(numbers))], BATCH,
+                  name="gone").run(view=False, ephemeral=True)
+    assert report.outcome == "failed", report.format()
+    assert not report.torn_down
+    assert "cannot be resumed" in report.kept and "--resume" not in report.kept, report.kept
+
+
 # ----------------------------------------------------------------- a 3-node cluster
 
 

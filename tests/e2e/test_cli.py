@@ -258,13 +258,36 @@ def test_resuming_a_run_that_is_not_kept_is_refused_and_starts_nothing(
     assert asyncio.run(stream_names(nats_server.url)) == []  # nothing provisioned
 
 
+def test_a_new_run_given_the_id_of_a_run_on_the_broker_is_refused_and_starts_nothing(
+    nats_server: embedded.EmbeddedServer, out: Path, tmp_path: Path,
+) -> None:
+    # Started afresh under a running run's id it took that run's durables over (its
+    # sink failed, superseded); under a kept one's it mixed the old messages in.
+    env = environment(out, count=10)
+    made = videoflow("provision", "flows:chain", "--run", "r1", "--out",
+                     str(tmp_path / "run.json"), "--nats-url", nats_server.url, env=env)
+    assert made.returncode == 0, made.stderr
+    before = asyncio.run(stream_names(nats_server.url))
+    done = videoflow("run", "flows:chain", "--nats-url", nats_server.url, "--run", "r1",
+                     env=env)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "run 'r1' of flow 'cli' is already on this broker (idle)" \
+        in lines[0], lines
+    # The way on names this flow and broker, not placeholders.
+    assert f"videoflow run flows:chain --nats-url {nats_server.url} --resume r1" in lines[0]
+    assert asyncio.run(stream_names(nats_server.url)) == before
+    assert applied(out) == []  # nothing ran
+
+
 def test_a_run_kept_after_its_broker_was_lost_names_the_command_that_resumes_it(
     tmp_path: Path, out: Path,
 ) -> None:
     server = embedded.start(tmp_path / "store")
+    url = server.url
     try:
         run = subprocess.Popen(
-            command("run", "flows:chain", "--nats-url", server.url, "--outage-budget", "2",
+            command("run", "flows:chain", "--nats-url", url, "--outage-budget", "2",
                     "--json"), cwd=HERE, env=environment(out, count=100000, pace=0.005),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
@@ -279,8 +302,9 @@ def test_a_run_kept_after_its_broker_was_lost_names_the_command_that_resumes_it(
     assert run.returncode == 1, stderr
     report = json.loads(stdout)
     assert report["outcome"] == "failed" and not report["torn_down"]
-    # The flow it ran, not a placeholder; and the flag that raises the budget.
-    assert f"videoflow run flows:chain --resume {report['run_id']}" in report["kept"], report
+    # The flow it ran and the broker it ran on, not placeholders.
+    assert (f"videoflow run flows:chain --nats-url {url} --resume {report['run_id']}"
+            in report["kept"]), report
     assert "raise it with --outage-budget" in stderr, stderr
 
 

@@ -31,6 +31,7 @@ import importlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -144,7 +145,18 @@ def _their_frames(error: BaseException) -> list[traceback.FrameSummary]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    return _run_to_end(load_flow(args.flow), args, resume_as=f"videoflow run {args.flow}")
+    return _run_to_end(load_flow(args.flow), args, resume_as=_same_run(args))
+
+
+def _same_run(args: argparse.Namespace) -> str:
+    """The command that reaches this run again: its flow, and the broker or store it
+    ran on when given (a URL without its password, which is never printed)."""
+    words = ["videoflow", "run", args.flow]
+    if args.nats_url:
+        words += ["--nats-url", redact_url(args.nats_url)]
+    if args.store_dir:
+        words += ["--store-dir", args.store_dir]
+    return shlex.join(words)
 
 
 REPLAY_START_DELAY_S = 5.0
@@ -182,6 +194,7 @@ def _run_to_end(flow: Any, args: argparse.Namespace, resume_as: str | None = Non
     """Run flow as the command's arguments say, and print its report. resume_as: the
     command that runs this flow, for the report's resume hint (which, from run_flow,
     can only name it as MODULE:ATTR)."""
+    from videoflow.errors import RunExists
     from videoflow.run.local import RESUME_COMMAND, run_flow
     from videoflow.run.metrics import MetricsUnavailable
     from videoflow.run.progress import LiveView
@@ -190,6 +203,8 @@ def _run_to_end(flow: Any, args: argparse.Namespace, resume_as: str | None = Non
     # whose stdout is for machines.
     if args.resume and args.run and args.resume != args.run:
         raise CommandError(f"--resume {args.resume} and --run {args.run} name two runs")
+    ours = (lambda text: text) if resume_as is None else (
+        lambda text: text.replace(f"{RESUME_COMMAND} ", f"{resume_as} "))
     try:
         with stdout_for_the_document(args.json):  # what the nodes print: to stderr
             report = run_flow(flow, nats_url=args.nats_url, stop_after=args.stop_after,
@@ -200,8 +215,9 @@ def _run_to_end(flow: Any, args: argparse.Namespace, resume_as: str | None = Non
                               resume=bool(args.resume), metrics_port=args.metrics_port)
     except MetricsUnavailable as error:
         raise CommandError(str(error), EXIT_FAILED) from error
-    if resume_as is not None:
-        report.kept = report.kept.replace(f"{RESUME_COMMAND} ", f"{resume_as} ")
+    except RunExists as error:
+        raise CommandError(ours(str(error))) from error
+    report.kept = ours(report.kept)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -46,12 +46,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from videoflow import logs
+from videoflow.backends.messaging import Known
 from videoflow.broker.link import redact_url
 from videoflow.core.compiler import CompiledFlow, compile_flow
 from videoflow.core.constants import REALTIME
 from videoflow.core.naming import sanitize
 from videoflow.core.node import Node
 from videoflow.core.report import NodeReport, RunReport
+from videoflow.errors import RunExists
 from videoflow.run.metrics import (
     MetricsServer,
     ReplicaSample,
@@ -245,6 +247,8 @@ def run_flow(
             within provision_timeout.
         RunNotKept: resume=True for a run whose streams are not on the broker (never
             run there, torn down, or another flow's): nothing is started.
+        RunExists: resume=False for a run_id whose streams are on the broker (running,
+            or kept): nothing is started.
         StoreBusy: the embedded server's store is held by another run's server.
         EmbeddedServerError: the embedded server could not start.
     """
@@ -290,6 +294,10 @@ def run_flow(
         ended = _ended(url, compiled, run.run_id, nodes, provision_timeout) if resume else {}
         if resume:
             _forget_aborts(url, compiled, run.run_id, kv, replicas, provision_timeout)
+        elif run_id is not None:
+            # And a new run is never given a run's id that is there: it would take a
+            # running one's durables over, or mix a kept one's messages into its own.
+            _unused(url, compiled.flow_id, run_id, provision_timeout)
     except BaseException:
         if server is not None:
             server.stop()
@@ -344,7 +352,13 @@ def run_flow(
             if teardown:
                 ended_up = _tear_down(url, compiled, run.run_id, provision_timeout,
                                       _unfinished_replayable(compiled, run, nodes, ended))
-                if shared is not None and ended_up.torn_down:
+                if ephemeral and server is not None and not ended_up.torn_down:
+                    # Its streams go with the store when the server stops: nothing is
+                    # kept, whatever the broker was asked to keep.
+                    ended_up = RunTeardown(False, note=(
+                        f"run {run.run_id} did not finish, and its streams go with the "
+                        "ephemeral store (--ephemeral): it cannot be resumed"))
+                if shared is not None and (ended_up.torn_down or ephemeral):
                     shared.clear()
         finally:
             if metrics is not None:
@@ -438,6 +452,25 @@ def _ended(url: str, compiled: CompiledFlow, run_id: str, nodes: dict[str, bytes
                 "its stream and is not replayable, so it would publish its outputs again "
                 "(make it replayable, or start a new run)")
     return ended
+
+
+def _unused(url: str, flow_id: str, run_id: str, timeout: float) -> None:
+    """Check that the broker holds no stream of run_id.
+
+    Raises:
+        RunExists: it does.
+        BrokerUnavailable: the streams could not be listed.
+    """
+    from videoflow.ops.runs import run_state
+
+    state = run_state(url, flow_id, run_id, timeout=timeout)
+    if state is None:
+        return
+    how = state.value if isinstance(state, Known) else "state unknown"
+    raise RunExists(
+        f"run {run_id!r} of flow {flow_id!r} is already on this broker ({how}): a new run "
+        f"needs an id of its own; `{RESUME_COMMAND} --resume {run_id}` continues that one, "
+        f"`videoflow teardown --flow {flow_id} --run {run_id}` removes it")
 
 
 def _forget_aborts(url: str, compiled: CompiledFlow, run_id: str, kv: bool, replicas: int,
