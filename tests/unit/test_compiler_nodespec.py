@@ -86,6 +86,19 @@ def test_nb_tasks_below_one_or_not_an_int_is_refused(nb_tasks):
         NodeSpec("x", "consumer", parents=("a",), nb_tasks=nb_tasks)
 
 
+@pytest.mark.parametrize("kind", ["processor", "consumer"])
+def test_a_join_with_competing_replicas_is_refused_and_a_partitioned_one_is_not(kind):
+    # Two replicas competing for each parent's messages got the halves of one group in
+    # two processes: a user audit lost 56 of 200 lineage groups, and 62 of 278 time
+    # groups with 123 more wrong, in runs that said "completed".
+    with pytest.raises(ValueError, match="node 'x': a join's replicas would split its "
+                                         "groups .* nb_tasks=1, or give it partition_by"):
+        NodeSpec("x", kind, parents=("a", "b"), nb_tasks=2)
+    assert NodeSpec("x", kind, parents=("a", "b"), nb_tasks=2, partition_by="rig").nb_tasks == 2
+    assert NodeSpec("x", kind, parents=("a", "b")).nb_tasks == 1
+    assert NodeSpec("x", kind, parents=("a",), nb_tasks=2).nb_tasks == 2  # no groups to split
+
+
 @pytest.mark.parametrize(
     "parents, match",
     [

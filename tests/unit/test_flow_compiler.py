@@ -17,7 +17,7 @@ from videoflow.core.credit import (
     join_item_credit,
     max_deliver_for,
 )
-from videoflow.core.naming import durable_name_for
+from videoflow.core.naming import partitioned_durable_name_for
 from videoflow.core.node import ConsumerNode, ProcessorNode, ProducerNode
 from videoflow.flow import Flow
 
@@ -82,18 +82,20 @@ def test_the_derived_credit_and_max_deliver_are_what_provisioning_creates() -> N
     """MSG-017: what the compiler derives for a node's durables is what provisioning
     creates, so a replica binds exactly the provisioned durable."""
     cams = [Camera(name=f"cam{i}") for i in range(3)]
-    fusion = Fusion(nb_tasks=2, join_policy={"mode": "time", "tolerance_ms": 5.0, "quorum": 2,
-                                             "collect": {"cam2": 10.0}},
+    fusion = Fusion(nb_tasks=2, partition_by="rig",
+                    join_policy={"mode": "time", "tolerance_ms": 5.0, "quorum": 2,
+                                 "collect": {"cam2": 10.0}},
                     delivery={"max_retries": 5})(*cams)
     compiled = compile_flow(Flow(cams, [Sink()(fusion)], BATCH, name="f"), max_retries=3)
     plan = compiled.plans["fusion"]
     spec = compiled.spec("fusion")
     # Two replicas, each holding its working set, the publication window, its gathered
     # acks and its prefetch unsettled.
-    assert plan.credit == consumer_credit(2, False, join_item_credit(
+    assert plan.credit == consumer_credit(2, True, join_item_credit(
         spec.parents, spec.join_policy, BATCH), WINDOW_GROUPS + SETTLE_BATCH + RECEIVE_PREFETCH)
     assert plan.max_deliver == max_deliver_for(BATCH, 3, spec.delivery)
-    data_durables = {durable_name_for("fusion", parent) for parent in spec.parents}
+    data_durables = {partitioned_durable_name_for("fusion", parent, replica)
+                     for parent in spec.parents for replica in range(2)}
     provisioned = {config.durable_name: config for _, config in
                    _flow_plan(list(compiled.specs), "f", "r", BATCH).durables
                    if config.durable_name in data_durables}

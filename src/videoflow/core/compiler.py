@@ -81,7 +81,8 @@ class NodeSpec:
         (a caller mutating its own dict later cannot change the spec), then refuses
         nonsense: an empty name, an unknown kind, a producer with parents (or with a
         partition key or join policy, which only inputs can have), a processor or
-        consumer without parents, duplicate or self parents, nb_tasks below 1, and
+        consumer without parents, duplicate or self parents, nb_tasks below 1, a join
+        with competing replicas (they would split its groups), and
         policy overrides JoinPolicy / DeliveryPolicy refuse."""
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"node name must be a non-empty str, got {self.name!r}")
@@ -122,6 +123,14 @@ class NodeSpec:
             where, "join_policy", self.join_policy, JoinPolicy))
         object.__setattr__(self, "delivery", self._policy_dict(
             where, "delivery", self.delivery, DeliveryPolicy))
+        if len(parents) > 1 and self.nb_tasks > 1 and self.partition_by is None:
+            # Competing replicas each take what comes next from each parent: a group's
+            # members would land in different processes, none of them whole.
+            raise ValueError(
+                f"{where}: a join's replicas would split its groups (they compete for "
+                f"each parent's messages, so a group's members land in different "
+                f"replicas): run it with nb_tasks=1, or give it partition_by, a key its "
+                f"parents' messages share, so that each group's members reach one replica")
         if self.join_policy is not None and len(parents) > 1:
             overlay = {**JoinPolicy.default_for(REALTIME).to_dict(), **self.join_policy}
             try:
