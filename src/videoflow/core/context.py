@@ -3,9 +3,39 @@ node.context by the replica before open()."""
 
 from __future__ import annotations
 
+import math
+from numbers import Real
 from typing import Any
 
 from videoflow.core.engine import CHECKPOINT_METADATA_KEY, Messenger
+
+
+def event_time(value: Any, setter: str) -> float:
+    """An event time a node set, checked where it was set: a time join downstream
+    cannot place a NaN or an infinity, and a string would only fail later, far from
+    the call that made it.
+
+    Arguments:
+        value: the event time given (epoch seconds): any real number but a bool.
+        setter: the setter it was given to, named in the error.
+
+    Returns:
+        value as a float.
+
+    Raises:
+        ValueError: value is not a number (a str, None, a bool) or not finite.
+    """
+    if value.__class__ is not float:  # a float, by far the common case, skips these
+        if isinstance(value, bool) or not isinstance(value, Real):
+            raise ValueError(f"{setter}: an event time must be a number of epoch seconds, "
+                             f"got {value!r} ({type(value).__name__})")
+        try:
+            value = float(value)
+        except OverflowError:  # an int beyond a float's range
+            raise ValueError(f"{setter}: an event time must be finite, got {value!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{setter}: an event time must be finite, got {value!r}")
+    return value
 
 
 class RuntimeContext:
@@ -60,8 +90,13 @@ class RuntimeContext:
 
     def set_event_timestamp(self, value: float) -> None:
         """The capture time (epoch seconds) of the next output; by default an output
-        inherits its input group's event time."""
-        self._messenger.set_output_event_timestamp(value)
+        inherits its input group's event time.
+
+        Raises:
+            ValueError: value is not a finite number (NaN, an infinity, a str, None,
+                a bool): refused here, where it was set, not by a join downstream.
+        """
+        self._messenger.set_output_event_timestamp(event_time(value, "set_event_timestamp"))
 
     def set_source_offset(self, offset: int) -> None:
         """A replayable producer whose source numbers its records (a stream's
@@ -143,4 +178,4 @@ class RuntimeContext:
         return None if pending is None else {CHECKPOINT_METADATA_KEY: pending}
 
 
-__all__ = ["RuntimeContext"]
+__all__ = ["RuntimeContext", "event_time"]

@@ -59,6 +59,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from math import isfinite
 from typing import Any, Final
 
 from videoflow.backends.messaging import (
@@ -74,6 +75,7 @@ from videoflow.backends.messaging import (
 )
 from videoflow.backends.payload import PayloadStore
 from videoflow.core.constants import BATCH
+from videoflow.core.context import event_time
 from videoflow.core.credit import (
     PRODUCER_WINDOW,
     RECEIVE_PREFETCH,
@@ -460,7 +462,13 @@ class NATSMessenger(Messenger):
     # ---------------------------------------------------------------------- outputs
 
     def set_output_event_timestamp(self, value: float) -> None:
-        self.outputs.event_ts = float(value)
+        """The event time (epoch seconds) of the next output.
+
+        Raises:
+            ValueError: value is not a finite number (NaN, an infinity, a str, None,
+                a bool): no time join downstream could place it.
+        """
+        self.outputs.event_ts = event_time(value, "set_output_event_timestamp")
 
     def set_output_source_offset(self, offset: int) -> None:
         """A replayable producer: the source offset (MSGID-6) its next output's id is
@@ -722,6 +730,12 @@ class NATSMessenger(Messenger):
                 # while its parent's data still comes.
                 raise WireError("an end marker on the data subject")
             ref = decoded.get("blob_ref")
+            event_ts = decoded["event_ts"]  # a float or None: the wire types it
+            if event_ts is not None and not isfinite(event_ts):
+                # A writer that is not videoflow, or an older one: no join can place
+                # it (the time core refuses it), and no retry makes it finite.
+                self._poison_event_time(parent, sub, delivery, ref, event_ts)
+                return
             if ref is not None:  # restored before the entry is built: one entry per input
                 decoded["message"] = self.payloads.restore(ref)
             entry = EnvelopeEntry.from_decoded(decoded)
@@ -742,6 +756,17 @@ class NATSMessenger(Messenger):
         self.deliveries.hold(parent, delivery.token)
         assert self.join is not None  # data arrives only at a node with parents
         self.join.assembler.add(parent, entry, handle)
+
+    def _poison_event_time(self, parent: str, sub: SubscriptionId, delivery: Delivery,
+                           ref: str | None, event_ts: float) -> None:
+        """An input whose event time is not finite is poison: dead-lettered at once,
+        envelope and reason kept (its payload, by ref, pinned with it), never handed
+        to the assembler; the inputs after it go on."""
+        self.deliveries.drops["undecodable"] += 1
+        error = WireError(f"envelope field 'event_ts' is {event_ts!r}, not a finite time")
+        self.deliveries.dead_letter(_Handle(self, parent, sub, delivery, ref), error,
+                                    f"poison: event time {event_ts!r} is not finite",
+                                    "poison")
 
     def _on_end_marker(self, parent: str, delivery: Delivery) -> None:
         try:
