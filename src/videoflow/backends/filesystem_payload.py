@@ -70,8 +70,9 @@ class FilesystemPayloadStore(PayloadStore):
     """Whether writes are fsynced: a store in memory (tmpfs) has no disk to reach."""
     shares_bytes = True  # put_from links the file: each ref's name, the same bytes
 
-    def _forgotten(self, record: PayloadRecord) -> None:
-        """A record was deleted (under the lock): a budgeted store frees its bytes."""
+    def _forgotten(self, ref: str, record: PayloadRecord) -> None:
+        """ref's record was deleted (under its lock), its name not yet dropped: a
+        budgeted store notes what the bytes hold, to free it with their last name."""
 
     @contextlib.contextmanager
     def _locked(self, stripe: str = "") -> Iterator[None]:
@@ -101,7 +102,7 @@ class FilesystemPayloadStore(PayloadStore):
                 if self.durable:
                     _fsync_directory(self._records)
                 if old is not None:
-                    self._forgotten(old)
+                    self._forgotten(ref, old)
                 return result, True
             _write_atomically(self._record_path(ref), new.to_json(), self.durable)
             return result, False
@@ -139,12 +140,37 @@ class FilesystemPayloadStore(PayloadStore):
         # A second name for the same file: no byte is copied, and the bytes live until
         # the last of the refs naming them is reclaimed (each unlinks its own name).
         try:
-            os.link(f"{self._blobs}/{source}", f"{self._blobs}/{ref}")
+            with self._names_locked(source):
+                # Linked only while source's record holds the bytes: a reclamation
+                # deletes the record before it drops the name, so a name added after
+                # that would outlive the moment its bytes were counted free.
+                if self._read_record(source) is None:
+                    raise FileNotFoundError(source)
+                os.link(f"{self._blobs}/{source}", f"{self._blobs}/{ref}")
         except FileNotFoundError:
             raise PayloadMissing(f"payload {source} has no bytes (reclaimed)",
                                  ref=source) from None
         if self.durable:
             _fsync_directory(self._blobs)
+
+    @contextlib.contextmanager
+    def _names_locked(self, ref: str) -> Iterator[int]:
+        """Hold the lock on the file ref names, which every name of the same bytes
+        shares (a flock is on the file, not the name): adding a name and dropping
+        one never interleave, so exactly one drop sees itself the last.
+
+        Yields:
+            the open descriptor of the file.
+
+        Raises:
+            FileNotFoundError: ref has no bytes.
+        """
+        fd = os.open(f"{self._blobs}/{ref}", os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield fd
+        finally:
+            os.close(fd)  # the flock goes with the file's last descriptor of ours
 
     def _read_blob(self, ref: str) -> bytes | None:
         try:

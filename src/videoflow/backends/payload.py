@@ -364,6 +364,8 @@ class PayloadStore(abc.ABC):
         obligations and intent (put's arguments): for a node that publishes what it
         read. Without a copy where the store shares bytes between refs (shares_bytes:
         the filesystem and shared-memory stores link the file), else read and put.
+        Shared bytes are in a budgeted store's budget once, however many refs name
+        them: the new ref takes none of it (while_waiting is then never called).
 
         Raises:
             PayloadMissing: source is unknown, reclaimed or expired.
@@ -375,17 +377,20 @@ class PayloadStore(abc.ABC):
                             while_waiting=while_waiting)
         size = self._live_record(source).size
         return self._store(size, lambda ref: self._share_blob(source, ref), reader_ids,
-                           publication_id, ttl_seconds, channel, while_waiting)
+                           publication_id, ttl_seconds, channel, None, admit=False)
 
     def _store(self, size: int, write: Callable[[str], None], reader_ids: Sequence[str],
                publication_id: str, ttl_seconds: float | None, channel: str | None,
-               while_waiting: Callable[[], None] | None) -> str:
-        """put's work, with the bytes written by write(ref)."""
+               while_waiting: Callable[[], None] | None, *, admit: bool = True) -> str:
+        """put's work, with the bytes written by write(ref); admit=False for bytes
+        already held (a second name for them, put_from), which the budget counts
+        already."""
         readers = _checked_readers(reader_ids)
         if not isinstance(publication_id, str) or not publication_id:
             raise ValueError(f"publication_id must be a non-empty str, not {publication_id!r}")
         ttl = self.ttl_seconds if ttl_seconds is None else _checked_ttl(ttl_seconds)
-        self._admit(size, while_waiting)
+        if admit:
+            self._admit(size, while_waiting)
         ref = uuid.uuid4().hex
         record = PayloadRecord(
             obligations=readers | {intent_id(publication_id)},
@@ -395,14 +400,24 @@ class PayloadStore(abc.ABC):
             size=size,
             channel=channel,
         )
-        # The record goes first: bytes without a record would belong to nobody, while a
-        # record without bytes (a crash in between) is reclaimed by its TTL.
-        self._transact(ref, lambda _old: (record, None))
         try:
-            write(ref)
+            # The record goes first: bytes without a record would belong to nobody,
+            # while a record without bytes (a crash in between) is reclaimed by its TTL.
+            self._transact(ref, lambda _old: (record, None))
+            try:
+                write(ref)
+            except Exception:
+                with contextlib.suppress(OSError, BrokerUnavailable, UnobservableState):
+                    self._mutate(ref, lambda _old: (None, None))
+                raise
         except Exception:
-            with contextlib.suppress(OSError, BrokerUnavailable, UnobservableState):
-                self._mutate(ref, lambda _old: (None, None))
+            # A failed write leaves no bytes (each store's writer removes what it
+            # began), so no reclamation frees the room reserved for them: give it back.
+            # (Not on an interrupt, which may land after the bytes are in place: a
+            # reservation left too high is corrected by the budget's recount, one
+            # given back twice would let the budget be overrun.)
+            if admit:
+                self._unadmit(size)
             raise
         return ref
 
@@ -419,6 +434,9 @@ class PayloadStore(abc.ABC):
                while_waiting: Callable[[], None] | None) -> None:
         """Wait until a payload of size bytes fits the store's budget, and reserve it
         (the shared-memory store); unbounded stores admit everything."""
+
+    def _unadmit(self, size: int) -> None:  # noqa: B027 - only a budgeted store reserves
+        """Give back what _admit reserved for bytes that were never written."""
 
     def view(self, ref: str) -> memoryview:
         """A payload's bytes as a read-only buffer: the stored bytes themselves where

@@ -12,7 +12,9 @@ TTL reclaims what a crash left (BLOB-7), reconciliation cancels releases a crash
 Memory is bounded by a budget shared by every process of the store. A put that does not
 fit waits until readers' releases make room (backpressure: the publisher stops taking
 input), and past ``budget_wait_seconds`` fails with PayloadBudgetExhausted, naming the
-budget, rather than dropping anything. Payloads above ``offload_above`` (64 KiB) travel
+budget, rather than dropping anything. Bytes count once however many refs name them (a
+pass-through's put_from is a second name for the file, and costs nothing), and are
+counted free when their last name goes. Payloads above ``offload_above`` (64 KiB) travel
 by ref through it; the broker then carries only envelopes.
 
 A reader keeps its mapping while anything holds a view of it, so a payload reclaimed
@@ -144,6 +146,9 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
         self._usage_path = str(self.directory / _USAGE)
         self._recounted_at = -_RECOUNT_SECONDS
         self._freeing = threading.local()  # bytes a release_many has freed so far
+        # The size of each ref whose record this process deleted and whose name it has
+        # not dropped yet: counted free only if that name turns out the bytes' last.
+        self._unnamed: dict[str, int] = {}
         self._spares = SpareFiles(str(self.directory / "spares"))
 
     # --- the budget ----------------------------------------------------------------
@@ -192,12 +197,19 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
             time.sleep(delay)
             delay = min(2 * delay, 0.05)
 
-    def _forgotten(self, record: PayloadRecord) -> None:
+    def _unadmit(self, size: int) -> None:
+        self._count_down(size)
+
+    def _forgotten(self, ref: str, record: PayloadRecord) -> None:
+        self._unnamed[ref] = record.size
+
+    def _freed(self, size: int) -> None:
+        """The last name of bytes of size went: count them free."""
         freed = getattr(self._freeing, "bytes", None)
         if freed is not None:  # inside release_many: counted down once, at its end
-            self._freeing.bytes = freed + record.size
+            self._freeing.bytes = freed + size
             return
-        self._count_down(record.size)
+        self._count_down(size)
 
     def _count_down(self, size: int) -> None:
         with self._locked():
@@ -206,11 +218,10 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
 
     def release_many(self, refs: Sequence[str], obligation_id: str) -> list[bool]:
         """release for each ref, with the shared count of bytes held taken down once
-        for all of them. A release took the store-wide lock for the count, inside its
-        ref's record lock: a join releasing each of a group's frames queued on that
-        lock behind eight cameras' puts, 60% of its wall time on a loaded host. A crash
-        before the count goes down leaves it high, which the budget's recount
-        corrects."""
+        for all of them. A release that frees bytes takes the store-wide lock for the
+        count: a join releasing each of a group's frames queued on that lock behind
+        eight cameras' puts, 60% of its wall time on a loaded host. A crash before the
+        count goes down leaves it high, which the budget's recount corrects."""
         self._freeing.bytes = 0
         try:
             return [self.release(ref, obligation_id) for ref in refs]
@@ -220,14 +231,16 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
                 self._count_down(freed)
 
     def _count_bytes(self) -> int:
-        total = 0
+        total, seen = 0, set()
         with os.scandir(self._blobs) as entries:
             for entry in entries:
                 # Another process renames its temporary file into place, or removes a
                 # released payload, between the listing and the stat: gone, it holds
                 # nothing.
                 with contextlib.suppress(FileNotFoundError):
-                    if entry.is_file():
+                    # A file with several names (put_from's links) holds its bytes once.
+                    if entry.is_file() and entry.inode() not in seen:
+                        seen.add(entry.inode())
                         total += entry.stat().st_size
         return total
 
@@ -274,8 +287,27 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
             raise
 
     def _drop_blob(self, ref: str) -> None:
-        if not self._spares.keep(f"{self._blobs}/{ref}"):
+        # Only the drop of the bytes' last name frees them (the others are
+        # put_from's links): it alone counts them free, and may keep them as a spare.
+        size = self._unnamed.pop(ref, None)
+        path = f"{self._blobs}/{ref}"
+        try:
+            with self._names_locked(ref) as fd:
+                if os.fstat(fd).st_nlink > 1:
+                    os.unlink(path)  # another ref still names the bytes
+                    return
+        except FileNotFoundError:
+            # Gone before its drop (deleted by hand, or by another process's sweep of
+            # names without records, or never written): what it held is unknown, so
+            # the count stays until a full budget recounts what is there, at once.
+            self._recounted_at = -_RECOUNT_SECONDS
+            return
+        # The last name, and no other can be added now: put_from links only while
+        # the source's record is there, and this ref's is deleted.
+        if not self._spares.keep(path):
             super()._drop_blob(ref)
+        if size is not None:  # not for a name without a record (a crash's leftover)
+            self._freed(size)
 
     # --- reading: zero-copy --------------------------------------------------------
 
