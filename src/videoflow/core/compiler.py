@@ -82,7 +82,8 @@ class NodeSpec:
         nonsense: an empty name, an unknown kind, a producer with parents (or with a
         partition key or join policy, which only inputs can have), a processor or
         consumer without parents, duplicate or self parents, nb_tasks below 1, a join
-        with competing replicas (they would split its groups), and
+        with competing replicas (they would split its groups), a join policy on a node
+        with one parent, and
         policy overrides JoinPolicy / DeliveryPolicy refuse."""
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"node name must be a non-empty str, got {self.name!r}")
@@ -131,6 +132,10 @@ class NodeSpec:
                 f"each parent's messages, so a group's members land in different "
                 f"replicas): run it with nb_tasks=1, or give it partition_by, a key its "
                 f"parents' messages share, so that each group's members reach one replica")
+        if self.join_policy is not None and len(parents) == 1:
+            # Silently dropped, a collect window or quorum asked for would never apply.
+            raise ValueError(f"{where}: join_policy is for a node with two parents or more; "
+                             f"it has one ({parents[0]!r}), so there is nothing to join")
         if self.join_policy is not None and len(parents) > 1:
             overlay = {**JoinPolicy.default_for(REALTIME).to_dict(), **self.join_policy}
             try:
@@ -294,11 +299,6 @@ def compile_flow(flow: Any, max_retries: int = 3, ledger_budget: bool = False) -
         if spec.publishes and not readers:
             raise ValueError(f"{where}: nothing reads its output; end the branch with a "
                              "consumer")
-        collect = set((spec.join_policy or {}).get("collect") or ())
-        if collect - set(spec.parents):
-            raise ValueError(f"{where}: join_policy collects from "
-                             f"{sorted(collect - set(spec.parents))}, which are not its "
-                             f"parents {list(spec.parents)}")
         if spec.parents:
             plans[name] = NodePlan(
                 credit=node_credit(spec.nb_tasks, spec.partitioned, spec.parents,
