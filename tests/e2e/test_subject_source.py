@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import struct
 from pathlib import Path
@@ -196,20 +197,30 @@ def test_two_replicas_share_the_durable_and_every_record_comes_out_once(
     assert asyncio.run(unacked(nats_server.url, ["vf-replicas-items"], "WORK")) == 0
 
 
+def record(decode: str, i: int, bad: bool) -> bytes:
+    if decode == "msgpack":
+        return b"\xc1 not msgpack" if bad else msgspec.msgpack.encode({"i": i})
+    # A foreign envelope whose event time is NaN: it used to stop the source (the
+    # setter refuses it), or, before the setter did, crash the join it reached.
+    return envelope({"i": i}, math.nan if bad else T0 + i, i)
+
+
+@pytest.mark.parametrize("decode", ["msgpack", "envelope"])
 def test_garbage_is_counted_kept_and_the_flow_goes_on(tmp_path: Path,
-                                                      nats_server: embedded.EmbeddedServer
-                                                      ) -> None:
+                                                      nats_server: embedded.EmbeddedServer,
+                                                      decode: str) -> None:
     async def publish() -> None:
         nc = await nats.connect(nats_server.url)
         for i in range(10):
-            data = b"\xc1 not msgpack" if i in (2, 6) else msgspec.msgpack.encode({"i": i})
-            await nc.publish("loose.numbers", data, headers={EVENT_TIME_HEADER: str(T0 + i)})
+            data = record(decode, i, bad=i in (2, 6))
+            await nc.publish("loose.numbers", data, headers={EVENT_TIME_HEADER: str(T0 + i)}
+                             if decode == "msgpack" else None)
         await nc.flush()
         await nc.close()
 
     # The source makes the stream over the core subject (create=True) before anything
     # is published; the publisher then uses plain core NATS.
-    numbers = SubjectSource(subject="loose.numbers", create=True, decode="msgpack",
+    numbers = SubjectSource(subject="loose.numbers", create=True, decode=decode,
                             idle_end=3.0, name="numbers")
     out = tmp_path / "got.jsonl"
     sink = JsonLines(str(out), name="sink")(numbers)
@@ -236,7 +247,7 @@ def test_garbage_is_counted_kept_and_the_flow_goes_on(tmp_path: Path,
     assert sorted(v["i"] for v in read_lines(out)) == [0, 1, 3, 4, 5, 7, 8, 9]
     letters = [entry.record for entry in dlq_list(nats_server.url, "garbage")]
     assert [(r.reason, r.node, r.envelope) for r in letters if r is not None] == [
-        ("undecodable", "numbers", b"\xc1 not msgpack")] * 2
+        ("undecodable", "numbers", record(decode, i, bad=True)) for i in (2, 6)]
 
 
 @pytest.mark.parametrize("arguments, error", [

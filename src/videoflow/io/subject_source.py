@@ -295,7 +295,12 @@ class SubjectSource(ProducerNode):
                 raise ValueError("an end marker, not a data envelope")
             value = envelope["message"]
             if event_ts is None and envelope["event_ts"] is not None:
+                # Checked here, where a bad one dead-letters its record, not in the
+                # setter, where it would stop the source.
                 event_ts = float(envelope["event_ts"])
+                if not math.isfinite(event_ts):
+                    raise ValueError(f"the envelope's event time must be finite, "
+                                     f"got {event_ts!r}")
         else:
             value = self._raw(data, headers)
         if event_ts is None and self.event_time_field is not None:
