@@ -1,6 +1,6 @@
 """A pass-through processor in a flow whose shared-memory budget holds fewer than two
 frames: its output is a second name for its input's bytes, which the budget counts
-once (the store's own rules are in tests/unit/test_payload_pass_through_budget.py)."""
+once (the store's own rules are in tests/unit/test_shm_pass_through_budget.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import pytest
 
 from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH
-from videoflow.flow import Flow
 from videoflow.core.node import ProcessorNode
+from videoflow.flow import Flow
 
+# The e2e flows' nodes (tests/e2e is on the path only for its own tests).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from flow_nodes import FrameCheck, Frames, frames_seen  # noqa: E402
 
