@@ -4,11 +4,14 @@ unreachable, timeout, malformed or api (observation_failure)."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Sequence
 from typing import Any, Final
 
 import nats.errors
 import nats.js.errors
+
+from videoflow.errors import CredentialsRefused
 
 _AUTH_MARKERS: Final = ("authorization violation", "permissions violation",
                         "authentication", "user authentication expired")
@@ -29,6 +32,58 @@ def credentials_refused(error: BaseException | str) -> bool:
         return True
     text = _text(error).lower()
     return any(marker in text for marker in _REFUSAL_MARKERS)
+
+
+class TLSRefused(CredentialsRefused):
+    """A TLS connection that cannot be made as it was asked for, and that waiting will
+    not mend: the broker does not offer TLS although a tls:// URL or TLS files ask for
+    it (nothing is sent to it then, credentials least of all), its certificate is not
+    trusted, or it asks for a client certificate that was not given or refuses the one
+    given. A CredentialsRefused, the refusal of an identity by either side, so that
+    whatever ends at once on refused credentials (the commands' one error line, the
+    connects that otherwise retry) ends at once on it too."""
+
+
+_CERTIFICATE_REQUIRED: Final = ("TLSV13_ALERT_CERTIFICATE_REQUIRED",)
+"""The alert of a TLS 1.3 server that asks for a client certificate none was given."""
+_CERTIFICATE_REFUSED: Final = (
+    "SSLV3_ALERT_BAD_CERTIFICATE", "TLSV1_ALERT_UNKNOWN_CA",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN", "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+    "SSLV3_ALERT_CERTIFICATE_REVOKED", "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
+    "TLSV1_ALERT_ACCESS_DENIED")
+"""Alerts of a server that refuses the client certificate it was given."""
+_NAME_MISMATCH: Final = (62, 64)
+"""X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH, as an
+SSLCertVerificationError's verify_code."""
+
+
+def tls_refusal(error: BaseException, where: str) -> TLSRefused | None:
+    """The TLSRefused for a connect attempt's error that no retry can mend, None for
+    any other error (a TLS handshake cut short by a broker going away is retried).
+
+    Arguments:
+        error: what the attempt raised, or what the error callback saw.
+        where: the broker, redacted (link.redact_url), for the message.
+    """
+    if isinstance(error, TLSRefused):
+        return error
+    if isinstance(error, ssl.SSLCertVerificationError):
+        if error.verify_code in _NAME_MISMATCH:
+            advice = "connect to it by a name or address its certificate holds"
+        else:
+            advice = ("give the authority that signed it with --tls-ca "
+                      "(VIDEOFLOW_NATS_TLS_CA)")
+        return TLSRefused(f"the broker at {where} presented a certificate that is not "
+                          f"trusted ({error.verify_message or error.reason}): {advice}")
+    if isinstance(error, ssl.SSLError):
+        if error.reason in _CERTIFICATE_REQUIRED:
+            return TLSRefused(f"the broker at {where} asks for a client certificate: give "
+                              "one with --tls-cert and --tls-key (VIDEOFLOW_NATS_TLS_CERT, "
+                              "VIDEOFLOW_NATS_TLS_KEY)")
+        if error.reason in _CERTIFICATE_REFUSED:
+            return TLSRefused(f"the broker at {where} refused the client certificate "
+                              f"({error.reason.lower().replace('_', ' ')})")
+    return None
 
 
 def describe(error: BaseException) -> str:
@@ -69,10 +124,11 @@ def observation_failure(
     detail = described if not notes else f"{described} (reported: {'; '.join(notes)})"
     everything = " ".join([described, *notes]).lower()
     # Auth first: a permissions violation reaches only error_cb while the request
-    # itself times out (NATS_FACTS S15, §8).
+    # itself times out (NATS_FACTS S15, §8); a TLS identity refused is one too.
     if isinstance(error, nats.errors.AuthorizationError) or any(
         m in everything for m in _AUTH_MARKERS
-    ):
+    ) or any(tls_refusal(e, "") is not None for e in (error, *reported)
+             if isinstance(e, BaseException)):
         return "auth", detail
     if isinstance(error, (nats.errors.NoServersError, ConnectionRefusedError)):
         return "unreachable", detail
@@ -107,4 +163,5 @@ def observation_failure(
     return "api", detail
 
 
-__all__ = ["credentials_refused", "describe", "observation_failure"]
+__all__ = ["TLSRefused", "credentials_refused", "describe", "observation_failure",
+           "tls_refusal"]

@@ -43,8 +43,12 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from videoflow.broker.client import CLIENT_CLASS
-from videoflow.broker.client import connect as client_connect
-from videoflow.broker.failures import credentials_refused, describe, observation_failure
+from videoflow.broker.failures import (
+    credentials_refused,
+    describe,
+    observation_failure,
+    tls_refusal,
+)
 from videoflow.broker.options import auth_options, presented_credentials
 from videoflow.errors import BrokerUnavailable, CredentialsRefused, IncompatibleProfile
 
@@ -453,13 +457,15 @@ async def connect(
 
     Raises:
         CredentialsRefused: the broker refused the credentials (never waited for).
+        TLSRefused: the TLS connection asked for cannot be made (failures.tls_refusal;
+            never waited for either).
         BrokerUnavailable: no server answered within connect_timeout (refused, a hung
             handshake); the message names the servers.
         ValueError: an empty server list; credentials that contradict each other
             (auth_options).
         MissingDependency: as auth_options.
     """
-    servers = servers_of(url)
+    servers_of(url)  # ValueError before anything starts
     tracked = outage if outage is not None else Outage(where=url)
     if not tracked.where:
         tracked.where = url
@@ -504,9 +510,11 @@ async def connect(
     settings.update(options)
     while True:
         try:
-            client = await asyncio.wait_for(client_connect(servers, **settings),
+            client = await asyncio.wait_for(connect_or_refused(url, **settings),
                                             connect_timeout)
             break
+        except CredentialsRefused:  # TLSRefused too: waiting mends neither
+            raise
         except Exception as error:
             reason, detail = observation_failure(error, list(seen))
             if seen and all(isinstance(e, TimeoutError) for e in seen):
@@ -550,27 +558,36 @@ def refusal(url: str) -> CredentialsRefused:
 
 
 async def connect_or_refused(url: str, **options: Any) -> Client:
-    """nats.connect to the servers of url with options, given up at the first
-    credentials refusal: a client that retries its first connect (the provision Job,
-    whose broker may still be starting, retries for ever) would otherwise take a
-    refusal for a broker not there yet and wait on it.
+    """nats.connect to the servers of url with options, given up at the first refusal
+    that waiting cannot mend: the credentials refused, or a TLS connection that cannot
+    be made as asked (failures.tls_refusal). A client that retries its first connect
+    (the provision Job, whose broker may still be starting, retries for ever) would
+    otherwise take a refusal for a broker not there yet and wait on it; and after an
+    untrusted certificate, nats-py's next attempt hangs until the caller's bound.
 
     Raises:
         CredentialsRefused: the broker refused the credentials.
+        TLSRefused: as failures.tls_refusal.
         as nats.connect otherwise.
     """
-    refused: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+    refused: asyncio.Future[tuple[BaseException, BaseException]] = (
+        asyncio.get_running_loop().create_future())
     theirs = options.get("error_cb")
 
     async def error_cb(error: BaseException) -> None:
-        if credentials_refused(error) and not refused.done():
-            refused.set_result(error)
+        final = _final_refusal(error, url)
+        if final is not None and not refused.done():
+            refused.set_result((final, error))
         if theirs is not None:
             await theirs(error)
 
+    # A client given up before it connected is closed here, which is no disconnect
+    # of the caller's: its callbacks hear only of a client that did connect.
+    callbacks = {name: _once_connected(options[name], lambda: connecting)
+                 for name in ("disconnected_cb", "closed_cb") if options.get(name)}
     client = CLIENT_CLASS()
-    connecting = asyncio.ensure_future(
-        client.connect(servers_of(url), **{**options, "error_cb": error_cb}))
+    connecting = asyncio.ensure_future(client.connect(
+        servers_of(url), **{**options, **callbacks, "error_cb": error_cb}))
     try:
         either: set[asyncio.Future[Any]] = {connecting, refused}
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
@@ -584,9 +601,37 @@ async def connect_or_refused(url: str, **options: Any) -> Client:
     if refused.done():
         with contextlib.suppress(Exception):
             await client.close()
-        raise refusal(url) from refused.result()
-    await connecting  # what the connect raised, if it did
+        final, cause = refused.result()
+        if final is cause:
+            raise final
+        raise final from cause
+    try:
+        await connecting  # what the connect raised, if it did
+    except Exception as error:  # without reconnects, nats-py raises the attempt's own
+        given_up = _final_refusal(error, url)
+        if given_up is None or given_up is error:
+            raise
+        raise given_up from error
     return client
+
+
+def _once_connected(callback: Callable[[], Awaitable[None]],
+                    connecting: Callable[[], asyncio.Future[Any]]
+                    ) -> Callable[[], Awaitable[None]]:
+    """callback, called only once the first connect (connecting()) succeeded."""
+    async def called() -> None:
+        first = connecting()
+        if first.done() and not first.cancelled() and first.exception() is None:
+            await callback()
+    return called
+
+
+def _final_refusal(error: BaseException, url: str) -> CredentialsRefused | None:
+    """The error a connect gives up with at once when an attempt failed with error,
+    None when another attempt may succeed."""
+    if credentials_refused(error):
+        return refusal(url)
+    return tls_refusal(error, redact_url(url))
 
 
 def _wait_for_known(outage: Outage, reason: str) -> bool:

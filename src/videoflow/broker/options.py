@@ -8,7 +8,11 @@ import os
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
+from urllib.parse import urlsplit
 
+import nats.aio.client
+
+from videoflow.broker.failures import TLSRefused
 from videoflow.broker.natscontext import read_context
 from videoflow.errors import MissingDependency
 from videoflow.logs import keep_secret
@@ -33,6 +37,9 @@ CONTEXT_ENV: Final = "VIDEOFLOW_NATS_CONTEXT"
 
 NKEYS_INSTALL: Final = "pip install nkeys"
 
+_CALLABLE_USER: Final = hasattr(nats.aio.client, "CredentialCallback")
+"""Whether this nats-py reads a callable user and password (2.16 on)."""
+
 SETTING_ENV: Final = {
     "creds": CREDS_ENV, "nkey": NKEY_ENV, "user": USER_ENV, "password": PASSWORD_ENV,
     "token": TOKEN_ENV, "ca": TLS_CA_ENV, "cert": TLS_CERT_ENV, "key": TLS_KEY_ENV,
@@ -50,24 +57,171 @@ def tls_options() -> dict[str, Any]:
     write it. Empty when none is set (a tls:// URL then uses the system's authorities).
 
     Raises:
-        ValueError: a certificate without its key or a key without its certificate.
-        OSError / ssl.SSLError: a file that cannot be read or is not PEM.
+        ValueError: a certificate without its key or a key without its certificate; a
+            file that cannot be read, holds no certificate or key, or a key that is
+            not the certificate's (the message names the file).
     """
     return _tls({field: value for field in TLS_FIELDS
                  if (value := os.environ.get(SETTING_ENV[field]))})
 
 
-def _tls(settings: dict[str, str]) -> dict[str, Any]:
+class _Handshake(ssl.SSLObject):
+    """A TLS session that tells its SecuredContext once its handshake completed."""
+
+    def do_handshake(self) -> None:
+        super().do_handshake()  # SSLWantReadError until the handshake is done
+        context = self.context
+        if isinstance(context, SecuredContext):
+            context.secured = True
+
+
+class SecuredContext(ssl.SSLContext):
+    """The TLS settings of one connection, which also remember whether the latest TLS
+    handshake made with them completed: the gate (_Gate) a connection's CONNECT passes
+    reads it, so that nats-py, which upgrades to TLS only when the server's INFO says
+    tls_required (aio/client.py _process_connect_init), never sends credentials over a
+    connection it did not upgrade.
+
+    Attributes:
+        secured: a handshake completed since the gate last looked.
+    """
+
+    sslobject_class = _Handshake
+    secured = False
+
+    def wrap_bio(self, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO,
+                 server_side: bool = False, server_hostname: str | bytes | None = None,
+                 session: ssl.SSLSession | None = None) -> ssl.SSLObject:
+        self.secured = False  # a handshake begins: until it completes, not secured
+        return super().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
+
+    def take_secured(self) -> bool:
+        """Whether a handshake completed since the last call (each CONNECT asks once:
+        an attempt that was not upgraded finds False, whatever an earlier one did)."""
+        secured, self.secured = self.secured, False
+        return secured
+
+
+def _tls(settings: dict[str, str], required: bool = False) -> dict[str, Any]:
+    """``tls`` for nats.connect: a SecuredContext with the CA and client certificate
+    given (the system's authorities without a CA), when TLS files are given or
+    required says a tls:// URL asks for TLS; else nothing."""
     ca, cert, key = (settings.get(field) for field in TLS_FIELDS)
-    if ca is None and cert is None and key is None:
+    if ca is None and cert is None and key is None and not required:
         return {}
     if (cert is None) != (key is None):
         raise ValueError(f"{TLS_CERT_ENV} and {TLS_KEY_ENV} go together: a client "
                          "certificate needs its key")
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
-    if cert is not None:
-        context.load_cert_chain(cert, key)
+    # What ssl.create_default_context(SERVER_AUTH, cafile=ca) makes (the hostname is
+    # checked, a certificate required), as a SecuredContext.
+    context = SecuredContext(ssl.PROTOCOL_TLS_CLIENT)
+    if ca is not None:
+        _load_authorities(context, ca)
+    else:
+        context.load_default_certs(ssl.Purpose.SERVER_AUTH)
+    if cert is not None and key is not None:
+        _load_certificate(context, cert, key)
     return {"tls": context}
+
+
+def _load_authorities(context: ssl.SSLContext, ca: str) -> None:
+    """context.load_verify_locations(ca), a failure a ValueError naming the file."""
+    try:
+        context.load_verify_locations(ca)
+    except ssl.SSLError as error:
+        raise ValueError(f"the CA file {ca!r} ({TLS_CA_ENV}, --tls-ca) holds no PEM "
+                         f"certificate ({error.reason or error})") from None
+    except OSError as error:
+        raise ValueError(f"cannot read the CA file {ca!r} ({TLS_CA_ENV}, --tls-ca): "
+                         f"{error.strerror or error}") from None
+
+
+def _load_certificate(context: ssl.SSLContext, cert: str, key: str) -> None:
+    """context.load_cert_chain(cert, key), a failure a ValueError naming the file at
+    fault: OpenSSL says 'PEM lib' alike for a cert and a key it cannot read, so each
+    file is first looked at for what it should hold."""
+    cert_text = _read(cert, f"client certificate ({TLS_CERT_ENV}, --tls-cert)")
+    key_text = _read(key, f"client key ({TLS_KEY_ENV}, --tls-key)")
+    if b"-----BEGIN CERTIFICATE-----" not in cert_text:
+        raise ValueError(f"the client certificate {cert!r} ({TLS_CERT_ENV}, --tls-cert) "
+                         "holds no PEM certificate")
+    if b"PRIVATE KEY-----" not in key_text:
+        raise ValueError(f"the client key {key!r} ({TLS_KEY_ENV}, --tls-key) holds no "
+                         "PEM private key")
+
+    def no_passphrase() -> str:
+        # Without a password callback OpenSSL would prompt on the terminal.
+        raise ValueError(f"the client key {key!r} ({TLS_KEY_ENV}, --tls-key) is "
+                         "encrypted: give it unencrypted (openssl pkey -in KEY -out "
+                         "PLAIN)")
+
+    try:
+        context.load_cert_chain(cert, key, password=no_passphrase)
+    except ssl.SSLError as error:
+        if error.reason == "KEY_VALUES_MISMATCH":
+            raise ValueError(f"the client key {key!r} ({TLS_KEY_ENV}, --tls-key) is not "
+                             f"the key of the certificate {cert!r}") from None
+        raise ValueError(f"cannot load the client certificate {cert!r} with the key "
+                         f"{key!r}: {error.reason or error}") from None
+    except OSError as error:
+        raise ValueError(f"cannot read the client certificate {cert!r} or its key "
+                         f"{key!r}: {error.strerror or error}") from None
+
+
+_TLS_SCHEMES: Final = ("tls", "wss")
+
+
+def tls_required(url: str | None, settings: dict[str, str]) -> bool:
+    """Whether a connection to url must be TLS: a server of it named tls:// (or wss://),
+    or a TLS file given (settings: connection_settings's). nats-py itself goes by the
+    server's INFO alone, and would send CONNECT in clear to a server that does not
+    offer TLS; the Go client refuses ('secure connection required'), and so does
+    videoflow (auth_options)."""
+    if any(field in settings for field in TLS_FIELDS):
+        return True
+    return any(urlsplit(server).scheme.lower() in _TLS_SCHEMES for server in _servers(url))
+
+
+def _servers(url: str | None) -> list[str]:
+    if not url:
+        return []
+    # link imports this module: its server-list parsing is reached at call time.
+    from videoflow.broker.link import servers_of
+    try:
+        return servers_of(url)
+    except ValueError:
+        return []
+
+
+class _Gate:
+    """Stands in for the credential nats-py reads as it writes CONNECT (a token, or a
+    user, as callables: aio/client.py _connect_command) and refuses, raising
+    TLSRefused, unless the connection's latest handshake completed (SecuredContext):
+    nothing goes out in clear, not even a CONNECT without credentials.
+
+    Arguments:
+        context: the connection's TLS settings.
+        url: the broker, for the refusal.
+        why: what asks for TLS, in words.
+    """
+
+    def __init__(self, context: SecuredContext, url: str | None, why: str) -> None:
+        self.context, self.url, self.why = context, url, why
+
+    def check(self) -> None:
+        """Raises: TLSRefused: the connection was not upgraded to TLS."""
+        if not self.context.take_secured():
+            from videoflow.broker.link import redact_url  # link imports this module
+            where = f" at {redact_url(self.url)}" if self.url else ""
+            raise TLSRefused(f"secure connection required (by {self.why}): the "
+                             f"broker{where} does not offer TLS; nothing was sent to it")
+
+    def giving(self, value: str) -> Callable[[], str]:
+        """A callable credential that gives value once the gate let it through."""
+        def credential() -> str:
+            self.check()
+            return value
+        return credential
 
 
 def context_name() -> str | None:
@@ -167,7 +321,7 @@ def auth_options(url: str | None = None) -> dict[str, Any]:
         chosen = " and ".join(_METHOD_NAMES[method] for method in methods)
         raise ValueError(f"conflicting broker credentials{where}: {chosen}; give one way "
                          "of authenticating")
-    options = _tls(settings)
+    options = _tls(settings, tls_required(url, settings))
     if "creds" in settings:
         _check_creds_file(settings["creds"])
         options["user_credentials"] = settings["creds"]
@@ -180,7 +334,59 @@ def auth_options(url: str | None = None) -> dict[str, Any]:
     elif "token" in settings:
         keep_secret(settings["token"])
         options["token"] = settings["token"]
+    context = options.get("tls")
+    if isinstance(context, SecuredContext):
+        _gate(options, _Gate(context, url, _why_tls(url, settings)), url)
     return options
+
+
+def _why_tls(url: str | None, settings: dict[str, str]) -> str:
+    files = [field for field in TLS_FIELDS if field in settings]
+    if files:
+        return f"the TLS {'/'.join(files)} file{'s' if len(files) > 1 else ''} given"
+    return "the tls:// URL" if url and "tls://" in url.lower() else "the URL"
+
+
+def _gate(options: dict[str, Any], gate: _Gate, url: str | None) -> None:
+    """Put gate in front of whatever of options nats-py reads as it writes CONNECT.
+
+    nats-py reads, in this order (aio/client.py _connect_command): an nkey signature
+    and JWT then ``token``; else ``user`` and ``password``; else ``token``; else the
+    credentials in the server's URL. A token of '' is what a CONNECT without one says
+    (the server reads no token either way), so a connection without credentials, or
+    with an nkey or creds file, carries a gate as its token; a user, its token or the
+    URL's credentials are given through the gate.
+
+    Raises:
+        ValueError: the servers of url carry different credentials (one gate cannot
+            stand in for per-server credentials).
+        MissingDependency: a user and password with a nats-py that reads no callable
+            user (before 2.16).
+    """
+    if "user" not in options and "token" not in options:
+        pairs = {(parts.username, parts.password) for parts in map(urlsplit, _servers(url))
+                 if parts.username is not None}
+        if len(pairs) > 1:
+            raise ValueError("the servers of a TLS broker URL carry different credentials;"
+                             " give them once (--user/--password or --token)")
+        for user, password in pairs:
+            if password is None:
+                options["token"] = user  # how nats-py reads a URL's lone user part
+            else:
+                options["user"], options["password"] = user, password
+            keep_secret(password or user)
+        if not pairs and url is None and not any(key in options for key in (
+                "user_credentials", "nkeys_seed")):
+            return  # the URL is unknown: a token here would hide any credentials in it
+    if "user" in options:
+        if not _CALLABLE_USER:
+            raise MissingDependency(
+                "a user and password over TLS need nats-py 2.16 or later (pip install "
+                "-U nats-py): an older one cannot hold them back from a broker that does "
+                "not offer TLS")
+        options["user"] = gate.giving(options["user"])
+    else:
+        options["token"] = gate.giving(options.get("token", ""))
 
 
 def presented_credentials(url: str | None = None) -> str:
@@ -345,6 +551,7 @@ __all__ = [
     "TLS_KEY_ENV",
     "TOKEN_ENV",
     "USER_ENV",
+    "SecuredContext",
     "auth_options",
     "connect_options_for",
     "connection_settings",
@@ -353,5 +560,6 @@ __all__ = [
     "context_url",
     "quiet_error_cb",
     "tls_options",
+    "tls_required",
     "url_has_credentials",
 ]
