@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from broker_reads import stream_names
+from flow_nodes import applied
 from test_cli import HERE, base_environment, command, environment, videoflow
 
 from videoflow.broker import server as embedded
@@ -50,6 +51,25 @@ def test_dlq_list_json_into_a_closed_pipe_ends_quietly(
     # The same command, read, succeeds: it was the pipe, not the command.
     read = videoflow("dlq", "list", "--flow", "cli", "--nats-url", nats_server.url, "--json")
     assert read.returncode == 0 and json.loads(read.stdout) == [], read.stderr
+
+
+def test_a_run_whose_reader_stops_reading_stops_quietly_and_dead_letters_nothing(
+        nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
+    # `videoflow run F | head -1`: each print of the node failed its input with
+    # BrokenPipeError, retried and dead-lettered, for the whole of the run.
+    count = 2000  # 20 s at this pace, were it not stopped
+    out = tmp_path / "out"
+    out.mkdir()
+    done = with_closed_reader("run", "flows:printing_chain", "--nats-url", nats_server.url,
+                              env=environment(out, count=count, pace=0.01))
+    assert done.returncode == EXIT_BROKEN_PIPE, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    listed = videoflow("dlq", "list", "--flow", "cliprint", "--nats-url", nats_server.url,
+                       "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stdout
+    # The run stopped as a pipeline ends, and what it had taken in went all the way.
+    got = sorted(v for (v,) in applied(out))
+    assert 0 < len(got) < count and got == [2 * i for i in range(len(got))]
 
 
 @pytest.fixture

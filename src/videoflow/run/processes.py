@@ -17,6 +17,7 @@ import multiprocessing.connection
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -383,6 +384,9 @@ def _take(run: Run, kind: str, key: str, payload: Any) -> None:
             run.progress[name].pending.pop(key, None)
     elif kind == "bound":
         run.bound.add(key)
+    elif kind == "unread":  # the command's reader stopped reading its output
+        logger.debug("%s: its output is no longer read; stopping the run", key)
+        _request_stop(run)
     elif kind == "error":  # it died before its task started: no end marker will come
         replica.final = {"outcome": "failed", "error": payload}
         # Its readers would wait for it forever: the run is stopped, as for a lost one.
@@ -427,6 +431,49 @@ def reap(run: Run) -> None:
             replica.reports = None
 
 
+class _UnreadStdout:
+    """A replica's sys.stdout, whose reader may stop reading (`videoflow run F | head
+    -1`): a write the closed pipe refuses is no failure of the node's input, which
+    would be retried and dead-lettered. Its descriptor goes to /dev/null (what it held
+    and every later line with it) and gone is set, for the engine to stop the run as a
+    pipeline ends."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream, self.gone = stream, threading.Event()
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            self._nowhere()
+            return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._nowhere()
+
+    def _nowhere(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+        try:
+            self._stream.flush()  # what the buffer held, to /dev/null now
+        except BrokenPipeError:
+            pass
+        self.gone.set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = None,
                 engine_pid: int | None = None, output: RelayEnd | None = None) -> None:
     """A replica process: it ends when the engine dies (die_with_parent, first of
@@ -446,6 +493,10 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # _spawn blocked it
     started = False
+    stdout = None
+    if output is None and sys.stdout is not None:
+        stdout = _UnreadStdout(sys.stdout)
+        sys.stdout = stdout
 
     def report(kind: str, payload: Any) -> None:
         try:
@@ -457,8 +508,11 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
             pass
 
     def progress(task: Task) -> None:
-        nonlocal started
+        nonlocal started, stdout
         started = True
+        if stdout is not None and stdout.gone.is_set():
+            report("unread", None)  # from this thread, which alone writes reports
+            stdout = None
         if task.stats.ended is not None:
             snapshot = observed_snapshot(task)[0] if job.observe else task.stats.snapshot()
             snapshot["join_latencies"] = list(task.stats.join_latencies)
