@@ -17,11 +17,29 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from nats.aio.client import Client
+from nats.js.api import StreamInfo
+
 from videoflow.broker.link import Outage, outage_budget_from_env, redact_url
 from videoflow.broker.loop import ErrorLog, close_client, connect_fail_fast, registered
-from videoflow.core.naming import SUBJECT_ROOT, subject_for
+from videoflow.core.naming import (
+    KIND_STREAM,
+    LABEL_FLOW_ID,
+    LABEL_KIND,
+    LABEL_NODE,
+    LABEL_RUN_ID,
+    SUBJECT_ROOT,
+    sanitize,
+    subject_for,
+    subject_owner,
+    user_metadata,
+)
 from videoflow.errors import BrokerUnavailable, CredentialsRefused, WireError
+from videoflow.ops.broker_calls import Budget
+from videoflow.ops.status import all_streams
 from videoflow.wire.serialization import decode_envelope
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +73,10 @@ def edge_subject(flow_id: str, node: str, run_id: str | None = None) -> str:
 
 _LINK_LOGS: Final = logging.getLogger("videoflow.broker.link")
 """The connection's own outage lines (-v): when they show, the tap does not repeat them."""
+
+NOTICE_SECONDS: Final = 10.0
+"""A tap given a broker that has seen nothing this long looks again whether the flow
+has a run there (edge_notice), and says so once if not."""
 
 POLL_SECONDS: Final = 0.25
 """How often a tap looks for a run's broker on the store (following runs), and how soon
@@ -93,7 +115,8 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
     Raises:
         BrokerUnavailable: the broker could not be reached within timeout, or it was
             away for longer than the outage budget.
-        ValueError: a bad name, count or duration, or VIDEOFLOW_OUTAGE_BUDGET.
+        ValueError: a bad name, count or duration, or VIDEOFLOW_OUTAGE_BUDGET; given a
+            broker, a node of the flow's there that only reads (edge_notice).
     """
     if count is not None and (isinstance(count, bool) or count < 1):
         raise ValueError(f"count must be None or >= 1, got {count!r}")
@@ -114,8 +137,11 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
         try:
             nc = await asyncio.wait_for(
                 connect_fail_fast(url, timeout, errors, outage), timeout)
-        except (asyncio.TimeoutError, OSError) as error:
-            raise BrokerUnavailable(f"no answer within {timeout:g} s: {error!r}") from error
+        except asyncio.TimeoutError as error:
+            # connect_fail_fast's own failures are BrokerUnavailable (CredentialsRefused
+            # among them), each one line that says what failed: they go as they are.
+            raise BrokerUnavailable(f"the broker at {redact_url(url)} did not answer "
+                                    f"within {timeout:g} s") from error
         queue: asyncio.Queue[Any] = asyncio.Queue()
         n, away = 0, False
         try:
@@ -124,7 +150,22 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
             if ready is not None:
                 ready(subject)
             pace.start()  # given a URL, --seconds and the windows count from here
+            # Following runs, a run's broker answers before its streams are made: only
+            # a broker given is asked what it holds, now (a flow not there yet is
+            # usual: its run starts after the tap) and after NOTICE_SECONDS of silence.
+            ask_at = None if following else time.monotonic() + NOTICE_SECONDS
+            if not following:
+                notice = await edge_notice(nc, flow_id, node, run_id, timeout,
+                                           flow_absent=False)
+                if notice is not None:
+                    say(notice)
+                    ask_at = None
             while (wanted is None or n < wanted) and not pace.step():
+                if ask_at is not None and time.monotonic() >= ask_at:
+                    ask_at = None
+                    if n == 0 and (notice := await edge_notice(
+                            nc, flow_id, node, run_id, timeout, flow_absent=True)):
+                        say(notice)
                 if nc.is_closed:
                     if outage.given_up is not None:
                         raise BrokerUnavailable(outage.given_up)
@@ -176,6 +217,87 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
         return n
 
     return asyncio.run(main())
+
+
+async def edge_notice(nc: Client, flow_id: str, node: str, run_id: str | None,
+                      timeout: float, flow_absent: bool = True) -> str | None:
+    """What to tell the user when no run of flow_id on the broker has a stream for node
+    (so a tap of it would wait in silence): a line naming what is there, None when a
+    stream is there or the broker could not say (the tap listens either way). One
+    stream listing; the consumers of the flow's streams are read only when node has
+    none, to tell a node that only reads.
+
+    Arguments:
+        flow_absent: whether a flow with no run on the broker at all is told of (else
+            None: a tap started before the run it watches is the usual way).
+
+    Raises:
+        ValueError: node is one of the flow's and only reads: it publishes nothing, in
+            this run or any other (a usage error).
+    """
+    try:
+        budget = Budget(timeout)
+        infos = await all_streams(nc.jsm(), budget)
+    except Exception as error:  # advisory only: no JetStream, a slow broker
+        logger.debug("could not list the broker's streams for the tap: %r", error)
+        return None
+    owned = [(owner, info) for info in infos if (owner := _data_owner(info)) is not None
+             and sanitize(owner[0]) == sanitize(flow_id)]
+    if not owned:
+        if not flow_absent:
+            return None
+        flows = sorted({owner[0] for info in infos if (owner := _data_owner(info))})
+        here = f"flows here: {', '.join(flows)}" if flows else "no flow here"
+        return (f"no run of flow {flow_id!r} is on this broker ({here}); listening "
+                "anyway, for a run that starts later")
+    if run_id is not None:
+        runs = sorted({owner[1] for owner, _ in owned})
+        owned = [(owner, info) for owner, info in owned
+                 if sanitize(owner[1]) == sanitize(run_id)]
+        if not owned:
+            return (f"flow {flow_id!r} has no run {run_id!r} on this broker (runs: "
+                    f"{', '.join(runs)}); listening anyway, for a run that starts later")
+    nodes = sorted({owner[2] for owner, _ in owned})
+    if any(sanitize(name) == sanitize(node) for name in nodes):
+        return None
+    with_output = f"nodes with output: {', '.join(nodes)}"
+    try:
+        reads = await _reads(nc, [info for _, info in owned], node, budget)
+    except Exception as error:  # as above: the tap listens anyway
+        logger.debug("could not list the flow's durables for the tap: %r", error)
+        reads = False
+    if reads:
+        raise ValueError(f"node {node!r} of flow {flow_id!r} publishes nothing: it only "
+                         f"reads ({with_output})")
+    return (f"flow {flow_id!r} has no node {node!r} on this broker ({with_output}); "
+            "listening anyway")
+
+
+def _data_owner(info: StreamInfo) -> tuple[str, str, str] | None:
+    """(flow, run, node) of a node's data stream, by its owner labels (STREAM-14), else
+    (a stream older than them) its data subject; None for any other stream."""
+    labels = user_metadata(info.config.metadata)
+    if labels.get(LABEL_FLOW_ID):
+        run, node = labels.get(LABEL_RUN_ID), labels.get(LABEL_NODE)
+        if labels.get(LABEL_KIND) != KIND_STREAM or not run or not node:
+            return None
+        return labels[LABEL_FLOW_ID], run, node
+    for subject in info.config.subjects or ():
+        owner = subject_owner(subject)
+        if owner is not None:
+            return owner
+    return None
+
+
+async def _reads(nc: Client, streams: list[StreamInfo], node: str, budget: Budget) -> bool:
+    """Whether a durable of node's (owner labels) reads one of streams."""
+    jsm = nc.jsm()
+    for info in streams:
+        consumers = await budget.run(jsm.consumers_info(info.config.name or ""))
+        if any(sanitize(user_metadata(getattr(c.config, "metadata", None)).get(
+                LABEL_NODE, "")) == sanitize(node) for c in consumers):
+            return True
+    return False
 
 
 class _Pace:
@@ -279,4 +401,4 @@ class Rate:
         return figures
 
 
-__all__ = ["Rate", "Tapped", "edge_subject", "tap"]
+__all__ = ["Rate", "Tapped", "edge_notice", "edge_subject", "tap"]
