@@ -280,6 +280,20 @@ def test_a_new_run_given_the_id_of_a_run_on_the_broker_is_refused_and_starts_not
     assert applied(out) == []  # nothing ran
 
 
+@pytest.mark.parametrize("budget", ["nan", "-1", "soon"])
+def test_a_bad_outage_budget_in_the_environment_is_one_line_before_anything_starts(
+    out: Path, budget: str,
+) -> None:
+    # It was read in each replica: a traceback per replica, then a failed run.
+    env = {**environment(out, count=5), "VIDEOFLOW_OUTAGE_BUDGET": budget}
+    done = videoflow("run", "flows:chain", "--ephemeral", env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"videoflow: error: VIDEOFLOW_OUTAGE_BUDGET must be a finite number of seconds "
+        f">= 0, got {budget!r}"], done.stderr
+    assert applied(out) == []
+
+
 def test_a_run_kept_after_its_broker_was_lost_names_the_command_that_resumes_it(
     tmp_path: Path, out: Path,
 ) -> None:

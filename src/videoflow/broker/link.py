@@ -177,20 +177,17 @@ def outage_budget_from_env(default: float = DEFAULT_OUTAGE_BUDGET_SECONDS) -> fl
     text = os.environ.get(OUTAGE_BUDGET_ENV)
     if text is None or not text.strip():
         return default
-    return check_budget(_number(text))
+    try:
+        return check_budget(float(text))
+    except ValueError:
+        raise ValueError(f"{OUTAGE_BUDGET_ENV} must be a finite number of seconds >= 0, "
+                         f"got {text!r}") from None
 
 
 def broker_known_from_env() -> bool:
     """Whether BROKER_KNOWN_ENV says this process's broker is known to exist."""
     return os.environ.get(BROKER_KNOWN_ENV, "").strip() == "1"
 
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"{OUTAGE_BUDGET_ENV} must be a number of seconds, "
-                         f"got {text!r}") from None
 
 
 def check_budget(budget: float) -> float:

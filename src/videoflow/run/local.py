@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from videoflow import logs
 from videoflow.backends.messaging import Known
-from videoflow.broker.link import redact_url
+from videoflow.broker.link import check_budget, outage_budget_from_env, redact_url
 from videoflow.core.compiler import CompiledFlow, compile_flow
 from videoflow.core.constants import REALTIME
 from videoflow.core.naming import sanitize
@@ -265,6 +265,9 @@ def run_flow(
     # Once here, not in every replica: a tracing setup that cannot give spans is one
     # error before anything starts, not a traceback per replica.
     check_setup()
+    # And the budget, here rather than in every replica, for the same reason.
+    outage_budget = (outage_budget_from_env() if outage_budget is None
+                     else check_budget(outage_budget))
     kv = ledger == "kv"
     metrics_port = (metrics_port_from_env() if metrics_port is None
                     else check_port(metrics_port))
