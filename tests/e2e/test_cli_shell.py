@@ -375,6 +375,13 @@ def test_teardown_of_a_running_run_is_refused_unless_forced(
         forced = videoflow(*base, "--force")
         assert forced.returncode == 0, forced.stderr
         assert "removed: " in forced.stdout
+        assert "the flow's dead-letter stream is kept" in forced.stdout
+        # Again: nothing is there, and nothing is said of a stream it did not look at.
+        again = videoflow(*base)
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.splitlines() == [
+            "run 'r1' of flow 'cli' has no streams on this broker: nothing to remove (torn "
+            "down already, or not that name: videoflow ls lists the runs)"]
     finally:
         worker.kill()
         worker.wait(timeout=10)

@@ -474,13 +474,15 @@ def cmd_teardown(args: argparse.Namespace) -> int:
         if cleanup.removed:
             print("removed: " + ", ".join(cleanup.removed))
         elif cleanup.complete:
-            print(f"run {args.run!r} of flow {args.flow!r} has no streams to remove")
+            print(f"run {args.run!r} of flow {args.flow!r} has no streams on this broker: "
+                  "nothing to remove (torn down already, or not that name: videoflow ls "
+                  "lists the runs)")
         if cleanup.remaining:
             print("remaining: " + ", ".join(cleanup.remaining))
         if not cleanup.complete:
             _error("teardown is incomplete (the inventory could not be read, or a delete "
                    "failed); re-running it is safe")
-        else:
+        elif cleanup.removed:
             print("the flow's dead-letter stream is kept (videoflow dlq purge removes "
                   "records)")
     return EXIT_OK if cleanup.complete else EXIT_FAILED
