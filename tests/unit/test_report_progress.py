@@ -68,6 +68,9 @@ def test_the_report_names_every_process_death_and_every_failure_with_its_reason(
         "  scale[0] died: process 4101 killed by SIGKILL 2.2 s into the run, processing "
         "numbers:8; started again",
         "  scale[1] died: process 4102 exit code 1 3.5 s into the run; started again",
+        # The counts are a lower bound: a killed process's last second is in none.
+        "  the counts hold what each process that died last reported (once a second): "
+        "what it did after that is not in them",
         # Its last death is told once, by the line that says it was lost.
         "  scale[0] lost: lost after 1 restart; the last process 4201 killed by SIGSEGV "
         "6.0 s into the run, processing numbers:8; not started again",

@@ -211,6 +211,10 @@ class RunReport:
             for death in n.deaths:
                 if id(death) not in told:
                     lines.append(f"  {death.replica} died: {death.describe()}")
+        if any(n.deaths for n in self.nodes.values()):
+            # A report a second: what a killed process did after its last is unknown.
+            lines.append("  the counts hold what each process that died last reported "
+                         "(once a second): what it did after that is not in them")
         for n in self.nodes.values():
             for key, error in n.errors.items():
                 lines.append(f"  {key} {n.outcomes.get(key, '')}: {error}")
