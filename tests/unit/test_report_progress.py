@@ -97,7 +97,7 @@ def test_on_a_narrow_terminal_the_reports_table_fits_and_keeps_what_went_wrong()
                                    join_latency_p99_ms=17.9),
         "record": NodeReport("consumer", processed=97, throughput=51.0,
                              join_latency_p50_ms=0.1, join_latency_p99_ms=0.4)}
-    run = RunReport("f", "r1", "batch", "nats://x", nodes=nodes)
+    run = RunReport("f", "r202612042205240b6f61", "batch", "nats://x", nodes=nodes)
     wide = run.format().splitlines()
     assert wide == run.format(200).splitlines()  # room for all: all of it
     assert wide[1].split() == ["node", "kind", "processed", "emitted", "rate/s", "dropped",
@@ -107,12 +107,15 @@ def test_on_a_narrow_terminal_the_reports_table_fits_and_keeps_what_went_wrong()
                   "join", "p50", "ms"]),  # no drops: that column goes first
             (50, ["node", "processed", "emitted", "dead-let."]),
             (44, ["node", "done", "dead-let."])):
-        table = run.format(width).splitlines()[1:5]
-        assert table[0].split() == header, (width, table)
-        assert all(len(line) <= width for line in table), (width, table)
+        lines = run.format(width).splitlines()
+        start = next(i for i, line in enumerate(lines) if line.split()[:1] == ["node"])
+        assert lines[start].split() == header, (width, lines)
+        # The heading too: wrapped at its words, never cut by the terminal mid-word.
+        assert all(len(line) <= width for line in lines[:start + 4]), (width, lines)
+        assert " ".join(" ".join(lines[:start]).split()) == wide[0]
     # 'done' is what each did, a producer's emitted; the dead letters stay at any
     # width: what went wrong is never cut.
-    assert [line.split() for line in run.format(10).splitlines()[2:5]] == [
+    assert [line.split() for line in run.format(10).splitlines()[-3:]] == [
         ["numbers", "100", "0"], ["fuse_cameras", "97", "3"], ["record", "97", "0"]]
 
 

@@ -66,6 +66,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import sys
 from typing import Any
 
 from videoflow.cli.common import (
@@ -132,7 +134,8 @@ def _command(args: argparse.Namespace) -> int:
                               metrics_port=args.metrics_port)
     except MetricsUnavailable as error:
         raise CommandError(str(error), EXIT_FAILED) from error
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result.format())
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.format(
+        shutil.get_terminal_size().columns if sys.stdout.isatty() else None))
     return 0 if result.ok else EXIT_FAILED
 
 

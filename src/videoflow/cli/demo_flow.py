@@ -263,9 +263,9 @@ class DemoResult:
             "drops": self.drops, "report": self.report.to_dict(),
         }
 
-    def format(self) -> str:
-        """The figures, then the RunReport table, then the verdict with each failed
-        check."""
+    def format(self, width: int | None = None) -> str:
+        """The figures, then the RunReport table (fitted to width, a terminal's, as
+        RunReport.format fits it), then the verdict with each failed check."""
         e = self.expected
         p50, p99 = self.join_latency_p50_ms, self.join_latency_p99_ms
         imu = "-"
@@ -319,7 +319,7 @@ class DemoResult:
         failures = self.failures
         verdict = ["demo OK"] if not failures else [
             "demo FAILED:", *(f"  {failure}" for failure in failures)]
-        return "\n".join([*lines, "", self.report.format(), "", *verdict])
+        return "\n".join([*lines, "", self.report.format(width), "", *verdict])
 
 
 def run_demo(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -181,8 +182,9 @@ class RunReport:
 
         Arguments:
             width: the columns the table must fit in (a terminal's), or None for all
-                of it. Columns go as fit_columns says; the lines after the table are
-                prose, wrapped by the terminal.
+                of it. Columns go as fit_columns says, and a heading too long for it
+                is wrapped at its words; the lines after the table are prose, wrapped
+                by the terminal.
         """
         restarts = sum(n.restarts for n in self.nodes.values())
         head = (f"run {self.run_id} of flow {self.flow_id!r} ({self.flow_type}): "
@@ -197,7 +199,10 @@ class RunReport:
                          _ms(n.join_latency_p50_ms), _ms(n.join_latency_p99_ms)))
         if width is not None:
             rows = fit_columns(rows, width)
-        lines = [head, *format_table(rows, left=2 if rows[0][1] == "kind" else 1)]
+        heading = [head] if width is None else textwrap.wrap(
+            head, width, subsequent_indent="  ", break_long_words=False,
+            break_on_hyphens=False)
+        lines = [*heading, *format_table(rows, left=2 if rows[0][1] == "kind" else 1)]
         for name, n in self.nodes.items():
             if any(n.watermark_lag_max_ms.values()):
                 lags = sorted(n.watermark_lag_max_ms.items(), key=lambda kv: -kv[1])
