@@ -114,6 +114,21 @@ def test_an_unreachable_broker_is_named_without_its_password(tmp_path: Path) -> 
     assert PASSWORD not in done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("args", [
+    ("--log-format", "json", "ls", "--timeout", "nan"),
+    ("ls", "--log-format=json", "--timeout", "nan"),
+])
+def test_with_log_format_json_a_usage_error_is_a_json_record_too(args: tuple[str, ...]) -> None:
+    done = videoflow(*args)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr  # not argparse's usage and line
+    record = json.loads(lines[0])
+    assert record["level"] == "ERROR" and record["logger"] == "videoflow"
+    assert record["message"] == ("error: videoflow ls: argument --timeout: must be a finite "
+                                 "number, got 'nan'")
+
+
 def test_with_log_format_json_the_command_and_its_replicas_log_json_lines(
         nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
     done = videoflow("run", "flows:warning_chain", "--nats-url", nats_server.url,

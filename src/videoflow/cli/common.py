@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import math
 import os
 import sys
-from collections.abc import Iterator
-from typing import Any, Final
+from collections.abc import Iterator, Sequence
+from typing import Any, Final, NoReturn
 
 from videoflow.broker.link import check_budget
 from videoflow.broker.options import (
@@ -26,7 +27,7 @@ from videoflow.broker.options import (
     context_url,
 )
 from videoflow.errors import VideoflowError
-from videoflow.logs import LOG_FORMATS
+from videoflow.logs import LOG_FORMAT_ENV, LOG_FORMATS, json_line
 
 ENV_NATS_URL: Final = "VIDEOFLOW_NATS_URL"
 DEFAULT_NATS_URL: Final = "nats://127.0.0.1:4222"
@@ -43,7 +44,31 @@ LOG_FORMAT_HELP: Final = ("how logs are written to stderr: text lines, or one JS
                           "line for a log collector (default: text)")
 
 
-class CommandParser(argparse.ArgumentParser):
+class VideoflowParser(argparse.ArgumentParser):
+    """The command's parsers: with json logs asked for (json_errors), a usage error is
+    one record in the logs' shape, as the command's other errors are, not argparse's
+    usage and line."""
+
+    json_errors = False
+    """Set by the command from its arguments before they are parsed (asks_json)."""
+
+    def error(self, message: str) -> NoReturn:
+        if VideoflowParser.json_errors:
+            print(json_line("videoflow", f"error: {self.prog}: {message}", "ERROR"),
+                  file=sys.stderr, flush=True)
+            self.exit(EXIT_USAGE)
+        super().error(message)
+
+
+def asks_json(argv: Sequence[str]) -> bool:
+    """Whether argv (or LOG_FORMAT_ENV) asks for json logs, read before argparse parses
+    it: a usage error in the same arguments is then a json record."""
+    argv = list(argv)
+    return (os.environ.get(LOG_FORMAT_ENV) == "json" or "--log-format=json" in argv
+            or ("--log-format", "json") in itertools.pairwise(argv))
+
+
+class CommandParser(VideoflowParser):
     """A command's parser: the global options (-v, --log-format, the broker's TLS and
     credentials) are taken after the command's name too. Their default here is
     SUPPRESS, so a flag given before the name is not reset when the command's own

@@ -51,6 +51,8 @@ from videoflow.cli.common import (
     VERBOSE_HELP,
     CommandError,
     CommandParser,
+    VideoflowParser,
+    asks_json,
     budget_seconds,
     connection_arguments,
     hand_down_connection,
@@ -342,7 +344,7 @@ def _worker(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from videoflow import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = VideoflowParser(
         prog="videoflow", description="Dataflow pipelines over NATS JetStream.")
     parser.add_argument("--version", action="version", version=f"videoflow {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
@@ -473,6 +475,7 @@ def _command(argv: Sequence[str] | None) -> int:
     )
 
     parser = build_parser()
+    VideoflowParser.json_errors = asks_json(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     # The command's own output says what failed, in one line; the library's per-attempt
     # warnings (a provision retrying its connect) only with --verbose. The replicas a
