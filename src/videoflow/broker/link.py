@@ -596,6 +596,8 @@ async def connect_or_refused(url: str, **options: Any) -> Client:
             with contextlib.suppress(Exception):
                 await client.close()
     if refused.done():
+        if connecting.done() and not connecting.cancelled():
+            connecting.exception()  # read: the refusal says what failed, not asyncio
         with contextlib.suppress(Exception):
             await client.close()
         final, cause = refused.result()
