@@ -144,6 +144,7 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
                                     f"within {timeout:g} s") from error
         queue: asyncio.Queue[Any] = asyncio.Queue()
         n, away = 0, False
+        asking: asyncio.Future[str | None] | None = None
         try:
             await nc.subscribe(subject, cb=queue.put)
             await registered(nc, timeout)  # what is published after `ready` is seen
@@ -153,19 +154,22 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
             # Following runs, a run's broker answers before its streams are made: only
             # a broker given is asked what it holds, now (a flow not there yet is
             # usual: its run starts after the tap) and after NOTICE_SECONDS of silence.
+            # The questions run beside the tap, which never waits on them (a broker
+            # lost meanwhile is told of as it goes).
             ask_at = None if following else time.monotonic() + NOTICE_SECONDS
-            if not following:
-                notice = await edge_notice(nc, flow_id, node, run_id, timeout,
-                                           flow_absent=False)
-                if notice is not None:
-                    say(notice)
-                    ask_at = None
+            asking = None if following else asyncio.ensure_future(edge_notice(
+                nc, flow_id, node, run_id, timeout, flow_absent=False))
             while (wanted is None or n < wanted) and not pace.step():
-                if ask_at is not None and time.monotonic() >= ask_at:
-                    ask_at = None
-                    if n == 0 and (notice := await edge_notice(
-                            nc, flow_id, node, run_id, timeout, flow_absent=True)):
+                if asking is not None and asking.done():
+                    notice, asking = asking.result(), None  # ValueError: only reads
+                    if notice is not None:
                         say(notice)
+                        ask_at = None
+                if asking is None and ask_at is not None and time.monotonic() >= ask_at:
+                    ask_at = None
+                    if n == 0:
+                        asking = asyncio.ensure_future(edge_notice(
+                            nc, flow_id, node, run_id, timeout, flow_absent=True))
                 if nc.is_closed:
                     if outage.given_up is not None:
                         raise BrokerUnavailable(outage.given_up)
@@ -183,6 +187,10 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
                 n += 1
             return n
         finally:
+            if asking is not None and not asking.done():
+                asking.cancel()
+            elif asking is not None and not asking.cancelled():
+                asking.exception()  # read: the tap ended before it was told
             await close_client(nc)
 
     async def main() -> int:
