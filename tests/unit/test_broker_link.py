@@ -144,7 +144,9 @@ def test_the_budget_comes_from_the_environment_and_a_bad_one_is_refused(
     ("tls://u:p@a:1, b:2,nats://x:y@c:3", "tls://u:***@a:1, b:2,nats://x:***@c:3"),
     ("u:p@h:4222", "u:***@h:4222"),  # no scheme: taken as nats:// (servers_of)
     ("nats://u:p@ss@h:1", "nats://u:***@h:1"),  # an unescaped '@' in it: masked whole
-    ("nats://u:p@h:1/x@y", "nats://u:***@h:1/x@y"),  # an '@' past the host is not one
+    # A '/' may be in a password ('u:p@h:1/x' is one), and a NATS URL has no path: the
+    # mask runs to the last '@' (test_redact_urls).
+    ("nats://u:p@h:1/x@y", "nats://u:***@y"),
     ("nats://u:@h:1", "nats://u:***@h:1"),
 ])
 def test_a_url_is_shown_without_its_password_or_token(url: str, shown: str) -> None:

@@ -14,6 +14,7 @@ import nats.aio.client
 
 from videoflow.broker.failures import TLSRefused
 from videoflow.broker.natscontext import read_context
+from videoflow.broker.urls import redact_url, servers_of
 from videoflow.errors import MissingDependency
 from videoflow.logs import keep_secret
 
@@ -185,8 +186,6 @@ def tls_required(url: str | None, settings: dict[str, str]) -> bool:
 def _servers(url: str | None) -> list[str]:
     if not url:
         return []
-    # link imports this module: its server-list parsing is reached at call time.
-    from videoflow.broker.link import servers_of
     try:
         return servers_of(url)
     except ValueError:
@@ -211,7 +210,6 @@ class _Gate:
     def check(self) -> None:
         """Raises: TLSRefused: the connection was not upgraded to TLS."""
         if not self.context.take_secured():
-            from videoflow.broker.link import redact_url  # link imports this module
             where = f" at {redact_url(self.url)}" if self.url else ""
             raise TLSRefused(f"secure connection required (by {self.why}): the "
                              f"broker{where} does not offer TLS; nothing was sent to it")
