@@ -55,6 +55,16 @@ class MissingDependency(VideoflowError, ImportError):
     package to install (``pip install nkeys``), whichever way videoflow was installed."""
 
 
+class TLSRefused(CredentialsRefused):
+    """A TLS connection that cannot be made as it was asked for, and that waiting will
+    not mend: the broker does not offer TLS although a tls:// URL or TLS files ask for
+    it (nothing is sent to it then, credentials least of all), its certificate is not
+    trusted, or it asks for a client certificate that was not given or refuses the one
+    given. A CredentialsRefused, the refusal of an identity by either side, so that
+    whatever ends at once on refused credentials (the commands' one error line, the
+    connects that otherwise retry) ends at once on it too."""
+
+
 class RunNotKept(VideoflowError, ValueError):
     """A resume named a run whose streams are not on the broker: it never ran there,
     it was torn down, or it is another flow's. Nothing is started: a fresh start

@@ -11,7 +11,7 @@ from typing import Any, Final
 import nats.errors
 import nats.js.errors
 
-from videoflow.errors import CredentialsRefused
+from videoflow.errors import TLSRefused
 
 _AUTH_MARKERS: Final = ("authorization violation", "permissions violation",
                         "authentication", "user authentication expired")
@@ -32,16 +32,6 @@ def credentials_refused(error: BaseException | str) -> bool:
         return True
     text = _text(error).lower()
     return any(marker in text for marker in _REFUSAL_MARKERS)
-
-
-class TLSRefused(CredentialsRefused):
-    """A TLS connection that cannot be made as it was asked for, and that waiting will
-    not mend: the broker does not offer TLS although a tls:// URL or TLS files ask for
-    it (nothing is sent to it then, credentials least of all), its certificate is not
-    trusted, or it asks for a client certificate that was not given or refuses the one
-    given. A CredentialsRefused, the refusal of an identity by either side, so that
-    whatever ends at once on refused credentials (the commands' one error line, the
-    connects that otherwise retry) ends at once on it too."""
 
 
 _CERTIFICATE_REQUIRED: Final = ("TLSV13_ALERT_CERTIFICATE_REQUIRED",)

@@ -12,10 +12,9 @@ from urllib.parse import urlsplit
 
 import nats.aio.client
 
-from videoflow.broker.failures import TLSRefused
 from videoflow.broker.natscontext import read_context
 from videoflow.broker.urls import redact_url, servers_of
-from videoflow.errors import MissingDependency
+from videoflow.errors import MissingDependency, TLSRefused
 from videoflow.logs import keep_secret
 
 TLS_CA_ENV: Final = "VIDEOFLOW_NATS_TLS_CA"
