@@ -234,6 +234,23 @@ def test_an_input_that_kills_every_process_is_dead_lettered_as_crashed_worker(
                 and "processing numbers:8; started again" in text), text
 
 
+def test_a_restarted_only_replica_gets_its_dead_process_inputs_at_once_not_after_ack_wait(
+    nats_server: embedded.EmbeddedServer, out: Path, tmp_path: Path,
+) -> None:
+    # With the default ack_wait (30 s) each restart waited for the dead process's
+    # leases to lapse: a user's 30-input flow with one crash took 61 s.
+    log = tmp_path / "deaths.log"
+    flow = crash_loop(str(out), at=7, how="kill", log=str(log))
+    report = flow.run(nats_server.url, view=False, ack_wait=30, max_restarts=3,
+                      crash_limit=2, stop_after=120)
+    assert report.outcome == "completed", report.format()
+    crash = report.nodes["crash_on"]
+    assert crash.restarts == 2 and crash.dead_lettered == 1
+    # Two deaths, each input back at once: far below one ack_wait, let alone two.
+    assert report.seconds < 25, report.format()
+    assert sorted(v for (v,) in applied(out)) == [v for v in range(30) if v != 7]
+
+
 def test_competing_replicas_share_the_count_of_an_input_that_kills_them(
     nats_server: embedded.EmbeddedServer, out: Path, tmp_path: Path,
 ) -> None:

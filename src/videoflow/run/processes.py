@@ -314,10 +314,33 @@ def _check(context: Any, run: Run, replica: Replica, max_restarts: int) -> None:
     if restart:
         replica.restarts += 1
         progress.restarts += 1
+        _hand_back(run, replica)
         _start(context, replica, run.gate, run.output)
     else:
         replica.lost = True
         run.failed = True
+
+
+def _hand_back(run: Run, replica: Replica) -> None:
+    """Before a node's only replica starts again: what its dead process had leased is
+    handed out at once (ops.resume.release_leases, its own durables only), not after
+    ack_wait (30 s a restart). A node with several replicas waits ack_wait out: the
+    live ones' leases would lapse too, and their inputs be delivered twice."""
+    from videoflow.ops.resume import release_leases
+
+    spec = replica.job.spec
+    if spec.kind == "producer" or spec.nb_tasks != 1:
+        return
+    try:
+        release_leases(run.url, run.compiled.flow_id, run.run_id, spec.parents,
+                       readers=[spec.name], timeout=_HAND_BACK_SECONDS)
+    except BrokerUnavailable as error:  # a speed-up only: the leases lapse in ack_wait
+        logger.warning("%s: what its last process had in hand comes back after ack_wait "
+                       "(%s)", replica.job.key, error)
+
+
+_HAND_BACK_SECONDS = 5.0
+"""How long a restart may spend handing the dead process's leases back."""
 
 
 def _count_crash(run: Run, replica: Replica) -> list[str]:
