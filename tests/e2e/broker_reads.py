@@ -16,6 +16,15 @@ async def stream_names(url: str) -> list[str]:
         await nc.close()
 
 
+async def ack_pending(url: str, stream: str, durable: str) -> int:
+    """The durable's deliveries not yet acknowledged, as the broker tells it."""
+    nc = await nats.connect(url)
+    try:
+        return int((await nc.jsm().consumer_info(stream, durable)).num_ack_pending or 0)
+    finally:
+        await nc.close()
+
+
 async def wait_for_pullers(url: str, durable: str, count: int, timeout: float) -> int:
     """Wait until `count` distinct connections have asked the durable for messages (its
     pull requests, seen on the JetStream API subject, each replying to an inbox of its

@@ -33,7 +33,7 @@ from broker_faults import (
     restart_on_same_port,
     strike_when,
 )
-from broker_reads import stream_names
+from broker_reads import ack_pending, stream_names
 from cluster import Cluster
 from flow_nodes import Numbers, Record, ReplayableNumbers, Scale, applied
 from test_cli import HERE, command, environment
@@ -43,6 +43,7 @@ from videoflow.backends.jetstream.ledger_store import NatsKvRuntimeStore
 from videoflow.backends.jetstream.payloads import NatsObjectPayloadStore
 from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH
+from videoflow.core.naming import durable_name_for, stream_name_for
 from videoflow.core.report import RunReport
 from videoflow.errors import IncompatibleProfile
 from videoflow.flow import Flow
@@ -154,13 +155,20 @@ def test_a_broker_gone_for_good_fails_the_run_within_its_budget_keeps_it_and_a_r
 
     restarted = restart_on_same_port(nats_server)
     try:
+        # A broker SIGKILLed may not have written its latest deliveries down: what it
+        # still counts as leased after its restart is what a resume has to hand out.
+        leased = asyncio.run(ack_pending(
+            restarted.url, stream_name_for("gone", report.run_id, "count_then_mark"),
+            durable_name_for("scale", "count_then_mark")))
         resumed = Flow([numbers], [sink], BATCH, name="gone").run(
             restarted.url, view=False, run_id=report.run_id, resume=True)
         assert resumed.outcome == "completed", resumed.format()
         # What the failed run's replicas held went out again at once, not after
-        # ack_wait lapsed on processes that were gone.
-        assert re.search(r"\d+ deliver(y|ies) its replicas had not settled (is|are) "
-                         r"handed out again now", capfd.readouterr().err)
+        # ack_wait (30 s) lapsed on processes that were gone.
+        if leased:
+            assert re.search(r"\d+ deliver(y|ies) its replicas had not settled (is|are) "
+                             r"handed out again now", capfd.readouterr().err)
+        assert resumed.seconds < 20, resumed.format()
         assert resumed.torn_down, resumed.kept
         # The producer had ended: it is not run again, so nothing is published twice.
         assert resumed.nodes["count_then_mark"].emitted == 0, resumed.format()
