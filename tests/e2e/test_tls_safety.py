@@ -122,6 +122,18 @@ def tls_token_server(pki: Path, tmp_path: Path) -> Iterator[embedded.EmbeddedSer
 
 
 @pytest.fixture
+def tls_optional_server(pki: Path, tmp_path: Path) -> Iterator[embedded.EmbeddedServer]:  # noqa: F811
+    """A broker that offers TLS and takes plain clients too (allow_non_tls: its INFO
+    says tls_available, not tls_required), with TOKEN."""
+    server = _server(tmp_path / "optional", "allow_non_tls: true\ntls {\n"
+                     f'  cert_file: "{pki / "server.pem"}"\n'
+                     f'  key_file: "{pki / "server.key"}"\n  timeout: 5\n}}\n'
+                     f'authorization {{\n  token: "{TOKEN}"\n}}\n')
+    with server.start():
+        yield server
+
+
+@pytest.fixture
 def relay_to() -> Iterator[list[Relay]]:
     made: list[Relay] = []
     yield made
@@ -168,6 +180,24 @@ def test_tls_asked_of_a_broker_without_it_is_refused_before_anything_is_sent(
     assert b"CONNECT" not in sent and TOKEN.encode() not in sent
     assert PASSWORD.encode() not in sent, sent
     assert PASSWORD not in done.stderr and TOKEN not in done.stderr
+
+
+def test_tls_asked_of_a_broker_that_offers_it_without_requiring_it_is_tls(
+        tls_optional_server: embedded.EmbeddedServer, relay_to: list[Relay], pki: Path,  # noqa: F811
+        env: dict[str, str]) -> None:
+    # nats-py upgrades only when the server requires TLS: this one, which offers it,
+    # was refused as one that "does not offer TLS".
+    relay = Relay(tls_optional_server.port)
+    relay_to.append(relay)
+    done = videoflow("ls", "--nats-url", f"tls://127.0.0.1:{relay.port}", "--tls-ca",
+                     str(pki / "ca.pem"), "--token", TOKEN, "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    sent = relay.recorded()
+    assert sent and b"CONNECT" not in sent and TOKEN.encode() not in sent  # all in TLS
+    # Asked for no TLS, the same broker is reached in the clear (the relay sees it).
+    plain = videoflow("ls", "--nats-url", f"nats://127.0.0.1:{relay.port}", "--token",
+                      TOKEN, "--json", env=env)
+    assert plain.returncode == 0 and TOKEN.encode() in relay.recorded(), plain.stderr
 
 
 def test_a_token_with_a_tls_file_to_a_broker_without_tls_never_leaves(

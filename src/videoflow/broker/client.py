@@ -19,7 +19,11 @@ nats-py's way otherwise:
   directly (plain_headers); anything else (a status line such as a pull's 408, an
   undecodable byte, a malformed line) goes to nats-py's parser.
 
-Both override private methods of nats-py's Client (_send_publish, _process_headers).
+And TlsClient upgrades to the TLS a connection asked for when the server only offers it
+(nats-py upgrades only when it is required).
+
+These override private methods of nats-py's Client (_send_publish, _process_headers,
+_process_info).
 They are used only when nats-py has them with the signatures they were written
 against (FAST_HEADERS); with another nats-py, Client is nats-py's own and only speed
 differs. tests/integration/test_nats_headers.py holds both paths to nats-py's results.
@@ -114,7 +118,23 @@ FAST_HEADERS: Final = (
 against (nats-py 2.9 to 2.16)."""
 
 
-class FastHeadersClient(NatsClient):
+class TlsClient(NatsClient):
+    """nats-py's Client, which upgrades to TLS asked for (a tls context given) when the
+    server offers it (INFO tls_available, a server with allow_non_tls) as well as when
+    it requires it: nats-py alone upgrades only on tls_required, and a connection that
+    asked for TLS and was not upgraded is refused (broker.options), so such a server
+    could never be reached over the TLS it offers."""
+
+    async def _process_info(self, info: dict[str, Any],
+                            initial_connection: bool = False) -> None:
+        if (initial_connection and info.get("tls_available")
+                and not info.get("tls_required") and self.options.get("tls") is not None):
+            # The same dict _process_connect_init reads as it decides to upgrade.
+            info["tls_required"] = True
+        await super()._process_info(info, initial_connection)
+
+
+class FastHeadersClient(TlsClient):
     """nats-py's Client with the header fast paths (the module docstring)."""
 
     async def _send_publish(self, subject: str, reply: str, payload: bytes,
@@ -139,7 +159,7 @@ class FastHeadersClient(NatsClient):
         return result
 
 
-CLIENT_CLASS: Final[type[NatsClient]] = FastHeadersClient if FAST_HEADERS else NatsClient
+CLIENT_CLASS: Final[type[NatsClient]] = FastHeadersClient if FAST_HEADERS else TlsClient
 """The client class to connect with: FastHeadersClient where this nats-py allows."""
 
 
@@ -154,5 +174,5 @@ async def connect(servers: str | list[str], **options: Any) -> NatsClient:
     return client
 
 
-__all__ = ["CLIENT_CLASS", "FAST_HEADERS", "FastHeadersClient", "HeaderBlock", "connect",
-           "encode_headers", "plain_headers"]
+__all__ = ["CLIENT_CLASS", "FAST_HEADERS", "FastHeadersClient", "HeaderBlock", "TlsClient",
+           "connect", "encode_headers", "plain_headers"]

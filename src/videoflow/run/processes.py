@@ -70,14 +70,18 @@ def publish_control_stop(nats_url: str, flow_id: str, run_id: str,
     """
     import nats
 
+    from videoflow.broker.client import connect
     from videoflow.broker.link import servers_of
     from videoflow.core.naming import control_subject_for
     from videoflow.errors import BrokerUnavailable
 
+    async def no_logs(error: Exception) -> None:
+        """Each failed attempt is in the error raised, not logged by nats-py."""
+
     async def send() -> None:
-        nc = await nats.connect(servers_of(nats_url), allow_reconnect=False,
-                                connect_timeout=timeout,
-                                max_reconnect_attempts=1, **auth_options(nats_url))
+        nc = await connect(servers_of(nats_url), allow_reconnect=False,
+                           connect_timeout=timeout, max_reconnect_attempts=1,
+                           error_cb=no_logs, **auth_options(nats_url))
         try:
             await nc.publish(control_subject_for(flow_id, run_id), b"stop")
             await nc.flush(timeout=max(1, int(timeout)))

@@ -32,6 +32,7 @@ from videoflow.backends.jetstream.verification import (
     stream_mismatches,
 )
 from videoflow.backends.messaging import CleanupObservation, Unknown, UnknownReason
+from videoflow.broker.client import connect
 from videoflow.broker.failures import observation_failure
 from videoflow.broker.link import servers_of
 from videoflow.broker.options import connect_options_for
@@ -170,7 +171,7 @@ async def _read_back_connect(
     deadline = loop.time() + timeout
     try:
         # S4: a refused connect can loop inside nats.connect; bound it ourselves.
-        nc = await asyncio.wait_for(nats.connect(servers_of(nats_url), **options), timeout)
+        nc = await asyncio.wait_for(connect(servers_of(nats_url), **options), timeout)
     except Exception as error:
         failed = _failure(error, reported)
         return {node: failed for node in nodes}
