@@ -35,11 +35,11 @@ class CrashOn(ProcessorNode):
 
 
 def crash_loop(out: str, at: int, how: str, log: str, count: int = 30,
-               replicas: int = 1) -> Flow:
-    """numbers -> crash_on(at) (`replicas` competing replicas) -> record: every process
-    of crash_on dies on `at`."""
+               replicas: int = 1, name: str = "crash_on") -> Flow:
+    """numbers -> crash_on(at) (`replicas` competing replicas; named name) -> record:
+    every process of crash_on dies on `at`."""
     numbers = Numbers(count)
-    sink = Record(out)(CrashOn(at, how, log, nb_tasks=replicas)(numbers))
+    sink = Record(out)(CrashOn(at, how, log, nb_tasks=replicas, name=name)(numbers))
     return Flow([numbers], [sink], name=f"crashloop-{how}")
 
 

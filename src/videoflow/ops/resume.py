@@ -177,7 +177,7 @@ def ended_replicas(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str
 
 
 def release_leases(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str], *,
-                   readers: Iterable[str] | None = None,
+                   durables: Iterable[str] | None = None,
                    timeout: float = DEFAULT_TIMEOUT_SECONDS) -> int:
     """Make the leases a kept run's dead replicas still hold on its data durables lapse
     now, so a resumed run is handed their deliveries at once instead of after ack_wait
@@ -193,8 +193,8 @@ def release_leases(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str
         nats_url: the broker.
         flow_id / run_id: the kept run.
         nodes: the nodes whose streams are read (those with an output stream).
-        readers: only the durables of these reading nodes (a restarted replica's,
-            while the rest of the run goes on); None: every reader's.
+        durables: only the data durables of these names (a restarted replica's, while
+            the rest of the run goes on); None: every one.
         timeout: overall bound in seconds, connect included.
 
     Returns:
@@ -206,7 +206,7 @@ def release_leases(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str
             replica reads it before it binds, which sets its ack_wait back.
     """
     streams = [stream_name_for(flow_id, run_id, node) for node in nodes]
-    prefixes = ("",) if readers is None else tuple(f"{r}--from--" for r in readers)
+    only = None if durables is None else set(durables)
 
     async def work(nc: Client, budget: Budget, errors: ErrorLog) -> int:
         jsm = nc.jsm()
@@ -216,7 +216,7 @@ def release_leases(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str
                 for info in await _all_consumers(jsm, stream, budget):
                     config = info.config
                     name = config.durable_name or ""
-                    if ("--from--" in name and name.startswith(prefixes)  # a data durable
+                    if ("--from--" in name and (only is None or name in only)  # data
                             and info.num_ack_pending
                             and config.ack_policy == AckPolicy.EXPLICIT
                             and (config.max_deliver or -1) <= 0):

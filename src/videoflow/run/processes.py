@@ -329,7 +329,10 @@ def _hand_back(run: Run, replica: Replica) -> None:
     """Before a node's only replica starts again: what its dead process had leased is
     handed out at once (ops.resume.release_leases, its own durables only), not after
     ack_wait (30 s a restart). A node with several replicas waits ack_wait out: the
-    live ones' leases would lapse too, and their inputs be delivered twice."""
+    live ones' leases would lapse too, and their inputs be delivered twice. Meanwhile
+    (a second or two; at most _HAND_BACK_SECONDS with the broker away) supervision
+    waits: the view stands still, and nothing is lost."""
+    from videoflow.core.naming import durable_name_for
     from videoflow.ops.resume import release_leases
 
     spec = replica.job.spec
@@ -337,7 +340,8 @@ def _hand_back(run: Run, replica: Replica) -> None:
         return
     try:
         release_leases(run.url, run.compiled.flow_id, run.run_id, spec.parents,
-                       readers=[spec.name], timeout=_HAND_BACK_SECONDS)
+                       durables=[durable_name_for(spec.name, p) for p in spec.parents],
+                       timeout=_HAND_BACK_SECONDS)
     except BrokerUnavailable as error:  # a speed-up only: the leases lapse in ack_wait
         logger.warning("%s: what its last process had in hand comes back after ack_wait "
                        "(%s)", replica.job.key, error)
