@@ -323,3 +323,10 @@ def test_replicas_sharing_a_durable_count_its_backlog_once_and_own_durables_each
                      "n[1]": reading(5.5, 390, 7, "n--from--cam", True)}
     node.pending = {"n[0]": 0, "n[1]": 400}
     assert node.pending_count() == 397
+    # Unresolved is what each replica heard of (its ledger marks, the advisories since
+    # it subscribed): the most any knows, not the later reading's, which flickered.
+    marked = reading(5.0, 390, 7, "n--from--cam", True)
+    marked["subscriptions"]["cam"]["unresolved"] = 3
+    node.replicas = {"n[0]": marked, "n[1]": reading(5.5, 390, 7, "n--from--cam", True)}
+    node.pending = {"n[0]": 400, "n[1]": 397}
+    assert node.pending_count() == 400

@@ -102,13 +102,14 @@ def test_an_unknown_broker_count_is_absent_with_its_reason_never_zero() -> None:
 
 
 def test_a_durable_the_replicas_share_is_one_series_as_last_read_and_own_ones_each() -> None:
-    def reading(at: float, available: int, durable: str, shared: bool) -> dict:
+    def reading(at: float, available: int, durable: str, shared: bool,
+                unresolved: int = 0) -> dict:
         return {"outcome": "running", "at": at, "subscriptions": {"cam": {
-            "available": available, "leased": 3, "unresolved": 0, "durable": durable,
-            "shared": shared}}}
+            "available": available, "leased": 3, "unresolved": unresolved,
+            "durable": durable, "shared": shared}}}
 
     got = exposition([
-        ReplicaSample("scale", "0", reading(10.0, 400, "scale--from--cam", True)),
+        ReplicaSample("scale", "0", reading(10.0, 400, "scale--from--cam", True, 2)),
         ReplicaSample("scale", "1", reading(10.5, 390, "scale--from--cam", True)),
         ReplicaSample("part", "0", reading(10.0, 7, "part--from--cam--p0", False)),
         ReplicaSample("part", "1", reading(9.0, 9, "part--from--cam--p1", False))])
@@ -118,6 +119,10 @@ def test_a_durable_the_replicas_share_is_one_series_as_last_read_and_own_ones_ea
     # twice the stream): the later reading stands for it.
     assert pending == {"scale--from--cam": 393, "part--from--cam--p0": 10,
                        "part--from--cam--p1": 12}
+    # Unresolved: the most any replica knows of (each hears of its own exhaustions).
+    assert got[("videoflow_unresolved_messages", frozenset({
+        ("flow", "f"), ("node", "scale"), ("parent", "cam"),
+        ("durable", "scale--from--cam")}))] == 2
 
 
 def test_a_replica_started_again_keeps_counting_from_where_its_dead_process_was() -> None:

@@ -154,6 +154,7 @@ class SnapshotCollector:
                                     "1 where the broker's count could not be read, with why.",
                                     labels=[*by_durable, "reason"])
         latest: dict[tuple[str, str, str], tuple[float, Mapping[str, Any]]] = {}
+        most: dict[tuple[str, str, str], int] = {}
         lag = gauge("videoflow_watermark_lag_seconds",
                     "A time join's parent, behind the most advanced one in event time.",
                     "parent")
@@ -184,11 +185,13 @@ class SnapshotCollector:
             up.add_metric(labels, 1.0 if s.get("outcome", "running") == "running" else 0.0)
             for parent, seen in (s.get("subscriptions") or {}).items():
                 # The node's replicas share a durable unless partitioned: its count is
-                # exported once, as the replica that read it last saw it.
+                # exported once, as the replica that read the broker last saw it.
                 read = (sample.node, parent, str(seen.get("durable", "")))
                 at = float(s.get("at") or 0.0)
                 if at >= latest.get(read, (-1.0, {}))[0]:
                     latest[read] = (at, seen)
+                if "unresolved" in seen:  # each replica knows the exhaustions it heard of
+                    most[read] = max(most.get(read, 0), int(seen["unresolved"]))
             for parent, seconds in sorted((s.get("watermark_lag") or {}).items()):
                 lag.add_metric([*labels, parent], seconds)
             for family, key in ((join, "join_latency"), (hop, "hop_latency")):
@@ -196,13 +199,14 @@ class SnapshotCollector:
                     histogram = Histogram()
                     histogram.add(s[key])
                     family.add_metric(labels, histogram.cumulative(), histogram.total)
-        for (node, parent, durable), (_, seen) in sorted(latest.items()):
+        for read, (_, seen) in sorted(latest.items()):
+            node, parent, durable = read
             labels = [self.flow, node, parent, durable]
             if "unknown" in seen:
                 unknown.add_metric([*labels, str(seen["unknown"])], 1.0)
             else:
                 pending.add_metric(labels, seen["available"] + seen["leased"])
-                unresolved.add_metric(labels, seen["unresolved"])
+                unresolved.add_metric(labels, most.get(read, seen["unresolved"]))
         yield from (received, processed, outputs, failures, dropped, dead, published,
                     waits, restarts, pending, unresolved, unknown, lag, up, join, hop)
 

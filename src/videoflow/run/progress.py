@@ -114,12 +114,14 @@ class NodeProgress:
         return self._unsettled()
 
     def _unsettled(self) -> int:
-        """The inputs not yet settled, as the broker counts them per data durable
-        (available, leased, unresolved): a durable the replicas share once, as the
-        replica that read it last saw it, not once per replica. What a replica holds
-        (prefetched, in open groups) is leased, so in that count already. A replica
-        that ended, or whose report has no per-durable counts, gives its own total."""
-        total, shared = 0, dict[str, tuple[float, int]]()
+        """The inputs not yet settled, as counted per data durable (available and
+        leased, from the broker; unresolved, from the ledger): a durable the replicas
+        share once, as the replica that read the broker last saw it, with the most
+        unresolved any replica knows of (each knows the exhausted deliveries it heard
+        of), not once per replica. What a replica holds (prefetched, in open groups) is
+        leased, so in that count already. A replica that ended, or whose report has no
+        per-durable counts, gives its own total."""
+        total, shared, unresolved = 0, dict[str, tuple[float, int]](), dict[str, int]()
         for key, word in self.pending.items():
             stats = self.replicas.get(key, {})
             counts = stats.get("subscriptions")
@@ -127,14 +129,16 @@ class NodeProgress:
                 total += int(word)
                 continue
             for seen in counts.values():
-                n = int(seen["available"]) + int(seen["leased"]) + int(seen["unresolved"])
+                waiting = int(seen["available"]) + int(seen["leased"])
                 if seen.get("shared") and "durable" in seen:
-                    at = float(stats.get("at") or 0.0)
-                    if at >= shared.get(seen["durable"], (-1.0, 0))[0]:
-                        shared[seen["durable"]] = (at, n)
+                    durable, at = seen["durable"], float(stats.get("at") or 0.0)
+                    if at >= shared.get(durable, (-1.0, 0))[0]:
+                        shared[durable] = (at, waiting)
+                    unresolved[durable] = max(unresolved.get(durable, 0),
+                                              int(seen["unresolved"]))
                 else:
-                    total += n
-        return total + sum(n for _, n in shared.values())
+                    total += waiting + int(seen["unresolved"])
+        return total + sum(n for _, n in shared.values()) + sum(unresolved.values())
 
     def pending_text(self, now: float | None = None) -> str:
         pending = self.pending_count(now)
