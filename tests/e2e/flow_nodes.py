@@ -107,6 +107,15 @@ class PrintingScale(Scale):
         return super().process(value)
 
 
+class RawPrintingScale(Scale):
+    """Scale that writes each value to its stdout's descriptor itself (os.write), as
+    native code or a raw-bytes writer does."""
+
+    def process(self, value: int) -> int:
+        os.write(1, f"scaling {value}\n".encode())
+        return super().process(value)
+
+
 class NoModel(Scale):
     """Scale whose open() fails, as a node whose model file is missing."""
 

@@ -11,6 +11,7 @@ from flow_nodes import (
     NoModel,
     Numbers,
     PrintingScale,
+    RawPrintingScale,
     Record,
     RejectMultiplesOf,
     Scale,
@@ -56,6 +57,11 @@ def warning_chain() -> Flow:
 def printing_chain() -> Flow:
     """numbers -> scale(x2), which prints each value -> record."""
     return _through(PrintingScale(2), "cliprint")
+
+
+def raw_printing_chain() -> Flow:
+    """numbers -> scale(x2), which writes each value to fd 1 itself -> record."""
+    return _through(RawPrintingScale(2), "cliraw")
 
 
 def no_model() -> Flow:

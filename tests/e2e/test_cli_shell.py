@@ -53,18 +53,21 @@ def test_dlq_list_json_into_a_closed_pipe_ends_quietly(
     assert read.returncode == 0 and json.loads(read.stdout) == [], read.stderr
 
 
+@pytest.mark.parametrize("flow, flow_id", [("printing_chain", "cliprint"),
+                                           ("raw_printing_chain", "cliraw")])
 def test_a_run_whose_reader_stops_reading_stops_quietly_and_dead_letters_nothing(
-        nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
+        nats_server: embedded.EmbeddedServer, tmp_path: Path, flow: str,
+        flow_id: str) -> None:
     # `videoflow run F | head -1`: each print of the node failed its input with
     # BrokenPipeError, retried and dead-lettered, for the whole of the run.
     count = 2000  # 20 s at this pace, were it not stopped
     out = tmp_path / "out"
     out.mkdir()
-    done = with_closed_reader("run", "flows:printing_chain", "--nats-url", nats_server.url,
+    done = with_closed_reader("run", f"flows:{flow}", "--nats-url", nats_server.url,
                               env=environment(out, count=count, pace=0.01))
     assert done.returncode == EXIT_BROKEN_PIPE, done.stderr
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
-    listed = videoflow("dlq", "list", "--flow", "cliprint", "--nats-url", nats_server.url,
+    listed = videoflow("dlq", "list", "--flow", flow_id, "--nats-url", nats_server.url,
                        "--json")
     assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stdout
     # The run stopped as a pipeline ends, and what it had taken in went all the way.

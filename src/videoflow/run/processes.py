@@ -16,7 +16,9 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import select
 import signal
+import stat
 import sys
 import threading
 import time
@@ -489,10 +491,31 @@ class _UnreadStdout:
         except BrokenPipeError:
             self._nowhere()
 
+    def watch(self) -> None:
+        """Notice the reader going before any write does, on a thread: a pipe whose
+        reader closed polls as an error. A node writing to the descriptor itself
+        (os.write, sys.stdout.buffer, native code) would otherwise fail its input."""
+        fd = self._stream.fileno()
+        if not hasattr(select, "poll") or not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return
+        poller = select.poll()
+        poller.register(fd, select.POLLERR)
+
+        def wait() -> None:
+            while not self.gone.is_set():
+                if poller.poll(1000):  # only an error (or a hang-up) is asked for
+                    self._nowhere()
+
+        threading.Thread(target=wait, name="videoflow-stdout-reader", daemon=True).start()
+
     def _nowhere(self) -> None:
+        fd = self._stream.fileno()
+        gone = os.fstat(fd)
         devnull = os.open(os.devnull, os.O_WRONLY)
         try:
-            os.dup2(devnull, self._stream.fileno())
+            for target in (fd, 2):  # stderr too, when it is the same pipe (2>&1)
+                if target == fd or _same_file(target, gone):
+                    os.dup2(devnull, target)
         finally:
             os.close(devnull)
         try:
@@ -503,6 +526,14 @@ class _UnreadStdout:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+def _same_file(fd: int, other: os.stat_result) -> bool:
+    try:
+        mine = os.fstat(fd)
+    except OSError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (other.st_dev, other.st_ino)
 
 
 def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = None,
@@ -528,6 +559,7 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
     if output is None and sys.stdout is not None:
         stdout = _UnreadStdout(sys.stdout)
         sys.stdout = stdout
+        stdout.watch()
 
     def report(kind: str, payload: Any) -> None:
         try:
