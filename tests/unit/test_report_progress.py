@@ -89,6 +89,30 @@ def test_the_report_names_every_process_death_and_every_failure_with_its_reason(
     assert "restart" not in RunReport("f", "r3", "batch", "x").format()
 
 
+def test_outputs_whose_outcome_never_came_are_told_not_counted_as_published() -> None:
+    # A producer that failed with its broker lost: 1,708 handed over, 803 confirmed.
+    # The report said 'emitted 1708' alone; the broker's stream held 803.
+    numbers = NodeReport.from_replicas("producer", {
+        "numbers[0]": {"emitted": 1708, "outcome": "failed", "error": "lost",
+                       "publications": {"accepted": 803, "unknown": 0}}})
+    # One that ended: its end marker is an outcome without an output, not a surplus.
+    scale = NodeReport.from_replicas("processor", {
+        "scale[0]": {"processed": 9, "emitted": 9, "outcome": "ended",
+                     "publications": {"accepted": 9, "unknown": 1}},
+        # A process that died without a word: what it had in flight is not known.
+        "scale[0]~1": {"emitted": 40, "outcome": "restarted",
+                       "publications": {"accepted": 30}}}, restarts=1)
+    assert (numbers.unconfirmed, scale.unconfirmed) == (905, 0)
+    assert numbers.publications == {"accepted": 803, "unknown": 0}
+    lines = RunReport("f", "r1", "batch", "nats://x", outcome="failed",
+                      nodes={"numbers": numbers, "scale": scale}).format().splitlines()
+    assert "  numbers: 905 of its 1708 outputs unconfirmed: the broker never said whether " \
+           "it kept them" in lines
+    # An unknown receipt is unconfirmed too.
+    assert "  scale: 1 of its 49 outputs unconfirmed: the broker never said whether it " \
+           "kept them" in lines
+
+
 def test_on_a_narrow_terminal_the_reports_table_fits_and_keeps_what_went_wrong() -> None:
     nodes = {
         "numbers": NodeReport("producer", emitted=100, throughput=52.6),

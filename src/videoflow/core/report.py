@@ -74,6 +74,13 @@ class NodeReport:
         errors: per replica that failed, was lost or relayed an abort, why: the error
             its final report gave, or for a lost one 'lost after N restarts' and how
             its last process ended.
+        publications: the outcomes of what it published, its end markers included,
+            summed: accepted, duplicate, unknown (no receipt came: on the broker's
+            stream or not), dropped, rejected.
+        unconfirmed: outputs handed to the broker whose outcome never came, by the
+            final reports of its replicas (a process that failed with outputs in
+            flight, its broker lost): on the broker's stream or not. What a process
+            that died without a word had in flight is not known, so not counted.
         restarts: replica processes started again after dying.
         deaths: every process that died without its final report, in order: which,
             how, when, what it had in hand, whether it was started again.
@@ -94,6 +101,8 @@ class NodeReport:
     watermark_lag_max_ms: dict[str, float] = field(default_factory=dict)
     outcomes: dict[str, str] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    publications: dict[str, int] = field(default_factory=dict)
+    unconfirmed: int = 0
     restarts: int = 0
     deaths: list[ProcessDeath] = field(default_factory=list)
 
@@ -122,6 +131,13 @@ class NodeReport:
                 report.dropped[reason] = report.dropped.get(reason, 0) + n
             for parent, n in (stats.get("received") or {}).items():
                 report.received[parent] = report.received.get(parent, 0) + n
+            outcomes = stats.get("publications") or {}
+            for outcome, n in outcomes.items():
+                report.publications[outcome] = report.publications.get(outcome, 0) + n
+            if "~" not in key and stats.get("outcome") in _FINAL:
+                # Its end marker, when it published one, is an outcome with no output.
+                report.unconfirmed += max(0, int(stats.get("emitted", 0))
+                                          - sum(int(n) for n in outcomes.values()))
             report.outcomes[key] = stats.get("outcome", "lost")
             if stats.get("error"):
                 report.errors[key] = stats["error"]
@@ -220,12 +236,21 @@ class RunReport:
             # A report a second: what a killed process did after its last is unknown.
             lines.append("  the counts hold what each process that died last reported "
                          "(once a second): what it did after that is not in them")
+        for name, n in self.nodes.items():
+            unsure = n.unconfirmed + n.publications.get("unknown", 0)
+            if unsure:
+                lines.append(f"  {name}: {unsure} of its {n.emitted} outputs unconfirmed: "
+                             "the broker never said whether it kept them")
         for n in self.nodes.values():
             for key, error in n.errors.items():
                 lines.append(f"  {key} {n.outcomes.get(key, '')}: {error}")
         if self.kept:
             lines.append(f"  {self.kept}")
         return "\n".join(lines)
+
+
+_FINAL = ("ended", "failed", "aborted", "quiesced")
+"""The outcomes of a replica's final report (its counts as it ended)."""
 
 
 def _ms(value: float | None) -> str:
