@@ -199,6 +199,23 @@ def test_a_narrow_terminal_shows_one_table_that_fits_and_never_wraps(width: int)
         assert "unknown (timeout)" in shown[4] and shown[4].split()[-1] == "2"
 
 
+@pytest.mark.parametrize("width", [25, 44, 60])
+def test_on_a_narrow_terminal_dead_letters_there_are_stay_as_the_report_keeps_them(
+        width: int) -> None:
+    # At 25 columns the view kept rate/s and pending and dropped a dead-let. column
+    # holding 114.
+    nodes = nodes_for_the_view()
+    nodes["sink"].replicas["sink[0]"] = {"processed": 1200, "dead_lettered": 114}
+    out = io.StringIO()
+    view = LiveView(out, tty=True, width=width)
+    view.update("squares r20260101000000abcdef", nodes, force=True)
+    view.close()
+    shown = [line for line in screen(out.getvalue(), width) if line]
+    assert "dead-let." in shown[1].split(), shown
+    assert "114" in shown[-1].split(), shown
+    assert "dropped" not in shown[1].split()  # nothing to say: it goes
+
+
 def test_what_the_run_writes_is_printed_above_the_table_never_under_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     terminal = io.StringIO()

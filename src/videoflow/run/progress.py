@@ -489,7 +489,8 @@ class _Board:
         """How the table is drawn at width: the columns shown, the node column's most
         width, and the rows as shown. When not all fits, long node names are cut and
         an unknown pending count loses its reason ('unknown') first, then columns go
-        in _DROP_ORDER, one with nothing to say (only '0' and '-') before any other."""
+        in _DROP_ORDER, one with nothing to say (only '0' and '-') before any other;
+        drops and dead letters, when there are any, stay (the report keeps them too)."""
         rows, cap = self.rows, width
 
         def need(shown: list[int]) -> int:  # two columns of padding between columns
@@ -506,9 +507,12 @@ class _Board:
             rows = [(*r[:3], r[3].split(" (")[0], *r[4:]) for r in rows]
         silent = {i for i in range(4, len(_HEADERS))
                   if all(r[i] in ("0", "-") for r in rows)}
-        by_drop = sorted(shown[1:], key=lambda i: (i in silent, _DROP_ORDER[_HEADERS[i]], i),
+        # What went wrong stays, as in the report: drops and dead letters, when any.
+        kept = {i for i in (4, 5) if i not in silent}
+        by_drop = sorted((i for i in shown[1:] if i not in kept),
+                         key=lambda i: (i in silent, _DROP_ORDER[_HEADERS[i]], i),
                          reverse=True)
-        while len(shown) > 1 and need(shown) > width:
+        while by_drop and need(shown) > width:
             shown.remove(by_drop.pop(0))
         return shown, cap, rows
 
