@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import socket
 import socketserver
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -110,26 +111,27 @@ def token_server(tmp_path: Path) -> Iterator[embedded.EmbeddedServer]:
         yield server
 
 
+def _tls_server(directory: Path, certs: Path, before: str = "", cert: str = "server",
+                inside: str = "", token: bool = True) -> embedded.EmbeddedServer:
+    """A broker that speaks TLS with certs/<cert>.pem (no client certificate asked, but
+    as `inside` its tls block says) and takes TOKEN (unless not token)."""
+    return _server(directory, f"{before}tls {{\n"
+                   f'  cert_file: "{certs / f"{cert}.pem"}"\n'
+                   f'  key_file: "{certs / f"{cert}.key"}"\n{inside}  timeout: 5\n}}\n'
+                   + (f'authorization {{\n  token: "{TOKEN}"\n}}\n' if token else ""))
+
+
 @pytest.fixture
 def tls_token_server(pki: Path, tmp_path: Path) -> Iterator[embedded.EmbeddedServer]:  # noqa: F811
-    """A broker that speaks TLS (no client certificate asked) and takes TOKEN."""
-    server = _server(tmp_path / "tls", "tls {\n"
-                     f'  cert_file: "{pki / "server.pem"}"\n'
-                     f'  key_file: "{pki / "server.key"}"\n  timeout: 5\n}}\n'
-                     f'authorization {{\n  token: "{TOKEN}"\n}}\n')
-    with server.start():
+    with _tls_server(tmp_path / "tls", pki).start() as server:
         yield server
 
 
 @pytest.fixture
 def tls_optional_server(pki: Path, tmp_path: Path) -> Iterator[embedded.EmbeddedServer]:  # noqa: F811
-    """A broker that offers TLS and takes plain clients too (allow_non_tls: its INFO
-    says tls_available, not tls_required), with TOKEN."""
-    server = _server(tmp_path / "optional", "allow_non_tls: true\ntls {\n"
-                     f'  cert_file: "{pki / "server.pem"}"\n'
-                     f'  key_file: "{pki / "server.key"}"\n  timeout: 5\n}}\n'
-                     f'authorization {{\n  token: "{TOKEN}"\n}}\n')
-    with server.start():
+    """One that takes plain clients too (allow_non_tls: its INFO says tls_available,
+    not tls_required)."""
+    with _tls_server(tmp_path / "optional", pki, "allow_non_tls: true\n").start() as server:
         yield server
 
 
@@ -267,17 +269,22 @@ def test_an_untrusted_certificate_is_named_at_once(
     assert time.monotonic() - started < 8, "retried until the bound"
 
 
-def test_a_broker_asking_for_a_client_certificate_says_so_at_once(
-        pki: Path, tmp_path: Path, env: dict[str, str]) -> None:  # noqa: F811
-    server = _server(tmp_path / "verify", "tls {\n"
-                     f'  cert_file: "{pki / "server.pem"}"\n'
-                     f'  key_file: "{pki / "server.key"}"\n'
-                     f'  ca_file: "{pki / "ca.pem"}"\n  verify: true\n  timeout: 5\n}}\n')
+def ls_over_tls(server: embedded.EmbeddedServer, certs: Path, env: dict[str, str],
+                ) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """`videoflow ls` of the server, over TLS with certs' CA, once it failed (exit 1)."""
     with server.start():
         url = f"tls://127.0.0.1:{server.port}"
-        done = videoflow("ls", "--nats-url", url, "--tls-ca", str(pki / "ca.pem"),
+        done = videoflow("ls", "--nats-url", url, "--tls-ca", str(certs / "ca.pem"),
                          "--timeout", "10", env=env)
     assert done.returncode == 1, done.stderr
+    return url, done
+
+
+def test_a_broker_asking_for_a_client_certificate_says_so_at_once(
+        pki: Path, tmp_path: Path, env: dict[str, str]) -> None:  # noqa: F811
+    url, done = ls_over_tls(_tls_server(
+        tmp_path / "verify", pki, token=False,
+        inside=f'  ca_file: "{pki / "ca.pem"}"\n  verify: true\n'), pki, env)
     line = assert_one_line(done.stderr, f"the broker at {url} asks for a client "
                                         "certificate")
     assert "--tls-cert" in line and "NoServersError" not in line
@@ -313,14 +320,8 @@ def test_a_bad_tls_file_gets_one_line_naming_it(
 def test_a_hostname_the_certificate_does_not_hold_is_named(
         pki: Path, tmp_path: Path, env: dict[str, str]) -> None:  # noqa: F811
     certificate(pki, "elsewhere", "/CN=elsewhere", "subjectAltName=DNS:elsewhere.test")
-    server = _server(tmp_path / "elsewhere", "tls {\n"
-                     f'  cert_file: "{pki / "elsewhere.pem"}"\n'
-                     f'  key_file: "{pki / "elsewhere.key"}"\n  timeout: 5\n}}\n')
-    with server.start():
-        url = f"tls://127.0.0.1:{server.port}"
-        done = videoflow("ls", "--nats-url", url, "--tls-ca", str(pki / "ca.pem"),
-                         "--timeout", "10", env=env)
-    assert done.returncode == 1, done.stderr
+    url, done = ls_over_tls(_tls_server(tmp_path / "elsewhere", pki, cert="elsewhere",
+                                        token=False), pki, env)
     line = assert_one_line(done.stderr, f"the broker at {url} presented a certificate "
                                         "that is not trusted")
     assert "a name or address its certificate holds" in line

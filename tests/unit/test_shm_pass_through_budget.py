@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from tests.unit.test_shm_payload import recorded_count_downs
 
 from videoflow.backends.shm_payload import PayloadBudgetExhausted, SharedMemoryPayloadStore
 from videoflow.errors import PayloadMissing
@@ -78,14 +79,7 @@ def test_a_batch_releasing_every_name_of_the_bytes_counts_them_down_once(
     passed = store.put_from(source, ["fuse"], "pass:1")
     for ref, publication in ((source, "cam:1"), (passed, "pass:1")):
         store.resolve_intent(ref, publication, accepted=True)
-    count_downs: list[int] = []
-    count_down = store._count_down
-
-    def counted(size: int) -> None:
-        count_downs.append(size)
-        count_down(size)
-
-    store._count_down = counted  # type: ignore[method-assign]
+    count_downs = recorded_count_downs(store)
     assert store.release_many([source, passed], "fuse") == [True, True]
     assert count_downs == [SIZE] and store.used_bytes() == 0
 

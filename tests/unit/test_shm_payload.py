@@ -33,6 +33,20 @@ from videoflow.wire.offload import GatheredMessage, decode_message, encode_messa
 FRAME = np.arange(480 * 640, dtype=np.uint32).astype(np.uint8).reshape(480, 640)
 
 
+
+def recorded_count_downs(store: SharedMemoryPayloadStore) -> list[int]:
+    """The sizes store counts down from its shared count of bytes held, in order, from
+    now on (the count itself still goes down)."""
+    count_downs: list[int] = []
+    count_down = store._count_down
+
+    def counted(size: int) -> None:
+        count_downs.append(size)
+        count_down(size)
+
+    store._count_down = counted  # type: ignore[method-assign]
+    return count_downs
+
 def test_a_frame_read_back_is_a_read_only_view_of_the_shared_pages(tmp_path: Path) -> None:
     store = SharedMemoryPayloadStore(tmp_path)
     ref = store.put(encode_message({"frame": FRAME, "k": 3}), ["fuse"], "cam:1:3")
@@ -86,14 +100,7 @@ def test_a_batch_of_releases_counts_the_budget_down_once(tmp_path: Path) -> None
     held = store.put(b"h" * 2000, ["fuse", "view"], "p9")
     store.resolve_intent(held, "p9", accepted=True)
     assert store.used_bytes() == 6000
-    count_downs: list[int] = []
-    count_down = store._count_down
-
-    def counted(size: int) -> None:
-        count_downs.append(size)
-        count_down(size)
-
-    store._count_down = counted  # type: ignore[method-assign]
+    count_downs = recorded_count_downs(store)
     assert store.release_many([*refs, held], "fuse") == [True] * 5
     assert count_downs == [4000] and store.used_bytes() == 2000  # "view" still holds one
     assert store.release(held, "view") and count_downs == [4000, 2000]
