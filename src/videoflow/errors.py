@@ -77,6 +77,11 @@ class RunExists(VideoflowError, ValueError):
     over, or mix the kept one's messages into its own. Nothing is started."""
 
 
+class JoinIncomplete(VideoflowError, RuntimeError):
+    """A join gave up on the group an input was in (missing='dead_letter'): its dead
+    letter's error, saying why."""
+
+
 class IncompatibleProfile(VideoflowError, ValueError):
     """A channel definitely does not carry the messaging profile asked of it: its
     effective configuration contradicts the profile (an immutable mismatch such as

@@ -589,6 +589,9 @@ def test_a_join_half_that_times_out_is_dead_lettered_and_the_flow_still_ends(flo
     (only,) = flow.broker.dead_letters(FLOW)
     record = decode_dead_letter(only[1])
     assert (record.node, record.parent, record.reason) == ("fuse", "left", "join_incomplete")
+    # It says why (`dlq show` printed 'error: -').
+    assert record.error_type == "videoflow.errors.JoinIncomplete"
+    assert record.error_message.startswith("its group was given up below quorum")
     assert fuse.take_drops()["join_evicted"] == 1
 
 

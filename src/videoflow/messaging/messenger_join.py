@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from videoflow.backends.messaging import Completed, Known, MessagingBackend, SubscriptionId
 from videoflow.core.policies import JoinPolicy
+from videoflow.errors import JoinIncomplete
 from videoflow.messaging.grouping import (
     SUPERSEDED,
     ReadyGroup,
@@ -26,6 +27,15 @@ from videoflow.messaging.messenger_deliveries import Deliveries, Held
 
 LAG_SAMPLE_SECONDS: Final = 0.05
 """How often a time join samples its parents' watermark lags (watermark_lags)."""
+
+_GAVE_UP: Final = {
+    "expired": "its group was given up below quorum: the parents it lacked passed it in "
+               "event time, or were silent for timeout_ms",
+    "evicted": "its group was evicted: the join held max_pending groups already",
+    "late": "it came behind its own parent's watermark, and no group could take it",
+    "flushed": "its group was still incomplete when every parent's stream ended",
+}
+"""Why a join gave up on a member, by the assembler's reason (its dead letter's error)."""
 
 
 class Join:
@@ -137,7 +147,8 @@ class Join:
         self.deliveries.drops["join_late" if reason == "late" else "join_evicted"] += 1
         if self.missing == "dead_letter":
             self.deliveries.let_go(handle.delivery)
-            self.deliveries.dead_letter(handle, None, f"join {reason}", "join_incomplete")
+            self.deliveries.dead_letter(handle, JoinIncomplete(_GAVE_UP.get(reason, reason)),
+                                        f"join {reason}", "join_incomplete")
         else:
             self.deliveries.terminate(handle.parent, handle.delivery, f"join {reason}")
 
