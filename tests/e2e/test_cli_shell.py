@@ -332,6 +332,39 @@ def test_tap_says_when_its_broker_is_lost_and_ends_in_one_error_past_the_budget(
         else [f"lost the broker at {url}; reconnecting"]) + [f"videoflow: error: {gave_up}"]
 
 
+def test_hz_says_a_window_the_broker_was_away_for_is_unknown_not_zero(tmp_path: Path) -> None:
+    # It printed 'rate 0.00/s' while the broker was away: nothing seen is not nothing sent.
+    server = embedded.start(tmp_path / "store")
+    env = base_environment()
+    env["VIDEOFLOW_OUTAGE_BUDGET"] = "30"
+    watching = subprocess.Popen(command("hz", "cli", "scale", "--nats-url", server.url,
+                                        "--window", "1", "--json"),
+                                cwd=HERE, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        assert watching.stdout is not None
+        before = json.loads(watching.stdout.readline())  # a window with the broker up
+        assert server.process is not None
+        server.process.kill()
+        server.process.wait()
+        windows = [json.loads(watching.stdout.readline()) for _ in range(2)]
+        server.restart()
+        # Until a whole window with it back, each says unknown; then 0 again.
+        for _ in range(6):
+            windows.append(json.loads(watching.stdout.readline()))
+            if windows[-1]["rate_per_second"] is not None:
+                break
+    finally:
+        watching.kill()
+        watching.wait()
+        server.stop()
+    assert before["rate_per_second"] == 0.0 and "unknown" not in before
+    away = [w for w in windows if w["rate_per_second"] is None]
+    assert away and all(w["unknown"] == "the broker was away during the window"
+                        for w in away), windows
+    assert windows[-1]["rate_per_second"] == 0.0, windows  # back: known again
+
+
 def provision_r1(url: str, tmp_path: Path) -> Callable[[], subprocess.Popen[bytes]]:
     """Run r1 of flows:chain provisioned on url; returns what starts a worker of its
     record node (which pulls, so `ls` tells the run running)."""

@@ -67,14 +67,16 @@ def cmd_tap(args: argparse.Namespace) -> int:
 def cmd_hz(args: argparse.Namespace) -> int:
     rate = Rate()
 
-    def tick() -> None:
-        figures = rate.read(args.window)
+    def tick(away: bool) -> None:
+        figures = rate.read(args.window, away)
         if args.json:
             print(json.dumps(figures), flush=True)
             return
         gap, lag = figures["gap_ms"], figures["event_lag_ms"]
-        print(f"rate {figures['rate_per_second']:.2f}/s  ({figures['messages']} in "
-              f"{args.window:g} s)"
+        per_second = figures["rate_per_second"]
+        print((f"rate {per_second:.2f}/s" if per_second is not None
+               else f"rate unknown ({figures['unknown']})")
+              + f"  ({figures['messages']} in {args.window:g} s)"
               + (f"  gap min {gap['min']:.1f} mean {gap['mean']:.1f} max {gap['max']:.1f} "
                  f"std {gap['std']:.1f} ms" if gap else "")
               + (f"  event lag p50 {lag['p50']:.1f} max {lag['max']:.1f} ms" if lag else "")

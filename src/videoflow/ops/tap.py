@@ -86,7 +86,7 @@ it notices its broker went away."""
 def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
         seen: Callable[[Tapped], None], *, run_id: str | None = None,
         count: int | None = None, seconds: float | None = None, timeout: float = 10.0,
-        every: float | None = None, tick: Callable[[], None] | None = None,
+        every: float | None = None, tick: Callable[[bool], None] | None = None,
         ready: Callable[[str], None] | None = None,
         status: Callable[[str], None] | None = None) -> int:
     """Show the messages a node publishes, live, until count of them were seen or
@@ -101,8 +101,9 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
         seen: called with each message, in order, on this thread.
         run_id: one run's edge; None for any run of the flow.
         timeout: the bound of each connect.
-        every / tick: tick() is called every `every` seconds, messages or not (hz's
-            windows), waits for a run included.
+        every / tick: tick(away) is called every `every` seconds, messages or not
+            (hz's windows), waits for a run included; away: the broker was away during
+            the window, so what it saw is not all there was.
         ready: called with the subject once the subscription is in place (at each
             broker, when following runs): from then on, nothing published there is
             missed.
@@ -174,6 +175,7 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
                     if outage.given_up is not None:
                         raise BrokerUnavailable(outage.given_up)
                     break  # following: the run's broker stopped
+                pace.away = pace.away or outage.away
                 if outage.away != away:
                     away = outage.away
                     if not _LINK_LOGS.isEnabledFor(logging.WARNING):  # else it says so
@@ -314,15 +316,19 @@ class _Pace:
 
     Arguments:
         seconds: how long the tap runs once started; None: until interrupted.
-        every / tick: tick() every `every` seconds once started; None: no ticks.
+        every / tick: tick(away) every `every` seconds once started; None: no ticks.
+
+    Attributes:
+        away: the broker was away at some point of the window (the tap sets it): what
+            the window saw is then not all there was.
     """
 
     def __init__(self, seconds: float | None, every: float | None,
-                 tick: Callable[[], None] | None) -> None:
+                 tick: Callable[[bool], None] | None) -> None:
         self.seconds, self.every, self.tick = seconds, every, tick
         self.ends: float | None = None
         self.next_tick: float | None = None
-        self.started = self.ended = False
+        self.started = self.ended = self.away = False
 
     def start(self) -> None:
         """Start the clock (once: a later call leaves it running)."""
@@ -338,7 +344,8 @@ class _Pace:
         now = time.monotonic()
         if self.next_tick is not None and now >= self.next_tick:
             if self.tick is not None:
-                self.tick()
+                self.tick(self.away)
+            self.away = False  # set again while the broker is still away
             every = self.every or 0.0
             self.next_tick += every
             if self.next_tick <= now:
@@ -382,18 +389,20 @@ class Rate:
             self.event_times.append(event_ts)
             self.lags.append(message.received_at - event_ts)
 
-    def read(self, window_seconds: float) -> dict[str, Any]:
+    def read(self, window_seconds: float, away: bool = False) -> dict[str, Any]:
         """The window's figures: messages, rate per second, the gaps between arrivals
         (min, mean, max, standard deviation, ms), the event-time span the window
         covered and how far behind its event time each message arrived (p50, max, ms);
-        None where the window holds too few messages to say."""
+        None where the window holds too few messages to say. away: the broker was away
+        during the window: the rate is unknown (None, and 'unknown' says why), never
+        the few or none seen."""
         times, lags, events = self.arrivals, self.lags, self.event_times
         gaps = [(b - a) * 1000.0 for a, b in zip(times, times[1:], strict=False)]
 
         def ms(seconds: float) -> float:
             return round(seconds * 1000.0, 3)
 
-        figures = {
+        figures: dict[str, Any] = {
             "messages": len(times),
             "rate_per_second": round(len(times) / window_seconds, 3),
             "gap_ms": None if not gaps else {
@@ -405,6 +414,9 @@ class Rate:
                 "p50": ms(statistics.median(lags)), "max": ms(max(lags))},
             "undecodable": self.undecodable,
         }
+        if away:
+            figures["rate_per_second"] = None
+            figures["unknown"] = "the broker was away during the window"
         self.arrivals, self.lags, self.event_times, self.undecodable = [], [], [], 0
         return figures
 
