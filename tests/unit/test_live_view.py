@@ -320,30 +320,30 @@ def test_a_running_replica_gone_silent_makes_its_nodes_pending_unknown_not_stale
 def test_replicas_sharing_a_durable_count_its_backlog_once_and_own_durables_each() -> None:
     # Two replicas of one node read one durable: each reports the broker's count of it,
     # which the view showed twice (1,259 pending on a 600-message stream).
-    def reading(at: float, available: int, leased: int, durable: str, shared: bool) -> dict:
+    def reading(at: float, available: int, leased: int, durable: str) -> dict:
         return {"processed": 1, "at": at, "started": 1.0, "subscriptions": {"cam": {
             "available": available, "leased": leased, "unresolved": 0,
-            "durable": durable, "shared": shared}}}
+            "durable": durable}}}
 
     node = NodeProgress("processor")
-    node.replicas = {"n[0]": reading(5.0, 400, 6, "n--from--cam", True),
-                     "n[1]": reading(5.5, 390, 7, "n--from--cam", True)}
+    node.replicas = {"n[0]": reading(5.0, 400, 6, "n--from--cam"),
+                     "n[1]": reading(5.5, 390, 7, "n--from--cam")}
     # Their own totals add what each holds, which the broker counts as leased already.
     node.pending = {"n[0]": 409, "n[1]": 400}
     assert node.pending_count() == 397  # the later reading of the one durable
     # A partitioned node's replicas each read their own.
-    node.replicas = {"n[0]": reading(5.0, 10, 1, "n--from--cam--p0", False),
-                     "n[1]": reading(5.5, 20, 2, "n--from--cam--p1", False)}
+    node.replicas = {"n[0]": reading(5.0, 10, 1, "n--from--cam--p0"),
+                     "n[1]": reading(5.5, 20, 2, "n--from--cam--p1")}
     assert node.pending_count() == 33
     # A replica that ended left nothing waiting; the other's reading stands.
-    node.replicas = {"n[0]": {**reading(6.0, 0, 0, "n--from--cam", True), "ended": True},
-                     "n[1]": reading(5.5, 390, 7, "n--from--cam", True)}
+    node.replicas = {"n[0]": {**reading(6.0, 0, 0, "n--from--cam"), "ended": True},
+                     "n[1]": reading(5.5, 390, 7, "n--from--cam")}
     node.pending = {"n[0]": 0, "n[1]": 400}
     assert node.pending_count() == 397
     # Unresolved is what each replica heard of (its ledger marks, the advisories since
     # it subscribed): the most any knows, not the later reading's, which flickered.
-    marked = reading(5.0, 390, 7, "n--from--cam", True)
+    marked = reading(5.0, 390, 7, "n--from--cam")
     marked["subscriptions"]["cam"]["unresolved"] = 3
-    node.replicas = {"n[0]": marked, "n[1]": reading(5.5, 390, 7, "n--from--cam", True)}
+    node.replicas = {"n[0]": marked, "n[1]": reading(5.5, 390, 7, "n--from--cam")}
     node.pending = {"n[0]": 400, "n[1]": 397}
     assert node.pending_count() == 400

@@ -45,7 +45,7 @@ def test_families_follow_prometheus_names_and_label_every_series() -> None:
              "watermark_lag": {"cam": 0.25}, "outcome": "running",
              "join_latency": histogram(0.002, 0.02), "hop_latency": histogram(0.003),
              "subscriptions": {"cam": {"available": 4, "leased": 2, "unresolved": 1,
-                                       "durable": "fuse--from--cam", "shared": True}}}
+                                       "durable": "fuse--from--cam"}}}
     got = exposition([ReplicaSample("fuse", "0", stats, restarts=2)])
     labels = {("flow", "f"), ("node", "fuse"), ("replica", "0")}
 
@@ -102,17 +102,16 @@ def test_an_unknown_broker_count_is_absent_with_its_reason_never_zero() -> None:
 
 
 def test_a_durable_the_replicas_share_is_one_series_as_last_read_and_own_ones_each() -> None:
-    def reading(at: float, available: int, durable: str, shared: bool,
-                unresolved: int = 0) -> dict:
+    def reading(at: float, available: int, durable: str, unresolved: int = 0) -> dict:
         return {"outcome": "running", "at": at, "subscriptions": {"cam": {
             "available": available, "leased": 3, "unresolved": unresolved,
-            "durable": durable, "shared": shared}}}
+            "durable": durable}}}
 
     got = exposition([
-        ReplicaSample("scale", "0", reading(10.0, 400, "scale--from--cam", True, 2)),
-        ReplicaSample("scale", "1", reading(10.5, 390, "scale--from--cam", True)),
-        ReplicaSample("part", "0", reading(10.0, 7, "part--from--cam--p0", False)),
-        ReplicaSample("part", "1", reading(9.0, 9, "part--from--cam--p1", False))])
+        ReplicaSample("scale", "0", reading(10.0, 400, "scale--from--cam", 2)),
+        ReplicaSample("scale", "1", reading(10.5, 390, "scale--from--cam")),
+        ReplicaSample("part", "0", reading(10.0, 7, "part--from--cam--p0")),
+        ReplicaSample("part", "1", reading(9.0, 9, "part--from--cam--p1"))])
     pending = {dict(labels)["durable"]: value for (name, labels), value in got.items()
                if name == "videoflow_pending_messages"}
     # Two replicas reading one durable are not two backlogs (a sum by node would be

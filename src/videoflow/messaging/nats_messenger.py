@@ -411,13 +411,12 @@ class NATSMessenger(Messenger):
         seen = self.backend.observe_subscriptions([self._data_subs[p] for p in parents])
         return dict(zip(parents, seen, strict=True))
 
-    def durables(self) -> dict[str, tuple[str, bool]]:
-        """Per parent, the data durable this replica reads and whether the node's other
-        replicas read it too (a shared, competing-consumer durable) or it is this
-        replica's own (a partitioned node's): what its broker count is a count of."""
-        return {parent: ((durable_name_for(self.node_name, parent), True) if sub.replica is None
-                         else (partitioned_durable_name_for(self.node_name, parent,
-                                                            sub.replica), False))
+    def durables(self) -> dict[str, str]:
+        """Per parent, the name of the data durable this replica reads: the node's
+        replicas share one (competing consumers), or each has its own (a partitioned
+        node's). What its broker count is a count of."""
+        return {parent: durable_name_for(self.node_name, parent) if sub.replica is None
+                else partitioned_durable_name_for(self.node_name, parent, sub.replica)
                 for parent, sub in self._data_subs.items()}
 
     def pending_observation(self) -> Known[int] | Unknown:

@@ -37,7 +37,7 @@ named; the broker's counts by flow, node, parent and durable instead):
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -153,8 +153,6 @@ class SnapshotCollector:
         unknown = GaugeMetricFamily("videoflow_pending_unknown",
                                     "1 where the broker's count could not be read, with why.",
                                     labels=[*by_durable, "reason"])
-        latest: dict[tuple[str, str, str], tuple[float, Mapping[str, Any]]] = {}
-        most: dict[tuple[str, str, str], int] = {}
         lag = gauge("videoflow_watermark_lag_seconds",
                     "A time join's parent, behind the most advanced one in event time.",
                     "parent")
@@ -167,7 +165,8 @@ class SnapshotCollector:
             "videoflow_hop_latency_seconds",
             "A group's first member arriving to the node done with it.", labels=base)
 
-        for sample in self.samples():
+        samples = self.samples()
+        for sample in samples:
             s, labels = sample.stats, [self.flow, sample.node, sample.replica]
             for parent, n in sorted((s.get("received") or {}).items()):
                 received.add_metric([*labels, parent], n)
@@ -183,15 +182,6 @@ class SnapshotCollector:
             if sample.restarts is not None:
                 restarts.add_metric(labels, sample.restarts)
             up.add_metric(labels, 1.0 if s.get("outcome", "running") == "running" else 0.0)
-            for parent, seen in (s.get("subscriptions") or {}).items():
-                # The node's replicas share a durable unless partitioned: its count is
-                # exported once, as the replica that read the broker last saw it.
-                read = (sample.node, parent, str(seen.get("durable", "")))
-                at = float(s.get("at") or 0.0)
-                if at >= latest.get(read, (-1.0, {}))[0]:
-                    latest[read] = (at, seen)
-                if "unresolved" in seen:  # each replica knows the exhaustions it heard of
-                    most[read] = max(most.get(read, 0), int(seen["unresolved"]))
             for parent, seconds in sorted((s.get("watermark_lag") or {}).items()):
                 lag.add_metric([*labels, parent], seconds)
             for family, key in ((join, "join_latency"), (hop, "hop_latency")):
@@ -199,16 +189,41 @@ class SnapshotCollector:
                     histogram = Histogram()
                     histogram.add(s[key])
                     family.add_metric(labels, histogram.cumulative(), histogram.total)
-        for read, (_, seen) in sorted(latest.items()):
-            node, parent, durable = read
-            labels = [self.flow, node, parent, durable]
-            if "unknown" in seen:
-                unknown.add_metric([*labels, str(seen["unknown"])], 1.0)
-            else:
-                pending.add_metric(labels, seen["available"] + seen["leased"])
-                unresolved.add_metric(labels, most.get(read, seen["unresolved"]))
+        by_node: dict[str, list[Mapping[str, Any]]] = {}
+        for sample in samples:
+            by_node.setdefault(sample.node, []).append(sample.stats)
+        for node, snapshots in sorted(by_node.items()):
+            for (parent, durable), seen in sorted(per_durable(snapshots).items()):
+                labels = [self.flow, node, parent, durable]
+                if "unknown" in seen:
+                    unknown.add_metric([*labels, str(seen["unknown"])], 1.0)
+                else:
+                    pending.add_metric(labels, seen["available"] + seen["leased"])
+                    unresolved.add_metric(labels, seen["unresolved"])
         yield from (received, processed, outputs, failures, dropped, dead, published,
                     waits, restarts, pending, unresolved, unknown, lag, up, join, hop)
+
+
+def per_durable(snapshots: Iterable[Mapping[str, Any]],
+                ) -> dict[tuple[str, str], Mapping[str, Any]]:
+    """The broker's count of each data durable the snapshots (one node's replicas')
+    observed, keyed (parent, durable): the replicas of a node share one durable per
+    parent and each reports it, so it is counted once, as the latest of them to read
+    it saw it ('at'), with the most unresolved any knows of (each hears of the
+    exhaustions of its own deliveries). A partitioned node's replicas each have their
+    own, by name. A reading that is unknown, if the latest, stays unknown."""
+    latest: dict[tuple[str, str], tuple[float, Mapping[str, Any]]] = {}
+    most: dict[tuple[str, str], int] = {}
+    for snapshot in snapshots:
+        at = float(snapshot.get("at") or 0.0)
+        for parent, seen in (snapshot.get("subscriptions") or {}).items():
+            key = (parent, str(seen.get("durable", "")))
+            if at >= latest.get(key, (-1.0, seen))[0]:
+                latest[key] = (at, seen)
+            if "unresolved" in seen:
+                most[key] = max(most.get(key, 0), int(seen["unresolved"]))
+    return {key: seen if "unknown" in seen else {**seen, "unresolved": most[key]}
+            for key, (_, seen) in latest.items()}
 
 
 def pending_word(seen: Any) -> int | str:
@@ -233,7 +248,7 @@ def observed_snapshot(task: Any) -> tuple[dict[str, Any], int | str | None]:
         why = f"unread: {type(error).__name__}"
         snapshot["subscriptions"] = {"*": {"unknown": why}}
         return snapshot, why
-    durables: dict[str, tuple[str, bool]] = getattr(task.messenger, "durables", dict)()
+    durables: dict[str, str] = getattr(task.messenger, "durables", dict)()
     subscriptions: dict[str, dict[str, Any]] = {}
     for parent, observed in seen.items():
         value = getattr(observed, "value", None)
@@ -243,8 +258,7 @@ def observed_snapshot(task: Any) -> tuple[dict[str, Any], int | str | None]:
             subscriptions[parent] = {"available": value.available, "leased": value.leased,
                                      "unresolved": value.unresolved}
         if parent in durables:
-            durable, shared = durables[parent]
-            subscriptions[parent].update(durable=durable, shared=shared)
+            subscriptions[parent]["durable"] = durables[parent]
     snapshot["subscriptions"] = subscriptions
     return snapshot, pending_word(pending)
 
@@ -312,4 +326,4 @@ class MetricsServer:
 
 __all__ = ["METRICS_HOST_ENV", "METRICS_PORT_ENV", "MetricsServer", "MetricsUnavailable",
            "ReplicaSample", "SnapshotCollector", "check_port", "merged",
-           "metrics_port_from_env", "observed_snapshot", "pending_word"]
+           "metrics_port_from_env", "observed_snapshot", "pending_word", "per_durable"]

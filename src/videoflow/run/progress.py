@@ -32,6 +32,7 @@ from typing import Any, TextIO
 
 from videoflow.core.report import format_table
 from videoflow.logs import in_json, json_line
+from videoflow.run.metrics import per_durable
 
 STALE_SECONDS = 3.0
 """How long a running replica may go without a report before it counts 0 in its
@@ -114,31 +115,21 @@ class NodeProgress:
         return self._unsettled()
 
     def _unsettled(self) -> int:
-        """The inputs not yet settled, as counted per data durable (available and
-        leased, from the broker; unresolved, from the ledger): a durable the replicas
-        share once, as the replica that read the broker last saw it, with the most
-        unresolved any replica knows of (each knows the exhausted deliveries it heard
-        of), not once per replica. What a replica holds (prefetched, in open groups) is
-        leased, so in that count already. A replica that ended, or whose report has no
-        per-durable counts, gives its own total."""
-        total, shared, unresolved = 0, dict[str, tuple[float, int]](), dict[str, int]()
+        """The inputs not yet settled, as counted per data durable (metrics.per_durable:
+        a durable the replicas share once, not once per replica): available, leased and
+        unresolved. What a replica holds (prefetched, in open groups) is leased, so in
+        that count already. A replica that ended, or whose report has no per-durable
+        counts, gives its own total."""
+        total, reading = 0, []
         for key, word in self.pending.items():
             stats = self.replicas.get(key, {})
-            counts = stats.get("subscriptions")
-            if stats.get("ended") is not None or not isinstance(counts, Mapping):
+            if stats.get("ended") is not None or not stats.get("subscriptions"):
                 total += int(word)
-                continue
-            for seen in counts.values():
-                waiting = int(seen["available"]) + int(seen["leased"])
-                if seen.get("shared") and "durable" in seen:
-                    durable, at = seen["durable"], float(stats.get("at") or 0.0)
-                    if at >= shared.get(durable, (-1.0, 0))[0]:
-                        shared[durable] = (at, waiting)
-                    unresolved[durable] = max(unresolved.get(durable, 0),
-                                              int(seen["unresolved"]))
-                else:
-                    total += waiting + int(seen["unresolved"])
-        return total + sum(n for _, n in shared.values()) + sum(unresolved.values())
+            else:
+                reading.append(stats)
+        return total + sum(int(seen["available"]) + int(seen["leased"])
+                           + int(seen["unresolved"])
+                           for seen in per_durable(reading).values())
 
     def pending_text(self, now: float | None = None) -> str:
         pending = self.pending_count(now)
