@@ -56,6 +56,7 @@ import nats.js.errors
 import numpy as np
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from videoflow.core.context import event_time
 from videoflow.core.naming import dlq_subject_for, sanitize
 from videoflow.core.node import ProducerNode
 from videoflow.errors import WireError
@@ -297,10 +298,7 @@ class SubjectSource(ProducerNode):
             if event_ts is None and envelope["event_ts"] is not None:
                 # Checked here, where a bad one dead-letters its record, not in the
                 # setter, where it would stop the source.
-                event_ts = float(envelope["event_ts"])
-                if not math.isfinite(event_ts):
-                    raise ValueError(f"the envelope's event time must be finite, "
-                                     f"got {event_ts!r}")
+                event_ts = event_time(envelope["event_ts"], "the envelope's event_ts")
         else:
             value = self._raw(data, headers)
         if event_ts is None and self.event_time_field is not None:
