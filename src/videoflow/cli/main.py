@@ -66,6 +66,7 @@ from videoflow.cli.common import (
     whole_number,
 )
 from videoflow.logs import LOG_FORMATS
+from videoflow.run.unread_stdout import to_devnull
 
 
 def load_attribute(reference: str) -> Any:
@@ -453,8 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         # `videoflow dlq list --json | head`: the reader has what it wanted; not an
         # error to print. stdout goes to devnull, so the flush at exit is quiet too.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        to_devnull(sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
 
 
