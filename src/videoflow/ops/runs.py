@@ -20,8 +20,10 @@ from videoflow.backends.messaging import Known, Unknown
 from videoflow.broker.loop import ErrorLog
 from videoflow.core.naming import (
     KIND_DLQ,
+    KIND_STREAM,
     LABEL_FLOW_ID,
     LABEL_KIND,
+    LABEL_NODE,
     LABEL_RUN_ID,
     subject_owner,
     user_metadata,
@@ -67,20 +69,30 @@ class FlowSummary:
     dead_letters: int | None = None
 
 
-def _owner(info: StreamInfo) -> tuple[str, str | None] | None:
-    """(flow, run) a stream belongs to, run None for a flow's dead-letter stream."""
+def stream_owner(info: StreamInfo) -> tuple[str, str | None, str | None] | None:
+    """(flow, run, node) a stream belongs to, by its owner labels (STREAM-14), else (a
+    stream older than them) its data subject: run and node None for a flow's
+    dead-letter stream, node None for a run's stream that is no node's data; None for
+    a stream of no flow."""
     labels = user_metadata(info.config.metadata)
     flow = labels.get(LABEL_FLOW_ID)
     if flow:
         if labels.get(LABEL_KIND) == KIND_DLQ:
-            return flow, None
+            return flow, None, None
         run = labels.get(LABEL_RUN_ID)
-        return (flow, run) if run else None
+        node = labels.get(LABEL_NODE) if labels.get(LABEL_KIND) == KIND_STREAM else None
+        return (flow, run, node or None) if run else None
     for subject in info.config.subjects or ():
         owner = subject_owner(subject)
         if owner is not None:
-            return owner[0], owner[1]
+            return owner
     return None
+
+
+def _owner(info: StreamInfo) -> tuple[str, str | None] | None:
+    """(flow, run) a stream belongs to, run None for a flow's dead-letter stream."""
+    owner = stream_owner(info)
+    return None if owner is None else (owner[0], owner[1])
 
 
 async def _state(nc: Client, streams: list[StreamInfo], budget: Budget,
@@ -163,4 +175,4 @@ def run_state(nats_url: str, flow_id: str, run_id: str, *,
     return run_sync(nats_url, timeout, work)
 
 
-__all__ = ["FlowSummary", "RunState", "RunSummary", "list_flows", "run_state"]
+__all__ = ["FlowSummary", "RunState", "RunSummary", "list_flows", "run_state", "stream_owner"]

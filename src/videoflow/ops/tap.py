@@ -23,19 +23,15 @@ from nats.js.api import StreamInfo
 from videoflow.broker.link import Outage, outage_budget_from_env, redact_url
 from videoflow.broker.loop import ErrorLog, close_client, connect_fail_fast, registered
 from videoflow.core.naming import (
-    KIND_STREAM,
-    LABEL_FLOW_ID,
-    LABEL_KIND,
     LABEL_NODE,
-    LABEL_RUN_ID,
     SUBJECT_ROOT,
     sanitize,
     subject_for,
-    subject_owner,
     user_metadata,
 )
 from videoflow.errors import BrokerUnavailable, CredentialsRefused, WireError
 from videoflow.ops.broker_calls import Budget
+from videoflow.ops.runs import stream_owner
 from videoflow.ops.status import all_streams
 from videoflow.wire.serialization import decode_envelope
 
@@ -284,19 +280,11 @@ async def edge_notice(nc: Client, flow_id: str, node: str, run_id: str | None,
 
 
 def _data_owner(info: StreamInfo) -> tuple[str, str, str] | None:
-    """(flow, run, node) of a node's data stream, by its owner labels (STREAM-14), else
-    (a stream older than them) its data subject; None for any other stream."""
-    labels = user_metadata(info.config.metadata)
-    if labels.get(LABEL_FLOW_ID):
-        run, node = labels.get(LABEL_RUN_ID), labels.get(LABEL_NODE)
-        if labels.get(LABEL_KIND) != KIND_STREAM or not run or not node:
-            return None
-        return labels[LABEL_FLOW_ID], run, node
-    for subject in info.config.subjects or ():
-        owner = subject_owner(subject)
-        if owner is not None:
-            return owner
-    return None
+    """(flow, run, node) of a node's data stream; None for any other stream."""
+    owner = stream_owner(info)
+    if owner is None or owner[1] is None or owner[2] is None:
+        return None
+    return owner[0], owner[1], owner[2]
 
 
 async def _reads(nc: Client, streams: list[StreamInfo], node: str, budget: Budget) -> bool:
