@@ -19,8 +19,9 @@ nats-py's way otherwise:
   directly (plain_headers); anything else (a status line such as a pull's 408, an
   undecodable byte, a malformed line) goes to nats-py's parser.
 
-And TlsClient upgrades to the TLS a connection asked for when the server only offers it
-(nats-py upgrades only when it is required).
+And TlsClient holds a connection to the TLS it asked for: upgraded when the server
+only offers it, refused before CONNECT when it does not (nats-py goes by the server's
+INFO alone).
 
 These override private methods of nats-py's Client (_send_publish, _process_headers,
 _process_info).
@@ -38,6 +39,9 @@ from typing import Any, Final
 import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.protocol.command import hpub_cmd
+
+from videoflow.broker.options import AskedTls
+from videoflow.errors import TLSRefused
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 """A header name nats-py writes (its _HEADER_KEY_RE)."""
@@ -119,16 +123,24 @@ against (nats-py 2.9 to 2.16)."""
 
 
 class TlsClient(NatsClient):
-    """nats-py's Client, which upgrades to TLS asked for (a tls context given) when the
-    server offers it (INFO tls_available, a server with allow_non_tls) as well as when
-    it requires it: nats-py alone upgrades only on tls_required, and a connection that
-    asked for TLS and was not upgraded is refused (broker.options), so such a server
-    could never be reached over the TLS it offers."""
+    """nats-py's Client, held to the TLS a connection asked for (broker.options.AskedTls,
+    its ``tls``): nats-py goes by the server's INFO alone, upgrading only when it says
+    tls_required, and would otherwise write CONNECT, credentials and all, in clear.
+    Asked for TLS, a server that offers it (tls_available: allow_non_tls) is upgraded
+    to as well, and one that does not is refused before anything is sent, at every
+    connect and reconnect (TLSRefused, as the Go client's 'secure connection
+    required')."""
 
     async def _process_info(self, info: dict[str, Any],
                             initial_connection: bool = False) -> None:
-        if (initial_connection and info.get("tls_available")
-                and not info.get("tls_required") and self.options.get("tls") is not None):
+        tls = self.options.get("tls")
+        if (initial_connection and isinstance(tls, AskedTls) and not info.get("tls_required")
+                and not self.options.get("tls_handshake_first")):
+            if not info.get("tls_available"):
+                uri = self._current_server.uri if self._current_server else None
+                where = "" if uri is None else f" at {uri.scheme}://{uri.hostname}:{uri.port}"
+                raise TLSRefused(f"secure connection required (by {tls.asked_by}): the "
+                                 f"broker{where} does not offer TLS; nothing was sent to it")
             # The same dict _process_connect_init reads as it decides to upgrade.
             info["tls_required"] = True
         await super()._process_info(info, initial_connection)

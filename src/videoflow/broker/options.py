@@ -10,11 +10,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-import nats.aio.client
-
 from videoflow.broker.natscontext import read_context
-from videoflow.broker.urls import redact_url, servers_of
-from videoflow.errors import MissingDependency, TLSRefused
+from videoflow.broker.urls import servers_of
+from videoflow.errors import MissingDependency
 from videoflow.logs import keep_secret
 
 TLS_CA_ENV: Final = "VIDEOFLOW_NATS_TLS_CA"
@@ -36,9 +34,6 @@ CONTEXT_ENV: Final = "VIDEOFLOW_NATS_CONTEXT"
 """The name of a nats CLI context: the URL and credentials used where none are given."""
 
 NKEYS_INSTALL: Final = "pip install nkeys"
-
-_CALLABLE_USER: Final = hasattr(nats.aio.client, "CredentialCallback")
-"""Whether this nats-py reads a callable user and password (2.16 on)."""
 
 SETTING_ENV: Final = {
     "creds": CREDS_ENV, "nkey": NKEY_ENV, "user": USER_ENV, "password": PASSWORD_ENV,
@@ -65,47 +60,22 @@ def tls_options() -> dict[str, Any]:
                  if (value := os.environ.get(SETTING_ENV[field]))})
 
 
-class _Handshake(ssl.SSLObject):
-    """A TLS session that tells its SecuredContext once its handshake completed."""
-
-    def do_handshake(self) -> None:
-        super().do_handshake()  # SSLWantReadError until the handshake is done
-        context = self.context
-        if isinstance(context, SecuredContext):
-            context.secured = True
-
-
-class SecuredContext(ssl.SSLContext):
-    """The TLS settings of one connection, which also remember whether the latest TLS
-    handshake made with them completed: the gate (_Gate) a connection's CONNECT passes
-    reads it, so that nats-py, which upgrades to TLS only when the server's INFO says
-    tls_required (aio/client.py _process_connect_init), never sends credentials over a
-    connection it did not upgrade.
+class AskedTls(ssl.SSLContext):
+    """The TLS settings of a connection that asked for TLS (a tls:// URL, or TLS files
+    given), with what asked, for the refusal of a broker that does not offer it
+    (client.TlsClient: nats-py alone would send CONNECT to it in clear).
 
     Attributes:
-        secured: a handshake completed since the gate last looked.
+        asked_by: what asked for TLS, in words.
     """
 
-    sslobject_class = _Handshake
-    secured = False
-
-    def wrap_bio(self, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO,
-                 server_side: bool = False, server_hostname: str | bytes | None = None,
-                 session: ssl.SSLSession | None = None) -> ssl.SSLObject:
-        self.secured = False  # a handshake begins: until it completes, not secured
-        return super().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
-
-    def take_secured(self) -> bool:
-        """Whether a handshake completed since the last call (each CONNECT asks once:
-        an attempt that was not upgraded finds False, whatever an earlier one did)."""
-        secured, self.secured = self.secured, False
-        return secured
+    asked_by = "the TLS settings given"
 
 
 def _tls(settings: dict[str, str], required: bool = False) -> dict[str, Any]:
-    """``tls`` for nats.connect: a SecuredContext with the CA and client certificate
-    given (the system's authorities without a CA), when TLS files are given or
-    required says a tls:// URL asks for TLS; else nothing."""
+    """``tls`` for nats.connect: an AskedTls with the CA and client certificate given
+    (the system's authorities without a CA), when TLS files are given or required says
+    a tls:// URL asks for TLS; else nothing."""
     ca, cert, key = (settings.get(field) for field in TLS_FIELDS)
     if ca is None and cert is None and key is None and not required:
         return {}
@@ -113,8 +83,8 @@ def _tls(settings: dict[str, str], required: bool = False) -> dict[str, Any]:
         raise ValueError(f"{TLS_CERT_ENV} and {TLS_KEY_ENV} go together: a client "
                          "certificate needs its key")
     # What ssl.create_default_context(SERVER_AUTH, cafile=ca) makes (the hostname is
-    # checked, a certificate required), as a SecuredContext.
-    context = SecuredContext(ssl.PROTOCOL_TLS_CLIENT)
+    # checked, a certificate required), as an AskedTls.
+    context = AskedTls(ssl.PROTOCOL_TLS_CLIENT)
     if ca is not None:
         _load_authorities(context, ca)
     else:
@@ -189,36 +159,6 @@ def _servers(url: str | None) -> list[str]:
         return servers_of(url)
     except ValueError:
         return []
-
-
-class _Gate:
-    """Stands in for the credential nats-py reads as it writes CONNECT (a token, or a
-    user, as callables: aio/client.py _connect_command) and refuses, raising
-    TLSRefused, unless the connection's latest handshake completed (SecuredContext):
-    nothing goes out in clear, not even a CONNECT without credentials.
-
-    Arguments:
-        context: the connection's TLS settings.
-        url: the broker, for the refusal.
-        why: what asks for TLS, in words.
-    """
-
-    def __init__(self, context: SecuredContext, url: str | None, why: str) -> None:
-        self.context, self.url, self.why = context, url, why
-
-    def check(self) -> None:
-        """Raises: TLSRefused: the connection was not upgraded to TLS."""
-        if not self.context.take_secured():
-            where = f" at {redact_url(self.url)}" if self.url else ""
-            raise TLSRefused(f"secure connection required (by {self.why}): the "
-                             f"broker{where} does not offer TLS; nothing was sent to it")
-
-    def giving(self, value: str) -> Callable[[], str]:
-        """A callable credential that gives value once the gate let it through."""
-        def credential() -> str:
-            self.check()
-            return value
-        return credential
 
 
 def context_name() -> str | None:
@@ -332,8 +272,8 @@ def auth_options(url: str | None = None) -> dict[str, Any]:
         keep_secret(settings["token"])
         options["token"] = settings["token"]
     context = options.get("tls")
-    if isinstance(context, SecuredContext):
-        _gate(options, _Gate(context, url, _why_tls(url, settings)), url)
+    if isinstance(context, AskedTls):
+        context.asked_by = _why_tls(url, settings)
     return options
 
 
@@ -342,48 +282,6 @@ def _why_tls(url: str | None, settings: dict[str, str]) -> str:
     if files:
         return f"the TLS {'/'.join(files)} file{'s' if len(files) > 1 else ''} given"
     return "the tls:// URL" if url and "tls://" in url.lower() else "the URL"
-
-
-def _gate(options: dict[str, Any], gate: _Gate, url: str | None) -> None:
-    """Put gate in front of whatever of options nats-py reads as it writes CONNECT.
-
-    nats-py reads, in this order (aio/client.py _connect_command): an nkey signature
-    and JWT then ``token``; else ``user`` and ``password``; else ``token``; else the
-    credentials in the server's URL. A token of '' is what a CONNECT without one says
-    (the server reads no token either way), so a connection without credentials, or
-    with an nkey or creds file, carries a gate as its token; a user, its token or the
-    URL's credentials are given through the gate.
-
-    Raises:
-        ValueError: the servers of url carry different credentials (one gate cannot
-            stand in for per-server credentials).
-        MissingDependency: a user and password with a nats-py that reads no callable
-            user (before 2.16).
-    """
-    if "user" not in options and "token" not in options:
-        pairs = {(parts.username, parts.password) for parts in map(urlsplit, _servers(url))
-                 if parts.username is not None}
-        if len(pairs) > 1:
-            raise ValueError("the servers of a TLS broker URL carry different credentials;"
-                             " give them once (--user/--password or --token)")
-        for user, password in pairs:
-            if password is None:
-                options["token"] = user  # how nats-py reads a URL's lone user part
-            else:
-                options["user"], options["password"] = user, password
-            keep_secret(password or user)
-        if not pairs and url is None and not any(key in options for key in (
-                "user_credentials", "nkeys_seed")):
-            return  # the URL is unknown: a token here would hide any credentials in it
-    if "user" in options:
-        if not _CALLABLE_USER:
-            raise MissingDependency(
-                "a user and password over TLS need nats-py 2.16 or later (pip install "
-                "-U nats-py): an older one cannot hold them back from a broker that does "
-                "not offer TLS")
-        options["user"] = gate.giving(options["user"])
-    else:
-        options["token"] = gate.giving(options.get("token", ""))
 
 
 def presented_credentials(url: str | None = None) -> str:
@@ -548,7 +446,7 @@ __all__ = [
     "TLS_KEY_ENV",
     "TOKEN_ENV",
     "USER_ENV",
-    "SecuredContext",
+    "AskedTls",
     "auth_options",
     "connect_options_for",
     "connection_settings",
