@@ -46,6 +46,7 @@ def test_join_policy_fields_are_exactly_the_documented_ones_in_order():
         "quorum",
         "max_pending",
         "collect",
+        "max_drift_ms",
     )
 
 
@@ -72,6 +73,7 @@ def test_join_policy_to_dict_from_dict_round_trips_a_full_time_policy():
         quorum=2,
         max_pending=64,
         collect={"imu": 10.0},
+        max_drift_ms=250.0,
     )
     data = policy.to_dict()
     assert data == {
@@ -82,6 +84,7 @@ def test_join_policy_to_dict_from_dict_round_trips_a_full_time_policy():
         "quorum": 2,
         "max_pending": 64,
         "collect": {"imu": 10.0},
+        "max_drift_ms": 250.0,
     }
     assert JoinPolicy.from_dict(data) == policy
 
@@ -129,6 +132,8 @@ def valid_join_policies(draw: st.DrawFn) -> JoinPolicy:
         quorum=draw(st.none() | st.integers(min_value=1, max_value=64)),
         max_pending=draw(st.integers(min_value=1, max_value=10**6)),
         collect=collect,
+        max_drift_ms=None if mode == "trace" or draw(st.booleans()) else max(
+            [1.0, tolerance or 0.0, *collect.values()]) * draw(st.floats(1.0, 10.0)),
     )
 
 
@@ -193,11 +198,29 @@ def test_join_policy_default_for_unknown_flow_type_names_flow_type():
             {"mode": "time", "tolerance_ms": 1.0, "collect": {3: 1.0}},
             r"^collect keys must be parent names, got 3",
         ),
+        ({"max_drift_ms": 100.0}, r"^max_drift_ms needs mode='time'"),
+        ({"mode": "time", "tolerance_ms": 1.0, "max_drift_ms": 0.0},
+         r"^max_drift_ms must be finite and > 0"),
+        ({"mode": "time", "tolerance_ms": 1.0, "max_drift_ms": math.inf},
+         r"^max_drift_ms must be finite"),
+        ({"mode": "time", "tolerance_ms": 40.0, "max_drift_ms": 30.0},
+         r"^max_drift_ms 30.0 is below tolerance_ms 40.0"),
+        ({"mode": "time", "tolerance_ms": 8.0, "collect": {"imu": 50.0}, "max_drift_ms": 30.0},
+         r"^max_drift_ms 30.0 is below collect\['imu'\] 50.0"),
     ],
 )
 def test_join_policy_rejects_invalid_field_with_message_naming_it(kwargs, match):
     with pytest.raises(ValueError, match=match):
         JoinPolicy(**kwargs)
+
+
+def test_a_time_joins_drift_bound_defaults_to_a_second_or_twice_what_a_group_spans():
+    assert JoinPolicy(mode="time", tolerance_ms=8.0).drift_seconds() == 1.0
+    assert JoinPolicy(mode="time", tolerance_ms=800.0).drift_seconds() == 1.6
+    assert JoinPolicy(mode="time", tolerance_ms=8.0,
+                      collect={"imu": 700.0}).drift_seconds() == 1.4
+    assert JoinPolicy(mode="time", tolerance_ms=8.0, max_drift_ms=50.0).drift_seconds() == 0.05
+    assert JoinPolicy(mode="trace").drift_seconds() is None  # no event time to align by
 
 
 def test_join_policy_from_dict_rejects_unknown_key_by_name():

@@ -19,6 +19,11 @@ MAX_SYNC_PARENTS = 64
 """Sync parents per join: presence is a 64-bit mask in the compiled core."""
 
 JOIN_MODES = ("trace", "time")
+DEFAULT_MAX_DRIFT_MS = 1000.0
+"""A time join's default drift bound (JoinPolicy.max_drift_ms): a second of event time.
+Wide enough that cameras jittering, dropping frames or starting a little apart never
+meet it; narrow enough that what the join holds for a lagging camera stays small (30
+frames a camera at 30 fps)."""
 MISSING_POLICIES = ("drop", "dead_letter", "wait")
 
 
@@ -53,6 +58,13 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
             Also the sample capacity of each collect parent's buffer.
         collect: {parent: window_ms} for high-rate parents joined many-to-one: the group
             takes every sample within window_ms of its time (time mode only).
+        max_drift_ms: event-time alignment (time mode only): the join stops taking input
+            from a parent whose event time runs more than this ahead of its slowest live
+            parent (one not ended and not silent past timeout_ms), and takes it again
+            once the laggard catches up; what it holds back waits on the broker. None:
+            DEFAULT_MAX_DRIFT_MS, or twice the tolerance or the widest collect window
+            where that is more (drift_seconds). At least tolerance_ms and every collect
+            window, which a group needs its members and samples to span.
     """
 
     mode: str = "trace"
@@ -62,6 +74,7 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
     quorum: int | None = None
     max_pending: int = 1024
     collect: dict[str, float] = msgspec.field(default_factory=dict)
+    max_drift_ms: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in JOIN_MODES:
@@ -90,6 +103,26 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
             if not isinstance(parent, str):
                 raise ValueError(f"collect keys must be parent names, got {parent!r}")
             _finite_nonneg(f"collect[{parent!r}]", window)
+        if self.max_drift_ms is not None:
+            if self.mode != "time":
+                raise ValueError("max_drift_ms needs mode='time'")
+            _finite_nonneg("max_drift_ms", self.max_drift_ms, allow_zero=False)
+            spans = {"tolerance_ms": self.tolerance_ms or 0.0,
+                     **{f"collect[{p!r}]": w for p, w in self.collect.items()}}
+            for name, span in spans.items():
+                if self.max_drift_ms < span:
+                    raise ValueError(f"max_drift_ms {self.max_drift_ms!r} is below {name} "
+                                     f"{span!r}: a group spans that much event time")
+
+    def drift_seconds(self) -> float | None:
+        """The drift bound a time join aligns its parents by, in seconds (max_drift_ms,
+        else its default); None in trace mode, which has no event time."""
+        if self.mode != "time":
+            return None
+        if self.max_drift_ms is not None:
+            return self.max_drift_ms / 1000.0
+        widest = max(self.collect.values(), default=0.0)
+        return max(DEFAULT_MAX_DRIFT_MS, 2.0 * (self.tolerance_ms or 0.0), 2.0 * widest) / 1000.0
 
     @classmethod
     def default_for(cls, flow_type: str) -> JoinPolicy:
@@ -121,6 +154,7 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
             "quorum": self.quorum,
             "max_pending": self.max_pending,
             "collect": dict(self.collect),
+            "max_drift_ms": self.max_drift_ms,
         }
 
     @classmethod

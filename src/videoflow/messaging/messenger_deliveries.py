@@ -488,6 +488,12 @@ class Deliveries:
         end.expected = replicas if isinstance(replicas, int) and replicas >= 1 else 1
         end.markers.setdefault(marker["replica_id"], marker)
 
+    def ended(self, parent: str) -> bool:
+        """Whether every replica of parent sent its end marker (its data may still be
+        on its way: drained says when it is all here)."""
+        end = self._ends[parent]
+        return bool(end.markers) and len(end.markers) >= end.expected
+
     def drained(self, parent: str, sub: SubscriptionId) -> bool:
         """Whether parent ended and nothing more of its data is coming (see the module
         docstring).
@@ -496,9 +502,9 @@ class Deliveries:
             parent: the parent.
             sub: this node's data subscription on it.
         """
-        end = self._ends[parent]
-        if not end.markers or len(end.markers) < end.expected:
+        if not self.ended(parent):
             return False
+        end = self._ends[parent]
         if self.backend.prefetched(sub):
             return False
         observed = self.backend.observe_subscription(sub)

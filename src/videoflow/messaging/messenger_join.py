@@ -5,14 +5,16 @@ arithmetic, and does with the broker what the assembler lets go of: a held deliv
 its redelivery superseded is retired with no settlement (the redelivery holds the
 attempt); a collect sample no group took is done; any other discard is a drop,
 dead-lettered or terminated as the join policy's ``missing`` says. It also tells a
-time join's silence backstop which parents still have input waiting (heard), and
-samples the parents' watermark lags for the run's report.
+time join's silence backstop which parents still have input waiting, or a producer
+waiting for payload room (heard), holds back the parents that run ahead in event time
+(videoflow.messaging.join_alignment), and samples the parents' watermark lags for the
+run's report.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from videoflow.backends.messaging import Completed, Known, MessagingBackend, SubscriptionId
@@ -23,10 +25,22 @@ from videoflow.messaging.grouping import (
     ReadyGroup,
     make_assembler,
 )
+from videoflow.messaging.join_alignment import Alignment
 from videoflow.messaging.messenger_deliveries import Deliveries, Held
 
 LAG_SAMPLE_SECONDS: Final = 0.05
 """How often a time join samples its parents' watermark lags (watermark_lags)."""
+
+SILENT_SHOWN_SECONDS: Final = 1.0
+"""How long a parent a group waits for must have sent nothing before the join's status
+calls it silent rather than behind."""
+
+BUDGET: Final = "budget"
+SILENT: Final = "silent"
+BEHIND: Final = "behind"
+"""Why a group waits for a parent (status()['waiting_why']): its producer waits for
+room in its payload share; nothing came from it for SILENT_SHOWN_SECONDS (the backstop
+gives it up at timeout_ms); or its input is on its way."""
 
 _GAVE_UP: Final = {
     "expired": "its group was given up below quorum: the parents it lacked passed it in "
@@ -49,6 +63,11 @@ class Join:
             backstop hears).
         clock / epoch: monotonic seconds for timeouts and the backstop; epoch
             seconds for an input that carries no event time.
+        budget_waiting: the nodes whose producers wait for room in their payload share
+            right now (SharedMemoryPayloadStore.waiting_nodes); None: none ever do.
+        payload_shares: per node, the bytes its writers hold against their payload
+            shares ({node: {'held_bytes', 'share_bytes', 'waiting_seconds'}}); None
+            where payloads have no budget.
 
     Attributes:
         assembler: the node's GroupAssembler.
@@ -56,12 +75,17 @@ class Join:
         watermark_lags / watermark_lag_max: a time join's parents' watermark lags
             behind the most advanced one, seconds: the latest sample and the most
             seen, per parent heard from (RunReport).
+        alignment: a time join's Alignment (which parents it holds back); None in
+            trace mode.
     """
 
     def __init__(self, node_name: str, parent_names: list[str], policy: JoinPolicy,
                  backend: MessagingBackend, deliveries: Deliveries,
                  data_subs: Mapping[str, SubscriptionId], *, clock: Callable[[], float],
-                 epoch: Callable[[], float]) -> None:
+                 epoch: Callable[[], float],
+                 budget_waiting: Callable[[], frozenset[str]] | None = None,
+                 payload_shares: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
+                 ) -> None:
         # On the messenger's clocks: the backstops on the monotonic one the caller
         # chose, a missing event time on its epoch clock.
         self.assembler = make_assembler(node_name, parent_names, policy, clock=clock,
@@ -80,6 +104,38 @@ class Join:
         self._lags_at = -math.inf
         self.watermark_lags: dict[str, float] = {}
         self.watermark_lag_max: dict[str, float] = {}
+        self.budget_waiting, self.payload_shares = budget_waiting, payload_shares
+        drift = policy.drift_seconds()
+        self.alignment = None if drift is None else Alignment(
+            parent_names, policy.sync_parents(parent_names), drift,
+            None if policy.timeout_ms is None else policy.timeout_ms / 1000.0,
+            policy.max_pending)
+        self.max_pending = policy.max_pending
+
+    def arrived(self, parents: Iterable[str]) -> None:
+        """Input of these parents just arrived (the batch a receive took)."""
+        if self.alignment is not None:
+            now = self.clock()
+            for parent in parents:
+                self.alignment.heard(parent, now)
+
+    def align(self) -> tuple[frozenset[str], int]:
+        """Who the join holds back now, and how many inputs it may take next without
+        passing max_pending by seeding groups (Alignment.update); nothing held back
+        in trace mode.
+
+        Returns:
+            (the parents whose input to leave on the broker, the input credit).
+        """
+        alignment = self.alignment
+        if alignment is None:
+            return frozenset(), self.max_pending
+        gone = frozenset(
+            p for p in self.data_subs if self.deliveries.ended(p)
+            and self.backend.backlog(self.data_subs[p]) == Known(0))
+        credit = alignment.update(self.assembler.watermarks(),
+                                  self.assembler.pending_count(), self.clock(), gone)
+        return frozenset(alignment.held), credit
 
     def pop_ready(self) -> ReadyGroup | None:
         """The next complete group, if any, after the backstop heard which parents
@@ -119,11 +175,21 @@ class Join:
         heard that recently is not silent anyway. On a partitioned durable the broker's
         count includes other replicas' messages, skipped as they arrive."""
         self._heard_at = now
+        held = self._budget_held()
         for parent, sub in self.data_subs.items():
             waiting = self.backend.backlog(sub)
-            if isinstance(waiting, Known) and waiting.value > 0:
+            if parent in held or isinstance(waiting, Known) and waiting.value > 0:
                 self.assembler.heard(parent, now)
+                if self.alignment is not None:
+                    self.alignment.heard(parent, now)
         self.settle_released()
+
+    def _budget_held(self) -> frozenset[str]:
+        """The parents whose producers wait for room in their payload share: held back
+        by the budget, not silent (the backstop gives none of them up)."""
+        if self.budget_waiting is None:
+            return frozenset()
+        return self.budget_waiting() & frozenset(self.data_subs)
 
     def settle_released(self) -> None:
         """Settle what the assembler let go of (it only does arithmetic): a delivery
@@ -152,16 +218,46 @@ class Join:
         else:
             self.deliveries.terminate(handle.parent, handle.delivery, f"join {reason}")
 
+    def waiting_why(self, waiting_for: Iterable[str]) -> dict[str, str]:
+        """Why the oldest group waits for each of these parents: BUDGET, SILENT or
+        BEHIND (see their docstring)."""
+        held = self._budget_held()
+        alignment, now = self.alignment, self.clock()
+        why: dict[str, str] = {}
+        for parent in waiting_for:
+            if parent in held:
+                why[parent] = BUDGET
+            elif alignment is not None and (
+                    alignment.silent_for(parent, now) >= SILENT_SHOWN_SECONDS):
+                why[parent] = SILENT
+            else:
+                why[parent] = BEHIND
+        return why
+
+    def held_back_seconds(self) -> dict[str, float]:
+        """Per parent, how long alignment has held it back so far ({} in trace mode)."""
+        alignment = self.alignment
+        return {} if alignment is None else alignment.held_back_seconds(self.clock())
+
     def status(self) -> dict[str, Any]:
         """What the join is doing (NATSMessenger.join_status)."""
         assembler = self.assembler
-        return {
+        waiting_for = assembler.waiting_for()
+        status = {
             "waiting_groups": assembler.pending_count(),
             "oldest_wait_seconds": assembler.oldest_wait_seconds(self.clock()),
-            "waiting_for": assembler.waiting_for(),
+            "waiting_for": waiting_for,
+            "waiting_why": self.waiting_why(waiting_for),
             "watermark_lag_seconds": assembler.watermark_lags(),
             "gives_up": self.gives_up,
+            "held_back": {} if self.alignment is None else dict(self.alignment.held),
+            "held_back_seconds": self.held_back_seconds(),
         }
+        if self.payload_shares is not None:
+            shares = self.payload_shares()
+            status["payload_shares"] = {p: dict(shares[p]) for p in self.data_subs
+                                        if p in shares}
+        return status
 
 
-__all__ = ["LAG_SAMPLE_SECONDS", "Join"]
+__all__ = ["BEHIND", "BUDGET", "LAG_SAMPLE_SECONDS", "SILENT", "SILENT_SHOWN_SECONDS", "Join"]

@@ -261,6 +261,37 @@ class MessengerPayloads:
         self.payload_store.acquire(ref, pin, ttl_seconds=DLQ_RETENTION_SECONDS)
         return True
 
+    # ------------------------------------------------------------------ the budget
+
+    def budget_waiting(self) -> Callable[[], frozenset[str]] | None:
+        """What says which nodes' writers wait for room in their payload share now
+        (a store with a budget: shared memory); None for a store without one."""
+        waiting: Callable[[], frozenset[str]] | None = getattr(
+            self.payload_store, "waiting_nodes", None)
+        return waiting
+
+    def budget_shares(self) -> Callable[[], dict[str, dict[str, Any]]] | None:
+        """What reads, per node, the bytes its writers hold of a budgeted store against
+        their shares, summed over its replicas ({node: {'held_bytes', 'share_bytes',
+        'waiting_seconds'}}); None for a store without a budget."""
+        states = getattr(self.payload_store, "writer_states", None)
+        if states is None:
+            return None
+
+        def shares() -> dict[str, dict[str, Any]]:
+            nodes: dict[str, dict[str, Any]] = {}
+            for state in states():
+                node = nodes.setdefault(state.node, {"held_bytes": 0, "share_bytes": 0,
+                                                     "waiting_seconds": None})
+                node["held_bytes"] += state.held_bytes
+                node["share_bytes"] += state.share_bytes or 0
+                if state.waiting_seconds is not None:
+                    node["waiting_seconds"] = max(node["waiting_seconds"] or 0.0,
+                                                  state.waiting_seconds)
+            return nodes
+
+        return shares
+
     # ------------------------------------------------------------------ reconciliation
 
     def reconcile(self) -> int:

@@ -320,9 +320,13 @@ class NATSMessenger(Messenger):
         self.join: Join | None = None  # a producer has no inputs to join
         if self.parent_names:
             self._bind(partition_by is not None, join_policy, delivery_policy, max_retries)
+            # A store with a budget (shared memory) says whose producers wait for
+            # room: such a parent is held back, not silent.
             self.join = Join(self.node_name, self.parent_names,
                              effective_join_policy(flow_type, join_policy), backend,
-                             self.deliveries, self._data_subs, clock=clock, epoch=epoch)
+                             self.deliveries, self._data_subs, clock=clock, epoch=epoch,
+                             budget_waiting=self.payloads.budget_waiting(),
+                             payload_shares=self.payloads.budget_shares())
 
     def _bind(self, partitioned: bool, join_policy: dict[str, Any] | None,
               delivery: dict[str, Any] | None, max_retries: int) -> None:
@@ -391,6 +395,12 @@ class NATSMessenger(Messenger):
         if self.join is None:
             return {"waiting_groups": 0, "oldest_wait_seconds": 0.0, "gives_up": True}
         return self.join.status()
+
+    @property
+    def held_back_seconds(self) -> dict[str, float]:
+        """A time join's parents: how long alignment has held each back so far; empty
+        for any other node."""
+        return {} if self.join is None else self.join.held_back_seconds()
 
     @property
     def watermark_lags(self) -> dict[str, float]:
@@ -704,8 +714,13 @@ class NATSMessenger(Messenger):
         linger = self.deliveries.linger_left()
         if linger is not None:
             poll = min(poll, linger)
-        got = self.backend.receive_any(self._all_subs, RECEIVE_BATCH, 0,
-                                       time.monotonic() + poll)
+        subs, credit = self._all_subs, RECEIVE_BATCH
+        if self.join is not None and self.join.alignment is not None:
+            held, most = self.join.align()
+            credit = min(credit, most)
+            if held:  # left on the broker until the slowest parent catches up
+                subs = [s for s in subs if s.kind == "eos" or s.channel.node not in held]
+        got = self.backend.receive_any(subs, credit, 0, time.monotonic() + poll)
         self._idle = not got
         for sub, delivery in got:
             if sub.kind == "eos":
@@ -713,6 +728,8 @@ class NATSMessenger(Messenger):
             else:
                 self._on_data(sub, delivery)
         if self.join is not None:
+            if got and self.join.alignment is not None:
+                self.join.arrived({sub.channel.node for sub, _ in got if sub.kind == "data"})
             self.join.settle_released()  # what the batch's adds let go of, at once
         self.deliveries.settle_pending()
 
