@@ -145,3 +145,27 @@ def test_a_replica_started_again_keeps_counting_from_where_its_dead_process_was(
 def test_a_port_must_be_a_port(bad: object) -> None:
     with pytest.raises(ValueError, match="port"):
         check_port(bad)
+
+
+def test_alignment_and_payload_shares_are_series_of_the_join_and_of_each_writer() -> None:
+    fuse = {"outcome": "running", "held_back": {"cam0": 12.5, "cam1": 0.0},
+            "held_back_now": {"cam0": "drift"}, "waiting_on": {"cam2": "silent"}}
+    cam = {"outcome": "running", "payload": {"held_bytes": 300, "share_bytes": 341,
+                                             "waiting_seconds": 1.5, "waited_seconds": 4.0}}
+    got = exposition([ReplicaSample("fuse", "0", fuse), ReplicaSample("cam0", "0", cam,
+                                                                       inputs=False)])
+
+    def at(name: str, node: str, **extra: str) -> float:
+        labels = {("flow", "f"), ("node", node), ("replica", "0"), *extra.items()}
+        return got[(name, frozenset(labels))]
+
+    assert at("videoflow_held_back_seconds_total", "fuse", parent="cam0") == 12.5
+    assert at("videoflow_held_back", "fuse", parent="cam0") == 1.0
+    assert at("videoflow_held_back", "fuse", parent="cam1") == 0.0
+    assert at("videoflow_join_waiting", "fuse", parent="cam2", why="silent") == 1.0
+    assert at("videoflow_payload_held_bytes", "cam0") == 300
+    assert at("videoflow_payload_share_bytes", "cam0") == 341
+    assert at("videoflow_payload_waiting", "cam0") == 1.0
+    assert at("videoflow_payload_wait_seconds_total", "cam0") == 4.0
+    assert not any(name.startswith("videoflow_payload") and ("node", "fuse") in labels
+                   for name, labels in got)  # a node writing no payload has no series

@@ -4,6 +4,7 @@ count is shown as unknown, never as 0)."""
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 
@@ -201,3 +202,73 @@ def test_the_terminal_view_redraws_in_place() -> None:
     back_over_four = "\r\x1b[2K" + "\x1b[1A\x1b[2K" * 3
     assert out.getvalue().count(back_over_four) == 2
     assert out.getvalue().count("\x1b[1A") == 6
+
+
+def alignment_nodes() -> dict[str, NodeProgress]:
+    mb = 1024 * 1024
+    return {
+        "cam0": NodeProgress("producer", replicas={"cam0[0]": {
+            "emitted": 90, "payload": {"held_bytes": 340 * mb, "share_bytes": 341 * mb,
+                                       "waiting_seconds": 2.0, "waited_seconds": 5.0}}}),
+        "cam2": NodeProgress("producer", replicas={"cam2[0]": {
+            "emitted": 3, "payload": {"held_bytes": 6 * mb, "share_bytes": 341 * mb,
+                                      "waiting_seconds": None, "waited_seconds": 0.0}}}),
+        "fuse": NodeProgress("processor", replicas={"fuse[0]": {
+            "processed": 3, "watermark_lag": {"cam0": 0.0, "cam2": 2.9},
+            "held_back": {"cam0": 12.34, "cam2": 0.0}, "held_back_now": {"cam0": "drift"},
+            "waiting_on": {"cam2": "silent"}}}, pending={"fuse[0]": 90})}
+
+
+def test_the_view_says_who_is_held_back_what_each_writer_holds_and_why_a_join_waits(
+) -> None:
+    out = io.StringIO()
+    LiveView(out, tty=False).update("rig r1", alignment_nodes())
+    rows = [line.split() for line in out.getvalue().splitlines()]
+    assert rows[1][-4:] == ["behind", "held", "back", "shm"]
+    cam0, cam2, fuse = rows[2], rows[3], rows[4]
+    assert cam0[-6:] == ["12.3", "s", "now", "340/341", "MB", "wait"]
+    assert cam2[-4:] == ["-", "-", "6/341", "MB"]
+    assert fuse[-6:] == ["cam2", "2900", "ms,", "silent", "-", "-"]
+
+
+def test_a_flow_without_alignment_or_a_payload_budget_keeps_the_table_it_had() -> None:
+    out = io.StringIO()
+    nodes = alignment_nodes()
+    for progress in nodes.values():
+        for stats in progress.replicas.values():
+            for key in ("payload", "held_back", "held_back_now", "waiting_on"):
+                stats.pop(key, None)
+    LiveView(out, tty=False).update("rig r1", nodes)
+    assert out.getvalue().splitlines()[1].split() == [
+        "node", "done", "rate/s", "pending", "dropped", "dead-let.", "behind"]
+
+
+def test_the_json_view_carries_holds_shares_and_waits() -> None:
+    out = io.StringIO()
+    LiveView(out, tty=False, json_lines=True).update("rig r1", alignment_nodes())
+    cam0, _, fuse = json.loads(out.getvalue())["nodes"]
+    assert cam0["held_back"] == {"seconds": 12.34, "now": True}
+    assert cam0["payload"] == {"held_bytes": 340 * 2**20, "share_bytes": 341 * 2**20,
+                               "waiting": True}
+    assert fuse["waiting_on"] == {"cam2": "silent"} and "payload" not in fuse
+
+
+def test_the_report_says_who_was_held_back_who_waited_for_room_and_what_a_join_waited_for(
+) -> None:
+    fuse = NodeReport.from_replicas("processor", {
+        "fuse[0]": {"held_back": {"cam0": 12.34, "cam2": 0.0}, "outcome": "quiesced",
+                    "waiting_on": {"cam2": "budget"}}})
+    cam0 = NodeReport.from_replicas("producer", {
+        "cam0[0]": {"payload": {"held_bytes": 0, "share_bytes": 341 * 2**20,
+                                "waiting_seconds": None, "waited_seconds": 5.25}},
+        "cam0[1]": {"payload": {"held_bytes": 0, "share_bytes": 341 * 2**20,
+                                "waiting_seconds": None, "waited_seconds": 1.0}}})
+    assert fuse.held_back_seconds == {"cam0": 12.34, "cam2": 0.0}
+    assert (cam0.payload_waited_seconds, cam0.payload_share_bytes) == (6.25, 682 * 2**20)
+    text = RunReport("f", "r", "batch", "nats://x", outcome="stopped",
+                     nodes={"cam0": cam0, "fuse": fuse}).format()
+    assert ("fuse: held back by event-time alignment (ahead of the slowest parent): "
+            "cam0 12.3 s") in text
+    assert "cam2 0.0" not in text  # never held back: not named
+    assert "fuse: its oldest group waited for cam2 (budget)" in text
+    assert "cam0: waited 6.2 s for room in its shared-memory payload share of 682 MB" in text

@@ -81,6 +81,16 @@ class NodeReport:
             final reports of its replicas (a process that failed with outputs in
             flight, its broker lost): on the broker's stream or not. What a process
             that died without a word had in flight is not known, so not counted.
+        held_back_seconds: a time join's parents, how long its event-time alignment
+            held each back (left it on the broker while it ran ahead), the most any
+            replica did; {} for other nodes.
+        waiting_on: the parents a join's oldest incomplete group waited for as its
+            replicas last reported, each with why ('budget', 'silent', 'behind'):
+            what a run that stalled or was stopped waited for; {} when nothing did.
+        payload_waited_seconds: how long its replicas waited for room in their shares
+            of the shared-memory payload budget, in all; None when it wrote none there.
+        payload_share_bytes: their shares of that budget, summed, as last reported
+            (None as above).
         restarts: replica processes started again after dying.
         deaths: every process that died without its final report, in order: which,
             how, when, what it had in hand, whether it was started again.
@@ -103,6 +113,10 @@ class NodeReport:
     errors: dict[str, str] = field(default_factory=dict)
     publications: dict[str, int] = field(default_factory=dict)
     unconfirmed: int = 0
+    held_back_seconds: dict[str, float] = field(default_factory=dict)
+    waiting_on: dict[str, str] = field(default_factory=dict)
+    payload_waited_seconds: float | None = None
+    payload_share_bytes: int | None = None
     restarts: int = 0
     deaths: list[ProcessDeath] = field(default_factory=list)
 
@@ -149,6 +163,18 @@ class NodeReport:
             for parent, lag in (stats.get("watermark_lag_max") or {}).items():
                 most = report.watermark_lag_max_ms
                 most[parent] = max(most.get(parent, 0.0), lag * 1000.0)
+            for parent, seconds in (stats.get("held_back") or {}).items():
+                held = report.held_back_seconds
+                held[parent] = max(held.get(parent, 0.0), float(seconds))
+            if "~" not in key:
+                report.waiting_on.update(stats.get("waiting_on") or {})
+            payload = stats.get("payload")
+            if payload:
+                report.payload_waited_seconds = (report.payload_waited_seconds or 0.0) + float(
+                    payload.get("waited_seconds") or 0.0)
+                if "~" not in key:
+                    report.payload_share_bytes = (report.payload_share_bytes or 0) + int(
+                        payload.get("share_bytes") or 0)
         if starts and ends:
             report.seconds = max(0.0, max(ends) - min(starts))
         count = report.emitted if kind == "producer" else report.processed
@@ -224,6 +250,20 @@ class RunReport:
                 lags = sorted(n.watermark_lag_max_ms.items(), key=lambda kv: -kv[1])
                 lines.append(f"  {name}: parents' event time behind the most advanced, at "
                              "most: " + ", ".join(f"{p} {lag:.1f} ms" for p, lag in lags))
+        for name, n in self.nodes.items():
+            held = sorted(((p, s) for p, s in n.held_back_seconds.items() if s >= 0.05),
+                          key=lambda kv: -kv[1])
+            if held:
+                lines.append(f"  {name}: held back by event-time alignment (ahead of the "
+                             "slowest parent): " + ", ".join(f"{p} {s:.1f} s" for p, s in held))
+            if n.waiting_on:
+                lines.append(f"  {name}: its oldest group waited for " + ", ".join(
+                    f"{p} ({why})" for p, why in n.waiting_on.items()))
+            if n.payload_waited_seconds:
+                share = ("" if not n.payload_share_bytes
+                         else f" of {n.payload_share_bytes / 2**20:.0f} MB")
+                lines.append(f"  {name}: waited {n.payload_waited_seconds:.1f} s for room in "
+                             f"its shared-memory payload share{share}")
         for n in self.nodes.values():
             # A replica lost at its last death: its 'lost' line below tells that death.
             last = {death.replica: death for death in n.deaths}

@@ -53,6 +53,17 @@ class TaskStats:
         publications: the messenger's publication outcomes by kind (accepted,
             duplicate, unknown, dropped, rejected).
         budget_waits: times receiving paused because the byte budget was full.
+        held_back: a time join's parents, the seconds its event-time alignment has held
+            each back (left its input on the broker while it ran ahead).
+        held_back_now: the parents it holds back now, each with why ('drift' or
+            'pending', videoflow.messaging.join_alignment).
+        waiting_on: the parents the join's oldest incomplete group waits for, each with
+            why ('budget': its producer waits for payload room; 'silent': nothing came
+            from it for a second or more; 'behind': its input is on its way).
+        payload: a replica writing payloads into a budgeted store (shared memory), its
+            bytes held against its share: held_bytes, share_bytes (None until it
+            writes), waiting_seconds (its current wait for room, None when it is not
+            waiting) and waited_seconds (in all); None for any other.
         started / ended: wall-clock seconds.
         snapshot()'s 'at': the process's monotonic clock when the snapshot was made, so
             a rate is the count's change between two snapshots over the change in 'at'.
@@ -74,6 +85,10 @@ class TaskStats:
     hop_latency: Histogram = field(default_factory=Histogram)
     publications: dict[str, int] = field(default_factory=dict)
     budget_waits: int = 0
+    held_back: dict[str, float] = field(default_factory=dict)
+    held_back_now: dict[str, str] = field(default_factory=dict)
+    waiting_on: dict[str, str] = field(default_factory=dict)
+    payload: dict[str, Any] | None = None
     started: float = field(default_factory=time.time)
     ended: float | None = None
     outcome: str = "running"
@@ -103,6 +118,10 @@ class TaskStats:
                 "hop_latency": self.hop_latency.as_dict(),
                 "publications": dict(self.publications),
                 "budget_waits": self.budget_waits,
+                "held_back": dict(self.held_back),
+                "held_back_now": dict(self.held_back_now),
+                "waiting_on": dict(self.waiting_on),
+                "payload": None if self.payload is None else dict(self.payload),
                 "started": self.started, "ended": self.ended, "outcome": self.outcome,
                 "error": self.error, "at": time.monotonic()}
 
@@ -203,6 +222,13 @@ class Task:
         self.stats.watermark_lag_max = dict(getattr(self.messenger, "watermark_lag_max", {}))
         self.stats.publications = dict(getattr(self.messenger, "publication_stats", {}))
         self.stats.budget_waits = int(getattr(self.messenger, "budget_waits", 0))
+        alignment = getattr(self.messenger, "alignment_state", None)
+        if alignment is not None:
+            stats = self.stats
+            stats.held_back, stats.held_back_now, stats.waiting_on = alignment()
+        payload = getattr(self.messenger, "payload_share", None)
+        if payload is not None:
+            self.stats.payload = payload()
 
     def _tick(self) -> None:
         if self._progress is not None and time.monotonic() >= self._next_progress:

@@ -292,6 +292,18 @@ class MessengerPayloads:
 
         return shares
 
+    def own_share(self) -> dict[str, Any] | None:
+        """This replica's writer in a budgeted store: held_bytes, share_bytes,
+        waiting_seconds, waited_seconds; None before it wrote there, or for a store
+        without a budget."""
+        state_of = getattr(self.payload_store, "writer_state", None)
+        state = None if state_of is None else state_of()
+        if state is None:
+            return None
+        return {"held_bytes": state.held_bytes, "share_bytes": state.share_bytes,
+                "waiting_seconds": state.waiting_seconds,
+                "waited_seconds": state.waited_seconds}
+
     # ------------------------------------------------------------------ reconciliation
 
     def reconcile(self) -> int:

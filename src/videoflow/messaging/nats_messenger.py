@@ -396,11 +396,22 @@ class NATSMessenger(Messenger):
             return {"waiting_groups": 0, "oldest_wait_seconds": 0.0, "gives_up": True}
         return self.join.status()
 
-    @property
-    def held_back_seconds(self) -> dict[str, float]:
-        """A time join's parents: how long alignment has held each back so far; empty
-        for any other node."""
-        return {} if self.join is None else self.join.held_back_seconds()
+    def alignment_state(self) -> tuple[dict[str, float], dict[str, str], dict[str, str]]:
+        """A time join's alignment, for the run's report and view: per parent the
+        seconds it was held back so far, the parents held back now with why, and the
+        parents the oldest incomplete group waits for with why (Join.waiting_why); all
+        empty for a node without a join."""
+        join = self.join
+        if join is None:
+            return {}, {}, {}
+        held_now = {} if join.alignment is None else dict(join.alignment.held)
+        return (join.held_back_seconds(), held_now,
+                join.waiting_why(join.assembler.waiting_for()))
+
+    def payload_share(self) -> dict[str, Any] | None:
+        """This replica's bytes in a budgeted payload store against its share
+        (TaskStats.payload), None where it writes none there."""
+        return self.payloads.own_share()
 
     @property
     def watermark_lags(self) -> dict[str, float]:

@@ -29,6 +29,16 @@ named; the broker's counts by flow, node, parent and durable instead):
   with it, output handed to the broker (histogram; a node with inputs).
 - videoflow_watermark_lag_seconds{parent}: a time join's parent, how far its
   event-time watermark is behind the most advanced parent's.
+- videoflow_held_back_seconds_total{parent}: a time join's parent, how long event-time
+  alignment has left its input on the broker while it ran ahead of the slowest.
+- videoflow_held_back{parent}: 1 while it does.
+- videoflow_join_waiting{parent,why}: 1 for each parent a join's oldest incomplete
+  group waits for, with why: budget (its producer waits for payload room), silent
+  (nothing came from it for a second or more), behind (its input is on its way).
+- videoflow_payload_held_bytes / videoflow_payload_share_bytes: a replica writing into
+  the shared-memory payload store, the bytes it holds there and its share of the
+  budget; videoflow_payload_waiting is 1 while it waits for room, and
+  videoflow_payload_wait_seconds_total how long it waited in all.
 - videoflow_budget_waits_total: times receiving paused on a full byte budget.
 - videoflow_restarts_total (engine only): processes of the replica started again.
 - videoflow_replica_up: 1 while the replica's process runs and has not ended.
@@ -157,6 +167,22 @@ class SnapshotCollector:
                     "A time join's parent, behind the most advanced one in event time.",
                     "parent")
         up = gauge("videoflow_replica_up", "1 while the replica's process runs.")
+        held_total = counter("videoflow_held_back_seconds",
+                             "A time join's parent, held back by event-time alignment.",
+                             "parent")
+        held_now = gauge("videoflow_held_back", "1 while alignment holds the parent back.",
+                         "parent")
+        waiting_on = gauge("videoflow_join_waiting",
+                           "1 per parent the oldest incomplete group waits for, with why.",
+                           "parent", "why")
+        payload_held = gauge("videoflow_payload_held_bytes",
+                             "Bytes the replica holds in the shared-memory payload store.")
+        payload_share = gauge("videoflow_payload_share_bytes",
+                              "The replica's share of the shared-memory payload budget.")
+        payload_waiting = gauge("videoflow_payload_waiting",
+                                "1 while the replica waits for room in its payload share.")
+        payload_waited = counter("videoflow_payload_wait_seconds",
+                                 "Seconds the replica waited for room in its payload share.")
         join = HistogramMetricFamily(
             "videoflow_join_latency_seconds",
             "A group's first member arriving to the node receiving the group.",
@@ -184,6 +210,20 @@ class SnapshotCollector:
             up.add_metric(labels, 1.0 if s.get("outcome", "running") == "running" else 0.0)
             for parent, seconds in sorted((s.get("watermark_lag") or {}).items()):
                 lag.add_metric([*labels, parent], seconds)
+            holding = s.get("held_back_now") or {}
+            for parent, seconds in sorted((s.get("held_back") or {}).items()):
+                held_total.add_metric([*labels, parent], seconds)
+                held_now.add_metric([*labels, parent], 1.0 if parent in holding else 0.0)
+            for parent, why in sorted((s.get("waiting_on") or {}).items()):
+                waiting_on.add_metric([*labels, parent, why], 1.0)
+            payload = s.get("payload")
+            if payload:
+                payload_held.add_metric(labels, payload.get("held_bytes") or 0)
+                if payload.get("share_bytes") is not None:
+                    payload_share.add_metric(labels, payload["share_bytes"])
+                payload_waiting.add_metric(
+                    labels, 0.0 if payload.get("waiting_seconds") is None else 1.0)
+                payload_waited.add_metric(labels, payload.get("waited_seconds") or 0.0)
             for family, key in ((join, "join_latency"), (hop, "hop_latency")):
                 if sample.inputs and s.get(key):
                     histogram = Histogram()
@@ -201,7 +241,9 @@ class SnapshotCollector:
                     pending.add_metric(labels, seen["available"] + seen["leased"])
                     unresolved.add_metric(labels, seen["unresolved"])
         yield from (received, processed, outputs, failures, dropped, dead, published,
-                    waits, restarts, pending, unresolved, unknown, lag, up, join, hop)
+                    waits, restarts, pending, unresolved, unknown, lag, up, join, hop,
+                    held_total, held_now, waiting_on, payload_held, payload_share,
+                    payload_waiting, payload_waited)
 
 
 def per_durable(snapshots: Iterable[Mapping[str, Any]],

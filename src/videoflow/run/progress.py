@@ -42,11 +42,15 @@ RELAY_WAIT_SECONDS = 2.0
 """How long closing the view waits for the replicas' last lines (their pipes' ends)."""
 
 _HEADERS = ("node", "done", "rate/s", "pending", "dropped", "dead-let.", "behind",
-            "restarts")
+            "restarts", "held back", "shm")
 # Which columns go first when the terminal is narrow (the highest first); a column
 # with nothing to say (only '0' and '-') goes before any that has.
 _DROP_ORDER = {"node": 0, "rate/s": 1, "pending": 1, "behind": 2, "done": 3,
-               "restarts": 3, "dropped": 4, "dead-let.": 5}
+               "restarts": 3, "dropped": 4, "dead-let.": 5, "held back": 2, "shm": 1}
+_OPTIONAL = ("held back", "shm")
+"""Columns a flow without a time join holding back, or without a payload budget,
+never fills: left out of the table when every row has '-' there."""
+_MB = 1024 * 1024
 
 
 @dataclass
@@ -150,9 +154,47 @@ class NodeProgress:
             return None
         return parent, lags[parent]
 
+    def waiting_on(self) -> dict[str, str]:
+        """The parents a join's oldest incomplete group waits for, each with why
+        ('budget', 'silent' or 'behind'), as of the latest word of its replicas."""
+        waiting: dict[str, str] = {}
+        for stats in self.replicas.values():
+            if stats.get("outcome", "running") == "running" and not stats.get("ended"):
+                waiting.update(stats.get("waiting_on") or {})
+        return waiting
+
     def behind_text(self) -> str:
-        behind = self.behind()
-        return "-" if behind is None else f"{behind[0]} {behind[1] * 1000.0:.0f} ms"
+        """The parent furthest behind and by how much, with why the join waits for
+        it when that is not just its input on its way ('cam2 3000 ms, silent'); a
+        parent waited for but not heard from at all, by name and why alone."""
+        behind, waiting = self.behind(), self.waiting_on()
+        stalled = {p: why for p, why in waiting.items() if why != "behind"}
+        if behind is None:
+            parent = next(iter(stalled), None)
+            return "-" if parent is None else f"{parent} {stalled[parent]}"
+        text = f"{behind[0]} {behind[1] * 1000.0:.0f} ms"
+        why = stalled.get(behind[0])
+        return text if why is None else f"{text}, {why}"
+
+    def payload(self) -> tuple[int, int, bool] | None:
+        """What the node's replicas hold of a budgeted payload store: (bytes held,
+        their shares, whether one of them waits for room); None when none writes
+        there."""
+        found = [s["payload"] for s in self.replicas.values() if s.get("payload")]
+        if not found:
+            return None
+        return (sum(int(p.get("held_bytes") or 0) for p in found),
+                sum(int(p.get("share_bytes") or 0) for p in found),
+                any(p.get("waiting_seconds") is not None for p in found))
+
+    def payload_text(self) -> str:
+        """'held/share MB', with ' wait' while a replica waits for room; '-' for a
+        node that writes no payload there."""
+        payload = self.payload()
+        if payload is None:
+            return "-"
+        held, share, waiting = payload
+        return f"{held / _MB:.0f}/{share / _MB:.0f} MB" + (" wait" if waiting else "")
 
     def mark(self, now: float) -> None:
         """Fold the replicas' latest reports into their rates: a report not seen before
@@ -199,10 +241,38 @@ class NodeProgress:
         return sum(r for r in rates if r is not None)
 
 
-def progress_document(name: str, progress: NodeProgress, now: float) -> dict[str, Any]:
+def held_back(nodes: Mapping[str, NodeProgress]) -> dict[str, tuple[float, bool]]:
+    """Per node, how long the time joins reading it held it back by event-time
+    alignment (the most any join did) and whether one holds it back now: a row of
+    its own in the view, read from its children's words."""
+    held: dict[str, tuple[float, bool]] = {}
+    for progress in nodes.values():
+        for stats in progress.replicas.values():
+            now = stats.get("held_back_now") or {}
+            for parent, seconds in (stats.get("held_back") or {}).items():
+                most, holding = held.get(parent, (0.0, False))
+                running = stats.get("outcome", "running") == "running"
+                held[parent] = (max(most, float(seconds)),
+                                holding or (running and parent in now))
+    return {parent: value for parent, value in held.items() if value[0] > 0 or value[1]}
+
+
+def held_text(held: tuple[float, bool] | None) -> str:
+    """'12.3 s', with ' now' while a join holds the node back; '-' for never."""
+    if held is None:
+        return "-"
+    seconds, now = held
+    return f"{seconds:.1f} s" + (" now" if now else "")
+
+
+def progress_document(name: str, progress: NodeProgress, now: float,
+                      held: tuple[float, bool] | None = None) -> dict[str, Any]:
     """One node's row of the view as JSON: done, rate_per_second (None while unknown),
     pending (None for a producer; when unknown, None and pending_unknown saying why),
-    dropped, dead_lettered, behind ({parent, ms} or None) and restarts."""
+    dropped, dead_lettered, behind ({parent, ms} or None), waiting_on ({parent: why}
+    for a join whose oldest group waits), held_back ({seconds, now} when a time join
+    held it back), payload ({held_bytes, share_bytes, waiting} when it writes into a
+    budgeted store) and restarts."""
     pending = progress.pending_count(now)
     behind = progress.behind()
     rate = progress.rate(now)
@@ -217,6 +287,14 @@ def progress_document(name: str, progress: NodeProgress, now: float) -> dict[str
         behind=None if behind is None else {"parent": behind[0],
                                             "ms": round(behind[1] * 1000.0, 1)},
         restarts=progress.restarts)
+    waiting, payload = progress.waiting_on(), progress.payload()
+    if waiting:
+        document["waiting_on"] = waiting
+    if held is not None:
+        document["held_back"] = {"seconds": round(held[0], 3), "now": held[1]}
+    if payload is not None:
+        document["payload"] = {"held_bytes": payload[0], "share_bytes": payload[1],
+                               "waiting": payload[2]}
     return document
 
 
@@ -383,24 +461,28 @@ class LiveView:
         for progress in nodes.values():
             progress.mark(now)
         heading = title + (f"  {extra}" if extra else "")
+        held = held_back(nodes)
         if not self.tty and self.json_lines:
             self.stream.write(json_line(__name__, heading, nodes=[
-                progress_document(name, p, now) for name, p in nodes.items()]) + "\n")
+                progress_document(name, p, now, held.get(name))
+                for name, p in nodes.items()]) + "\n")
             self.stream.flush()
             return
+        table: list[tuple[str, ...]] = [
+            (name, str(p.count()), rate_text(p.rate(now)), p.pending_text(now),
+             str(p.drops()), str(p.total("dead_lettered")), p.behind_text(),
+             str(p.restarts), held_text(held.get(name)), p.payload_text())
+            for name, p in nodes.items()]
+        headers, table = _without_empty_optional(table)
         if not self.tty:
-            rows = [("node", "done", "rate/s", "pending", "dropped", "dead-let.", "behind")]
-            for name, p in nodes.items():
-                rows.append((name, str(p.count()), rate_text(p.rate(now)), p.pending_text(now),
-                             str(p.drops()), str(p.total("dead_lettered")), p.behind_text()))
+            rows = [tuple(h for h in headers if h != "restarts"),
+                    *(tuple(c for h, c in zip(headers, r, strict=True) if h != "restarts")
+                      for r in table)]
             lines = [heading, *format_table(rows)]
             self.stream.write("".join(f"{line}\n" for line in lines))
             self.stream.flush()
             return
-        board = _Board(heading, [
-            (name, str(p.count()), rate_text(p.rate(now)), p.pending_text(now), str(p.drops()),
-             str(p.total("dead_lettered")), p.behind_text(), str(p.restarts))
-            for name, p in nodes.items()])
+        board = _Board(heading, table, headers)
         with self._lock:
             self._board = board
             if self._live is None:
@@ -463,12 +545,22 @@ class LiveView:
                     self._handlers.append((handler, handler.setStream(proxy)))
 
 
+def _without_empty_optional(rows: list[tuple[str, ...]],
+                            ) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The headers and rows without the optional columns no row fills (_OPTIONAL)."""
+    keep = [i for i, h in enumerate(_HEADERS)
+            if h not in _OPTIONAL or any(r[i] != "-" for r in rows)]
+    return (tuple(_HEADERS[i] for i in keep),
+            [tuple(r[i] for i in keep) for r in rows])
+
+
 class _Board:
     """The terminal view as of one update: a title and the table, laid out for the
     width it is drawn at."""
 
-    def __init__(self, title: str, rows: list[tuple[str, ...]]) -> None:
-        self.title, self.rows = title, rows
+    def __init__(self, title: str, rows: list[tuple[str, ...]],
+                 headers: tuple[str, ...] = _HEADERS) -> None:
+        self.title, self.rows, self.headers = title, rows, headers
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
         from rich.text import Text
@@ -482,26 +574,26 @@ class _Board:
         an unknown pending count loses its reason ('unknown') first, then columns go
         in _DROP_ORDER, one with nothing to say (only '0' and '-') before any other;
         drops and dead letters, when there are any, stay (the report keeps them too)."""
-        rows, cap = self.rows, width
+        rows, cap, headers = self.rows, width, self.headers
 
         def need(shown: list[int]) -> int:  # two columns of padding between columns
-            widths = [max(len(_HEADERS[i]), *(len(r[i]) for r in rows)) if rows
-                      else len(_HEADERS[i]) for i in shown]
+            widths = [max(len(headers[i]), *(len(r[i]) for r in rows)) if rows
+                      else len(headers[i]) for i in shown]
             widths[0] = min(widths[0], cap)
             return sum(widths) + 2 * (len(shown) - 1)
 
-        shown = list(range(len(_HEADERS)))
+        shown = list(range(len(headers)))
         if need(shown) > width:
             # Narrow: long node names are cut, and unknown pending counts lose their
             # reason, before any column goes.
             cap = max(8, width // 3)
             rows = [(*r[:3], r[3].split(" (")[0], *r[4:]) for r in rows]
-        silent = {i for i in range(4, len(_HEADERS))
+        silent = {i for i in range(4, len(headers))
                   if all(r[i] in ("0", "-") for r in rows)}
         # What went wrong stays, as in the report: drops and dead letters, when any.
         kept = {i for i in (4, 5) if i not in silent}
         by_drop = sorted((i for i in shown[1:] if i not in kept),
-                         key=lambda i: (i in silent, _DROP_ORDER[_HEADERS[i]], i),
+                         key=lambda i: (i in silent, _DROP_ORDER[headers[i]], i),
                          reverse=True)
         while by_drop and need(shown) > width:
             shown.remove(by_drop.pop(0))
@@ -512,11 +604,12 @@ class _Board:
         from rich.table import Table
 
         shown, cap, rows = self.layout(width)
+        headers = self.headers
         # No row wraps: a cell too long for what is left of the width is cut ('…').
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                       padding=(0, 1), collapse_padding=True)
         for i in shown:
-            table.add_column(_HEADERS[i], no_wrap=True, overflow="ellipsis",
+            table.add_column(headers[i], no_wrap=True, overflow="ellipsis",
                              justify="left" if i in (0, 3, 6) else "right",
                              min_width=4 if i == 0 else None,
                              max_width=cap if i == 0 else None)
