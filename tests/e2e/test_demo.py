@@ -59,9 +59,9 @@ def check(result: demo.DemoResult) -> None:
     # Every window full: +-20 ms at 400 Hz. A window closes on the IMU's event time, and
     # the wall-time backstop never while its samples wait for the join.
     assert result.imu_per_group is not None and result.imu_per_group[0] >= 16
-    if result.backlog:  # ahead of real time by design: no lag to speak of
+    if result.backlog and result.lag is None:  # ahead of real time by design: no lag
         assert result.camera_lag_ms is None
-    else:
+    else:  # a lagging camera is paced among a backlog, and says how far behind it was
         assert result.camera_lag_ms is not None and result.camera_lag_ms >= 0
 
 
@@ -260,6 +260,41 @@ def test_a_fusion_started_ten_seconds_after_its_producers_replays_their_backlog_
     assert "the fusion starting 10 s late" in result.format()
 
 
+def test_a_camera_whose_frames_arrive_two_seconds_late_costs_no_group(
+        nats_server: EmbeddedServer) -> None:
+    # cam1 starts 2 s after the others and stays 2 s behind: the join holds the others
+    # back (on the broker) and, its timeout raised past the lag, waits for cam1.
+    result = demo.run_demo(duration=SECONDS, drop_rate=DROP_RATE, seed=SEED,
+                           nats_url=nats_server.url, view=False, lag=(1, 2.0))
+    check(result)
+    assert result.lag == ("cam1", 2.0)
+    assert result.timeout_ms == demo.fusion_timeout_ms((1, 2.0)) > 2000.0 + demo.TIMEOUT_MS
+    assert result.to_dict()["lag"] == {"camera": "cam1", "seconds": 2.0}
+    assert result.to_dict()["timeout_ms"] == result.timeout_ms
+    assert ", cam1 2 s late, fused by event time" in result.format()
+    # The 2 s asked for are cam1's schedule, not lag.
+    assert result.camera_lag_ms is not None and result.camera_lag_ms < 1000.0
+    held = result.report.nodes["fusion"].held_back_seconds
+    assert all(held[camera] >= 1.0 for camera in ("cam0", "cam2", "cam3")), held
+    assert held["imu"] >= 1.0 and held["cam1"] == 0.0, held  # the slowest is never held
+
+
+def test_a_live_camera_late_among_a_backlog_is_paced_and_costs_no_group(
+        nats_server: EmbeddedServer) -> None:
+    # The issue's first scenario: producers replaying a backlog run ahead of a live one.
+    result = demo.run_demo(duration=SECONDS, drop_rate=DROP_RATE, seed=SEED,
+                           nats_url=nats_server.url, view=False, backlog=True,
+                           lag=(2, 0.5))
+    check(result)
+    assert result.backlog and result.lag == ("cam2", 0.5)
+    held = result.report.nodes["fusion"].held_back_seconds
+    assert all(held[camera] > 0.0 for camera in ("cam0", "cam1", "cam3")), held
+    text = result.format()
+    assert "published as a backlog, cam2 0.5 s late" in text
+    assert ("most a frame of cam2 was sent behind its capture + 0.5 s; the other "
+            "producers ran ahead as a backlog") in text
+
+
 def test_demo_runs_on_the_embedded_server_without_a_url(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VIDEOFLOW_NATS_URL", raising=False)
@@ -287,6 +322,14 @@ def test_demo_command_prints_json_and_exits_zero() -> None:
     (("--fps", "241"), "--fps must be above 0 and at most 240"),
     (("--imu-hz", "2001"), "--imu-hz must be above 0 and at most 2000"),
     (("--fusion-delay", "61"), "--fusion-delay must be 0 to 60 s, got 61"),
+    (("--lag", "cam4:2"), "--lag names cam4, but the cameras are cam0 to cam3"),
+    (("--cameras", "2", "--lag", "2:1"), "--lag names cam2, but the cameras are cam0 to cam1"),
+    (("--lag", "cam1:0"), "--lag must be above 0 and at most 60 s, got 0"),
+    (("--lag", "cam1:61"), "--lag must be above 0 and at most 60 s, got 61"),
+    (("--lag", "cam1"), "--lag is CAMERA:SECONDS, e.g. cam2:3 or 2:3, got 'cam1'"),
+    (("--lag", "imu:2"), "--lag is CAMERA:SECONDS"),
+    (("--lag", "cam1:soon"), "--lag is CAMERA:SECONDS"),
+    (("--lag", "cam1:nan"), "--lag is CAMERA:SECONDS"),
 ])
 def test_demo_command_rejects_a_bad_option_in_one_line(args: tuple[str, ...],
                                                        message: str) -> None:
@@ -309,6 +352,30 @@ def test_the_start_gate_opens_for_every_process_at_one_instant_once_all_are_up(
     gate.arrive("cam0")  # a restarted process: its first mark stands
     again = demo.StartGate(str(tmp_path), ("cam0", "cam1", "fusion"), delay=0.25)
     assert gate.t0() == again.t0() == last + 0.25
+
+
+@pytest.mark.parametrize(("text", "lag"), [
+    ("cam2:3", (2, 3.0)), ("2:3", (2, 3.0)), ("CAM0:0.25", (0, 0.25)), ("cam15:60", (15, 60.0)),
+])
+def test_a_lag_names_a_camera_by_name_or_number(text: str, lag: tuple[int, float]) -> None:
+    assert demo.parse_lag(text) == lag
+
+
+def test_a_lag_raises_the_joins_timeout_past_the_lag_and_the_start() -> None:
+    assert demo.fusion_timeout_ms(None) == demo.TIMEOUT_MS
+    assert demo.fusion_timeout_ms((3, 8.0), start_delay=0.5) == demo.TIMEOUT_MS + 9500.0
+    flow = demo.build_flow(lag=(3, 8.0))
+    cameras = {node.name: node for node in flow.producers if node.name.startswith("cam")}
+    assert {name: node.delay for name, node in cameras.items()} == {
+        "cam0": 0.0, "cam1": 0.0, "cam2": 0.0, "cam3": 8.0}
+
+
+def test_a_lag_is_said_in_the_head_line_and_the_json() -> None:
+    result = checked()
+    result.lag = ("cam2", 3.0)
+    assert ", cam2 3 s late, fused by event time" in result.format()
+    assert result.to_dict()["lag"] == {"camera": "cam2", "seconds": 3.0}
+    assert checked().to_dict()["lag"] is None
 
 
 def test_build_flow_rejects_options_out_of_range() -> None:

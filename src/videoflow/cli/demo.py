@@ -9,6 +9,7 @@ wind-down included)::
     videoflow demo --cameras 6 --json       # machine output
     videoflow demo --backlog                # the replay case: producers ahead of the join
     videoflow demo --fusion-delay 10        # the join starts 10 s late and catches up
+    videoflow demo --lag cam2:3             # cam2's frames arrive 3 s after capture
 
     cam0 ─┐
     cam1 ─┤
@@ -30,6 +31,15 @@ wind-down included)::
 - With --fusion-delay the fusion node takes its first input that long after the
   first capture: what the cameras and the IMU sent meanwhile waits on the broker,
   and the join, going by event time, loses none of it.
+- With --lag CAMERA:SECONDS one camera captures and stamps as the others do, but each
+  of its frames reaches the flow SECONDS after its capture (a slow network path, a
+  driver's buffer): its first frame comes that long after the others', and it stays
+  that far behind to the end. It is paced in real time even with --backlog, the live
+  camera the backlog runs ahead of. The join holds back the cameras and the IMU that
+  run more than its drift bound (1 s of event time) ahead of it, leaving their input
+  on the broker; and its timeout is raised to 300 ms + the lag + the start delay + 1 s
+  (fusion_timeout_ms), so that the lagging camera, silent until its first frame, is
+  not taken for stopped. What is fused does not change, only when it arrives.
 - The fusion node sees one camera frame per parent, None for a camera missing from a
   quorum group (emitted with 3 of 4 present once the missing camera's next frame
   shows its frame is not coming; after 300 ms of silence, for a camera that stopped),
@@ -66,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 from typing import Any
@@ -82,10 +93,13 @@ from videoflow.cli.demo_flow import (
     MAX_CAMERAS,
     MAX_FPS,
     MAX_IMU_HZ,
+    MAX_LAG_S,
     MIN_IMU_COMPLETENESS,
+    TIMEOUT_MS,
     DemoResult,
     build_flow,
     check_options,
+    fusion_timeout_ms,
     run_demo,
 )
 from videoflow.cli.demo_nodes import START_DELAY_S, StartGate
@@ -113,12 +127,31 @@ def _frame_size(text: str) -> tuple[int, int]:
     return int(width), int(height)
 
 
+def parse_lag(text: str) -> tuple[int, float]:
+    """--lag CAMERA:SECONDS (cam2:3, 2:3) as (camera index, seconds); check_options
+    checks that the camera exists and the seconds are in range.
+
+    Raises:
+        ValueError: text is not CAMERA:SECONDS, naming the flag.
+    """
+    camera, sep, seconds = text.strip().partition(":")
+    index = camera.strip().lower().removeprefix("cam")
+    try:
+        lag = float(seconds)
+    except ValueError:
+        lag = math.nan
+    if not sep or not index.isdigit() or not math.isfinite(lag):
+        raise ValueError(f"--lag is CAMERA:SECONDS, e.g. cam2:3 or 2:3, got {text!r}")
+    return int(index), lag
+
+
 def _command(args: argparse.Namespace) -> int:
 
     try:
         size = _frame_size(args.frame_size)
+        lag = None if args.lag is None else parse_lag(args.lag)
         check_options(args.cameras, args.fps, args.duration, size, args.imu_hz,
-                      args.drop_rate, args.seed)
+                      args.drop_rate, args.seed, lag)
         if not 0 <= args.start_delay <= 60:
             raise ValueError(f"--start-delay must be 0 to 60 s, got {args.start_delay:g}")
         if not 0 <= args.fusion_delay <= 60:
@@ -131,7 +164,7 @@ def _command(args: argparse.Namespace) -> int:
                               args.drop_rate, args.seed, args.nats_url, args.start_delay,
                               view=False if args.json else LiveView(),
                               backlog=args.backlog, fusion_delay=args.fusion_delay,
-                              metrics_port=args.metrics_port)
+                              metrics_port=args.metrics_port, lag=lag)
     except MetricsUnavailable as error:
         raise CommandError(str(error), EXIT_FAILED) from error
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.format(
@@ -180,6 +213,14 @@ def register(subparsers: Any) -> None:
                       help="the fusion node takes its first input this long after the "
                            "first capture, then catches up on what waited for it "
                            "(default: 0)")
+    demo.add_argument("--lag", metavar="CAMERA:SECONDS",
+                      help="one camera (cam2 or 2) publishes each frame SECONDS (above 0, "
+                           f"at most {MAX_LAG_S:g}) after its capture, its stamps "
+                           "unchanged: it starts that much later and stays that far "
+                           "behind. It is paced in real time even with --backlog (a live "
+                           "camera the others run ahead of). The join's timeout is raised "
+                           "by the lag, the start delay and a second, so the lagging "
+                           "camera is not taken for stopped")
     nats_url_option(demo, required_default=False)
     metrics_option(demo)
     demo.add_argument("--json", action="store_true",
@@ -187,6 +228,7 @@ def register(subparsers: Any) -> None:
     demo.set_defaults(func=_command)
 
 
-__all__ = ["DemoResult", "Expected", "StartGate", "Timing", "build_flow", "camera_schedule",
-           "expected", "imu_range", "imu_tally", "imu_window_ms", "in_window", "quorum_for",
-           "register", "run_demo", "timing_for"]
+__all__ = ["TIMEOUT_MS", "DemoResult", "Expected", "StartGate", "Timing", "build_flow",
+           "camera_schedule", "expected", "fusion_timeout_ms", "imu_range", "imu_tally",
+           "imu_window_ms", "in_window", "parse_lag", "quorum_for", "register", "run_demo",
+           "timing_for"]

@@ -48,6 +48,15 @@ MAX_FPS = 240.0
 MAX_IMU_HZ = 2000.0
 
 TIMEOUT_MS = 300.0
+"""The join's silence backstop: a camera or the IMU that sent nothing this long has
+stopped (raised with --lag: fusion_timeout_ms)."""
+
+MAX_LAG_S = 60.0
+
+LAG_MARGIN_S = 1.0
+"""What fusion_timeout_ms adds beyond the lag and the start delay: how much later than the
+fusion node the last node's process may come up (spawned one after another, each
+importing numpy, on a busy 2-core machine)."""
 
 MIN_IMU_COMPLETENESS = 99.0
 """The share (%) of the IMU samples that exist within the groups' windows that the
@@ -68,7 +77,8 @@ next frame, not by the timeout."""
 
 
 def check_options(cameras: int, fps: float, duration: float, frame_size: tuple[int, int],
-                  imu_hz: float, drop_rate: float, seed: int = DEFAULT_SEED) -> None:
+                  imu_hz: float, drop_rate: float, seed: int = DEFAULT_SEED,
+                  lag: tuple[int, float] | None = None) -> None:
     """Check the demo's options (build_flow's and the command's).
 
     Raises:
@@ -92,6 +102,40 @@ def check_options(cameras: int, fps: float, duration: float, frame_size: tuple[i
         raise ValueError(f"--drop-rate must be at least 0 and below 1, got {drop_rate:g}")
     if seed < 0:
         raise ValueError(f"--seed must be at least 0, got {seed}")
+    if lag is not None:
+        camera, seconds = lag
+        if not 0 <= camera < cameras:
+            raise ValueError(f"--lag names cam{camera}, but the cameras are cam0 to "
+                             f"cam{cameras - 1}")
+        if not 0 < seconds <= MAX_LAG_S:
+            raise ValueError(f"--lag must be above 0 and at most {MAX_LAG_S:g} s, "
+                             f"got {seconds:g}")
+
+
+def fusion_timeout_ms(lag: tuple[int, float] | None,
+                      start_delay: float = START_DELAY_S) -> float:
+    """The join's timeout: TIMEOUT_MS, raised when a camera's frames arrive seconds late
+    so that the lagging camera, silent from the start until its first frame arrives, is
+    not taken for stopped.
+
+    The join counts a parent it has not heard from as silent from its own first
+    receive (its alignment) or from the first group's creation (its backstop). The
+    first comes before the first capture by the start delay and by however much later
+    the last node's process came up than the fusion node's (LAG_MARGIN_S); the
+    lagging camera speaks seconds after the first capture. TIMEOUT_MS stays on top, the
+    allowance for a busy machine that it is without a lag.
+
+    Arguments:
+        lag: (camera index, seconds), as build_flow's; None for none.
+        start_delay: seconds from the last node's process up to the first capture.
+
+    Returns:
+        TIMEOUT_MS without a lag, else TIMEOUT_MS + 1000 * (seconds + start_delay +
+        LAG_MARGIN_S).
+    """
+    if lag is None:
+        return TIMEOUT_MS
+    return TIMEOUT_MS + 1000.0 * (lag[1] + start_delay + LAG_MARGIN_S)
 
 
 def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
@@ -99,7 +143,7 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
                drop_rate: float = 0.02, seed: int = DEFAULT_SEED,
                summary_path: str | None = None,
                start_delay: float = START_DELAY_S, backlog: bool = False,
-               fusion_delay: float = 0.0) -> Flow:
+               fusion_delay: float = 0.0, lag: tuple[int, float] | None = None) -> Flow:
     """The demo flow: cameras and an IMU -> fusion -> verify.
 
     Arguments:
@@ -113,6 +157,9 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
             with the same stamps (the replay case).
         fusion_delay: seconds from the first capture until the fusion node takes its
             first input (a node that starts late, then catches up).
+        lag: (camera index, seconds): that camera's frames are each published that
+            long after their capture, in real time even with backlog; the join's
+            timeout is raised (fusion_timeout_ms) so that it is not taken for stopped.
 
     Returns:
         the Flow, named 'demo', of type BATCH (nothing published is lost).
@@ -120,20 +167,22 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
     Raises:
         ValueError: an option out of range (check_options).
     """
-    check_options(cameras, fps, duration, frame_size, imu_hz, drop_rate, seed)
+    check_options(cameras, fps, duration, frame_size, imu_hz, drop_rate, seed, lag)
     if summary_path is None:
         summary_path = os.path.join(tempfile.mkdtemp(prefix="videoflow-demo-"), "summary.json")
     instants = int(duration * fps)
     names = (*(f"cam{i}" for i in range(cameras)), "imu", "fusion", "verify")
     gate = StartGate(os.path.dirname(os.path.abspath(summary_path)), names, start_delay)
-    cams = [Camera(i, gate, fps, instants, frame_size, drop_rate, seed, backlog)
+    cams = [Camera(i, gate, fps, instants, frame_size, drop_rate, seed, backlog,
+                   lag[1] if lag is not None and lag[0] == i else 0.0)
             for i in range(cameras)]
     samples = imu_range(imu_hz, instants / fps, fps)
     window_ms = imu_window_ms(imu_hz)
     imu = Imu(gate, imu_hz, samples, backlog)
     fusion = Fusion(gate, imu_hz, samples, window_ms, fusion_delay, name="fusion", join_policy={
         "mode": "time", "tolerance_ms": timing_for(fps).tolerance_ms,
-        "quorum": quorum_for(cameras), "timeout_ms": TIMEOUT_MS, "missing": "drop",
+        "quorum": quorum_for(cameras), "missing": "drop",
+        "timeout_ms": fusion_timeout_ms(lag, start_delay),
         "max_pending": 1024, "collect": {"imu": window_ms}})(*cams, imu)
     sink = Verify(summary_path, cameras, gate)(fusion)
     return Flow([*cams, imu], [sink], flow_type=BATCH, name="demo")
@@ -154,9 +203,11 @@ class DemoResult:
             closes at the first sample beyond it or, as a backstop, once the IMU has
             been silent for the join's timeout.
         camera_lag_ms: the most a frame was published behind its capture instant (a
-            replica that started after the first instant, a busy machine); None for a
-            backlog, which runs ahead of real time by design. A camera or IMU that
-            falls silent for the join's timeout (300 ms) is given up on, so a machine
+            replica that started after the first instant, a busy machine), the lagging
+            camera's behind its capture plus the lag; None for a backlog, which runs
+            ahead of real time by design (but for a lagging camera, which is paced
+            among it). A camera or IMU that falls silent for the join's timeout
+            (timeout_ms) is given up on, so a machine
             too busy to keep them sending can turn complete groups into quorum groups
             or close IMU windows short, and the figures then differ from the expected
             ones.
@@ -168,6 +219,9 @@ class DemoResult:
             window could be counted.
         backlog: the producers ran ahead of real time.
         fusion_delay: seconds the fusion node started after the first capture.
+        lag: (camera name, seconds) of the camera whose frames were published that
+            late; None for none.
+        timeout_ms: the join's silence backstop (TIMEOUT_MS, raised with a lag).
     """
 
     report: RunReport
@@ -192,6 +246,8 @@ class DemoResult:
     imu_completeness: float | None = None
     backlog: bool = False
     fusion_delay: float = 0.0
+    lag: tuple[str, float] | None = None
+    timeout_ms: float = TIMEOUT_MS
 
     @property
     def join_latency_p50_ms(self) -> float | None:
@@ -247,6 +303,9 @@ class DemoResult:
             "cameras": self.cameras, "quorum": self.quorum, "fps": self.fps,
             "duration": self.duration, "imu_hz": self.imu_hz, "backlog": self.backlog,
             "fusion_delay": self.fusion_delay,
+            "lag": None if self.lag is None else {"camera": self.lag[0],
+                                                  "seconds": self.lag[1]},
+            "timeout_ms": self.timeout_ms,
             "tolerance_ms": timing.tolerance_ms, "clock_offset_ms": timing.offset_ms,
             "jitter_ms": timing.jitter_ms, "imu_window_ms": imu_window_ms(self.imu_hz),
             "groups": self.groups,
@@ -275,14 +334,23 @@ class DemoResult:
         if self.imu_span_ms is not None:
             imu += (f", {self.imu_span_ms[0]:+.1f} to {self.imu_span_ms[1]:+.1f} ms around "
                     "the frames' mean stamp")
-        if self.backlog:
+        if self.backlog and self.lag is None:
             lag, lag_note = "-", "a backlog: the producers ran ahead of real time"
         else:
             lag = "-" if self.camera_lag_ms is None else f"{self.camera_lag_ms:.1f} ms"
-            lag_note = "most a frame was sent behind real time" + (
+            if self.lag is None:
+                lag_note = "most a frame was sent behind real time"
+            else:
+                # The lag asked for is the lagging camera's schedule, not lag.
+                camera, seconds = self.lag
+                lag_note = (f"most a frame of {camera} was sent behind its capture + "
+                            f"{seconds:g} s; the other producers ran ahead as a backlog"
+                            if self.backlog else "most a frame was sent behind real time, "
+                            f"{camera}'s behind its capture + {seconds:g} s")
+            lag_note += (
                 f"; above {LAG_WARNING_MS:g} ms the machine is short of CPU for real "
-                f"time, and a camera silent for the {TIMEOUT_MS:g} ms timeout is given up "
-                "on: lighten the machine"
+                f"time, and a camera silent for the {self.timeout_ms:g} ms timeout is "
+                "given up on: lighten the machine"
                 if (self.camera_lag_ms or 0) > LAG_WARNING_MS else "")
         drops = "; ".join(f"{node}: " + ", ".join(f"{r} {n}" for r, n in by.items())
                           for node, by in self.drops.items()) or "none"
@@ -299,7 +367,9 @@ class DemoResult:
              f"windows; at least {MIN_IMU_COMPLETENESS:g} % required"),
             ("join latency", "-" if p50 is None or p99 is None
              else f"p50 {p50:.1f} ms, p99 {p99:.1f} ms",
-             "a quorum group waits until its missing camera's next frame"),
+             "a quorum group waits until its missing camera's next frame" + (
+                 "" if self.lag is None else f"; every group waits for {self.lag[0]}'s, "
+                 f"which comes up to {self.lag[1]:g} s after the others'")),
             ("IMU per group", imu, ""),
             ("camera lag", lag, lag_note),
             ("drops", drops, "" if e is None
@@ -312,6 +382,7 @@ class DemoResult:
                 + (" published as a backlog" if self.backlog else "")
                 + (f", the fusion starting {self.fusion_delay:g} s late"
                    if self.fusion_delay else "")
+                + ("" if self.lag is None else f", {self.lag[0]} {self.lag[1]:g} s late")
                 + f", fused by event time (tolerance {timing_for(self.fps).tolerance_ms:g} ms,"
                 f" IMU window ±{imu_window_ms(self.imu_hz):g} ms)")
         lines = [head] + [f"  {label:<14} {value}" + (f"  ({note})" if note else "")
@@ -327,11 +398,12 @@ def run_demo(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
              drop_rate: float = 0.02, seed: int = DEFAULT_SEED, nats_url: str | None = None,
              start_delay: float = START_DELAY_S,
              view: LiveView | bool | None = None, backlog: bool = False,
-             fusion_delay: float = 0.0, metrics_port: int | None = None) -> DemoResult:
+             fusion_delay: float = 0.0, metrics_port: int | None = None,
+             lag: tuple[int, float] | None = None) -> DemoResult:
     """Build the demo flow, run it to its end and check it.
 
     Arguments:
-        cameras ... seed / start_delay / backlog / fusion_delay: as build_flow.
+        cameras ... seed / start_delay / backlog / fusion_delay / lag: as build_flow.
         nats_url: the broker; None takes VIDEOFLOW_NATS_URL, else starts the embedded
             nats-server.
         view: as run_flow (None: a live view on a terminal).
@@ -347,13 +419,15 @@ def run_demo(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
     with tempfile.TemporaryDirectory(prefix="videoflow-demo-") as directory:
         summary_path = Path(directory) / "summary.json"
         flow = build_flow(cameras, fps, duration, frame_size, imu_hz, drop_rate, seed,
-                          str(summary_path), start_delay, backlog, fusion_delay)
+                          str(summary_path), start_delay, backlog, fusion_delay, lag)
         report = flow.run(nats_url, view=view, metrics_port=metrics_port)
         counts = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     instants = int(duration * fps)
     result = DemoResult(report, cameras, quorum_for(cameras), fps, instants / fps, imu_hz,
                         expected=expected(cameras, instants, drop_rate, seed),
-                        backlog=backlog, fusion_delay=fusion_delay)
+                        backlog=backlog, fusion_delay=fusion_delay,
+                        lag=None if lag is None else (f"cam{lag[0]}", lag[1]),
+                        timeout_ms=fusion_timeout_ms(lag, start_delay))
     for name in ("groups", "quorum_groups", "correct", "incorrect", "frames",
                  "imu_in_window", "imu_expected"):
         setattr(result, name, int(counts.get(name, 0)))

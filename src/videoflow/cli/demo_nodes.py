@@ -82,15 +82,26 @@ def _sleep_until(instant: float) -> None:
 class Camera(ProducerNode):
     """A camera capturing at fps from the gate's t0: one frame per instant k it does
     not drop, stamped with its own clock. The message carries the ground truth (k).
-    With backlog it publishes as fast as it can, the stamps unchanged."""
+    With backlog it publishes as fast as it can, the stamps unchanged. With a delay
+    each frame reaches the flow that many seconds after its capture (a slow network
+    path, a driver's buffer): it is published at its capture instant plus delay, in
+    real time even with backlog, its stamp unchanged.
+
+    Arguments:
+        index: the camera's number (its name is cam<index>).
+        gate: the demo's StartGate.
+        fps / instants / frame_size / drop_rate / seed: the simulation's.
+        backlog: publish as fast as it can (ignored with a delay).
+        delay: seconds each frame is published after its capture instant.
+    """
 
     def __init__(self, index: int, gate: StartGate, fps: float, instants: int,
                  frame_size: tuple[int, int], drop_rate: float, seed: int,
-                 backlog: bool = False) -> None:
+                 backlog: bool = False, delay: float = 0.0) -> None:
         super().__init__(name=f"cam{index}")
         self.index, self.gate, self.fps, self.instants = index, gate, fps, instants
         self.frame_size, self.drop_rate, self.seed = frame_size, drop_rate, seed
-        self.backlog = backlog
+        self.backlog, self.delay = backlog, delay
 
     def open(self) -> None:
         self.offset, self.dropped, self.jitter = camera_schedule(
@@ -108,15 +119,20 @@ class Camera(ProducerNode):
             raise StopIteration
         k, self.k = self.k, self.k + 1
         capture = self.t0 + k / self.fps
-        if not self.backlog:
-            _sleep_until(capture)
+        # A delayed camera is paced among a backlog too: the live one the others run
+        # ahead of.
+        paced = self.delay > 0 or not self.backlog
+        due = capture + self.delay
+        if paced:
+            _sleep_until(due)
         stamp = capture + self.offset + float(self.jitter[k])
         assert self.context is not None
         self.context.set_event_timestamp(stamp)
         width, height = self.frame_size
         frame = np.full((height, width), k % 256, dtype=np.uint8)
-        # Behind real time: a busy CPU. A backlog runs ahead of it by design.
-        lag_ms = None if self.backlog else (time.time() - capture) * 1000.0
+        # Behind its schedule (the delay asked for is the schedule, not lag): a busy
+        # CPU. A backlog runs ahead of it by design.
+        lag_ms = (time.time() - due) * 1000.0 if paced else None
         return {"camera": self.name, "k": k, "t": stamp, "lag_ms": lag_ms, "frame": frame}
 
 
