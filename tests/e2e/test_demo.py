@@ -15,7 +15,7 @@ import pytest
 
 from videoflow.broker.server import EmbeddedServer
 from videoflow.cli import demo
-from videoflow.core.report import RunReport
+from videoflow.core.report import NodeReport, RunReport
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -376,6 +376,19 @@ def test_a_lag_is_said_in_the_head_line_and_the_json() -> None:
     assert ", cam2 3 s late, fused by event time" in result.format()
     assert result.to_dict()["lag"] == {"camera": "cam2", "seconds": 3.0}
     assert checked().to_dict()["lag"] is None
+
+
+def test_camera_lag_from_waiting_for_payload_room_is_not_blamed_on_the_cpu() -> None:
+    report = RunReport("demo", "r1", "batch", "nats://x", outcome="completed", nodes={
+        "cam0": NodeReport("producer", payload_waited_seconds=5.7)})
+    waited = demo.DemoResult(report, 8, 7, 60.0, 10.0, 1000.0, camera_lag_ms=3789.0)
+    assert waited.payload_waited_seconds == {"cam0": 5.7}
+    text = waited.format()
+    assert ("the cameras waited up to 5.7 s for room in their shared-memory payload "
+            "shares") in text and "short of CPU" not in text
+    busy = demo.DemoResult(COMPLETED, 8, 7, 60.0, 10.0, 1000.0, camera_lag_ms=250.0)
+    assert "the machine is short of CPU for real time, and a camera silent for the 300 ms" \
+           in busy.format()
 
 
 def test_build_flow_rejects_options_out_of_range() -> None:
