@@ -317,3 +317,11 @@ def test_the_backlog_a_held_parent_leaves_on_the_broker_is_still_pending(
     assert isinstance(observed, Known) and observed.value >= 200
     status = fuse.join_status()
     assert status["held_back"] == {"a": DRIFT} and status["waiting_groups"] <= 16
+
+
+def test_a_receive_takes_a_few_inputs_per_parent_taken_so_a_watermark_moves_in_small_steps():
+    # Event time is known only once an input is taken: what one receive takes of a
+    # parent is what it may overshoot the drift by.
+    rule = aligned(max_pending=1024)
+    assert rule.update({"a": 10.0, "b": 10.0, "imu": 10.0}, pending=0, now=0.0) == 24
+    assert rule.update({"a": 12.0, "b": 10.0, "imu": 10.0}, pending=0, now=0.0) == 16

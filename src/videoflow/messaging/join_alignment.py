@@ -32,6 +32,12 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Final
 
+TAKE_PER_PARENT: Final = 8
+"""The most inputs a receive takes per parent the join takes input from: a parent's
+event time is known only once its input is taken, so what one receive takes is what
+a parent may overshoot the drift bound by (8 frames at 30 fps: 0.27 s). A receive
+took up to 256, 64 of them parked per parent: over two seconds of a camera."""
+
 DRIFT: Final = "drift"
 PENDING: Final = "pending"
 """Why a parent is held back: it ran more than the drift bound ahead of the slowest, or
@@ -95,8 +101,9 @@ class Alignment:
             gone: parents that ended and have nothing left for the node.
 
         Returns:
-            How many inputs the join may take next without passing max_pending by
-            seeding groups: max_pending less the pending groups, at least 1.
+            How many inputs the join may take next: no more than would pass max_pending
+            by seeding groups (max_pending less the pending groups, at least 1), nor
+            than TAKE_PER_PARENT for each parent not held back.
         """
         if len(self._last_input) < len(self.parents):  # the first update: the start
             for parent in self.parents:
@@ -119,7 +126,8 @@ class Alignment:
         for parent in held.keys() - self._held_since.keys():
             self._held_since[parent] = now
         self.held = held
-        return max(1, self.max_pending - pending)
+        taking = len(self.parents) - len(held)
+        return max(1, min(self.max_pending - pending, TAKE_PER_PARENT * taking))
 
     def held_back_seconds(self, now: float) -> dict[str, float]:
         """Per parent, how long the join has held it back so far, the current hold
@@ -134,4 +142,4 @@ def _mark(marks: Mapping[str, float | None], parent: str) -> float:
     return -math.inf if mark is None else mark
 
 
-__all__ = ["DRIFT", "PENDING", "Alignment"]
+__all__ = ["DRIFT", "PENDING", "TAKE_PER_PARENT", "Alignment"]

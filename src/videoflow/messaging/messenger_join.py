@@ -125,7 +125,8 @@ class Join:
         in trace mode.
 
         Returns:
-            (the parents whose input to leave on the broker, the input credit).
+            (the parents whose input to leave on the broker, the input credit: see
+            Alignment.update).
         """
         alignment = self.alignment
         if alignment is None:
