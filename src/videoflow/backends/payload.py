@@ -154,6 +154,9 @@ class PayloadRecord:
             its own outbox, keeps_outbox).
         stream_seq: the publication's stream sequence once it was accepted, when
             resolve_intent was told it; None while unresolved.
+        writer: the (node, replica) whose share of a budgeted store the bytes are
+            charged to (a pass-through's second name: the source's writer); None in a
+            store without shares, and in records written before they were kept.
     """
 
     obligations: frozenset[str]
@@ -163,6 +166,7 @@ class PayloadRecord:
     size: int
     channel: str | None = None
     stream_seq: int | None = None
+    writer: tuple[str, int] | None = None
 
     def to_json(self) -> bytes:
         fields: dict[str, Any] = {
@@ -176,6 +180,8 @@ class PayloadRecord:
             fields["channel"] = self.channel
         if self.stream_seq is not None:
             fields["stream_seq"] = self.stream_seq
+        if self.writer is not None:
+            fields["writer"] = list(self.writer)
         return _JSON_ENCODER.encode(fields)  # compact JSON, as json.dumps writes it
 
     @classmethod
@@ -195,6 +201,7 @@ class PayloadRecord:
                 size=int(raw["size"]),
                 channel=None if raw.get("channel") is None else str(raw["channel"]),
                 stream_seq=None if raw.get("stream_seq") is None else int(raw["stream_seq"]),
+                writer=_writer(raw.get("writer")),
             )
         except (ValueError, TypeError, KeyError) as error:  # msgspec.DecodeError is one
             raise UnobservableState(
@@ -208,6 +215,15 @@ class PayloadRecord:
 # standard library's json took five to ten times as long for the same bytes.
 _JSON_ENCODER: Final = msgspec.json.Encoder()
 _JSON_DECODER: Final = msgspec.json.Decoder()
+
+
+def _writer(value: Any) -> tuple[str, int] | None:
+    if value is None:
+        return None
+    if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], str)
+            or not isinstance(value[1], int) or isinstance(value[1], bool)):
+        raise TypeError(f"expected a [node, replica] pair, got {value!r}")
+    return (value[0], value[1])
 
 
 def _strings(value: Any) -> list[str]:
