@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from tests.unit.test_shm_payload import recorded_count_downs
+from tests.unit.test_shm_payload import leave_a_reservation, recorded_count_downs
 
 from videoflow.backends.shm_payload import PayloadBudgetExhausted, SharedMemoryPayloadStore
 from videoflow.errors import PayloadMissing
@@ -132,7 +132,7 @@ def test_the_recount_counts_a_file_with_several_names_once(tmp_path: Path) -> No
     store = _store(tmp_path)
     source = store.put(b"f" * SIZE, ["pass"], "cam:1")
     store.put_from(source, ["sink"], "pass:1")
-    (tmp_path / "usage").write_text("9500")  # left high by a crash: the next put recounts
+    leave_a_reservation(store, 3500)  # left high by a crash: the next put recounts
     ref = store.put(b"n" * 4_000, ["sink"], "cam:2")  # fits the 6,000 really held
     assert store.get(ref) == b"n" * 4_000 and store.used_bytes() == BUDGET
 

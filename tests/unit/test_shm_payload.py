@@ -10,7 +10,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +35,25 @@ FRAME = np.arange(480 * 640, dtype=np.uint32).astype(np.uint8).reshape(480, 640)
 
 
 def recorded_count_downs(store: SharedMemoryPayloadStore) -> list[int]:
-    """The sizes store counts down from its shared count of bytes held, in order, from
+    """The bytes store counts down from its shared count of bytes held, per count-down
+    (one acquisition of the folder's lock, whatever writers it covers), in order, from
     now on (the count itself still goes down)."""
     count_downs: list[int] = []
     count_down = store._count_down
 
-    def counted(size: int) -> None:
-        count_downs.append(size)
-        count_down(size)
+    def counted(freed: Mapping[Any, int]) -> None:
+        count_downs.append(sum(freed.values()))
+        count_down(freed)
 
     store._count_down = counted  # type: ignore[method-assign]
     return count_downs
+
+
+def leave_a_reservation(store: SharedMemoryPayloadStore, size: int) -> None:
+    """What a crash between a put's reservation and its record leaves: size bytes
+    counted held by store's writer, in no file, reserved by another instance of the
+    writer (the process of it that died), so not among store's own in flight."""
+    SharedMemoryPayloadStore(store.directory, writer=store.writer)._admit(size, None)
 
 def test_a_frame_read_back_is_a_read_only_view_of_the_shared_pages(tmp_path: Path) -> None:
     store = SharedMemoryPayloadStore(tmp_path)
@@ -144,7 +152,7 @@ def test_a_count_left_too_high_by_a_crash_is_corrected_from_what_is_mapped(
 ) -> None:
     store = SharedMemoryPayloadStore(tmp_path, budget_bytes=10_000, budget_wait_seconds=1)
     store.put(b"a" * 3000, ["fuse"], "p1")
-    (tmp_path / "usage").write_text("9500")  # a reservation whose put never finished
+    leave_a_reservation(store, 6500)  # a reservation whose put never finished
     ref = store.put(b"b" * 6000, ["fuse"], "p2")  # fits the 3,000 really held
     assert store.get(ref) == b"b" * 6000
     assert store.used_bytes() == 9000
@@ -169,7 +177,7 @@ def test_the_recount_skips_a_file_another_process_moved_away_meanwhile(
         yield listed
 
     monkeypatch.setattr(os, "scandir", listing_then_rename)
-    (tmp_path / "usage").write_text("9500")  # so the next put recounts
+    leave_a_reservation(store, 6500)  # so the next put recounts
     ref = store.put(b"c" * 6000, ["fuse"], "p3")
     assert store.get(ref) == b"c" * 6000 and store.used_bytes() == 9000
 

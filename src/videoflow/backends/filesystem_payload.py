@@ -70,6 +70,11 @@ class FilesystemPayloadStore(PayloadStore):
     """Whether writes are fsynced: a store in memory (tmpfs) has no disk to reach."""
     shares_bytes = True  # put_from links the file: each ref's name, the same bytes
 
+    def _created(self, record: PayloadRecord) -> PayloadRecord:
+        """A new ref's first record, as it is about to be written (a put's): the
+        shared-memory store names in it the writer the bytes are charged to."""
+        return record
+
     def _forgotten(self, ref: str, record: PayloadRecord) -> None:
         """ref's record was deleted (under its lock), its name not yet dropped: a
         budgeted store notes what the bytes hold, to free it with their last name."""
@@ -104,6 +109,8 @@ class FilesystemPayloadStore(PayloadStore):
                 if old is not None:
                     self._forgotten(ref, old)
                 return result, True
+            if old is None:
+                new = self._created(new)
             _write_atomically(self._record_path(ref), new.to_json(), self.durable)
             return result, False
 
