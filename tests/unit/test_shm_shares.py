@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from tests.unit.test_shm_payload import leave_a_reservation
 
+from videoflow.backends import shm_payload
 from videoflow.backends.payload import PayloadRecord
 from videoflow.backends.shm_payload import (
     BUDGET_WAIT_SECONDS,
@@ -29,7 +30,12 @@ from videoflow.backends.shm_payload import (
     SharedMemoryPayloadStore,
 )
 from videoflow.backends.shm_shares import WriterState
+from videoflow.core.compiler import compile_flow
+from videoflow.core.constants import REALTIME
+from videoflow.core.node import ConsumerNode, ProcessorNode, ProducerNode
 from videoflow.errors import UnobservableState
+from videoflow.flow import Flow
+from videoflow.run.local import _shared_payloads
 from videoflow.wire.offload import gather_message
 
 pytestmark = pytest.mark.timeout(60)
@@ -442,3 +448,39 @@ def test_a_put_that_finds_no_room_in_time_names_its_writer_its_share_and_what_it
     assert state.waited_seconds >= 0.2  # the failed wait is counted, and over
     with pytest.raises(ValueError, match="a writer is a"):
         SharedMemoryPayloadStore(tmp_path, writer=("cam", -1))
+
+
+class Camera(ProducerNode):
+    def next(self) -> Any:
+        raise StopIteration
+
+
+class Fusion(ProcessorNode):
+    def process(self, *inputs: Any) -> Any:
+        return inputs
+
+
+class Sink(ConsumerNode):
+    def consume(self, *inputs: Any) -> None:
+        return None
+
+
+def test_the_engine_declares_every_publishing_replica_and_waits_out_its_longest_join(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cameras = [Camera(name=name) for name in ("a", "b", "c")]
+    timed = Fusion(name="timed", nb_tasks=2, partition_by="key",
+                   join_policy={"timeout_ms": 7000})(*cameras[:2])
+    endless = Fusion(name="endless", join_policy={"timeout_ms": None})(cameras[1], cameras[2])
+    flow = Flow(cameras, [Sink(name="sink")(timed), Sink(name="sink2")(endless)], REALTIME,
+                name="f")
+    monkeypatch.setattr(shm_payload, "shm_root", lambda: tmp_path)
+    store = _shared_payloads("shm", compile_flow(flow), "r1", 10_000_000)
+    assert store is not None
+    assert {(s.node, s.replica, s.active) for s in store.writer_states()} == {
+        ("a", 0, False), ("b", 0, False), ("c", 0, False), ("timed", 0, False),
+        ("timed", 1, False), ("endless", 0, False)}  # the sinks write nothing
+    # The join that never gives up adds nothing; the one that does, its timeout.
+    assert store.budget_wait_seconds == BUDGET_WAIT_SECONDS + 7.0
+    assert SharedMemoryPayloadStore(store.directory).budget_wait_seconds == (
+        BUDGET_WAIT_SECONDS + 7.0)  # what a replica opening the folder waits

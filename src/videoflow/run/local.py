@@ -50,6 +50,7 @@ from videoflow.backends.messaging import Known
 from videoflow.broker.link import check_budget, outage_budget_from_env, redact_url
 from videoflow.core.compiler import CompiledFlow, compile_flow
 from videoflow.core.constants import REALTIME
+from videoflow.core.credit import effective_join_policy
 from videoflow.core.naming import sanitize
 from videoflow.core.node import Node
 from videoflow.core.report import NodeReport, RunReport
@@ -104,21 +105,46 @@ def new_run_id() -> str:
     return "r" + time.strftime("%Y%m%d%H%M%S", time.gmtime()) + uuid.uuid4().hex[:6]
 
 
-def _shared_payloads(payloads: bool | str, flow_id: str, run_id: str,
+def _shared_payloads(payloads: bool | str, compiled: CompiledFlow, run_id: str,
                      budget: int | None) -> SharedMemoryPayloadStore | None:
     """The run's shared-memory payload store when payloads is 'shm' (None otherwise),
-    once what crashed runs left past its TTL is swept."""
+    once what crashed runs left past its TTL is swept. Every replica of every node that
+    publishes is declared a writer of it before any replica starts: until its first put
+    it reserves one payload's room, not a share of the budget, so a camera that starts
+    late puts its first frame at once while a node that writes no frames costs the
+    others almost nothing (videoflow.backends.shm_shares). Its puts wait for room for
+    _payload_wait_seconds."""
     if payloads not in (True, False, "shm", "object_store"):
         raise ValueError(f"payloads must be 'shm', 'object_store', True or False, "
                          f"not {payloads!r}")
     if payloads != "shm":
         return None
     from videoflow.backends.shm_payload import SharedMemoryPayloadStore, shm_root, sweep_expired
-    from videoflow.core.naming import sanitize
 
     sweep_expired()
-    return SharedMemoryPayloadStore(shm_root() / sanitize(flow_id) / sanitize(run_id),
-                                    budget_bytes=budget)
+    store = SharedMemoryPayloadStore(
+        shm_root() / sanitize(compiled.flow_id) / sanitize(run_id), budget_bytes=budget,
+        budget_wait_seconds=_payload_wait_seconds(compiled))
+    store.declare_writers([(spec.name, replica) for spec in compiled.specs
+                           if spec.publishes for replica in range(spec.nb_tasks)])
+    return store
+
+
+def _payload_wait_seconds(compiled: CompiledFlow) -> float:
+    """How long a put waits for room in the shared-memory budget: BUDGET_WAIT_SECONDS
+    plus the flow's longest join timeout. A producer running ahead of a join's other
+    parents is over its share while the join holds its frames for a lagging parent,
+    which the join gives up on (releasing them) only once that parent has been silent
+    for its timeout_ms: its wait is legitimate for that long. A join whose timeout_ms
+    is None never gives up; it adds nothing here (the wait covers the longest finite
+    timeout), so a producer held only by such a join fails after BUDGET_WAIT_SECONDS
+    rather than hang."""
+    from videoflow.backends.shm_payload import BUDGET_WAIT_SECONDS
+
+    timeouts = [effective_join_policy(compiled.flow_type, spec.join_policy).timeout_ms
+                for spec in compiled.specs if len(spec.parents) > 1]
+    longest = max((timeout for timeout in timeouts if timeout is not None), default=0.0)
+    return BUDGET_WAIT_SECONDS + longest / 1000.0
 
 
 # How _handling_stop_signals hands its handler to the run_flow it wraps (each thread
@@ -316,7 +342,7 @@ def run_flow(
             raise
         # Said whatever the log level: with port 0, the only way to learn the port.
         logs.say(f"metrics of run {run.run_id} on {metrics.url}")
-    shared = _shared_payloads(payloads, compiled.flow_id, run.run_id, payload_budget)
+    shared = _shared_payloads(payloads, compiled, run.run_id, payload_budget)
     started = time.monotonic()
     run.started, run.signals = started, _SIGNALS.get() or run.signals
     supervision = supervision_directory()

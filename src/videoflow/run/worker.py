@@ -144,7 +144,10 @@ def run_replica(job: ReplicaJob, node: Node, *,
             raise ValueError(f"ledger must be 'kv' or 'memory', got {job.ledger!r}")
         payload_store: PayloadStore | None = None
         if job.payloads and job.payload_dir is not None:
-            payload_store = SharedMemoryPayloadStore(job.payload_dir, flow_type=job.flow_type)
+            # Its puts are charged to this replica's share of the budget (the engine
+            # declared it, and recorded how long a put may wait for room).
+            payload_store = SharedMemoryPayloadStore(job.payload_dir, flow_type=job.flow_type,
+                                                     writer=(spec.name, job.replica_id))
         elif job.payloads:
             payload_store = NatsObjectPayloadStore(job.nats_url, payload_bucket(job.flow_id),
                                                    replicas=job.replicas,
