@@ -8,13 +8,17 @@ and the same join code that runs on JetStream."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from messenger_flows import Flow, run_node, run_sink
 
 from videoflow.backends.messaging import Known
+from videoflow.backends.shm_payload import SharedMemoryPayloadStore
 from videoflow.messaging.join_alignment import DRIFT, PENDING, Alignment
 from videoflow.messaging.nats_messenger import NATSMessenger
 
@@ -325,3 +329,57 @@ def test_a_receive_takes_a_few_inputs_per_parent_taken_so_a_watermark_moves_in_s
     rule = aligned(max_pending=1024)
     assert rule.update({"a": 10.0, "b": 10.0, "imu": 10.0}, pending=0, now=0.0) == 24
     assert rule.update({"a": 12.0, "b": 10.0, "imu": 10.0}, pending=0, now=0.0) == 16
+
+
+def test_a_parent_waiting_for_room_in_its_shared_memory_share_is_not_given_up(
+    flows,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    # cam's producer is blocked in a put: its share of the shared-memory budget is full
+    # of frames another reader holds (a slow recorder). The join reads the same store
+    # and hears it waiting, for ten of its timeouts; nothing of cam is given up.
+    now = [1000.0]
+    folder = tmp_path / "shm"
+    cam_store = SharedMemoryPayloadStore(folder, budget_bytes=400_000,
+                                         budget_wait_seconds=30.0, writer=("cam", 0))
+    SharedMemoryPayloadStore(folder).declare_writers([("cam", 0), ("other", 0)])
+    # cam's share: the budget less the dormant writer's floor of one payload, 300,000.
+    held = [cam_store.put(b"f" * 100_000, ["recorder"], f"cam:{i}") for i in range(3)]
+    for i, ref in enumerate(held):
+        cam_store.resolve_intent(ref, f"cam:{i}", accepted=True)
+    flow = flows({"a": [], "cam": [], "fuse": ["a", "cam"], "sink": ["fuse"]})
+    leaders_publish_everything(flow, ["a"], 10)
+    cam = flow.messenger("cam")
+    cam.set_output_event_timestamp(0.0)
+    cam.publish_message({"camera": "cam", "instant": 0})
+    fuse = flow.messenger("fuse", join_policy={
+        "mode": "time", "tolerance_ms": 8.0, "timeout_ms": 1000.0, "missing": "drop"},
+        payload_store=SharedMemoryPayloadStore(folder), clock=lambda: now[0])
+    blocked = threading.Thread(target=cam_store.put, args=(b"f" * 100_000, ["fuse"], "cam:3"))
+    blocked.start()
+    deadline = time.monotonic() + 10.0
+    while cam_store.waiting_nodes() != {"cam"}:  # over its share: it waits, alone
+        assert time.monotonic() < deadline, cam_store.writer_states()
+        time.sleep(0.01)
+    statuses: list[dict[str, Any]] = []
+
+    def waiting() -> None:
+        statuses.append(fuse.join_status())
+        now[0] += 0.25
+        if now[0] >= 1010.0 and held:  # ten timeouts later, the recorder lets go
+            cam_store.release_many(held, "recorder")
+            held.clear()
+            blocked.join()
+            for k in range(1, 10):
+                cam.set_output_event_timestamp(k / FPS)
+                cam.publish_message({"camera": "cam", "instant": k})
+            cam.publish_stop_signal()
+
+    fuse.on_wait = waiting
+    fused: list[int] = []
+    run_node(fuse, lambda inputs: fused.append(inputs["cam"]["message"]["instant"]))
+    assert fused == list(range(10))  # nothing given up while it waited for room
+    assert any(s["waiting_why"] == {"cam": "budget"} for s in statuses)
+    assert any(s.get("payload_shares", {}).get("cam", {}).get("waiting_seconds")
+               for s in statuses)
+    assert fuse.take_drops()["join_evicted"] == 0
