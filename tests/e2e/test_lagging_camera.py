@@ -72,12 +72,16 @@ def shared_memory_peak(flow_name: str) -> Iterator[list[int]]:
     peak = [0]
     done = threading.Event()
 
+    root = shm_root() / sanitize(flow_name)
+    before = set(root.glob("*")) if root.is_dir() else set()  # other runs' leftovers
+
     def sample() -> None:
-        root = shm_root() / sanitize(flow_name)
         while not done.wait(0.01):
             held, seen = 0, set()
             for folder in ("blobs", "spares"):
                 for path in root.glob(f"*/{folder}/*"):
+                    if path.parent.parent in before:
+                        continue
                     try:
                         stat = path.stat()
                     except FileNotFoundError:
@@ -154,8 +158,9 @@ def test_four_live_cameras_one_of_whose_frames_arrive_seconds_late_fuse_every_in
 ) -> None:
     shape, budget = sized(SMALL, HD)
     cameras: list[dict[str, Any]] = [{}, {}, {}, {"delay": late}]
-    flow, _, log_dir = fusion(tmp_path, cameras, shape, "lag-late")
-    with shared_memory_peak("lag-late") as peak:
+    name = f"lag-late-{late:g}"  # its own shared memory, beside another test's
+    flow, _, log_dir = fusion(tmp_path, cameras, shape, name)
+    with shared_memory_peak(name) as peak:
         report = flow.run(nats_server.url, view=False, payload_budget=budget)
     completed(report)
     every_instant_once(log_dir, 4)

@@ -10,7 +10,11 @@ writers' payload budget. So, as Flink's watermark alignment pauses sources that 
 ahead, the join stops taking a parent's input:
 
 - when its watermark (the greatest event time the join has seen from it) is more than
-  the drift bound ahead of the slowest live parent's (drift);
+  the drift bound ahead of the slowest live parent's (drift). Event time is known only
+  once an input is taken: an input a receive took past the bound is set aside,
+  undecoded beyond its envelope (its payload unread), and joined once the bound
+  passes it; its parent is held back meanwhile. A receive takes whole batches, and
+  the join still never joins a parent's input past the bound;
 - and, while the pending groups fill half of max_pending, when it is a sync parent
   ahead of the slowest at all (pending): then only the slowest parents' input is
   taken, which completes the oldest groups instead of seeding new ones (a collect
@@ -30,18 +34,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Final
-
-TAKE_PER_PARENT: Final = 8
-"""The most inputs a receive takes per parent the join takes input from: a parent's
-event time is known only once its input is taken, so what one receive takes is what
-a parent may overshoot the drift bound by (8 frames at 30 fps: 0.27 s). A receive
-took up to 256, 64 of them parked per parent: over two seconds of a camera."""
+from typing import Any, Final, NamedTuple
 
 DRIFT: Final = "drift"
 PENDING: Final = "pending"
 """Why a parent is held back: it ran more than the drift bound ahead of the slowest, or
 it is ahead while the pending groups fill half of max_pending."""
+
+
+class Deferred(NamedTuple):
+    """An input a receive took past its parent's bound, set aside (Join.defer): its
+    event time, subscription, delivery and decoded envelope (its payload not read)."""
+
+    event_ts: float
+    sub: Any
+    delivery: Any
+    decoded: dict[str, Any]
 
 
 class Alignment:
@@ -59,6 +67,12 @@ class Alignment:
 
     Attributes:
         held: the parents held back now, each with why (DRIFT or PENDING).
+        excluded: the parents whose input is not taken now: those held back, and those
+            with input set aside.
+        bounds: per parent, the event time past which its input waits: the drift bound
+            over the slowest other live parent (inf for the slowest, or a parent
+            alone). An input a receive took past it is set aside, not joined, until
+            the bound moves past it (Join.defer).
     """
 
     def __init__(self, parents: Iterable[str], sync: Iterable[str], drift: float,
@@ -69,6 +83,8 @@ class Alignment:
         self.crowded_at = max(1, max_pending // 2)
         self.max_pending = max_pending
         self.held: dict[str, str] = {}
+        self.bounds: dict[str, float] = dict.fromkeys(self.parents, math.inf)
+        self.excluded: frozenset[str] = frozenset()
         self._last_input: dict[str, float] = {}
         self._held_since: dict[str, float] = {}
         self._held_total = dict.fromkeys(self.parents, 0.0)
@@ -91,43 +107,54 @@ class Alignment:
         return self.timeout is None or self.silent_for(parent, now) < self.timeout
 
     def update(self, marks: Mapping[str, float | None], pending: int, now: float,
-               gone: frozenset[str] = frozenset()) -> int:
-        """Decide who is held back now (held), from the parents' watermarks.
+               gone: frozenset[str] = frozenset(),
+               deferring: frozenset[str] = frozenset()) -> int:
+        """Decide who is held back now (held) and each parent's bound (bounds), from
+        the parents' watermarks.
 
         Arguments:
             marks: each parent's watermark, None before its first input.
             pending: the incomplete groups the join holds.
             now: the join's clock.
             gone: parents that ended and have nothing left for the node.
+            deferring: parents with input the join took but set aside, past their
+                bound (held back until it is all in).
 
         Returns:
-            How many inputs the join may take next: no more than would pass max_pending
-            by seeding groups (max_pending less the pending groups, at least 1), nor
-            than TAKE_PER_PARENT for each parent not held back.
+            How many inputs the join may take next without passing max_pending by
+            seeding groups: max_pending less the pending groups, at least 1.
         """
         if len(self._last_input) < len(self.parents):  # the first update: the start
             for parent in self.parents:
                 self._last_input.setdefault(parent, now)
-        live = [p for p in self.parents if self.live(p, now, gone)]
+        live = sorted((_mark(marks, p), p) for p in self.parents if self.live(p, now, gone))
         held: dict[str, str] = {}
         crowded = pending >= self.crowded_at
-        if live:
-            slowest = min(_mark(marks, p) for p in live)
-            for parent in self.parents:
-                mark = marks.get(parent)
-                if mark is None:
-                    continue
-                if mark > slowest + self.drift:
-                    held[parent] = DRIFT
-                elif crowded and mark > slowest and parent in self.sync:
-                    held[parent] = PENDING
+        bounds: dict[str, float] = {}
+        for parent in self.parents:
+            # The slowest live parent other than itself: a parent alone, or the slowest
+            # of all, is never held back by its own event time.
+            others = [mark for mark, p in live[:2] if p != parent]
+            bound = others[0] + self.drift if others else math.inf
+            bounds[parent] = bound
+            mark = marks.get(parent)
+            if mark is None:
+                continue
+            if mark > bound:
+                held[parent] = DRIFT
+            elif crowded and parent in self.sync and live and mark > live[0][0]:
+                held[parent] = PENDING
+        self.bounds = bounds
+        # Set aside input is joined first: nothing more is taken of its parent meanwhile
+        # (held back only once past its bound: input set aside at the start, before
+        # any bound was known, is due at the next update).
+        self.excluded = frozenset(held) | deferring
         for parent in self._held_since.keys() - held.keys():
             self._held_total[parent] += now - self._held_since.pop(parent)
         for parent in held.keys() - self._held_since.keys():
             self._held_since[parent] = now
         self.held = held
-        taking = len(self.parents) - len(held)
-        return max(1, min(self.max_pending - pending, TAKE_PER_PARENT * taking))
+        return max(1, self.max_pending - pending)
 
     def held_back_seconds(self, now: float) -> dict[str, float]:
         """Per parent, how long the join has held it back so far, the current hold
@@ -142,4 +169,4 @@ def _mark(marks: Mapping[str, float | None], parent: str) -> float:
     return -math.inf if mark is None else mark
 
 
-__all__ = ["DRIFT", "PENDING", "TAKE_PER_PARENT", "Alignment"]
+__all__ = ["DRIFT", "PENDING", "Alignment", "Deferred"]

@@ -14,6 +14,7 @@ run's report.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
@@ -25,7 +26,7 @@ from videoflow.messaging.grouping import (
     ReadyGroup,
     make_assembler,
 )
-from videoflow.messaging.join_alignment import Alignment
+from videoflow.messaging.join_alignment import Alignment, Deferred
 from videoflow.messaging.messenger_deliveries import Deliveries, Held
 
 LAG_SAMPLE_SECONDS: Final = 0.05
@@ -111,6 +112,40 @@ class Join:
             None if policy.timeout_ms is None else policy.timeout_ms / 1000.0,
             policy.max_pending)
         self.max_pending = policy.max_pending
+        # Inputs a receive took past their parent's bound, set aside in order (defer).
+        self.deferred: dict[str, deque[Deferred]] = {}
+
+    def defers(self, parent: str, event_ts: float) -> bool:
+        """Whether an input of parent's at event_ts must be set aside rather than
+        joined: past its bound (Alignment.bounds), or behind others set aside (order
+        kept)."""
+        alignment = self.alignment
+        return alignment is not None and (
+            bool(self.deferred.get(parent)) or event_ts > alignment.bounds[parent])
+
+    def defer(self, parent: str, item: Deferred) -> None:
+        """Set an input aside until the bound passes it (the messenger holds it; its
+        payload is not read yet)."""
+        self.deferred.setdefault(parent, deque()).append(item)
+
+    def due(self) -> list[Deferred]:
+        """The inputs set aside that the bounds now admit, oldest first per parent
+        (align updates the bounds)."""
+        alignment = self.alignment
+        if alignment is None or not self.deferred:
+            return []
+        due: list[Deferred] = []
+        for parent, queue in list(self.deferred.items()):
+            bound = alignment.bounds[parent]
+            while queue and queue[0].event_ts <= bound:
+                due.append(queue.popleft())
+            if not queue:
+                del self.deferred[parent]
+        return due
+
+    def deferred_count(self) -> int:
+        """How many inputs are set aside."""
+        return sum(len(queue) for queue in self.deferred.values())
 
     def arrived(self, parents: Iterable[str]) -> None:
         """Input of these parents just arrived (the batch a receive took)."""
@@ -131,12 +166,18 @@ class Join:
         alignment = self.alignment
         if alignment is None:
             return frozenset(), self.max_pending
+        deferred = self.deferred
         gone = frozenset(
-            p for p in self.data_subs if self.deliveries.ended(p)
+            p for p in self.data_subs if self.deliveries.ended(p) and not deferred.get(p)
             and self.backend.backlog(self.data_subs[p]) == Known(0))
-        credit = alignment.update(self.assembler.watermarks(),
-                                  self.assembler.pending_count(), self.clock(), gone)
-        return frozenset(alignment.held), credit
+        marks = dict(self.assembler.watermarks())
+        for parent, queue in deferred.items():
+            # Where its next input is: of all live parents the one furthest back is then
+            # always due or taken from, so two setting aside never wait for each other.
+            marks[parent] = queue[0].event_ts
+        credit = alignment.update(marks, self.assembler.pending_count(), self.clock(),
+                                  gone, frozenset(deferred))
+        return alignment.excluded, credit
 
     def pop_ready(self) -> ReadyGroup | None:
         """The next complete group, if any, after the backstop heard which parents
@@ -179,7 +220,8 @@ class Join:
         held = self._budget_held()
         for parent, sub in self.data_subs.items():
             waiting = self.backend.backlog(sub)
-            if parent in held or isinstance(waiting, Known) and waiting.value > 0:
+            if (parent in held or parent in self.deferred
+                    or isinstance(waiting, Known) and waiting.value > 0):
                 self.assembler.heard(parent, now)
                 if self.alignment is not None:
                     self.alignment.heard(parent, now)

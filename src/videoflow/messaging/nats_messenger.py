@@ -101,6 +101,7 @@ from videoflow.messaging.grouping import (
     EnvelopeEntry,
     ReadyGroup,
 )
+from videoflow.messaging.join_alignment import Deferred
 from videoflow.messaging.messenger_deliveries import (
     DROP_REASONS,
     Deliveries,
@@ -477,7 +478,9 @@ class NATSMessenger(Messenger):
 
     def _local_pending(self) -> int:
         parked = sum(self.backend.prefetched(sub) for sub in self._data_subs.values())
-        return parked + (0 if self.join is None else self.join.assembler.pending_count())
+        join = self.join
+        return parked + (0 if join is None else
+                         join.assembler.pending_count() + join.deferred_count())
 
     # ---------------------------------------------------------------------- outputs
 
@@ -704,7 +707,8 @@ class NATSMessenger(Messenger):
         # a receive came back empty -- while data arrives, it is not. Nor while outputs
         # are in flight: a refusal sends their inputs back to be retried, and a node
         # that had ended would leave them on the broker unprocessed.
-        if not self._flushed and self._idle and not self.window.in_flight and all(
+        if not self._flushed and self._idle and not self.window.in_flight and (
+                not join.deferred) and all(
                 self.deliveries.drained(p, self._data_subs[p]) for p in self.parent_names):
             self._ready.extend(join.flush())
             self._flushed = True
@@ -726,9 +730,12 @@ class NATSMessenger(Messenger):
         if linger is not None:
             poll = min(poll, linger)
         subs, credit = self._all_subs, RECEIVE_BATCH
-        if self.join is not None and self.join.alignment is not None:
-            held, most = self.join.align()
+        join = self.join
+        if join is not None and join.alignment is not None:
+            held, most = join.align()
             credit = min(credit, most)
+            for item in join.due():  # set aside past their bound, which has moved on
+                self._join_data(item.sub, item.delivery, item.decoded)
             if held:  # left on the broker until the slowest parent catches up
                 subs = [s for s in subs if s.kind == "eos" or s.channel.node not in held]
         got = self.backend.receive_any(subs, credit, 0, time.monotonic() + poll)
@@ -756,13 +763,33 @@ class NATSMessenger(Messenger):
                 # subject (a foreign writer's) would end a one-parent node's input
                 # while its parent's data still comes.
                 raise WireError("an end marker on the data subject")
-            ref = decoded.get("blob_ref")
             event_ts = decoded["event_ts"]  # a float or None: the wire types it
-            if event_ts is not None and not isfinite(event_ts):
-                # A writer that is not videoflow, or an older one: no join can place
-                # it (the time core refuses it), and no retry makes it finite.
-                self._poison_event_time(parent, sub, delivery, ref, event_ts)
-                return
+        except (WireError, KeyError) as error:
+            self.deliveries.drops["undecodable"] += 1
+            self.deliveries.terminate(parent, delivery, f"undecodable: {error!r}")
+            return
+        if event_ts is not None and not isfinite(event_ts):
+            # A writer that is not videoflow, or an older one: no join can place it
+            # (the time core refuses it), and no retry makes it finite.
+            self._poison_event_time(parent, sub, delivery, decoded.get("blob_ref"), event_ts)
+            return
+        join = self.join
+        assert join is not None  # data arrives only at a node with parents
+        if event_ts is not None and join.defers(parent, event_ts):
+            # Past its parent's drift bound: set aside, its payload unread, until the
+            # slowest parent catches up (held by this messenger meanwhile).
+            self.deliveries.hold(parent, delivery.token)
+            join.defer(parent, Deferred(event_ts, sub, delivery, decoded))
+            return
+        self._join_data(sub, delivery, decoded)
+
+    def _join_data(self, sub: SubscriptionId, delivery: Delivery,
+                   decoded: dict[str, Any]) -> None:
+        """Read a decoded input's payload, if it came by ref, and hand the entry to the
+        join's assembler."""
+        parent = sub.channel.node
+        try:
+            ref = decoded.get("blob_ref")
             if ref is not None:  # restored before the entry is built: one entry per input
                 decoded["message"] = self.payloads.restore(ref)
             entry = EnvelopeEntry.from_decoded(decoded)
@@ -770,15 +797,18 @@ class NATSMessenger(Messenger):
             # The envelope is whole, its payload gone (reclaimed, deleted from shared
             # memory): dead-lettered, so the envelope and the reason are kept.
             self.deliveries.drops["undecodable"] += 1
+            self.deliveries.let_go(delivery)  # held while it was set aside
             self.deliveries.dead_letter(_Handle(self, parent, sub, delivery), error,
                                         "undecodable: payload missing", "undecodable")
             return
         except (WireError, KeyError) as error:
             self.deliveries.drops["undecodable"] += 1
+            self.deliveries.let_go(delivery)
             self.deliveries.terminate(parent, delivery, f"undecodable: {error!r}")
             return
         handle = _Handle(self, parent, sub, delivery, entry.blob_ref, time.monotonic())
         if delivery.num_delivered > 1 and self.deliveries.crash_looped(handle):
+            self.deliveries.let_go(delivery)
             return  # it was in hand at each of crash_limit process deaths: dead-lettered
         self.deliveries.hold(parent, delivery.token)
         assert self.join is not None  # data arrives only at a node with parents
