@@ -3,9 +3,11 @@ in-process broker, and the task loops that drive them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from videoflow.backends.memory import MemoryBroker, MemoryMessagingBackend
 from videoflow.backends.messaging import (
@@ -106,3 +108,19 @@ def run_node(messenger: NATSMessenger, work: Callable[[dict[str, Any]], Any] | N
         messenger.ack_inputs()
         seen.append(inputs)
     raise AssertionError("the flow never ended")
+
+
+@pytest.fixture
+def flows() -> Iterator[Callable[..., Flow]]:
+    """Make flows (edges, flow_type=BATCH); every messenger made is closed after."""
+    made: list[Flow] = []
+
+    def make(edges: dict[str, list[str]], flow_type: str = BATCH) -> Flow:
+        flow = Flow(edges, flow_type)
+        made.append(flow)
+        return flow
+
+    yield make
+    for flow in made:
+        for messenger in flow.made:
+            messenger.close()

@@ -8,11 +8,11 @@ import math
 from fractions import Fraction
 from typing import Any
 
+import messenger_flows
 import msgspec
 import numpy as np
 import pytest
-from tests.unit import test_nats_messenger
-from tests.unit.test_nats_messenger import FLOW, RUN, Flow, run_node, run_producer
+from messenger_flows import FLOW, RUN, Flow, run_node, run_producer
 
 from videoflow.backends.messaging import ChannelId, Envelope
 from videoflow.backends.payload import MemoryPayloadStore
@@ -21,7 +21,7 @@ from videoflow.messaging.dead_letters import decode_dead_letter
 from videoflow.messaging.nats_messenger import NATSMessenger
 from videoflow.wire.serialization import decode_envelope, encode_envelope
 
-flows = test_nats_messenger.flows  # the in-memory flows fixture, taken by name
+flows = messenger_flows.flows  # the in-memory flows fixture, taken by name
 
 BAD_TIMES = [
     pytest.param(math.nan, "must be finite, got nan", id="nan"),

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import messenger_flows
 import pytest
 from messenger_flows import Flow, run_node, run_sink
 
@@ -115,19 +116,7 @@ def test_the_silence_clock_starts_at_the_first_update_not_at_construction():
 # --------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def flows() -> Iterator[Callable[[dict[str, list[str]]], Flow]]:
-    made: list[Flow] = []
-
-    def make(edges: dict[str, list[str]]) -> Flow:
-        flow = Flow(edges)
-        made.append(flow)
-        return flow
-
-    yield make
-    for flow in made:
-        for messenger in flow.made:
-            messenger.close()
+flows = messenger_flows.flows  # the in-memory flows fixture, taken by name
 
 
 def laggard(camera: NATSMessenger, instants: int) -> Callable[[], None]:
@@ -181,18 +170,26 @@ def leaders_publish_everything(flow: Flow, names: list[str], instants: int) -> N
         camera.publish_stop_signal()
 
 
-def test_a_leader_500_instants_ahead_with_max_pending_16_evicts_nothing_and_fuses_all(
-    flows,  # type: ignore[no-untyped-def]
-) -> None:
-    instants = 500
+def two_leaders_and_a_live_camera(flows: Callable[..., Flow], instants: int,
+                                  ) -> tuple[Flow, NATSMessenger, NATSMessenger]:
+    """Leaders a and b sent every instant already; live sends as the join waits
+    (fuse_all). The join's wall clock stands still: nothing is silent, only event time
+    moves. Returns the flow, live's messenger and the join's (max_pending 16)."""
     flow = flows({"a": [], "b": [], "live": [], "fuse": ["a", "b", "live"],
                   "sink": ["fuse"]})
     leaders_publish_everything(flow, ["a", "b"], instants)
     live = flow.messenger("live")
-    # The wall clock stands still: nothing is silent, only event time moves.
     fuse = flow.messenger("fuse", join_policy={
         "mode": "time", "tolerance_ms": 8.0, "timeout_ms": 5000.0, "max_pending": 16},
         clock=lambda: 1000.0)
+    return flow, live, fuse
+
+
+def test_a_leader_500_instants_ahead_with_max_pending_16_evicts_nothing_and_fuses_all(
+    flows,  # type: ignore[no-untyped-def]
+) -> None:
+    instants = 500
+    flow, live, fuse = two_leaders_and_a_live_camera(flows, instants)
     fused, drops, statuses = fuse_all(fuse, live, instants)
 
     assert fused == list(range(instants))  # every instant, once, in order
@@ -215,13 +212,7 @@ def test_without_alignment_the_same_lead_evicted_the_groups_the_laggard_complete
     # The issue's measurement, on the old behaviour: 0 of 300 groups, everything
     # join_evicted. Shown here so that the test above cannot pass by accident.
     instants = 100
-    flow = flows({"a": [], "b": [], "live": [], "fuse": ["a", "b", "live"],
-                  "sink": ["fuse"]})
-    leaders_publish_everything(flow, ["a", "b"], instants)
-    live = flow.messenger("live")
-    fuse = flow.messenger("fuse", join_policy={
-        "mode": "time", "tolerance_ms": 8.0, "timeout_ms": 5000.0, "max_pending": 16},
-        clock=lambda: 1000.0)
+    _, live, fuse = two_leaders_and_a_live_camera(flows, instants)
     assert fuse.join is not None
     fuse.join.alignment = None
     fused, drops, _ = fuse_all(fuse, live, instants)
@@ -270,10 +261,11 @@ def test_a_silent_parent_is_given_up_within_its_timeout_and_the_leaders_go_on(
     assert fuse.take_drops()["join_evicted"] == 0
 
 
-def test_a_parent_whose_producer_waits_for_payload_room_is_held_back_not_silent(
-    flows,  # type: ignore[no-untyped-def]
-) -> None:
-    now = [1000.0]
+def a_leader_and_a_camera_that_sent_one_frame(
+    flows: Callable[..., Flow], now: list[float], **options: Any,
+) -> tuple[NATSMessenger, NATSMessenger]:
+    """Leader a sent its 10 instants, cam its first; the join (timeout 1 s, on the
+    clock now[0]) is made with options. Returns cam's messenger and the join's."""
     flow = flows({"a": [], "cam": [], "fuse": ["a", "cam"], "sink": ["fuse"]})
     leaders_publish_everything(flow, ["a"], 10)
     cam = flow.messenger("cam")
@@ -281,7 +273,15 @@ def test_a_parent_whose_producer_waits_for_payload_room_is_held_back_not_silent(
     cam.publish_message({"camera": "cam", "instant": 0})
     fuse = flow.messenger("fuse", join_policy={
         "mode": "time", "tolerance_ms": 8.0, "timeout_ms": 1000.0, "missing": "drop"},
-        clock=lambda: now[0])
+        clock=lambda: now[0], **options)
+    return cam, fuse
+
+
+def test_a_parent_whose_producer_waits_for_payload_room_is_held_back_not_silent(
+    flows,  # type: ignore[no-untyped-def]
+) -> None:
+    now = [1000.0]
+    cam, fuse = a_leader_and_a_camera_that_sent_one_frame(flows, now)
     assert fuse.join is not None
     waiting_on_budget = {"cam"}
     fuse.join.budget_waiting = lambda: frozenset(waiting_on_budget)
@@ -360,14 +360,8 @@ def test_a_parent_waiting_for_room_in_its_shared_memory_share_is_not_given_up(
     held = [cam_store.put(b"f" * 100_000, ["recorder"], f"cam:{i}") for i in range(3)]
     for i, ref in enumerate(held):
         cam_store.resolve_intent(ref, f"cam:{i}", accepted=True)
-    flow = flows({"a": [], "cam": [], "fuse": ["a", "cam"], "sink": ["fuse"]})
-    leaders_publish_everything(flow, ["a"], 10)
-    cam = flow.messenger("cam")
-    cam.set_output_event_timestamp(0.0)
-    cam.publish_message({"camera": "cam", "instant": 0})
-    fuse = flow.messenger("fuse", join_policy={
-        "mode": "time", "tolerance_ms": 8.0, "timeout_ms": 1000.0, "missing": "drop"},
-        payload_store=SharedMemoryPayloadStore(folder), clock=lambda: now[0])
+    cam, fuse = a_leader_and_a_camera_that_sent_one_frame(
+        flows, now, payload_store=SharedMemoryPayloadStore(folder))
     blocked = threading.Thread(target=cam_store.put, args=(b"f" * 100_000, ["fuse"], "cam:3"))
     blocked.start()
     deadline = time.monotonic() + 10.0

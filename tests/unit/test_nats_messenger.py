@@ -11,14 +11,14 @@ import os
 import random
 import re
 import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import messenger_flows
 import numpy as np
 import pytest
-from messenger_flows import FAST_RETRIES, FLOW, RUN, Flow, run_node, run_producer, run_sink
+from messenger_flows import FAST_RETRIES, FLOW, RUN, run_node, run_producer, run_sink
 from shm_helpers import base_of
 
 from videoflow.backends.memory import MemoryMessagingBackend
@@ -48,20 +48,7 @@ from videoflow.messaging.partitions import partition_of
 from videoflow.wire.offload import MemoryBlobStore
 from videoflow.wire.serialization import decode_envelope, encode_envelope
 
-
-@pytest.fixture
-def flows() -> Iterator[Callable[[dict[str, list[str]]], Flow]]:
-    made: list[Flow] = []
-
-    def make(edges: dict[str, list[str]], flow_type: str = BATCH) -> Flow:
-        flow = Flow(edges, flow_type)
-        made.append(flow)
-        return flow
-
-    yield make
-    for flow in made:
-        for messenger in flow.made:
-            messenger.close()
+flows = messenger_flows.flows  # the in-memory flows fixture, taken by name
 
 
 def test_a_chain_carries_every_message_its_trace_and_its_event_time_to_the_end(flows) -> None:  # type: ignore[no-untyped-def]

@@ -223,7 +223,7 @@ def test_a_redelivery_in_hand_at_crash_limit_deaths_is_dead_lettered_not_process
     """Through the messenger, on the memory adapter: the slot holds each group while
     the node has it, and a redelivered input the book charged crash_limit deaths to
     is dead-lettered as crashed_worker; below the limit it is processed again."""
-    from test_nats_messenger import Flow, run_node, run_producer
+    from messenger_flows import Flow, run_node, run_producer
 
     from videoflow.core.policies import WorkerFatal
     from videoflow.messaging.dead_letters import decode_dead_letter

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from test_nats_messenger import FAST_RETRIES, FLOW, RUN, Flow, flows, run_producer, run_sink
+from messenger_flows import FAST_RETRIES, FLOW, RUN, Flow, flows, run_producer, run_sink
 
 from videoflow.backends.memory import MemoryMessagingBackend
 from videoflow.backends.messaging import (

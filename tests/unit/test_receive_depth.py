@@ -63,7 +63,7 @@ def test_a_slow_node_asks_its_backend_for_a_shallow_prefetch() -> None:
     import time
     from types import SimpleNamespace
 
-    from test_nats_messenger import Flow, run_producer
+    from messenger_flows import Flow, run_producer
 
     from videoflow.messaging.nats_messenger import DEPTH_SECONDS, NATSMessenger
 
