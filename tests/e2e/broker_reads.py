@@ -6,6 +6,7 @@ import asyncio
 
 import nats
 from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
 
 
 async def stream_names(url: str) -> list[str]:
@@ -46,5 +47,27 @@ async def wait_for_pullers(url: str, durable: str, count: int, timeout: float) -
         await nc.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.*.{durable}", cb=seen)
         await asyncio.wait_for(enough.wait(), timeout)
         return len(inboxes)
+    finally:
+        await nc.close()
+
+
+async def durable_state(url: str, durable: str) -> dict[str, int] | None:
+    """The broker's view of a durable, on whichever stream holds it: what it delivered,
+    what of that is unacknowledged, and its ack floor (the stream sequence below which
+    everything is acknowledged); None while no stream has it."""
+    nc = await nats.connect(url)
+    try:
+        jsm = nc.jsm()
+        for stream in await jsm.streams_info():
+            try:
+                infos = await jsm.consumers_info(stream.config.name)
+            except NotFoundError:  # deleted since it was listed: the run ended
+                continue
+            for info in infos:
+                if info.name == durable:
+                    return {"delivered": int(info.delivered.stream_seq or 0),
+                            "ack_pending": int(info.num_ack_pending or 0),
+                            "ack_floor": int(info.ack_floor.stream_seq or 0)}
+        return None
     finally:
         await nc.close()

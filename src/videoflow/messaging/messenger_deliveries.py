@@ -302,11 +302,19 @@ class Deliveries:
         if handles and span is not None:
             self._settle_spans[handles[-1].delivery.token] = span
 
-    def send_completed_due(self) -> None:
+    def send_completed_due(self, away: float = 0.0) -> None:
         """send_completed once the oldest gathered settlement has waited
-        SETTLE_LINGER_SECONDS (complete_later sends at SETTLE_BATCH on its own, and
-        collect_settled(wait=True) sends them all before any drain)."""
-        if self.linger_left() == 0.0:
+        SETTLE_LINGER_SECONDS, or would have by the time the caller is back (complete_later
+        sends at SETTLE_BATCH on its own, and collect_settled(wait=True) sends them all
+        before any drain).
+
+        Arguments:
+            away: how long, in seconds, the caller expects to be away before it calls
+                again (a node's time on its next group): what would be overdue by then
+                goes now, so a slow node's settlements never wait on its next group.
+        """
+        left = self.linger_left()
+        if left is not None and left <= away:
             self.send_completed()
 
     def linger_left(self) -> float | None:

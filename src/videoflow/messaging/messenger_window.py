@@ -205,6 +205,26 @@ class PublishWindow:
             self._resolve_oldest()
         self.deliveries.collect_settled(wait=False)
 
+    def confirm_within(self, seconds: float) -> None:
+        """Resolve the oldest groups whose outputs are all answered within seconds
+        (advance, with a short wait): a slow node's last group is settled while the
+        node works on its next, not once that one is done too.
+
+        Raises:
+            PublicationFailed: a producer's output was not published.
+        """
+        deadline = time.monotonic() + seconds
+        groups = self._groups
+        while groups:
+            for output in groups[0].outputs:
+                try:
+                    output.receipt.result(timeout=max(deadline - time.monotonic(), 0.0))
+                except concurrent.futures.TimeoutError:
+                    self.deliveries.collect_settled(wait=False)
+                    return
+            self._resolve_oldest()
+        self.deliveries.collect_settled(wait=False)
+
     def drain(self) -> None:
         """Wait until every output in flight is resolved and every settlement started
         is answered.

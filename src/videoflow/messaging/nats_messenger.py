@@ -59,7 +59,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from math import isfinite
+from math import ceil, isfinite
 from typing import Any, Final
 
 from videoflow.backends.messaging import (
@@ -135,6 +135,23 @@ DEPTH_SECONDS: Final = 0.05
 """How much of the node's work a replica parks ahead: its backend's receive depth
 follows the node's time per group, so a slow node holds few inputs a competing replica
 could be processing, and a fast one keeps a deep prefetch."""
+
+FIRST_DEPTH: Final = 4
+"""The receive depth a replica binds with, before it has timed a group: it leases that
+few until it knows how fast its node is. Bound with the full prefetch, a sink taking
+0.5 s a message leased all 60 of a stream at once, 30 s of its work that a second
+replica could not take."""
+
+SETTLE_WITHIN_SECONDS: Final = 0.1
+"""How long a processed input's settlement may wait for the broker, at most, unless
+the node is idle (then SETTLE_LINGER_SECONDS): a node whose groups take longer has its
+last group's outputs confirmed and its inputs settled before it starts the next. Left
+to gather until the batch filled, a sink taking 0.5 s a message settled none for 24 s,
+and a crash then would have redone every one."""
+
+CONFIRM_SECONDS: Final = 0.02
+"""How long such a node waits, before its next group, for its last group's outputs to
+be confirmed (a round trip; what is later is settled before the group after)."""
 
 @dataclass(slots=True)
 class _Handle:
@@ -317,9 +334,11 @@ class NATSMessenger(Messenger):
         self._handed_at = 0.0  # when the group last returned was handed to the node
         self._group_seconds: float | None = None  # the node's mean time per group
         self._depth = RECEIVE_PREFETCH  # the receive depth last asked of the backend
+        self._groups_timed = 0  # groups _timed_group folded into the mean
         self.reconciled = 0  # obligations reconciliation cancelled (PAY-006)
         self.join: Join | None = None  # a producer has no inputs to join
         if self.parent_names:
+            self._set_depth(FIRST_DEPTH)  # before the bind: a bound durable fetches at once
             self._bind(partition_by is not None, join_policy, delivery_policy, max_retries)
             # A store with a budget (shared memory) says whose producers wait for
             # room: such a parent is held back, not silent.
@@ -679,6 +698,7 @@ class NATSMessenger(Messenger):
                 return {parent: end_entry(None) for parent in self.parent_names}
             group = self._next_group(join)
             if group is not None:
+                self._settle_ahead()
                 self._group = group
                 self.deliveries.hand_out(group.handles)
                 self._handed_at = time.monotonic()
@@ -695,6 +715,18 @@ class NATSMessenger(Messenger):
             if self.on_wait is not None:
                 self.on_wait()
             self._receive_once()
+
+    def _settle_ahead(self) -> None:
+        """Before the node starts a group, send the settlements that would otherwise
+        wait on it: those due by the time the node is expected back (its mean time per
+        group), after waiting briefly for a slow node's last outputs to be confirmed.
+        A fast node keeps gathering its settlements into batches."""
+        mean = self._group_seconds
+        if mean is None:
+            return
+        if mean >= SETTLE_WITHIN_SECONDS and self.window.in_flight:
+            self.window.confirm_within(CONFIRM_SECONDS)
+        self.deliveries.send_completed_due(mean)
 
     def _next_group(self, join: Join) -> ReadyGroup | None:
         if self._ready:
@@ -898,7 +930,16 @@ class NATSMessenger(Messenger):
         mean = self._group_seconds
         mean = seconds if mean is None else 0.9 * mean + 0.1 * seconds
         self._group_seconds = mean
-        depth = RECEIVE_PREFETCH if mean <= 0 else int(DEPTH_SECONDS / mean)
+        self._groups_timed += 1
+        # A join's busiest parent (a collect window's sensor) sends several inputs per
+        # group: its depth is that many per group the node gets through.
+        per_group = max(1.0, max(self.received.values(), default=0) / self._groups_timed)
+        depth = RECEIVE_PREFETCH if mean <= 0 else int(DEPTH_SECONDS / mean * per_group)
+        self._set_depth(max(ceil(per_group), depth))
+
+    def _set_depth(self, depth: int) -> None:
+        """Ask the backend to park at most depth deliveries per subscription (within
+        1..RECEIVE_PREFETCH), if it parks any."""
         depth = max(1, min(RECEIVE_PREFETCH, depth))
         if depth != self._depth:
             set_depth = getattr(self.backend, "set_receive_depth", None)
