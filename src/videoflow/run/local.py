@@ -667,7 +667,8 @@ def _portable(name: str, node: Node) -> bytes:
     names them) and pickled now, so a node that cannot travel fails before anything
     starts."""
     alone = copy.copy(node)
-    alone.parents, alone.context = (), None
+    alone.parents = ()
+    del alone.context
     try:
         return pickle.dumps(alone)
     except (pickle.PicklingError, TypeError, AttributeError) as error:
