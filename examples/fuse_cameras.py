@@ -54,7 +54,6 @@ class Camera(ProducerNode):
             raise StopIteration
         capture = self.t0 + self.k / FPS
         time.sleep(max(0.0, capture - time.time()))
-        assert self.context is not None
         self.context.set_event_timestamp(capture + self.offset + self.rng.uniform(-1e-3, 1e-3))
         frame = np.full((48, 64), self.k % 256, dtype=np.uint8)
         return {"camera": self.name, "instant": self.k, "frame": frame}
@@ -73,7 +72,6 @@ class Imu(ProducerNode):
             raise StopIteration
         self.j += 1
         time.sleep(max(0.0, t - time.time()))
-        assert self.context is not None
         self.context.set_event_timestamp(t)
         return {"t": t, "gyro": (0.0, 0.0, 0.01)}
 

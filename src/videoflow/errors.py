@@ -55,6 +55,13 @@ class MissingDependency(VideoflowError, ImportError):
     package to install (``pip install nkeys``), whichever way videoflow was installed."""
 
 
+class NodeNotRunning(VideoflowError, RuntimeError):
+    """A node's run-time state (``node.context``) was read outside a run: the replica
+    running the node sets it before open(), so it is there in open(), next(),
+    process(), consume() and close(), and nowhere else (in ``__init__``, say, or
+    on a node the flow only describes). The message names the node."""
+
+
 class TLSRefused(CredentialsRefused):
     """A TLS connection that cannot be made as it was asked for, and that waiting will
     not mend: the broker does not offer TLS although a tls:// URL or TLS files ask for

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from videoflow.core.policies import DeliveryPolicy, JoinPolicy
+from videoflow.errors import NodeNotRunning
 
 if TYPE_CHECKING:
     from videoflow.core.context import RuntimeContext
@@ -43,7 +44,8 @@ class Node:
 
     Attributes:
         parents: the nodes this one reads, set by calling it; empty for a producer.
-        context: the RuntimeContext of the running replica, set before open().
+        context: the RuntimeContext of the running replica, set before open(); reading
+            it outside a run raises NodeNotRunning.
 
     Raises:
         ValueError: a bad nb_tasks, name or policy, naming the node.
@@ -71,13 +73,41 @@ class Node:
         self.join_policy = _policy(where, "join_policy", join_policy, JoinPolicy)
         self.delivery = _policy(where, "delivery", delivery, DeliveryPolicy)
         self.parents: tuple[Node, ...] = ()
-        self.context: RuntimeContext | None = None
+        self._context: RuntimeContext | None = None
 
     @property
     def name(self) -> str:
         """The node's name: the one it was given, else the one the compiler assigned
         (the class name until then)."""
         return self._name or type(self).__name__
+
+    @property
+    def context(self) -> RuntimeContext:
+        """What the node reaches while it runs (RuntimeContext): its event-time and
+        partition-key setters, its checkpoint, the current input's info.
+
+        Typed non-optional, since node code only runs inside a run, so a producer's
+        ``self.context.set_event_timestamp(t)`` needs no None check.
+
+        Raises:
+            NodeNotRunning: read outside a run (before open(), or on a node the
+                flow only describes), naming the node.
+        """
+        context = self._context
+        if context is None:
+            raise NodeNotRunning(
+                f"node {self.name!r} has no context outside a run: its replica sets "
+                "node.context before open(), so read it in open(), next(), process(), "
+                "consume() or close()")
+        return context
+
+    @context.setter
+    def context(self, context: RuntimeContext) -> None:
+        self._context = context
+
+    @context.deleter
+    def context(self) -> None:
+        self._context = None
 
     @property
     def named(self) -> bool:

@@ -185,8 +185,8 @@ class RosbagSource(ProducerNode):
 
     def _undecodable(self, msgtype: str, error: Exception) -> None:
         self.undecodable += 1
-        if self.context is not None:
-            self.context.count_drop("undecodable")
+        if self._context is not None:  # outside a run, only self.undecodable counts
+            self._context.count_drop("undecodable")
         reason = f"{msgtype}: {type(error).__name__}"
         if reason not in self._reasons:  # once per reason, not per message
             self._reasons.add(reason)

@@ -102,7 +102,8 @@ class SubjectSink(ConsumerNode):
         self.stream: str | None = None
 
     def open(self) -> None:
-        url = self.url or (self.context.broker_url if self.context is not None else "")
+        # _context, not context: given a url, the sink also works outside a run.
+        url = self.url or (self._context.broker_url if self._context is not None else "")
         if not url:
             raise ValueError(f"node {self.name!r}: no broker to publish to (give url)")
         session = self._session = BrokerSession(url, self.timeout, f"videoflow-sink-{self.name}")
@@ -115,7 +116,7 @@ class SubjectSink(ConsumerNode):
     def consume(self, *inputs: Any) -> None:
         value = inputs[0] if len(inputs) == 1 else list(inputs)
         data, headers = self.encode(value)
-        context = self.context
+        context = self._context  # None outside a run: no group's headers to add
         if context is not None:
             info = context.input_info or {}
             event_ts = next((i["event_ts"] for i in info.values()

@@ -145,7 +145,7 @@ class SubjectSource(ProducerNode):
     # ------------------------------------------------------------------ lifecycle
 
     def open(self) -> None:
-        context = self.context
+        context = self._context  # None outside a run: then the url and durable given
         url = self.url or (context.broker_url if context is not None else "")
         if not url:
             raise ValueError(f"node {self.name!r}: no broker to read from (give url)")

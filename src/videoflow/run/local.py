@@ -43,7 +43,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec
 
 from videoflow import logs
 from videoflow.backends.messaging import Known
@@ -153,7 +153,13 @@ _SIGNALS: contextvars.ContextVar[StopSignals | None] = contextvars.ContextVar(
     "videoflow_stop_signals", default=None)
 
 
-def _handling_stop_signals(function: Callable[..., RunReport]) -> Callable[..., RunReport]:
+# A ParamSpec, not Callable[..., RunReport]: run_flow's options stay visible to mypy
+# and editors through the wrapper.
+_Options = ParamSpec("_Options")
+
+
+def _handling_stop_signals(
+        function: Callable[_Options, RunReport]) -> Callable[_Options, RunReport]:
     """run_flow with the engine's SIGINT and SIGTERM handler (StopSignals) installed for
     its whole length when it runs on the main thread, the previous handlers restored
     after, however it ends: Ctrl-C and SIGTERM raise KeyboardInterrupt until the
@@ -161,7 +167,7 @@ def _handling_stop_signals(function: Callable[..., RunReport]) -> Callable[..., 
     short by the third only (StopSignals)."""
 
     @functools.wraps(function)
-    def run(*args: Any, **options: Any) -> RunReport:
+    def run(*args: _Options.args, **options: _Options.kwargs) -> RunReport:
         signals = StopSignals().install()
         token = _SIGNALS.set(signals)
         try:
@@ -667,7 +673,8 @@ def _portable(name: str, node: Node) -> bytes:
     names them) and pickled now, so a node that cannot travel fails before anything
     starts."""
     alone = copy.copy(node)
-    alone.parents, alone.context = (), None
+    alone.parents = ()
+    del alone.context
     try:
         return pickle.dumps(alone)
     except (pickle.PicklingError, TypeError, AttributeError) as error:
