@@ -37,6 +37,7 @@ import copy
 import functools
 import os
 import pickle
+import shlex
 import shutil
 import signal
 import threading
@@ -384,7 +385,7 @@ def run_flow(
                 if ephemeral and server is not None and not ended_up.torn_down:
                     # Its streams go with the store when the server stops: nothing is
                     # kept, whatever the broker was asked to keep.
-                    ended_up = RunTeardown(False, note=(
+                    ended_up = RunTeardown(False, left_over=ended_up.left_over, note=(
                         f"run {run.run_id} did not finish, and its streams go with the "
                         "ephemeral store (--ephemeral): it cannot be resumed"))
                 if shared is not None and (ended_up.torn_down or ephemeral):
@@ -397,7 +398,11 @@ def run_flow(
     # The report is printed, written as JSON and kept: never with the URL's password.
     report = RunReport(compiled.flow_id, run.run_id, compiled.flow_type, redact_url(url),
                        seconds=time.monotonic() - started, torn_down=ended_up.torn_down,
-                       kept=ended_up.note)
+                       kept=ended_up.note, left_over=ended_up.left_over)
+    if run.signals.first is not None:
+        report.stopped_by = signal.Signals(run.signals.first).name
+    elif run.stopped_after:
+        report.stopped_by = "stop_after"
     for spec in compiled.specs:
         ours = {key: r for key, r in run.replicas.items() if r.job.spec.name == spec.name}
         finals = {key: r.final or _lost(r) for key, r in ours.items()}
@@ -415,7 +420,27 @@ def run_flow(
         report.outcome = "failed"
     elif run.stop_requested:
         report.outcome = "stopped"
+    report.dead_letters = _dead_letters(report, nats_url, store_dir, ephemeral)
     return report
+
+
+def _dead_letters(report: RunReport, nats_url: str | None,
+                  store_dir: str | os.PathLike[str] | None, ephemeral: bool) -> str:
+    """The report's last line when its nodes dead-lettered inputs: how many, and the
+    command that lists them, naming the broker or store this run was given (what
+    the environment gave, the command reads there too); '' when none were."""
+    count = report.dead_lettered
+    if not count:
+        return ""
+    said = f"{count} input{'s' if count != 1 else ''} dead-lettered"
+    if ephemeral:
+        return f"{said}: gone with the ephemeral store (--ephemeral)"
+    words = ["videoflow", "dlq", "list", "--flow", report.flow_id, "--run", report.run_id]
+    if nats_url:
+        words += ["--nats-url", redact_url(nats_url)]  # its password is never printed
+    elif store_dir is not None:
+        words += ["--store-dir", os.fspath(store_dir)]
+    return f"{said}, listed by: {shlex.join(words)}"
 
 
 def _unfinished_replayable(compiled: CompiledFlow, run: Run, nodes: dict[str, bytes],
