@@ -48,7 +48,8 @@ EXIT_BROKEN_PIPE: Final = 141
 """What a shell reports for a command its reader stopped reading (128 + SIGPIPE), as
 for `head` closing the pipe of a listing."""
 
-VERBOSE_HELP: Final = "also log the library's warnings (retries, reconnects)"
+VERBOSE_HELP: Final = ("also log the library's warnings (retries, reconnects) and every "
+                       "exception a node raises (the first of each type is logged anyway)")
 LOG_FORMAT_HELP: Final = ("how logs are written to stderr: text lines, or one JSON object per "
                           "line for a log collector (default: text)")
 

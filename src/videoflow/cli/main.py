@@ -2,7 +2,7 @@
 
     videoflow run MODULE:FLOW [--nats-url URL[,URL...] | --store-dir DIR | --ephemeral]
                   [--stop-after S] [--json] [--replicas N] [--outage-budget S]
-                  [--resume RUN]
+                  [--resume RUN] [--fail-on-dead-letters]
     videoflow demo [--cameras N] [--fps F] [--duration S] [--frame-size WxH] [--nats-url URL]
     videoflow provision MODULE:FLOW --out FILE [--run RUN] [--replicas N] [--nats-url URL]
     videoflow worker --spec FILE --node NAME [--replica I] [--nats-url URL]
@@ -17,6 +17,7 @@ A flow is named by ``module:attribute`` (the module imported from the current
 directory or sys.path; the attribute a Flow, or a function returning one), the unit
 both the local engine and workers on other hosts load. Bad arguments and an
 unreachable broker get one line on stderr and a non-zero exit, never a traceback.
+`run` exits as run_exit_code says (README: the table of exit codes).
 
 Without a broker URL, `run` starts the embedded nats-server on a persistent store (the
 per-user data directory, or --store-dir / VIDEOFLOW_STORE_DIR; --ephemeral for a
