@@ -11,10 +11,11 @@ failure reaches every descendant rather than leaving it waiting. A quiesced task
 A node that dies (open(), next() or a messenger failure raising) publishes an abort
 before the error propagates.
 
-An exception from process() or consume() is logged with its traceback on this
-module's logger (videoflow.logs.NODE_FAILURES): the first of each type a replica meets
-at WARNING, every later one at INFO, so a run shows where each kind of failure comes
-from without a line per input, and `-v` shows them all.
+An exception raised by process() or consume() (not a publication's failure, which
+the report counts) is logged with its traceback on this module's logger
+(videoflow.logs.NODE_FAILURES): the first of each type a replica meets at WARNING,
+every later one at INFO, so a run shows where each kind of failure comes from without
+a line per input, and `-v` shows them all.
 """
 
 from __future__ import annotations
@@ -285,8 +286,10 @@ class Task:
             entries = self.messenger.receive_message()
             if self._end(entries):
                 return
+            in_node = True
             try:
                 output = apply(*self._inputs(entries))
+                in_node = False
                 if self.node.kind == "processor":
                     # In flight once this returns; an output carrying a checkpoint is
                     # waited for, and its failure is the group's (PublicationFailed).
@@ -296,7 +299,8 @@ class Task:
                 raise  # a refused checkpoint or a superseded owner: this process must stop
             except Exception as error:  # every failure of the node goes to the policy
                 self.stats.failed += 1
-                self._log_failure(error)
+                if in_node:  # its own code's: a publication's failure is the report's
+                    self._log_failure(error)
                 self.messenger.fail_inputs(error)
                 continue
             self.messenger.ack_inputs()
