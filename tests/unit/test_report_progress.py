@@ -306,18 +306,15 @@ def test_dead_letters_are_counted_on_the_reports_last_line_with_their_command() 
 
 
 def test_the_dead_letter_line_names_the_broker_or_store_the_run_was_given() -> None:
-    from videoflow.run import local
+    from videoflow.ops.dead_letters import dead_letters_line
 
-    nodes = {"a": NodeReport("processor", dead_lettered=1)}
-    report = RunReport("f", "r1", "batch", "nats://x", nodes=nodes)
-    assert local._dead_letters(report, None, None, False) == (
+    assert dead_letters_line(1, "f", "r1") == (
         "1 input dead-lettered, listed by: videoflow dlq list --flow f --run r1")
-    assert local._dead_letters(report, "nats://u:secret@h:4222", None, False) == (
-        "1 input dead-lettered, listed by: videoflow dlq list --flow f --run r1 "
+    assert dead_letters_line(2, "f", "r1", "nats://u:secret@h:4222") == (
+        "2 inputs dead-lettered, listed by: videoflow dlq list --flow f --run r1 "
         "--nats-url 'nats://u:***@h:4222'")  # never its password
-    assert local._dead_letters(report, None, "/my store", False).endswith(
+    assert dead_letters_line(2, "f", "r1", None, "/my store").endswith(
         "--run r1 --store-dir '/my store'")
-    assert local._dead_letters(report, None, None, True) == (
+    assert dead_letters_line(1, "f", "r1", None, None, ephemeral=True) == (
         "1 input dead-lettered: gone with the ephemeral store (--ephemeral)")
-    assert local._dead_letters(RunReport("f", "r1", "batch", "nats://x"), None, None,
-                               False) == ""
+    assert dead_letters_line(0, "f", "r1") == ""

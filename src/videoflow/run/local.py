@@ -37,7 +37,6 @@ import copy
 import functools
 import os
 import pickle
-import shlex
 import shutil
 import signal
 import threading
@@ -282,6 +281,7 @@ def run_flow(
     from videoflow.broker.server import EmbeddedServer, store_dir_for
     from videoflow.messaging.topology import provision_flow_sync
     from videoflow.messaging.tracing import check_setup
+    from videoflow.ops.dead_letters import dead_letters_line
     from videoflow.ops.run_teardown import RunTeardown
 
     if resume and run_id is None:
@@ -420,27 +420,9 @@ def run_flow(
         report.outcome = "failed"
     elif run.stop_requested:
         report.outcome = "stopped"
-    report.dead_letters = _dead_letters(report, nats_url, store_dir, ephemeral)
+    report.dead_letters = dead_letters_line(report.dead_lettered, compiled.flow_id, run.run_id,
+                                            nats_url, store_dir, ephemeral)
     return report
-
-
-def _dead_letters(report: RunReport, nats_url: str | None,
-                  store_dir: str | os.PathLike[str] | None, ephemeral: bool) -> str:
-    """The report's last line when its nodes dead-lettered inputs: how many, and the
-    command that lists them, naming the broker or store this run was given (what
-    the environment gave, the command reads there too); '' when none were."""
-    count = report.dead_lettered
-    if not count:
-        return ""
-    said = f"{count} input{'s' if count != 1 else ''} dead-lettered"
-    if ephemeral:
-        return f"{said}: gone with the ephemeral store (--ephemeral)"
-    words = ["videoflow", "dlq", "list", "--flow", report.flow_id, "--run", report.run_id]
-    if nats_url:
-        words += ["--nats-url", redact_url(nats_url)]  # its password is never printed
-    elif store_dir is not None:
-        words += ["--store-dir", os.fspath(store_dir)]
-    return f"{said}, listed by: {shlex.join(words)}"
 
 
 def _unfinished_replayable(compiled: CompiledFlow, run: Run, nodes: dict[str, bytes],
