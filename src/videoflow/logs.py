@@ -36,6 +36,12 @@ LOG_FORMATS: Final = ("text", "json")
 
 TEXT_FORMAT: Final = "videoflow: %(name)s: %(message)s"
 
+NODE_FAILURES: Final = "videoflow.core.task"
+"""The logger of a node's exceptions (videoflow.core.task): the first of each type a
+replica meets at WARNING, the next ones at INFO, each with its traceback. configure
+lets its warnings through at the default level (ERROR), so a failing node is seen
+without -v, and everything it logs with -v (WARNING)."""
+
 # scheme://user:password@ or scheme://token@ anywhere in a text; the user part ends at
 # the last '@' before the host's end (whitespace, '/', ',' between servers, a quote).
 _SECRET_IN_URL: Final = re.compile(
@@ -153,7 +159,9 @@ def in_json() -> bool:
 
 
 def configure(log_format: str | None = None, level: int | None = None) -> None:
-    """Send the root logger's records to stderr in log_format, at level.
+    """Send the root logger's records to stderr in log_format, at level; a node's
+    exceptions (NODE_FAILURES) one step more: its first of each type (WARNING) above
+    WARNING, every one (INFO) at WARNING.
 
     Arguments:
         log_format: 'text' or 'json'; None reads LOG_FORMAT_ENV, else 'text'.
@@ -185,6 +193,8 @@ def configure(log_format: str | None = None, level: int | None = None) -> None:
     root.addHandler(handler)
     root.setLevel(level)
     _installed = handler
+    logging.getLogger(NODE_FAILURES).setLevel(
+        logging.WARNING if level > logging.WARNING else min(level, logging.INFO))
 
 
 _installed: logging.Handler | None = None
@@ -196,6 +206,6 @@ def hand_down(log_format: str, level: int) -> None:
     os.environ[LOG_LEVEL_ENV] = logging.getLevelName(level)
 
 
-__all__ = ["LOG_FORMATS", "LOG_FORMAT_ENV", "LOG_LEVEL_ENV", "JsonFormatter",
+__all__ = ["LOG_FORMATS", "LOG_FORMAT_ENV", "LOG_LEVEL_ENV", "NODE_FAILURES", "JsonFormatter",
            "RedactingFormatter", "SHORTEST_SECRET", "configure", "hand_down", "keep_secret",
            "redact_text"]

@@ -141,6 +141,18 @@ class RejectMultiplesOf(ProcessorNode):
         return value
 
 
+class Picky(ProcessorNode):
+    """Poison on values 7 more than a multiple of 10 (7, 17, ...), a RuntimeError on
+    those 3 more (3, 13, ...): both dead-lettered, the RuntimeErrors once retried."""
+
+    def process(self, value: int) -> int:
+        if value % 10 == 7:
+            raise PoisonMessage(f"{value} ends in 7")
+        if value % 10 == 3:
+            raise RuntimeError(f"cannot take {value}")
+        return value
+
+
 class Record(ConsumerNode):
     """Applies each group once: a file per group key, holding the inputs (a redelivered
     group finds its file and is not applied again). Counts applications in a log."""

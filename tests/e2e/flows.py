@@ -10,6 +10,7 @@ from typing import Any
 from flow_nodes import (
     NoModel,
     Numbers,
+    Picky,
     PrintingScale,
     RawPrintingScale,
     Record,
@@ -47,6 +48,14 @@ def _through(middle: Any, name: str) -> Flow:
 def poison() -> Flow:
     """numbers -> reject multiples of 7 (poison) -> record."""
     return _through(RejectMultiplesOf(7), "clipoison")
+
+
+def picky() -> Flow:
+    """numbers -> picky (poison on 7, 17, ...; a RuntimeError on 3, 13, ..., retried
+    once, 10 ms later) -> record."""
+    return _through(Picky(name="picky", delivery={"max_retries": 1,
+                                                   "backoff": {"base_ms": 10, "max_ms": 10}}),
+                    "clipicky")
 
 
 def warning_chain() -> Flow:

@@ -210,11 +210,12 @@ def interrupt_a_run(out: Path, *options: str) -> tuple[dict[str, Any], list[int]
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
-    assert run.returncode == 0, stderr
+    assert run.returncode == 130, stderr  # 128 + SIGINT, as a shell expects of Ctrl-C
     # The key was heard, and what another press would do is said.
     assert "videoflow: stopping: the producers end their streams" in stderr, stderr
     report = json.loads(stdout)
-    assert report["outcome"] == "stopped"
+    assert report["outcome"] == "stopped" and report["stopped_by"] == "SIGINT"
+    assert report["left_over"] is False  # drained: nothing left to resume
     # Nothing lost: everything the producer published reached the sink.
     emitted = report["nodes"]["numbers"]["emitted"]
     assert 20 <= emitted < 100000
@@ -242,6 +243,40 @@ def test_ctrl_c_on_the_embedded_broker_drains_before_the_broker_stops(
     monkeypatch.delenv("VIDEOFLOW_NATS_URL", raising=False)
     report, _ = interrupt_a_run(out)  # its checks: stopped, nothing lost, nothing left
     assert report["torn_down"] is True  # the broker was still there to tear down on
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads child processes from /proc")
+def test_a_second_ctrl_c_exits_130_and_the_report_says_the_run_is_unfinished(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    # The sink applies 20 groups a second, the producer publishes 200: the second press
+    # comes with a backlog left, which the run keeps (it exited 0 saying "stopped").
+    env = environment(out, count=100000, pace=0.005, sink_pace=0.05)
+    run = subprocess.Popen(command("run", "flows:chain", "--nats-url", nats_server.url),
+                           cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    try:
+        wait_for(lambda: count_applied(out) >= 20, 60, "the flow to get going")
+        children = children_of(run.pid)
+        os.killpg(run.pid, signal.SIGINT)
+        time.sleep(1.0)
+        assert run.poll() is None  # still draining the backlog
+        os.killpg(run.pid, signal.SIGINT)
+        stdout, stderr = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 130, stderr
+    assert "videoflow: stopping every replica now" in stderr, stderr
+    lines = stdout.splitlines()
+    run_id = lines[0].split()[1]
+    assert " of flow 'cli' (batch): stopped by SIGINT in " in lines[0], stdout
+    assert lines[0].endswith(", unfinished: work left over, kept"), stdout
+    (kept,) = [line for line in lines if line.startswith(f"  kept run {run_id} (unprocessed: ")]
+    assert f"videoflow run flows:chain --nats-url {nats_server.url} --resume {run_id}" in kept
+    wait_for(lambda: not any(alive(pid) for pid in children), 5, "the children to end")
+    values = [v for (v,) in applied(out)]
+    assert len(values) == len(set(values))  # none applied twice
 
 
 def test_resuming_a_run_that_is_not_kept_is_refused_and_starts_nothing(

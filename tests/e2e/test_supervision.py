@@ -76,17 +76,19 @@ def test_sigterm_to_videoflow_run_stops_it_as_a_first_ctrl_c_does(
         run.send_signal(signal.SIGTERM)
     finally:
         stdout, stderr = finish(run, 60)
-    assert run.returncode == 0, stderr
+    assert run.returncode == 143, stderr  # 128 + SIGTERM, as a shell reports it
     if as_json:
         report = json.loads(stdout)
         assert report["outcome"] == "stopped" and report["torn_down"] is True
+        assert report["stopped_by"] == "SIGTERM" and report["left_over"] is False
         emitted, run_id = report["nodes"]["numbers"]["emitted"], report["run_id"]
         assert {key: node["outcomes"] for key, node in report["nodes"].items()} == {
             "numbers": {"numbers[0]": "ended"}, "scale": {"scale[0]": "ended"},
             "record": {"record[0]": "ended"}}
     else:  # the table a terminal shows
         head, _, *rows = stdout.splitlines()
-        assert " of flow 'cli' (batch): stopped in " in head and "restart" not in head
+        assert " of flow 'cli' (batch): stopped by SIGTERM in " in head
+        assert "restart" not in head and "unfinished" not in head
         run_id = head.split()[1]
         (numbers,) = [row.split() for row in rows if row.split()[0] == "numbers"]
         emitted = int(numbers[3])
@@ -114,7 +116,7 @@ def test_sigterm_to_the_whole_process_group_is_a_first_ctrl_c_too(
         os.killpg(run.pid, signal.SIGTERM)
     finally:
         stdout, stderr = finish(run, 60)
-    assert run.returncode == 0, stderr
+    assert run.returncode == 143, stderr
     report = json.loads(stdout)
     assert report["outcome"] == "stopped"
     # Drained, not quiesced: every replica reached its end of stream, and everything
@@ -145,12 +147,13 @@ def test_a_second_sigterm_quiesces_the_replicas_as_a_second_ctrl_c_does(
         quiesced_at = time.monotonic()
     finally:
         stdout, stderr = finish(run, 60)
-    assert run.returncode == 0, stderr
+    assert run.returncode == 143, stderr
     assert time.monotonic() - quiesced_at < 30
     report = json.loads(stdout)
     # The producer had ended on the stop, the fast processor most likely too; the
-    # slow sink quiesced with a backlog left.
-    assert report["outcome"] == "stopped"
+    # slow sink quiesced with a backlog left, which the run keeps.
+    assert report["outcome"] == "stopped" and report["stopped_by"] == "SIGTERM"
+    assert report["left_over"] is True and report["kept"].startswith("kept run ")
     outcomes = {key: node["outcomes"] for key, node in report["nodes"].items()}
     assert outcomes["numbers"] == {"numbers[0]": "ended"}
     assert outcomes["scale"]["scale[0]"] in ("ended", "quiesced")

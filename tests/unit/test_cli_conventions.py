@@ -225,3 +225,29 @@ def test_a_flow_function_that_raises_is_one_line_and_verbose_adds_its_traceback(
     err = capsys.readouterr().err
     assert err.startswith("videoflow: error: vf_builder:flow() raised KeyError")
     assert "Traceback (most recent call last):" in err and "return {}['cameras']" in err
+
+
+@pytest.mark.parametrize("report, fail_on_dead_letters, code", [
+    ({}, False, 0),
+    ({"stopped_by": "stop_after"}, False, 0),
+    ({"dead_lettered": 2}, False, 0),
+    ({"dead_lettered": 2}, True, 3),
+    ({"left_over": True}, False, 4),
+    ({"left_over": True, "dead_lettered": 2}, True, 4),
+    ({"outcome": "failed", "left_over": True, "dead_lettered": 2}, True, 1),
+    ({"outcome": "stopped", "stopped_by": "SIGINT"}, False, 130),
+    ({"outcome": "stopped", "stopped_by": "SIGINT", "left_over": True}, False, 130),
+    ({"outcome": "failed", "stopped_by": "SIGINT"}, True, 130),
+    ({"outcome": "stopped", "stopped_by": "SIGTERM"}, False, 143),
+], ids=["completed", "stop_after", "dead-letters", "fail-on-dead-letters", "kept",
+        "kept-first", "failed-first", "ctrl-c", "ctrl-c-twice", "ctrl-c-first", "sigterm"])
+def test_the_run_exit_code_follows_the_report(
+    report: dict[str, object], fail_on_dead_letters: bool, code: int,
+) -> None:
+    from videoflow.cli.main import run_exit_code
+    from videoflow.core.report import NodeReport, RunReport
+
+    dead = int(report.pop("dead_lettered", 0))  # type: ignore[call-overload]
+    made = RunReport("f", "r1", "batch", "nats://x", **report,  # type: ignore[arg-type]
+                     nodes={"n": NodeReport("processor", dead_lettered=dead)})
+    assert run_exit_code(made, fail_on_dead_letters=fail_on_dead_letters) == code

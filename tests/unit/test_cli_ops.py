@@ -120,3 +120,35 @@ def test_an_input_is_described_without_dumping_its_arrays_or_bytes() -> None:
         "[" + ", ".join(map(str, range(20))) + ", ... 5 more]")
     long = describe("x" * 1000)
     assert len(long) == SHOWN_CHARS and long.endswith("...")
+
+
+def test_dlq_show_prints_the_traceback_and_its_json_carries_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from videoflow.messaging.dead_letters import dead_letter_for
+    from videoflow.wire.serialization import encode_envelope
+
+    def process(value: int) -> None:
+        raise RuntimeError(f"cannot take {value}")
+
+    try:
+        process(3)
+    except RuntimeError as error:
+        record = dead_letter_for("f", "r1", "square", "numbers", 4, 4, "retries_exhausted",
+                                 encode_envelope(3, trace_id="t", seq=4), error, 1.0)
+    monkeypatch.setattr(ops, "dlq_show", lambda *_, **__: ops.DeadLetterEntry(
+        9, "vf.f._dlq.r1.square", record))
+    args = parse(["dlq", "show", "--flow", "f", "9", "--nats-url", "nats://x:1"])
+    assert args.func(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("traceback:")
+    shown = lines[start + 1:]
+    assert shown[0] == "  Traceback (most recent call last):"
+    assert any(line.startswith(f'    File "{__file__}", line ') and line.endswith(
+        ", in process") for line in shown), shown
+    assert shown[-1] == "  RuntimeError: cannot take 3"
+    args = parse(["dlq", "show", "--flow", "f", "9", "--nats-url", "nats://x:1", "--json"])
+    assert args.func(args) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["traceback"] == record.traceback
+    assert document["traceback"].endswith("RuntimeError: cannot take 3\n")

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from videoflow.errors import WireError
 from videoflow.messaging.dead_letters import (
+    MAX_TRACEBACK,
     REASONS,
     dead_letter_for,
     dead_letter_msg_id,
@@ -51,6 +52,55 @@ def test_undecodable_bytes_are_recorded_without_an_error() -> None:
 
 def test_a_huge_error_message_is_truncated() -> None:
     assert len(record(error=Poisoned("x" * 100_000)).error_message) == 4096
+
+
+def raised(error: BaseException, depth: int = 0) -> BaseException:
+    """error, raised from `depth` nested calls (as a node's process() would raise it)
+    and caught: its traceback has depth + 1 frames."""
+
+    def nested(level: int) -> None:
+        if level:
+            other(level - 1)  # two functions in turn: Python shows every frame
+        raise error
+
+    def other(level: int) -> None:
+        nested(level)
+
+    try:
+        nested(depth)
+    except BaseException as caught:  # handed back to the test, traceback and all
+        return caught
+    raise AssertionError("unreachable")
+
+
+def test_a_raised_error_keeps_its_traceback_with_the_file_and_line() -> None:
+    made = record(error=raised(Poisoned("bad frame")))
+    back = decode_dead_letter(encode_dead_letter(made))
+    assert back.traceback == made.traceback
+    assert back.traceback.startswith("Traceback (most recent call last):\n")
+    assert f'File "{__file__}", line ' in back.traceback and ", in nested\n" in back.traceback
+    assert back.traceback.endswith("Poisoned: bad frame\n")
+
+
+def test_a_deep_traceback_keeps_its_innermost_frames_within_the_bound() -> None:
+    made = record(error=raised(Poisoned("deep"), depth=200))
+    assert len(made.traceback) <= MAX_TRACEBACK
+    assert made.traceback.startswith("(earlier lines cut)\n  ")  # whole lines from there
+    assert made.traceback.endswith("Poisoned: deep\n")
+    assert made.traceback.count(", in nested\n") >= 10
+
+
+def test_an_error_never_raised_or_no_error_has_no_traceback() -> None:
+    assert record(error=Poisoned("made, not raised")).traceback == ""
+    assert record(error=None, reason="undecodable").traceback == ""
+
+
+def test_a_record_written_before_the_traceback_field_reads_with_none() -> None:
+    fields = msgspec.structs.asdict(record(error=raised(Poisoned("old"))))
+    del fields["traceback"]
+    older = msgspec.msgpack.encode({**fields, "version": 1})
+    back = decode_dead_letter(older)
+    assert back.traceback == "" and back.error_message == "old"
 
 
 def test_bad_arguments_are_refused() -> None:

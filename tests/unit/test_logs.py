@@ -17,6 +17,8 @@ def root_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test's configure() undone: the root level, the handler, the environment."""
     root = logging.getLogger()
     level = root.level
+    node_failures = logging.getLogger(logs.NODE_FAILURES)
+    node_level = node_failures.level
     for name in (logs.LOG_FORMAT_ENV, logs.LOG_LEVEL_ENV):
         # set, then deleted: undone, whatever the test sets is removed too
         monkeypatch.setenv(name, "")
@@ -27,6 +29,7 @@ def root_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         root.removeHandler(logs._installed)
         logs._installed = None
     root.setLevel(level)
+    node_failures.setLevel(node_level)
 
 
 @pytest.mark.parametrize("text, shown", [
@@ -123,3 +126,18 @@ def test_an_unknown_format_or_level_is_refused(
         monkeypatch.setenv(logs.LOG_LEVEL_ENV, level)
     with pytest.raises(ValueError, match=message):
         logs.configure(log_format)
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["default", "-v"])
+def test_a_nodes_first_failure_of_a_type_shows_by_default_and_every_one_with_v(
+        capsys: pytest.CaptureFixture[str], verbose: bool) -> None:
+    # What the videoflow command configures: ERROR by default, WARNING with -v.
+    logs.configure("text", logging.WARNING if verbose else logging.ERROR)
+    failures = logging.getLogger(logs.NODE_FAILURES)
+    failures.warning("square raised RuntimeError: the first")
+    failures.info("square raised RuntimeError: the second")
+    logging.getLogger("videoflow.broker.link").warning("a reconnect")
+    err = capsys.readouterr().err
+    assert f"videoflow: {logs.NODE_FAILURES}: square raised RuntimeError: the first\n" in err
+    assert ("the second" in err) is verbose
+    assert ("a reconnect" in err) is verbose  # the library's other warnings: -v only

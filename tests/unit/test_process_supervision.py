@@ -117,9 +117,11 @@ def test_stop_signals_raise_before_supervision_count_during_it_and_raise_at_the_
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGTERM)
         signals.supervising = True
+        assert signals.first is None  # the one before supervising stopped nothing
         signal.raise_signal(signal.SIGTERM)
         signal.raise_signal(signal.SIGINT)
         assert signals.received == 2
+        assert signals.first == signal.SIGTERM  # what stopped the run: exit 128 + 15
         # Once supervision is done, the third in all abandons whatever still waits.
         signals.finished = True
         with pytest.raises(KeyboardInterrupt):

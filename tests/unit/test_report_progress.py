@@ -272,3 +272,49 @@ def test_the_report_says_who_was_held_back_who_waited_for_room_and_what_a_join_w
     assert "cam2 0.0" not in text  # never held back: not named
     assert "fuse: its oldest group waited for cam2 (budget)" in text
     assert "cam0: waited 6.2 s for room in its shared-memory payload share of 682 MB" in text
+
+
+def test_a_stopped_run_names_what_stopped_it_and_one_kept_unfinished_says_so() -> None:
+    node = NodeReport.from_replicas("consumer", {"sink[0]": {"processed": 5,
+                                                             "outcome": "quiesced"}})
+    drained = RunReport("f", "r1", "batch", "nats://x", outcome="stopped", seconds=2.0,
+                        nodes={"sink": node}, torn_down=True, stopped_by="SIGINT")
+    assert drained.format().splitlines()[0] == (
+        "run r1 of flow 'f' (batch): stopped by SIGINT in 2.0 s")
+    kept = RunReport("f", "r1", "batch", "nats://x", outcome="stopped", seconds=2.0,
+                     nodes={"sink": node}, kept="kept run r1 (unprocessed: ...)",
+                     stopped_by="SIGINT", left_over=True)
+    # Two Ctrl-Cs: never read as a success, however it stopped.
+    assert kept.format().splitlines()[0] == (
+        "run r1 of flow 'f' (batch): stopped by SIGINT in 2.0 s, unfinished: work left "
+        "over, kept")
+    document = json.loads(json.dumps(kept.to_dict()))
+    assert (document["stopped_by"], document["left_over"]) == ("SIGINT", True)
+    plain = RunReport("f", "r1", "batch", "nats://x", seconds=2.0, nodes={"sink": node})
+    assert plain.format().splitlines()[0] == "run r1 of flow 'f' (batch): completed in 2.0 s"
+
+
+def test_dead_letters_are_counted_on_the_reports_last_line_with_their_command() -> None:
+    nodes = {name: NodeReport.from_replicas("processor", {
+        f"{name}[0]": {"processed": 5, "dead_lettered": n, "outcome": "ended"}})
+        for name, n in (("a", 2), ("b", 1))}
+    report = RunReport("f", "r1", "batch", "nats://x", nodes=nodes, kept="kept run r1",
+                       dead_letters="3 inputs dead-lettered, listed by: videoflow dlq ...")
+    assert report.dead_lettered == 3
+    assert report.format().splitlines()[-1] == (
+        "  3 inputs dead-lettered, listed by: videoflow dlq ...")
+
+
+def test_the_dead_letter_line_names_the_broker_or_store_the_run_was_given() -> None:
+    from videoflow.ops.dead_letters import dead_letters_line
+
+    assert dead_letters_line(1, "f", "r1") == (
+        "1 input dead-lettered, listed by: videoflow dlq list --flow f --run r1")
+    assert dead_letters_line(2, "f", "r1", "nats://u:secret@h:4222") == (
+        "2 inputs dead-lettered, listed by: videoflow dlq list --flow f --run r1 "
+        "--nats-url 'nats://u:***@h:4222'")  # never its password
+    assert dead_letters_line(2, "f", "r1", None, "/my store").endswith(
+        "--run r1 --store-dir '/my store'")
+    assert dead_letters_line(1, "f", "r1", None, None, ephemeral=True) == (
+        "1 input dead-lettered: gone with the ephemeral store (--ephemeral)")
+    assert dead_letters_line(0, "f", "r1") == ""

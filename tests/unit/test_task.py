@@ -3,6 +3,8 @@ with its own backend on one broker (as worker processes share one server)."""
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 from types import SimpleNamespace
@@ -10,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from videoflow import logs
 from videoflow.backends.memory import MemoryBroker, MemoryMessagingBackend
 from videoflow.backends.messaging import RELIABLE_WORK, ChannelId, ChannelSpec, SubscriptionId
+from videoflow.core import task as task_module
 from videoflow.core.constants import BATCH
 from videoflow.core.node import ConsumerNode, ProcessorNode, ProducerNode
 from videoflow.core.policies import PoisonMessage
@@ -123,6 +127,41 @@ def test_each_input_is_processed_published_and_acknowledged_and_the_end_propagat
             upper.outcome) == (2, 2, 1, 1, "ended")
     assert (kept.processed, kept.outcome) == (2, "ended")
     assert len(upper.join_latencies) == 3  # every group received, the poison one too
+
+
+def test_what_a_node_raises_is_logged_with_its_traceback_the_first_of_a_type_at_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Picky(ProcessorNode):
+        def process(self, text: str) -> str:
+            if text == "poison":
+                raise PoisonMessage("not a word")
+            if text.startswith("boom"):
+                raise RuntimeError(f"cannot take {text}")
+            return text
+
+    chain = Chain({"picky": ("items",), "keep": ("picky",)})
+    chain.task("items", Items(["a", "boom1", "poison", "boom2", "b"])).run()
+    caplog.set_level(logging.INFO, logger=logs.NODE_FAILURES)
+    stats = chain.task("picky", Picky(), delivery_policy={"max_retries": 0}).run()
+    assert (stats.failed, stats.dead_lettered, stats.processed) == (3, 3, 2)
+    assert task_module.logger.name == logs.NODE_FAILURES  # what configure sets up
+    records = [r for r in caplog.records if r.name == logs.NODE_FAILURES]
+    # Each names the input as `dlq show` does: its parent, trace id and sequence.
+    said = [(r.levelno, re.sub(r" [0-9a-f]{32}:", " T:", r.getMessage().split(";")[0]))
+            for r in records]
+    assert said == [
+        (logging.WARNING, "picky raised on its input (items T:2): RuntimeError: cannot take "
+                          "boom1"),
+        (logging.WARNING, "picky raised on its input (items T:3): PoisonMessage: not a word"),
+        (logging.INFO, "picky raised on its input (items T:4): RuntimeError: cannot take "
+                       "boom2")]
+    assert "the first RuntimeError here" in records[0].getMessage()
+    assert "the first" not in records[2].getMessage()
+    for record in records:  # each with the frame that raised: its file and line
+        assert record.exc_info is not None
+        formatted = logging.Formatter().formatException(record.exc_info)
+        assert f'File "{__file__}", line ' in formatted and ", in process\n" in formatted
 
 
 def test_the_opened_hook_runs_once_the_node_is_open_before_its_first_input() -> None:

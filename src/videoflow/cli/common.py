@@ -35,11 +35,21 @@ DEFAULT_NATS_URL: Final = "nats://127.0.0.1:4222"
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
+EXIT_DEAD_LETTERS: Final = 3
+"""`videoflow run --fail-on-dead-letters`: the run did all it could, and dead-lettered
+inputs (1, 130 and 4 say more, and come first)."""
+EXIT_UNFINISHED: Final = 4
+"""`videoflow run`: the run ended with work left over, kept for --resume, and neither
+failed nor was interrupted (either says so first: 1, 130)."""
+EXIT_SIGNALLED: Final = 128
+"""Plus the signal's number: what `videoflow run` exits with when a signal stopped it
+(130 for Ctrl-C's SIGINT, 143 for SIGTERM), as a shell reports a command one ended."""
 EXIT_BROKEN_PIPE: Final = 141
 """What a shell reports for a command its reader stopped reading (128 + SIGPIPE), as
 for `head` closing the pipe of a listing."""
 
-VERBOSE_HELP: Final = "also log the library's warnings (retries, reconnects)"
+VERBOSE_HELP: Final = ("also log the library's warnings (retries, reconnects) and every "
+                       "exception a node raises (the first of each type is logged anyway)")
 LOG_FORMAT_HELP: Final = ("how logs are written to stderr: text lines, or one JSON object per "
                           "line for a log collector (default: text)")
 

@@ -2,7 +2,7 @@
 
     videoflow run MODULE:FLOW [--nats-url URL[,URL...] | --store-dir DIR | --ephemeral]
                   [--stop-after S] [--json] [--replicas N] [--outage-budget S]
-                  [--resume RUN]
+                  [--resume RUN] [--fail-on-dead-letters]
     videoflow demo [--cameras N] [--fps F] [--duration S] [--frame-size WxH] [--nats-url URL]
     videoflow provision MODULE:FLOW --out FILE [--run RUN] [--replicas N] [--nats-url URL]
     videoflow worker --spec FILE --node NAME [--replica I] [--nats-url URL]
@@ -17,6 +17,7 @@ A flow is named by ``module:attribute`` (the module imported from the current
 directory or sys.path; the attribute a Flow, or a function returning one), the unit
 both the local engine and workers on other hosts load. Bad arguments and an
 unreachable broker get one line on stderr and a non-zero exit, never a traceback.
+`run` exits as run_exit_code says (README: the table of exit codes).
 
 Without a broker URL, `run` starts the embedded nats-server on a persistent store (the
 per-user data directory, or --store-dir / VIDEOFLOW_STORE_DIR; --ephemeral for a
@@ -33,19 +34,23 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import sys
 import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from videoflow import logs
 from videoflow.broker.link import redact_url
 from videoflow.cli import demo, edges, ls, ops
 from videoflow.cli.common import (
     EXIT_BROKEN_PIPE,
+    EXIT_DEAD_LETTERS,
     EXIT_FAILED,
+    EXIT_SIGNALLED,
+    EXIT_UNFINISHED,
     EXIT_USAGE,
     LOG_FORMAT_HELP,
     VERBOSE_HELP,
@@ -67,6 +72,9 @@ from videoflow.cli.common import (
 )
 from videoflow.logs import LOG_FORMATS
 from videoflow.run.unread_stdout import to_devnull
+
+if TYPE_CHECKING:
+    from videoflow.core.report import RunReport
 
 
 def load_attribute(reference: str) -> Any:
@@ -227,7 +235,25 @@ def _run_to_end(flow: Any, args: argparse.Namespace, resume_as: str | None = Non
         # On a terminal, the table fits its width (a narrow one drops columns).
         print(report.format(shutil.get_terminal_size().columns if sys.stdout.isatty()
                             else None))
-    return 0 if report.ok else EXIT_FAILED
+    return run_exit_code(report, fail_on_dead_letters=args.fail_on_dead_letters)
+
+
+def run_exit_code(report: RunReport, *, fail_on_dead_letters: bool = False) -> int:
+    """What `videoflow run` exits with, by its RunReport, the first that applies: 128 +
+    the signal's number when one stopped it (130 for Ctrl-C, 143 for SIGTERM); 1 when it
+    failed; 4 when it was kept with work left over; 3 when fail_on_dead_letters and it
+    dead-lettered inputs; else 0 (completed, or stopped by --stop-after having
+    processed all it took)."""
+    if report.stopped_by in ("SIGINT", "SIGTERM"):
+        # Whatever followed (a replica killed by the third): the user stopped it.
+        return EXIT_SIGNALLED + int(signal.Signals[report.stopped_by])
+    if not report.ok:
+        return EXIT_FAILED
+    if report.left_over:
+        return EXIT_UNFINISHED
+    if fail_on_dead_letters and report.dead_lettered:
+        return EXIT_DEAD_LETTERS
+    return 0
 
 
 # ------------------------------------------------------------------- provision
@@ -342,6 +368,14 @@ def _worker(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------ main
 
 
+def fail_on_dead_letters_option(parser: argparse.ArgumentParser) -> None:
+    """--fail-on-dead-letters, for a script or CI that counts a dead letter a failure."""
+    parser.add_argument(
+        "--fail-on-dead-letters", action="store_true",
+        help=f"exit {EXIT_DEAD_LETTERS} when the run dead-lettered inputs (and would "
+             "otherwise exit 0)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from videoflow import __version__
 
@@ -372,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stop-after", type=budget_seconds, metavar="SECONDS",
                      help="ask the flow to stop after this long (0: at once)")
     run.add_argument("--json", action="store_true", help="print the report as JSON")
+    fail_on_dead_letters_option(run)
     run.add_argument("--resume", metavar="RUN",
                      help="resume a kept run (one whose report said it was kept): start "
                           "the replicas that had not ended, on what its streams still hold")
@@ -405,6 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay_store.add_argument("--ephemeral", action="store_true",
                               help="a throwaway store for the embedded broker")
     replay.add_argument("--json", action="store_true", help="print the report as JSON")
+    fail_on_dead_letters_option(replay)
     replicas_option(replay)
     metrics_option(replay)
     replay.set_defaults(func=_replay, run=None, resume=None, stop_after=None,

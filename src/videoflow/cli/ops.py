@@ -294,6 +294,7 @@ def _entry_json(entry: ops.DeadLetterEntry, envelope: bool = False) -> dict[str,
         "envelope_bytes": len(record.envelope),
     })
     if envelope:
+        document["traceback"] = record.traceback
         document["dead_lettered_at_utc"] = when(record.dead_lettered_at)
         document["input"] = _input(record.envelope)
         document["envelope_base64"] = base64.b64encode(record.envelope).decode("ascii")
@@ -375,6 +376,12 @@ def cmd_dlq_show(args: argparse.Namespace) -> int:
                 "input:         " + (got["message"] if got["blob_ref"] is None else
                                      f"by ref {got['blob_ref']} (in the payload store)"),
             ]
+        # Where it was raised: the file and line to look at, innermost frame last.
+        if record.traceback:
+            lines.append("traceback:")
+            lines += ["  " + line for line in record.traceback.rstrip("\n").splitlines()]
+        else:
+            lines.append("traceback:     -")
     print("\n".join(lines))
     return EXIT_OK
 

@@ -199,6 +199,13 @@ class RunReport:
         torn_down: whether the run's streams were deleted (never the DLQ).
         kept: when they were not: what was kept and how to resume the run or delete
             it ('' when torn down, or when teardown was not asked for).
+        stopped_by: what asked the run to stop: 'SIGINT' or 'SIGTERM' (the first
+            signal the engine counted: Ctrl-C, `kill`, `docker stop`), 'stop_after';
+            None when nothing did (its producers ended, or it failed).
+        left_over: the run was kept with work left over (RunTeardown.left_over): not
+            done, whatever its outcome says; a resume takes it up.
+        dead_letters: when its nodes dead-lettered inputs, how many, and the command
+            that lists them ('' when none did): the report's last line.
     """
 
     flow_id: str
@@ -210,10 +217,18 @@ class RunReport:
     nodes: dict[str, NodeReport] = field(default_factory=dict)
     torn_down: bool = False
     kept: str = ""
+    stopped_by: str | None = None
+    left_over: bool = False
+    dead_letters: str = ""
 
     @property
     def ok(self) -> bool:
         return self.outcome != "failed"
+
+    @property
+    def dead_lettered(self) -> int:
+        """Inputs its nodes dead-lettered, summed (as their replicas last reported)."""
+        return sum(n.dead_lettered for n in self.nodes.values())
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -229,9 +244,13 @@ class RunReport:
                 by the terminal.
         """
         restarts = sum(n.restarts for n in self.nodes.values())
+        by = "" if self.stopped_by is None else (
+            " by stop_after" if self.stopped_by == "stop_after" else f" by {self.stopped_by}")
         head = (f"run {self.run_id} of flow {self.flow_id!r} ({self.flow_type}): "
-                f"{self.outcome} in {self.seconds:.1f} s"
-                + (f", {restarts} restart{'s' if restarts != 1 else ''}" if restarts else ""))
+                f"{self.outcome}{by} in {self.seconds:.1f} s"
+                + (f", {restarts} restart{'s' if restarts != 1 else ''}" if restarts else "")
+                # Stopped or even 'completed', it is not done: never read as a success.
+                + (", unfinished: work left over, kept" if self.left_over else ""))
         rows: list[tuple[str, ...]] = [
             ("node", "kind", "processed", "emitted", "rate/s", "dropped", "dead-let.",
              "join p50 ms", "join p99 ms")]
@@ -286,6 +305,8 @@ class RunReport:
                 lines.append(f"  {key} {n.outcomes.get(key, '')}: {error}")
         if self.kept:
             lines.append(f"  {self.kept}")
+        if self.dead_letters:
+            lines.append(f"  {self.dead_letters}")
         return "\n".join(lines)
 
 

@@ -10,10 +10,17 @@ failure reaches every descendant rather than leaving it waiting. A quiesced task
 (SIGTERM) stops taking input and publishes no end of stream: a replacement continues.
 A node that dies (open(), next() or a messenger failure raising) publishes an abort
 before the error propagates.
+
+An exception raised by process() or consume() (not a publication's failure, which
+the report counts) is logged with its traceback on this module's logger
+(videoflow.logs.NODE_FAILURES): the first of each type a replica meets at WARNING,
+every later one at INFO, so a run shows where each kind of failure comes from without
+a line per input, and `-v` shows them all.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +31,8 @@ from videoflow.core.engine import STOP_QUIESCE, Messenger
 from videoflow.core.histogram import Histogram
 from videoflow.core.node import ConsumerNode, Node, ProcessorNode, ProducerNode
 from videoflow.errors import LedgerError
+
+logger = logging.getLogger(__name__)
 
 LATENCY_SAMPLES = 100_000
 """The most join latencies a task keeps (every one until then, then every other one:
@@ -152,6 +161,7 @@ class Task:
         self._progress, self._every = progress, progress_every
         self._next_progress = time.monotonic() + progress_every
         self._arrived = 0.0  # when the group being processed first arrived (monotonic)
+        self._raised: set[type[BaseException]] = set()  # what the node raised so far
         if progress is not None and hasattr(messenger, "on_wait"):
             messenger.on_wait = self._tick  # reports while it waits for input too
 
@@ -276,8 +286,10 @@ class Task:
             entries = self.messenger.receive_message()
             if self._end(entries):
                 return
+            in_node = True
             try:
                 output = apply(*self._inputs(entries))
+                in_node = False
                 if self.node.kind == "processor":
                     # In flight once this returns; an output carrying a checkpoint is
                     # waited for, and its failure is the group's (PublicationFailed).
@@ -287,11 +299,31 @@ class Task:
                 raise  # a refused checkpoint or a superseded owner: this process must stop
             except Exception as error:  # every failure of the node goes to the policy
                 self.stats.failed += 1
+                if in_node:  # its own code's: a publication's failure is the report's
+                    self._log_failure(error)
                 self.messenger.fail_inputs(error)
                 continue
             self.messenger.ack_inputs()
             self.stats.processed += 1
             self.stats.hop_latency.observe(time.monotonic() - self._arrived)
+
+
+    def _log_failure(self, error: Exception) -> None:
+        """Log what the node raised, with its traceback: the first of its type in this
+        task at WARNING, the others at INFO (module docstring)."""
+        kind = type(error)
+        first = kind not in self._raised
+        self._raised.add(kind)
+        info = self.context.input_info or {}
+        inputs = ", ".join(f"{parent} {one['trace_id']}:{one['seq']}"
+                           for parent, one in info.items()
+                           if one is not None and one.get("trace_id") is not None)
+        logger.log(logging.WARNING if first else logging.INFO,
+                   "%s raised on its input%s: %s; its delivery policy retries or gives it "
+                   "up%s", self.context.node_name, f" ({inputs})" if inputs else "",
+                   _describe(error),
+                   f" (the first {kind.__name__} here: the next ones at INFO, shown with -v)"
+                   if first else "", exc_info=error)
 
 
 class ProducerTask(Task):

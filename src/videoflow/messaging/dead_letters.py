@@ -5,7 +5,10 @@ reads back.
 A record carries the input exactly as it arrived (the envelope bytes, so a replay
 republishes what the parent sent) and enough provenance to find and explain it: which
 node gave up, on which parent's message, after how many attempts, and why. Records are
-msgpack (msgspec), versioned by a leading tag so later fields can be added.
+msgpack (msgspec), versioned by a leading tag so later fields can be added: each goes
+last with a default, so a record written before it reads as that default (the
+traceback, added to version 1 so, is '' in older records). A reader older than a field
+lists a record carrying it as undecodable, with its sequence, rather than guess.
 
 Its msg_id is a function of the delivery's identity (run, node, parent, stream
 sequence), so a dead-letter publish retried after an unknown outcome is one record in
@@ -15,6 +18,7 @@ taken for duplicates; the Terminal settlement names that id as its record_ref.
 
 from __future__ import annotations
 
+import traceback as tracebacks
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -67,6 +71,10 @@ class DeadLetter(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag=RE
         error_message: str() of the exception (truncated to 4 KiB).
         dead_lettered_at: wall-clock time of the decision (epoch seconds).
         envelope: the delivery's bytes as received.
+        traceback: where the exception was raised, as Python prints it, its last
+            MAX_TRACEBACK characters (the innermost frames); '' when there was no
+            exception, or it was never raised (a record written before this field
+            existed reads '' too).
     """
 
     flow_id: str
@@ -80,9 +88,15 @@ class DeadLetter(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag=RE
     error_message: str
     dead_lettered_at: float
     envelope: bytes
+    traceback: str = ""
 
 
 _MAX_MESSAGE: Final = 4096
+MAX_TRACEBACK: Final = 4096
+"""The most of a traceback a dead letter keeps, in characters: the end of it, where
+the frames that raised are (a node's own frames are a handful; a deep stack's outer
+frames are cut)."""
+_CUT: Final = "(earlier lines cut)\n"
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(DeadLetter)
 
@@ -116,7 +130,22 @@ def dead_letter_for(
     error_type = "" if error is None else f"{type(error).__module__}.{type(error).__qualname__}"
     message = "" if error is None else str(error)[:_MAX_MESSAGE]
     return DeadLetter(flow_id, run_id, node, parent, stream_seq, attempts, reason, error_type,
-                      message, at, bytes(envelope))
+                      message, at, bytes(envelope), traceback_of(error))
+
+
+def traceback_of(error: BaseException | None, most: int = MAX_TRACEBACK) -> str:
+    """error's traceback as Python prints it (its causes included), kept to its last
+    `most` characters, cut at a line; '' for None or an exception never raised (one
+    made to be recorded, as WorkerCrashed is: it has no frames to show)."""
+    if error is None or error.__traceback__ is None:
+        return ""
+    text = "".join(tracebacks.format_exception(type(error), error, error.__traceback__))
+    if len(text) <= most:
+        return text
+    tail = text[len(text) - (most - len(_CUT)):]
+    # From the first whole line on; a single line longer than that is kept cut.
+    newline = tail.find("\n")
+    return _CUT + (tail[newline + 1:] if 0 <= newline < len(tail) - 1 else tail)
 
 
 def dead_letter_record_id(run_id: str, node: str, parent: str, stream_seq: int) -> str:
@@ -218,6 +247,7 @@ def dead_letter(
 
 
 __all__ = [
+    "MAX_TRACEBACK",
     "REASONS",
     "RECORD_VERSION",
     "DeadLetter",
@@ -229,4 +259,5 @@ __all__ = [
     "dead_letter_record_id",
     "decode_dead_letter",
     "encode_dead_letter",
+    "traceback_of",
 ]

@@ -1,10 +1,12 @@
 """`videoflow dlq list` and `dlq show`: reading the flow's dead-letter stream, a page
 per round trip (list) or one record by sequence (show), nothing consumed or
-acknowledged."""
+acknowledged; and the line a run's report ends with when it dead-lettered inputs."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
@@ -13,6 +15,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from videoflow.broker.link import redact_url
 from videoflow.broker.loop import ErrorLog
 from videoflow.core.naming import dlq_stream_name, dlq_subject_filter
 from videoflow.errors import VideoflowError
@@ -245,3 +248,34 @@ def dlq_show(
         return await dlq_get(nc, flow_id, seq, budget, errors)
 
     return run_sync(nats_url, timeout, work)
+
+
+def dead_letters_line(count: int, flow_id: str, run_id: str, nats_url: str | None = None,
+                      store_dir: str | os.PathLike[str] | None = None,
+                      ephemeral: bool = False) -> str:
+    """The last line of a run's report when its nodes dead-lettered inputs: how many,
+    and the `videoflow dlq list` command that lists them.
+
+    Arguments:
+        count: the inputs dead-lettered.
+        flow_id / run_id: the run.
+        nats_url / store_dir: the broker or store the run was given, named in the
+            command (one the environment gave, the command reads there too); a URL's
+            password is never printed.
+        ephemeral: the run's store was thrown away, its dead letters with it.
+
+    Returns:
+        '4 inputs dead-lettered, listed by: videoflow dlq list --flow F --run R ...';
+        '' for a count of 0.
+    """
+    if not count:
+        return ""
+    said = f"{count} input{'s' if count != 1 else ''} dead-lettered"
+    if ephemeral:
+        return f"{said}: gone with the ephemeral store (--ephemeral)"
+    words = ["videoflow", "dlq", "list", "--flow", flow_id, "--run", run_id]
+    if nats_url:
+        words += ["--nats-url", redact_url(nats_url)]
+    elif store_dir is not None:
+        words += ["--store-dir", os.fspath(store_dir)]
+    return f"{said}, listed by: {shlex.join(words)}"

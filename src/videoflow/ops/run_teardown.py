@@ -84,12 +84,17 @@ class RunTeardown:
             yet (pending + ack pending), or why that is unknown.
         note: one sentence for the operator: what was kept and how to resume the run
             or delete it; '' when torn down.
+        left_over: the run was kept with work left over: unprocessed inputs, a
+            replayable producer not finished, or what is left could not be read (never
+            taken for nothing). False when torn down, and when kept only because a
+            delete failed once nothing was left.
     """
 
     torn_down: bool
     kept: tuple[str, ...] = ()
     unprocessed: dict[str, int | str] = field(default_factory=dict)
     note: str = ""
+    left_over: bool = False
 
 
 def unprocessed_work(status: RunStatus) -> dict[str, int | str] | None:
@@ -148,7 +153,8 @@ def teardown_processed(
     except BrokerUnavailable as error:
         return RunTeardown(False, note=(
             f"kept run {run_id}: its broker could not be reached to check or delete its "
-            f"streams ({error}); once it is back, {resume}, or delete it with {delete}"))
+            f"streams ({error}); once it is back, {resume}, or delete it with {delete}"),
+            left_over=True)
     left = unprocessed_work(status)
     names = () if isinstance(status.streams, Unknown) else tuple(s.name for s in status.streams)
     if left is None or left or unfinished:
@@ -161,7 +167,8 @@ def teardown_processed(
             why.append(f"not finished: {', '.join(unfinished)}, replayable")
         what = "; ".join(why)
         return RunTeardown(False, names, left or {}, note=(
-            f"kept run {run_id} ({what}): {resume}, or delete it with {delete}"))
+            f"kept run {run_id} ({what}): {resume}, or delete it with {delete}"),
+            left_over=True)
     try:
         cleanup = teardown(nats_url, flow_id, run_id, timeout=timeout)
     except BrokerUnavailable as error:

@@ -287,6 +287,7 @@ def run_flow(
     from videoflow.broker.server import EmbeddedServer, store_dir_for
     from videoflow.messaging.topology import provision_flow_sync
     from videoflow.messaging.tracing import check_setup
+    from videoflow.ops.dead_letters import dead_letters_line
     from videoflow.ops.run_teardown import RunTeardown
 
     if resume and run_id is None:
@@ -390,7 +391,7 @@ def run_flow(
                 if ephemeral and server is not None and not ended_up.torn_down:
                     # Its streams go with the store when the server stops: nothing is
                     # kept, whatever the broker was asked to keep.
-                    ended_up = RunTeardown(False, note=(
+                    ended_up = RunTeardown(False, left_over=ended_up.left_over, note=(
                         f"run {run.run_id} did not finish, and its streams go with the "
                         "ephemeral store (--ephemeral): it cannot be resumed"))
                 if shared is not None and (ended_up.torn_down or ephemeral):
@@ -403,7 +404,11 @@ def run_flow(
     # The report is printed, written as JSON and kept: never with the URL's password.
     report = RunReport(compiled.flow_id, run.run_id, compiled.flow_type, redact_url(url),
                        seconds=time.monotonic() - started, torn_down=ended_up.torn_down,
-                       kept=ended_up.note)
+                       kept=ended_up.note, left_over=ended_up.left_over)
+    if run.signals.first is not None:
+        report.stopped_by = signal.Signals(run.signals.first).name
+    elif run.stopped_after:
+        report.stopped_by = "stop_after"
     for spec in compiled.specs:
         ours = {key: r for key, r in run.replicas.items() if r.job.spec.name == spec.name}
         finals = {key: r.final or _lost(r) for key, r in ours.items()}
@@ -421,6 +426,8 @@ def run_flow(
         report.outcome = "failed"
     elif run.stop_requested:
         report.outcome = "stopped"
+    report.dead_letters = dead_letters_line(report.dead_lettered, compiled.flow_id, run.run_id,
+                                            nats_url, store_dir, ephemeral)
     return report
 
 

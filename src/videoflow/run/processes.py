@@ -123,6 +123,7 @@ class Run:
     replicas: dict[str, Replica] = field(default_factory=dict)
     progress: dict[str, NodeProgress] = field(default_factory=dict)
     stop_requested: bool = False
+    stopped_after: bool = False  # the stop was stop_after's (not a signal's, nor a loss's)
     failed: bool = False
     bound: set[str] = field(default_factory=set)  # replicas whose durables are bound
     gate: Any = None  # a multiprocessing Event: producers may start
@@ -190,6 +191,7 @@ def _watch(context: Any, run: Run, max_restarts: int, stop_after: float | None,
             _signal_all(run, QUIESCE_SIGNAL)
             lost_at = float("inf")
         if stop_after is not None and time.monotonic() - began >= stop_after:
+            run.stopped_after = not run.stop_requested
             _request_stop(run)
             stop_after = None
         if view is not None:

@@ -112,12 +112,16 @@ class StopSignals:
 
     Attributes:
         received: signals counted since supervising.
+        first: the number of the first of them (SIGINT or SIGTERM), None before one:
+            the run's report names it, and the videoflow command exits 128 + it, as a
+            shell reports a command that signal ended.
         supervising: whether the handler counts (True) or raises (False).
         finished: whether the supervision loop is done.
     """
 
     def __init__(self) -> None:
         self.received = 0
+        self.first: int | None = None
         self.supervising = False
         self.finished = False
         self._previous: dict[int, Any] = {}
@@ -139,10 +143,12 @@ class StopSignals:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
-    def _handle(self, _signum: int, _frame: FrameType | None) -> None:
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if not self.supervising:
             raise KeyboardInterrupt
         self.received += 1
+        if self.first is None:
+            self.first = signum
         if self.finished and self.received >= 3:
             raise KeyboardInterrupt
 
