@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from videoflow import ops
+from videoflow.backends import shm_payload
 from videoflow.backends.messaging import Known, Unknown
 from videoflow.broker import server as embedded
 from videoflow.broker.loop import registered
@@ -28,6 +30,7 @@ from videoflow.core.constants import BATCH
 from videoflow.core.naming import (
     dlq_stream_name,
     dlq_subject_for,
+    sanitize,
     stream_name_for,
     subject_for,
 )
@@ -375,6 +378,38 @@ def test_teardown_removes_the_run_s_streams_keeps_the_dlq_and_replay_then_fails(
                 "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {
         "flow": FLOW, "run": RUN, "removed": [], "remaining": [], "complete": True}
+
+
+def test_teardown_reclaims_the_run_s_shared_memory_and_its_empty_folders(
+    scenario: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A kept run (stopped twice, its engine killed) leaves its folder in /dev/shm; a
+    # teardown deleted its streams and left the folder, empty or not, for good.
+    monkeypatch.setattr(shm_payload, "shm_root", lambda: tmp_path / "shm")
+    folder = tmp_path / "shm" / sanitize(FLOW) / sanitize(RUN)
+    store = shm_payload.SharedMemoryPayloadStore(folder)
+    unread = store.put(b"x" * 100, ["sink"], "pub-1")
+    assert store.refs() == (unread,)
+    other = tmp_path / "shm" / sanitize(FLOW) / "run-x"
+    shm_payload.SharedMemoryPayloadStore(other).put(b"y", ["sink"], "pub-2")
+    assert ops.teardown(scenario.url, FLOW, RUN, timeout=5).complete
+    assert not folder.exists()
+    assert other.is_dir()  # another run's, and so its flow's folder, stay
+    assert ops.teardown(scenario.url, FLOW, "run-x", timeout=5).complete
+    assert not (tmp_path / "shm" / sanitize(FLOW)).exists()
+
+
+def test_teardown_keeps_the_payloads_a_dead_letter_pins(
+    scenario: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(shm_payload, "shm_root", lambda: tmp_path / "shm")
+    folder = tmp_path / "shm" / sanitize(FLOW) / sanitize(RUN)
+    store = shm_payload.SharedMemoryPayloadStore(folder)
+    pinned = store.put(b"x" * 100, ["sink"], "pub-1")
+    assert store.acquire(pinned, "dlq/sink", ttl_seconds=3600)
+    store.put(b"z" * 100, ["sink"], "pub-2")
+    assert ops.teardown(scenario.url, FLOW, RUN, timeout=5).complete
+    assert shm_payload.SharedMemoryPayloadStore(folder).refs() == (pinned,)
 
 
 # -------------------------------------------------------------------------- dlq purge

@@ -544,8 +544,12 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
         release. Pinned payloads stay until their TTL.
 
         Returns:
-            How many payloads were reclaimed.
+            How many payloads were reclaimed (0 when the folder is gone already: a
+            teardown cleared it).
         """
+        if not self.directory.is_dir():
+            return 0
+
         def unpinned(old: PayloadRecord | None) -> tuple[PayloadRecord | None, bool]:
             if old is None or any(o.startswith(PINNED_PREFIXES) for o in old.obligations):
                 return old, False
