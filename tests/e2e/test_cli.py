@@ -97,6 +97,33 @@ def test_run_executes_a_flow_module_and_reports_as_json(
     assert sorted(v for (v,) in applied(out)) == [2 * i for i in range(40)]
 
 
+def test_a_finished_run_is_found_again_by_ls_and_status_with_its_outcome(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    # Its streams are deleted at its end: ls said "no runs", status needed --run and
+    # then said "no streams (never provisioned, or torn down)".
+    done = videoflow("run", "flows:chain", "--nats-url", nats_server.url, "--json",
+                     env=environment(out, count=5))
+    assert done.returncode == 0, done.stderr
+    run = json.loads(done.stdout)["run_id"]
+    listed = videoflow("ls", "--nats-url", nats_server.url, "--json")
+    assert listed.returncode == 0, listed.stderr
+    (flow,) = json.loads(listed.stdout)
+    (found,) = flow["runs"]
+    assert (flow["flow"], found["run"], found["state"], found["outcome"]) == (
+        "cli", run, "ended", "completed")
+    assert found["started"] <= found["ended"]
+    text = videoflow("ls", "--nats-url", nats_server.url).stdout
+    assert f"cli   {run}  completed" in text
+    status = videoflow("status", "--flow", "cli", "--nats-url", nats_server.url)
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    assert lines[0] == (f"run {run!r} of flow 'cli' (its latest run; videoflow ls --flow "
+                        "cli lists them)")
+    assert "; completed " in lines[1] and "no streams" not in status.stdout
+    assert lines[2] == "its streams were deleted at its end (its dead letters stay)"
+
+
 def test_dead_letters_of_a_run_are_listed_by_the_dlq_command(
     nats_server: embedded.EmbeddedServer, out: Path,
 ) -> None:
