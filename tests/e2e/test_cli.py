@@ -20,6 +20,7 @@ import pytest
 from broker_reads import stream_names, wait_for_pullers
 from flow_nodes import applied
 
+from videoflow.backends.shm_payload import shm_root
 from videoflow.broker import server as embedded
 
 pytestmark = pytest.mark.timeout(180)
@@ -122,6 +123,22 @@ def test_a_finished_run_is_found_again_by_ls_and_status_with_its_outcome(
                         "cli lists them)")
     assert "; completed " in lines[1] and "no streams" not in status.stdout
     assert lines[2] == "its streams were deleted at its end (its dead letters stay)"
+
+
+def test_a_failed_run_keeps_its_streams_and_no_empty_folder_in_shared_memory(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    # Its scale replica cannot open: the run fails before any payload was written. Its
+    # streams are kept to resume it; its shared-memory folder stayed there, empty.
+    done = videoflow("run", "flows:no_model", "--nats-url", nats_server.url, "--json",
+                     env=environment(out, count=5))
+    assert done.returncode == 1, done.stderr
+    run = json.loads(done.stdout)["run_id"]
+    assert not (shm_root() / "clinomodel" / run).exists()
+    listed = videoflow("ls", "--nats-url", nats_server.url, "--json")
+    (found,) = json.loads(listed.stdout)[0]["runs"]
+    assert (found["run"], found["state"], found["outcome"]) == (run, "idle", "failed")
+    assert found["streams"] == 2
 
 
 def test_dead_letters_of_a_run_are_listed_by_the_dlq_command(

@@ -563,6 +563,22 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
         return cleared
 
 
+    def remove_if_empty(self) -> bool:
+        """Remove the folder (and its flow's, once no run is left in it) when it holds
+        no payload: the end of a run that keeps its streams (failed, stopped, or not
+        torn down) but wrote nothing here, whose folder would otherwise stay empty in
+        /dev/shm until sweep_expired, a day later. A resume makes it again.
+
+        Returns:
+            Whether it was removed (False: a payload is in it, or it is gone already).
+        """
+        if not self.directory.is_dir() or self._list_refs():
+            return False
+        self._spares.discard()
+        _remove_with_empty_parent(self.directory)
+        return True
+
+
 def sweep_expired(root: Path | None = None) -> int:
     """Reclaim what crashed runs left past its TTL in every store under root (shm_root()
     when None), removing the folders left empty: nothing outlives its TTL even when no

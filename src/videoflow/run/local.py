@@ -394,6 +394,8 @@ def run_flow(
                         "ephemeral store (--ephemeral): it cannot be resumed"))
                 if shared is not None and (ended_up.torn_down or ephemeral):
                     shared.clear()
+            if shared is not None:
+                shared.remove_if_empty()  # a kept run's, with no payload in it
             if record is not None:
                 keep_record(url, msgspec.structs.replace(
                     record, outcome=run.outcome(), ended_at=time.time(),
