@@ -27,6 +27,7 @@ from videoflow.core.naming import (
     LABEL_KIND,
     LABEL_NODE,
     LABEL_RUN_ID,
+    ledger_bucket,
     subject_owner,
     user_metadata,
 )
@@ -142,6 +143,8 @@ def list_flows(nats_url: str, *, flow_id: str | None = None,
         for info in infos:
             name = info.config.name or ""
             if name.startswith(f"KV_{LEDGER_PREFIX}"):
+                if flow_id is not None and name != f"KV_{ledger_bucket(flow_id)}":
+                    continue  # another flow's ledger: not read
                 try:
                     kept = await read_run_records(nc, budget, name.removeprefix("KV_"))
                 except Exception as error:
