@@ -20,6 +20,7 @@ import pytest
 from broker_reads import stream_names, wait_for_pullers
 from flow_nodes import applied
 
+from videoflow.backends.shm_payload import shm_root
 from videoflow.broker import server as embedded
 
 pytestmark = pytest.mark.timeout(180)
@@ -95,6 +96,49 @@ def test_run_executes_a_flow_module_and_reports_as_json(
     assert report["outcome"] == "completed" and report["flow_id"] == "cli"
     assert report["nodes"]["record"]["processed"] == 40
     assert sorted(v for (v,) in applied(out)) == [2 * i for i in range(40)]
+
+
+def test_a_finished_run_is_found_again_by_ls_and_status_with_its_outcome(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    # Its streams are deleted at its end: ls said "no runs", status needed --run and
+    # then said "no streams (never provisioned, or torn down)".
+    done = videoflow("run", "flows:chain", "--nats-url", nats_server.url, "--json",
+                     env=environment(out, count=5))
+    assert done.returncode == 0, done.stderr
+    run = json.loads(done.stdout)["run_id"]
+    listed = videoflow("ls", "--nats-url", nats_server.url, "--json")
+    assert listed.returncode == 0, listed.stderr
+    (flow,) = json.loads(listed.stdout)
+    (found,) = flow["runs"]
+    assert (flow["flow"], found["run"], found["state"], found["outcome"]) == (
+        "cli", run, "ended", "completed")
+    assert found["started"] <= found["ended"]
+    text = videoflow("ls", "--nats-url", nats_server.url).stdout
+    assert f"cli   {run}  completed" in text
+    status = videoflow("status", "--flow", "cli", "--nats-url", nats_server.url)
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    assert lines[0] == (f"run {run!r} of flow 'cli' (its latest run; videoflow ls --flow "
+                        "cli lists them)")
+    assert "; completed " in lines[1] and "no streams" not in status.stdout
+    assert lines[2] == "its streams were deleted at its end (its dead letters stay)"
+
+
+def test_a_failed_run_keeps_its_streams_and_no_empty_folder_in_shared_memory(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    # Its scale replica cannot open: the run fails before any payload was written. Its
+    # streams are kept to resume it; its shared-memory folder stayed there, empty.
+    done = videoflow("run", "flows:no_model", "--nats-url", nats_server.url, "--json",
+                     env=environment(out, count=5))
+    assert done.returncode == 1, done.stderr
+    run = json.loads(done.stdout)["run_id"]
+    assert not (shm_root() / "clinomodel" / run).exists()
+    listed = videoflow("ls", "--nats-url", nats_server.url, "--json")
+    (found,) = json.loads(listed.stdout)[0]["runs"]
+    assert (found["run"], found["state"], found["outcome"]) == (run, "idle", "failed")
+    assert found["streams"] == 2
 
 
 def test_dead_letters_of_a_run_are_listed_by_the_dlq_command(

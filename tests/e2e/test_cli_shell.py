@@ -388,7 +388,8 @@ def test_ls_shows_a_provisioned_run_idle_then_running_once_a_worker_pulls(
         return json.loads(done.stdout)
 
     assert listed() == [{"flow": "cli", "dead_letters": 0, "runs": [
-        {"run": "r1", "streams": 2, "messages": 0, "state": "idle"}]}]  # numbers, scale
+        {"run": "r1", "streams": 2, "messages": 0, "state": "idle", "outcome": None,
+         "started": None, "ended": None}]}]  # numbers, scale; provisioned: no record
     worker = start_worker()
     try:
         deadline = time.monotonic() + 30
@@ -397,7 +398,7 @@ def test_ls_shows_a_provisioned_run_idle_then_running_once_a_worker_pulls(
             time.sleep(0.3)
         text = videoflow("ls", "--nats-url", nats_server.url, "--flow", "cli")
         assert text.returncode == 0 and text.stdout.splitlines()[1].split() == [
-            "cli", "r1", "running", "2", "0"], text.stdout
+            "cli", "r1", "running", "2", "0", "-"], text.stdout  # not ended
     finally:
         worker.kill()
         worker.wait(timeout=10)

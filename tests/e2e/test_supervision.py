@@ -23,7 +23,8 @@ from supervision_nodes import crash_loop, one_fails_to_start
 from test_cli import HERE, alive, children_of, command, count_applied, environment, wait_for
 
 from videoflow.broker import server as embedded
-from videoflow.ops import dlq_list
+from videoflow.ops import dlq_list, embedded_broker, teardown
+from videoflow.ops.runs import list_flows
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(not Path("/proc").is_dir(),
@@ -164,6 +165,15 @@ def test_a_second_sigterm_quiesces_the_replicas_as_a_second_ctrl_c_does(
     assert len(values) == len(set(values))  # none applied twice
 
 
+def tear_down_every_run(url: str) -> None:
+    """What a killed engine left on its broker, torn down as an operator does
+    (`videoflow teardown`), and its run's folder in shared memory with it: the broker
+    goes with the test, the folder in /dev/shm stayed."""
+    for flow in list_flows(url, timeout=10):
+        for run in flow.runs:
+            assert teardown(url, flow.flow_id, run.run_id, timeout=10).complete
+
+
 def test_a_sigkilled_engine_leaves_no_replica_running(
     nats_server: embedded.EmbeddedServer, out: Path,
 ) -> None:
@@ -194,6 +204,7 @@ def test_a_sigkilled_engine_leaves_no_replica_running(
         for pid in replicas:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        tear_down_every_run(nats_server.url)
 
 
 def dead_pids(log: Path) -> list[int]:
@@ -367,3 +378,5 @@ def test_a_sigkilled_engine_leaves_no_embedded_broker_holding_its_store(
         for pid in servers:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        with embedded_broker(store) as url:
+            tear_down_every_run(url)

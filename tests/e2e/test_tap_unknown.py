@@ -5,12 +5,16 @@ commands print, never a repr."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import nats
 import pytest
 from test_cli import environment, videoflow
 
 from videoflow.broker import server as embedded
+from videoflow.core.naming import eos_subject_for
+from videoflow.ops.runs import list_flows
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,6 +63,32 @@ def test_a_node_that_publishes_is_watched_without_a_word(provisioned: str) -> No
     assert done.returncode == 0, done.stderr
     assert said(done)[0] == "listening on vf.cli.*.scale"
     assert said(done)[1].startswith("tap: 0 messages in ")
+
+
+@pytest.mark.parametrize("watcher", ["tap", "hz"])
+def test_a_node_that_ended_its_stream_is_said_to_have_ended(
+        provisioned: str, watcher: str) -> None:
+    # A tap sees what is published from now on: on a node that had published all it
+    # would, it waited in silence (and hz printed 0.00/s), saying nothing.
+    (run,) = [r.run_id for f in list_flows(provisioned, flow_id="cli", timeout=10)
+              for r in f.runs]
+
+    async def end_stream() -> None:
+        nc = await nats.connect(provisioned)
+        try:
+            await nc.jetstream().publish(eos_subject_for("cli", run, "scale"), b"end")
+        finally:
+            await nc.close()
+
+    asyncio.run(end_stream())
+    done = videoflow(watcher, "cli", "scale", "--nats-url", provisioned, "--seconds", "1")
+    assert done.returncode == 0, done.stderr
+    assert said(done)[1] == (
+        f"node 'scale' of flow 'cli' has ended its stream (run {run}): it publishes "
+        "nothing more, and a tap shows only what is published from now on; listening "
+        "anyway, for a run that starts later")
+    numbers = videoflow(watcher, "cli", "numbers", "--nats-url", provisioned, "--seconds", "1")
+    assert "ended" not in numbers.stderr  # its stream has not ended
 
 
 def test_a_refused_port_is_the_one_line_ls_prints(tmp_path: Path) -> None:

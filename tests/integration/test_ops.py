@@ -11,23 +11,28 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import nats
 import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from videoflow import ops
+from videoflow.backends import shm_payload
 from videoflow.backends.messaging import Known, Unknown
 from videoflow.broker import server as embedded
 from videoflow.broker.loop import registered
+from videoflow.cli import ls
 from videoflow.cli.ops import register
 from videoflow.core.compiler import NodeSpec
 from videoflow.core.constants import BATCH
 from videoflow.core.naming import (
     dlq_stream_name,
     dlq_subject_for,
+    sanitize,
     stream_name_for,
     subject_for,
 )
@@ -36,7 +41,9 @@ from videoflow.errors import BrokerUnavailable
 from videoflow.messaging.dead_letters import dead_letter_for, encode_dead_letter
 from videoflow.messaging.nats_messenger import NATSMessenger
 from videoflow.messaging.topology import provision_flow_sync
+from videoflow.ops import run_records
 from videoflow.ops.dead_letters import PAGE
+from videoflow.ops.runs import list_flows
 from videoflow.wire.serialization import decode_envelope, encode_envelope
 
 pytestmark = pytest.mark.timeout(90)
@@ -375,6 +382,87 @@ def test_teardown_removes_the_run_s_streams_keeps_the_dlq_and_replay_then_fails(
                 "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {
         "flow": FLOW, "run": RUN, "removed": [], "remaining": [], "complete": True}
+
+
+def test_teardown_reclaims_the_run_s_shared_memory_and_its_empty_folders(
+    scenario: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A kept run (stopped twice, its engine killed) leaves its folder in /dev/shm; a
+    # teardown deleted its streams and left the folder, empty or not, for good.
+    monkeypatch.setattr(shm_payload, "shm_root", lambda: tmp_path / "shm")
+    folder = tmp_path / "shm" / sanitize(FLOW) / sanitize(RUN)
+    store = shm_payload.SharedMemoryPayloadStore(folder)
+    unread = store.put(b"x" * 100, ["sink"], "pub-1")
+    assert store.refs() == (unread,)
+    other = tmp_path / "shm" / sanitize(FLOW) / "run-x"
+    shm_payload.SharedMemoryPayloadStore(other).put(b"y", ["sink"], "pub-2")
+    assert ops.teardown(scenario.url, FLOW, RUN, timeout=5).complete
+    assert not folder.exists()
+    assert other.is_dir()  # another run's, and so its flow's folder, stay
+    assert ops.teardown(scenario.url, FLOW, "run-x", timeout=5).complete
+    assert not (tmp_path / "shm" / sanitize(FLOW)).exists()
+
+
+def test_teardown_keeps_the_payloads_a_dead_letter_pins(
+    scenario: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(shm_payload, "shm_root", lambda: tmp_path / "shm")
+    folder = tmp_path / "shm" / sanitize(FLOW) / sanitize(RUN)
+    store = shm_payload.SharedMemoryPayloadStore(folder)
+    pinned = store.put(b"x" * 100, ["sink"], "pub-1")
+    assert store.acquire(pinned, "dlq/sink", ttl_seconds=3600)
+    store.put(b"z" * 100, ["sink"], "pub-2")
+    assert ops.teardown(scenario.url, FLOW, RUN, timeout=5).complete
+    assert shm_payload.SharedMemoryPayloadStore(folder).refs() == (pinned,)
+
+
+def test_a_run_s_record_outlives_its_teardown_and_ls_lists_it_as_ended(
+    scenario: Scenario,
+) -> None:
+    started = run_records.started_record(FLOW, RUN)
+    run_records.record_run(scenario.url, started, timeout=5)
+    (live,) = [r for f in list_flows(scenario.url, flow_id=FLOW, timeout=5) for r in f.runs
+               if r.run_id == RUN]
+    assert live.state == Known("idle") and live.record == started
+    ended = msgspec.structs.replace(started, outcome="completed",
+                                    ended_at=started.started_at + 2, torn_down=True)
+    run_records.record_run(scenario.url, ended, timeout=5)
+    assert ops.teardown(scenario.url, FLOW, RUN, timeout=5).complete
+    runs = {r.run_id: r for f in list_flows(scenario.url, timeout=5) for r in f.runs}
+    assert runs[RUN].state == Known("ended") and runs[RUN].record == ended
+    assert (runs[RUN].streams, runs[RUN].messages) == (0, 0)
+    assert runs["run-x"].state == Known("idle") and runs["run-x"].record is None
+    assert run_records.run_record(scenario.url, FLOW, RUN, timeout=5) == ended
+    assert run_records.run_record(scenario.url, FLOW, "run-x", timeout=5) is None
+    assert run_records.run_record(scenario.url, "no-flow", RUN, timeout=5) is None
+    assert run_records.run_records(scenario.url, FLOW, timeout=5) == [ended]
+
+
+def test_ls_shows_a_flow_s_latest_ended_runs_and_with_flow_all_of_them(
+    nats_server: embedded.EmbeddedServer, capsys: pytest.CaptureFixture[str],
+) -> None:
+    for n in range(7):
+        record = run_records.RunRecord(flow_id="rec", run_id=f"r{n}", outcome="completed",
+                                       started_at=1.0e9 + n, ended_at=1.0e9 + n + 1)
+        run_records.record_run(nats_server.url, record, timeout=5)
+    assert cli_ls(["--nats-url", nats_server.url]) == 0
+    shown = capsys.readouterr().out
+    assert [f"r{n}" in shown for n in range(7)] == [False, False] + [True] * 5
+    assert "rec: 2 earlier ended runs (videoflow ls --flow rec)" in shown
+    assert "2001-09-09 01:46:45Z" in shown  # r4's end, in UTC
+    assert cli_ls(["--nats-url", nats_server.url, "--flow", "rec"]) == 0
+    every = capsys.readouterr().out
+    assert [line.split()[:3] for line in every.splitlines()[1:]] == [
+        ["rec", f"r{n}", "completed"] for n in range(7)]
+    assert "earlier" not in every
+
+
+def cli_ls(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="videoflow")
+    ls.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["ls", *argv])
+    code: int = args.func(args)
+    return code
 
 
 # -------------------------------------------------------------------------- dlq purge

@@ -6,6 +6,7 @@ tests/e2e/test_broker_faults.py."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import nats.errors
 import nats.js.errors
@@ -151,3 +152,34 @@ def test_the_budget_comes_from_the_environment_and_a_bad_one_is_refused(
 ])
 def test_a_url_is_shown_without_its_password_or_token(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize("bad, said", [
+    ("http://localhost:4222", "has the scheme 'http://'"),
+    ("nats://a:4222,https://b:4222", "'https://b:4222' has the scheme 'https://'"),
+    ("not a url", "'not a url' is malformed: a host name holds no spaces"),
+    ("nats://a:99999", "'nats://a:99999' is malformed: Port out of range"),
+    ("nats://a:port", "'nats://a:port' is malformed: Port could not be cast"),
+    ("nats://:4222", "'nats://:4222' names no host"),
+    ("nats://h\"st:4222", "'h\"st' is not a host name"),
+    ("nats://a:4222,ws://b:8080", "mixes websocket"),
+])
+def test_a_url_nats_py_would_not_reach_is_refused_saying_what_is_wrong(
+        bad: str, said: str) -> None:
+    # nats-py takes 'http://h:4222' for the host 'http', and reports only that the
+    # name did not resolve (gaierror), once per attempt.
+    with pytest.raises(ValueError, match=re.escape(said)):
+        servers_of(bad)
+
+
+def test_a_refused_url_keeps_its_password_out_of_the_message() -> None:
+    with pytest.raises(ValueError, match=r"'http://vf:\*\*\*@h:4222'") as refused:
+        servers_of("http://vf:s3cret@h:4222")
+    assert "s3cret" not in str(refused.value)
+
+
+@pytest.mark.parametrize("good", ["nats://a:4222", "tls://a", "NATS://A:4222", "a",
+                                  "nats://[::1]:4222", "ws://a:8080,wss://b:8443",
+                                  "nats://u:p,q@my_host-1.example:4222"])
+def test_every_url_nats_py_takes_is_still_taken(good: str) -> None:
+    assert servers_of(good)

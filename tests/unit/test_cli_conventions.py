@@ -4,6 +4,7 @@ module that fails to import reported in one line (its traceback with -v)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import io
 import json
@@ -251,3 +252,62 @@ def test_the_run_exit_code_follows_the_report(
     made = RunReport("f", "r1", "batch", "nats://x", **report,  # type: ignore[arg-type]
                      nodes={"n": NodeReport("processor", dead_lettered=dead)})
     assert run_exit_code(made, fail_on_dead_letters=fail_on_dead_letters) == code
+
+
+URL_COMMANDS = {
+    ("run",): ["m:f"],
+    ("replay",): ["bag.db3", "--topics", "/t", "--into", "m:f"],
+    ("provision",): ["m:f", "--out", "run.json"],
+    ("worker",): ["--spec", "run.json", "--node", "n"],
+    ("demo",): [],
+    ("status",): ["--flow", "f", "--run", "r"],
+    ("dlq", "list"): ["--flow", "f"],
+    ("dlq", "show"): ["--flow", "f", "1"],
+    ("dlq", "replay"): ["--flow", "f", "1"],
+    ("dlq", "purge"): ["--flow", "f", "1"],
+    ("teardown",): ["--flow", "f", "--run", "r"],
+    ("buckets", "list"): [],
+    ("buckets", "remove"): ["--flow", "f"],
+    ("ls",): [],
+    ("tap",): ["f", "n"],
+    ("hz",): ["f", "n"],
+}
+"""Every command that takes --nats-url, with the arguments it requires."""
+
+
+def _commands_taking_a_url(parser: argparse.ArgumentParser,
+                           path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands_taking_a_url(sub, (*path, name))
+        elif "--nats-url" in action.option_strings:
+            yield path
+
+
+def test_every_command_taking_a_url_is_checked_below() -> None:
+    assert set(_commands_taking_a_url(build_parser())) == set(URL_COMMANDS)
+
+
+@pytest.mark.parametrize("url, said", [
+    ("http://localhost:4222", "has the scheme 'http://'"),
+    ("not a url", "a host name holds no spaces"),
+])
+@pytest.mark.parametrize("command", sorted(URL_COMMANDS), ids=" ".join)
+def test_a_malformed_broker_url_is_one_usage_error_naming_what_is_wrong(
+        command: tuple[str, ...], url: str, said: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: nats-py took 'http' for the host and 'not a url' for a host name; the
+    # command said "gaierror: Name or service not known" twice and exited 1.
+    assert main([*command, *URL_COMMANDS[command], "--nats-url", url]) == 2
+    line = one_error_line(capsys)
+    assert said in line and f"'{url}'" in line
+    assert "gaierror" not in line
+
+
+def test_a_malformed_url_from_the_variable_is_refused_the_same_way(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("VIDEOFLOW_NATS_URL", "https://u:s3cret@broker:4222")
+    assert main(["ls"]) == 2
+    line = one_error_line(capsys)
+    assert "has the scheme 'https://'" in line and "s3cret" not in line

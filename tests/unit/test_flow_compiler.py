@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -172,3 +173,15 @@ def test_a_flow_refuses_an_unknown_type_or_an_empty_name() -> None:
         Flow([], [], flow_type="streaming")
     with pytest.raises(ValueError, match="non-empty str"):
         Flow([], [], name=" ")
+
+
+@pytest.mark.parametrize("url, said", [
+    ("http://localhost:4222", "has the scheme 'http://'"),
+    ("not a url", "a host name holds no spaces"),
+])
+def test_running_on_a_malformed_broker_url_raises_value_error_saying_what_is_wrong(
+        url: str, said: str) -> None:
+    camera = Camera(name="camera")
+    flow = Flow([camera], [Sink()(camera)], name="malformed-url")
+    with pytest.raises(ValueError, match=re.escape(said)):
+        flow.run(nats_url=url, view=False)

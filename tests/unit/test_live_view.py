@@ -100,6 +100,42 @@ def test_rates_are_measured_between_reports_and_stay_steady_between_them() -> No
     assert settled == ["30"] * len(settled)
 
 
+@pytest.mark.parametrize("json_lines", [False, True])
+def test_off_a_terminal_a_view_that_did_not_change_is_printed_once(json_lines: bool) -> None:
+    # The last interval's table showed every node done, and the run's end forced the
+    # same table out again (two or three times when the replicas took a while to exit).
+    out, clock = io.StringIO(), Clock()
+    view = LiveView(out, tty=False, clock=clock, json_lines=json_lines)
+    cam = NodeProgress("producer")
+    for second, emitted, outcome in ((0, 30, "running"), (1, 60, "ended"), (2, 60, "ended"),
+                                     (3, 60, "ended")):
+        cam.replicas["cam[0]"] = {"emitted": emitted, "at": 50.0 + min(second, 1),
+                                  "started": 7.0, "outcome": outcome}
+        clock.now = 1000.0 + second
+        view.update("demo r1", {"cam": cam}, force=second == 3)
+    printed = out.getvalue().splitlines()
+    if json_lines:
+        assert [json.loads(line)["nodes"][0]["done"] for line in printed] == [30, 60]
+    else:
+        assert [line.split()[:2] for line in printed if line.split()[:1] == ["cam"]] == [
+            ["cam", "30"], ["cam", "60"]]
+
+
+def test_a_join_that_ended_is_not_shown_behind() -> None:
+    # Its last word said the IMU was 40 ms behind: after everything ended, the last
+    # view still said so.
+    fuse = NodeProgress("processor")
+    fuse.replicas["fuse[0]"] = {"processed": 29, "at": 51.0, "started": 7.0,
+                                "watermark_lag": {"imu": 0.04}, "outcome": "running"}
+    assert fuse.behind_text() == "imu 40 ms"
+    fuse.replicas["fuse[0]"] = {**fuse.replicas["fuse[0]"], "outcome": "ended",
+                                "ended": 1.0e9}
+    assert fuse.behind() is None and fuse.behind_text() == "-"
+    out = io.StringIO()
+    LiveView(out, tty=False, json_lines=True).update("demo r1", {"fuse": fuse})
+    assert json.loads(out.getvalue())["nodes"][0]["behind"] is None
+
+
 def test_off_a_terminal_with_json_logs_each_report_is_one_json_line_in_the_logs_shape(
 ) -> None:
     out, clock = io.StringIO(), Clock()

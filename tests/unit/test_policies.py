@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 
 import msgspec
 import pytest
@@ -226,6 +227,34 @@ def test_a_time_joins_drift_bound_defaults_to_a_second_or_twice_what_a_group_spa
 def test_join_policy_from_dict_rejects_unknown_key_by_name():
     with pytest.raises(ValueError, match=r"unknown JoinPolicy field 'tolerance'"):
         JoinPolicy.from_dict({"mode": "time", "tolerance": 5.0})
+
+
+@pytest.mark.parametrize(
+    ("build", "said"),
+    [
+        (lambda: JoinPolicy.from_dict({"mode": "time", "tolerence_ms": 5.0}),
+         "unknown JoinPolicy field 'tolerence_ms'; did you mean 'tolerance_ms'?"),
+        (lambda: JoinPolicy.from_dict({"max_drift": 5.0}),
+         "unknown JoinPolicy field 'max_drift'; did you mean 'max_drift_ms'?"),
+        (lambda: DeliveryPolicy.from_dict({"max_retry": 3}),
+         "unknown DeliveryPolicy field 'max_retry'; did you mean 'max_retries'?"),
+        (lambda: DeliveryPolicy.from_dict({"backoff": {"base": 1.0}}),
+         "unknown backoff field 'base'; did you mean 'base_ms'?"),
+        (lambda: Backoff.from_dict({"max": 1.0}),
+         "unknown backoff field 'max'; did you mean 'max_ms'?"),
+        (lambda: JoinPolicy(mode="time", tolerance_ms=1.0, collect={"imu0": 5.0})
+         .validate_for(["cam", "imu"]),
+         "collect parent 'imu0' is not a parent of this node; did you mean 'imu'?"),
+    ],
+)
+def test_a_misspelt_field_is_refused_with_the_field_meant(build, said):
+    with pytest.raises(ValueError, match=f"^{re.escape(said)}$"):
+        build()
+
+
+def test_a_field_close_to_none_is_refused_without_a_guess():
+    with pytest.raises(ValueError, match=r"^unknown JoinPolicy field 'colour'$"):
+        JoinPolicy.from_dict({"colour": "red"})
 
 
 @pytest.mark.parametrize(

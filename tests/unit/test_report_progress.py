@@ -23,10 +23,12 @@ def test_a_node_report_sums_its_replicas_and_keeps_why_one_failed() -> None:
     report = NodeReport.from_replicas("processor", {
         "fuse[0]": {"processed": 10, "emitted": 10, "failed": 1, "dead_lettered": 1,
                     "drops": {"join_evicted": 2}, "started": 100.0, "ended": 105.0,
+                    "first": 100.5, "last": 104.0,
                     "outcome": "ended", "join_latencies": [0.010, 0.020]},
         "fuse[1]": {"processed": 5, "emitted": 5, "drops": {"join_evicted": 1,
                                                              "undecodable": 1},
-                    "started": 101.0, "ended": 110.0, "outcome": "failed",
+                    "started": 101.0, "ended": 110.0, "first": 102.0, "last": 109.5,
+                    "outcome": "failed",
                     "error": "ValueError: bad", "join_latencies": [0.030]},
         "fuse[2]": {"outcome": "lost"},
         # a dead process of replica 2, started again: its counts as last reported
@@ -35,7 +37,7 @@ def test_a_node_report_sums_its_replicas_and_keeps_why_one_failed() -> None:
     assert (report.replicas, report.processed, report.emitted, report.failed,
             report.dead_lettered, report.restarts) == (3, 19, 19, 1, 1, 2)
     assert report.dropped == {"join_evicted": 3, "undecodable": 1}
-    assert (report.seconds, report.throughput) == (10.0, 1.9)
+    assert (report.seconds, report.throughput) == (10.0, 2.0)  # 18 intervals in 9 s
     assert (report.join_latency_p50_ms, report.join_latency_p99_ms) == (20.0, 30.0)
     assert report.outcomes == {"fuse[0]": "ended", "fuse[1]": "failed", "fuse[2]": "lost",
                                "fuse[2]~1": "restarted"}
@@ -46,6 +48,35 @@ def test_a_node_report_sums_its_replicas_and_keeps_why_one_failed() -> None:
     assert "4 (join_evicted 3, undecodable 1)" in text and "19" in text
     assert "fuse[1] failed: ValueError: bad" in text
     assert not run.ok and run.to_dict()["nodes"]["fuse"]["processed"] == 19
+
+
+def test_a_rate_is_over_the_node_s_active_span_not_its_start_delay() -> None:
+    # A camera at 30 fps that took 2 s to start (its process, its open(), the wait for
+    # its readers) read 300 / 12 s = 25/s; a sink that waited as long for its first input
+    # too. Counted from its first output to its last, it is 30.
+    frames = 300
+    camera = NodeReport.from_replicas("producer", {
+        "camera[0]": {"emitted": frames, "started": 100.0, "ended": 112.0,
+                      "first": 102.0, "last": 102.0 + (frames - 1) / 30, "outcome": "ended"}})
+    assert camera.seconds == 12.0 and camera.throughput == pytest.approx(30.0)
+    sink = NodeReport.from_replicas("consumer", {
+        f"sink[{i}]": {"processed": frames // 2, "started": 100.0, "ended": 112.5,
+                       "first": 102.1 + i / 30, "last": 102.1 + (frames - 2 + i) / 30,
+                       "outcome": "ended"} for i in range(2)})
+    assert sink.throughput == pytest.approx(30.0)
+    # Nothing done is a rate of 0; one thing, or no span said, has no rate: unknown.
+    idle = NodeReport.from_replicas("consumer", {"s[0]": {"started": 1.0, "ended": 9.0}})
+    assert idle.throughput == 0.0
+    once = NodeReport.from_replicas("consumer", {"s[0]": {
+        "processed": 1, "started": 1.0, "ended": 9.0, "first": 5.0, "last": 5.0}})
+    unsaid = NodeReport.from_replicas("consumer", {"s[0]": {
+        "processed": 5, "started": 1.0, "ended": 9.0}})
+    assert once.throughput is None and unsaid.throughput is None
+    text = RunReport("f", "r", "batch", "nats://x", nodes={"once": once}).format()
+    assert text.splitlines()[1].split() == [
+        "node", "kind", "processed", "emitted", "rate/s", "dropped", "dead-let.", "wait",
+        "p50", "ms", "wait", "p99", "ms"]
+    assert text.splitlines()[2].split()[:5] == ["once", "consumer", "1", "0", "-"]
 
 
 def test_the_report_names_every_process_death_and_every_failure_with_its_reason() -> None:
@@ -126,10 +157,10 @@ def test_on_a_narrow_terminal_the_reports_table_fits_and_keeps_what_went_wrong()
     wide = run.format().splitlines()
     assert wide == run.format(200).splitlines()  # room for all: all of it
     assert wide[1].split() == ["node", "kind", "processed", "emitted", "rate/s", "dropped",
-                               "dead-let.", "join", "p50", "ms", "join", "p99", "ms"]
+                               "dead-let.", "wait", "p50", "ms", "wait", "p99", "ms"]
     for width, header in (
             (80, ["node", "kind", "processed", "emitted", "rate/s", "dead-let.",
-                  "join", "p50", "ms"]),  # no drops: that column goes first
+                  "wait", "p50", "ms"]),  # no drops: that column goes first
             (50, ["node", "processed", "emitted", "dead-let."]),
             (44, ["node", "done", "dead-let."])):
         lines = run.format(width).splitlines()

@@ -214,6 +214,20 @@ def test_the_end_of_a_run_reclaims_all_but_pinned_payloads(tmp_path: Path) -> No
     assert not folder.parent.exists()  # and the flow's, with no other run in it
 
 
+def test_a_kept_run_s_folder_goes_at_its_end_only_when_it_holds_no_payload(
+        tmp_path: Path) -> None:
+    # A run that fails or is stopped keeps its streams, and the payloads they refer
+    # to; one that wrote none left its folder empty in /dev/shm for a day.
+    empty = SharedMemoryPayloadStore(tmp_path / "flow" / "empty")
+    holding = SharedMemoryPayloadStore(tmp_path / "flow" / "holding")
+    ref = holding.put(b"owed to a kept stream", ["fuse"], "p1")
+    assert holding.remove_if_empty() is False and holding.get(ref) == b"owed to a kept stream"
+    assert empty.remove_if_empty() is True and not empty.directory.exists()
+    assert (tmp_path / "flow").is_dir()  # the other run's flow folder stays
+    assert empty.remove_if_empty() is False  # gone already: nothing to do
+    assert holding.clear() == 1 and not (tmp_path / "flow").exists()
+
+
 def test_the_sweep_reclaims_what_crashed_runs_left_past_its_ttl(tmp_path: Path) -> None:
     now = [1_000_000.0]
     stale = SharedMemoryPayloadStore(tmp_path / "flow" / "old", clock=lambda: now[0],

@@ -544,8 +544,12 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
         release. Pinned payloads stay until their TTL.
 
         Returns:
-            How many payloads were reclaimed.
+            How many payloads were reclaimed (0 when the folder is gone already: a
+            teardown cleared it).
         """
+        if not self.directory.is_dir():
+            return 0
+
         def unpinned(old: PayloadRecord | None) -> tuple[PayloadRecord | None, bool]:
             if old is None or any(o.startswith(PINNED_PREFIXES) for o in old.obligations):
                 return old, False
@@ -557,6 +561,22 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
         if not self._list_refs():
             _remove_with_empty_parent(self.directory)
         return cleared
+
+
+    def remove_if_empty(self) -> bool:
+        """Remove the folder (and its flow's, once no run is left in it) when it holds
+        no payload: the end of a run that keeps its streams (failed, stopped, or not
+        torn down) but wrote nothing here, whose folder would otherwise stay empty in
+        /dev/shm until sweep_expired, a day later. A resume makes it again.
+
+        Returns:
+            Whether it was removed (False: a payload is in it, or it is gone already).
+        """
+        if not self.directory.is_dir() or self._list_refs():
+            return False
+        self._spares.discard()
+        _remove_with_empty_parent(self.directory)
+        return True
 
 
 def sweep_expired(root: Path | None = None) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from typing import Final
+from urllib.parse import urlsplit
 
 _SCHEME: Final = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
 
@@ -71,7 +72,8 @@ def servers_of(url: str) -> list[str]:
         The URLs, in the order given.
 
     Raises:
-        ValueError: no server at all, or an empty entry ('a,,b').
+        ValueError: no server at all, or an empty entry ('a,,b'); a server that is no
+            broker URL (check_server): its message names the server and what is wrong.
     """
     if not isinstance(url, str) or not url.strip():
         raise ValueError(f"a broker URL is required, got {redact_url(url)!r}")
@@ -91,7 +93,54 @@ def servers_of(url: str) -> list[str]:
         servers.append(server.strip())
     if any(not part for part in servers):
         raise ValueError(f"empty server in the URL list {redact_url(url)!r}")
-    return [part if _SCHEME.match(part) else f"nats://{part}" for part in servers]
+    for server in servers:
+        check_server(server)
+    servers = [part if _SCHEME.match(part) else f"nats://{part}" for part in servers]
+    if len({urlsplit(server).scheme.lower() in _WEBSOCKET for server in servers}) > 1:
+        raise ValueError(f"the URL list {redact_url(url)!r} mixes websocket (ws://, "
+                         f"wss://) and other servers; a connection takes one kind")
+    return servers
 
 
-__all__ = ["redact_url", "servers_of"]
+SCHEMES: Final = ("nats", "tls", "ws", "wss")
+"""The schemes a broker URL may have, as nats-py takes them."""
+
+_WEBSOCKET: Final = ("ws", "wss")
+
+_HOST: Final = re.compile(r"[a-z0-9._~%-]+", re.IGNORECASE)
+
+
+def check_server(server: str) -> None:
+    """Refuse a server URL nats-py would not reach, before anything connects to it: it
+    would take 'http://h:4222' for the host 'http' and 'not a url' for a host name with
+    spaces in it, and report only that the name did not resolve.
+
+    Arguments:
+        server: one server; without a scheme, nats:// is meant.
+
+    Raises:
+        ValueError: the scheme is not one of SCHEMES, the host is missing or no host
+            name (spaces, quotes, ...), or the port is not a number from 0 to 65535;
+            the message names the server (its secrets masked) and what is wrong.
+    """
+    shown = redact_url(server)
+    if not _SCHEME.match(server):
+        server = f"nats://{server}"
+    scheme = server.partition("://")[0]
+    if scheme.lower() not in SCHEMES:
+        raise ValueError(f"the broker URL {shown!r} has the scheme {scheme + '://'!r}; a "
+                         f"NATS server is reached by nats://, tls://, ws:// or wss://")
+    try:
+        parts = urlsplit(server)
+        host, _port = parts.hostname, parts.port
+    except ValueError as error:  # a port that is no number, or out of range; bad IPv6
+        raise ValueError(f"the broker URL {shown!r} is malformed: {error}") from None
+    if not host:
+        raise ValueError(f"the broker URL {shown!r} names no host")
+    if ":" not in host and not _HOST.fullmatch(host):  # an IPv6 address has colons
+        what = ("a host name holds no spaces" if any(c.isspace() for c in host)
+                else f"{host!r} is not a host name")
+        raise ValueError(f"the broker URL {shown!r} is malformed: {what}")
+
+
+__all__ = ["SCHEMES", "check_server", "redact_url", "servers_of"]

@@ -26,6 +26,7 @@ from videoflow.broker.options import (
     USER_ENV,
     context_url,
 )
+from videoflow.broker.urls import servers_of
 from videoflow.errors import VideoflowError
 from videoflow.logs import LOG_FORMAT_ENV, LOG_FORMATS, json_line
 
@@ -154,11 +155,18 @@ def resolve_nats_url(args: argparse.Namespace) -> None:
 
     Raises:
         ValueError: the named context cannot be read.
+        CommandError: the URL is no broker URL (a usage error, exit 2: servers_of says
+            what is wrong with it), before anything tries to connect.
     """
     if not hasattr(args, "nats_url"):
         return
     args.nats_url = (args.nats_url or os.environ.get(ENV_NATS_URL) or context_url()
                      or getattr(args, "nats_url_fallback", None))
+    if args.nats_url is not None:
+        try:
+            servers_of(args.nats_url)
+        except ValueError as error:
+            raise CommandError(str(error)) from None
 
 
 def replicas_option(parser: argparse.ArgumentParser) -> None:

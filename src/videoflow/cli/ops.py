@@ -33,6 +33,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
+import msgspec
 import numpy as np
 
 from videoflow import ops
@@ -49,7 +50,8 @@ from videoflow.cli.common import (
 )
 from videoflow.errors import VideoflowError, WireError
 from videoflow.logs import say
-from videoflow.ops.runs import run_state
+from videoflow.ops.run_records import RunRecord, run_record
+from videoflow.ops.runs import latest_run, run_state
 from videoflow.wire.serialization import decode_envelope
 
 Handler = Callable[[argparse.Namespace], int]
@@ -178,13 +180,14 @@ def _status_json(status: ops.RunStatus) -> dict[str, Any]:
     }
 
 
-def _status_text(status: ops.RunStatus) -> str:
-    lines = [f"run {status.run_id!r} of flow {status.flow_id!r}"]
+def _status_text(status: ops.RunStatus, record: Sequence[str] = (), latest: bool = False) -> str:
+    note = f" (its latest run; videoflow ls --flow {status.flow_id} lists them)"
+    lines = [f"run {status.run_id!r} of flow {status.flow_id!r}{note if latest else ''}", *record]
     if isinstance(status.streams, Unknown):
         lines.append(f"streams: {_text(status.streams)} {status.streams.detail}".rstrip())
-    elif not status.streams:
+    elif not status.streams and not record:  # else the record said where they went
         lines.append("no streams (never provisioned, or torn down)")
-    else:
+    elif status.streams:
         lines.append(table(
             [("STREAM", "NODE", "RETENTION", "MESSAGES", "BYTES", "FIRST", "LAST")]
             + [(s.name, s.node, s.retention, _text(s.messages), _text(s.bytes),
@@ -209,11 +212,20 @@ def _status_text(status: ops.RunStatus) -> str:
 @guarded
 def cmd_status(args: argparse.Namespace) -> int:
     with broker_url(args) as url:
-        status = ops.run_status(url, args.flow, args.run, timeout=args.timeout)
+        latest = args.run is None
+        run = latest_run(url, args.flow, timeout=args.timeout) if latest else args.run
+        if run is None:
+            raise CommandError(f"flow {args.flow!r} has no run on this broker (videoflow "
+                               "ls lists the flows)", EXIT_FAILED)
+        status = ops.run_status(url, args.flow, run, timeout=args.timeout)
+        record = run_record(url, args.flow, run, timeout=args.timeout)
     if args.json:
-        _dump(_status_json(status))
+        _dump({**_status_json(status), "latest": latest, "record": _json_value(
+            record if isinstance(record, Unknown) else msgspec.to_builtins(record))})
     else:
-        print(_status_text(status))
+        said = (record.describe(status.exists == Known(True)) if isinstance(record, RunRecord)
+                else [f"its record: {_text(record)} {record.detail}"] if record else [])
+        print(_status_text(status, said, latest))
     return EXIT_FAILED if isinstance(status.streams, Unknown) else EXIT_OK
 
 
@@ -599,8 +611,11 @@ def register(subparsers: Any) -> None:
         "status", help="streams, durables and dead letters of one run",
         description="Every stream the run owns (messages, bytes, first/last seq), every "
                     "durable on it (pending, ack pending, redelivered) and the run's "
-                    "dead-letter count. Unreadable values print as unknown (<reason>).")
-    _common(status, run="required")
+                    "dead-letter count, and when it started and how it ended (the "
+                    "record it leaves). Unreadable values print as unknown (<reason>).")
+    _common(status, run=None)
+    status.add_argument("--run", default=None,
+                        help="the run id (default: the flow's latest run)")
     status.set_defaults(func=cmd_status)
 
     dlq = subparsers.add_parser("dlq", help="inspect, replay or purge dead letters",

@@ -6,6 +6,7 @@ dict (so it can sit in a flow description or a ledger) and knows nothing of brok
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -33,6 +34,27 @@ def _finite_nonneg(name: str, value: Any, *, allow_zero: bool = True) -> None:
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be finite and {bound}, got {value!r}")
+
+
+def did_you_mean(name: Any, known: Iterable[str]) -> str:
+    """The end of a message refusing name: '; did you mean X?' with the closest of known
+    (difflib's), else '' (a name close to none, or not a string).
+
+    Arguments:
+        name: what was given, e.g. 'tolerence_ms'.
+        known: the names taken.
+    """
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _refuse_unknown(what: str, data: Mapping[str, Any], known: Iterable[str]) -> None:
+    known = tuple(known)
+    for key in data:
+        if key not in known:
+            raise ValueError(f"unknown {what} field {key!r}{did_you_mean(key, known)}")
 
 
 class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
@@ -162,12 +184,10 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
         """Builds a policy from a dict such as to_dict returns; absent keys take defaults.
 
         Raises:
-            ValueError: naming the first unknown key or invalid field.
+            ValueError: naming the first unknown key (with the closest field, if one is
+                close) or invalid field.
         """
-        known = set(cls.__struct_fields__)
-        for key in data:
-            if key not in known:
-                raise ValueError(f"unknown JoinPolicy field {key!r}")
+        _refuse_unknown("JoinPolicy", data, cls.__struct_fields__)
         fields = dict(data)
         # Only a mapping is copied: dict() of anything else raises a TypeError or an
         # unrelated ValueError; passed through, __post_init__ names the field instead.
@@ -183,15 +203,17 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
         """Checks the policy against a node's parents and returns its sync parents.
 
         Raises:
-            ValueError: naming the field: a collect parent that is not a parent, no sync
-                parent, more than 64 sync parents, or a quorum above the sync count.
+            ValueError: naming the field: a collect parent that is not a parent (with the
+                closest parent, if one is close), no sync parent, more than 64 sync
+                parents, or a quorum above the sync count.
         """
         parents = list(parents)
         if len(set(parents)) != len(parents):
             raise ValueError(f"parents must be distinct, got {parents!r}")
         for name in self.collect:
             if name not in parents:
-                raise ValueError(f"collect parent {name!r} is not a parent of this node")
+                raise ValueError(f"collect parent {name!r} is not a parent of this node"
+                                 f"{did_you_mean(name, parents)}")
         sync = self.sync_parents(parents)
         if not sync:
             raise ValueError("collect: at least one parent must be a sync (non-collect) parent")
@@ -423,14 +445,12 @@ class Backoff(msgspec.Struct, frozen=True, kw_only=True):
             The Backoff.
 
         Raises:
-            ValueError: naming the first unknown key or invalid field.
+            ValueError: naming the first unknown key (with the closest field, if one is
+                close) or invalid field.
         """
         if not isinstance(data, Mapping):
             raise ValueError(f"backoff must be a dict of base_ms/factor/max_ms, got {data!r}")
-        known = set(cls.__struct_fields__)
-        for key in data:
-            if key not in known:
-                raise ValueError(f"unknown backoff field {key!r}")
+        _refuse_unknown("backoff", data, cls.__struct_fields__)
         return cls(**dict(data))
 
 
@@ -520,13 +540,10 @@ class DeliveryPolicy(msgspec.Struct, frozen=True, kw_only=True):
             The DeliveryPolicy.
 
         Raises:
-            ValueError: naming the first unknown key (backoff keys as 'backoff field')
-                or invalid field.
+            ValueError: naming the first unknown key (with the closest field, if one is
+                close; backoff keys as 'backoff field') or invalid field.
         """
-        known = set(cls.__struct_fields__)
-        for key in data:
-            if key not in known:
-                raise ValueError(f"unknown DeliveryPolicy field {key!r}")
+        _refuse_unknown("DeliveryPolicy", data, cls.__struct_fields__)
         fields = dict(data)
         if "backoff" in fields and not isinstance(fields["backoff"], Backoff):
             fields["backoff"] = Backoff.from_dict(fields["backoff"])

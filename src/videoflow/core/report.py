@@ -60,10 +60,16 @@ class NodeReport:
             read them (the parents' emitted less this node's first deliveries).
         received: first deliveries per parent, summed.
         seconds: from the first replica's start to the last one's end.
-        throughput: processed per second (emitted per second for a producer).
-        join_latency_p50_ms / join_latency_p99_ms: over every group's wait in the
-            join, from its first member's arrival; None for a producer, or when no
-            group was received.
+        throughput: processed per second (emitted per second for a producer), over its
+            active span: from its first output or processed group to its last, so
+            the time it took to start, or waited for its first input, is not counted
+            (a camera at 30 fps reads 30). 0.0 when it did nothing; None (unknown)
+            when it did one thing only, or its replicas did not say when.
+        join_latency_p50_ms / join_latency_p99_ms: over every group's wait at the
+            node, from its first member's arrival to the node taking the group: the
+            wait for a join's other members, and time queued behind earlier groups
+            (the report's 'wait' columns); None for a producer, or when no group was
+            received.
         watermark_lag_max_ms: a time join's parents, the most each one's event-time
             watermark fell behind the most advanced parent's, over every replica (the
             clock-skew and lag diagnostic); {} for other nodes.
@@ -105,7 +111,7 @@ class NodeReport:
     dropped: dict[str, int] = field(default_factory=dict)
     received: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
-    throughput: float = 0.0
+    throughput: float | None = 0.0
     join_latency_p50_ms: float | None = None
     join_latency_p99_ms: float | None = None
     watermark_lag_max_ms: dict[str, float] = field(default_factory=dict)
@@ -135,6 +141,8 @@ class NodeReport:
                      restarts=restarts, deaths=list(deaths))
         starts: list[float] = []
         ends: list[float] = []
+        firsts: list[float] = []
+        lasts: list[float] = []
         latencies: list[float] = []
         for key, stats in replicas.items():
             report.processed += stats.get("processed", 0)
@@ -159,6 +167,9 @@ class NodeReport:
                 starts.append(stats["started"])
             if stats.get("ended") is not None:
                 ends.append(stats["ended"])
+            if stats.get("first") is not None and stats.get("last") is not None:
+                firsts.append(stats["first"])
+                lasts.append(stats["last"])
             latencies += stats.get("join_latencies") or []
             for parent, lag in (stats.get("watermark_lag_max") or {}).items():
                 most = report.watermark_lag_max_ms
@@ -178,7 +189,7 @@ class NodeReport:
         if starts and ends:
             report.seconds = max(0.0, max(ends) - min(starts))
         count = report.emitted if kind == "producer" else report.processed
-        report.throughput = count / report.seconds if report.seconds > 0 else 0.0
+        report.throughput = _rate(count, firsts, lasts)
         p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
         report.join_latency_p50_ms = None if p50 is None else p50 * 1000.0
         report.join_latency_p99_ms = None if p99 is None else p99 * 1000.0
@@ -253,11 +264,11 @@ class RunReport:
                 + (", unfinished: work left over, kept" if self.left_over else ""))
         rows: list[tuple[str, ...]] = [
             ("node", "kind", "processed", "emitted", "rate/s", "dropped", "dead-let.",
-             "join p50 ms", "join p99 ms")]
+             "wait p50 ms", "wait p99 ms")]
         for name, n in self.nodes.items():
             rows.append((name, n.kind, str(n.processed), str(n.emitted),
-                         f"{n.throughput:.1f}", _drops(n.dropped), str(n.dead_lettered),
-                         _ms(n.join_latency_p50_ms), _ms(n.join_latency_p99_ms)))
+                         _tenths(n.throughput), _drops(n.dropped), str(n.dead_lettered),
+                         _tenths(n.join_latency_p50_ms), _tenths(n.join_latency_p99_ms)))
         if width is not None:
             rows = fit_columns(rows, width)
         heading = [head] if width is None else textwrap.wrap(
@@ -310,11 +321,21 @@ class RunReport:
         return "\n".join(lines)
 
 
+def _rate(count: int, firsts: Sequence[float], lasts: Sequence[float]) -> float | None:
+    """count things a second over the span from the first to the last: count - 1
+    intervals (the first thing starts it). 0.0 for none; None (unknown) for a single
+    one, or without a span."""
+    if count == 0:
+        return 0.0
+    span = max(lasts) - min(firsts) if firsts else 0.0
+    return (count - 1) / span if count > 1 and span > 0 else None
+
+
 _FINAL = ("ended", "failed", "aborted", "quiesced")
 """The outcomes of a replica's final report (its counts as it ended)."""
 
 
-def _ms(value: float | None) -> str:
+def _tenths(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
@@ -325,14 +346,14 @@ def _drops(dropped: Mapping[str, int]) -> str:
     return f"{total} (" + ", ".join(f"{k} {v}" for k, v in dropped.items() if v) + ")"
 
 
-_FIT_ORDER = ("join p99 ms", "join p50 ms", "kind", "rate/s", "processed")
+_FIT_ORDER = ("wait p99 ms", "wait p50 ms", "kind", "rate/s", "processed")
 _SAID_IF_ANY = ("dropped", "dead-let.")
 
 
 def fit_columns(rows: list[tuple[str, ...]], width: int) -> list[tuple[str, ...]]:
     """The report's rows with columns left out until format_table's lines fit in
     width: first a drop or dead-letter column with nothing in it (all '0'), then the
-    join latencies, the kind and the rate; then processed and emitted become one
+    waits, the kind and the rate; then processed and emitted become one
     'done' column (what a node processed, or a producer, which processes nothing,
     emitted), as the live view shows it. The node, what it did, and any drops or dead
     letters stay, whatever the width."""

@@ -74,6 +74,9 @@ class TaskStats:
             writes), waiting_seconds (its current wait for room, None when it is not
             waiting) and waited_seconds (in all); None for any other.
         started / ended: wall-clock seconds.
+        first / last: wall-clock seconds of its first and its latest output (a
+            producer) or processed group (any other node): its active span, over which
+            its rate is counted (None until it has one).
         snapshot()'s 'at': the process's monotonic clock when the snapshot was made, so
             a rate is the count's change between two snapshots over the change in 'at'.
         outcome: 'running', 'ended' (its stream ended), 'quiesced', 'aborted' (a
@@ -100,6 +103,8 @@ class TaskStats:
     payload: dict[str, Any] | None = None
     started: float = field(default_factory=time.time)
     ended: float | None = None
+    first: float | None = None
+    last: float | None = None
     outcome: str = "running"
     error: str | None = None
     _stride: int = 1
@@ -116,6 +121,13 @@ class TaskStats:
             del self.join_latencies[::2]
             self._stride *= 2
 
+    def did_one(self) -> None:
+        """Count the time of an output (a producer) or a processed group (any other
+        node) into its active span (first, last)."""
+        self.last = time.time()
+        if self.first is None:
+            self.first = self.last
+
     def snapshot(self) -> dict[str, Any]:
         """A plain dict (no latencies) for progress reports."""
         return {"processed": self.processed, "emitted": self.emitted, "failed": self.failed,
@@ -131,7 +143,8 @@ class TaskStats:
                 "held_back_now": dict(self.held_back_now),
                 "waiting_on": dict(self.waiting_on),
                 "payload": None if self.payload is None else dict(self.payload),
-                "started": self.started, "ended": self.ended, "outcome": self.outcome,
+                "started": self.started, "ended": self.ended, "first": self.first,
+                "last": self.last, "outcome": self.outcome,
                 "error": self.error, "at": time.monotonic()}
 
 
@@ -305,6 +318,7 @@ class Task:
                 continue
             self.messenger.ack_inputs()
             self.stats.processed += 1
+            self.stats.did_one()
             self.stats.hop_latency.observe(time.monotonic() - self._arrived)
 
 
@@ -345,6 +359,7 @@ class ProducerTask(Task):
                 break
             self.messenger.publish_message(output, self.context.take_metadata())
             self.stats.emitted += 1
+            self.stats.did_one()
         if self.messenger.stop_reason() == STOP_QUIESCE:
             self.stats.outcome = "quiesced"
         else:

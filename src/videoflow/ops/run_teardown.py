@@ -5,6 +5,7 @@ records; the flow's dead-letter stream is never touched. And the end of a BATCH 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -14,7 +15,7 @@ from nats.aio.client import Client
 from videoflow.backends.jetstream.streams import delete_run_streams
 from videoflow.backends.messaging import CleanupObservation, Known, Unknown
 from videoflow.broker.loop import ErrorLog
-from videoflow.core.naming import KIND_DURABLE, subject_for
+from videoflow.core.naming import KIND_DURABLE, sanitize, subject_for
 from videoflow.errors import BrokerUnavailable
 from videoflow.ops.broker_calls import DEFAULT_TIMEOUT_SECONDS, Budget, run_sync
 from videoflow.ops.status import RunStatus, run_status
@@ -40,7 +41,9 @@ def teardown(
     """Delete every stream the run owns, and with them their durables
     (delete_run_streams: exact ownership, never a name prefix), and purge the run's
     records from the flow's ledger bucket. The flow's dead-letter stream is never
-    deleted (STREAM-8): its records outlive the run on purpose.
+    deleted (STREAM-8): its records outlive the run on purpose. Once every stream is
+    gone, the run's shared-memory payloads on this host go too (clear_run_payloads),
+    but for those its dead letters pin.
 
     Arguments:
         nats_url: the broker.
@@ -69,7 +72,33 @@ def teardown(
                 f"teardown of run {run_id!r} of flow {flow_id!r} did not finish within "
                 f"{timeout:g} s; re-running it is safe") from error
 
-    return run_sync(nats_url, timeout, work)
+    cleanup = run_sync(nats_url, timeout, work)
+    if cleanup.complete:
+        clear_run_payloads(flow_id, run_id)
+    return cleanup
+
+
+def clear_run_payloads(flow_id: str, run_id: str) -> int:
+    """Reclaim a run's shared-memory payloads on this host that no dead letter pins,
+    and remove its folder (and its flow's, once no run is left in it) when nothing is
+    left in it: what a run that was kept, or whose engine died, leaves in /dev/shm.
+    A run that ran elsewhere, or whose payloads went by the object store, has none
+    here.
+
+    Arguments:
+        flow_id / run_id: the run.
+
+    Returns:
+        How many payloads were reclaimed.
+    """
+    from videoflow.backends.shm_payload import SharedMemoryPayloadStore, shm_root
+
+    folder = shm_root() / sanitize(flow_id) / sanitize(run_id)
+    if not folder.is_dir():
+        return 0
+    with contextlib.suppress(FileNotFoundError):  # another teardown took it meanwhile
+        return SharedMemoryPayloadStore(folder).clear()
+    return 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,9 @@ them, by its data subject (naming.subject_owner); a flow by any of its runs or b
 dead-letter stream. A run is 'running' while a replica is pulling from one of its
 durables (a pull request waits on it), and 'idle' when its streams are there but
 nothing reads them: a run kept after it ended (`run --resume` continues it), or one
-whose engine died. What could not be read is Unknown, never 0 (MSG-012).
+whose engine died. A run whose streams are gone is found by the record it left in its
+flow's ledger bucket (videoflow.ops.run_records), and is 'ended'. What could not be
+read is Unknown, never 0 (MSG-012).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from videoflow.core.naming import (
     LABEL_KIND,
     LABEL_NODE,
     LABEL_RUN_ID,
+    ledger_bucket,
     subject_owner,
     user_metadata,
 )
@@ -35,9 +38,11 @@ from videoflow.ops.broker_calls import (
     unavailable,
     unknown_from,
 )
+from videoflow.ops.buckets import LEDGER_PREFIX
+from videoflow.ops.run_records import RunRecord, read_run_records
 from videoflow.ops.status import all_streams
 
-RunState = Literal["running", "idle"]
+RunState = Literal["running", "idle", "ended"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +54,10 @@ class RunSummary:
         streams: how many streams it owns.
         messages: the messages they hold together.
         state: 'running' (a replica pulls from one of its durables) or 'idle', or
-            Unknown when its durables could not be read.
+            Unknown when its durables could not be read; 'ended' when its streams are
+            gone and its record is there.
+        record: the record the run left (run_records), None when it left none (a run
+            of an older videoflow, or one whose broker did not take it).
     """
 
     flow_id: str
@@ -57,6 +65,7 @@ class RunSummary:
     streams: int
     messages: int
     state: Known[RunState] | Unknown
+    record: RunRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +119,9 @@ async def _state(nc: Client, streams: list[StreamInfo], budget: Budget,
 
 def list_flows(nats_url: str, *, flow_id: str | None = None,
                timeout: float = DEFAULT_TIMEOUT_SECONDS) -> list[FlowSummary]:
-    """The flows on the broker, each with its runs (oldest name first) and dead
-    letters.
+    """The flows on the broker, each with its runs (oldest name first: run ids sort by
+    their start) and dead letters: the runs whose streams are there, and those that
+    ended, by the records they left (run_records).
 
     Arguments:
         flow_id: only this flow.
@@ -129,7 +139,19 @@ def list_flows(nats_url: str, *, flow_id: str | None = None,
             raise unavailable("listing streams", error, errors) from error
         runs: dict[tuple[str, str], list[StreamInfo]] = {}
         dead: dict[str, int] = {}
+        records: dict[tuple[str, str], RunRecord] = {}
         for info in infos:
+            name = info.config.name or ""
+            if name.startswith(f"KV_{LEDGER_PREFIX}"):
+                if flow_id is not None and name != f"KV_{ledger_bucket(flow_id)}":
+                    continue  # another flow's ledger: not read
+                try:
+                    kept = await read_run_records(nc, budget, name.removeprefix("KV_"))
+                except Exception as error:
+                    raise unavailable("reading run records", error, errors) from error
+                records.update({(r.flow_id, r.run_id): r for r in kept
+                                if flow_id is None or r.flow_id == flow_id})
+                continue
             owner = _owner(info)
             if owner is None or (flow_id is not None and owner[0] != flow_id):
                 continue
@@ -139,15 +161,33 @@ def list_flows(nats_url: str, *, flow_id: str | None = None,
             else:
                 runs.setdefault((flow, run), []).append(info)
         summaries: dict[str, list[RunSummary]] = {flow: [] for flow in dead}
-        for (flow, run), streams in sorted(runs.items()):
+        for flow, run in sorted(runs.keys() | records.keys()):
+            streams = runs.get((flow, run), [])
             messages = sum(int(i.state.messages or 0) for i in streams)
-            state = await _state(nc, streams, budget, errors)
+            ended: Known[RunState] = Known("ended")
+            state = await _state(nc, streams, budget, errors) if streams else ended
             summaries.setdefault(flow, []).append(
-                RunSummary(flow, run, len(streams), messages, state))
+                RunSummary(flow, run, len(streams), messages, state, records.get((flow, run))))
         return [FlowSummary(flow, tuple(summaries[flow]), dead.get(flow))
                 for flow in sorted(summaries)]
 
     return run_sync(nats_url, timeout, work)
+
+
+def latest_run(nats_url: str, flow_id: str, *,
+               timeout: float = DEFAULT_TIMEOUT_SECONDS) -> str | None:
+    """The id of flow_id's run that started last, by the records runs leave, else (runs
+    that left none) the last by id, as ids sort by their start; None when the broker
+    holds no run of it (list_flows).
+
+    Raises:
+        BrokerUnavailable: as list_flows.
+    """
+    runs = [r for f in list_flows(nats_url, flow_id=flow_id, timeout=timeout) for r in f.runs]
+    recorded = [(r.record.started_at, r.run_id) for r in runs if r.record is not None]
+    if recorded:
+        return max(recorded)[1]
+    return runs[-1].run_id if runs else None
 
 
 def run_state(nats_url: str, flow_id: str, run_id: str, *,
@@ -175,4 +215,5 @@ def run_state(nats_url: str, flow_id: str, run_id: str, *,
     return run_sync(nats_url, timeout, work)
 
 
-__all__ = ["FlowSummary", "RunState", "RunSummary", "list_flows", "run_state", "stream_owner"]
+__all__ = ["FlowSummary", "RunState", "RunSummary", "latest_run", "list_flows", "run_state",
+           "stream_owner"]

@@ -25,6 +25,7 @@ from videoflow.broker.loop import ErrorLog, close_client, connect_fail_fast, reg
 from videoflow.core.naming import (
     LABEL_NODE,
     SUBJECT_ROOT,
+    eos_subject_for,
     sanitize,
     subject_for,
     user_metadata,
@@ -265,7 +266,12 @@ async def edge_notice(nc: Client, flow_id: str, node: str, run_id: str | None,
                     f"{', '.join(runs)}); listening anyway, for a run that starts later")
     nodes = sorted({owner[2] for owner, _ in owned})
     if any(sanitize(name) == sanitize(node) for name in nodes):
-        return None
+        try:
+            return await _ended(nc, [(owner, info) for owner, info in owned
+                                     if sanitize(owner[2]) == sanitize(node)], budget)
+        except Exception as error:  # as below: the tap listens anyway
+            logger.debug("could not read the node's end of stream for the tap: %r", error)
+            return None
     with_output = f"nodes with output: {', '.join(nodes)}"
     try:
         reads = await _reads(nc, [info for _, info in owned], node, budget)
@@ -277,6 +283,25 @@ async def edge_notice(nc: Client, flow_id: str, node: str, run_id: str | None,
                          f"reads ({with_output})")
     return (f"flow {flow_id!r} has no node {node!r} on this broker ({with_output}); "
             "listening anyway")
+
+
+async def _ended(nc: Client, streams: list[tuple[tuple[str, str, str], StreamInfo]],
+                 budget: Budget) -> str | None:
+    """A line saying the node ended its stream in every run of streams (an end marker
+    is on its EOS subject), so a tap, which sees only what is published from now on,
+    would wait in silence; None when a run of it has not ended."""
+    jsm = nc.jsm()
+    for (flow, run, node), info in streams:
+        eos = eos_subject_for(flow, run, node)
+        found = await budget.run(jsm.stream_info(info.config.name or "",
+                                                 subjects_filter=eos))
+        if not (found.state.subjects or {}).get(eos):
+            return None
+    (flow, _, node), runs = streams[0][0], sorted({owner[1] for owner, _ in streams})
+    return (f"node {node!r} of flow {flow!r} has ended its stream (run"
+            f"{'s' if len(runs) > 1 else ''} {', '.join(runs)}): it publishes nothing more, "
+            "and a tap shows only what is published from now on; listening anyway, for a "
+            "run that starts later")
 
 
 def _data_owner(info: StreamInfo) -> tuple[str, str, str] | None:

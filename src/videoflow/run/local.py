@@ -45,6 +45,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec
 
+import msgspec
+
 from videoflow import logs
 from videoflow.backends.messaging import Known
 from videoflow.broker.link import check_budget, outage_budget_from_env, redact_url
@@ -288,6 +290,7 @@ def run_flow(
     from videoflow.messaging.topology import provision_flow_sync
     from videoflow.messaging.tracing import check_setup
     from videoflow.ops.dead_letters import dead_letters_line
+    from videoflow.ops.run_records import keep_record, started_record
     from videoflow.ops.run_teardown import RunTeardown
 
     if resume and run_id is None:
@@ -354,11 +357,13 @@ def run_flow(
     run.started, run.signals = started, _SIGNALS.get() or run.signals
     supervision = supervision_directory()
     run.crashes = CrashBook(supervision)
+    record = None  # the run's record in its flow's ledger bucket, once written
     try:
         provision_flow_sync(url, list(compiled.specs), compiled.flow_id, run.run_id,
                             compiled.flow_type, timeout=provision_timeout,
                             max_retries=max_retries, ack_wait=ack_wait, ledger_budget=kv,
                             replicas=replicas)
+        record = keep_record(url, started_record(compiled.flow_id, run.run_id), replicas)
         if resume:
             _release_leases(url, compiled, run.run_id, provision_timeout)
         for spec in compiled.specs:
@@ -396,6 +401,12 @@ def run_flow(
                         "ephemeral store (--ephemeral): it cannot be resumed"))
                 if shared is not None and (ended_up.torn_down or ephemeral):
                     shared.clear()
+            if shared is not None:
+                shared.remove_if_empty()  # a kept run's, with no payload in it
+            if record is not None:
+                keep_record(url, msgspec.structs.replace(
+                    record, outcome=run.outcome(), ended_at=time.time(),
+                    torn_down=ended_up.torn_down, kept=ended_up.note), replicas)
         finally:
             if metrics is not None:
                 metrics.close()

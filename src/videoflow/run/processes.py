@@ -136,6 +136,17 @@ class Run:
     # Called between the loop's steps, on the main thread: the embedded broker's keeper
     keep_broker: Callable[[], None] | None = None
 
+    def outcome(self) -> str:
+        """The run's outcome, as its report says it: 'failed' when the run failed or a
+        process of a replica failed, was lost (it gave no final word) or aborted;
+        else 'stopped' when asked to stop; else 'completed'."""
+        finals = [r.final or {} for r in self.replicas.values()]
+        finals += [dead for r in self.replicas.values() for dead in r.dead]
+        if self.failed or any(f.get("outcome", "lost") in ("failed", "lost", "aborted")
+                              for f in finals):
+            return "failed"
+        return "stopped" if self.stop_requested else "completed"
+
 
 def supervise(run: Run, max_restarts: int, stop_after: float | None,
               view: LiveView | None) -> None:

@@ -15,8 +15,8 @@ first when it is narrow, and no row ever wraps. What the run writes goes above i
 line by line, never under it: the engine's prints and logs, and the replicas' stdout
 and stderr, which OutputRelay reads from pipes in their file descriptors' place and
 prints prefixed by the replica ('[scale/0] '). Otherwise (a log, a pipe, CI) it prints
-a plain table every interval -- or, when the command logs json, one JSON line in the
-logs' shape -- and the replicas write where the engine does.
+a plain table every interval in which it changed -- or, when the command logs json,
+one JSON line in the logs' shape -- and the replicas write where the engine does.
 """
 
 from __future__ import annotations
@@ -143,10 +143,13 @@ class NodeProgress:
 
     def behind(self) -> tuple[str, float] | None:
         """A time join's parent furthest behind the most advanced one in event time,
-        and by how many seconds, as of the latest word (None for other nodes, and when
-        none is behind)."""
+        and by how many seconds, as of the latest word of its running replicas (None
+        for other nodes, when none is behind, and once every replica ended: the lag
+        its last word said is over)."""
         lags: dict[str, float] = {}
         for stats in self.replicas.values():
+            if stats.get("outcome", "running") != "running" or stats.get("ended"):
+                continue
             for parent, lag in (stats.get("watermark_lag") or {}).items():
                 lags[parent] = max(lags.get(parent, 0.0), lag)
         parent = max(lags, key=lambda p: lags[p], default=None)
@@ -437,6 +440,7 @@ class LiveView:
         self._board: _Board | None = None
         self._relay: OutputRelay | None = None
         self._handlers: list[tuple[logging.StreamHandler[Any], Any]] = []
+        self._printed: Any = None  # off a terminal, the figures last printed
 
     def relay(self) -> OutputRelay | None:
         """On a terminal, the relay whose lines go above the view: the replicas'
@@ -463,9 +467,11 @@ class LiveView:
         heading = title + (f"  {extra}" if extra else "")
         held = held_back(nodes)
         if not self.tty and self.json_lines:
-            self.stream.write(json_line(__name__, heading, nodes=[
-                progress_document(name, p, now, held.get(name))
-                for name, p in nodes.items()]) + "\n")
+            documents = [progress_document(name, p, now, held.get(name))
+                         for name, p in nodes.items()]
+            if self._repeats((heading, documents)):
+                return
+            self.stream.write(json_line(__name__, heading, nodes=documents) + "\n")
             self.stream.flush()
             return
         table: list[tuple[str, ...]] = [
@@ -479,6 +485,8 @@ class LiveView:
                     *(tuple(c for h, c in zip(headers, r, strict=True) if h != "restarts")
                       for r in table)]
             lines = [heading, *format_table(rows)]
+            if self._repeats(lines):
+                return
             self.stream.write("".join(f"{line}\n" for line in lines))
             self.stream.flush()
             return
@@ -489,6 +497,15 @@ class LiveView:
                 self._start(board)
             else:
                 self._live.update(board, refresh=True)
+
+    def _repeats(self, figures: Any) -> bool:
+        """Off a terminal, whether figures are the ones printed last: a view that did
+        not change is not printed again (the final one, forced as the run ends, after
+        the last interval's showed every node done; a flow waiting to start)."""
+        if figures == self._printed:
+            return True
+        self._printed = figures
+        return False
 
     def print_lines(self, prefix: str, lines: list[str]) -> None:
         """Lines a replica wrote, above the view (plain once the view is closed)."""

@@ -1,0 +1,256 @@
+"""The record a run leaves of itself: when it started, when it ended and how, kept
+after its streams are gone, so `videoflow ls` and `videoflow status` find a finished
+run again.
+
+A run's streams are deleted when it ends, and its ledger records purged with them;
+the flow's ledger bucket (KV ``vf-ledger-{flow}``) outlives its runs, so each run's
+record is one key there, under a prefix no ledger key has (RUN_RECORD_PREFIX: a
+ledger key starts with an escaped flow id, which never starts with '=runs'). The
+engine writes it as the run starts ('running') and again as it ends (its outcome);
+one whose engine died stays 'running'. `videoflow buckets remove` removes the records
+with the bucket.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Final
+
+import msgspec
+import nats.js.errors
+from nats.aio.client import Client
+
+from videoflow.backends.messaging import Unknown
+from videoflow.broker.listing import present_keys
+from videoflow.broker.loop import ErrorLog
+from videoflow.core.naming import ledger_bucket, subject_for
+from videoflow.core.runtime_records import key_token
+from videoflow.errors import BrokerUnavailable
+from videoflow.logs import say
+from videoflow.ops.broker_calls import (
+    DEFAULT_TIMEOUT_SECONDS,
+    Budget,
+    run_sync,
+    unavailable,
+    unknown_from,
+)
+
+RUN_RECORD_PREFIX: Final = "=runs."
+"""The ledger bucket's keys of run records: '=runs.<run token>'. key_token escapes a
+'=' as '=3D', so no escaped flow id (the first token of every ledger key) is '=runs'."""
+
+RUNNING: Final = "running"
+
+
+class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What a run says of itself in its flow's ledger bucket (JSON, readable with
+    `nats kv get`). New fields get defaults and go last.
+
+    Attributes:
+        flow_id / run_id: the run.
+        outcome: 'running' while it runs (and after, if its engine died); then the
+            report's: 'completed', 'failed' or 'stopped'.
+        started_at: when it started, in seconds since the epoch (UTC).
+        ended_at: when it ended; None while running.
+        torn_down: its streams were deleted at its end.
+        kept: when they were not, what was kept and how to resume or delete it.
+    """
+
+    flow_id: str
+    run_id: str
+    outcome: str
+    started_at: float
+    ended_at: float | None = None
+    torn_down: bool = False
+    kept: str = ""
+
+
+    def describe(self, has_streams: bool) -> list[str]:
+        """What `videoflow status` says of the run by its record: when it started, and
+        how and when it ended, in lines.
+
+        Arguments:
+            has_streams: whether the run's streams are still on the broker.
+        """
+        started = f"started {utc_text(self.started_at)}"
+        if self.ended_at is None:
+            return [f"{started}; running, or its engine ended without a word"
+                    + ("" if has_streams else ", and its streams are gone")]
+        took = self.ended_at - self.started_at
+        lines = [f"{started}; {self.outcome} {utc_text(self.ended_at)} after {took:.1f} s"]
+        if self.torn_down:
+            lines.append("its streams were deleted at its end (its dead letters stay)")
+        elif self.kept:
+            lines.append(self.kept)
+        return lines
+
+
+def utc_text(seconds: float) -> str:
+    """A time since the epoch as an operator reads it: UTC, to the millisecond."""
+    moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d} UTC"
+
+
+_ENCODER: Final = msgspec.json.Encoder()
+_DECODER: Final = msgspec.json.Decoder(RunRecord)
+
+
+def run_record_key(run_id: str) -> str:
+    """The ledger bucket's key of a run's record."""
+    return RUN_RECORD_PREFIX + key_token(run_id)
+
+
+def record_run(nats_url: str, record: RunRecord, *, replicas: int = 1,
+               timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+    """Write record to its flow's ledger bucket, creating the bucket when the flow has
+    none yet (as the KV ledger does: history 1, replicas copies), replacing the run's
+    record before it.
+
+    Arguments:
+        nats_url: the broker.
+        record: the run's record.
+        replicas: the copies a clustered broker keeps of a bucket made here.
+        timeout: overall bound in seconds, connect included.
+
+    Raises:
+        BrokerUnavailable: the broker could not be reached, or did not take the record,
+            within timeout.
+        ValueError: an empty or reserved flow_id or run_id, or a bad timeout.
+    """
+    subject_for(record.flow_id, record.run_id, "node")  # validates both
+    bucket = ledger_bucket(record.flow_id)
+
+    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> None:
+        js = nc.jetstream(timeout=max(budget.left(), 0.1))
+        try:
+            try:
+                kv = await budget.run(js.key_value(bucket))
+            except nats.js.errors.BucketNotFoundError:
+                kv = await budget.run(js.create_key_value(bucket=bucket, history=1,
+                                                          replicas=replicas))
+            await budget.run(kv.put(run_record_key(record.run_id), _ENCODER.encode(record)))
+        except Exception as error:
+            raise unavailable(f"recording run {record.run_id!r}", error, errors) from error
+
+    run_sync(nats_url, timeout, work)
+
+
+async def read_run_records(nc: Client, budget: Budget, bucket: str) -> list[RunRecord]:
+    """Every run record of a flow's ledger bucket (naming.ledger_bucket), oldest first;
+    none when there is no such bucket. A record that does not decode is left out.
+
+    Raises:
+        nats.errors.Error / TimeoutError: the broker did not answer.
+    """
+    js = nc.jetstream(timeout=max(budget.left(), 0.1))
+    try:
+        keys = await budget.run(present_keys(js, bucket, RUN_RECORD_PREFIX))
+        kv = await budget.run(js.key_value(bucket))
+    except (nats.js.errors.NotFoundError, nats.js.errors.BucketNotFoundError):
+        return []
+    records = []
+    for key in keys:
+        try:
+            entry = await budget.run(kv.get(key))
+        except nats.js.errors.KeyNotFoundError:  # removed meanwhile
+            continue
+        try:
+            records.append(_DECODER.decode(entry.value or b""))
+        except msgspec.DecodeError:
+            continue
+    return sorted(records, key=lambda r: (r.started_at, r.run_id))
+
+
+def run_records(nats_url: str, flow_id: str, *,
+                timeout: float = DEFAULT_TIMEOUT_SECONDS) -> list[RunRecord]:
+    """The run records of flow_id (read_run_records), oldest first, on their own
+    connection.
+
+    Raises:
+        BrokerUnavailable: the broker could not be reached, or did not answer, within
+            timeout.
+        ValueError: an empty or reserved flow_id, or a bad timeout.
+    """
+    subject_for(flow_id, "run", "node")  # validates flow_id
+
+    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> list[RunRecord]:
+        try:
+            found = await read_run_records(nc, budget, ledger_bucket(flow_id))
+            return [record for record in found if record.flow_id == flow_id]
+        except Exception as error:
+            raise unavailable(f"reading the runs of flow {flow_id!r}", error,
+                              errors) from error
+
+    return run_sync(nats_url, timeout, work)
+
+
+def run_record(nats_url: str, flow_id: str, run_id: str, *,
+               timeout: float = DEFAULT_TIMEOUT_SECONDS) -> RunRecord | Unknown | None:
+    """The record run_id of flow_id left: None when it left none, Unknown when it
+    could not be read (never taken for none).
+
+    Raises:
+        BrokerUnavailable: the broker could not be reached within timeout.
+        ValueError: an empty or reserved flow_id or run_id, or a bad timeout.
+    """
+    subject_for(flow_id, run_id, "node")  # validates both
+
+    async def work(nc: Client, budget: Budget,
+                   errors: ErrorLog) -> RunRecord | Unknown | None:
+        js = nc.jetstream(timeout=max(budget.left(), 0.1))
+        try:
+            kv = await budget.run(js.key_value(ledger_bucket(flow_id)))
+            entry = await budget.run(kv.get(run_record_key(run_id)))
+        except (nats.js.errors.BucketNotFoundError, nats.js.errors.KeyNotFoundError):
+            return None
+        except Exception as error:  # every failure is reported, never inferred
+            return unknown_from(error, errors)
+        try:
+            return _DECODER.decode(entry.value or b"")
+        except msgspec.DecodeError as error:
+            return Unknown("malformed", f"run record: {error}")
+
+    return run_sync(nats_url, timeout, work)
+
+
+RECORD_TIMEOUT_SECONDS: Final = 5.0
+"""The bound on keep_record's write."""
+
+
+def keep_record(nats_url: str, record: RunRecord, replicas: int = 1) -> RunRecord | None:
+    """record_run, for the engine: a broker that does not take the record within
+    RECORD_TIMEOUT_SECONDS is said on stderr, and the run goes on without it.
+
+    Returns:
+        record, or None when it was not kept.
+    """
+    try:
+        record_run(nats_url, record, replicas=replicas, timeout=RECORD_TIMEOUT_SECONDS)
+    except BrokerUnavailable as error:
+        say(f"run {record.run_id}: its record was not kept ({error}); `videoflow ls` "
+            "will not list it once its streams are gone", level="WARNING")
+        return None
+    return record
+
+
+def started_record(flow_id: str, run_id: str) -> RunRecord:
+    """The record of a run starting now."""
+    return RunRecord(flow_id=flow_id, run_id=run_id, outcome=RUNNING,
+                     started_at=time.time())
+
+
+__all__ = [
+    "RECORD_TIMEOUT_SECONDS",
+    "RUNNING",
+    "RUN_RECORD_PREFIX",
+    "RunRecord",
+    "keep_record",
+    "read_run_records",
+    "record_run",
+    "run_record",
+    "run_record_key",
+    "run_records",
+    "started_record",
+    "utc_text",
+]
