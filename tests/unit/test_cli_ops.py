@@ -13,7 +13,7 @@ from videoflow import ops
 from videoflow.backends.messaging import Known, Unknown
 from videoflow.cli import ops as cli_ops
 from videoflow.cli.common import ENV_NATS_URL
-from videoflow.cli.ops import SHOWN_CHARS, describe, when
+from videoflow.cli.decoded import SHOWN_CHARS, describe, when
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

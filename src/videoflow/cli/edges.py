@@ -21,7 +21,8 @@ from typing import Any
 
 from videoflow import logs
 from videoflow.cli.common import EXIT_OK, positive_seconds, whole_number
-from videoflow.cli.ops import broker_options, given_url, guarded, input_summary
+from videoflow.cli.decoded import input_summary
+from videoflow.cli.ops import broker_options, given_url, guarded
 from videoflow.ops.embedded import RunBrokers
 from videoflow.ops.tap import Rate, Tapped, tap
 

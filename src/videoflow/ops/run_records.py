@@ -240,11 +240,20 @@ def started_record(flow_id: str, run_id: str) -> RunRecord:
                      started_at=time.time())
 
 
+def ended_record(record: RunRecord, outcome: str, torn_down: bool,
+                 kept: str) -> RunRecord:
+    """The record of a run ending now with outcome: its streams deleted (torn_down) or
+    kept, and why (kept)."""
+    return msgspec.structs.replace(record, outcome=outcome, ended_at=time.time(),
+                                   torn_down=torn_down, kept=kept)
+
+
 __all__ = [
     "RECORD_TIMEOUT_SECONDS",
     "RUNNING",
     "RUN_RECORD_PREFIX",
     "RunRecord",
+    "ended_record",
     "keep_record",
     "read_run_records",
     "record_run",

@@ -45,8 +45,6 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec
 
-import msgspec
-
 from videoflow import logs
 from videoflow.backends.messaging import Known
 from videoflow.broker.link import check_budget, outage_budget_from_env, redact_url
@@ -290,7 +288,7 @@ def run_flow(
     from videoflow.messaging.topology import provision_flow_sync
     from videoflow.messaging.tracing import check_setup
     from videoflow.ops.dead_letters import dead_letters_line
-    from videoflow.ops.run_records import keep_record, started_record
+    from videoflow.ops.run_records import ended_record, keep_record, started_record
     from videoflow.ops.run_teardown import RunTeardown
 
     if resume and run_id is None:
@@ -404,9 +402,8 @@ def run_flow(
             if shared is not None:
                 shared.remove_if_empty()  # a kept run's, with no payload in it
             if record is not None:
-                keep_record(url, msgspec.structs.replace(
-                    record, outcome=run.outcome(), ended_at=time.time(),
-                    torn_down=ended_up.torn_down, kept=ended_up.note), replicas)
+                keep_record(url, ended_record(record, run.outcome(), ended_up.torn_down,
+                                              ended_up.note), replicas)
         finally:
             if metrics is not None:
                 metrics.close()
