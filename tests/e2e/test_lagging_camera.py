@@ -145,11 +145,15 @@ def test_two_cameras_a_whole_stream_ahead_of_a_live_one_fuse_every_instant(
     every_instant_once(log_dir, 3)
     assert peak[0] <= budget
     # The pressure was real: the leaders waited for room in their shares, and the join
-    # held them back by event time.
-    assert (report.nodes["cam0"].payload_waited_seconds or 0) > 0, report.format()
-    held = report.nodes["fuse"].held_back_seconds
-    assert held.get("cam0", 0) > 1.0 and held.get("cam1", 0) > 1.0, held
-    assert held.get("cam2", 0) == 0
+    # held them back by event time. The live camera takes 5 s to send what they could
+    # send in under one, and they may run max_drift_ms (1 s) ahead: for at least the
+    # other 3 s each is held back, or waits for room, or both at once.
+    fuse, waited = report.nodes["fuse"].held_back_seconds, {}
+    for leader in ("cam0", "cam1"):
+        waited[leader] = report.nodes[leader].payload_waited_seconds or 0
+        assert fuse.get(leader, 0) > 0 and waited[leader] > 0, (fuse, waited)
+        assert fuse[leader] + waited[leader] > 3.0, (fuse, waited)
+    assert fuse.get("cam2", 0) == 0
 
 
 @pytest.mark.parametrize("late", [3.0, 10.0])

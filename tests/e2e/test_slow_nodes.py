@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from broker_reads import durable_state
+from broker_reads import durable_state, wait_for_pullers
 from flow_nodes import Numbers
 from slow_nodes import SlowPass, SlowSink, done
 
@@ -27,8 +27,8 @@ from videoflow.messaging.nats_messenger import FIRST_DEPTH
 
 pytestmark = pytest.mark.timeout(120)
 
-MESSAGES = 20
-SECONDS = 0.25  # per message: a detector doing 4 a second
+MESSAGES = 24
+SECONDS = 0.2  # per message: a detector doing 5 a second
 
 
 def run_sampling(flow: Flow, url: str, log_dir: Path, node: str, durable: str,
@@ -73,20 +73,37 @@ def test_a_slow_nodes_settlements_reach_the_broker_as_it_finishes_each_input(
         # The ack floor is the stream sequence of the last input settled in order
         # (message n is sequence n): at most two finished ones not yet settled.
         assert state["ack_floor"] >= finished - 2, (finished, state, samples)
-        # And what it leased is what it will soon process, never the stream: before
-        # it has timed a group, two fetches of FIRST_DEPTH; after, the one in hand
-        # and the next, and one being settled.
-        assert state["ack_pending"] <= 2 * FIRST_DEPTH + 1, (finished, state)
-    assert max(s["ack_pending"] for f, s in working if f > 2 * FIRST_DEPTH) <= 3, samples
+    # What it leased is what it will soon process, never the stream. Once it has
+    # timed a few groups: the one in hand, the next parked, one more a pull request
+    # may bring that the receiver saw expire before the server did (a loaded host),
+    # and the two finished ones the floor may trail by. Before, what its first
+    # fetches of FIRST_DEPTH brought: never half the stream (the old code leased it
+    # all at its first fetch).
+    assert max(s["ack_pending"] for f, s in working if f > 2 * FIRST_DEPTH) <= 5, [
+        (f, s) for f, s in working if f > 2 * FIRST_DEPTH]
+    assert max(s["ack_pending"] for _, s in samples) <= MESSAGES // 2, samples
 
 
 def test_two_replicas_of_a_slow_node_each_process_a_share(
-    nats_server: embedded.EmbeddedServer, tmp_path: Path,
+    nats_server: embedded.EmbeddedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The producer waits until both replicas ask for input: one started seconds after
+    # the other (a loaded machine) would find less to take whatever they lease.
+    gate = tmp_path / "go"
+    monkeypatch.setenv("VF_TEST_GATE", str(gate))
     numbers = Numbers(MESSAGES, name="numbers")
     slow = SlowSink(str(tmp_path), SECONDS, name="slow", nb_tasks=2)(numbers)
-    report = Flow([numbers], [slow], BATCH, name="slow-shared").run(
-        nats_server.url, view=False)
+    flow = Flow([numbers], [slow], BATCH, name="slow-shared")
+    result: list[RunReport] = []
+    runner = threading.Thread(target=lambda: result.append(
+        flow.run(nats_server.url, view=False)))
+    runner.start()
+    try:
+        asyncio.run(wait_for_pullers(nats_server.url, "slow--from--numbers", 2, 60))
+    finally:
+        gate.touch()
+        runner.join()
+    report = result[0]
     assert report.outcome == "completed", report.format()
     shares = done(tmp_path, "slow")
     assert sum(shares.values()) == MESSAGES

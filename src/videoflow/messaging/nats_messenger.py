@@ -335,6 +335,7 @@ class NATSMessenger(Messenger):
         self._group_seconds: float | None = None  # the node's mean time per group
         self._depth = RECEIVE_PREFETCH  # the receive depth last asked of the backend
         self._groups_timed = 0  # groups _timed_group folded into the mean
+        self._collected = 0.0  # collect samples handed out, per collect parent
         self.reconciled = 0  # obligations reconciliation cancelled (PAY-006)
         self.join: Join | None = None  # a producer has no inputs to join
         if self.parent_names:
@@ -703,6 +704,8 @@ class NATSMessenger(Messenger):
                 self.deliveries.hand_out(group.handles)
                 self._handed_at = time.monotonic()
                 arrivals = [h.arrived for h in group.handles if h.parent not in join.collect]
+                if join.collect:  # the samples its collect parents send per group
+                    self._collected += (len(group.handles) - len(arrivals)) / len(join.collect)
                 # RunReport's join latency: the group's first member's arrival to now.
                 self.last_join_latency = (time.monotonic() - min(arrivals)) if arrivals else None
                 if self._covered is not None and self.last_input_key() == self._covered:
@@ -931,9 +934,10 @@ class NATSMessenger(Messenger):
         mean = seconds if mean is None else 0.9 * mean + 0.1 * seconds
         self._group_seconds = mean
         self._groups_timed += 1
-        # A join's busiest parent (a collect window's sensor) sends several inputs per
-        # group: its depth is that many per group the node gets through.
-        per_group = max(1.0, max(self.received.values(), default=0) / self._groups_timed)
+        # A collect parent (a sensor's window) sends several inputs per group: its depth
+        # is that many per group the node gets through. (What was received would count
+        # what is parked ahead too, and grow the depth it measures.)
+        per_group = max(1.0, self._collected / self._groups_timed)
         depth = RECEIVE_PREFETCH if mean <= 0 else int(DEPTH_SECONDS / mean * per_group)
         self._set_depth(max(ceil(per_group), depth))
 
