@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("io", ("videoflow.io",)),
     ("run", ("videoflow.run",)),
     ("facade", ("videoflow", "videoflow.flow", "videoflow.serialization")),
+    ("testing", ("videoflow.testing",)),
     ("cli", ("videoflow.cli", "videoflow.__main__")),
 ]
 """The floors, from the ground up; a module's floor is its longest matching prefix."""
