@@ -29,6 +29,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from videoflow import clock
 from videoflow.backends.memory_broker import (
     DEFAULT_DUPLICATE_WINDOW_SECONDS,
     DEFAULT_MAX_PAYLOAD,
@@ -508,7 +509,7 @@ class MemoryMessagingBackend(MessagingBackend):
             return []
         while True:
             taken = self._take(subscriptions, item_credit, byte_credit)
-            remaining = deadline - time.monotonic()
+            remaining = deadline - clock.monotonic()
             if taken or remaining <= 0 or not self._receiving:
                 return taken
             with self.broker.condition:

@@ -21,11 +21,11 @@ a line per input, and `-v` shows them all.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from videoflow import clock
 from videoflow.core.context import RuntimeContext
 from videoflow.core.engine import STOP_QUIESCE, Messenger
 from videoflow.core.histogram import Histogram
@@ -101,7 +101,7 @@ class TaskStats:
     held_back_now: dict[str, str] = field(default_factory=dict)
     waiting_on: dict[str, str] = field(default_factory=dict)
     payload: dict[str, Any] | None = None
-    started: float = field(default_factory=time.time)
+    started: float = field(default_factory=lambda: clock.wall())
     ended: float | None = None
     first: float | None = None
     last: float | None = None
@@ -124,7 +124,7 @@ class TaskStats:
     def did_one(self) -> None:
         """Count the time of an output (a producer) or a processed group (any other
         node) into its active span (first, last)."""
-        self.last = time.time()
+        self.last = clock.wall()
         if self.first is None:
             self.first = self.last
 
@@ -145,7 +145,7 @@ class TaskStats:
                 "payload": None if self.payload is None else dict(self.payload),
                 "started": self.started, "ended": self.ended, "first": self.first,
                 "last": self.last, "outcome": self.outcome,
-                "error": self.error, "at": time.monotonic()}
+                "error": self.error, "at": clock.monotonic()}
 
 
 Progress = Callable[["Task"], None]
@@ -172,7 +172,7 @@ class Task:
         self.stats = TaskStats()
         self._failed_publications = 0  # the messenger's count, as last folded in
         self._progress, self._every = progress, progress_every
-        self._next_progress = time.monotonic() + progress_every
+        self._next_progress = clock.monotonic() + progress_every
         self._arrived = 0.0  # when the group being processed first arrived (monotonic)
         self._raised: set[type[BaseException]] = set()  # what the node raised so far
         if progress is not None and hasattr(messenger, "on_wait"):
@@ -211,7 +211,7 @@ class Task:
             raise
         finally:
             self._collect()
-            self.stats.ended = time.time()
+            self.stats.ended = clock.wall()
             if self._progress is not None:
                 self._progress(self)
             self.messenger.close()
@@ -254,10 +254,10 @@ class Task:
             self.stats.payload = payload()
 
     def _tick(self) -> None:
-        if self._progress is not None and time.monotonic() >= self._next_progress:
+        if self._progress is not None and clock.monotonic() >= self._next_progress:
             self._collect()
             self._progress(self)
-            self._next_progress = time.monotonic() + self._every
+            self._next_progress = clock.monotonic() + self._every
 
     def _end(self, entries: dict[str, Any]) -> bool:
         """Whether entries say every parent ended; if so, relay an abort or (unless
@@ -286,7 +286,7 @@ class Task:
         """One input per parent, in wiring order: the message, None for a parent
         missing from a quorum group, a list for a collect window."""
         latency = getattr(self.messenger, "last_join_latency", None)
-        self._arrived = time.monotonic()
+        self._arrived = clock.monotonic()
         if latency is not None:
             self.stats.add_latency(latency)
             self._arrived -= latency
@@ -319,7 +319,7 @@ class Task:
             self.messenger.ack_inputs()
             self.stats.processed += 1
             self.stats.did_one()
-            self.stats.hop_latency.observe(time.monotonic() - self._arrived)
+            self.stats.hop_latency.observe(clock.monotonic() - self._arrived)
 
 
     def _log_failure(self, error: Exception) -> None:

@@ -24,12 +24,12 @@ marker was confirmed before the marker was sent, so it is in the stream.
 from __future__ import annotations
 
 import concurrent.futures
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+from videoflow import clock
 from videoflow.backends.messaging import (
     Completed,
     Delivery,
@@ -211,7 +211,7 @@ class Deliveries:
 
     def data_arrived(self, parent: str) -> None:
         """A delivery of parent's data arrived (decodable or not): it is not quiet."""
-        self._ends[parent].last_data = time.monotonic()
+        self._ends[parent].last_data = clock.monotonic()
 
     def hold(self, parent: str, token: DeliveryToken) -> None:
         """The messenger holds this delivery of parent's unsettled."""
@@ -280,7 +280,7 @@ class Deliveries:
             key: the group's identity ({trace_id}:{seq}), naming the settlements.
         """
         if not self._unsent:
-            self._unsent_since = time.monotonic()
+            self._unsent_since = clock.monotonic()
         for index, handle in enumerate(handles):
             self.let_go(handle.delivery)
             if self._counted:  # only after failures: no key is built on the usual path
@@ -322,7 +322,7 @@ class Deliveries:
         None when nothing is gathered."""
         if not self._unsent:
             return None
-        return max(0.0, self._unsent_since + SETTLE_LINGER_SECONDS - time.monotonic())
+        return max(0.0, self._unsent_since + SETTLE_LINGER_SECONDS - clock.monotonic())
 
     def send_completed(self) -> None:
         """Send the Completed settlements complete_later gathered, as one batch: the
@@ -432,7 +432,7 @@ class Deliveries:
         pinned = handle.blob_ref is not None and self.payloads.pin_for_dead_letter(
             handle.blob_ref, handle.parent, delivery.stream_seq)
         done = dead_letter(self.backend, delivery.token, record,
-                           time.monotonic() + self.ack_wait,
+                           clock.monotonic() + self.ack_wait,
                            traceparent=delivery.traceparent)
         if done.settled is not None:
             self.dead_lettered += 1
@@ -527,7 +527,7 @@ class Deliveries:
             # electing the consumer's leader): ask again, never take quiet for drained,
             # or the node ends with its parent's data still on the broker.
             return False
-        return time.monotonic() - end.last_data >= self.eos_quiescence
+        return clock.monotonic() - end.last_data >= self.eos_quiescence
 
     def stop_entries(self) -> dict[str, EndEntry]:
         """Per parent, its end entry: an abort entry if any of its replicas aborted,

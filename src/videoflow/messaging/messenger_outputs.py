@@ -17,13 +17,13 @@ node part is '<node>#<replica>', since owner epochs are per replica, plus
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
 
+from videoflow import clock
 from videoflow.backends.messaging import (
     Accepted,
     ChannelId,
@@ -281,7 +281,7 @@ class Outputs:
         deduplicated by the broker), and always when forced (a checkpoint, the end)."""
         if self._confirmed_offset == self._committed_offset:
             return
-        now = time.monotonic()
+        now = clock.monotonic()
         if force or now - self._offset_committed_at >= OFFSET_COMMIT_SECONDS:
             self.runtime.set_source_offset(self._confirmed_offset)
             self._committed_offset, self._offset_committed_at = self._confirmed_offset, now
@@ -350,7 +350,7 @@ class Outputs:
         msg_id = f"{self.node_name}:{kind}:{self.replica_id}"
         envelope = Envelope(self.channel, "eos", data, msg_id, self.tracing.marker(msg_id))
         published = publish_until_known(self.backend, envelope, BATCH,
-                                        time.monotonic() + self.ack_wait)
+                                        clock.monotonic() + self.ack_wait)
         self.stats.count(published)
         if published.dropped:
             self.deliveries.drops["publish_discarded"] += 1

@@ -19,12 +19,12 @@ What to publish, and whether it was published, stays the messenger's
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from videoflow import clock
 from videoflow.backends.messaging import MessagingBackend
 from videoflow.backends.messaging_types import DLQ_RETENTION_SECONDS
 from videoflow.backends.payload import PayloadStore
@@ -318,7 +318,7 @@ class MessengerPayloads:
         """
         if self.payload_store is None:
             return 0
-        now = time.monotonic()
+        now = clock.monotonic()
         if now - self._reconciled_at < self.ack_wait:
             return 0
         self._reconciled_at = now

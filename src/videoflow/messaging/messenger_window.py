@@ -33,12 +33,12 @@ not overtake an output: an end-of-stream or abort marker, a checkpoint's commit
 from __future__ import annotations
 
 import concurrent.futures
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from videoflow import clock
 from videoflow.backends.messaging import (
     Accepted,
     Envelope,
@@ -146,7 +146,7 @@ class PublishWindow:
             on_accepted: called with its Accepted once it is stored (in order).
             on_refused: called if the broker definitely refused it.
         """
-        now = time.monotonic()
+        now = clock.monotonic()
         deadline = now + self.ack_wait
         receipt = self.backend.publish_async(envelope, min(deadline, now + ATTEMPT_SECONDS))
         self._current.append(_Output(envelope, flow_type, receipt, deadline, on_accepted,
@@ -213,12 +213,12 @@ class PublishWindow:
         Raises:
             PublicationFailed: a producer's output was not published.
         """
-        deadline = time.monotonic() + seconds
+        deadline = clock.monotonic() + seconds
         groups = self._groups
         while groups:
             for output in groups[0].outputs:
                 try:
-                    output.receipt.result(timeout=max(deadline - time.monotonic(), 0.0))
+                    output.receipt.result(timeout=max(deadline - clock.monotonic(), 0.0))
                 except concurrent.futures.TimeoutError:
                     self.deliveries.collect_settled(wait=False)
                     return
@@ -278,7 +278,7 @@ class PublishWindow:
         """Settle one output's fate: None once it is accepted or (REALTIME) dropped and
         counted, else the failure of its group (siblings: the outputs of its group,
         no longer in the window)."""
-        wait = max(output.deadline - time.monotonic(), 0.0) + ATTEMPT_SECONDS
+        wait = max(output.deadline - clock.monotonic(), 0.0) + ATTEMPT_SECONDS
         try:
             first = output.receipt.result(timeout=wait)
         except concurrent.futures.TimeoutError:
@@ -289,7 +289,7 @@ class PublishWindow:
                 output.on_accepted(first)
             return None
         if (isinstance(first, PublicationUnknown)
-                and due(self.backend, output.deadline) > time.monotonic()):
+                and due(self.backend, output.deadline) > clock.monotonic()):
             first = self.backend.observe_publication(output.envelope)
             if not isinstance(first, PublicationUnknown):
                 self._ask_after_unknowns(output, siblings)
@@ -327,7 +327,7 @@ class PublishWindow:
         def ask(output: _Output) -> PublishOutcome:
             # Past its deadline (by its turn, the broker may have stalled again): left
             # unknown, so the re-ask ends soon after the last deadline.
-            if due(self.backend, output.deadline) <= time.monotonic():
+            if due(self.backend, output.deadline) <= clock.monotonic():
                 return output.receipt.result()
             return self.backend.observe_publication(output.envelope)
 

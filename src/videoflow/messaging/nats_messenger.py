@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from math import ceil, isfinite
 from typing import Any, Final
 
+from videoflow import clock
 from videoflow.backends.messaging import (
     ChannelId,
     Completed,
@@ -164,7 +165,7 @@ class _Handle:
     sub: SubscriptionId
     delivery: Delivery
     blob_ref: str | None = None
-    arrived: float = 0.0  # time.monotonic() when it reached the assembler
+    arrived: float = 0.0  # clock.monotonic() when it reached the assembler
 
 
 class NATSMessenger(Messenger):
@@ -702,12 +703,12 @@ class NATSMessenger(Messenger):
                 self._settle_ahead()
                 self._group = group
                 self.deliveries.hand_out(group.handles)
-                self._handed_at = time.monotonic()
+                self._handed_at = clock.monotonic()
                 arrivals = [h.arrived for h in group.handles if h.parent not in join.collect]
                 if join.collect:  # the samples its collect parents send per group
                     self._collected += (len(group.handles) - len(arrivals)) / len(join.collect)
                 # RunReport's join latency: the group's first member's arrival to now.
-                self.last_join_latency = (time.monotonic() - min(arrivals)) if arrivals else None
+                self.last_join_latency = (clock.monotonic() - min(arrivals)) if arrivals else None
                 if self._covered is not None and self.last_input_key() == self._covered:
                     self.ack_inputs()  # already applied before the checkpoint: done
                     continue
@@ -773,7 +774,7 @@ class NATSMessenger(Messenger):
                 self._join_data(item.sub, item.delivery, item.decoded)
             if held:  # left on the broker until the slowest parent catches up
                 subs = [s for s in subs if s.kind == "eos" or s.channel.node not in held]
-        got = self.backend.receive_any(subs, credit, 0, time.monotonic() + poll)
+        got = self.backend.receive_any(subs, credit, 0, clock.monotonic() + poll)
         self._idle = not got
         for sub, delivery in got:
             if sub.kind == "eos":
@@ -841,7 +842,7 @@ class NATSMessenger(Messenger):
             self.deliveries.let_go(delivery)
             self.deliveries.terminate(parent, delivery, f"undecodable: {error!r}")
             return
-        handle = _Handle(self, parent, sub, delivery, entry.blob_ref, time.monotonic())
+        handle = _Handle(self, parent, sub, delivery, entry.blob_ref, clock.monotonic())
         if delivery.num_delivered > 1 and self.deliveries.crash_looped(handle):
             self.deliveries.let_go(delivery)
             return  # it was in hand at each of crash_limit process deaths: dead-lettered
@@ -929,7 +930,7 @@ class NATSMessenger(Messenger):
     def _timed_group(self) -> None:
         """Fold the node's time on the group just done into its mean, and set the
         backend's receive depth to about DEPTH_SECONDS of such groups."""
-        seconds = time.monotonic() - self._handed_at
+        seconds = clock.monotonic() - self._handed_at
         mean = self._group_seconds
         mean = seconds if mean is None else 0.9 * mean + 0.1 * seconds
         self._group_seconds = mean
