@@ -132,6 +132,9 @@ class MemoryBroker:
             measured on.
         duplicate_window: seconds a msg_id is remembered.
         max_payload: the largest envelope accepted, in bytes.
+        condition: makes the condition receivers wait on for a change, from the
+            broker's lock; threading.Condition by default (a simulation passes one
+            that waits on its own clock, videoflow.testing).
     """
 
     def __init__(
@@ -139,12 +142,13 @@ class MemoryBroker:
         clock: Callable[[], float] = time.monotonic,
         duplicate_window: float = DEFAULT_DUPLICATE_WINDOW_SECONDS,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
+        condition: Callable[[threading.RLock], threading.Condition] = threading.Condition,
     ) -> None:
         self.clock = clock
         self.duplicate_window = duplicate_window
         self.max_payload = max_payload
         self.lock = threading.RLock()
-        self.condition = threading.Condition(self.lock)
+        self.condition = condition(self.lock)
         self._streams: dict[ChannelId, _Stream] = {}
         self._dead_letters: dict[str, _DeadLetterLog] = {}
         self._control: dict[tuple[str, str], list[Callable[[], None]]] = {}
@@ -398,6 +402,18 @@ class MemoryBroker:
         else:
             pending.state, pending.due = "ready", not_before
         self.condition.notify_all()
+
+    def lapse(self, sub: SubscriptionId, seq: int) -> bool:
+        """End the lease of a delivered message now, as if its ack_wait had passed, so
+        the durable delivers it again (fault injection: the redelivery a lost ack or a
+        slow node causes). Returns whether the message was leased."""
+        with self.lock:
+            found = self._durable(sub)
+            pending = None if found is None else found[1].pending.get(seq)
+            if found is None or pending is None or pending.state != "leased":
+                return False
+            self._hand_back(found[1], pending, self.clock())
+            return True
 
     def fetch(self, sub: SubscriptionId) -> tuple[int, int, bytes, str | None] | None:
         """Lease the next deliverable message of a durable: (seq, attempt, data,
