@@ -1,4 +1,4 @@
-"""simulate: a flow run in this process, on the memory adapter and a simulated clock.
+"""The simulation: a flow run in this process, on the memory adapter and a simulated clock.
 
 The flow's processors and consumers run unchanged -- the same classes, open() and
 close() included, each replica a copy of its node as a worker process would get it --
@@ -114,6 +114,7 @@ def simulate(flow: Any, inputs: Inputs | None = None, *, crashes: Sequence[Crash
                 run.stopping = True
                 for replica_run in run.replicas:
                     replica_run.stop()
+                scheduler.changed()  # a silent producer waits for nothing else
                 scheduler.run(time.now + WIND_DOWN_SECONDS)
         finally:
             scheduler.end()
@@ -443,7 +444,7 @@ class _Run:
                 snapshot["join_latencies"] = list(stats.join_latencies)
                 snapshot["cpu_seconds"] = None  # one process holds them all: unknown
                 if replica_run.crashed_at is not None:
-                    snapshot["outcome"] = "lost"
+                    snapshot["outcome"], snapshot["error"] = "lost", "crashed (simulated)"
                 finals[replica_run.key] = snapshot
             deaths = self.deaths.get(spec.name, [])
             report.nodes[spec.name] = NodeReport.from_replicas(
