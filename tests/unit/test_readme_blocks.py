@@ -16,7 +16,9 @@ from readme_blocks import Block, python_blocks
 
 BLOCKS = python_blocks()
 TRACING = "tracing_setup.py"
-SNIPPETS = [b for b in BLOCKS if not b.is_script and b.file_name != TRACING]
+TEST_FILES = [b for b in BLOCKS if (b.file_name or "").startswith("test_")]
+SNIPPETS = [b for b in BLOCKS
+            if not b.is_script and b.file_name != TRACING and b not in TEST_FILES]
 
 
 def test_every_python_fence_of_the_readme_is_read_as_a_block() -> None:
@@ -51,6 +53,25 @@ def test_each_readme_fragment_runs(block: Block) -> None:
     namespace: dict[str, object] = {"__name__": "readme_fragment"}
 
     exec(compile(block.source, block.id, "exec"), namespace)  # noqa: S102 - the README's own code
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("block", TEST_FILES, ids=[b.id for b in TEST_FILES])
+def test_each_readme_test_file_passes_under_pytest(block: Block, tmp_path: Path) -> None:
+    assert block.file_name is not None
+    (tmp_path / block.file_name).write_text(block.source, encoding="utf-8")
+    written = block.source.count("\ndef test_")
+
+    ran = subprocess.run([sys.executable, "-m", "pytest", block.file_name, "-q",
+                          "-p", "no:cacheprovider", "-p", "no:randomly"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=110)
+
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert f"{written} passed" in ran.stdout, ran.stdout
+
+
+def test_the_readme_shows_a_test_file() -> None:
+    assert [b.file_name for b in TEST_FILES] == ["test_fusion.py"]
 
 
 @pytest.mark.timeout(60)
