@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from videoflow import ConsumerNode, Flow, PoisonMessage, ProcessorNode, ProducerNode
-from videoflow.testing import Crash, Input, Silent, simulate
+from videoflow.testing import Crash, Input, Silent, simulate, simulate_node
 
 T0 = 1_000.0
 FPS = 30.0
@@ -215,3 +215,33 @@ def test_inputs_that_cannot_be_played_are_refused_by_name(tmp_path: Path) -> Non
         simulate(fusion(tmp_path), {"cam0": [Silent(), *frames(2)]}, until=1.0)
     with pytest.raises(KeyError, match="no node 'nope'"):
         simulate(fusion(tmp_path), {}, crashes=[Crash("nope", after=1)])
+
+
+class Double(ProcessorNode):
+    def process(self, value: Any) -> Any:
+        return value * 2
+
+
+def test_one_node_runs_on_given_inputs() -> None:
+    result = simulate_node(Double(name="double"), {"numbers": [Input(n) for n in range(5)]})
+
+    assert result.messages("double") == [0, 2, 4, 6, 8]
+    assert [g.inputs["numbers"].message for g in result.groups["double"]  # type: ignore[union-attr]
+            ] == [0, 1, 2, 3, 4]
+
+
+def test_one_join_runs_on_given_inputs() -> None:
+    fuse = Fuse(name="fuse", join_policy={"mode": "time", "tolerance_ms": 8.0, "quorum": 1,
+                                          "timeout_ms": 100.0, "missing": "drop"})
+    result = simulate_node(fuse, {"a": frames(3), "b": frames(3, skip=(1,))})
+
+    # Group 1 waits for b's next frame, which completes group 2 first.
+    assert result.messages("fuse") == [[0, 0], [2, 2], [1, None]]
+
+
+def test_simulate_node_refuses_a_producer_and_a_wired_node(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="processor or a consumer"):
+        simulate_node(Camera("cam"), {})
+    wired = fusion(tmp_path).consumers[0]
+    with pytest.raises(ValueError, match="already wired"):
+        simulate_node(wired, {"x": frames(1)})

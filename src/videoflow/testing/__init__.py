@@ -2,7 +2,8 @@
 
 - ``simulate``: a flow run in this process on the memory adapter and simulated time,
   from scripted inputs (``Input``, ``Silent``) and faults (``Crash``), returning a
-  ``SimulationResult`` (outputs, groups, drops, dead letters, join status, report).
+  ``SimulationResult`` (outputs, groups, drops, dead letters, join status, report);
+  ``simulate_node``: one node on given inputs, the same way.
 - ``videoflow.testing.plugin``: the pytest plugin's fixtures.
 - ``videoflow.testing.bench``: timing a flow under pytest-benchmark.
 
@@ -25,9 +26,10 @@ if TYPE_CHECKING:
         Silent,
         SimulationResult,
     )
-    from videoflow.testing.simulation import simulate
+    from videoflow.testing.simulation import simulate, simulate_node
 
 _WHERE = {"simulate": "videoflow.testing.simulation",
+          "simulate_node": "videoflow.testing.simulation",
           **{name: "videoflow.testing.script" for name in (
               "Crash", "Drop", "Group", "Input", "Output", "Silent", "SimulationResult")}}
 
@@ -40,4 +42,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["Crash", "Drop", "Group", "Input", "Output", "Silent", "SimulationResult",
-           "simulate"]
+           "simulate", "simulate_node"]

@@ -74,8 +74,10 @@ def videoflow_run(videoflow_server: EmbeddedServer,
 @pytest.fixture
 def videoflow_simulate() -> Callable[..., Any]:
     """The in-process runner: videoflow.testing.simulate.simulate."""
-    from videoflow.testing.simulate import simulate
+    import importlib
 
+    simulate: Callable[..., Any] = importlib.import_module(
+        "videoflow.testing.simulate").simulate
     return simulate
 
 

@@ -35,11 +35,12 @@ from videoflow.backends.messaging import (
     SubscriptionId,
 )
 from videoflow.core.compiler import CompiledFlow, NodeSpec, compile_flow
-from videoflow.core.constants import REALTIME
+from videoflow.core.constants import BATCH, REALTIME
 from videoflow.core.context import RuntimeContext
-from videoflow.core.node import Node, ProducerNode
+from videoflow.core.node import ConsumerNode, Node, ProcessorNode, ProducerNode
 from videoflow.core.report import NodeReport, ProcessDeath, RunReport
 from videoflow.core.task import Task, task_for
+from videoflow.flow import Flow
 from videoflow.messaging.dead_letters import decode_dead_letter
 from videoflow.messaging.grouping import CollectEntry
 from videoflow.messaging.nats_messenger import NATSMessenger
@@ -121,6 +122,51 @@ def simulate(flow: Any, inputs: Inputs | None = None, *, crashes: Sequence[Crash
             for backend in run.backends:
                 backend.shutdown(hand_back=False)
     return run.result()
+
+
+def simulate_node(node: Node, inputs: Inputs, *, flow_type: str = BATCH,
+                  **options: Any) -> SimulationResult:
+    """Run one node on given inputs: simulate over a flow of a scripted producer per
+    input (named by its key, wired in that order) -> node (-> a consumer that keeps
+    nothing, for a processor, whose outputs are then result.outputs[node.name]).
+
+    Arguments:
+        node: a ProcessorNode or ConsumerNode, not yet wired to parents.
+        inputs: per parent name, the Inputs it sends, in the order node's inputs
+            are presented.
+        flow_type: BATCH or REALTIME.
+        options: as simulate.
+
+    Raises:
+        TypeError: node is a producer.
+        ValueError: node is already wired, or as simulate.
+    """
+    if not isinstance(node, (ProcessorNode, ConsumerNode)):
+        raise TypeError(f"{node!r}: simulate_node runs a processor or a consumer; "
+                        "a producer's output is its own next()")
+    if node.parents:
+        raise ValueError(f"{node!r} is already wired to parents: simulate_node wires it "
+                         "to its inputs' producers")
+    producers = [_Stand(name=name) for name in inputs]
+    wired = node(*producers)
+    consumers = [wired] if isinstance(node, ConsumerNode) else [
+        _Discard(name=f"{node.name}-outputs")(wired)]
+    flow = Flow(producers, consumers, flow_type=flow_type, name=f"{node.name}-alone")
+    return simulate(flow, inputs, **options)
+
+
+class _Stand(ProducerNode):
+    """A parent simulate_node plays from its inputs (its own next() is never called)."""
+
+    def next(self) -> Any:
+        raise StopIteration
+
+
+class _Discard(ConsumerNode):
+    """Reads a processor's outputs so they are published; the result holds them."""
+
+    def consume(self, *inputs: Any) -> None:
+        pass
 
 
 def _checked(compiled: CompiledFlow, inputs: Inputs, crashes: Sequence[Crash],
@@ -482,4 +528,4 @@ def _drop_reason(text: str) -> str:
     return "exhausted"
 
 
-__all__ = ["simulate"]
+__all__ = ["simulate", "simulate_node"]
