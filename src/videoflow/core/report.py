@@ -100,6 +100,10 @@ class NodeReport:
         restarts: replica processes started again after dying.
         deaths: every process that died without its final report, in order: which,
             how, when, what it had in hand, whether it was started again.
+        cpu_seconds: the CPU time its replica processes spent, every thread of each,
+            from its start (node open() included, the process's own startup not) to
+            its end, summed; None (unknown) when a process did not say: one that died
+            or was restarted, one run by a worker elsewhere, or a run in one process.
     """
 
     kind: str
@@ -125,6 +129,7 @@ class NodeReport:
     payload_share_bytes: int | None = None
     restarts: int = 0
     deaths: list[ProcessDeath] = field(default_factory=list)
+    cpu_seconds: float | None = None
 
     @property
     def dropped_total(self) -> int:
@@ -144,6 +149,7 @@ class NodeReport:
         firsts: list[float] = []
         lasts: list[float] = []
         latencies: list[float] = []
+        cpu: list[float | None] = []
         for key, stats in replicas.items():
             report.processed += stats.get("processed", 0)
             report.emitted += stats.get("emitted", 0)
@@ -171,6 +177,7 @@ class NodeReport:
                 firsts.append(stats["first"])
                 lasts.append(stats["last"])
             latencies += stats.get("join_latencies") or []
+            cpu.append(stats.get("cpu_seconds"))
             for parent, lag in (stats.get("watermark_lag_max") or {}).items():
                 most = report.watermark_lag_max_ms
                 most[parent] = max(most.get(parent, 0.0), lag * 1000.0)
@@ -188,6 +195,9 @@ class NodeReport:
                         payload.get("share_bytes") or 0)
         if starts and ends:
             report.seconds = max(0.0, max(ends) - min(starts))
+        known = [float(seconds) for seconds in cpu if seconds is not None]
+        if cpu and len(known) == len(cpu):  # one process unknown: the sum is too
+            report.cpu_seconds = sum(known)
         count = report.emitted if kind == "producer" else report.processed
         report.throughput = _rate(count, firsts, lasts)
         p50, p99 = percentile(latencies, 50), percentile(latencies, 99)

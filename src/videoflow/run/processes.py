@@ -510,6 +510,15 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
             # every descendant of a run that could still be resumed.
             pass
 
+    cpu_from: float | None = None  # the process's CPU time once its task could start
+
+    def then_count_cpu(wait: Callable[[], Any]) -> Callable[[], None]:
+        def start() -> None:
+            nonlocal cpu_from
+            wait()
+            cpu_from = time.process_time()
+        return start
+
     def progress(task: Task) -> None:
         nonlocal started, stdout
         started = True
@@ -519,6 +528,10 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
         if task.stats.ended is not None:
             snapshot = observed_snapshot(task)[0] if job.observe else task.stats.snapshot()
             snapshot["join_latencies"] = list(task.stats.join_latencies)
+            # All its threads (the broker client's loop included), from its start gate
+            # to its end: what running the node cost this process, its startup not.
+            snapshot["cpu_seconds"] = (None if cpu_from is None
+                                       else time.process_time() - cpu_from)
             report("final", snapshot)
             return
         # One read of the broker serves the view and the metrics: per durable, so that
@@ -530,12 +543,13 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
         if job.spec.kind == "producer":
             run_replica(job, node, progress=progress, sigint_quiesces=False,
                         quiesce_signal=QUIESCE_SIGNAL,
-                        before_start=None if gate is None else
-                        (lambda: gate.wait(START_GATE_SECONDS)))
+                        before_start=then_count_cpu(
+                            (lambda: None) if gate is None else
+                            (lambda: gate.wait(START_GATE_SECONDS))))
         else:
             run_replica(job, node, progress=progress, sigint_quiesces=False,
                         quiesce_signal=QUIESCE_SIGNAL,
-                        before_start=lambda: report("bound", None))
+                        before_start=then_count_cpu(lambda: report("bound", None)))
     except Exception as error:
         if not started:
             report("error", f"{type(error).__name__}: {error}")
