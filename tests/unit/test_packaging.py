@@ -429,13 +429,15 @@ def test_install_hints_name_what_videoflow_depends_on_never_videoflow_by_name() 
     metadata = importlib.metadata.metadata("videoflow")
     extras = set(metadata.get_all("Provides-Extra") or [])
     # What a user's install can need: the dependencies and the user-facing extras (not
-    # dev's test and build tools), and the OpenTelemetry SDK a tracing setup function
-    # installs its provider from (README, Tracing).
+    # dev's test and build tools; testing's pytest-benchmark is for the plugin's flow
+    # benchmarks), and the OpenTelemetry SDK a tracing setup function installs its
+    # provider from (README, Tracing).
     depended_on = {_distribution_name(r) for r in importlib.metadata.requires("videoflow") or []
                    if 'extra == "dev"' not in r} | {"opentelemetry-sdk"}
-    assert "pytest" not in depended_on
-    assert {"metrics", "tracing", "nkeys", "ros"} <= extras, extras
-    assert {"prometheus-client", "nkeys", "rosbags", "pillow"} <= depended_on, depended_on
+    assert "mypy" not in depended_on
+    assert {"metrics", "tracing", "nkeys", "ros", "testing"} <= extras, extras
+    assert {"prometheus-client", "nkeys", "rosbags", "pillow",
+            "pytest-benchmark"} <= depended_on, depended_on
 
     wrong: list[str] = []
     sources = sorted((REPO_ROOT / "src" / "videoflow").rglob("*.py"))

@@ -14,7 +14,7 @@ from mypy import api
 from readme_blocks import python_blocks
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((REPO / "examples").glob("*.py"))
+EXAMPLES = sorted((REPO / "examples").rglob("*.py"))  # examples/<name>/ too
 
 SLIPS = '''\
 from videoflow import Flow, ProducerNode
