@@ -7,6 +7,9 @@ Every ```python block is run by a test, so the README cannot rot:
   shows;
 - ``tracing_setup.py`` is made the replicas' tracing setup, as the README then uses
   it (tests/unit/test_readme_blocks.py);
+- a test file (``test_*.py``) runs under pytest: in tests/unit/test_readme_blocks.py,
+  or in tests/e2e/test_pytest_plugin.py when it uses the pytest plugin's broker
+  (its videoflow_server, videoflow_run or videoflow_benchmark fixture);
 - every other block is executed (the same test module).
 
 And mypy --strict reads them all (tests/unit/test_strict_typing.py).
@@ -28,6 +31,9 @@ GIVEN = {
 }
 """What a fragment takes from the text around it, by name: the node the README's
 SubjectSink line wires to is the join it has been describing."""
+
+BROKER_FIXTURES = ("videoflow_server", "videoflow_run", "videoflow_benchmark")
+"""The pytest plugin's fixtures that start its session's nats-server."""
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _REPORT = re.compile(r"^run \S+ of flow ")
@@ -53,6 +59,11 @@ class Block:
     @property
     def is_script(self) -> bool:
         return 'if __name__ == "__main__":' in self.code
+
+    @property
+    def needs_broker(self) -> bool:
+        """It asks for a fixture of the pytest plugin that starts a nats-server."""
+        return any(name in self.code for name in BROKER_FIXTURES)
 
     @property
     def file_name(self) -> str | None:

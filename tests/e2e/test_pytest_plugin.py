@@ -1,7 +1,8 @@
 """videoflow's pytest plugin as a user gets it: a fresh test directory (pytest's
 pytester), pytest run in a process of its own, which loads the plugin by its pytest11
-entry point. Its fixtures run a flow on a session's embedded nats-server, tear that
-server down whatever ended the session, and benchmark a flow, so that
+entry point. Its fixtures run a flow on a session's embedded nats-server (and
+simulate it in one process), tear that server down whatever ended the session, and
+benchmark a flow, so that
 --benchmark-compare-fail catches a flow made slower; and the example under
 examples/benchmark_my_flow passes, timed and with timing off."""
 
@@ -15,11 +16,17 @@ from pathlib import Path
 
 import pytest
 
+from readme_blocks import Block, python_blocks
+
 pytest_plugins = ["pytester"]
 
 pytestmark = pytest.mark.timeout(180)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "benchmark_my_flow"
+
+README_TESTS = [b for b in python_blocks()
+                if (b.file_name or "").startswith("test_") and b.needs_broker]
+"""The README's test files that use the plugin's broker."""
 
 TINY_FLOW = '''
 from __future__ import annotations
@@ -93,11 +100,17 @@ def test_a_fresh_test_directory_runs_a_flow_on_the_sessions_server(
             (url, first_run), = SEEN
             assert url == videoflow_server.url
             assert first_run.startswith("test_the_flow_completes-1-")
-            assert report.run_id.startswith("test_a_second_test_meets-1-")
+            assert report.run_id.startswith("test_a_second_test_meets_the_same_server-1-")
+
+        def test_the_same_flow_simulated_in_this_process(videoflow_simulate, tmp_path):
+            result = videoflow_simulate(numbers(tmp_path, 3))
+
+            assert result.report.nodes["keep"].processed == 3
+            assert kept_numbers(tmp_path) == [1, 2, 3]
     ''')
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
 
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
 
 
 def test_the_sessions_server_is_stopped_after_a_failure_and_a_ctrl_c(
@@ -222,3 +235,19 @@ def test_the_examples_test_runs_its_flow_once_with_timing_off(
     result.assert_outcomes(passed=1)
     saved = example.path / "untimed.json"  # nothing timed, nothing recorded
     assert not saved.exists() or json.loads(saved.read_text())["benchmarks"] == []
+
+
+def test_the_readme_shows_a_test_file_of_each_of_the_plugins_broker_fixtures() -> None:
+    assert [b.file_name for b in README_TESTS] == ["test_squares.py", "test_speed.py"]
+
+
+@pytest.mark.parametrize("block", README_TESTS, ids=[b.id for b in README_TESTS])
+def test_each_readme_test_file_on_the_plugins_broker_passes(
+        pytester: pytest.Pytester, block: Block) -> None:
+    assert block.file_name is not None
+    (pytester.path / block.file_name).write_text(block.source, encoding="utf-8")
+
+    # As CI runs benchmarks: timing off, each flow run once and checked.
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--benchmark-disable")
+
+    result.assert_outcomes(passed=block.source.count("\ndef test_"))

@@ -19,6 +19,8 @@ TRACING = "tracing_setup.py"
 TEST_FILES = [b for b in BLOCKS if (b.file_name or "").startswith("test_")]
 SNIPPETS = [b for b in BLOCKS
             if not b.is_script and b.file_name != TRACING and b not in TEST_FILES]
+# Those on the pytest plugin's broker run in tests/e2e/test_pytest_plugin.py.
+TEST_FILES = [b for b in TEST_FILES if not b.needs_broker]
 
 
 def test_every_python_fence_of_the_readme_is_read_as_a_block() -> None:

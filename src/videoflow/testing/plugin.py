@@ -17,7 +17,8 @@ Fixtures:
   process, and returns its RunReport (videoflow.testing.runner.FlowRunner); each run
   gets a run id of its own, named for the test, so the runs of a session never share
   a stream.
-- ``videoflow_simulate``: the in-process runner, videoflow.testing.simulate.simulate.
+- ``videoflow_simulate``: the in-process runner, videoflow.testing.simulate: the flow
+  on the memory adapter and simulated time, from scripted inputs.
 - ``videoflow_benchmark``: times runs of a flow under pytest-benchmark and records
   what its nodes did beside the time (videoflow.testing.bench.FlowBenchmark); fails
   at once, naming it, without pytest-benchmark.
@@ -32,7 +33,7 @@ Usage::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from videoflow.broker.server import EmbeddedServer
     from videoflow.testing.bench import FlowBenchmark
     from videoflow.testing.runner import FlowRunner
+    from videoflow.testing.script import SimulationResult
 
 
 @pytest.fixture(scope="session")
@@ -72,12 +74,11 @@ def videoflow_run(videoflow_server: EmbeddedServer,
 
 
 @pytest.fixture
-def videoflow_simulate() -> Callable[..., Any]:
-    """The in-process runner: videoflow.testing.simulate.simulate."""
-    import importlib
+def videoflow_simulate() -> Callable[..., SimulationResult]:
+    """The in-process runner: ``videoflow_simulate(flow, inputs, **options)`` is
+    videoflow.testing.simulate (videoflow.testing.simulation)."""
+    from videoflow.testing.simulation import simulate
 
-    simulate: Callable[..., Any] = importlib.import_module(
-        "videoflow.testing.simulate").simulate
     return simulate
 
 

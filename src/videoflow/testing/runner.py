@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from videoflow.core.report import RunReport
     from videoflow.flow import Flow
 
-LABEL_CHARACTERS = 24
+LABEL_CHARACTERS = 40
 """How much of the label a run id keeps (the rest of the id keeps it unique)."""
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
