@@ -201,6 +201,7 @@ def test_compare_fail_catches_a_flow_made_slower_and_passes_it_as_fast_as_before
 @pytest.fixture
 def example(pytester: pytest.Pytester) -> pytest.Pytester:
     """A fresh directory holding the example's files."""
+    assert (EXAMPLE / "test_my_flow.py").is_file()
     for path in EXAMPLE.glob("*.py"):
         shutil.copy(path, pytester.path / path.name)
     return pytester

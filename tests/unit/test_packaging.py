@@ -228,12 +228,16 @@ def test_sdist_ships_the_tests_the_files_they_read_and_the_license(dists: Dists)
         f"sdist lacks tests: {sorted(in_tree - shipped_tests)[:10]}")
     assert not [n for n in shipped_tests if n.endswith((".pyc", ".pyo"))]
     # What the tests read beside themselves travels with them, so they pass from the
-    # unpacked sdist: the wire page (test_wire_foreign_writer.py), and CI's script and
-    # workflows (the trusted-publishing and CI-script tests below).
+    # unpacked sdist: the wire page (test_wire_foreign_writer.py), CI's script and
+    # workflows (the trusted-publishing and CI-script tests below), and the examples
+    # (run by test_pytest_plugin.py, type-checked by test_strict_typing.py).
     read_by_tests = {"docs/WIRE.md", ".ci/run"} | {
         path.relative_to(REPO_ROOT).as_posix()
-        for path in (REPO_ROOT / ".github" / "workflows").glob("*.yml")
+        for path in [*(REPO_ROOT / ".github" / "workflows").glob("*.yml"),
+                     *(REPO_ROOT / "examples").rglob("*.py")]
+        if "__pycache__" not in path.parts
     }
+    assert "examples/benchmark_my_flow/test_my_flow.py" in read_by_tests
     assert ".github/workflows/wheels.yml" in read_by_tests
     assert read_by_tests <= names, (
         f"sdist lacks files the tests read: {sorted(read_by_tests - names)}")
