@@ -74,6 +74,15 @@ def kept_numbers(folder: Path) -> list[int]:
 """The flow module of the generated tests: numbers -> keep, two processes."""
 
 
+@pytest.fixture(autouse=True)
+def _not_an_xdist_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pytest each test starts is a user's own, not a worker of this session's
+    pytest-xdist: pytest-benchmark reads PYTEST_XDIST_WORKER from the environment and,
+    finding it, times nothing."""
+    for name in [n for n in os.environ if n.startswith("PYTEST_XDIST_")]:
+        monkeypatch.delenv(name)
+
+
 def test_a_fresh_test_directory_runs_a_flow_on_the_sessions_server(
         pytester: pytest.Pytester) -> None:
     pytester.makepyfile(tiny_flow=TINY_FLOW)
@@ -166,10 +175,12 @@ def test_compare_fail_catches_a_flow_made_slower_and_passes_it_as_fast_as_before
             assert report.nodes["keep"].processed == 4
     ''')
     storage = f"--benchmark-storage=file://{pytester.path / 'benchmarks'}"
-    # A regression is a best time more than 3x the saved one's: the fast flow's runs
-    # (1-3 s: process startup, on a loaded 2-core machine) never get there again, the
-    # slow one's (8 s of the sink's sleeps on top) always do.
-    compare = ["--benchmark-compare=0001", "--benchmark-compare-fail=min:200%"]
+    # A regression is a best time 6 s over the saved one's. The fast flow's runs are
+    # its processes' startup, 1.1 s on an idle 2-core machine and up to 5 s under the
+    # load of the suite beside it, so a ratio of two of them says how loaded the
+    # machine was; their difference stays under 3 s (of the best of two runs). The
+    # slow one's sink sleeps 12 s on top, so it is at least 8 s over.
+    compare = ["--benchmark-compare=0001", "--benchmark-compare-fail=min:6"]
     monkeypatch.setenv("TINY_PACE", "0")
     monkeypatch.setenv("TINY_ROUNDS", "2")
 
@@ -177,7 +188,7 @@ def test_compare_fail_catches_a_flow_made_slower_and_passes_it_as_fast_as_before
                                           "--benchmark-save=fast")
 
     saved.assert_outcomes(passed=1)
-    monkeypatch.setenv("TINY_PACE", "2.0")
+    monkeypatch.setenv("TINY_PACE", "3.0")
     monkeypatch.setenv("TINY_ROUNDS", "1")
 
     slower = pytester.runpytest_subprocess("-p", "no:cacheprovider", storage, *compare)
