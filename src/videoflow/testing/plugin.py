@@ -5,7 +5,10 @@ pytest session of that environment); ``pytest -p no:videoflow`` disables it, as 
 ``addopts = "-p no:videoflow"`` in a project's pytest configuration. It costs nothing
 until a test asks for one of its fixtures: this module imports pytest and nothing of
 videoflow's, and no fixture is autouse; each imports what it needs when it is first
-set up.
+set up. One thing pytest does of its own for every package with a plugin: the asserts
+of videoflow's modules, imported in a test session, are rewritten as a test's are
+(they check the same, and say more when they fail; ``-p no:videoflow`` does not stop
+it, ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1`` does).
 
 Fixtures:
 
