@@ -245,3 +245,22 @@ def test_simulate_node_refuses_a_producer_and_a_wired_node(tmp_path: Path) -> No
     wired = fusion(tmp_path).consumers[0]
     with pytest.raises(ValueError, match="already wired"):
         simulate_node(wired, {"x": frames(1)})
+
+
+class Flaky(ProcessorNode):
+    def process(self, value: Any) -> Any:
+        raise RuntimeError("the model server is down")
+
+
+def test_a_run_that_would_go_on_for_ever_is_stopped_at_the_limit_and_says_so() -> None:
+    # Every attempt fails, and the policy retries a million times, a second apart.
+    flaky = Flaky(name="flaky", delivery={
+        "max_retries": 1_000_000, "backoff": {"base_ms": 1000.0, "factor": 1.0,
+                                             "max_ms": 1000.0}})
+    result = simulate_node(flaky, {"numbers": [Input(1)]}, ack_wait=5.0)
+
+    report = result.report
+    assert report is not None and report.outcome == "stopped"
+    assert report.stopped_by is not None and "limit" in report.stopped_by
+    assert 50.0 <= result.seconds <= 50.0 + 60.0  # the limit, then its wind-down
+    assert result.messages("flaky") == [] and result.dead_letters == []

@@ -64,6 +64,10 @@ MAX_PAYLOAD = 1 << 30
 WIND_DOWN_SECONDS = 60.0
 """Simulated seconds a run stopped at ``until`` has to wind down before what is left
 is ended where it stands."""
+LIMIT_ACK_WAITS = 10
+"""Without an until, a run that has not ended ack_wait times this many simulated
+seconds after its last scripted input is stopped there (a join told to wait for ever
+for a frame never sent, say): a test that would hang fails with a report instead."""
 
 Inputs = Mapping[str, Iterable["Input | Silent"]]
 
@@ -80,7 +84,8 @@ def simulate(flow: Any, inputs: Inputs | None = None, *, crashes: Sequence[Crash
             next().
         crashes: node replicas that die while processing a group (Crash).
         until: simulated seconds after which the run is stopped (its nodes quiesce,
-            as on Ctrl-C); None runs it to its end. A flow with a Silent producer
+            as on Ctrl-C); None runs it to its end, or stops it LIMIT_ACK_WAITS
+            ack_waits after its last scripted input. A flow with a Silent producer
             never ends by itself: it needs one.
         ack_wait: seconds a delivery stays leased before it is delivered again.
         max_retries / eos_quiescence_ms: as Flow.run.
@@ -110,8 +115,13 @@ def simulate(flow: Any, inputs: Inputs | None = None, *, crashes: Sequence[Crash
                     if spec.kind == "producer" and spec.name in scripts and replica:
                         continue  # a script is one producer's stream, played once
                     run.start(spec, replica, items)
-            scheduler.run(until)
-            if until is not None and run.live():
+            limit, run.stopped_by = until, "until"
+            if until is None:
+                limit = _last_input(scripts, time.epoch_at_zero) + LIMIT_ACK_WAITS * ack_wait
+                run.stopped_by = (f"the simulation's limit: not ended {limit:.0f} s in, "
+                                  f"{LIMIT_ACK_WAITS} ack_waits after its last input")
+            scheduler.run(limit)
+            if run.live():
                 run.stopping = True
                 for replica_run in run.replicas:
                     replica_run.stop()
@@ -167,6 +177,18 @@ class _Discard(ConsumerNode):
 
     def consume(self, *inputs: Any) -> None:
         pass
+
+
+def _last_input(scripts: Mapping[str, list[Input | Silent]], epoch_at_zero: float) -> float:
+    """When the last scripted input is sent, in simulated seconds (0 for none)."""
+    last = 0.0
+    for items in scripts.values():
+        for item in items:
+            if item.at is not None:
+                last = max(last, item.at)
+            elif isinstance(item, Input) and item.event_ts is not None:
+                last = max(last, item.event_ts - epoch_at_zero)
+    return last
 
 
 def _checked(compiled: CompiledFlow, inputs: Inputs, crashes: Sequence[Crash],
@@ -362,6 +384,7 @@ class _Run:
         self.groups: dict[str, list[Group]] = {}
         self.deaths: dict[str, list[ProcessDeath]] = {}
         self.stopping = False
+        self.stopped_by = "until"
         self._provision()
 
     def _backend(self) -> MemoryMessagingBackend:
@@ -479,7 +502,7 @@ class _Run:
         report = RunReport(compiled.flow_id, RUN_ID, compiled.flow_type,
                            "memory://simulation", seconds=self.scheduler.time.now)
         if self.stopping:
-            report.outcome, report.stopped_by = "stopped", "until"
+            report.outcome, report.stopped_by = "stopped", self.stopped_by
         for spec in compiled.specs:
             finals: dict[str, dict[str, Any]] = {}
             for replica_run in self.replicas:
