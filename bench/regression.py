@@ -23,10 +23,12 @@ What a case is, in a pytest-benchmark JSON file (``--benchmark-json``):
   ending in ``/s``) is better higher, a time (``s``, ``ms``, ``us``, ``ns``) lower,
   and with no unit a figure named ``..._per_s`` is a rate; anything else is an
   error. The case is named for the group (and any other parameters, in brackets).
-- paired: one benchmark whose extra_info holds a list of figures under ``videoflow``
-  and one under ``peer``, round i of each run next to each other
-  (bench/test_bench_io.py). The ratio is the median of the rounds' ratios; the
-  figures are rates. The case is named for the group.
+- lists: one benchmark whose extra_info holds a list of figures, one a round, under
+  ``videoflow`` and under ``peer`` (bench/test_bench_io.py, whose rounds alternate the
+  two sides). The figures are rates; the ratio is of each side's best round, as for
+  sides: steadier there than the median of the rounds' ratios (over 8 runs, 0.69 to
+  0.87 but for one 1.18, where the median of the rounds' ratios went from 0.57 to
+  1.03). The case is named for the group.
 
 Given several runs, a case's ratio is the median of its ratios in each run. A case of
 the baseline that a run lacks is a failure, as is one whose figure changed (another
@@ -55,8 +57,13 @@ from pathlib import Path
 from typing import Any
 
 BASELINE = Path(__file__).resolve().with_name("baseline.json")
-DEFAULT_THRESHOLD = 0.25
-"""Worse than the baseline by more than this share fails (see bench/baseline.json)."""
+DEFAULT_THRESHOLD = 0.5
+"""Worse than the baseline by more than this share fails, unless the baseline says
+otherwise, for all its cases or for one. 50 %: over 15 runs of the suites on a 2-core
+host with other work on it, the median of 3 runs of four of the eight cases was at
+worst 19 % to 40 % worse than the baseline, and its 90th percentile 8 % to 17 %. A
+case of another spread has its own threshold in bench/baseline.json (its "about" says
+how each was chosen)."""
 
 SUBJECT, PEER = "videoflow", "peer"
 RATE_SUFFIX = "/s"
@@ -98,7 +105,7 @@ class Combined:
 
     Attributes:
         ratios: per run, in the order of the files; None for a run that lacks it.
-        problems: why a run that holds the case's benchmarks gave no ratio.
+        problems: why a run gave no ratio (not in its file, one side only, ...).
     """
 
     case: str
@@ -225,18 +232,19 @@ def sides_case(case: str, subject: dict[str, Any], peer: dict[str, Any]) -> Meas
     return Measured(case, mine / theirs, direction_of(unit, key), shown)
 
 
-def paired_case(group: str, extra: dict[str, Any]) -> Measured:
-    """A case of the paired kind: the median of its rounds' videoflow / peer ratios.
+def lists_case(group: str, extra: dict[str, Any]) -> Measured:
+    """A case of the lists kind: each side's best round, videoflow's over the peer's.
 
     Raises:
-        ValueError: no round where both sides measured a positive figure.
+        ValueError: a side with no positive figure.
     """
-    pairs = [a / b for a, b in zip(extra[SUBJECT], extra[PEER], strict=False)
-             if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0 < b]
-    if not pairs:
-        raise ValueError(f"no round with both sides measured: {extra[SUBJECT]!r} "
-                         f"against {extra[PEER]!r}")
-    return Measured(group, statistics.median(pairs), False, "rate per round (median of pairs)")
+    best = []
+    for side in (SUBJECT, PEER):
+        values = [v for v in extra[side] if _positive(v)]
+        if not values:
+            raise ValueError(f"no round of the '{side}' side measured a rate: {extra[side]!r}")
+        best.append(max(values))
+    return Measured(group, best[0] / best[1], False, "rate, best round")
 
 
 def case_name(group: str, params: dict[str, Any]) -> str:
@@ -276,7 +284,7 @@ def cases_of(run: dict[str, Any], source: str) -> tuple[dict[str, Measured], dic
             sides[name][params["side"]] = extra
         elif isinstance(extra.get(SUBJECT), list) and isinstance(extra.get(PEER), list):
             try:
-                cases[group] = paired_case(group, extra)
+                cases[group] = lists_case(group, extra)
             except ValueError as error:
                 problems[group] = str(error)
     for name, found in sides.items():
@@ -392,10 +400,12 @@ def compare(baseline: dict[str, Any], measured: dict[str, Combined],
                                     f"over the threshold of {percent(limit)}", kept["ratio"],
                                     got.ratio, worse))
         else:
-            detail = (f"worse by {percent(worse - 1)}" if worse > 1
-                      else f"better by {percent(1 / worse - 1)}" if worse < 1 else "unchanged")
+            detail = (f"worse by {percent(worse - 1)}" if worse >= 1.005
+                      else f"better by {percent(1 / worse - 1)}" if worse <= 1 / 1.005
+                      else "unchanged")
+            detail += f" (threshold {percent(limit)})"
             if worse < 1 / (1 + limit):
-                detail += ": past the threshold, a baseline to refresh?"
+                detail += ", better past it: a baseline to refresh?"
             verdicts.append(Verdict(case, "ok", detail, kept["ratio"], got.ratio, worse))
     for case, got in measured.items():
         if case not in kept_cases:
@@ -573,8 +583,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {args.baseline}: {len(written['cases'])} case(s), threshold "
                   f"{percent(written['threshold'])}")
             for name, entry in written["cases"].items():
+                worst = max(worse_by(entry["ratio"], r, entry["lower_is_better"])
+                            for r in entry["runs"])
                 print(f"  {name:<26}{entry['ratio']:>8.3f}  {better(entry['lower_is_better'])}"
-                      f", runs {entry['runs']}")
+                      f", runs {entry['runs']}; the worst run worse by {percent(worst - 1)}")
             return 0
         baseline = check_baseline(load_json(args.baseline, "baseline"), args.baseline)
     except BenchFileError as error:
