@@ -229,9 +229,11 @@ def test_sdist_ships_the_tests_the_files_they_read_and_the_license(dists: Dists)
     assert not [n for n in shipped_tests if n.endswith((".pyc", ".pyo"))]
     # What the tests read beside themselves travels with them, so they pass from the
     # unpacked sdist: the wire page (test_wire_foreign_writer.py), CI's script and
-    # workflows (the trusted-publishing and CI-script tests below), and the examples
-    # (run by test_pytest_plugin.py, type-checked by test_strict_typing.py).
-    read_by_tests = {"docs/WIRE.md", ".ci/run"} | {
+    # workflows (the trusted-publishing and CI-script tests below), the examples
+    # (run by test_pytest_plugin.py, type-checked by test_strict_typing.py), and the
+    # benchmarks' regression check with its baseline (test_bench_regression.py).
+    read_by_tests = {"docs/WIRE.md", ".ci/run", "bench/regression.py",
+                     "bench/baseline.json"} | {
         path.relative_to(REPO_ROOT).as_posix()
         for path in [*(REPO_ROOT / ".github" / "workflows").glob("*.yml"),
                      *(REPO_ROOT / "examples").rglob("*.py")]
