@@ -16,8 +16,8 @@ import pytest
 SOURCE = Path(__file__).resolve().parents[2] / "src" / "videoflow"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("ground", ("videoflow.errors", "videoflow.native", "videoflow.core.constants",
-                "videoflow.logs", "videoflow.clock")),
+    ("ground", ("videoflow.errors", "videoflow.observation", "videoflow.native",
+                "videoflow.core.constants", "videoflow.logs", "videoflow.clock")),
     ("broker", ("videoflow.broker",)),
     ("wire", ("videoflow.wire",)),
     ("core", ("videoflow.core",)),

@@ -6,7 +6,8 @@ it hands out, and publication outcomes. It knows nothing about joining inputs,
 dead-letter policy, payload bytes or end-of-stream drains — those stay in the
 messenger, which composes a backend with a payload store.
 
-The values it trades in live in ``messaging_types`` and are re-exported here, so
+The values it trades in live in ``messaging_types`` (and ``Known`` / ``Unknown`` in
+``videoflow.observation``) and are re-exported here, so
 ``from videoflow.backends.messaging import Known, Unknown, ProfileRequest`` is the one
 import path callers use. Every method is synchronous: an adapter that needs an event
 loop runs its own (``loop``). Deadlines are absolute ``time.monotonic()`` values.
@@ -31,7 +32,6 @@ from videoflow.backends.messaging_types import (
     RELIABLE_WORK,
     REPLAY_ARCHIVE,
     STREAM_PROFILES,
-    UNKNOWN_REASONS,
     Accepted,
     ChannelId,
     ChannelObservation,
@@ -43,11 +43,9 @@ from videoflow.backends.messaging_types import (
     Envelope,
     EnvelopeKind,
     Kind,
-    Known,
     LeaseObservation,
     LeaseState,
     MessagingCapabilities,
-    Observation,
     ProfileRequest,
     PublicationUnknown,
     PublicationUnresolvable,
@@ -63,12 +61,11 @@ from videoflow.backends.messaging_types import (
     SubscriptionObservation,
     SubscriptionSpec,
     Terminal,
-    Unknown,
-    UnknownReason,
     VerifiedChannel,
     VerifiedSubscription,
 )
 from videoflow.errors import BrokerUnavailable, IncompatibleProfile, UnobservableState
+from videoflow.observation import UNKNOWN_REASONS, Known, Observation, Unknown, UnknownReason
 
 __all__ = [
     "DURABLE_CONTROL",

@@ -8,9 +8,9 @@ from ``videoflow.backends.messaging``, which re-exports this module beside the
 abstract ``MessagingBackend``.
 
 Outcomes and observations are closed unions of distinct types, never flags or
-sentinels: callers match on the type (``isinstance`` or ``match``). In particular
-``Known(0)`` and ``Unknown(...)`` are different types, and neither may be
-truth-tested, so "zero pending" can never be confused with "could not read" (MSG-012).
+sentinels: callers match on the type (``isinstance`` or ``match``). An observation is
+``Known(value)`` or ``Unknown(reason)`` (videoflow.observation, on the ground floor so
+the broker floor can answer in them; re-exported by ``videoflow.backends.messaging``).
 
 Over ~700 lines, as one module: it is the contract's vocabulary, about forty small
 types each with its validation and docstring, read together with
@@ -23,7 +23,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final, Generic, Literal, TypeAlias, TypeVar
+from typing import Final, Literal, TypeAlias
+
+from videoflow.observation import Known, Unknown
 
 DUPLICATE_WINDOW_SECONDS: Final = 120.0
 """How long the broker remembers a Nats-Msg-Id for publish deduplication."""
@@ -32,8 +34,6 @@ DLQ_RETENTION_SECONDS: Final = 7 * 24 * 3600
 """How long dead letters are retained (STREAM-8): the forensic and replay horizon a dead
 letter's payload obligation must cover too (BLOB-14 step 3)."""
 
-
-T = TypeVar("T")
 
 # ---------------------------------------------------------------------------- profiles
 
@@ -69,17 +69,6 @@ ENVELOPE_KINDS: frozenset[str] = KINDS | {"dlq"}
 """What an envelope can be published as: a channel's data or end-of-stream marker, or
 a dead letter ('dlq') of the channel's node, bound for the flow's dead-letter stream
 (STREAM-8). Nobody subscribes to a node's dead letters, so SubscriptionId keeps KINDS."""
-
-UnknownReason = Literal["missing", "timeout", "auth", "unreachable", "api", "malformed", "unread"]
-UNKNOWN_REASONS: frozenset[str] = frozenset(
-    {"missing", "timeout", "auth", "unreachable", "api", "malformed", "unread"}
-)
-"""Why an observation is Unknown: missing (the thing does not exist — a definite
-observation, kept apart from the rest), timeout (the server is there and slow), auth
-(credentials or permissions refused), unreachable (no server answered), api (the
-server answered with an error), malformed (an answer that could not be interpreted),
-unread (nothing has been read yet)."""
-
 
 def _require_text(owner: str, name: str, value: object) -> None:
     if not isinstance(value, str) or not value:
@@ -555,48 +544,7 @@ class SettleStale:
 SettleResult: TypeAlias = SettleConfirmed | SettleUnknown | SettleStale
 
 # ----------------------------------------------------------------------- observations
-
-
-class _NotTruthTestable:
-    """Mixin: refuse ``bool()`` so ``if observation:`` cannot stand in for a type match.
-
-    Known(0) would be falsy and Unknown truthy (or the reverse) under any convention,
-    and either way a zero and an unread value would take the same branch (MSG-012).
-    """
-
-    __slots__ = ()
-
-    def __bool__(self) -> bool:
-        raise TypeError(
-            f"{type(self).__name__} is not truth-testable: match on Known / Unknown"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Known(_NotTruthTestable, Generic[T]):
-    """A value read from the broker. Known(0) means zero was observed."""
-
-    value: T
-
-
-@dataclass(frozen=True, slots=True)
-class Unknown(_NotTruthTestable):
-    """Nothing could be observed, and why (one of UNKNOWN_REASONS)."""
-
-    reason: UnknownReason
-    detail: str = ""
-
-    def __post_init__(self) -> None:
-        if self.reason not in UNKNOWN_REASONS:
-            raise ValueError(
-                f"Unknown.reason must be one of {sorted(UNKNOWN_REASONS)}, got {self.reason!r}"
-            )
-        if not isinstance(self.detail, str):
-            raise ValueError(f"Unknown.detail must be a string, got {self.detail!r}")
-
-
-Observation: TypeAlias = Known[T] | Unknown
-"""``Observation[int]`` is ``Known[int] | Unknown``."""
+# Known and Unknown themselves live on the ground floor (videoflow.observation).
 
 LeaseState = Literal["extended", "stale", "unknown"]
 

@@ -1,17 +1,87 @@
-"""What went wrong with a request to the broker, in the vocabulary of Unknown: auth,
-unreachable, timeout, malformed or api (observation_failure)."""
+"""What went wrong with a request to the broker: the JetStream API error codes videoflow
+tells apart (JSErrorCode), and a failure in the vocabulary of Unknown: missing, auth,
+unreachable, timeout, malformed or api (unknown_from, observation_failure).
+
+The one place in the package a JetStream error code is written as a number, as
+nats.py keeps its codes in js/errors.py: everything else names a JSErrorCode member."""
 
 from __future__ import annotations
 
 import asyncio
 import ssl
 from collections.abc import Sequence
+from enum import IntEnum
 from typing import Any, Final
 
 import nats.errors
 import nats.js.errors
 
 from videoflow.errors import TLSRefused
+from videoflow.observation import Unknown, UnknownReason
+
+
+class JSErrorCode(IntEnum):
+    """A JetStream API error's err_code (nats.js.errors.APIError.err_code), as the
+    server's errors.json numbers it; the server's own name beside each. An IntEnum, so
+    a member compares equal to the plain int nats-py hands back."""
+
+    CONSUMER_NOT_FOUND = 10014
+    """JSConsumerNotFoundErr (404): the durable does not exist (NATS_FACTS §7)."""
+    MESSAGE_NOT_FOUND = 10037
+    """JSNoMessageFoundErr (404): STREAM.MSG.GET / MSG.DELETE for a sequence the stream
+    does not hold."""
+    MESSAGE_TOO_LARGE = 10054
+    """JSStreamMessageExceedsMaximumErr (400): a message over max_msg_size, headers
+    counted (NATS_FACTS S9); waiting never helps."""
+    MESSAGE_DELETE_FAILED = 10057
+    """JSStreamMsgDeleteFailedF (500): STREAM.MSG.DELETE failed; 'no message found'
+    when the sequence is already gone."""
+    STREAM_NAME_IN_USE = 10058
+    """JSStreamNameExistErr (400): add_stream for a name already in use with a different
+    configuration."""
+    STREAM_NOT_FOUND = 10059
+    """JSStreamNotFoundErr (404): the stream does not exist (NATS_FACTS §7)."""
+    STREAM_NOT_MATCH = 10060
+    """JSStreamNotMatchErr (400): the publish's expected stream is not the one that
+    captured it (NATS_FACTS §2)."""
+    WRONG_LAST_SEQUENCE = 10071
+    """JSStreamWrongLastSequenceErrF (400): a compare-and-swap (KV update with last=)
+    lost to another writer."""
+    REPLICAS_UNSUPPORTED = 10074
+    """JSStreamReplicasNotSupportedErr (500): replicas > 1 on a standalone server
+    (NATS_FACTS §4)."""
+    STORE_FAILED = 10077
+    """JSStreamStoreFailedF (503): a full DiscardPolicy.NEW stream (NATS_FACTS S8);
+    acknowledgements freeing room can help."""
+    WRONG_LAST_SEQUENCE_CONSTANT = 10164
+    """JSStreamWrongLastSequenceConstantErr (400): WRONG_LAST_SEQUENCE without the
+    sequence in its description."""
+
+
+def not_found(error: BaseException, code: JSErrorCode) -> bool:
+    """Whether error is the broker's 404 with this err_code (a client-side NotFoundError,
+    from a lookup by name, carries none)."""
+    return isinstance(error, nats.js.errors.NotFoundError) and error.err_code == code
+
+
+def unknown_from(error: BaseException, reported: Sequence[str | BaseException] = ()) -> Unknown:
+    """A failed observation of the broker as Unknown: missing for a NotFoundError (a
+    stream or consumer that does not exist, STREAM_NOT_FOUND / CONSUMER_NOT_FOUND),
+    else observation_failure's reason.
+
+    Arguments:
+        error: what the observation raised.
+        reported: what the connection's error_cb saw meanwhile, oldest first
+            (observation_failure).
+
+    Returns:
+        Unknown: its detail the error's description for a missing thing, else
+        observation_failure's detail.
+    """
+    if isinstance(error, nats.js.errors.NotFoundError):
+        return Unknown("missing", f"{error.description or error}")
+    reason, detail = observation_failure(error, reported)
+    return Unknown(reason, detail)
 
 _AUTH_MARKERS: Final = ("authorization violation", "permissions violation",
                         "authentication", "user authentication expired")
@@ -93,7 +163,7 @@ def _text(item: Any) -> str:
 
 def observation_failure(
     error: BaseException, reported: Sequence[str | BaseException] = ()
-) -> tuple[str, str]:
+) -> tuple[UnknownReason, str]:
     """(reason, detail) for a failed observation of the broker, in the Unknown
     vocabulary: auth (credentials refused, or a permissions violation the error callback
     saw while the request timed out), unreachable (no server answered — a refused
@@ -153,5 +223,5 @@ def observation_failure(
     return "api", detail
 
 
-__all__ = ["TLSRefused", "credentials_refused", "describe", "observation_failure",
-           "tls_refusal"]
+__all__ = ["JSErrorCode", "TLSRefused", "credentials_refused", "describe", "not_found",
+           "observation_failure", "tls_refusal", "unknown_from"]

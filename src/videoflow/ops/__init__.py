@@ -21,11 +21,11 @@ instead (RunBrokers).
 
 from __future__ import annotations
 
+from typing import Final
+
+from videoflow.broker.failures import JSErrorCode
 from videoflow.ops.broker_calls import API_PREFIX as API_PREFIX
 from videoflow.ops.broker_calls import DEFAULT_TIMEOUT_SECONDS
-from videoflow.ops.broker_calls import MESSAGE_DELETE_FAILED as MESSAGE_DELETE_FAILED
-from videoflow.ops.broker_calls import MESSAGE_NOT_FOUND as MESSAGE_NOT_FOUND
-from videoflow.ops.broker_calls import STREAM_NOT_FOUND as STREAM_NOT_FOUND
 from videoflow.ops.broker_calls import Count as Count
 from videoflow.ops.buckets import (
     BucketRemoval,
@@ -51,6 +51,12 @@ from videoflow.ops.status import (
     run_status,
     run_status_async,
 )
+
+# The names videoflow.ops has exported these codes under since it was one module;
+# JSErrorCode (videoflow.broker.failures) is their home.
+STREAM_NOT_FOUND: Final = JSErrorCode.STREAM_NOT_FOUND
+MESSAGE_NOT_FOUND: Final = JSErrorCode.MESSAGE_NOT_FOUND
+MESSAGE_DELETE_FAILED: Final = JSErrorCode.MESSAGE_DELETE_FAILED
 
 __all__ = [
     "BucketRemoval",

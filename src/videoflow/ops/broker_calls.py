@@ -1,18 +1,18 @@
 """The plumbing every operator command shares: the connection each one opens, the one
-deadline its requests share, the broker's error codes and how a failure becomes Unknown
-or BrokerUnavailable."""
+deadline its requests share, and how a failure becomes BrokerUnavailable (or Unknown:
+broker.failures.unknown_from, beside the broker's error codes)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar, cast
+from typing import Final, TypeVar
 
 import nats.js.errors
 from nats.aio.client import Client
 
-from videoflow.backends.messaging import Known, Unknown, UnknownReason
-from videoflow.broker.failures import observation_failure
+from videoflow.backends.messaging import Known, Unknown
+from videoflow.broker.failures import JSErrorCode, not_found, observation_failure
 from videoflow.broker.loop import ErrorLog, close_client, connect_fail_fast
 from videoflow.broker.options import connect_options_for
 from videoflow.errors import BrokerUnavailable
@@ -28,16 +28,6 @@ acknowledges nothing) once nothing reads it: the command deletes it when done, a
 command that died leaves it for this long."""
 
 API_PREFIX: Final = "$JS.API"
-
-STREAM_NOT_FOUND: Final = 10059
-"""err_code of a stream that does not exist (NATS_FACTS §7)."""
-
-MESSAGE_NOT_FOUND: Final = 10037
-"""err_code of STREAM.MSG.GET / MSG.DELETE for a sequence the stream does not hold."""
-
-MESSAGE_DELETE_FAILED: Final = 10057
-"""err_code of STREAM.MSG.DELETE that failed; a 500 with 'no message found' when the
-sequence is already gone."""
 
 Count = Known[int] | Unknown
 
@@ -91,13 +81,6 @@ def run_sync(
     return asyncio.run(main())
 
 
-def unknown_from(error: BaseException, errors: ErrorLog | None = None) -> Unknown:
-    if isinstance(error, nats.js.errors.NotFoundError):
-        return Unknown("missing", f"{error.description or error}")
-    reason, detail = observation_failure(error, errors.texts() if errors else ())
-    return Unknown(cast(UnknownReason, reason), detail)
-
-
 def unavailable(
     what: str, error: BaseException, errors: ErrorLog | None = None
 ) -> BrokerUnavailable:
@@ -107,14 +90,10 @@ def unavailable(
                              code=code if isinstance(code, int) else None)
 
 
-def has_err_code(error: BaseException, err_code: int) -> bool:
-    return isinstance(error, nats.js.errors.NotFoundError) and error.err_code == err_code
-
-
 def already_deleted(error: BaseException) -> bool:
-    return has_err_code(error, MESSAGE_NOT_FOUND) or (
+    return not_found(error, JSErrorCode.MESSAGE_NOT_FOUND) or (
         isinstance(error, nats.js.errors.APIError)
-        and error.err_code == MESSAGE_DELETE_FAILED
+        and error.err_code == JSErrorCode.MESSAGE_DELETE_FAILED
         and "no message found" in str(error.description or "").lower()
     )
 

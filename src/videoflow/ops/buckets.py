@@ -18,6 +18,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import StreamInfo
 
+from videoflow.broker.failures import JSErrorCode
 from videoflow.broker.loop import ErrorLog
 from videoflow.core.naming import (
     KIND_DLQ,
@@ -222,7 +223,7 @@ async def _purge_run_records(nc: Client, bucket: str, flow_id: str, run_id: str,
     if not isinstance(answer, dict):
         raise unavailable(f"purging {stream}", ValueError(f"answer {answer!r}"), errors)
     failure = answer.get("error")
-    if isinstance(failure, dict) and failure.get("err_code") == 10059:
+    if isinstance(failure, dict) and failure.get("err_code") == JSErrorCode.STREAM_NOT_FOUND:
         return 0  # no ledger bucket: nothing of the run's to purge
     purged = answer.get("purged", 0)
     if failure is not None or not answer.get("success") or not isinstance(purged, int):

@@ -15,6 +15,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from videoflow.broker.failures import JSErrorCode, not_found
 from videoflow.broker.link import redact_url
 from videoflow.broker.loop import ErrorLog
 from videoflow.core.naming import dlq_stream_name, dlq_subject_filter
@@ -22,11 +23,8 @@ from videoflow.errors import VideoflowError
 from videoflow.messaging.dead_letters import DeadLetter, decode_dead_letter
 from videoflow.ops.broker_calls import (
     DEFAULT_TIMEOUT_SECONDS,
-    MESSAGE_NOT_FOUND,
     READER_IDLE_SECONDS,
-    STREAM_NOT_FOUND,
     Budget,
-    has_err_code,
     run_sync,
     unavailable,
 )
@@ -101,7 +99,7 @@ async def dlq_entries(
     try:
         info = await budget.run(jsm.add_consumer(name, config))
     except Exception as error:
-        if has_err_code(error, STREAM_NOT_FOUND):
+        if not_found(error, JSErrorCode.STREAM_NOT_FOUND):
             raise DeadLetterNotFound(f"flow {flow_id!r} has no dead-letter stream {name}",
                                      flow_id=flow_id) from error
         raise unavailable(f"reading {name}", error, errors) from error
@@ -210,10 +208,10 @@ async def dlq_get(nc: Client, flow_id: str, seq: int, budget: Budget,
     try:
         msg = await budget.run(nc.jsm().get_msg(name, seq=seq))
     except Exception as error:
-        if has_err_code(error, MESSAGE_NOT_FOUND):
+        if not_found(error, JSErrorCode.MESSAGE_NOT_FOUND):
             raise DeadLetterNotFound(f"no dead letter at seq {seq} of {name}",
                                      flow_id=flow_id, seq=seq) from error
-        if has_err_code(error, STREAM_NOT_FOUND):
+        if not_found(error, JSErrorCode.STREAM_NOT_FOUND):
             raise DeadLetterNotFound(f"flow {flow_id!r} has no dead-letter stream {name}",
                                      flow_id=flow_id, seq=seq) from error
         raise unavailable(f"reading seq {seq} of {name}", error, errors) from error

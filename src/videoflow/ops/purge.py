@@ -9,16 +9,15 @@ from collections.abc import Iterable, Sequence
 import nats.js.errors
 from nats.aio.client import Client
 
+from videoflow.broker.failures import JSErrorCode, not_found
 from videoflow.broker.loop import ErrorLog
 from videoflow.core.naming import dlq_stream_name
 from videoflow.errors import BrokerUnavailable
 from videoflow.ops.broker_calls import (
     API_PREFIX,
     DEFAULT_TIMEOUT_SECONDS,
-    STREAM_NOT_FOUND,
     Budget,
     already_deleted,
-    has_err_code,
     run_sync,
     unavailable,
 )
@@ -51,7 +50,7 @@ async def _purge_filter(nc: Client, flow_id: str, subject_filter: str, budget: B
     failure = answer.get("error") if isinstance(answer, dict) else None
     if failure is not None:
         refused = _api_refusal(failure)
-        if refused.err_code == STREAM_NOT_FOUND:
+        if refused.err_code == JSErrorCode.STREAM_NOT_FOUND:
             raise DeadLetterNotFound(f"flow {flow_id!r} has no dead-letter stream {name}",
                                      flow_id=flow_id)
         raise unavailable(f"purging {name}", refused, errors)
@@ -72,7 +71,7 @@ async def _purge_seqs(nc: Client, flow_id: str, seqs: Sequence[int], budget: Bud
         except Exception as error:
             if already_deleted(error):
                 continue  # already gone: nothing to remove
-            if has_err_code(error, STREAM_NOT_FOUND):
+            if not_found(error, JSErrorCode.STREAM_NOT_FOUND):
                 raise DeadLetterNotFound(
                     f"flow {flow_id!r} has no dead-letter stream {name}",
                     flow_id=flow_id) from error

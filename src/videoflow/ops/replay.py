@@ -12,14 +12,12 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
-from videoflow.broker.failures import observation_failure
+from videoflow.broker.failures import JSErrorCode, not_found, observation_failure
 from videoflow.broker.loop import ErrorLog
 from videoflow.core.naming import stream_name_for, subject_for
 from videoflow.ops.broker_calls import (
     DEFAULT_TIMEOUT_SECONDS,
-    STREAM_NOT_FOUND,
     Budget,
-    has_err_code,
     run_sync,
 )
 from videoflow.ops.dead_letters import (
@@ -103,7 +101,7 @@ async def _replay_one(nc: Client, entry: DeadLetterEntry, budget: Budget,
     try:
         await budget.run(js.stream_info(stream))
     except Exception as error:
-        if has_err_code(error, STREAM_NOT_FOUND):
+        if not_found(error, JSErrorCode.STREAM_NOT_FOUND):
             return ReplayResult(entry.seq, "failed", subject, reason=(
                 f"{TORN_DOWN} ({stream} of run {run_id!r} does not exist): "
                 f"{REPLAY_INTO_LIVE_RUN}"))

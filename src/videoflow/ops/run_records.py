@@ -22,6 +22,7 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from videoflow.backends.messaging import Unknown
+from videoflow.broker.failures import unknown_from
 from videoflow.broker.listing import present_keys
 from videoflow.broker.loop import ErrorLog
 from videoflow.core.naming import ledger_bucket, subject_for
@@ -33,7 +34,6 @@ from videoflow.ops.broker_calls import (
     Budget,
     run_sync,
     unavailable,
-    unknown_from,
 )
 
 RUN_RECORD_PREFIX: Final = "=runs."
@@ -205,7 +205,7 @@ def run_record(nats_url: str, flow_id: str, run_id: str, *,
         except (nats.js.errors.BucketNotFoundError, nats.js.errors.KeyNotFoundError):
             return None
         except Exception as error:  # every failure is reported, never inferred
-            return unknown_from(error, errors)
+            return unknown_from(error, errors.texts())
         try:
             return _DECODER.decode(entry.value or b"")
         except msgspec.DecodeError as error:

@@ -19,6 +19,7 @@ from nats.aio.client import Client
 from nats.js.api import StreamInfo
 
 from videoflow.backends.messaging import Known, Unknown
+from videoflow.broker.failures import unknown_from
 from videoflow.broker.loop import ErrorLog
 from videoflow.core.naming import (
     KIND_DLQ,
@@ -36,7 +37,6 @@ from videoflow.ops.broker_calls import (
     Budget,
     run_sync,
     unavailable,
-    unknown_from,
 )
 from videoflow.ops.buckets import LEDGER_PREFIX
 from videoflow.ops.run_records import RunRecord, read_run_records
@@ -111,7 +111,7 @@ async def _state(nc: Client, streams: list[StreamInfo], budget: Budget,
         try:
             consumers = await budget.run(jsm.consumers_info(info.config.name or ""))
         except Exception as error:  # every failure is reported, never inferred
-            return unknown_from(error, errors)
+            return unknown_from(error, errors.texts())
         if any((c.num_waiting or 0) > 0 for c in consumers):
             return Known("running")
     return Known("idle")

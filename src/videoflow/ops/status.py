@@ -12,6 +12,7 @@ from nats.js.manager import JetStreamManager
 
 from videoflow.backends.jetstream.streams import owned_stream
 from videoflow.backends.messaging import Known, Unknown
+from videoflow.broker.failures import JSErrorCode, not_found, unknown_from
 from videoflow.broker.loop import ErrorLog
 from videoflow.core.naming import (
     LABEL_KIND,
@@ -24,14 +25,11 @@ from videoflow.core.naming import (
 )
 from videoflow.ops.broker_calls import (
     DEFAULT_TIMEOUT_SECONDS,
-    STREAM_NOT_FOUND,
     Budget,
     Count,
     check_timeout,
     count_of,
-    has_err_code,
     run_sync,
-    unknown_from,
 )
 
 CONSUMER_PAGE: Final = 256
@@ -174,7 +172,7 @@ async def _stream_status(jsm: JetStreamManager, info: StreamInfo, budget: Budget
         durables = tuple(sorted((_durable_status(c) for c in consumers),
                                 key=lambda d: d.name))
     except Exception as error:  # every failure is reported, never inferred
-        durables = unknown_from(error, errors)
+        durables = unknown_from(error, errors.texts())
     retention = info.config.retention
     return StreamStatus(
         name=name,
@@ -195,9 +193,9 @@ async def _dlq_count(jsm: JetStreamManager, flow_id: str, run_id: str, budget: B
         info = await budget.run(
             jsm.stream_info(name, subjects_filter=dlq_subject_filter(flow_id, run_id)))
     except Exception as error:
-        if has_err_code(error, STREAM_NOT_FOUND):
+        if not_found(error, JSErrorCode.STREAM_NOT_FOUND):
             return Unknown("missing", f"the flow has no dead-letter stream {name}")
-        return unknown_from(error, errors)
+        return unknown_from(error, errors.texts())
     # The server answered the filtered request: no subjects map means none matched.
     subjects = info.state.subjects or {}
     if not all(isinstance(n, int) for n in subjects.values()):
@@ -234,7 +232,7 @@ async def run_status_async(
     try:
         infos = await all_streams(jsm, budget)
     except Exception as error:
-        streams = unknown_from(error, log)
+        streams = unknown_from(error, log.texts())
     else:
         owned = sorted((i for i in infos if i.config.name
                         and owned_stream(i.config, flow_id, run_id)),

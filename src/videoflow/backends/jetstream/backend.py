@@ -95,7 +95,6 @@ from videoflow.backends.jetstream.specs import (
     stream_config_for_spec,
     stream_of,
     subscription_spec_for,
-    unknown_from,
 )
 from videoflow.backends.jetstream.streams import delete_run_streams
 from videoflow.backends.messaging import (
@@ -115,6 +114,7 @@ from videoflow.backends.messaging import (
     SubscriptionObservation,
     Unknown,
 )
+from videoflow.broker.failures import unknown_from
 from videoflow.broker.link import (
     Outage,
     broker_known_from_env,

@@ -68,8 +68,8 @@ class BackendProvisioning(BackendState):
 
         Raises:
             IncompatibleProfile: a profile JetStream cannot promise, replicas the server
-                cannot keep (10074), or a stream whose retention or replicas contradict
-                the spec.
+                cannot keep (REPLICAS_UNSUPPORTED), or a stream whose retention or
+                replicas contradict the spec.
             BrokerUnavailable: not connected, or the broker did not answer.
         """
         name = stream_of(spec.channel)

@@ -8,23 +8,19 @@ ensure_consumer, shared with the provision entrypoint.
 
 from __future__ import annotations
 
-from typing import Final
-
 import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, StreamConfig
 
 from videoflow.backends.jetstream.specs import stream_config_for_spec, stream_of
-from videoflow.backends.jetstream.streams import STREAM_NOT_FOUND, ensure_consumer, ensure_stream
+from videoflow.backends.jetstream.streams import ensure_consumer, ensure_stream
 from videoflow.backends.jetstream.verification import (
     VerifiedConsumer,
     VerifiedStream,
     profile_mismatches,
 )
 from videoflow.backends.messaging import ChannelSpec, IncompatibleProfile
-
-REPLICAS_UNSUPPORTED: Final = 10074
-"""err_code of replicas > 1 on a standalone server (NATS_FACTS §4)."""
+from videoflow.broker.failures import JSErrorCode
 
 
 def channel_findings(spec: ChannelSpec, effective: StreamConfig) -> list[str]:
@@ -47,7 +43,7 @@ async def ensure_channel_stream(
 
     Raises:
         IncompatibleProfile: a profile JetStream cannot promise, replicas the server
-            cannot keep (10074), or an existing stream whose retention, discard or
+            cannot keep (REPLICAS_UNSUPPORTED), or an existing stream whose retention, discard or
             replicas contradict the spec (an update the broker refused).
         nats.js.errors.APIError and connection errors: the broker refused otherwise or
             did not answer.
@@ -58,13 +54,13 @@ async def ensure_channel_stream(
         await js.stream_info(name)
         created = False
     except nats.js.errors.NotFoundError as error:
-        if error.err_code != STREAM_NOT_FOUND:
+        if error.err_code != JSErrorCode.STREAM_NOT_FOUND:
             raise
         created = True
     try:
         verified = await ensure_stream(js, config)
     except nats.js.errors.APIError as error:
-        if error.err_code != REPLICAS_UNSUPPORTED:
+        if error.err_code != JSErrorCode.REPLICAS_UNSUPPORTED:
             raise
         raise IncompatibleProfile(
             f"{name}: {error.description}", channel=spec.channel.node, profile=spec.profile,
@@ -89,20 +85,19 @@ async def ensure_durable(
         (created, verified): created is whether the durable was missing before.
 
     Raises:
-        nats.js.errors.NotFoundError: the stream does not exist (10059).
+        nats.js.errors.NotFoundError: the stream does not exist (STREAM_NOT_FOUND).
     """
     try:
         await js.consumer_info(stream, durable)
         created = False
     except nats.js.errors.NotFoundError as error:
-        if error.err_code == STREAM_NOT_FOUND:
+        if error.err_code == JSErrorCode.STREAM_NOT_FOUND:
             raise
         created = True
     return created, await ensure_consumer(js, stream, config)
 
 
 __all__ = [
-    "REPLICAS_UNSUPPORTED",
     "channel_findings",
     "ensure_channel_stream",
     "ensure_durable",

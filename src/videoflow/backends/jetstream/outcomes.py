@@ -35,6 +35,7 @@ from videoflow.backends.messaging import (
 )
 from videoflow.backends.messaging_types import trusted_accepted
 from videoflow.broker.client import encode_headers
+from videoflow.broker.failures import JSErrorCode
 
 MSG_ID_HEADER: Final = "Nats-Msg-Id"
 """The header JetStream deduplicates on inside the stream's duplicate_window."""
@@ -42,23 +43,17 @@ MSG_ID_HEADER: Final = "Nats-Msg-Id"
 TRACEPARENT_HEADER: Final = "traceparent"
 """The header an envelope's W3C trace context travels in (Envelope.traceparent)."""
 
-STORE_FAILED: Final = 10077
-"""err_code of a full DiscardPolicy.NEW stream (JSStreamStoreFailedF, 503; NATS_FACTS
-S8): waiting for acknowledgements to free room can help."""
-
-MESSAGE_TOO_LARGE: Final = 10054
-"""err_code of a message over max_msg_size (headers count, S9): waiting never helps."""
-
 
 def rejection_for(error: nats.js.errors.APIError) -> Rejected:
     """A JetStream API refusal of a publish as Rejected, retryable when waiting helps.
 
-    A full DiscardPolicy.NEW stream answers 503 with err_code 10077 (S8) — acks free
+    A full DiscardPolicy.NEW stream answers 503 with STORE_FAILED (S8) — acks free
     room, so retryable; any other 503 is the server being unable right now, also
-    retryable. Everything else (400 size or expected-stream refusals, 10054/10060, a
-    500) refuses this message as it is: not retryable.
+    retryable. Everything else (400 size or expected-stream refusals,
+    MESSAGE_TOO_LARGE / STREAM_NOT_MATCH, a 500) refuses this message as it is: not
+    retryable.
     """
-    retryable = error.err_code == STORE_FAILED or error.code == 503
+    retryable = error.err_code == JSErrorCode.STORE_FAILED or error.code == 503
     text = error.description or str(error)
     return Rejected(f"refused by the stream ({error.code}/{error.err_code}): {text}",
                     retryable=retryable)

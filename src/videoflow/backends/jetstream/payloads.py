@@ -33,6 +33,7 @@ from videoflow.backends.payload import (
     PayloadStore,
     apply_change,
 )
+from videoflow.broker.failures import JSErrorCode
 from videoflow.broker.link import (
     Outage,
     broker_known_from_env,
@@ -51,7 +52,8 @@ from videoflow.errors import BrokerUnavailable, IncompatibleProfile, Unobservabl
 T = TypeVar("T")
 
 _CAS_ATTEMPTS: Final = 64
-_WRONG_LAST_CODES: Final = (10071, 10164)  # JetStream's "wrong last sequence" codes
+_WRONG_LAST_CODES: Final = (JSErrorCode.WRONG_LAST_SEQUENCE,
+                             JSErrorCode.WRONG_LAST_SEQUENCE_CONSTANT)
 
 
 class NatsObjectPayloadStore(PayloadStore):

@@ -218,7 +218,7 @@ async def provision_flow(
     Raises:
         TypeError / ValueError: as _flow_plan, before the broker is touched.
         nats.js.errors.APIError and connection errors: a stream or durable could not be
-            created at all (e.g. replicas > 1 on a standalone server, 10074).
+            created at all (e.g. replicas > 1 on a standalone server, REPLICAS_UNSUPPORTED).
     """
     plan = _flow_plan(
         specs, flow_id, run_id, flow_type, max_retries=max_retries, ack_wait=ack_wait,

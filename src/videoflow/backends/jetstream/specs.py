@@ -13,9 +13,8 @@ import json
 import threading
 from collections.abc import Sequence
 from enum import Enum
-from typing import Any, Final, cast
+from typing import Any, Final
 
-import nats.js.errors
 from nats.js.api import ConsumerConfig, StreamConfig
 
 from videoflow.backends.jetstream.configs import (
@@ -32,10 +31,7 @@ from videoflow.backends.messaging import (
     IncompatibleProfile,
     SubscriptionId,
     SubscriptionSpec,
-    Unknown,
-    UnknownReason,
 )
-from videoflow.broker.failures import observation_failure
 from videoflow.core.constants import BATCH, REALTIME, check_flow_type
 from videoflow.core.credit import consumer_credit
 from videoflow.core.naming import (
@@ -176,15 +172,6 @@ def channel_observation(info: Any) -> ChannelObservation:
                               retention=enum_text(info.config.retention or "limits"))
 
 
-def unknown_from(error: BaseException, reported: Sequence[str] = ()) -> Unknown:
-    """A failed observation as Unknown: missing for a NotFoundError (a stream or
-    consumer that does not exist, 10059/10014), else observation_failure's reason."""
-    if isinstance(error, nats.js.errors.NotFoundError):
-        return Unknown("missing", f"{error.description or error}")
-    reason, detail = observation_failure(error, reported)
-    return Unknown(cast(UnknownReason, reason), detail)
-
-
 class ExhaustedMarks:
     """Messages a subscription's broker retains but will never resolve (MSG-012): the
     stream sequences its MAX_DELIVERIES advisories named, those mark_exhausted named,
@@ -249,5 +236,4 @@ __all__ = [
     "stream_config_for_spec",
     "stream_of",
     "subscription_spec_for",
-    "unknown_from",
 ]

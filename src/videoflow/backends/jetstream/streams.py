@@ -31,9 +31,9 @@ from videoflow.backends.jetstream.verification import (
     consumer_mismatches,
     stream_mismatches,
 )
-from videoflow.backends.messaging import CleanupObservation, Unknown, UnknownReason
+from videoflow.backends.messaging import CleanupObservation, Unknown
 from videoflow.broker.client import connect
-from videoflow.broker.failures import observation_failure
+from videoflow.broker.failures import JSErrorCode, not_found, observation_failure, unknown_from
 from videoflow.broker.link import servers_of
 from videoflow.broker.options import connect_options_for
 from videoflow.core.naming import (
@@ -56,27 +56,8 @@ DEFAULT_READ_BACK_TIMEOUT_SECONDS: Final = 30.0
 """How long read_back_streams gives the broker, connect included, before every stream it
 was asked about is reported Unknown('timeout')."""
 
-STREAM_NOT_FOUND: Final = 10059
-"""err_code of the NotFoundError for a stream that does not exist (NATS_FACTS §7)."""
-
-STREAM_NAME_IN_USE: Final = 10058
-"""err_code of add_stream for a name already in use with a different configuration."""
-
 CLOSE_TIMEOUT_SECONDS: Final = 2.0
 """How long a short-lived observation connection is given to close."""
-
-
-def _stream_missing(error: BaseException) -> bool:
-    return (
-        isinstance(error, nats.js.errors.NotFoundError)
-        and error.err_code == STREAM_NOT_FOUND
-    )
-
-
-def _failure(error: BaseException, reported: Sequence[Any]) -> Unknown:
-    reason, detail = observation_failure(error, [*reported])
-    # observation_failure answers in the Unknown vocabulary (UNKNOWN_REASONS).
-    return Unknown(cast(UnknownReason, reason), detail)
 
 
 # --------------------------------------------------------------------------------------
@@ -104,7 +85,7 @@ async def read_back_streams_async(
 
     stream_info returns the applied configuration (nats-py 2.15.0, nats/js/manager.py
     stream_info -> api.StreamInfo.config), and a stream that does not exist is
-    nats.js.errors.NotFoundError (err_code 10059).
+    nats.js.errors.NotFoundError (JSErrorCode.STREAM_NOT_FOUND).
 
     Arguments:
         js: a JetStream context on a connected client.
@@ -135,10 +116,10 @@ async def read_back_streams_async(
         try:
             info = await js.stream_info(config.name)
         except Exception as error:  # every failure is reported, never inferred
-            if _stream_missing(error):
+            if not_found(error, JSErrorCode.STREAM_NOT_FOUND):
                 result[node] = Unknown("missing", f"stream {config.name} does not exist")
             else:
-                result[node] = _failure(error, reported)
+                result[node] = unknown_from(error, reported)
             continue
         effective = info.config
         result[node] = VerifiedStream(config, effective, stream_mismatches(config, effective))
@@ -173,7 +154,7 @@ async def _read_back_connect(
         # S4: a refused connect can loop inside nats.connect; bound it ourselves.
         nc = await asyncio.wait_for(connect(servers_of(nats_url), **options), timeout)
     except Exception as error:
-        failed = _failure(error, reported)
+        failed = unknown_from(error, reported)
         return {node: failed for node in nodes}
     try:
         js = nc.jetstream()
@@ -185,7 +166,7 @@ async def _read_back_connect(
             max(deadline - loop.time(), 0.0),
         )
     except Exception as error:  # the overall bound elapsed mid read-back
-        failed = _failure(error, reported)
+        failed = unknown_from(error, reported)
         return {node: failed for node in nodes}
     finally:
         with contextlib.suppress(Exception):
@@ -389,7 +370,7 @@ async def delete_run_streams(
         try:
             await jsm.delete_stream(name)
         except Exception as error:
-            if _stream_missing(error):
+            if not_found(error, JSErrorCode.STREAM_NOT_FOUND):
                 removed.append(name)  # already gone: the goal holds
                 continue
             reason, detail = observation_failure(error)
@@ -433,8 +414,8 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> VerifiedS
     not honour, rather than trusting the create's answer.
 
     add_stream with an identical config is a no-op; a name already in use with another
-    config (err_code 10058) is updated by read-modify-write, because update_stream is a
-    full replace that would reset every field the request left out (NATS_FACTS S6). An
+    config (STREAM_NAME_IN_USE) is updated by read-modify-write, because update_stream is
+    a full replace that would reset every field the request left out (NATS_FACTS S6). An
     update the broker refuses (retention to or from WORK_QUEUE, storage type) is not
     raised: the stream as it stands is read back and its mismatches say what differs.
 
@@ -449,14 +430,14 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> VerifiedS
 
     Raises:
         nats.js.errors.APIError and connection errors: the stream could not be created
-            at all (e.g. replicas > 1 on a standalone server, 10074).
+            at all (e.g. replicas > 1 on a standalone server, REPLICAS_UNSUPPORTED).
     """
     assert config.name is not None
     requested = config.evolve()
     try:
         await js.add_stream(requested.evolve())
     except nats.js.errors.BadRequestError as error:
-        if error.err_code != STREAM_NAME_IN_USE:
+        if error.err_code != JSErrorCode.STREAM_NAME_IN_USE:
             raise
         existing = (await js.stream_info(config.name)).config
         try:
@@ -496,7 +477,7 @@ async def ensure_consumer(
         failure as the only mismatch.
 
     Raises:
-        nats.js.errors.NotFoundError: the stream does not exist (10059).
+        nats.js.errors.NotFoundError: the stream does not exist (STREAM_NOT_FOUND).
     """
     durable = config.durable_name or config.name
     assert durable is not None
@@ -504,7 +485,7 @@ async def ensure_consumer(
     try:
         await js.add_consumer(stream, requested.evolve())
     except nats.js.errors.APIError as error:
-        if _stream_missing(error):
+        if not_found(error, JSErrorCode.STREAM_NOT_FOUND):
             raise
         logger.warning("durable %s on %s was not created or updated as requested (%s)",
                        durable, stream, error)
