@@ -88,7 +88,7 @@ def test_the_derived_credit_and_max_deliver_are_what_provisioning_creates() -> N
                                  "collect": {"cam2": 10.0}},
                     delivery={"max_retries": 5})(*cams)
     compiled = compile_flow(Flow(cams, [Sink()(fusion)], BATCH, name="f"), max_retries=3)
-    plan = compiled.plans["fusion"]
+    plan = compiled.spec("fusion").plan
     spec = compiled.spec("fusion")
     # Two replicas, each holding its working set, the publication window, its gathered
     # acks and its prefetch unsettled.

@@ -4,8 +4,10 @@ compile_flow checks what a worker would otherwise find out too late (cycles, par
 outside the flow, duplicate names, a join policy naming a non-parent, a node class a
 worker process cannot import) and derives what the messaging layer reads from each
 node's children and policies: blob_readers and blob_reader_ids (BLOB-5, BLOB-14), and
-per node the credit, max_deliver and stream profile provisioning and the messenger
-must agree on (MSG-017). Every error names the node and the problem.
+per node its NodePlan -- its effective join and delivery policies, the credit and
+max_deliver of its durables -- which provisioning, the worker and the messenger read
+from its NodeSpec, so that they agree (MSG-017). Every error names the node and the
+problem.
 """
 
 from __future__ import annotations
@@ -14,10 +16,17 @@ import importlib
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from dataclasses import dataclass, replace
+from typing import Any, Final, TypeVar
 
-from videoflow.core.constants import REALTIME
+import msgspec
+
+from videoflow.core.credit import (
+    effective_delivery_policy,
+    effective_join_policy,
+    max_deliver_for,
+    node_credit,
+)
 from videoflow.core.policies import DeliveryPolicy, JoinPolicy
 
 PRODUCER: Final = "producer"
@@ -30,6 +39,61 @@ consumers (sinks) have parents and publish nothing."""
 
 PUBLISHING_KINDS: Final = (PRODUCER, PROCESSOR)
 """The kinds that own an output stream."""
+
+_Policy = TypeVar("_Policy", JoinPolicy, DeliveryPolicy)
+
+
+class NodePlan(msgspec.Struct, frozen=True, kw_only=True):
+    """What one node's durables are created and bound with, and its messenger decides
+    by, derived once (node_plan): compile_flow puts it on the node's NodeSpec, where
+    provisioning and every replica read it, so that they agree (MSG-017).
+
+    Attributes:
+        join: the node's effective join policy: its override over the flow type's
+            default (effective_join_policy). Its assembler's, and what its credit
+            holds.
+        delivery: its effective delivery policy: the flow type's preset with the run's
+            max_retries, then its override (effective_delivery_policy).
+        credit: max_ack_pending of each of its data durables (node_credit:
+            consumer_credit over its join's working set, with room for the publication
+            window; STREAM-15, RUN-005).
+        max_deliver: its data durables' delivery cap (max_deliver_for): -1 when the
+            run's ledger counts attempts.
+
+    A producer has no durables: its credit and max_deliver bind nothing.
+    """
+
+    join: JoinPolicy
+    delivery: DeliveryPolicy
+    credit: int
+    max_deliver: int
+
+
+def node_plan(flow_type: str, parents: Sequence[str], nb_tasks: int = 1,
+              partitioned: bool = False, join_policy: Any = None, delivery: Any = None,
+              *, max_retries: int = 3, ledger_budget: bool = False) -> NodePlan:
+    """The NodePlan of a node: its overrides laid over the flow type's defaults once,
+    and its credit and delivery cap derived from the policies that gives.
+
+    Arguments:
+        flow_type: REALTIME or BATCH.
+        parents / nb_tasks / partitioned: the node's (NodeSpec's).
+        join_policy / delivery: its overrides (NodeSpec.join_policy, NodeSpec.delivery),
+            or None.
+        max_retries: the run's retry count, under a max_retries in delivery.
+        ledger_budget: the run's retry budgets are counted in a durable, shared ledger
+            (max_deliver_for).
+
+    Raises:
+        ValueError: an unknown flow type, an override invalid for these parents, or a
+            count out of range.
+    """
+    join = effective_join_policy(flow_type, join_policy)
+    policy = effective_delivery_policy(flow_type, max_retries, delivery)
+    return NodePlan(
+        join=join, delivery=policy,
+        credit=node_credit(nb_tasks, partitioned, parents, join, flow_type),
+        max_deliver=max_deliver_for(flow_type, max_retries, policy, ledger_budget))
 
 
 @dataclass(frozen=True)
@@ -60,6 +124,10 @@ class NodeSpec:
         blob_reader_ids: the reader obligations every payload put acquires (BLOB-14):
             '<child>' per competing child, '<child>/p<i>' per partitioned replica; None
             when the compiler derived none.
+        plan: what compile_flow derived from the above for the run's flow type, retry
+            count and ledger (NodePlan), read by provisioning, the worker and the
+            messenger. None in a spec built by hand: provisioning derives it then
+            (node_plan), from its own arguments.
 
     Raises:
         ValueError: naming the node, for a spec no flow could contain (see
@@ -75,6 +143,7 @@ class NodeSpec:
     delivery: dict[str, Any] | None = None
     blob_readers: int | None = None
     blob_reader_ids: tuple[str, ...] | None = None
+    plan: NodePlan | None = None
 
     def __post_init__(self) -> None:
         """Normalises sequences to tuples and policy overrides to private dict copies
@@ -83,8 +152,8 @@ class NodeSpec:
         partition key or join policy, which only inputs can have), a processor or
         consumer without parents, duplicate or self parents, nb_tasks below 1, a join
         with competing replicas (they would split its groups), a join policy on a node
-        with one parent, and
-        policy overrides JoinPolicy / DeliveryPolicy refuse."""
+        with one parent, policy overrides JoinPolicy / DeliveryPolicy refuse (a join's
+        for its parents), and a plan that is not a NodePlan."""
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"node name must be a non-empty str, got {self.name!r}")
         where = f"node {self.name!r}"
@@ -120,10 +189,10 @@ class NodeSpec:
         ):
             raise ValueError(f"{where}: partition_by must be a non-empty str or None, "
                              f"got {self.partition_by!r}")
-        object.__setattr__(self, "join_policy", self._policy_dict(
-            where, "join_policy", self.join_policy, JoinPolicy))
-        object.__setattr__(self, "delivery", self._policy_dict(
-            where, "delivery", self.delivery, DeliveryPolicy))
+        join_policy, join = self._override(where, "join_policy", self.join_policy, JoinPolicy)
+        object.__setattr__(self, "join_policy", join_policy)
+        delivery, _ = self._override(where, "delivery", self.delivery, DeliveryPolicy)
+        object.__setattr__(self, "delivery", delivery)
         if len(parents) > 1 and self.nb_tasks > 1 and self.partition_by is None:
             # Competing replicas each take what comes next from each parent: a group's
             # members would land in different processes, none of them whole.
@@ -136,10 +205,12 @@ class NodeSpec:
             # Silently dropped, a collect window or quorum asked for would never apply.
             raise ValueError(f"{where}: join_policy is for a node with two parents or more; "
                              f"it has one ({parents[0]!r}), so there is nothing to join")
-        if self.join_policy is not None and len(parents) > 1:
-            overlay = {**JoinPolicy.default_for(REALTIME).to_dict(), **self.join_policy}
+        if join is not None and len(parents) > 1:
+            # The override over JoinPolicy's defaults: every flow type's default joins
+            # by trace with no collect window or quorum, so one with these parents
+            # fails here as it would over any of them.
             try:
-                JoinPolicy.from_dict(overlay).validate_for(parents)
+                join.validate_for(parents)
             except ValueError as error:
                 raise ValueError(f"{where}: join_policy: {error}") from error
         if self.blob_readers is not None and (
@@ -160,25 +231,28 @@ class NodeSpec:
                 raise ValueError(f"{where}: blob_reader_ids must be non-empty str, "
                                  f"got {list(ids)!r}")
             object.__setattr__(self, "blob_reader_ids", ids)
+        if self.plan is not None and not isinstance(self.plan, NodePlan):
+            raise ValueError(f"{where}: plan must be a NodePlan or None, got {self.plan!r}")
 
     @staticmethod
-    def _policy_dict(
-        where: str, field: str, value: Any, policy: type[JoinPolicy] | type[DeliveryPolicy]
-    ) -> dict[str, Any] | None:
+    def _override(
+        where: str, field: str, value: Any, policy: type[_Policy]
+    ) -> tuple[dict[str, Any], _Policy] | tuple[None, None]:
+        """An override as a private dict, and the policy it reads as over the policy's
+        own defaults; None and None for None."""
         if value is None:
-            return None
+            return None, None
         if isinstance(value, policy):
-            return value.to_dict()
+            return value.to_dict(), value
         if not isinstance(value, Mapping):
             raise ValueError(f"{where}: {field} must be a dict or None, got {value!r}")
         copied = dict(value)
         try:
             # Unknown keys and invalid values fail here, naming the node, rather than at
             # provisioning or in a worker.
-            policy.from_dict(copied)
+            return copied, policy.from_dict(copied)
         except ValueError as error:
             raise ValueError(f"{where}: {field}: {error}") from error
-        return copied
 
     @property
     def publishes(self) -> bool:
@@ -192,30 +266,14 @@ class NodeSpec:
 
 
 @dataclass(frozen=True)
-class NodePlan:
-    """What the messaging layer derives for one consuming node, computed once here so
-    provisioning and every replica's messenger bind the same values (MSG-017).
-
-    Attributes:
-        credit: max_ack_pending of each of its durables (node_credit: consumer_credit
-            over join_item_credit with the publication window, STREAM-15).
-        max_deliver: the durables' delivery cap (max_deliver_for).
-    """
-
-    credit: int
-    max_deliver: int
-
-
-@dataclass(frozen=True)
 class CompiledFlow:
     """A flow the compiler accepted.
 
     Attributes:
         flow_id: the flow's name: its subjects, streams and dead-letter stream.
         flow_type: REALTIME or BATCH.
-        specs: one NodeSpec per node, parents before children.
+        specs: one NodeSpec per node, parents before children, each with its plan.
         nodes: the Node objects by name.
-        plans: a NodePlan per node with parents.
         profile: the stream profile of every output stream ('live_latest' for a
             REALTIME flow, 'reliable_work' for BATCH).
     """
@@ -224,7 +282,6 @@ class CompiledFlow:
     flow_type: str
     specs: tuple[NodeSpec, ...]
     nodes: Mapping[str, Any]
-    plans: Mapping[str, NodePlan]
     profile: str
 
     def spec(self, name: str) -> NodeSpec:
@@ -259,7 +316,6 @@ def compile_flow(flow: Any, max_retries: int = 3, ledger_budget: bool = False) -
             each naming the node.
     """
     from videoflow.core.constants import BATCH
-    from videoflow.core.credit import max_deliver_for, node_credit
     from videoflow.core.naming import stream_name_for
     from videoflow.core.node import Node
 
@@ -269,7 +325,7 @@ def compile_flow(flow: Any, max_retries: int = 3, ledger_budget: bool = False) -
     for node in order:
         for parent in node.parents:
             children[id(parent)].append(node)
-    specs, nodes, plans = [], {}, {}
+    specs, nodes = [], {}
     subjects: dict[str, str] = {}
     for node in order:
         name = names[id(node)]
@@ -299,16 +355,13 @@ def compile_flow(flow: Any, max_retries: int = 3, ledger_budget: bool = False) -
         if spec.publishes and not readers:
             raise ValueError(f"{where}: nothing reads its output; end the branch with a "
                              "consumer")
-        if spec.parents:
-            plans[name] = NodePlan(
-                credit=node_credit(spec.nb_tasks, spec.partitioned, spec.parents,
-                                   spec.join_policy, flow.flow_type),
-                max_deliver=max_deliver_for(flow.flow_type, max_retries, spec.delivery,
-                                            ledger_budget))
-        specs.append(spec)
+        specs.append(replace(spec, plan=node_plan(
+            flow.flow_type, spec.parents, spec.nb_tasks, spec.partitioned,
+            spec.join_policy, spec.delivery, max_retries=max_retries,
+            ledger_budget=ledger_budget)))
         nodes[name] = node
     profile = "reliable_work" if flow.flow_type == BATCH else "live_latest"
-    return CompiledFlow(flow.flow_id, flow.flow_type, tuple(specs), nodes, plans, profile)
+    return CompiledFlow(flow.flow_id, flow.flow_type, tuple(specs), nodes, profile)
 
 
 def _topological(producers: Sequence[Any], consumers: Sequence[Any]) -> list[Any]:
@@ -411,6 +464,7 @@ __all__ = [
     "CompiledFlow",
     "NodePlan",
     "compile_flow",
+    "node_plan",
     "NODE_KINDS",
     "NodeSpec",
     "PROCESSOR",

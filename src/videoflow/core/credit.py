@@ -132,11 +132,12 @@ def credit_admits(
 
 
 def node_credit(nb_tasks: int, partitioned: bool, parents: Sequence[str],
-                join_policy: dict | None, flow_type: str) -> int:
+                join_policy: dict | JoinPolicy | None, flow_type: str) -> int:
     """The max_ack_pending of each of a node's data durables: consumer_credit over its
     join_item_credit, with room for the publication window (PIPELINE_PREFETCH). The
-    compiler, provisioning and the worker's bind all call this, so the durable created
-    and the durable bound agree (MSG-017).
+    compiler derives it once per node (videoflow.core.compiler.node_plan), and
+    provisioning and the worker's bind read that, so the durable created and the
+    durable bound agree (MSG-017).
 
     Raises:
         ValueError: as consumer_credit and join_item_credit.
@@ -150,8 +151,6 @@ def _flow_default_overlay(default: Mapping[str, Any], override: Any, what: str) 
     merged = dict(default)
     if override is None:
         return merged
-    if isinstance(override, (JoinPolicy, DeliveryPolicy)):
-        return override.to_dict()
     if not isinstance(override, Mapping):
         raise ValueError(f"{what} must be a dict or None, got {override!r}")
     merged.update(override)
@@ -159,14 +158,16 @@ def _flow_default_overlay(default: Mapping[str, Any], override: Any, what: str) 
 
 
 def effective_join_policy(flow_type: str, join_policy: Any = None) -> JoinPolicy:
-    """A node's join policy: its override (a dict of JoinPolicy fields, or a JoinPolicy)
-    laid over the flow type's default (JoinPolicy.default_for) — what provisioning, the
-    bind and the messenger's assembler all use.
+    """A node's join policy: its override (a dict of JoinPolicy fields) laid over the
+    flow type's default (JoinPolicy.default_for), or a JoinPolicy as it is — what
+    provisioning, the bind and the messenger's assembler all use.
 
     Raises:
         ValueError: an unknown flow type or an invalid override.
     """
     check_flow_type(flow_type)
+    if isinstance(join_policy, JoinPolicy):
+        return join_policy
     return JoinPolicy.from_dict(_flow_default_overlay(
         JoinPolicy.default_for(flow_type).to_dict(), join_policy, "join_policy"))
 
@@ -174,19 +175,22 @@ def effective_join_policy(flow_type: str, join_policy: Any = None) -> JoinPolicy
 def effective_delivery_policy(flow_type: str, max_retries: int = 3,
                               delivery: Any = None) -> DeliveryPolicy:
     """A node's delivery policy: the flow type's preset with the deployment's
-    max_retries, then the node's own override (a dict, or a DeliveryPolicy) laid over it.
+    max_retries, then the node's own override (a dict) laid over it; or a
+    DeliveryPolicy as it is.
 
     Raises:
         ValueError: an unknown flow type or an invalid override.
     """
     check_flow_type(flow_type)
+    if isinstance(delivery, DeliveryPolicy):
+        return delivery
     preset = DeliveryPolicy.default_for(flow_type).to_dict()
     preset["max_retries"] = max_retries
     return DeliveryPolicy.from_dict(_flow_default_overlay(preset, delivery, "delivery"))
 
 
 def join_item_credit(
-    parents: Sequence[str], join_policy: dict | None, flow_type: str
+    parents: Sequence[str], join_policy: dict | JoinPolicy | None, flow_type: str
 ) -> int:
     """The per-replica processing credit a node needs: one input group for a
     single-parent node; for a join, its policy's working set — every half of every
@@ -197,8 +201,9 @@ def join_item_credit(
 
     Arguments:
         parents (Sequence[str]): the node's parents.
-        join_policy (dict | None): the node's join override (NodeSpec.join_policy); its keys
-            overlay the flow type's default policy (JoinPolicy.default_for).
+        join_policy (dict | JoinPolicy | None): the node's join override
+            (NodeSpec.join_policy), whose keys overlay the flow type's default policy
+            (JoinPolicy.default_for); or its effective policy, taken as it is.
         flow_type (str): REALTIME or BATCH.
 
     Returns:
@@ -217,7 +222,7 @@ def join_item_credit(
 def max_deliver_for(
     flow_type: str,
     max_retries: int = 3,
-    delivery: dict | None = None,
+    delivery: dict | DeliveryPolicy | None = None,
     ledger_budget: bool = False,
 ) -> int:
     """Broker-side delivery cap for one node's durables.
@@ -226,13 +231,15 @@ def max_deliver_for(
     alone, because delivery is overridable per node: an at-least-once sink in a REALTIME
     flow needs a cap above 1 or its retries would be silently impossible, and a
     best-effort node in a BATCH flow should not be retried at all. Provisioning and the
-    messenger both call this so the durable they create and the durable they bind agree.
+    messenger read what the compiler derived with it (videoflow.core.compiler.node_plan),
+    so the durable they create and the durable they bind agree.
 
     Arguments:
         flow_type: supplies the preset (DeliveryPolicy.default_for).
         max_retries: deployment-level retry count (VF_MAX_RETRIES); replaces the
             preset's, and is itself replaced by a max_retries in delivery.
-        delivery: the node's own override, as a dict (NodeSpec.delivery).
+        delivery: the node's own override, as a dict (NodeSpec.delivery); or its
+            effective policy, taken as it is (max_retries then unread).
         ledger_budget: the retry budget is enforced by the runtime ledger's attempt
             counts (RFC 0006 STREAM-15, decision D11: only with a durable, shared
             runtime store), so an at-least-once durable is provisioned with

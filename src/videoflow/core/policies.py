@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -55,6 +55,39 @@ def _refuse_unknown(what: str, data: Mapping[str, Any], known: Iterable[str]) ->
     for key in data:
         if key not in known:
             raise ValueError(f"unknown {what} field {key!r}{did_you_mean(key, known)}")
+
+
+_Policy = TypeVar("_Policy", bound=msgspec.Struct)
+
+
+def _as_dict(policy: msgspec.Struct) -> dict[str, Any]:
+    """A policy's fields as a dict (msgspec.structs.asdict), a nested policy as its dict
+    and a dict field copied, so the caller may edit what it gets. Values stay as they
+    are (msgspec.to_builtins would refuse a numpy float the policy accepted)."""
+    return {
+        name: _as_dict(value) if isinstance(value, msgspec.Struct)
+        else dict(value) if isinstance(value, dict) else value
+        for name, value in msgspec.structs.asdict(policy).items()
+    }
+
+
+def _from_fields(cls: type[_Policy], data: Mapping[str, Any]) -> _Policy:
+    """cls from a mapping of its (known) fields, through msgspec.convert, which takes a
+    collect given as any mapping and a nested Backoff as it is; absent keys take
+    defaults.
+
+    Raises:
+        ValueError: a value the policy's own checks refuse, in their words. msgspec
+            checks a value's type before those checks run and says only which type it
+            expected: a value it refuses is built as given instead, so that the checks
+            name the field (or accept what they accept: a numpy float for a float).
+    """
+    try:
+        return msgspec.convert(data, cls)
+    except msgspec.ValidationError as error:
+        if error.__cause__ is not None:  # __post_init__ refused it: its own error
+            raise error.__cause__ from None
+        return cls(**data)
 
 
 class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
@@ -168,16 +201,7 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the policy as a plain dict that from_dict turns back into an equal policy."""
-        return {
-            "mode": self.mode,
-            "tolerance_ms": self.tolerance_ms,
-            "timeout_ms": self.timeout_ms,
-            "missing": self.missing,
-            "quorum": self.quorum,
-            "max_pending": self.max_pending,
-            "collect": dict(self.collect),
-            "max_drift_ms": self.max_drift_ms,
-        }
+        return _as_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JoinPolicy:
@@ -188,12 +212,7 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
                 close) or invalid field.
         """
         _refuse_unknown("JoinPolicy", data, cls.__struct_fields__)
-        fields = dict(data)
-        # Only a mapping is copied: dict() of anything else raises a TypeError or an
-        # unrelated ValueError; passed through, __post_init__ names the field instead.
-        if isinstance(fields.get("collect"), Mapping):
-            fields["collect"] = dict(fields["collect"])
-        return cls(**fields)
+        return _from_fields(cls, data)
 
     def sync_parents(self, parents: Iterable[str]) -> list[str]:
         """The parents that must each contribute one message per group (all but collect)."""
@@ -432,7 +451,7 @@ class Backoff(msgspec.Struct, frozen=True, kw_only=True):
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the backoff as a plain dict that from_dict turns back into an equal one."""
-        return {"base_ms": self.base_ms, "factor": self.factor, "max_ms": self.max_ms}
+        return _as_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Backoff:
@@ -451,7 +470,7 @@ class Backoff(msgspec.Struct, frozen=True, kw_only=True):
         if not isinstance(data, Mapping):
             raise ValueError(f"backoff must be a dict of base_ms/factor/max_ms, got {data!r}")
         _refuse_unknown("backoff", data, cls.__struct_fields__)
-        return cls(**dict(data))
+        return _from_fields(cls, data)
 
 
 class DeliveryPolicy(msgspec.Struct, frozen=True, kw_only=True):
@@ -522,11 +541,7 @@ class DeliveryPolicy(msgspec.Struct, frozen=True, kw_only=True):
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the policy as a plain dict that from_dict turns back into an equal policy."""
-        return {
-            "mode": self.mode,
-            "max_retries": self.max_retries,
-            "backoff": self.backoff.to_dict(),
-        }
+        return _as_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DeliveryPolicy:
@@ -546,8 +561,9 @@ class DeliveryPolicy(msgspec.Struct, frozen=True, kw_only=True):
         _refuse_unknown("DeliveryPolicy", data, cls.__struct_fields__)
         fields = dict(data)
         if "backoff" in fields and not isinstance(fields["backoff"], Backoff):
+            # Its own unknown keys and values are refused in its own words.
             fields["backoff"] = Backoff.from_dict(fields["backoff"])
-        return cls(**fields)
+        return _from_fields(cls, fields)
 
     def action_for(self, error: BaseException, num_delivered: int) -> DeliveryAction:
         """Decides what to do with a delivery whose processing raised ``error``.

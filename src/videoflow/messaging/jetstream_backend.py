@@ -7,10 +7,10 @@ from videoflow.backends.jetstream.backend import (
     FETCH_TIMEOUT_SECONDS,
     JetStreamMessagingBackend,
     channel_spec_for,
-    consumer_credit,
     stream_config_for_spec,
     subscription_spec_for,
 )
+from videoflow.core.credit import consumer_credit
 
 __all__ = [
     "ACK_CONFIRM_SECONDS",

@@ -75,16 +75,13 @@ from videoflow.backends.messaging import (
     Unknown,
 )
 from videoflow.backends.payload import PayloadStore
+from videoflow.core.compiler import NodePlan, node_plan
 from videoflow.core.constants import BATCH
 from videoflow.core.context import event_time
 from videoflow.core.credit import (
     PRODUCER_WINDOW,
     RECEIVE_PREFETCH,
     WINDOW_GROUPS,
-    effective_delivery_policy,
-    effective_join_policy,
-    max_deliver_for,
-    node_credit,
 )
 from videoflow.core.engine import (
     STOP_CONTROL,
@@ -186,6 +183,12 @@ class NATSMessenger(Messenger):
         ack_wait / max_retries / delivery_policy: the durables' lease, the deployment's
             retry count and the node's delivery override (a dict).
         join_policy: the node's join override (a dict), over the flow type's default.
+        plan: the node's NodePlan as compile_flow derived it (NodeSpec.plan): its join
+            and delivery policies, and the credit and delivery cap its durables are
+            bound with, as provisioning created them (MSG-017). None derives it here,
+            once, from the flow type, max_retries, the two overrides above and whether
+            runtime is a durable shared ledger (node_plan); with a plan, the overrides
+            must be None.
         partition_by: partitioned consumption: each replica binds its own durables and
             keeps the inputs whose key hashes to it (the envelope's partition_key, else
             this field of a dict message, else the trace id).
@@ -240,6 +243,7 @@ class NATSMessenger(Messenger):
         replayable: bool = False,
         prefetch_bytes: int | None = None,
         *,
+        plan: NodePlan | None = None,
         clock: Callable[[], float] = time.monotonic,
         epoch: Callable[[], float] = time.time,
     ) -> None:
@@ -258,7 +262,15 @@ class NATSMessenger(Messenger):
         self.eos_quiescence = eos_quiescence_ms / 1000.0
         self.ack_wait = ack_wait
         self.clock, self.epoch = clock, epoch
-        self.delivery_policy = effective_delivery_policy(flow_type, max_retries, delivery_policy)
+        if plan is None:
+            plan = node_plan(flow_type, self.parent_names, nb_tasks, partition_by is not None,
+                             join_policy, delivery_policy, max_retries=max_retries,
+                             ledger_budget=runtime is not None and runtime.durable_shared())
+        elif join_policy is not None or delivery_policy is not None:
+            raise ValueError(f"{self.node_name}: give the node's plan or its policy "
+                             "overrides (join_policy, delivery_policy), not both")
+        self.plan = plan
+        self.delivery_policy = plan.delivery
         self.channel = ChannelId(flow_id, run_id, self.node_name)
         if backend is None:
             from videoflow.backends.jetstream.backend import JetStreamMessagingBackend
@@ -341,25 +353,21 @@ class NATSMessenger(Messenger):
         self.join: Join | None = None  # a producer has no inputs to join
         if self.parent_names:
             self._set_depth(FIRST_DEPTH)  # before the bind: a bound durable fetches at once
-            self._bind(partition_by is not None, join_policy, delivery_policy, max_retries)
+            self._bind(partition_by is not None)
             # A store with a budget (shared memory) says whose producers wait for
             # room: such a parent is held back, not silent.
-            self.join = Join(self.node_name, self.parent_names,
-                             effective_join_policy(flow_type, join_policy), backend,
+            self.join = Join(self.node_name, self.parent_names, plan.join, backend,
                              self.deliveries, self._data_subs, clock=clock, epoch=epoch,
                              budget_waiting=self.payloads.budget_waiting(),
                              payload_shares=self.payloads.budget_shares())
 
-    def _bind(self, partitioned: bool, join_policy: dict[str, Any] | None,
-              delivery: dict[str, Any] | None, max_retries: int) -> None:
-        credit = node_credit(self.nb_tasks, partitioned, self.parent_names, join_policy,
-                             self.flow_type)
-        # With a durable, shared ledger the retry budget is counted there, so the
-        # broker never strands a message and a worker-fatal redelivery never counts
-        # (STREAM-15 / D11): the durable is bound with max_deliver -1, as provisioning
-        # with ledger_budget makes it.
-        max_deliver = max_deliver_for(self.flow_type, max_retries, delivery,
-                                      ledger_budget=self.ledger_budget)
+    def _bind(self, partitioned: bool) -> None:
+        # The plan's credit and delivery cap, as provisioning created the durables
+        # (MSG-017). With a durable, shared ledger the retry budget is counted there, so
+        # the broker never strands a message and a worker-fatal redelivery never counts
+        # (STREAM-15 / D11): max_deliver is -1 then, as provisioning with ledger_budget
+        # makes it.
+        credit, max_deliver = self.plan.credit, self.plan.max_deliver
         for parent in self.parent_names:
             parent_channel = ChannelId(self.flow_id, self.run_id, parent)
             data = SubscriptionId(self.node_name, parent_channel, "data",

@@ -50,7 +50,6 @@ from videoflow.backends.messaging import Known
 from videoflow.broker.link import check_budget, outage_budget_from_env, redact_url
 from videoflow.core.compiler import CompiledFlow, compile_flow
 from videoflow.core.constants import REALTIME
-from videoflow.core.credit import effective_join_policy
 from videoflow.core.naming import sanitize
 from videoflow.core.node import Node
 from videoflow.core.report import NodeReport, RunReport
@@ -141,8 +140,8 @@ def _payload_wait_seconds(compiled: CompiledFlow) -> float:
     rather than hang."""
     from videoflow.backends.shm_payload import BUDGET_WAIT_SECONDS
 
-    timeouts = [effective_join_policy(compiled.flow_type, spec.join_policy).timeout_ms
-                for spec in compiled.specs if len(spec.parents) > 1]
+    timeouts = [spec.plan.join.timeout_ms for spec in compiled.specs
+                if spec.plan is not None and len(spec.parents) > 1]
     longest = max((timeout for timeout in timeouts if timeout is not None), default=0.0)
     return BUDGET_WAIT_SECONDS + longest / 1000.0
 

@@ -11,7 +11,7 @@ run would bind durables with other settings, or read a node that does not exist.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from videoflow.core.compiler import CompiledFlow, NodeSpec, compile_flow
@@ -26,7 +26,9 @@ class RunSpec:
     """Attributes:
         flow: 'module:attribute' of the Flow.
         flow_id / run_id / flow_type: the run.
-        nodes: the compiled NodeSpecs, as dicts.
+        nodes: the compiled NodeSpecs, as dicts, without their plans: a worker's
+            compile derives each again from the same overrides and this spec's
+            max_retries and ledger.
         ledger / payloads / ack_wait / max_retries / eos_quiescence_ms / replicas: as
             ReplicaJob (replicas: the copies a clustered broker keeps of the run's
             streams and the flow's buckets).
@@ -111,8 +113,11 @@ class RunSpec:
 
 
 def _spec_dict(spec: NodeSpec) -> dict[str, Any]:
-    """A NodeSpec as JSON-safe data (tuples as lists, so a round trip compares equal)."""
-    return json.loads(json.dumps(asdict(spec)))
+    """A NodeSpec as JSON-safe data (tuples as lists, so a round trip compares equal),
+    its plan left out: derived from the rest, and absent from the files written before
+    it existed, which still read."""
+    return json.loads(json.dumps({f.name: getattr(spec, f.name) for f in fields(spec)
+                                  if f.name != "plan"}))
 
 
 __all__ = ["RunSpec"]

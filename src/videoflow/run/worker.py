@@ -31,7 +31,8 @@ class ReplicaJob:
 
     Attributes:
         flow_id / run_id / flow_type: the run.
-        spec: the node's compiled spec.
+        spec: the node's compiled spec (compile_flow), whose plan its messenger binds
+            with, as provisioning created its durables (MSG-017).
         replica_id: which of its spec.nb_tasks replicas this is.
         nats_url: the broker.
         ack_wait: seconds a delivery stays leased before the broker redelivers it.
@@ -77,6 +78,16 @@ class ReplicaJob:
     replicas: int = 1
     outage_budget: float | None = None
     observe: bool = False
+
+    def __post_init__(self) -> None:
+        """Refuses a spec without a plan (one built by hand, not compiled).
+
+        Raises:
+            ValueError: naming the replica.
+        """
+        if self.spec.plan is None:
+            raise ValueError(f"{self.key}: its spec has no plan; a replica runs a spec "
+                             "compile_flow made")
 
     @property
     def key(self) -> str:
@@ -157,8 +168,7 @@ def run_replica(job: ReplicaJob, node: Node, *,
             SimpleNamespace(name=spec.name), list(spec.parents), job.nats_url, job.flow_id,
             job.flow_type, job.run_id, replica_id=job.replica_id, ack_wait=job.ack_wait,
             max_retries=job.max_retries, eos_quiescence_ms=job.eos_quiescence_ms,
-            nb_tasks=spec.nb_tasks, partition_by=spec.partition_by,
-            join_policy=spec.join_policy, delivery_policy=spec.delivery,
+            nb_tasks=spec.nb_tasks, partition_by=spec.partition_by, plan=spec.plan,
             payload_store=payload_store,
             blob_reader_ids=list(spec.blob_reader_ids or ()) or None, runtime=runtime,
             replayable=bool(getattr(node, "replayable", False)))

@@ -425,8 +425,7 @@ class _Run:
             self.compiled.flow_id, self.compiled.flow_type, RUN_ID, replica_id=replica,
             ack_wait=self.ack_wait, max_retries=self.max_retries,
             eos_quiescence_ms=self.eos_quiescence_ms, nb_tasks=spec.nb_tasks,
-            partition_by=spec.partition_by, join_policy=spec.join_policy,
-            delivery_policy=spec.delivery, backend=self._backend(),
+            partition_by=spec.partition_by, plan=spec.plan, backend=self._backend(),
             clock=self.scheduler.time.monotonic, epoch=self.scheduler.time.wall,
             run=self, replica_run=slot,
             crash=None if generation else self.crashes.get((spec.name, replica)))

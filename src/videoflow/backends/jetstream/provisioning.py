@@ -36,9 +36,9 @@ from videoflow.broker.link import (
     transient,
 )
 from videoflow.broker.options import auth_options
-from videoflow.core.compiler import CONSUMER, NodeSpec
+from videoflow.core.compiler import CONSUMER, NodeSpec, node_plan
 from videoflow.core.constants import check_flow_type
-from videoflow.core.credit import max_deliver_for, node_credit, positive_int
+from videoflow.core.credit import positive_int
 from videoflow.core.naming import (
     partitioned_durable_name_for,
     stream_name_for,
@@ -107,12 +107,11 @@ def _flow_plan(
     (eos_anchor_config), so a BATCH stream retains an EOS published before the child's
     per-process EOS durable exists; and for every (consuming node, parent) edge one
     shared data durable (durable_name_for), or one per replica for a partitioned node
-    (partitioned_durable_name_for) — with max_deliver from max_deliver_for(flow_type,
-    max_retries, spec.delivery, ledger_budget) and max_ack_pending from
-    node_credit(nb_tasks, partitioned, parents, join_policy, flow_type) -- consumer_credit
-    over join_item_credit, with room for the publication window -- unless
-    max_ack_pending is given (STREAM-15, MSG-017). Every stream and
-    durable carries the owner labels, with generation when given (STREAM-14).
+    (partitioned_durable_name_for) — with the max_deliver and max_ack_pending of the
+    node's plan (NodeSpec.plan, what its replicas bind; STREAM-15, MSG-017), the latter
+    unless max_ack_pending is given. A spec without a plan (built by hand) gets one
+    from flow_type, max_retries and ledger_budget (node_plan). Every stream and durable
+    carries the owner labels, with generation when given (STREAM-14).
 
     Arguments:
         as provision_flow.
@@ -151,15 +150,15 @@ def _flow_plan(
     for spec in by_name.values():
         if not spec.parents:
             continue
-        deliver = max_deliver_for(flow_type, max_retries, spec.delivery, ledger_budget)
-        credit = max_ack_pending
-        if credit is None:  # STREAM-15 / MSG-017: the worker derives the same
-            credit = node_credit(spec.nb_tasks, spec.partitioned, spec.parents,
-                                 spec.join_policy, flow_type)
+        plan = spec.plan if spec.plan is not None else node_plan(  # STREAM-15, MSG-017
+            flow_type, spec.parents, spec.nb_tasks, spec.partitioned, spec.join_policy,
+            spec.delivery, max_retries=max_retries, ledger_budget=ledger_budget)
+        credit = plan.credit if max_ack_pending is None else max_ack_pending
         for parent in spec.parents:
             config = consumer_config_for(
                 flow_id, run_id, spec.name, parent, ack_wait=ack_wait,
-                max_deliver=deliver, max_ack_pending=credit, generation=generation,
+                max_deliver=plan.max_deliver, max_ack_pending=credit,
+                generation=generation,
             )
             stream = stream_name_for(flow_id, run_id, parent)
             if not spec.partitioned:
@@ -201,19 +200,21 @@ async def provision_flow(
         specs: list of videoflow.core.compiler.NodeSpec.
         flow_id / run_id: the run.
         flow_type: REALTIME or BATCH.
-        max_retries: deployment-level retry count (VF_MAX_RETRIES) for max_deliver_for.
+        max_retries: deployment-level retry count (VF_MAX_RETRIES), for the
+            max_deliver of a spec without a plan (max_deliver_for).
         ack_wait: seconds a data delivery stays leased before the broker redelivers it.
-        max_ack_pending: broker-side credit per durable. None derives it from the
-            consuming node's replica count and join working set (consumer_credit,
-            STREAM-15).
+        max_ack_pending: broker-side credit per durable. None takes the consuming
+            node's plan's, derived from its replica count and join working set
+            (consumer_credit, STREAM-15).
         generation: provisioning generation recorded in the owner labels (RFC 0006), so
             delete_run_streams can be asked to remove only what this provisioning
             created. None leaves that label out.
         replicas: stream copies to request (a replicated broker profile's
             jetstream_replicas); read back and reported like every other field.
-        ledger_budget: provision at-least-once durables with max_deliver = -1 because
-            the workers' runtime ledger enforces the retry budget (max_deliver_for); the
-            workers derive the same from the same store.
+        ledger_budget: provision at-least-once durables of a spec without a plan
+            with max_deliver = -1 because the workers' runtime ledger enforces the retry
+            budget (max_deliver_for); a compiled spec's plan says the same
+            (compile_flow's ledger_budget), and the workers bind it.
 
     Raises:
         TypeError / ValueError: as _flow_plan, before the broker is touched.
