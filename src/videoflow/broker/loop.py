@@ -2,10 +2,9 @@
 waits on it (a keeper thread when none does), the handoffs that carry work onto it,
 and the fail-fast connect.
 
-Part of videoflow.backends.jetstream.backend. Every MessagingBackend method is
-synchronous (videoflow.backends.messaging), while nats-py is asyncio only, so the
-adapter keeps one loop of its own and runs each broker call on it with a bound;
-nothing here knows about streams, deliveries or outcomes.
+Every MessagingBackend method is synchronous (videoflow.backends.messaging), while
+nats-py is asyncio only, so the adapter keeps one loop of its own and runs each broker
+call on it with a bound; nothing here knows about streams, deliveries or outcomes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""Broker credit per replica plan (STREAM-15, RUN-005, RUN-024) and delivery caps.
-
-Part of videoflow.messaging.topology, which re-exports every public name here."""
+"""Broker credit per replica plan (STREAM-15, RUN-005, RUN-024) and delivery caps."""
 
 from __future__ import annotations
 

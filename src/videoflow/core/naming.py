@@ -1,6 +1,4 @@
-"""Names of a run's broker resources and the owner labels that make ownership exact.
-
-Part of videoflow.messaging.topology, which re-exports every public name here."""
+"""Names of a run's broker resources and the owner labels that make ownership exact."""
 
 from __future__ import annotations
 

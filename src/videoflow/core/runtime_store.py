@@ -1,12 +1,11 @@
-"""Where a FlowRuntime's records live: a small key/revision store with
+"""Where a FlowRuntime's records (CTRL-4) live: a small key/revision store with
 compare-and-swap (RuntimeStore), here in memory; on a NATS KV bucket it is
 videoflow.backends.jetstream.ledger_store.NatsKvRuntimeStore.
 
-Part of videoflow.core.runtime (RFC 0006 CTRL-4). A store knows nothing about
-ledgers: it holds opaque bytes under keys, each write gets a revision, and a write
-can be made conditional on the revision last read — which is all the ledger needs
-for owner epochs, counters and checkpoints that two processes may race on.
-Keys are dot-separated tokens of the NATS KV alphabet (``[-/_=a-zA-Z0-9]``); the
+A store knows nothing about ledgers: it holds opaque bytes under keys, each write gets a
+revision, and a write can be made conditional on the revision last read — which is all
+the ledger needs for owner epochs, counters and checkpoints that two processes may race
+on. Keys are dot-separated tokens of the NATS KV alphabet (``[-/_=a-zA-Z0-9]``); the
 ledger escapes its own identities into that alphabet (runtime_records.key_token).
 """
 

@@ -4,9 +4,7 @@ and the flow's dead letters), binds each subscription's durable to a receiver of
 own (rebinding with the next generation, MSG-011) with its MAX_DELIVERIES advisory
 (MSG-012), and subscribes to the run's control subject.
 
-Part of videoflow.backends.jetstream.backend (a part of its one class; the state it
-reads is BackendState's). The requests themselves are jetstream.durables' and
-jetstream.streams'.
+The requests themselves are jetstream.durables' and jetstream.streams'.
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@ BackendPublishing, the part of JetStreamMessagingBackend that queues publication
 its loop, sends them pipelined and resolves an unknown send by an idempotent
 re-publish (MSG-013, MSG-014).
 
-Part of videoflow.backends.jetstream.backend (a part of its one class; the state it
-reads is BackendState's). The wire side is jetstream.outcomes.
+The wire side is jetstream.outcomes.
 """
 
 from __future__ import annotations

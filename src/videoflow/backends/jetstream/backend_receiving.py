@@ -4,8 +4,7 @@ on the caller's thread (receive_any), runs the loop while it waits for one, keep
 byte budget (RUN-025) and each binding's admission filter and receive depth, and
 reports what is parked, skipped and waiting.
 
-Part of videoflow.backends.jetstream.backend (a part of its one class; the state it
-reads is BackendState's). One binding's pull loop is jetstream.receive's.
+One binding's pull loop is jetstream.receive's.
 """
 
 from __future__ import annotations

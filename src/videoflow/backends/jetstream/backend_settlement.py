@@ -4,8 +4,7 @@ batch per binding (SubscriptionReceiver.settle_batch), confirmed or unknown, nev
 assumed (MSG-011, PAY-004, DELIV-15); renews and supersedes leases; and keeps the
 exhausted marks a confirmed Terminal clears (MSG-012).
 
-Part of videoflow.backends.jetstream.backend (a part of its one class; the state it
-reads is BackendState's). How a batch goes on the wire is jetstream.settle's.
+How a batch goes on the wire is jetstream.settle's.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@ loop, the records of work queued for the loop (QueuedSettlement, QueuedPublicati
 and of a bound subscription (Binding), and BackendState, the backend's state as the
 parts read it.
 
-Part of videoflow.backends.jetstream.backend. The backend is one class composed of
-parts, one module each, by responsibility: backend_provisioning (channels, durables
-and bindings), backend_publishing, backend_receiving and backend_settlement; the
-connection's lifecycle and the observations stay in backend.py.
+The backend is one class composed of parts, one module each, by responsibility:
+backend_provisioning (channels, durables and bindings), backend_publishing,
+backend_receiving and backend_settlement; the connection's lifecycle and the
+observations stay in backend.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""JetStream stream and consumer configurations per flow type, and connect options.
-
-Part of videoflow.messaging.topology, which re-exports every public name here."""
+"""JetStream stream and consumer configurations per flow type, and connect options."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """Provisioning for the JetStream adapter: a channel's stream and a subscription's
 durable, created or reconciled and read back, with whether this call created them.
 
-Part of videoflow.backends.jetstream.backend. Coroutines for the adapter's loop; the
-idempotent create-with-read-back itself is streams.ensure_stream /
-ensure_consumer, shared with the provision entrypoint.
+Coroutines for the adapter's loop; the idempotent create-with-read-back itself is
+streams.ensure_stream / ensure_consumer, shared with the provision entrypoint.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Publication outcomes on JetStream: one publish, typed as the contract says
 (MSG-013, MSG-014), and the idempotent re-publish that resolves an unknown one.
 
-Part of videoflow.backends.jetstream.backend. These are coroutines for the adapter's
-own loop; they never raise for anything the broker answered or failed to answer.
+These are coroutines for the adapter's own loop; they never raise for anything the
+broker answered or failed to answer.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Provisioning a flow: every stream, durable, EOS anchor and the DLQ a run needs,
 created idempotently and read back (provision_flow and its connect and sync forms),
 made again while a cluster is between leaders.
-
-Part of videoflow.messaging.topology, which re-exports every public name here.
 """
 
 from __future__ import annotations

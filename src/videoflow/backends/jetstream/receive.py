@@ -2,11 +2,10 @@
 requests open and parks what the server delivers into a bounded local prefetch queue
 (SubscriptionReceiver), and how a binding is made (bind_receiver).
 
-Part of videoflow.backends.jetstream.backend. A SubscriptionReceiver is created, driven
-and stopped on the adapter's own loop. Its two other halves live beside this module:
-receive_queue (handing the parked deliveries out, and back to the broker) and
-receive_leases (the fenced settlement of every token it hands out and the leases it
-keeps alive: MSG-011, PAY-004, DELIV-15).
+A SubscriptionReceiver is created, driven and stopped on the adapter's own loop. Its two
+other halves live beside this module: receive_queue (handing the parked deliveries out,
+and back to the broker) and receive_leases (the fenced settlement of every token it
+hands out and the leases it keeps alive: MSG-011, PAY-004, DELIV-15).
 """
 
 from __future__ import annotations

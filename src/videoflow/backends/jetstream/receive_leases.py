@@ -4,8 +4,7 @@ acknowledgement verbs as nats-py writes them, the record of a delivery held live
 confirmed with the server and fenced (MSG-011, PAY-004, DELIV-15), and keeps their
 leases alive.
 
-Part of videoflow.backends.jetstream.receive, whose SubscriptionReceiver is built from
-this and receive_queue's PrefetchQueue; everything here runs on the adapter's loop.
+Everything here runs on the adapter's loop.
 """
 
 from __future__ import annotations

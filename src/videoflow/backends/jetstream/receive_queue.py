@@ -2,9 +2,7 @@
 the half of SubscriptionReceiver that hands parked deliveries out to the caller's
 thread, takes one back, and hands them all back to the broker (RUN-030).
 
-Part of videoflow.backends.jetstream.receive, whose SubscriptionReceiver is built from
-this and receive_leases' DeliveryLeases. take_ready and put_back are safe from any
-thread; hand_back runs on the adapter's loop.
+take_ready and put_back are safe from any thread; hand_back runs on the adapter's loop.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Pipelined settlement on JetStream: confirmed acknowledgements at close to the cost of
 fire-and-forget ones.
 
-Part of videoflow.backends.jetstream.backend; everything here runs on the adapter's
-loop. Two pieces:
+Everything here runs on the adapter's loop. Two pieces:
 
 - ReplyMux: one wildcard inbox per connection whose replies resolve waiting futures by
   a counter in the reply subject; publication receipts use it too

@@ -2,9 +2,7 @@
 JetStream's answers (and failures, and MAX_DELIVERIES advisories) to the contract's
 observations.
 
-Part of videoflow.backends.jetstream.backend, which re-exports channel_spec_for,
-stream_config_for_spec, subscription_spec_for and consumer_credit. Nothing here talks
-to a broker.
+Nothing here talks to a broker.
 """
 
 from __future__ import annotations

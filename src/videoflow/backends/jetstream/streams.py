@@ -1,8 +1,7 @@
 """The broker half of topology: reading a run's streams back, creating streams and
 durables idempotently with a read-back, and tearing a run down by exact ownership.
 
-Part of videoflow.messaging.topology, which re-exports every public name here. Unlike
-the pure submodules, everything here talks to a broker.
+Everything here talks to a broker.
 """
 
 from __future__ import annotations

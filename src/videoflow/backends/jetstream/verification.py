@@ -1,7 +1,5 @@
 """Read-back verification: requested against effective configs, profile checks and
-how a failed observation is reported.
-
-Part of videoflow.messaging.topology, which re-exports every public name here."""
+how a failed observation is reported."""
 
 from __future__ import annotations
 
