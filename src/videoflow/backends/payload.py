@@ -1,7 +1,7 @@
 """Payload stores that keep obligations (RFC 0006 BLOB-14).
 
 A payload too large to travel inline in an envelope is put in a PayloadStore and the
-envelope carries its ref (``blob_ref``). Unlike the older counter store
+envelope carries its ref (``blob_ref``). Unlike the counter store
 (videoflow.wire.serialization.BlobStore), a PayloadStore knows *who* still owes a
 release: every put acquires one obligation per reader id and one for the publisher's
 intent (``intent/<publication_id>``); a ref is reclaimed exactly when its last

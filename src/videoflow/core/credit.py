@@ -46,8 +46,9 @@ worth of acks gathered reached max_ack_pending, and the broker held its input ba
 until they went."""
 
 LEGACY_BIND_CREDIT: Final = DEFAULT_PREFETCH + 2
-"""The max_ack_pending a worker bound its durable with before RFC 0006 (its local queue
-depth plus two); kept for the same reason."""
+"""A worker's bind credit of its local queue depth plus two, which does not follow the
+replica plan (STREAM-15); kept, like DEFAULT_MAX_ACK_PENDING, as a reviewed value the
+conformance negative controls reproduce."""
 
 # --------------------------------------------------------------------------------------
 # Credit (STREAM-15, RUN-005, RUN-024) and delivery caps

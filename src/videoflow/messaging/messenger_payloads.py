@@ -9,7 +9,7 @@ While receiving, the messenger reconciles payload obligations (RuntimeObligation
 at most once per ack_wait): a release lost when a reader died after a confirmed ack is
 cancelled once the broker's ack floor shows it (PAY-006).
 
-The older counter BlobStore (blob_store, RFC 0002) still works without a payload
+The counter BlobStore (blob_store, RFC 0002) works without a payload
 store: blob_readers sets how many reads a payload is owed, counted down in the run
 ledger by each reader after a confirmed settlement, the last deleting it (BLOB-5).
 
@@ -40,7 +40,7 @@ from videoflow.wire.offload import BlobStore, GatheredMessage, decode_message, r
 
 class MessengerPayloads:
     """Where one node's by-ref payloads go and come from: the obligation-keeping
-    payload store, else the older counter store, else none (everything inline).
+    payload store, else the counter store, else none (everything inline).
 
     Arguments:
         node_name: the node.

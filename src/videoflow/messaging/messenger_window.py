@@ -10,8 +10,8 @@ window resolves them in the order they were made:
   by-ref payload's intent released, a replayable producer's source offset) run then;
 - a retryable refusal (a full BATCH stream) or an unknown receipt: the publication
   ladder (publish_until_known) climbs on from that outcome, blocking the task, so a
-  full stream is backpressure and nothing is dropped; in REALTIME a refusal is the
-  counted drop it always was (publish_discarded); once the broker answers about an
+  full stream is backpressure and nothing is dropped; in REALTIME a refusal is a
+  counted drop (publish_discarded); once the broker answers about an
   unknown receipt, every other unknown one in the window is asked after at once
   (_ask_after_unknowns), not ladder after ladder;
 - a definite refusal, or an unknown the ladder cannot resolve by its deadline: the

@@ -27,7 +27,7 @@ Payloads over the inline limit travel by ref: the messenger publishes the envelo
 carrying the ref and resolves the put by the outcome; putting, reading, releasing
 (PAY-004), pinning for a dead letter (BLOB-14) and the periodic obligation
 reconciliation (PAY-006) are videoflow.messaging.messenger_payloads'
-(MessengerPayloads), over an obligation-keeping PayloadStore or the older counter
+(MessengerPayloads), over an obligation-keeping PayloadStore or the counter
 BlobStore (RFC 0002, BLOB-5).
 
 Partitioned consumption: each replica binds its own durables and keeps, through the
@@ -173,7 +173,7 @@ class NATSMessenger(Messenger):
         parent_names: its real parents, by name; empty for a producer.
         nats_url: the broker, for the default backend.
         flow_id / flow_type / run_id: the run.
-        blob_store / blob_readers: the older counter store (RFC 0002), used when no
+        blob_store / blob_readers: the counter store (RFC 0002), used when no
             payload_store is given, and how many reads each payload this node puts
             there is owed (BLOB-5): counted down in the run ledger by each reader once
             its settlement is confirmed, the last deleting it. None: TTL-only. The
@@ -289,7 +289,7 @@ class NATSMessenger(Messenger):
         self.replayable = replayable
         self.ledger_budget = self.runtime.durable_shared()
         self.payload_store = payload_store
-        # The older counter store (RFC 0002), used when no payload_store is given.
+        # The counter store (RFC 0002), used when no payload_store is given.
         self.blob_store = None if payload_store is not None else blob_store
         self.blob_readers = blob_readers
         self.blob_reader_ids = tuple(blob_reader_ids or ())

@@ -282,7 +282,7 @@ class OutputEncoder:
                 or (event_ts is not None and event_ts.__class__ is not float)
                 or (blob_ref is not None and blob_ref.__class__ is not str)):
             # The unusual cases (subclasses, ints as times, wrong types) take the
-            # checked path, which accepts or refuses them exactly as it always has.
+            # checked path, which accepts or refuses them as encode_envelope does.
             return encode_envelope(message, trace_id=trace_id, seq=seq, metadata=metadata,
                                    event_ts=event_ts, partition_key=partition_key,
                                    blob_ref=blob_ref, **self._fixed)

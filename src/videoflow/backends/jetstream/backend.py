@@ -1,7 +1,6 @@
-"""NATS JetStream as a MessagingBackend — the transport half of what NATSMessenger used
-to be all of.
+"""NATS JetStream as a MessagingBackend: the transport under NATSMessenger.
 
-The split follows the contract in videoflow.backends.messaging: this adapter owns the
+The adapter follows the contract in videoflow.backends.messaging: it owns the
 connection, its asyncio loop thread, the streams and durables it provisions, the pull
 loops that prefetch deliveries into bounded per-subscription queues, the leases it
 keeps alive, and the settlement of every delivery token it hands out. It knows nothing
@@ -165,7 +164,7 @@ class JetStreamMessagingBackend(BackendProvisioning, BackendPublishing, BackendR
         fetch_timeout: seconds one pull request waits (FETCH_TIMEOUT_SECONDS).
         ack_confirm_seconds: how long Completed waits for the broker's reply.
         keepalive: whether to extend the lease of every unsettled delivery
-            periodically (ack_wait / 3), as the messenger always has.
+            periodically (ack_wait / 3).
         connect_timeout: the overall bound of start's connect, in seconds.
         byte_budget: the most envelope bytes this receiver holds unsettled — parked or
             handed out — before its pull loops pause (RUN-025; VF_PREFETCH_BYTES). A

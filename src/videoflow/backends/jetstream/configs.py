@@ -34,9 +34,9 @@ from videoflow.core.naming import (
 )
 
 DEFAULT_MAX_ACK_PENDING: Final = 8
-"""The broker-side max_ack_pending provisioning used before RFC 0006 (STREAM-15 replaced
-it with consumer_credit); kept as the reviewed value the conformance negative controls
-reproduce."""
+"""A fixed broker-side max_ack_pending that does not follow the replica plan
+(consumer_credit derives that, STREAM-15); kept as the reviewed value the conformance
+negative controls reproduce."""
 
 DEFAULT_REALTIME_BUFFER: Final = 1
 """REALTIME keeps only the freshest N messages per node and never blocks the producer (a
@@ -58,7 +58,7 @@ EOS_ACK_WAIT_SECONDS: Final = 30
 
 def _num_replicas(replicas: int) -> int | None:
     # STREAM-14: 1 leaves the field to the server default, so a single-server request
-    # is exactly what it always was (nats-py omits None fields from the request).
+    # sets no replica count (nats-py omits None fields from the request).
     positive_int("replicas", replicas)
     return replicas if replicas > 1 else None
 
@@ -97,7 +97,7 @@ def stream_config_for(
             None leaves that label out.
         replicas: copies the stream keeps (a replicated broker profile's
             jetstream_replicas); 1 leaves the field to the server default, so a
-            single-server request is exactly what it always was.
+            single-server request sets no replica count.
 
     Returns:
         A fresh nats.js.api.StreamConfig carrying the owner labels (STREAM-14).

@@ -279,8 +279,7 @@ class DeliveryLeases:
         return LeaseObservation("extended")
 
     def keep_alive(self, interval: float) -> None:
-        """Renew every live lease each interval seconds (ack_wait / 3, as the messenger
-        always has) until stop."""
+        """Renew every live lease each interval seconds (ack_wait / 3) until stop."""
         async def renewing() -> None:
             while not self._stopping:
                 await asyncio.sleep(interval)
