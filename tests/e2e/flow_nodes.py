@@ -509,3 +509,19 @@ class FailOnceSink(SubjectSink):
         if key not in self.tried:
             self.tried.add(key)
             raise RuntimeError(f"failed once after sending {key}")
+
+
+class StallOnce:
+    """A SubjectSource decode that hands the payload on as it is, and sleeps once for
+    `seconds` at the first record whose Event-Time header reaches `at`: longer than
+    the source's ack_wait, the broker delivers the records the source holds
+    unacknowledged again while it sleeps."""
+
+    def __init__(self, at: float, seconds: float) -> None:
+        self.at, self.seconds, self.stalled = at, seconds, False
+
+    def __call__(self, data: bytes, headers: dict[str, str]) -> bytes:
+        if not self.stalled and float(headers["Event-Time"]) >= self.at:
+            self.stalled = True
+            time.sleep(self.seconds)
+        return data

@@ -13,13 +13,19 @@ import msgspec
 import nats
 import numpy as np
 import pytest
-from flow_nodes import AsFrame, FailOnceSink, Numbers
+from flow_nodes import AsFrame, FailOnceSink, Numbers, StallOnce
 
 from videoflow.broker import server as embedded
 from videoflow.broker.loop import registered
 from videoflow.core.constants import BATCH
 from videoflow.flow import Flow
-from videoflow.io import DTYPE_HEADER, EVENT_TIME_HEADER, SHAPE_HEADER, SubjectSink
+from videoflow.io import (
+    DTYPE_HEADER,
+    EVENT_TIME_HEADER,
+    SHAPE_HEADER,
+    SubjectSink,
+    SubjectSource,
+)
 from videoflow.messaging.tracing import parse_traceparent
 from videoflow.wire.numpy_ext import ext_hook
 
@@ -140,6 +146,43 @@ def test_a_refused_message_fails_the_input(nats_server: embedded.EmbeddedServer)
     assert report.nodes["out"].dead_lettered == 3, report.format()
     assert report.nodes["out"].failed == 3 * (1 + FAST_RETRY["max_retries"])  # type: ignore[operator]
     assert asyncio.run(stream_messages(url, "TINY")) == []
+
+
+async def publish_records(url: str, subject: str, n: int) -> None:
+    """n records on subject, each with its Event-Time (1000 + i), by plain nats-py."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        for i in range(n):
+            await js.publish(subject, b"r%d" % i, headers={EVENT_TIME_HEADER: str(1000.0 + i)})
+    finally:
+        await nc.close()
+
+
+def test_records_delivered_again_while_the_source_stalls_are_counted_once(
+        nats_server: embedded.EmbeddedServer) -> None:
+    # Plain stream -> SubjectSource(count=N) -> SubjectSink -> plain stream, as the io
+    # benchmark runs it. The source stalls once for longer than its ack_wait: the
+    # broker delivers the records it held unacknowledged again. Those are records the
+    # source already took (their outputs deduplicated by the broker), so they do not
+    # count towards its N: it ends after N distinct records, and every one is out.
+    # It had counted each delivery, ended that many records early, and the run still
+    # said completed.
+    url, n = nats_server.url, 200
+    asyncio.run(add_stream(url, "RECORDS", ["records"]))
+    asyncio.run(add_stream(url, "RELAYED", ["relayed"]))
+    asyncio.run(publish_records(url, "records", n))
+    source = SubjectSource("RECORDS", decode=StallOnce(1000.0 + 60, 3.0), count=n,
+                           ack_wait=1.0, batch=20, name="source")
+    sink = SubjectSink("relayed", encoding="bytes", name="sink")(source)
+    report = Flow([source], [sink], BATCH, name="relaystall").run(url, view=False)
+    assert report.outcome == "completed", report.format()
+    held = asyncio.run(stream_messages(url, "RELAYED"))
+    assert len(held) == n, f"RELAYED holds {len(held)} of {n}: {report.format()}"
+    assert sorted(m.data for m in held) == sorted(b"r%d" % i for i in range(n))
+    assert sorted(float(m.headers[EVENT_TIME_HEADER]) for m in held) == [
+        1000.0 + i for i in range(n)]
+    assert report.nodes["sink"].processed == n, report.format()
 
 
 @pytest.mark.parametrize("arguments, error", [

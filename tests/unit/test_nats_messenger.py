@@ -29,6 +29,7 @@ from videoflow.backends.messaging import (
     Completed,
     Envelope,
     Known,
+    Receipt,
     SettleResult,
     SettleUnknown,
     SubscriptionId,
@@ -652,6 +653,33 @@ def test_a_replayable_producer_resumes_from_its_last_accepted_offset_and_a_repla
     assert replacement.publication_stats["duplicate"] == 1  # MSGID-6: the same id again
     *groups, _ = run_sink(sink, lambda inputs: None)
     assert [g["file"]["message"] for g in groups] == ["l1", "l2", "l3", "l4"]
+
+
+def test_a_replayable_producer_counts_outputs_answered_while_it_publishes_nothing(
+    flows,  # type: ignore[no-untyped-def]
+) -> None:
+    """accepted_outputs counts every output the broker answered so far, not only those
+    the window resolved as later outputs went out: a source waiting for records acks
+    the records of outputs accepted meanwhile (else, holding as many as its durable
+    lets it, it waited out the broker's ack_wait and was handed them all again)."""
+    flow = flows({"file": [], "sink": ["file"]})
+    file = flow.messenger("file", replayable=True)
+    held: list[tuple[Receipt[Any], Any]] = []
+    publish_now = file.backend.publish_async
+
+    def answered_later(envelope: Any, deadline: float) -> Receipt[Any]:
+        receipt: Receipt[Any] = Receipt()
+        held.append((receipt, publish_now(envelope, deadline).result()))
+        return receipt
+
+    file.backend.publish_async = answered_later  # type: ignore[method-assign]
+    for line in ("l1", "l2", "l3"):
+        file.publish_message(line)
+    assert file.accepted_outputs() == 0  # sent, none answered yet
+    for receipt, answer in held:
+        receipt.set_result(answer)
+    assert file.accepted_outputs() == 3  # answered: counted with nothing more published
+    file.publish_stop_signal()
 
 
 def test_live_producers_mint_ids_no_other_replica_or_restart_repeats(flows) -> None:  # type: ignore[no-untyped-def]

@@ -28,7 +28,9 @@ with the same id, which the broker's duplicate window drops. A record that does 
 decode is counted as an 'undecodable' drop, written to the flow's dead-letter stream
 (reason 'undecodable', its bytes as they came) and terminated; the flow goes on.
 
-Ending. With count, after that many records; with idle_end, once nothing came for
+Ending. With count, after that many records (distinct ones: a record delivered again,
+its ack_wait out while the source held it, is handed out again but not counted again);
+with idle_end, once nothing came for
 that many seconds; else when the flow is stopped (videoflow stop, a quiesce).
 
 Replicas. With nb_tasks replicas, each process binds the one durable and they share
@@ -160,7 +162,8 @@ class SubjectSource(ProducerNode):
         self._records: deque[Any] = deque()  # fetched, not yet handed out
         self._unacked: deque[Any] = deque()  # handed out, in output order
         self._acked_outputs = 0  # of the outputs accepted, those whose record is acked
-        self._taken = 0
+        self._taken = 0  # distinct records taken (by stream sequence, with count)
+        self._taken_seqs: set[int] | None = None if self.count is None else set()
         self._last_record = time.monotonic()
         self._fetching: Any = None  # the prefetch's awaitable, while one is out
         self._acks: list[asyncio.Future[None]] = []
@@ -209,8 +212,11 @@ class SubjectSource(ProducerNode):
     def next(self) -> Any:
         session, context = self._session, self.context
         assert session is not None and context is not None, "open() was not called"
-        self._ack_accepted(session)
         while True:
+            # Each time round, not once per call: while it waits for records, the
+            # outputs it handed out are accepted, and their records must be acked for
+            # the broker to deliver more (a durable holds at most max_ack_pending).
+            self._ack_accepted(session)
             if self.count is not None and self._taken >= self.count:
                 raise StopIteration
             msg = self._next_record(session)
@@ -221,7 +227,15 @@ class SubjectSource(ProducerNode):
                     raise StopIteration
                 continue
             self._last_record = time.monotonic()
-            self._taken += 1
+            if self._taken_seqs is None:
+                self._taken += 1
+            elif (seq := msg.metadata.sequence.stream) not in self._taken_seqs:
+                # A record delivered again (its ack_wait ran out first) is handed out
+                # again, its output deduplicated by the broker (MSGID-6), but it is
+                # not another record: counted, it would end the source that many
+                # records short of count.
+                self._taken_seqs.add(seq)
+                self._taken += 1
             headers = msg.headers or {}
             try:
                 value, event_ts = self._decoded(msg.data, headers)

@@ -538,7 +538,16 @@ class NATSMessenger(Messenger):
 
     def accepted_outputs(self) -> int:
         """A replayable producer's outputs accepted by the broker in this process,
-        counted in the order they were published."""
+        counted in the order they were published -- every one answered so far: the
+        window resolves what it holds answered first (it is otherwise resolved only as
+        the next outputs go out, and a source that waits for records while holding as
+        many unacknowledged as its durable allows would wait out the broker's ack_wait,
+        then be handed them all again).
+
+        Raises:
+            PublicationFailed: an earlier output was not published (as publish_message).
+        """
+        self.window.advance()
         return self.outputs.accepted_outputs
 
     def set_output_partition_key(self, value: Any) -> None:
