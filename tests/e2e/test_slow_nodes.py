@@ -74,16 +74,13 @@ def test_a_slow_nodes_settlements_reach_the_broker_as_it_finishes_each_input(
         # (message n is sequence n): at most two finished ones not yet settled.
         assert state["ack_floor"] >= finished - 2, (finished, state, samples)
     # What it leased is what it will soon process, never the stream. Once it has
-    # worked through what it leased before it had timed a group: the one in hand,
-    # the next parked, one more a pull request may bring that the receiver saw
-    # expire before the server did (a loaded host), and the two finished ones the
-    # floor may trail by. Before that, never half the stream (the old code leased it
-    # all at its first fetch). What it leases before its first group is timed is
-    # not two FIRST_DEPTHs, as this test once assumed: in the full suite it had 15
-    # delivered when it finished its 9th (17 under a heavier load), and why is not
-    # known yet (an open defect: see the session note of 2026-12-06).
-    first = min((s["delivered"] for f, s in samples if f >= 1), default=MESSAGES)
-    steady = [(f, s) for f, s in working if f > max(first, 2 * FIRST_DEPTH)]
+    # timed a few groups: the one in hand, the next parked, one more a pull request
+    # may bring that the receiver saw expire before the server did (a loaded host),
+    # and the two finished ones the floor may trail by. Before, what its first
+    # fetches of FIRST_DEPTH brought: never half the stream (the old code leased it
+    # all at its first fetch). A receive once took, besides what was parked, what the
+    # keeper thread parked while it took: 15 delivered at the 9th finished, under load.
+    steady = [(f, s) for f, s in working if f > 2 * FIRST_DEPTH]
     assert steady, samples
     assert max(s["ack_pending"] for _, s in steady) <= 5, steady
     assert max(s["ack_pending"] for _, s in samples) <= MESSAGES // 2, samples

@@ -84,3 +84,37 @@ def test_a_slow_node_asks_its_backend_for_a_shallow_prefetch() -> None:
     finally:
         sink.close()
         cam.close()
+
+
+def test_a_take_across_bindings_hands_out_only_what_was_parked_when_it_began() -> None:
+    """take_round_robin against a loop run meanwhile by the keeper thread: each take
+    wakes a pull loop, whose next delivery is parked while the rounds go on. Those are
+    the next receive's: a caller taking them too leased one per round trip, far past
+    the depth its bindings keep (a slow sink in the full suite held 7, not 2)."""
+    from videoflow.backends.jetstream.receive import take_round_robin
+
+    class Refilled(SubscriptionReceiver):
+        next_seq = 100
+
+        def take_ready(self, item_credit: int, byte_credit: int = 0) -> list:  # type: ignore[type-arg]
+            taken = super().take_ready(item_credit, byte_credit)
+            Refilled.next_seq += 1  # what the pull loop asked for lands at once
+            park(self, Refilled.next_seq, 200)
+            return taken
+
+    async def run() -> None:
+        receivers = []
+        for name in ("cam0", "cam1"):
+            sub = SubscriptionId("fusion", ChannelId("f", "r", name))
+            r = Refilled(sub, client=None, stream="s", durable="d",  # type: ignore[arg-type]
+                         generation=1, prefetch=RECEIVE_PREFETCH,
+                         replies=object())  # type: ignore[arg-type]
+            for seq in (1, 2) if name == "cam0" else (3,):
+                park(r, seq, 200)
+            receivers.append((sub, r))
+
+        taken = take_round_robin(receivers, 256, 0)
+
+        assert [d.stream_seq for _, d in taken] == [1, 3, 2]
+        assert [r.parked for _, r in receivers] == [2, 1]  # left for the next receive
+    asyncio.run(run())

@@ -502,19 +502,28 @@ def take_round_robin(
 ) -> list[tuple[SubscriptionId, Delivery]]:
     """Take up to item_credit parked deliveries (and about byte_credit bytes, 0 =
     unbounded; the first always goes) round robin, one per receiver per round, so no
-    subscription starves. Never waits; safe from any thread (take_ready)."""
+    subscription starves, and from each no more than it had parked when the take began.
+    Never waits; safe from any thread (take_ready)."""
     if len(receivers) == 1:  # nothing to share fairly: take the batch in one go
         sub, receiver = receivers[0]
         return [(sub, d) for d in receiver.take_ready(item_credit, byte_credit)]
+    # The keeper thread may run the loop meanwhile: each take wakes a pull loop that
+    # asks again, and what that brings is parked while these rounds go on. Taken too,
+    # a slow caller descheduled mid-take leased a delivery per round trip, far past
+    # the depth its receivers keep (a 0.2 s-a-message sink held 7).
+    left = [receiver.parked for _, receiver in receivers]
     taken: list[tuple[SubscriptionId, Delivery]] = []
     size, progress = 0, True
     while progress and len(taken) < item_credit:
         progress = False
-        for sub, receiver in receivers:
+        for index, (sub, receiver) in enumerate(receivers):
             if len(taken) >= item_credit:
                 break
             if byte_credit and taken and size >= byte_credit:
                 return taken
+            if not left[index]:
+                continue
+            left[index] -= 1
             room = byte_credit - size if byte_credit and taken else 0
             for delivery in receiver.take_ready(1, room):
                 if taken and byte_credit and size + delivery.size > byte_credit:
