@@ -78,12 +78,7 @@ from videoflow.backends.jetstream.backend_state import (
     resolve_settlements,
 )
 from videoflow.backends.jetstream.outcomes import PublicationLedger
-from videoflow.backends.jetstream.receive import (
-    ACK_CONFIRM_SECONDS,
-    FETCH_TIMEOUT_SECONDS,
-    SubscriptionReceiver,
-)
-from videoflow.backends.jetstream.settle import ReplyMux
+from videoflow.backends.jetstream.reply_inbox import ReplyMux
 from videoflow.backends.jetstream.specs import (
     ExhaustedMarks,
     channel_observation,
@@ -96,6 +91,11 @@ from videoflow.backends.jetstream.specs import (
     subscription_spec_for,
 )
 from videoflow.backends.jetstream.streams import delete_run_streams
+from videoflow.backends.jetstream.subscription_receiver import (
+    ACK_CONFIRM_SECONDS,
+    FETCH_TIMEOUT_SECONDS,
+    SubscriptionReceiver,
+)
 from videoflow.backends.messaging import (
     LIVE_LATEST,
     RELIABLE_WORK,

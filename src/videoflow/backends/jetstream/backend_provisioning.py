@@ -19,7 +19,6 @@ from nats.aio.msg import Msg
 from videoflow.backends.jetstream.backend_state import BROKER_CALL_SECONDS, BackendState, Binding
 from videoflow.backends.jetstream.configs import dlq_stream_config
 from videoflow.backends.jetstream.durables import ensure_channel_stream, ensure_durable
-from videoflow.backends.jetstream.receive import SubscriptionReceiver, bind_receiver
 from videoflow.backends.jetstream.specs import (
     ADVISORY_MAX_DELIVERIES,
     consumer_config_for_spec,
@@ -27,6 +26,7 @@ from videoflow.backends.jetstream.specs import (
     stream_of,
 )
 from videoflow.backends.jetstream.streams import ensure_stream
+from videoflow.backends.jetstream.subscription_receiver import SubscriptionReceiver, bind_receiver
 from videoflow.backends.messaging import (
     BrokerUnavailable,
     ChannelSpec,
@@ -135,7 +135,7 @@ class BackendProvisioning(BackendState):
             receiver.wanted = self._wanted  # before its pull loop's first request
             receiver.schedule = self._runner.call_soon
             if self.keepalive:
-                receiver.keep_alive(spec.ack_wait_seconds / 3)
+                receiver.leases.keep_alive(spec.ack_wait_seconds / 3)
             advisory = None
             if spec.id.kind == "data":
                 advisory = await client.subscribe(

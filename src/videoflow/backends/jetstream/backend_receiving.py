@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from videoflow.backends.jetstream.backend_state import BackendState
-from videoflow.backends.jetstream.receive import take_round_robin
+from videoflow.backends.jetstream.subscription_receiver import take_round_robin
 from videoflow.backends.messaging import (
     BrokerUnavailable,
     Delivery,
@@ -35,7 +35,7 @@ class BackendReceiving(BackendState):
 
     def _resident(self) -> int:
         # Called from the loop thread (the pull loops' gate) and the caller's: copy first.
-        return sum(b.receiver.resident_bytes() for b in list(self._bindings.values()))
+        return sum(b.receiver.queue.resident_bytes() for b in list(self._bindings.values()))
 
     def receive_any(
         self,
@@ -154,7 +154,7 @@ class BackendReceiving(BackendState):
         """Parked deliveries plus the broker's num_pending as the latest delivery's reply
         subject carried it (0 once a fetch ended short: 404/408); no round trip."""
         binding = self._bindings.get(subscription)
-        waiting = None if binding is None else binding.receiver.backlog()
+        waiting = None if binding is None else binding.receiver.queue.backlog()
         if waiting is None:
             return Unknown("unread", f"nothing received for {subscription.consumer} yet")
         return Known(waiting)

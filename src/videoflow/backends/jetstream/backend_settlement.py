@@ -21,7 +21,7 @@ from videoflow.backends.jetstream.backend_state import (
     QueuedSettlement,
     resolve_settlements,
 )
-from videoflow.backends.jetstream.receive import SubscriptionReceiver
+from videoflow.backends.jetstream.subscription_receiver import SubscriptionReceiver
 from videoflow.backends.messaging import (
     BrokerUnavailable,
     DeliveryToken,
@@ -128,7 +128,7 @@ class BackendSettlement(BackendState):
                             batch: list[QueuedSettlement]) -> None:
         items = [item for entry in batch for item in entry.items]
         try:
-            results = await receiver.settle_batch(items)
+            results = await receiver.leases.settle_batch(items)
         except asyncio.CancelledError:
             resolve_settlements(batch, SettleUnknown("the backend shut down before the broker "
                                           "confirmed the settlement"))
@@ -151,7 +151,7 @@ class BackendSettlement(BackendState):
         if binding is None:
             return LeaseObservation("stale", "the subscription is not bound here")
         try:
-            observed: LeaseObservation = self._call(binding.receiver.renew(token),
+            observed: LeaseObservation = self._call(binding.receiver.leases.renew(token),
                                                     self.ack_confirm_seconds)
         except (TimeoutError, BrokerUnavailable) as error:
             return LeaseObservation("unknown", f"the backend's loop did not answer: {error}")
@@ -163,7 +163,7 @@ class BackendSettlement(BackendState):
             return False
 
         async def retire() -> bool:
-            return binding.receiver.supersede(token)
+            return binding.receiver.leases.supersede(token)
 
         return bool(self._call(retire(), self.ack_confirm_seconds))
 

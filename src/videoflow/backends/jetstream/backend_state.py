@@ -21,9 +21,9 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from videoflow.backends.jetstream.outcomes import PublicationLedger
-from videoflow.backends.jetstream.receive import SubscriptionReceiver
-from videoflow.backends.jetstream.settle import ReplyMux
+from videoflow.backends.jetstream.reply_inbox import ReplyMux
 from videoflow.backends.jetstream.specs import ExhaustedMarks
+from videoflow.backends.jetstream.subscription_receiver import SubscriptionReceiver
 from videoflow.backends.messaging import (
     ChannelId,
     Delivery,

@@ -22,7 +22,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from videoflow.backends.jetstream.settle import ReplyMux, no_responders
+from videoflow.backends.jetstream.reply_inbox import ReplyMux, no_responders
 from videoflow.backends.messaging import (
     Accepted,
     ChannelId,
