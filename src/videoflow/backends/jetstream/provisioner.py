@@ -1,4 +1,4 @@
-"""Provisioning and binding on JetStream: BackendProvisioning, the part of
+"""Provisioning and binding on JetStream: Provisioner, the part of
 JetStreamMessagingBackend that creates or reconciles the run's streams (its channels
 and the flow's dead letters), binds each subscription's durable to a receiver of its
 own (rebinding with the next generation, MSG-011) with its MAX_DELIVERIES advisory
@@ -16,9 +16,11 @@ import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
 
-from videoflow.backends.jetstream.backend_state import BROKER_CALL_SECONDS, BackendState, Binding
+from videoflow.backends.jetstream.bindings import Binding, Bindings
 from videoflow.backends.jetstream.configs import dlq_stream_config
+from videoflow.backends.jetstream.connection import BROKER_CALL_SECONDS, Connection
 from videoflow.backends.jetstream.durables import ensure_channel_stream, ensure_durable
+from videoflow.backends.jetstream.receiver import Receiver
 from videoflow.backends.jetstream.specs import (
     ADVISORY_MAX_DELIVERIES,
     consumer_config_for_spec,
@@ -40,9 +42,33 @@ from videoflow.broker.loop import registered
 from videoflow.core.naming import control_subject_for
 
 
-class BackendProvisioning(BackendState):
+class Provisioner:
     """The run's streams and durables, and the bindings that receive from them
-    (ensure_dead_letters, ensure_channel, ensure_subscription, subscribe_control)."""
+    (ensure_dead_letters, ensure_channel, ensure_subscription, subscribe_control).
+
+    Arguments:
+        flow_id / run_id: the run provisioned.
+        instance_id: names this process's EOS durables.
+        connection: the connection the requests are made on.
+        bindings: where each binding made is kept.
+        receiver: what every binding parks for (its ring, byte budget, receive depth
+            and whether receiving has stopped).
+        prefetch / fetch_timeout / ack_confirm_seconds / keepalive: each binding's, as
+            JetStreamMessagingBackend takes them.
+
+    Attributes:
+        first_stream: the effective configuration of the first stream ensure_channel
+            read back (capabilities reports its replicas and storage); None before.
+    """
+
+    def __init__(self, flow_id: str, run_id: str, instance_id: str, connection: Connection,
+                 bindings: Bindings, receiver: Receiver, prefetch: int, fetch_timeout: float,
+                 ack_confirm_seconds: float, keepalive: bool) -> None:
+        self.flow_id, self.run_id, self.instance_id = flow_id, run_id, instance_id
+        self.connection, self.bindings, self.receiver = connection, bindings, receiver
+        self.prefetch, self.fetch_timeout = prefetch, fetch_timeout
+        self.ack_confirm_seconds, self.keepalive = ack_confirm_seconds, keepalive
+        self.first_stream: Any = None
 
     def ensure_dead_letters(self, operation_id: str) -> None:
         """Create (or find, read back, unchanged) the flow's dead-letter stream
@@ -53,7 +79,7 @@ class BackendProvisioning(BackendState):
             BrokerUnavailable: not connected, or the broker did not answer.
         """
         try:
-            self._ride(lambda js: ensure_stream(js, dlq_stream_config(self.flow_id)))
+            self.connection.ride(lambda js: ensure_stream(js, dlq_stream_config(self.flow_id)))
         except (TimeoutError, nats.errors.Error) as error:
             raise BrokerUnavailable(f"ensure_dead_letters for {self.flow_id}: {error}") from error
 
@@ -72,7 +98,7 @@ class BackendProvisioning(BackendState):
         """
         name = stream_of(spec.channel)
         try:
-            created, verified = self._ride(lambda js: ensure_channel_stream(js, spec))
+            created, verified = self.connection.ride(lambda js: ensure_channel_stream(js, spec))
         except nats.js.errors.APIError as error:
             raise BrokerUnavailable(f"ensure_channel {name}: {error}",
                                     code=error.err_code) from error
@@ -80,8 +106,8 @@ class BackendProvisioning(BackendState):
             raise BrokerUnavailable(f"ensure_channel {name}: {error}") from error
         if verified.effective is None:
             raise BrokerUnavailable(f"ensure_channel {name}: {verified.mismatches[0]}")
-        if self._first_stream is None:
-            self._first_stream = verified.effective
+        if self.first_stream is None:
+            self.first_stream = verified.effective
         return VerifiedChannel(spec=spec, name=name, created=created,
                                mismatches=verified.mismatches)
 
@@ -99,24 +125,25 @@ class BackendProvisioning(BackendState):
             UnobservableState: the channel's stream does not exist (reason 'missing').
             BrokerUnavailable: not connected, or the broker did not answer.
         """
-        old = self._bindings.get(spec.id)
+        bindings, receiving = self.bindings, self.receiver
+        old = bindings.bound.get(spec.id)
         if old is not None and old.operation_id == operation_id:
             return old.verified
         stream = stream_of(spec.id.channel)
         durable = durable_of(spec.id, self.instance_id)
         config = consumer_config_for_spec(spec, self.instance_id)
-        generation = self._generations.get(spec.id, -1) + 1
-        admit, on_skip = self._admission.get(spec.id, (None, None))
+        generation = bindings.generations.get(spec.id, -1) + 1
+        admit, on_skip = bindings.admission.get(spec.id, (None, None))
 
         try:
-            created, verified = self._ride(
+            created, verified = self.connection.ride(
                 lambda js: ensure_durable(js, stream, durable, config))
         except nats.js.errors.NotFoundError as error:
             raise UnobservableState(f"no stream {stream} to bind {durable} to",
                                     reason="missing", detail=str(error)) from error
         except (TimeoutError, nats.errors.Error) as error:
             raise BrokerUnavailable(f"ensure_subscription {durable}: {error}") from error
-        client, _ = self._require()
+        client, _ = self.connection.require()
 
         async def bind() -> tuple[SubscriptionReceiver, Any]:
             if old is not None:
@@ -129,11 +156,11 @@ class BackendProvisioning(BackendState):
                 client, spec.id, stream, durable, generation, prefetch=self.prefetch,
                 fetch_timeout=self.fetch_timeout,
                 ack_confirm_seconds=self.ack_confirm_seconds, byte_credit=spec.byte_credit,
-                may_fetch=None if self.byte_budget is None else self._budget_admits,
+                may_fetch=None if receiving.byte_budget is None else receiving.budget_admits,
                 admit=admit, on_skip=on_skip,
-                replies=self._replies, on_parked=self._ring)
-            receiver.wanted = self._wanted  # before its pull loop's first request
-            receiver.schedule = self._runner.call_soon
+                replies=self.connection.replies, on_parked=receiving.ring)
+            receiver.wanted = receiving.wanted  # before its pull loop's first request
+            receiver.schedule = self.connection.runner.call_soon
             if self.keepalive:
                 receiver.leases.keep_alive(spec.ack_wait_seconds / 3)
             advisory = None
@@ -144,32 +171,32 @@ class BackendProvisioning(BackendState):
             return receiver, advisory
 
         try:
-            receiver, advisory = self._call(bind(), BROKER_CALL_SECONDS)
+            receiver, advisory = self.connection.call(bind(), BROKER_CALL_SECONDS)
         except (TimeoutError, nats.errors.Error) as error:
             raise BrokerUnavailable(f"ensure_subscription {durable}: {error}") from error
         if old is not None:
-            self._retired_budget_waits += old.receiver.budget_waits
-        self._generations[spec.id] = generation
+            bindings.retired_budget_waits += old.receiver.budget_waits
+        bindings.generations[spec.id] = generation
         result = VerifiedSubscription(spec=spec, name=durable, generation=generation,
                                       created=created, mismatches=verified.mismatches)
         binding = Binding(spec, result, operation_id, stream, receiver)
         binding.advisory = advisory
-        self._bindings[spec.id] = binding
-        if self._stopped_receiving:
-            self._call(receiver.stop(), self.fetch_timeout + BROKER_CALL_SECONDS)
+        bindings.bound[spec.id] = binding
+        if receiving.stopped:
+            self.connection.call(receiver.stop(), self.fetch_timeout + BROKER_CALL_SECONDS)
         return result
 
     def _advisory_handler(self, subscription: SubscriptionId) -> Callable[[Msg], Any]:
         async def on_advisory(msg: Msg) -> None:
             # S11: fires on the next pull after the last delivery, carrying stream_seq.
-            self._exhausted.mark_advisory(subscription, msg.data)
+            self.bindings.exhausted.mark_advisory(subscription, msg.data)
 
         return on_advisory
 
     def subscribe_control(self, callback: Callable[[], None]) -> None:
         """Invoke callback (on the loop, whichever thread runs it) when the run's
         flow-wide stop is published (core NATS, vf.{flow}.{run}._control.stop)."""
-        client, _ = self._require()
+        client, _ = self.connection.require()
 
         async def on_stop(_msg: Msg) -> None:
             callback()
@@ -180,7 +207,7 @@ class BackendProvisioning(BackendState):
             # this returns is never missed.
             await registered(client, BROKER_CALL_SECONDS)
 
-        self._call(subscribe(), BROKER_CALL_SECONDS)
+        self.connection.call(subscribe(), BROKER_CALL_SECONDS)
 
 
-__all__ = ["BackendProvisioning"]
+__all__ = ["Provisioner"]
