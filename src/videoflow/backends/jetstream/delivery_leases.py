@@ -197,7 +197,7 @@ class DeliveryLeases:
         record_ref as the TERM reason (S12, DELIV-15). They are all written at once and
         confirmed by the server's replies: every Retry and Terminal, and the batch's
         last settlement, go as requests, and a Completed before a request is confirmed
-        by that request's reply (jetstream.settle: the server applies one durable's
+        by that request's reply (plan_sends: the server applies one durable's
         acknowledgements in order). So a batch costs one round trip, not one per
         delivery.
 

@@ -91,7 +91,7 @@ class Settler:
         """Queue one settlement and return at once. Settlements queued while the loop is
         busy go out together: one wake-up of the loop for the lot, and per durable one
         write of every acknowledgement with one round trip to confirm them
-        (SubscriptionReceiver.settle_batch). The receipt always resolves, to what
+        (DeliveryLeases.settle_batch). The receipt always resolves, to what
         settle would return — SettleUnknown if the backend shuts down first.
 
         Raises:
@@ -104,7 +104,7 @@ class Settler:
     ) -> list[Receipt[SettleResult]]:
         """Queue settlements and return at once, a receipt each (settle_async): one
         entry per binding, so per durable one write and one confirming round trip
-        for the lot (SubscriptionReceiver.settle_batch).
+        for the lot (DeliveryLeases.settle_batch).
 
         Raises:
             TypeError: an outcome is not Completed, Retry or Terminal (nothing is
