@@ -2,8 +2,8 @@
 the part of a SubscriptionReceiver that holds what its pull loop parked and every
 delivery still live, under the lock the caller's thread and the loop share.
 
-take and put_back are safe from any thread (take under the lock); withdraw runs on the
-adapter's loop.
+The caller's thread takes parked deliveries under lock (SubscriptionReceiver.take_ready);
+put_back is safe from any thread; withdraw runs on the adapter's loop.
 """
 
 from __future__ import annotations
@@ -51,25 +51,6 @@ class PrefetchQueue:
         # Read from the caller's thread too: copy the values first (atomic under the
         # GIL) so the loop thread's inserts cannot break the iteration.
         return sum(h.delivery.size for h in list(self.held.values()))
-
-    def take(self, item_credit: int, byte_credit: int) -> list[Delivery]:
-        """Hand out up to item_credit parked deliveries (and about byte_credit bytes, 0 =
-        unbounded: the first always goes). The caller holds lock."""
-        taken: list[Delivery] = []
-        size = 0
-        parked, held_of = self.parked, self.held
-        while parked and len(taken) < item_credit:
-            delivery = parked[0]
-            if byte_credit and taken and size + delivery.size > byte_credit:
-                break
-            parked.popleft()
-            held = held_of.get(delivery.stream_seq)
-            if held is None or held.delivery is not delivery:
-                continue  # superseded while parked
-            held.parked = False
-            taken.append(delivery)
-            size += delivery.size
-        return taken
 
     def put_back(self, delivery: Delivery) -> None:
         """Return a delivery just taken (and not handed to anyone) to the queue's head."""

@@ -187,8 +187,8 @@ class Settler:
         if binding is None:
             return LeaseObservation("stale", "the subscription is not bound here")
         try:
-            observed: LeaseObservation = self.connection.call(binding.receiver.leases.renew(token),
-                                                    self.ack_confirm_seconds)
+            observed: LeaseObservation = self.connection.call(
+                binding.receiver.leases.renew(token), self.ack_confirm_seconds)
         except (TimeoutError, BrokerUnavailable) as error:
             return LeaseObservation("unknown", f"the backend's loop did not answer: {error}")
         return observed

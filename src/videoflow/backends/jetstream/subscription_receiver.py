@@ -451,8 +451,24 @@ class SubscriptionReceiver:
         with no round trip through the loop; the pull loop is woken (one call onto
         the loop) only when it waits for room and this take made enough to ask for
         more (_room_to_ask)."""
-        with self.queue.lock:
-            taken = self.queue.take(item_credit, byte_credit)
+        taken: list[Delivery] = []
+        size = 0
+        queue = self.queue
+        with queue.lock:
+            # The take itself is written out here, not a call into the queue: with
+            # several bindings, take_round_robin calls this once per delivery.
+            parked, held_of = queue.parked, queue.held
+            while parked and len(taken) < item_credit:
+                delivery = parked[0]
+                if byte_credit and taken and size + delivery.size > byte_credit:
+                    break
+                parked.popleft()
+                held = held_of.get(delivery.stream_seq)
+                if held is None or held.delivery is not delivery:
+                    continue  # superseded while parked
+                held.parked = False
+                taken.append(delivery)
+                size += delivery.size
             wake = bool(taken) and self._space_waiting and self._room_to_ask() > 0
             if wake:
                 self._space_waiting = False
