@@ -58,7 +58,7 @@ from videoflow.backends.jetstream.backend import (
     channel_spec_for,
     subscription_spec_for,
 )
-from videoflow.backends.jetstream.durables import ensure_channel_stream, ensure_durable
+from videoflow.backends.jetstream.provisioner import ensure_channel_stream, ensure_durable
 from videoflow.backends.jetstream.specs import consumer_config_for_spec, durable_of
 from videoflow.backends.messaging import (
     RELIABLE_WORK,

@@ -251,3 +251,68 @@ def test_the_circle_finder_finds_circles_and_only_them(
 ) -> None:
     found = [sorted(c) for c in strongly_connected(defaultdict(set, graph)) if len(c) > 1]
     assert found == circles
+
+
+COMPOSED = ("videoflow.backends.jetstream", "videoflow.messaging")
+"""The packages built of owned parts (the JetStream adapter, the messenger): a class
+there has at most one base class of ours, so no base holds several parts' state."""
+
+
+def top_level(module: str) -> ast.Module | None:
+    path = modules().get(module)
+    return None if path is None or path.suffix != ".py" else ast.parse(
+        path.read_text(), str(path))
+
+
+def is_our_class(tree: ast.Module, name: str, seen: frozenset[str] = frozenset()) -> bool:
+    """Whether name, as a module's top level (tree) has it, is a class defined in the
+    package: defined there, or imported there from a module of the package that has
+    it (followed through re-exports)."""
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("videoflow"):
+            for alias in node.names:
+                if (alias.asname or alias.name) != name:
+                    continue
+                source = node.module or ""
+                found = None if source in seen else top_level(source)
+                return found is not None and is_our_class(found, alias.name, seen | {source})
+    return False
+
+
+def bases_of_ours(tree: ast.Module) -> Iterator[tuple[str, list[str]]]:
+    """(class, the names of its base classes that are classes of the package) for every
+    class a module (tree) defines, nested ones too."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        names = []
+        for base in node.bases:
+            if isinstance(base, ast.Subscript):  # Generic-style: Base[T]
+                base = base.value
+            if isinstance(base, ast.Name) and is_our_class(tree, base.id):
+                names.append(base.id)
+        yield node.name, names
+
+
+def test_no_class_of_the_adapter_or_the_messenger_has_two_bases_of_ours() -> None:
+    mixed = []
+    for module, path in modules().items():
+        if path.suffix != ".py" or not any(
+                module == p or module.startswith(p + ".") for p in COMPOSED):
+            continue
+        tree = top_level(module)
+        assert tree is not None
+        mixed += [f"{module}.{name}({', '.join(bases)})"
+                  for name, bases in bases_of_ours(tree) if len(bases) > 1]
+    assert mixed == []
+
+
+def test_the_base_class_check_sees_a_mixin_imported_from_the_package() -> None:
+    tree = ast.parse("from videoflow.backends.messaging import MessagingBackend\n"
+                     "from videoflow.backends.jetstream.connection import Connection\n"
+                     "class Part: ...\n"
+                     "class Mixed(Part, Connection, MessagingBackend, Exception): ...\n")
+    found = dict(bases_of_ours(tree))
+    assert found == {"Part": [], "Mixed": ["Part", "Connection", "MessagingBackend"]}

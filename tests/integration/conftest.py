@@ -14,9 +14,12 @@ from typing import Any
 import nats
 import pytest
 import pytest_asyncio
+from jetstream_helpers import FLOW, RUN, Wired
 from nats.js import JetStreamContext
 
+from videoflow.backends.jetstream.backend import JetStreamMessagingBackend
 from videoflow.broker import server as embedded
+from videoflow.core.constants import BATCH
 
 
 @pytest.fixture
@@ -98,3 +101,32 @@ def freeze() -> Callable[[embedded.EmbeddedServer], contextlib.AbstractContextMa
             os.kill(pid, signal.SIGCONT)
 
     return frozen
+
+
+@pytest.fixture
+def wired(nats_server: embedded.EmbeddedServer):  # type: ignore[no-untyped-def]
+    w = Wired(nats_server.url)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+@pytest.fixture
+def backends(nats_server: embedded.EmbeddedServer):  # type: ignore[no-untyped-def]
+    made: list[JetStreamMessagingBackend] = []
+
+    def make(**options: object) -> JetStreamMessagingBackend:
+        options.setdefault("fetch_timeout", 0.5)
+        backend = JetStreamMessagingBackend(nats_server.url, FLOW, RUN, BATCH,
+                                            **options)  # type: ignore[arg-type]
+        backend.start()
+        made.append(backend)
+        return backend
+
+    try:
+        yield make
+    finally:
+        for backend in made:
+            backend.shutdown(hand_back=False)
+

@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 import pytest
 
 from videoflow.backends.jetstream import backend as jetstream_backend
+from videoflow.backends.jetstream import connection as jetstream_connection
 from videoflow.backends.jetstream.backend import (
     JetStreamMessagingBackend,
     channel_spec_for,
@@ -169,7 +170,7 @@ def test_a_frozen_server_makes_floors_unknown_and_every_reader_required(
     assert w.floor(subs["sink"]) >= seq  # settled, and its release was lost
     # Observations give up fast instead of after the backend's 10 s broker call.
     monkeypatch.setattr(jetstream_backend, "BROKER_CALL_SECONDS", 0.3)
-    monkeypatch.setattr(jetstream_backend, "CALL_MARGIN_SECONDS", 0.2)
+    monkeypatch.setattr(jetstream_connection, "CALL_MARGIN_SECONDS", 0.2)
     with freeze(nats_server):  # only this test's own server
         assert isinstance(w.backend.observe_ack_floor(subs["sink"]), Unknown)
         assert w.ledger.required_obligations() == {ref: ("sink",)}

@@ -1,4 +1,4 @@
-"""The reply inbox (jetstream_settle.ReplyMux) against a real nats-server: replies
+"""The reply inbox (jetstream.reply_inbox.ReplyMux) against a real nats-server: replies
 are handed over inside nats-py's read loop, to a callback or a future, and a
 handler that fails never takes the connection down with it."""
 
@@ -11,7 +11,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from videoflow.backends.jetstream.settle import ReplyMux
+from videoflow.backends.jetstream.reply_inbox import ReplyMux
 from videoflow.broker.loop import registered
 
 
@@ -56,7 +56,7 @@ async def test_a_failing_handler_is_logged_and_the_connection_lives(
     def broken(_msg: Msg) -> None:
         raise RuntimeError("handler bug")
 
-    with caplog.at_level(logging.ERROR, logger="videoflow.backends.jetstream.settle"):
+    with caplog.at_level(logging.ERROR, logger="videoflow.backends.jetstream.reply_inbox"):
         await nats_client.publish("echo", b"x", reply=mux.expect_call(broken))
         subject, future = mux.expect()
         await nats_client.publish("echo", b"y", reply=subject)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from videoflow.backends.jetstream.provisioning import _flow_plan
+from videoflow.backends.jetstream.flow_provisioning import _flow_plan
 from videoflow.core.compiler import compile_flow
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.core.credit import (

@@ -9,7 +9,7 @@ import asyncio
 
 from nats.aio.msg import Msg
 
-from videoflow.backends.jetstream.receive import PARK_BYTES, SubscriptionReceiver
+from videoflow.backends.jetstream.subscription_receiver import PARK_BYTES, SubscriptionReceiver
 from videoflow.backends.messaging import ChannelId, SubscriptionId
 from videoflow.core.credit import RECEIVE_PREFETCH
 

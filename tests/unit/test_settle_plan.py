@@ -1,6 +1,6 @@
-"""How a batch of settlements goes on the wire (jetstream_settle.plan_sends): every run
+"""How a batch of settlements goes on the wire (jetstream.delivery_leases.plan_sends): every run
 ends in exactly one request, and nothing is left without a reply to confirm it. And how
-a delivery's position is read from its reply subject (jetstream_receive)."""
+a delivery's position is read from its reply subject (jetstream.subscription_receiver)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from nats.aio.msg import Msg
 from nats.errors import NotJSMessageError
 
-from videoflow.backends.jetstream.receive import delivery_position
-from videoflow.backends.jetstream.settle import plan_sends
+from videoflow.backends.jetstream.delivery_leases import plan_sends
+from videoflow.backends.jetstream.subscription_receiver import delivery_position
 
 
 def test_completed_ones_ride_on_the_next_request() -> None:

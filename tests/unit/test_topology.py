@@ -221,7 +221,7 @@ def test_realtime_buffer_is_at_least_one():
 def test_a_realtime_stream_has_room_for_every_replica_s_end_marker():
     """Provisioning sizes a REALTIME node's per-subject bound to its replica count: each
     replica's end marker stays on the EOS subject until a reader takes it."""
-    from videoflow.backends.jetstream.provisioning import _flow_plan
+    from videoflow.backends.jetstream.flow_provisioning import _flow_plan
     from videoflow.core.compiler import NodeSpec
 
     specs = [NodeSpec("cam", "producer", nb_tasks=3), NodeSpec("one", "processor",

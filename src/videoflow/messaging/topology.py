@@ -39,7 +39,7 @@ from videoflow.backends.jetstream.configs import (
     eos_consumer_config,
     stream_config_for,
 )
-from videoflow.backends.jetstream.provisioning import (
+from videoflow.backends.jetstream.flow_provisioning import (
     provision_flow,
     provision_flow_connect,
     provision_flow_sync,

@@ -23,69 +23,48 @@ What the contract buys, concretely:
 - Settlement and publication are pipelined (settle_async, settle_many_async,
   settle_many, publish_async): calls made between two runs of the loop go out
   together on its next run, a run of acknowledgements of one durable is confirmed by
-  one request (jetstream.settle), and publications are all in flight at once, each
-  Receipt filled in as its own PubAck arrives.
+  one request (jetstream.delivery_leases), and publications are all in flight at
+  once, each Receipt filled in as its own PubAck arrives.
 - Receiving costs the caller no call onto the loop: deliveries are parked by the
-  inbox handler inside nats-py's read loop (jetstream.settle.subscribe_inline), and
-  receive_any takes them and, while it waits, runs the loop until one is parked.
+  inbox handler inside nats-py's read loop (jetstream.reply_inbox.subscribe_inline),
+  and receive_any takes them and, while it waits, runs the loop until one is parked.
 - Publication outcomes are typed (MSG-013, MSG-014); observe_publication resolves an
   unknown send by an idempotent re-publish inside the stream's duplicate window.
 - Observations distinguish zero from unknown, and unresolved counts the server's
   MAX_DELIVERIES advisories and mark_exhausted (MSG-012).
 - Stop-receive is separate from shutdown (RUN-030).
 
-This module holds the class, its connection's lifecycle (connect, ride out an
-outage, quiesce, shut down, delete the run's streams) and its observations. The class
-is composed of parts, one module each, that share the state backend_state declares:
-backend_provisioning (streams, durables, bindings), backend_publishing,
-backend_receiving (receive_any across bindings, the byte budget) and
-backend_settlement. The pieces below them live beside this module too: broker.loop
-(who runs the loop, the hand-off to it and the fail-fast connect), jetstream.outcomes
-(publication outcomes), jetstream.receive (a binding's pull loop, its queue and its
-settlement), jetstream.settle (the reply inbox and how a batch of settlements goes on
-the wire), jetstream.specs (specs to configs, answers to observations). Every NATS
-behaviour relied on is cited against nats-py's source (2.15.0) and the project's
-checked NATS facts (NATS_FACTS).
+This module holds the class: a facade over the parts it owns, each constructed with
+only the objects it needs, one module each: the Connection (jetstream.connection: the
+loop, the client, riding out an outage), the Bindings registry (jetstream.bindings),
+the Publisher, the Settler, the Receiver (receive_any across bindings, the byte
+budget, stop-receive) and the Provisioner (streams, durables, bindings). What stays
+here is the lifecycle that spans them (start, shut down, delete the run's streams)
+and the observations. Below the parts: broker.loop (who runs the loop, the hand-off to
+it and the fail-fast connect), jetstream.outcomes (publication outcomes),
+jetstream.subscription_receiver (a binding's pull loop, owning its prefetch_queue and
+its delivery_leases: settlement, and how a batch of it goes on the wire),
+jetstream.reply_inbox (the connection's reply inbox), jetstream.specs (specs to
+configs, answers to observations). Every NATS behaviour relied on is cited against
+nats-py's source (2.15.0) and the project's checked NATS facts (NATS_FACTS).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-import time
 import uuid
 from asyncio import AbstractEventLoop
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import nats.errors
-import nats.js.errors
-from nats.aio.client import Client
-from nats.js import JetStreamContext
-
-from videoflow.backends.jetstream.backend_provisioning import BackendProvisioning
-from videoflow.backends.jetstream.backend_publishing import BackendPublishing
-from videoflow.backends.jetstream.backend_receiving import BackendReceiving
-from videoflow.backends.jetstream.backend_settlement import BackendSettlement
-from videoflow.backends.jetstream.backend_state import (
-    BROKER_CALL_SECONDS,
-    CALL_MARGIN_SECONDS,
-    Binding,
-    QueuedPublication,
-    QueuedSettlement,
-    resolve_publications,
-    resolve_settlements,
-)
-from videoflow.backends.jetstream.outcomes import PublicationLedger
-from videoflow.backends.jetstream.receive import (
-    ACK_CONFIRM_SECONDS,
-    FETCH_TIMEOUT_SECONDS,
-    SubscriptionReceiver,
-)
-from videoflow.backends.jetstream.settle import ReplyMux
+from videoflow.backends.jetstream.bindings import Bindings, stop_all
+from videoflow.backends.jetstream.connection import BROKER_CALL_SECONDS, Connection
+from videoflow.backends.jetstream.provisioner import Provisioner
+from videoflow.backends.jetstream.publisher import Publisher
+from videoflow.backends.jetstream.receiver import Receiver
+from videoflow.backends.jetstream.settler import Settler
 from videoflow.backends.jetstream.specs import (
-    ExhaustedMarks,
     channel_observation,
     channel_spec_for,
     consumer_credit,
@@ -96,41 +75,37 @@ from videoflow.backends.jetstream.specs import (
     subscription_spec_for,
 )
 from videoflow.backends.jetstream.streams import delete_run_streams
+from videoflow.backends.jetstream.subscription_receiver import (
+    ACK_CONFIRM_SECONDS,
+    FETCH_TIMEOUT_SECONDS,
+)
 from videoflow.backends.messaging import (
     LIVE_LATEST,
     RELIABLE_WORK,
     BrokerUnavailable,
     ChannelId,
     ChannelObservation,
+    ChannelSpec,
     CleanupObservation,
     Delivery,
+    DeliveryToken,
+    Envelope,
     Known,
+    LeaseObservation,
     MessagingBackend,
     MessagingCapabilities,
-    Rejected,
-    SettleUnknown,
+    PublishOutcome,
+    Receipt,
+    SettleOutcome,
+    SettleResult,
     SubscriptionId,
     SubscriptionObservation,
+    SubscriptionSpec,
     Unknown,
+    VerifiedChannel,
+    VerifiedSubscription,
 )
 from videoflow.broker.failures import unknown_from
-from videoflow.broker.link import (
-    Outage,
-    broker_known_from_env,
-    outage_budget_from_env,
-    redact_url,
-    retry_until,
-    transient,
-    wait_back,
-)
-from videoflow.broker.loop import (
-    ErrorLog,
-    Handoff,
-    LoopRunner,
-    LoopWake,
-    close_client,
-    connect_fail_fast,
-)
 
 __all__ = [
     "ACK_CONFIRM_SECONDS",
@@ -146,14 +121,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-async def _stop_all(receivers: list[SubscriptionReceiver]) -> None:
-    """Stop every pull loop at once: each withdraws its inbox with a round trip of its
-    own, which one after another a node with many parents would pay per subscription."""
-    await asyncio.gather(*(receiver.stop() for receiver in receivers))
-
-
-class JetStreamMessagingBackend(BackendProvisioning, BackendPublishing, BackendReceiving,
-                                BackendSettlement, MessagingBackend):
+class JetStreamMessagingBackend(MessagingBackend):
     """One receiver (one process of a run) on a NATS JetStream server.
 
     Arguments:
@@ -177,6 +145,10 @@ class JetStreamMessagingBackend(BackendProvisioning, BackendPublishing, BackendR
     it. Meanwhile the client reconnects, outcomes stay Unknown, and pursue_until
     extends the publication ladder's deadlines; past it the connection is closed and
     every call says why.
+
+    The work is done by the parts it owns (connection, bindings, publisher, settler,
+    receiver, provisioner): each method of the contract below the lifecycle is one
+    call to the part that holds it.
     """
 
     def __init__(
@@ -203,92 +175,29 @@ class JetStreamMessagingBackend(BackendProvisioning, BackendPublishing, BackendR
         self.ack_confirm_seconds, self.keepalive = ack_confirm_seconds, keepalive
         self.connect_timeout, self.byte_budget = connect_timeout, byte_budget
         self.instance_id = uuid.uuid4().hex[:12]  # names this process's EOS durables
-        self.errors = ErrorLog()
-        self.outage = Outage(outage_budget_from_env(), where=nats_url,
-                             known=broker_known_from_env(), what="the messaging connection")
-        self.outage.on_back.append(self._reconnected)
-        self._runner = LoopRunner()
-        self._client: Client | None = None
-        self._js: JetStreamContext | None = None
-        self._bindings: dict[SubscriptionId, Binding] = {}
-        self._generations: dict[SubscriptionId, int] = {}
-        self._admission: dict[SubscriptionId, tuple[Callable[[Delivery], bool],
-                                                    Callable[[Delivery], None] | None]] = {}
-        self._exhausted = ExhaustedMarks()
-        self._ledger = PublicationLedger()
-        self._first_stream: Any = None
-        self._stopped_receiving = False
-        self._retired_budget_waits = 0
-        wake = LoopWake(self._runner)
-        # Publications first: a drain sends a group's outputs before any settlement
+        self.connection = Connection(nats_url, connect_timeout)
+        self.errors, self.outage = self.connection.errors, self.connection.outage
+        self.bindings = Bindings()
+        self.outage.on_back.append(self.bindings.reconnected)
+        # The publisher first: a drain sends a group's outputs before any settlement
         # queued with them (settlements of a group only follow its accepted outputs).
-        self._publications: Handoff[QueuedPublication] = Handoff(
-            wake, self._drain_publications,
-            lambda queued, reason: resolve_publications(
-                queued, Rejected(f"nothing was sent: {reason}", retryable=True)))
-        self._settlements: Handoff[QueuedSettlement] = Handoff(
-            wake, self._drain_settlements,
-            lambda queued, reason: resolve_settlements(queued, SettleUnknown(reason)))
-        self._pipelined: set[asyncio.Task[None]] = set()
-        self._subjects: dict[tuple[ChannelId, str], str] = {}
-        self._wanted = prefetch  # set_receive_depth
-        self._replies: ReplyMux | None = None
-        self._send_lock: asyncio.Lock | None = None
-        # Rung on the loop by every binding as it parks a delivery; receive_any waits
-        # on it only while another thread runs the loop (it runs the loop otherwise).
-        self._arrivals = threading.Condition(threading.Lock())
-        self._arrived = 0
-        self._ring_scheduled = False
+        self.publisher = Publisher(self.connection)
+        self.settler = Settler(self.connection, self.bindings, ack_confirm_seconds)
+        self.receiver = Receiver(self.connection, self.bindings, prefetch, fetch_timeout,
+                                 byte_budget)
+        self.provisioner = Provisioner(flow_id, run_id, self.instance_id, self.connection,
+                                       self.bindings, self.receiver, prefetch, fetch_timeout,
+                                       ack_confirm_seconds, keepalive)
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _call(self, coro: Any, timeout: float) -> Any:
-        return self._runner.run(coro, timeout + CALL_MARGIN_SECONDS)
+    @property
+    def connected(self) -> bool:
+        return self.connection.connected
 
-    def _ride(self, make: Callable[[JetStreamContext], Coroutine[Any, Any, Any]]) -> Any:
-        """make(js)'s idempotent request (a stream, a durable, read back), made again
-        while it fails transiently or the broker is away: a replica starting while a
-        cluster elects a stream's leader, or while its broker restarts, waits for it
-        (broker.link.retry_until) instead of dying on its first timeout.
-
-        Raises:
-            BrokerUnavailable: not connected once retry_until passed, or the
-                connection was given up.
-            the request's error: any that is not transient, or the last one once
-                retry_until passed.
-        """
-        started = time.monotonic()
-        while True:
-            try:
-                _, js = self._require()
-                return self._call(make(js), BROKER_CALL_SECONDS)
-            except (BrokerUnavailable, TimeoutError, nats.errors.Error) as error:
-                away = isinstance(error, BrokerUnavailable)
-                until = retry_until(self.outage, started)
-                if (self._client is None or not (away or transient(error))
-                        or time.monotonic() >= until):
-                    raise
-                wait_back(self._client, self.outage, until)
-
-    def _require(self) -> tuple[Client, JetStreamContext]:
-        if self._client is None or self._js is None or not self._client.is_connected:
-            raise BrokerUnavailable(self._not_connected())
-        return self._client, self._js
-
-    def _not_connected(self) -> str:
-        """Why nothing can be sent now, in words an operator can act on."""
-        if self.outage.given_up is not None:
-            return self.outage.given_up
-        if self.outage.away:
-            return (f"the broker {redact_url(self.nats_url)} is away (reconnecting for up to "
-                    f"{self.outage.budget:g} s)")
-        return "the JetStream backend is not connected"
-
-    def _reconnected(self) -> None:
-        """The broker is back: the pull requests open before the outage died with the
-        old connection, so every binding asks again at once."""
-        for binding in list(self._bindings.values()):
-            binding.receiver.reconnected()
+    @property
+    def loop(self) -> AbstractEventLoop:
+        return self.connection.runner.loop
 
     def pursue_until(self) -> float:
         return self.outage.pursue_until()
@@ -303,49 +212,17 @@ class JetStreamMessagingBackend(BackendProvisioning, BackendPublishing, BackendR
             BrokerUnavailable: the server cannot be reached within connect_timeout
                 (fail-fast options, NATS_FACTS S4).
         """
-        if self._client is not None:
-            return
-        self._runner.start()
-        try:
-            client = self._call(
-                connect_fail_fast(self.nats_url, self.connect_timeout, self.errors,
-                                  self.outage),
-                self.outage.first_connect_bound(self.connect_timeout))
-        except BaseException:
-            self._runner.stop()
-            raise
-        self._client, self._js = client, client.jetstream()
-        self._replies = ReplyMux(client)  # one reply inbox for settlements and receipts
-        self._send_lock = asyncio.Lock()
-        self._stopped_receiving = False
-
-    @property
-    def loop(self) -> AbstractEventLoop:
-        return self._runner.loop
+        if self.connection.connect():
+            self.receiver.stopped = False
 
     def stop_receiving(self) -> int:
-        """Stop admitting input on every bound subscription — the quiesce half of a
-        graceful retirement (RUN-030): the pull loops fetch nothing more, and every
-        delivery parked in a prefetch queue is NAKed back to the broker at once. The
-        deliveries already handed out stay this receiver's to settle. Idempotent; a
-        second call hands back nothing more.
+        """Stop admitting input on every bound subscription (Receiver.stop_receiving:
+        the quiesce half of a graceful retirement, RUN-030).
 
         Returns:
             how many parked deliveries were handed back.
         """
-        self._stopped_receiving = True
-        if not self._runner.running or not self._bindings:
-            return 0
-
-        async def quiesce() -> int:
-            receivers = [binding.receiver for binding in self._bindings.values()]
-            await _stop_all(receivers)
-            handed = 0
-            for receiver in receivers:
-                handed += await receiver.hand_back(parked_only=True)
-            return handed
-
-        return int(self._call(quiesce(), self.fetch_timeout + BROKER_CALL_SECONDS))
+        return self.receiver.stop_receiving()
 
     def shutdown(self, hand_back: bool = True) -> None:
         """Stop the pull loops, hand back every delivery this receiver still holds,
@@ -355,30 +232,29 @@ class JetStreamMessagingBackend(BackendProvisioning, BackendPublishing, BackendR
             hand_back: False closes without the NAKs — what a crashed process looks
                 like to the broker (its leases lapse on their own).
         """
-        if not self._runner.running:
+        connection = self.connection
+        if not connection.runner.running:
             return
 
         async def wind_down() -> None:
-            receivers = [binding.receiver for binding in self._bindings.values()]
-            await _stop_all(receivers)
+            receivers = self.bindings.receivers()
+            await stop_all(receivers)
             for receiver in receivers:
                 if hand_back:
                     await receiver.hand_back(parked_only=False)
                 await receiver.unsubscribe()
-            if self._client is not None:
-                await close_client(self._client)  # flushes what is still buffered
+            await connection.close_client()  # flushes what is still buffered
 
         try:
-            self._call(wind_down(), self.fetch_timeout + BROKER_CALL_SECONDS)
+            connection.call(wind_down(), self.fetch_timeout + BROKER_CALL_SECONDS)
         except Exception as error:
             # The loop is stopped below whatever the close managed; say what it did not.
             logger.warning("jetstream backend shutdown did not complete cleanly: %r", error)
         finally:
-            self._bindings.clear()
-            self._client, self._js = None, None
-            self._runner.stop()
-            self._settlements.fail_all("the backend shut down before the settlement was sent")
-            self._publications.fail_all("the backend shut down before the send")
+            self.bindings.bound.clear()
+            connection.forget()
+            self.settler.fail_all("the backend shut down before the settlement was sent")
+            self.publisher.fail_all("the backend shut down before the send")
 
     def close(self, owned: Sequence[ChannelId], expected_generation: str) -> CleanupObservation:
         """Delete exactly the owned channels' streams by ownership
@@ -387,9 +263,9 @@ class JetStreamMessagingBackend(BackendProvisioning, BackendPublishing, BackendR
         without a generation label (as ensure_channel creates them) is not of any
         generation and is left standing. Not connected: nothing is removed and the
         observation is incomplete (re-running once connected is the remedy)."""
-        if self._client is None or not self.connected:
+        client = self.connection.client
+        if client is None or not self.connected:
             return CleanupObservation(removed=(), remaining=(), complete=False)
-        client = self._client
         runs: dict[tuple[str, str], list[str]] = {}
         for channel in owned:
             runs.setdefault((channel.flow, channel.run), []).append(channel.node)
@@ -398,7 +274,7 @@ class JetStreamMessagingBackend(BackendProvisioning, BackendPublishing, BackendR
         complete = True
         for (flow, run), nodes in runs.items():
             try:
-                result = self._call(
+                result = self.connection.call(
                     delete_run_streams(client, flow, run, nodes, expected_generation),
                     BROKER_CALL_SECONDS)
             except (TimeoutError, BrokerUnavailable):
@@ -416,32 +292,136 @@ class JetStreamMessagingBackend(BackendProvisioning, BackendPublishing, BackendR
         first stream this backend provisioned (ensure_channel), and Unknown('unread')
         for either until then."""
         max_payload: Known[int] | Unknown = Unknown("unread")
-        if self.connected and self._client is not None:
-            max_payload = Known(self._client.max_payload)
+        client = self.connection.client
+        if self.connected and client is not None:
+            max_payload = Known(client.max_payload)
         replicas: Known[int] | Unknown = Unknown("unread")
         storage: Known[str] | Unknown = Unknown("unread")
-        if self._first_stream is not None:
-            replicas = Known(self._first_stream.num_replicas or 1)
-            storage = Known(enum_text(self._first_stream.storage or "file"))
+        first_stream = self.provisioner.first_stream
+        if first_stream is not None:
+            replicas = Known(first_stream.num_replicas or 1)
+            storage = Known(enum_text(first_stream.storage or "file"))
         return MessagingCapabilities(
             backend="jetstream", profiles=frozenset({RELIABLE_WORK, LIVE_LATEST}),
             durable=True, max_payload=max_payload, replicas=replicas, storage=storage)
+
+    # ---------------------------------------------------------------- provisioning
+
+    def ensure_dead_letters(self, operation_id: str) -> None:
+        self.provisioner.ensure_dead_letters(operation_id)
+
+    def ensure_channel(self, spec: ChannelSpec, operation_id: str) -> VerifiedChannel:
+        return self.provisioner.ensure_channel(spec, operation_id)
+
+    def ensure_subscription(
+        self, spec: SubscriptionSpec, operation_id: str
+    ) -> VerifiedSubscription:
+        return self.provisioner.ensure_subscription(spec, operation_id)
+
+    def subscribe_control(self, callback: Callable[[], None]) -> None:
+        self.provisioner.subscribe_control(callback)
+
+    # ------------------------------------------------------------------ publication
+
+    def subject_for(self, channel: ChannelId, kind: str) -> str:
+        return self.publisher.subject_for(channel, kind)
+
+    def publish_async(self, envelope: Envelope, deadline: float) -> Receipt[PublishOutcome]:
+        return self.publisher.publish_async(envelope, deadline)
+
+    def publish(self, envelope: Envelope, deadline: float) -> PublishOutcome:
+        return self.publisher.publish(envelope, deadline)
+
+    def observe_publication(self, envelope: Envelope) -> PublishOutcome:
+        return self.publisher.observe_publication(envelope)
+
+    # -------------------------------------------------------------------- receiving
+
+    def receive_any(
+        self,
+        subscriptions: Sequence[SubscriptionId],
+        item_credit: int,
+        byte_credit: int,
+        deadline: float,
+    ) -> list[tuple[SubscriptionId, Delivery]]:
+        return self.receiver.receive_any(subscriptions, item_credit, byte_credit, deadline)
+
+    def catch_up(self, at_once: bool = False) -> None:
+        self.receiver.catch_up(at_once)
+
+    def set_admission(
+        self,
+        subscription: SubscriptionId,
+        admit: Callable[[Delivery], bool],
+        on_skip: Callable[[Delivery], None] | None = None,
+    ) -> bool:
+        return self.receiver.set_admission(subscription, admit, on_skip)
+
+    def set_receive_depth(self, depth: int) -> None:
+        self.receiver.set_receive_depth(depth)
+
+    def prefetched(self, subscription: SubscriptionId) -> int:
+        return self.receiver.prefetched(subscription)
+
+    def skipped(self, subscription: SubscriptionId) -> int:
+        return self.receiver.skipped(subscription)
+
+    def backlog(self, subscription: SubscriptionId) -> Known[int] | Unknown:
+        return self.receiver.backlog(subscription)
+
+    def resident_bytes(self) -> int:
+        return self.receiver.resident_bytes()
+
+    def budget_waits(self) -> int:
+        return self.receiver.budget_waits()
+
+    # ------------------------------------------------------------------- settlement
+
+    def settle_async(
+        self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
+    ) -> Receipt[SettleResult]:
+        return self.settler.settle_async(token, outcome, settlement_id)
+
+    def settle_many_async(
+        self, settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]]
+    ) -> list[Receipt[SettleResult]]:
+        return self.settler.settle_many_async(settlements)
+
+    def settle_many(
+        self, settlements: Sequence[tuple[DeliveryToken, SettleOutcome, str]]
+    ) -> list[SettleResult]:
+        return self.settler.settle_many(settlements)
+
+    def settle(
+        self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
+    ) -> SettleResult:
+        return self.settler.settle(token, outcome, settlement_id)
+
+    def renew(self, token: DeliveryToken) -> LeaseObservation:
+        return self.settler.renew(token)
+
+    def supersede(self, token: DeliveryToken) -> bool:
+        return self.settler.supersede(token)
+
+    def mark_exhausted(self, subscription: SubscriptionId, stream_sequence: int | None) -> None:
+        self.settler.mark_exhausted(subscription, stream_sequence)
 
     # ---------------------------------------------------------------- observations
 
     def _observe(self, request: Any) -> Any:
         """Run one observation request; an Unknown (never an exception) when it fails."""
         try:
-            return self._call(request, BROKER_CALL_SECONDS)
+            return self.connection.call(request, BROKER_CALL_SECONDS)
         except Exception as error:
             return unknown_from(error, self.errors.texts())
 
     def observe_channel(self, channel: ChannelId) -> Known[ChannelObservation] | Unknown:
         """stream_info().state of the channel's stream: first/last sequence, message
         count, retention."""
-        if self._js is None:
+        js = self.connection.js
+        if js is None:
             return Unknown("unreachable", "the JetStream backend is not connected")
-        info = self._observe(self._js.stream_info(stream_of(channel)))
+        info = self._observe(js.stream_info(stream_of(channel)))
         if isinstance(info, Unknown):
             return info
         try:
@@ -466,15 +446,16 @@ class JetStreamMessagingBackend(BackendProvisioning, BackendPublishing, BackendR
         over a quarter of its time on a loaded host. The stream is read only for a
         subscription with exhausted marks (its first sequence says which still count);
         with none, unresolved is 0 whatever the stream holds."""
-        if self._js is None:
+        js = self.connection.js
+        if js is None:
             return [Unknown("unreachable", "the JetStream backend is not connected")
                     for _ in subscriptions]
-        js = self._js
+        exhausted = self.bindings.exhausted
 
         async def read(subscription: SubscriptionId) -> tuple[Any, int | None]:
             stream = stream_of(subscription.channel)
             info = await js.consumer_info(stream, durable_of(subscription, self.instance_id))
-            if not self._exhausted.holds(subscription):
+            if not exhausted.holds(subscription):
                 return info, None
             return info, (await js.stream_info(stream)).state.first_seq
 
@@ -494,7 +475,8 @@ class JetStreamMessagingBackend(BackendProvisioning, BackendPublishing, BackendR
         if isinstance(answer, BaseException):
             return unknown_from(answer, self.errors.texts())
         info, first_seq = answer
-        unresolved = 0 if first_seq is None else self._exhausted.count(subscription, first_seq)
+        unresolved = (0 if first_seq is None
+                      else self.bindings.exhausted.count(subscription, first_seq))
         try:
             return Known(SubscriptionObservation(
                 available=info.num_pending or 0, leased=info.num_ack_pending or 0,
@@ -505,9 +487,10 @@ class JetStreamMessagingBackend(BackendProvisioning, BackendPublishing, BackendR
     def observe_ack_floor(self, subscription: SubscriptionId) -> Known[int] | Unknown:
         """consumer_info().ack_floor.stream_seq of any data durable of the run, bound
         here or not."""
-        if self._js is None:
+        js = self.connection.js
+        if js is None:
             return Unknown("unreachable", "the JetStream backend is not connected")
-        info = self._observe(self._js.consumer_info(
+        info = self._observe(js.consumer_info(
             stream_of(subscription.channel), durable_of(subscription, self.instance_id)))
         if isinstance(info, Unknown):
             return info

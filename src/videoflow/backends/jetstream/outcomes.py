@@ -22,7 +22,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from videoflow.backends.jetstream.settle import ReplyMux, no_responders
+from videoflow.backends.jetstream.reply_inbox import ReplyMux, no_responders
 from videoflow.backends.messaging import (
     Accepted,
     ChannelId,
@@ -173,7 +173,7 @@ async def publish_pipelined(
     window moves receipt by receipt instead of batch by batch.
 
     Arguments:
-        client / replies: the connection, and its reply inbox (jetstream.settle).
+        client / replies: the connection, and its reply inbox (jetstream.reply_inbox).
         batch: (subject, envelope, monotonic deadline, receipt) in the order to send.
         send_lock: held while writing, so batches go out in the order they were made
             (asyncio.Lock is first come, first served).

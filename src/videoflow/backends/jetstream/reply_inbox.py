@@ -1,25 +1,16 @@
-"""Pipelined settlement on JetStream: confirmed acknowledgements at close to the cost of
-fire-and-forget ones.
+"""The reply inbox of a JetStream connection, and messages handed to their handler
+inside nats-py's read loop.
 
-Everything here runs on the adapter's loop. Two pieces:
+Everything here runs on the adapter's loop.
 
 - ReplyMux: one wildcard inbox per connection whose replies resolve waiting futures by
-  a counter in the reply subject; publication receipts use it too
-  (jetstream.outcomes.publish_pipelined). It is nats-py's request() (aio/client.py
-  _request_new_style) without the per-call NUID, random token, Task and wait_for, which
-  cost more than the acknowledgement itself once hundreds are in flight.
-- plan_sends: how a batch of settlements of one durable goes on the wire. Only the last
-  settlement of the batch, and every Retry or Terminal, is sent as a request; a
-  Completed before one of those is a plain +ACK publish that the next request's reply
-  confirms. That is sound because the server processes one durable's acknowledgements
-  in arrival order (consumer.go: pushAck queues them on the consumer's ackMsgs queue,
-  and one goroutine, processInboundAcks, applies them first in, first out), and one
-  connection's messages arrive in the order they were written — so the reply to a
-  request means every acknowledgement written before it on this connection to the same
-  durable was processed. The reply never says more than "processed" (NATS_FACTS §1:
-  the server answers a re-ack of an acked message with the same empty reply), so
-  nothing is lost against one ack_sync per message: an unconfirmed request leaves its
-  whole run of settlements unknown (PAY-004), and a lost durable (no responders) too.
+  a counter in the reply subject; settlements (jetstream.delivery_leases) and
+  publication receipts (jetstream.outcomes.publish_pipelined) use it. It is nats-py's
+  request() (aio/client.py _request_new_style) without the per-call NUID, random
+  token, Task and wait_for, which cost more than the acknowledgement itself once
+  hundreds are in flight.
+- subscribe_inline: a subscription whose messages go to their handler as each is
+  parsed (the reply inbox, and every binding's delivery inbox).
 """
 
 from __future__ import annotations
@@ -27,8 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from collections.abc import Callable
 
 import nats.errors
 from nats.aio.client import Client
@@ -177,45 +167,4 @@ def no_responders(reply: Msg) -> bool:
     return headers is not None and headers.get("Status") == NO_RESPONDERS_STATUS
 
 
-class Send(NamedTuple):
-    """One settlement as it goes on the wire.
-
-    Attributes:
-        slot: its position in the caller's batch.
-        subject: the delivery's $JS.ACK reply subject.
-        payload: +ACK, -NAK [delay] or +TERM reason.
-        request: sent as a request; its reply confirms it and every plain send before
-            it since the previous request (a run).
-    """
-
-    slot: int
-    subject: str
-    payload: bytes
-    request: bool
-
-
-def plan_sends(settlements: Sequence[tuple[int, str, bytes, bool]]) -> list[list[Send]]:
-    """Split one durable's settlements, in order, into runs that each end in a request.
-
-    Arguments:
-        settlements: (index, subject, payload, must_request) in the order they are to
-            be written; must_request for a Retry or Terminal, whose own reply is wanted.
-
-    Returns:
-        The runs. Every run's last send is a request and no other send is; the batch's
-        last settlement always ends a run, so nothing is left unconfirmed.
-    """
-    runs: list[list[Send]] = []
-    run: list[Send] = []
-    last = len(settlements) - 1
-    for position, (index, subject, payload, must_request) in enumerate(settlements):
-        request = must_request or position == last
-        run.append(Send(index, subject, payload, request))
-        if request:
-            runs.append(run)
-            run = []
-    return runs
-
-
-__all__ = ["NO_RESPONDERS_STATUS", "ReplyMux", "Send", "no_responders", "plan_sends",
-           "subscribe_inline"]
+__all__ = ["NO_RESPONDERS_STATUS", "ReplyMux", "no_responders", "subscribe_inline"]

@@ -1,8 +1,21 @@
 """The settlement and leases of one binding's deliveries on JetStream: the
-acknowledgement verbs as nats-py writes them, the record of a delivery held live
-(HeldDelivery), and DeliveryLeases, the half of SubscriptionReceiver that settles its tokens,
-confirmed with the server and fenced (MSG-011, PAY-004, DELIV-15), and keeps their
-leases alive.
+acknowledgement verbs as nats-py writes them, how a batch of settlements of one durable
+goes on the wire (plan_sends), the record of a delivery held live (HeldDelivery), and
+DeliveryLeases, the part of a SubscriptionReceiver that settles its tokens, confirmed
+with the server and fenced (MSG-011, PAY-004, DELIV-15), and keeps their leases alive.
+
+plan_sends: how a batch of settlements of one durable goes on the wire. Only the last
+settlement of the batch, and every Retry or Terminal, is sent as a request; a
+Completed before one of those is a plain +ACK publish that the next request's reply
+confirms. That is sound because the server processes one durable's acknowledgements
+in arrival order (consumer.go: pushAck queues them on the consumer's ackMsgs queue,
+and one goroutine, processInboundAcks, applies them first in, first out), and one
+connection's messages arrive in the order they were written — so the reply to a
+request means every acknowledgement written before it on this connection to the same
+durable was processed. The reply never says more than "processed" (NATS_FACTS §1:
+the server answers a re-ack of an acked message with the same empty reply), so
+nothing is lost against one ack_sync per message: an unconfirmed request leaves its
+whole run of settlements unknown (PAY-004), and a lost durable (no responders) too.
 
 Everything here runs on the adapter's loop.
 """
@@ -15,13 +28,13 @@ import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from videoflow.backends.jetstream.settle import ReplyMux, Send, no_responders, plan_sends
+from videoflow.backends.jetstream.reply_inbox import ReplyMux, no_responders
 from videoflow.backends.messaging import (
     Completed,
     Delivery,
@@ -77,6 +90,46 @@ def term_payload(record_ref: str) -> bytes:
     return TERM + b" " + reason.encode()
 
 
+class Send(NamedTuple):
+    """One settlement as it goes on the wire.
+
+    Attributes:
+        slot: its position in the caller's batch.
+        subject: the delivery's $JS.ACK reply subject.
+        payload: +ACK, -NAK [delay] or +TERM reason.
+        request: sent as a request; its reply confirms it and every plain send before
+            it since the previous request (a run).
+    """
+
+    slot: int
+    subject: str
+    payload: bytes
+    request: bool
+
+
+def plan_sends(settlements: Sequence[tuple[int, str, bytes, bool]]) -> list[list[Send]]:
+    """Split one durable's settlements, in order, into runs that each end in a request.
+
+    Arguments:
+        settlements: (index, subject, payload, must_request) in the order they are to
+            be written; must_request for a Retry or Terminal, whose own reply is wanted.
+
+    Returns:
+        The runs. Every run's last send is a request and no other send is; the batch's
+        last settlement always ends a run, so nothing is left unconfirmed.
+    """
+    runs: list[list[Send]] = []
+    run: list[Send] = []
+    last = len(settlements) - 1
+    for position, (index, subject, payload, must_request) in enumerate(settlements):
+        request = must_request or position == last
+        run.append(Send(index, subject, payload, request))
+        if request:
+            runs.append(run)
+            run = []
+    return runs
+
+
 @dataclass(slots=True)
 class HeldDelivery:
     """A delivery this binding holds live: parked, or handed out and not yet settled."""
@@ -92,27 +145,38 @@ class HeldDelivery:
 
 
 class DeliveryLeases:
-    """Settling and renewing the deliveries one binding handed out: the part of
-    SubscriptionReceiver that speaks to the broker about a delivery after it was taken.
+    """Settling and renewing the deliveries one binding handed out: what speaks to the
+    broker about a delivery after it was taken.
 
-    A mixin: the attributes annotated here are the receiver's, set in its __init__.
+    Arguments:
+        subscription / generation: the binding's; a token of another is never live.
+        client: the connection the settlements are written on.
+        replies: the connection's reply inbox, which confirms them.
+        ack_confirm_seconds: how long a settlement waits for the server's reply.
+        held: the binding's live deliveries by stream sequence, parked or handed out
+            (its PrefetchQueue's, which parks into it): a confirmed settlement removes
+            one, an unanswered acknowledgement marks it (acked_unknown).
     """
 
-    subscription: SubscriptionId
-    client: Client
-    generation: int
-    ack_confirm_seconds: float
-    replies: ReplyMux
-    _current: dict[int, HeldDelivery]
-    _settled: OrderedDict[str, tuple[DeliveryToken, SettleResult]]
-    _in_flight: dict[int, tuple[DeliveryToken, int, asyncio.Future[dict[int, SettleResult]]]]
-    _stopping: bool
-    _keepalive: asyncio.Task[None] | None
+    def __init__(self, subscription: SubscriptionId, generation: int, client: Client,
+                 replies: ReplyMux, ack_confirm_seconds: float,
+                 held: dict[int, HeldDelivery]) -> None:
+        self.subscription, self.generation = subscription, generation
+        self.client, self.replies = client, replies
+        self.ack_confirm_seconds = ack_confirm_seconds
+        self.held = held
+        # OrderedDict: popitem(last=False) is O(1), where deleting next(iter(dict)) over
+        # and over scans the dead slots a dict keeps at its front.
+        self._settled: OrderedDict[str, tuple[DeliveryToken, SettleResult]] = OrderedDict()
+        self._in_flight: dict[int, tuple[DeliveryToken, int,
+                                         asyncio.Future[dict[int, SettleResult]]]] = {}
+        self.stopping = False  # set once the binding stops: nothing is renewed after
+        self._keepalive: asyncio.Task[None] | None = None
 
     def live(self, token: DeliveryToken) -> bool:
         """Whether token is the newest attempt of its message this binding handed out
         and has not settled (MSG-011)."""
-        held = self._current.get(token.stream_seq)
+        held = self.held.get(token.stream_seq)
         return (token.subscription == self.subscription and token.generation == self.generation
                 and held is not None and not held.parked
                 and (held.delivery.token is token or held.delivery.token == token))
@@ -133,7 +197,7 @@ class DeliveryLeases:
         record_ref as the TERM reason (S12, DELIV-15). They are all written at once and
         confirmed by the server's replies: every Retry and Terminal, and the batch's
         last settlement, go as requests, and a Completed before a request is confirmed
-        by that request's reply (jetstream.settle: the server applies one durable's
+        by that request's reply (plan_sends: the server applies one durable's
         acknowledgements in order). So a batch costs one round trip, not one per
         delivery.
 
@@ -168,7 +232,7 @@ class DeliveryLeases:
             elif not self.live(token):
                 results[index] = SettleStale(_NOT_LIVE)
             else:
-                wire.append((index, self._current[token.stream_seq].msg.reply,
+                wire.append((index, self.held[token.stream_seq].msg.reply,
                              *_wire_form(outcome)))
                 if in_flight is None:
                     self._in_flight[token.stream_seq] = (token, index, answered)
@@ -251,12 +315,12 @@ class DeliveryLeases:
         return results
 
     def _forget(self, token: DeliveryToken) -> None:
-        held = self._current.get(token.stream_seq)
+        held = self.held.get(token.stream_seq)
         if held is not None and (held.delivery.token is token or held.delivery.token == token):
-            del self._current[token.stream_seq]
+            del self.held[token.stream_seq]
 
     def _lapse(self, token: DeliveryToken) -> None:
-        held = self._current.get(token.stream_seq)
+        held = self.held.get(token.stream_seq)
         if held is not None and (held.delivery.token is token or held.delivery.token == token):
             held.acked_unknown = True
 
@@ -273,7 +337,7 @@ class DeliveryLeases:
         if not self.live(token):
             return LeaseObservation("stale", "not a live delivery of this binding")
         try:
-            await self._current[token.stream_seq].msg.in_progress()
+            await self.held[token.stream_seq].msg.in_progress()
         except nats.errors.Error as error:
             return LeaseObservation("unknown", f"{type(error).__name__}: {error}")
         return LeaseObservation("extended")
@@ -281,19 +345,31 @@ class DeliveryLeases:
     def keep_alive(self, interval: float) -> None:
         """Renew every live lease each interval seconds (ack_wait / 3) until stop."""
         async def renewing() -> None:
-            while not self._stopping:
+            while not self.stopping:
                 await asyncio.sleep(interval)
                 await self.renew_all()
 
-        if self._keepalive is None and not self._stopping:
+        if self._keepalive is None and not self.stopping:
             self._keepalive = asyncio.get_running_loop().create_task(renewing())
+
+    async def stop_keep_alive(self) -> None:
+        """Cancel the keepalive (the binding stops) and wait for it to end."""
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._keepalive
+            self._keepalive = None
+
+    def unanswered(self) -> bool:
+        """Whether an acknowledgement of a live delivery is still unanswered."""
+        return any(h.acked_unknown for h in list(self.held.values()))
 
     async def renew_all(self) -> int:
         """in_progress for every live delivery, parked or handed out (the keepalive),
         but those acknowledged without an answer (left to lapse, HeldDelivery.acked_unknown);
         returns how many were asked."""
         asked = 0
-        for held in list(self._current.values()):
+        for held in list(self.held.values()):
             if held.acked_unknown:
                 continue
             with contextlib.suppress(nats.errors.Error):
@@ -314,8 +390,8 @@ class DeliveryLeases:
         """
         lapsed = [(h.delivery.token, Completed(),
                    f"re-ack:{h.delivery.token.stream_seq}:{h.delivery.token.attempt}")
-                  for h in list(self._current.values()) if h.acked_unknown and not h.parked]
-        if not lapsed or self._stopping:
+                  for h in list(self.held.values()) if h.acked_unknown and not h.parked]
+        if not lapsed or self.stopping:
             return 0
         results = await self.settle_batch(lapsed)
         return sum(isinstance(r, SettleConfirmed) for r in results)
@@ -327,6 +403,8 @@ __all__ = [
     "TERM",
     "DeliveryLeases",
     "HeldDelivery",
+    "Send",
     "nak_payload",
+    "plan_sends",
     "term_payload",
 ]

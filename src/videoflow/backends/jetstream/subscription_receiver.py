@@ -1,11 +1,13 @@
-"""Receiving on JetStream: one bound subscription's pull loop, which keeps pull
-requests open and parks what the server delivers into a bounded local prefetch queue
-(SubscriptionReceiver), and how a binding is made (bind_receiver).
+"""Receiving one subscription on JetStream: SubscriptionReceiver, a binding's pull
+loop, which keeps pull requests open and parks what the server delivers into a bounded
+local prefetch queue; how a binding is made (bind_receiver); and taking from several
+bindings fairly (take_round_robin).
 
-A SubscriptionReceiver is created, driven and stopped on the adapter's own loop. Its two
-other halves live beside this module: receive_queue (handing the parked deliveries out,
-and back to the broker) and receive_leases (the fenced settlement of every token it
-hands out and the leases it keeps alive: MSG-011, PAY-004, DELIV-15).
+A SubscriptionReceiver is created, driven and stopped on the adapter's own loop. It owns
+two parts, each in a module beside this one: its PrefetchQueue (jetstream.prefetch_queue:
+the parked deliveries and the live ones) and its DeliveryLeases
+(jetstream.delivery_leases: the fenced settlement of every token it hands out and the
+leases it keeps alive: MSG-011, PAY-004, DELIV-15).
 """
 
 from __future__ import annotations
@@ -15,9 +17,7 @@ import contextlib
 import itertools
 import json
 import logging
-import threading
 import time
-from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -26,12 +26,13 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from videoflow.backends.jetstream.delivery_leases import DeliveryLeases, HeldDelivery
 from videoflow.backends.jetstream.outcomes import TRACEPARENT_HEADER
-from videoflow.backends.jetstream.receive_leases import DeliveryLeases, HeldDelivery
-from videoflow.backends.jetstream.receive_queue import PrefetchQueue
-from videoflow.backends.jetstream.settle import ReplyMux, subscribe_inline
-from videoflow.backends.messaging import Delivery, DeliveryToken, SettleResult, SubscriptionId
+from videoflow.backends.jetstream.prefetch_queue import PrefetchQueue
+from videoflow.backends.jetstream.reply_inbox import ReplyMux, subscribe_inline
+from videoflow.backends.messaging import Delivery, SubscriptionId
 from videoflow.backends.messaging_types import trusted_delivery
+from videoflow.errors import BrokerUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -106,11 +107,11 @@ class _Pull:
     expires_at: float
 
 
-class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
+class SubscriptionReceiver:
     """One binding of a subscription: a pull loop that prefetches into a bounded local
-    queue, and the live deliveries it has fetched. Handing them out is PrefetchQueue's
-    (receive_queue); settling them and keeping their leases, DeliveryLeases'
-    (receive_leases).
+    queue (queue, a PrefetchQueue: the parked deliveries and the live ones), handing
+    them out, and back to the broker; settling them and keeping their leases is its
+    leases' (a DeliveryLeases over the queue's live deliveries).
 
     A delivery is live while its token is the newest attempt of its stream sequence
     this binding fetched; a redelivery, a rebind (a new generation) or a settlement
@@ -162,20 +163,14 @@ class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
         self.fetch_timeout = fetch_timeout
         self.ack_confirm_seconds = ack_confirm_seconds
         self.replies = replies if replies is not None else ReplyMux(client)
-        self._parked: deque[Delivery] = deque()
-        self._current: dict[int, HeldDelivery] = {}
-        # The caller's thread takes parked deliveries itself (take_ready): this lock
-        # covers the parked queue and every held delivery's parked flag, on both
-        # threads, and whether the pull loop waits for room (_space_waiting).
-        self._hand = threading.Lock()
+        # The caller's thread takes parked deliveries itself (take_ready): the queue's
+        # lock covers them, and whether the pull loop waits for room (_space_waiting).
+        self.queue = PrefetchQueue()
+        self.leases = DeliveryLeases(subscription, generation, client, self.replies,
+                                     ack_confirm_seconds, self.queue.held)
         self._space_waiting = False
         self.on_parked = on_parked  # called on the loop after each delivery is parked
         self._loop: asyncio.AbstractEventLoop | None = None
-        # OrderedDict: popitem(last=False) is O(1), where deleting next(iter(dict)) over
-        # and over scans the dead slots a dict keeps at its front.
-        self._settled: OrderedDict[str, tuple[DeliveryToken, SettleResult]] = OrderedDict()
-        self._in_flight: dict[int, tuple[DeliveryToken, int,
-                                         asyncio.Future[dict[int, SettleResult]]]] = {}
         self._space = asyncio.Event()  # set whenever the pull loop should look again
         self._space.set()
         self._task: asyncio.Task[None] | None = None
@@ -187,7 +182,6 @@ class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
         self._pull_ids = itertools.count()
         self._refused_until = 0.0
         self.refusals = 0  # pull requests the server refused (409, 503)
-        self._keepalive: asyncio.Task[None] | None = None
         self.byte_credit = byte_credit
         self.may_fetch = may_fetch
         self.budget_waits = 0
@@ -197,9 +191,6 @@ class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
         self._tasks: set[asyncio.Task[None]] = set()  # skips and straggler naks
         self.last_error: BaseException | None = None
         self._mean_size = 0.0  # of the deliveries parked so far (depth)
-        # What the broker still held for the consumer at the latest delivery (its reply
-        # subject says), or 0 once a request ended short; None before either.
-        self._broker_pending: int | None = None
         self.wanted = prefetch  # set by the backend's set_receive_depth
         # How the caller's thread hands the pull loop its wake-up: the backend's
         # LoopRunner.call_soon (no self-pipe write when the caller runs the loop next
@@ -256,7 +247,7 @@ class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
                 # ask again a fetch later, not in a tight loop.
                 await asyncio.sleep(hold)
                 continue
-            with self._hand:  # so a take cannot slip between the count and the wait
+            with self.queue.lock:  # so a take cannot slip between the count and the wait
                 free = self._room_to_ask()
                 if not free:
                     self._space.clear()
@@ -293,16 +284,16 @@ class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
         self._pulls.clear()
         self._refused_until = 0.0
         self._space.set()
-        if any(h.acked_unknown for h in list(self._current.values())):
+        if self.leases.unanswered():
             self._background(self._reack_quietly())
 
     async def _reack_quietly(self) -> None:
         with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-            await self.reack_unknown()
+            await self.leases.reack_unknown()
 
     def _room_to_ask(self) -> int:
         """How many deliveries a new pull request would ask for now, 0 when none should
-        go out (the rule in _pull_loop's docstring). Called under _hand, by the pull
+        go out (the rule in _pull_loop's docstring). Called under the queue's lock, by the pull
         loop and by a take on the caller's thread, which wakes the loop only when
         this says it would ask: waking it for every take, to find nothing to ask for,
         cost a slow reader several loop turns per message. Pull requests whose expiry
@@ -311,7 +302,7 @@ class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
         asked = sum(pull.remaining for pull in list(self._pulls.values())
                     if pull.expires_at > now)
         depth = self.depth()
-        free = depth - len(self._parked) - asked
+        free = depth - len(self.queue.parked) - asked
         if self.byte_credit or self.may_fetch is not None:
             # Under a byte budget one message at a time, so what lands after the
             # budget filled is at most the one already asked for (RUN-025's
@@ -381,7 +372,7 @@ class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
         if status in ("404", "408"):
             # No messages, or the request expired short: the consumer had nothing more
             # it could deliver.
-            self._broker_pending = 0
+            self.queue.broker_pending = 0
         else:
             # 409 (consumer deleted, a request limit exceeded, ...) or 503 (no consumer
             # at all, S14): keep it for observation, and hold the next request off.
@@ -391,7 +382,7 @@ class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
                                           else "")
 
     def _budget_admits(self) -> bool:
-        if self.byte_credit and self.resident_bytes() >= self.byte_credit:
+        if self.byte_credit and self.queue.resident_bytes() >= self.byte_credit:
             return False
         return self.may_fetch is None or self.may_fetch()
 
@@ -404,20 +395,21 @@ class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
         # A moving mean of the sizes, for depth(): recent sizes weigh most.
         size = delivery.size
         self._mean_size = size if not self._mean_size else 0.9 * self._mean_size + 0.1 * size
-        with self._hand:
-            old = self._current.pop(seq, None)
+        queue = self.queue
+        with queue.lock:
+            old = queue.held.pop(seq, None)
             if old is not None and old.parked:
                 # MSG-011: a redelivery supersedes the earlier attempt parked here.
                 with contextlib.suppress(ValueError):
-                    self._parked.remove(old.delivery)
+                    queue.parked.remove(old.delivery)
         if self.admit is not None and not self.admit(delivery):
-            self._broker_pending = pending
+            queue.broker_pending = pending
             self._background(self._skip(delivery, msg))
             return
-        with self._hand:  # with the count, so backlog never misses the one in between
-            self._current[seq] = HeldDelivery(delivery, msg)
-            self._parked.append(delivery)
-            self._broker_pending = pending
+        with queue.lock:  # with the count, so backlog never misses the one in between
+            queue.held[seq] = HeldDelivery(delivery, msg)
+            queue.parked.append(delivery)
+            queue.broker_pending = pending
         if self.on_parked is not None:
             self.on_parked()
 
@@ -447,6 +439,67 @@ class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
         if self.on_skip is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.on_skip, delivery)
 
+    @property
+    def parked(self) -> int:
+        """Deliveries fetched and parked, not yet handed out."""
+        return len(self.queue.parked)
+
+    def take_ready(self, item_credit: int, byte_credit: int = 0) -> list[Delivery]:
+        """Hand out up to item_credit parked deliveries without waiting (and about
+        byte_credit bytes, 0 = unbounded: the first always goes). Safe from any
+        thread: the caller's takes them straight off the queue the loop parks into,
+        with no round trip through the loop; the pull loop is woken (one call onto
+        the loop) only when it waits for room and this take made enough to ask for
+        more (_room_to_ask)."""
+        taken: list[Delivery] = []
+        size = 0
+        queue = self.queue
+        with queue.lock:
+            # The take itself is written out here, not a call into the queue: with
+            # several bindings, take_round_robin calls this once per delivery.
+            parked, held_of = queue.parked, queue.held
+            while parked and len(taken) < item_credit:
+                delivery = parked[0]
+                if byte_credit and taken and size + delivery.size > byte_credit:
+                    break
+                parked.popleft()
+                held = held_of.get(delivery.stream_seq)
+                if held is None or held.delivery is not delivery:
+                    continue  # superseded while parked
+                held.parked = False
+                taken.append(delivery)
+                size += delivery.size
+            wake = bool(taken) and self._space_waiting and self._room_to_ask() > 0
+            if wake:
+                self._space_waiting = False
+        if wake:
+            self._wake_pull_loop()
+        return taken
+
+    def _wake_pull_loop(self) -> None:
+        loop = self._loop
+        if loop is not None:
+            # A closed or stopped loop: nobody to wake.
+            with contextlib.suppress(RuntimeError, BrokerUnavailable):
+                (self.schedule or loop.call_soon_threadsafe)(self._space.set)
+
+    async def hand_back(self, parked_only: bool) -> int:
+        """NAK deliveries back to the broker at once (RUN-030) so a survivor gets them
+        now, not after ack_wait: the parked ones, or every live one. A fire-and-forget
+        nak (Msg.nak) is enough — the worst case is the lease lapsing as it would have.
+
+        Returns:
+            how many were handed back.
+        """
+        self._handed_back = True
+        handed = 0
+        for held in self.queue.withdraw(parked_only):
+            with contextlib.suppress(nats.errors.Error):
+                await held.msg.nak()  # MsgAlreadyAckdError: settled elsewhere; leave it
+                handed += 1
+        self._space.set()
+        return handed
+
     async def stop(self) -> None:
         """Stop the pull loop and withdraw the delivery inbox (_withdraw): what the
         requests still open on the server had sent is parked by the time this returns,
@@ -455,17 +508,14 @@ class SubscriptionReceiver(PrefetchQueue, DeliveryLeases):
         NAKed one straight into, instead of to a survivor (RUN-030)."""
         task, self._task = self._task, None
         self._stopping = True
+        self.leases.stopping = True
         self._space.set()
         if task is not None:
             task.cancel()  # it only ever waits; requests already sent end in _withdraw
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self._withdraw()
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._keepalive
-            self._keepalive = None
+        await self.leases.stop_keep_alive()
 
     async def _withdraw(self) -> None:
         """Drop the inbox's interest and take in what is already on its way to it: an
@@ -528,7 +578,7 @@ def take_round_robin(
             for delivery in receiver.take_ready(1, room):
                 if taken and byte_credit and size + delivery.size > byte_credit:
                     # take_ready hands out a first delivery regardless of room.
-                    receiver.put_back(delivery)
+                    receiver.queue.put_back(delivery)
                     return taken
                 taken.append((sub, delivery))
                 size += delivery.size

@@ -1,20 +1,22 @@
-"""Receiving on JetStream across bindings: BackendReceiving, the part of
+"""Receiving on JetStream across bindings: Receiver, the part of
 JetStreamMessagingBackend that takes parked deliveries from its bindings round robin
 on the caller's thread (receive_any), runs the loop while it waits for one, keeps the
-byte budget (RUN-025) and each binding's admission filter and receive depth, and
-reports what is parked, skipped and waiting.
+byte budget (RUN-025) and each binding's admission filter and receive depth, stops
+receiving (RUN-030), and reports what is parked, skipped and waiting.
 
-One binding's pull loop is jetstream.receive's.
+One binding's pull loop is jetstream.subscription_receiver's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Sequence
 
-from videoflow.backends.jetstream.backend_state import BackendState
-from videoflow.backends.jetstream.receive import take_round_robin
+from videoflow.backends.jetstream.bindings import Bindings, stop_all
+from videoflow.backends.jetstream.connection import BROKER_CALL_SECONDS, Connection
+from videoflow.backends.jetstream.subscription_receiver import take_round_robin
 from videoflow.backends.messaging import (
     BrokerUnavailable,
     Delivery,
@@ -25,17 +27,40 @@ from videoflow.backends.messaging import (
 from videoflow.broker.loop import COALESCE_SECONDS
 
 
-class BackendReceiving(BackendState):
+class Receiver:
     """Deliveries handed to the caller, and the bounds on what is held for it
     (receive_any, catch_up, set_admission, set_receive_depth, prefetched, skipped,
-    backlog, resident_bytes, budget_waits)."""
+    backlog, resident_bytes, budget_waits, stop_receiving).
 
-    def _budget_admits(self) -> bool:
-        return self.byte_budget is None or self._resident() < self.byte_budget
+    Arguments:
+        connection: the loop a wait runs, and the outage that ends receiving.
+        bindings: the bindings received from.
+        prefetch: the most deliveries a binding parks (the receive depth's ceiling).
+        fetch_timeout: seconds one pull request waits (bounds stop_receiving).
+        byte_budget: the most envelope bytes held unsettled before the pull loops
+            pause (RUN-025); None: unbounded.
 
-    def _resident(self) -> int:
-        # Called from the loop thread (the pull loops' gate) and the caller's: copy first.
-        return sum(b.receiver.resident_bytes() for b in list(self._bindings.values()))
+    Attributes:
+        wanted: the receive depth each binding parks (set_receive_depth).
+        stopped: stop_receiving was called (a binding made after it does not fetch).
+    """
+
+    def __init__(self, connection: Connection, bindings: Bindings, prefetch: int,
+                 fetch_timeout: float, byte_budget: int | None) -> None:
+        self.connection, self.bindings = connection, bindings
+        self.prefetch, self.fetch_timeout = prefetch, fetch_timeout
+        self.byte_budget = byte_budget
+        self.wanted = prefetch
+        self.stopped = False
+        # Rung on the loop by every binding as it parks a delivery; receive_any waits
+        # on it only while another thread runs the loop (it runs the loop otherwise).
+        self._arrivals = threading.Condition(threading.Lock())
+        self._arrived = 0
+        self._ring_scheduled = False
+
+    def budget_admits(self) -> bool:
+        """Whether the byte budget has room (every pull loop's gate, on the loop)."""
+        return self.byte_budget is None or self.resident_bytes() < self.byte_budget
 
     def receive_any(
         self,
@@ -49,22 +74,23 @@ class BackendReceiving(BackendState):
         dequeued that is not returned. Subscriptions not bound here contribute
         nothing. The caller's thread takes the deliveries itself, and while it waits
         runs the loop itself (LoopRunner.wait_until) until a binding parks one
-        (_ring): a delivery is read, parked and taken on one thread, with no wake-up
+        (ring): a delivery is read, parked and taken on one thread, with no wake-up
         between threads.
 
         Raises:
             BrokerUnavailable: the backend's loop is not running, or its broker was
                 away for longer than the outage budget (nothing more can arrive).
         """
-        if self.outage.given_up is not None:
-            raise BrokerUnavailable(self.outage.given_up)
-        receivers = [(s, self._bindings[s].receiver) for s in subscriptions
-                     if s in self._bindings]
+        connection = self.connection
+        if connection.outage.given_up is not None:
+            raise BrokerUnavailable(connection.outage.given_up)
+        bound = self.bindings.bound
+        receivers = [(s, bound[s].receiver) for s in subscriptions if s in bound]
         if item_credit < 1 or not receivers:
             return []
-        if not self._runner.running:
+        arrivals, runner = self._arrivals, connection.runner
+        if not runner.running:
             raise BrokerUnavailable("the JetStream backend's loop is not running")
-        arrivals, runner = self._arrivals, self._runner
         ran = False  # whether this call has run the loop yet
         while True:
             seen = self._arrived  # read before the take: a park after it is not missed
@@ -97,10 +123,12 @@ class BackendReceiving(BackendState):
         """Run what the loop has ready on the caller's thread, without blocking
         (LoopRunner.turn): handed-over publications and settlements go out, at most
         one write per COALESCE_SECONDS for a fast caller unless at_once."""
-        if self._runner.running:
-            self._runner.turn(0.0 if at_once else COALESCE_SECONDS)
+        runner = self.connection.runner
+        if runner.running:
+            runner.turn(0.0 if at_once else COALESCE_SECONDS)
 
-    def _ring(self) -> None:
+    def ring(self) -> None:
+        """On the loop: a binding parked a delivery (each binding's on_parked)."""
         # On the loop, for each delivery parked. The waiter is woken once the read loop
         # has parked everything the bytes just read held, not once per delivery: a
         # wake-up per delivery handed the interpreter back and forth per message.
@@ -113,7 +141,7 @@ class BackendReceiving(BackendState):
         with self._arrivals:
             self._arrived += 1
             self._arrivals.notify_all()
-        self._runner.poke()  # a receive_any running the loop on its own thread
+        self.connection.runner.poke()  # a receive_any running the loop on its own thread
 
     def set_admission(
         self,
@@ -128,8 +156,8 @@ class BackendReceiving(BackendState):
         Returns:
             True: this backend keeps the filter.
         """
-        self._admission[subscription] = (admit, on_skip)
-        binding = self._bindings.get(subscription)
+        self.bindings.admission[subscription] = (admit, on_skip)
+        binding = self.bindings.bound.get(subscription)
         if binding is not None:
             binding.receiver.admit, binding.receiver.on_skip = admit, on_skip
         return True
@@ -138,23 +166,23 @@ class BackendReceiving(BackendState):
         """Park at most depth deliveries per subscription (never more than prefetch):
         a slow node that parks a deep prefetch holds inputs a competing replica could
         be processing, and has more to hand back when it leaves."""
-        self._wanted = max(1, min(self.prefetch, depth))
-        for binding in list(self._bindings.values()):
-            binding.receiver.wanted = self._wanted
+        self.wanted = max(1, min(self.prefetch, depth))
+        for receiver in self.bindings.receivers():
+            receiver.wanted = self.wanted
 
     def prefetched(self, subscription: SubscriptionId) -> int:
-        binding = self._bindings.get(subscription)
+        binding = self.bindings.bound.get(subscription)
         return 0 if binding is None else binding.receiver.parked
 
     def skipped(self, subscription: SubscriptionId) -> int:
-        binding = self._bindings.get(subscription)
+        binding = self.bindings.bound.get(subscription)
         return 0 if binding is None else binding.receiver.skipped
 
     def backlog(self, subscription: SubscriptionId) -> Known[int] | Unknown:
         """Parked deliveries plus the broker's num_pending as the latest delivery's reply
         subject carried it (0 once a fetch ended short: 404/408); no round trip."""
-        binding = self._bindings.get(subscription)
-        waiting = None if binding is None else binding.receiver.backlog()
+        binding = self.bindings.bound.get(subscription)
+        waiting = None if binding is None else binding.receiver.queue.backlog()
         if waiting is None:
             return Unknown("unread", f"nothing received for {subscription.consumer} yet")
         return Known(waiting)
@@ -162,12 +190,38 @@ class BackendReceiving(BackendState):
     def resident_bytes(self) -> int:
         """Envelope bytes this receiver holds unsettled right now (parked or handed
         out)."""
-        return self._resident()
+        # Called from the loop thread (the pull loops' gate) and the caller's: the
+        # bindings are copied first.
+        return sum(receiver.queue.resident_bytes() for receiver in self.bindings.receivers())
 
     def budget_waits(self) -> int:
         """How many times a pull loop paused because the byte budget was full."""
-        return self._retired_budget_waits + sum(
-            b.receiver.budget_waits for b in list(self._bindings.values()))
+        return self.bindings.retired_budget_waits + sum(
+            receiver.budget_waits for receiver in self.bindings.receivers())
+
+    def stop_receiving(self) -> int:
+        """Stop admitting input on every bound subscription — the quiesce half of a
+        graceful retirement (RUN-030): the pull loops fetch nothing more, and every
+        delivery parked in a prefetch queue is NAKed back to the broker at once. The
+        deliveries already handed out stay this receiver's to settle. Idempotent; a
+        second call hands back nothing more.
+
+        Returns:
+            how many parked deliveries were handed back.
+        """
+        self.stopped = True
+        if not self.connection.runner.running or not self.bindings.bound:
+            return 0
+
+        async def quiesce() -> int:
+            receivers = self.bindings.receivers()
+            await stop_all(receivers)
+            handed = 0
+            for receiver in receivers:
+                handed += await receiver.hand_back(parked_only=True)
+            return handed
+
+        return int(self.connection.call(quiesce(), self.fetch_timeout + BROKER_CALL_SECONDS))
 
 
-__all__ = ["BackendReceiving"]
+__all__ = ["Receiver"]

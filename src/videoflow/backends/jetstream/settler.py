@@ -1,10 +1,10 @@
-"""Settlement on JetStream across bindings: BackendSettlement, the part of
+"""Settlement on JetStream across bindings: Settler, the part of
 JetStreamMessagingBackend that queues settlements for its loop and sends them one
-batch per binding (SubscriptionReceiver.settle_batch), confirmed or unknown, never
-assumed (MSG-011, PAY-004, DELIV-15); renews and supersedes leases; and keeps the
-exhausted marks a confirmed Terminal clears (MSG-012).
+batch per binding (DeliveryLeases.settle_batch), confirmed or unknown, never assumed
+(MSG-011, PAY-004, DELIV-15); renews and supersedes leases; and keeps the exhausted
+marks a confirmed Terminal clears (MSG-012).
 
-How a batch goes on the wire is jetstream.settle's.
+How a batch goes on the wire is jetstream.delivery_leases'.
 """
 
 from __future__ import annotations
@@ -14,14 +14,11 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from videoflow.backends.jetstream.backend_state import (
-    CALL_MARGIN_SECONDS,
-    BackendState,
-    QueuedSettlement,
-    resolve_settlements,
-)
-from videoflow.backends.jetstream.receive import SubscriptionReceiver
+from videoflow.backends.jetstream.bindings import Bindings
+from videoflow.backends.jetstream.connection import CALL_MARGIN_SECONDS, Connection
+from videoflow.backends.jetstream.subscription_receiver import SubscriptionReceiver
 from videoflow.backends.messaging import (
     BrokerUnavailable,
     DeliveryToken,
@@ -36,8 +33,28 @@ from videoflow.backends.messaging import (
     Terminal,
     require_settle_outcomes,
 )
+from videoflow.broker.loop import Handoff
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedSettlement:
+    """Settlements of one binding from one call, and a receipt for each."""
+
+    receiver: SubscriptionReceiver
+    items: list[tuple[DeliveryToken, SettleOutcome, str]]
+    receipts: list[Receipt[SettleResult]]
+
+    def resolve(self, results: list[SettleResult]) -> None:
+        for receipt, result in zip(self.receipts, results, strict=True):
+            receipt.set_result(result)  # an answer already set holds
+
+
+def resolve_settlements(queued: Sequence[QueuedSettlement], result: SettleResult) -> None:
+    """Answer every queued settlement with the one result."""
+    for entry in queued:
+        entry.resolve([result] * len(entry.items))
 
 
 def _result_by(receipt: Receipt[SettleResult], deadline: float) -> SettleResult:
@@ -50,9 +67,23 @@ def _result_by(receipt: Receipt[SettleResult], deadline: float) -> SettleResult:
         return SettleUnknown("the backend's loop did not answer in time")
 
 
-class BackendSettlement(BackendState):
+class Settler:
     """Settling what the bindings handed out, and their leases (settle_async,
-    settle_many_async, settle_many, settle, renew, supersede, mark_exhausted)."""
+    settle_many_async, settle_many, settle, renew, supersede, mark_exhausted).
+
+    Arguments:
+        connection: the loop the settlements go out on (its wake-up drains them).
+        bindings: the bindings whose deliveries are settled, and their exhausted marks.
+        ack_confirm_seconds: how long a settlement waits for the broker's reply.
+    """
+
+    def __init__(self, connection: Connection, bindings: Bindings,
+                 ack_confirm_seconds: float) -> None:
+        self.connection, self.bindings = connection, bindings
+        self.ack_confirm_seconds = ack_confirm_seconds
+        self._queued: Handoff[QueuedSettlement] = Handoff(
+            connection.wake, self._drain,
+            lambda queued, reason: resolve_settlements(queued, SettleUnknown(reason)))
 
     def settle_async(
         self, token: DeliveryToken, outcome: SettleOutcome, settlement_id: str
@@ -60,7 +91,7 @@ class BackendSettlement(BackendState):
         """Queue one settlement and return at once. Settlements queued while the loop is
         busy go out together: one wake-up of the loop for the lot, and per durable one
         write of every acknowledgement with one round trip to confirm them
-        (SubscriptionReceiver.settle_batch). The receipt always resolves, to what
+        (DeliveryLeases.settle_batch). The receipt always resolves, to what
         settle would return — SettleUnknown if the backend shuts down first.
 
         Raises:
@@ -73,26 +104,27 @@ class BackendSettlement(BackendState):
     ) -> list[Receipt[SettleResult]]:
         """Queue settlements and return at once, a receipt each (settle_async): one
         entry per binding, so per durable one write and one confirming round trip
-        for the lot (SubscriptionReceiver.settle_batch).
+        for the lot (DeliveryLeases.settle_batch).
 
         Raises:
             TypeError: an outcome is not Completed, Retry or Terminal (nothing is
                 queued then).
         """
         require_settle_outcomes(settlements)
-        receipts: list[Receipt[SettleResult]] = [Receipt(runner=self._runner)
-                                                 for _ in settlements]
+        runner = self.connection.runner
+        receipts: list[Receipt[SettleResult]] = [Receipt(runner=runner) for _ in settlements]
         by_binding: dict[SubscriptionId, list[int]] = {}
         for index, (token, _, _) in enumerate(settlements):
             by_binding.setdefault(token.subscription, []).append(index)
+        bound = self.bindings.bound
         for subscription, indexes in by_binding.items():
-            binding = self._bindings.get(subscription)
+            binding = bound.get(subscription)
             if binding is None:
                 for index in indexes:
                     receipts[index].set_result(SettleStale("the subscription is not bound "
                                                            "here"))
                 continue
-            self._settlements.put(QueuedSettlement(
+            self._queued.put(QueuedSettlement(
                 binding.receiver, [settlements[i] for i in indexes],
                 [receipts[i] for i in indexes]))
         return receipts
@@ -116,19 +148,23 @@ class BackendSettlement(BackendState):
         return _result_by(self.settle_async(token, outcome, settlement_id),
                           time.monotonic() + self.ack_confirm_seconds + CALL_MARGIN_SECONDS)
 
-    def _drain_settlements(self, queued: list[QueuedSettlement]) -> None:
+    def fail_all(self, reason: str) -> None:
+        """Answer every settlement still queued SettleUnknown(reason)."""
+        self._queued.fail_all(reason)
+
+    def _drain(self, queued: list[QueuedSettlement]) -> None:
         """On the loop: settle everything queued, one batch per binding."""
         batches: dict[SubscriptionReceiver, list[QueuedSettlement]] = {}
         for entry in queued:
             batches.setdefault(entry.receiver, []).append(entry)
         for receiver, batch in batches.items():
-            self._spawn(self._settle_batch(receiver, batch))
+            self.connection.spawn(self._settle_batch(receiver, batch))
 
     async def _settle_batch(self, receiver: SubscriptionReceiver,
                             batch: list[QueuedSettlement]) -> None:
         items = [item for entry in batch for item in entry.items]
         try:
-            results = await receiver.settle_batch(items)
+            results = await receiver.leases.settle_batch(items)
         except asyncio.CancelledError:
             resolve_settlements(batch, SettleUnknown("the backend shut down before the broker "
                                           "confirmed the settlement"))
@@ -140,32 +176,32 @@ class BackendSettlement(BackendState):
             return
         for (token, outcome, _), result in zip(items, results, strict=True):
             if isinstance(outcome, Terminal) and isinstance(result, SettleConfirmed):
-                self._exhausted.clear(token.subscription, token.stream_seq)
+                self.bindings.exhausted.clear(token.subscription, token.stream_seq)
         start = 0
         for entry in batch:
             entry.resolve(results[start:start + len(entry.items)])
             start += len(entry.items)
 
     def renew(self, token: DeliveryToken) -> LeaseObservation:
-        binding = self._bindings.get(token.subscription)
+        binding = self.bindings.bound.get(token.subscription)
         if binding is None:
             return LeaseObservation("stale", "the subscription is not bound here")
         try:
-            observed: LeaseObservation = self._call(binding.receiver.renew(token),
-                                                    self.ack_confirm_seconds)
+            observed: LeaseObservation = self.connection.call(
+                binding.receiver.leases.renew(token), self.ack_confirm_seconds)
         except (TimeoutError, BrokerUnavailable) as error:
             return LeaseObservation("unknown", f"the backend's loop did not answer: {error}")
         return observed
 
     def supersede(self, token: DeliveryToken) -> bool:
-        binding = self._bindings.get(token.subscription)
+        binding = self.bindings.bound.get(token.subscription)
         if binding is None:
             return False
 
         async def retire() -> bool:
-            return binding.receiver.supersede(token)
+            return binding.receiver.leases.supersede(token)
 
-        return bool(self._call(retire(), self.ack_confirm_seconds))
+        return bool(self.connection.call(retire(), self.ack_confirm_seconds))
 
     def mark_exhausted(self, subscription: SubscriptionId, stream_sequence: int | None) -> None:
         """Count a retained message as unresolved work in observe_subscription without a
@@ -173,7 +209,7 @@ class BackendSettlement(BackendState):
         counts one anonymous message, cleared by the next Terminal of the subscription
         that matches no marked sequence. Cleared by the Terminal settlement of that
         message, or by the message leaving the stream."""
-        self._exhausted.mark(subscription, stream_sequence)
+        self.bindings.exhausted.mark(subscription, stream_sequence)
 
 
-__all__ = ["BackendSettlement"]
+__all__ = ["QueuedSettlement", "Settler", "resolve_settlements"]

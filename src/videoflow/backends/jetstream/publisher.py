@@ -1,7 +1,7 @@
-"""Publication on JetStream: the subject an envelope goes to, and
-BackendPublishing, the part of JetStreamMessagingBackend that queues publications for
-its loop, sends them pipelined and resolves an unknown send by an idempotent
-re-publish (MSG-013, MSG-014).
+"""Publication on JetStream: Publisher, the part of JetStreamMessagingBackend that
+says which subject an envelope goes to, queues publications for the loop, sends them
+pipelined and resolves an unknown send by an idempotent re-publish (MSG-013,
+MSG-014).
 
 The wire side is jetstream.outcomes.
 """
@@ -12,15 +12,18 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+from collections.abc import Sequence
 
-from videoflow.backends.jetstream.backend_state import (
+from videoflow.backends.jetstream.connection import (
     BROKER_CALL_SECONDS,
     CALL_MARGIN_SECONDS,
-    BackendState,
-    QueuedPublication,
-    resolve_publications,
+    Connection,
 )
-from videoflow.backends.jetstream.outcomes import observe_by_republish, publish_pipelined
+from videoflow.backends.jetstream.outcomes import (
+    PublicationLedger,
+    observe_by_republish,
+    publish_pipelined,
+)
 from videoflow.backends.jetstream.specs import stream_of
 from videoflow.backends.messaging import (
     ChannelId,
@@ -31,14 +34,43 @@ from videoflow.backends.messaging import (
     Rejected,
 )
 from videoflow.backends.messaging_types import DUPLICATE_WINDOW_SECONDS
+from videoflow.broker.loop import Handoff
 from videoflow.core.naming import dlq_stream_name, dlq_subject_for, eos_subject_for, subject_for
 
 logger = logging.getLogger(__name__)
 
+QueuedPublication = tuple[str, Envelope, float, Receipt[PublishOutcome]]
+"""(subject, envelope, deadline, the caller's receipt)."""
 
-class BackendPublishing(BackendState):
+
+def resolve_publications(queued: Sequence[QueuedPublication], outcome: PublishOutcome) -> None:
+    """Answer every queued publication with the one outcome."""
+    for *_, receipt in queued:
+        receipt.set_result(outcome)  # a receipt answered already keeps its answer
+
+
+class Publisher:
     """Where envelopes go and how they are sent: the publication half of the contract
-    (subject_for, publish_async, publish, observe_publication)."""
+    (subject_for, publish_async, publish, observe_publication).
+
+    Arguments:
+        connection: the connection the publications go out on; its loop's wake-up
+            drains them (a publisher made before the settler drains first: a group's
+            outputs go before the settlements queued with them).
+
+    Attributes:
+        ledger: each envelope's first send, which an unknown outcome is resolved
+            against (observe_publication).
+    """
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.ledger = PublicationLedger()
+        self._subjects: dict[tuple[ChannelId, str], str] = {}
+        self._queued: Handoff[QueuedPublication] = Handoff(
+            connection.wake, self._drain,
+            lambda queued, reason: resolve_publications(
+                queued, Rejected(f"nothing was sent: {reason}", retryable=True)))
 
     def subject_for(self, channel: ChannelId, kind: str) -> str:
         """The subject envelopes of kind go to on channel (computed once per pair)."""
@@ -48,7 +80,8 @@ class BackendPublishing(BackendState):
             subject = self._subjects[key] = self._subject_for(channel, kind)
         return subject
 
-    def _subject_for(self, channel: ChannelId, kind: str) -> str:
+    @staticmethod
+    def _subject_for(channel: ChannelId, kind: str) -> str:
         if kind == "data":
             return subject_for(channel.flow, channel.run, channel.node)
         if kind == "eos":
@@ -63,13 +96,14 @@ class BackendPublishing(BackendState):
         PubAck, all in flight at once and in the order they were made
         (jetstream.outcomes.publish_pipelined). The receipt always resolves, to what
         publish would return."""
-        if self._js is None or not self.connected:
+        connection = self.connection
+        if connection.js is None or not connection.connected:
             # Nothing was sent; waiting helps unless the connection was given up.
-            return Receipt(Rejected(f"{self._not_connected()}; nothing was sent",
-                                    retryable=self.outage.given_up is None))
-        receipt: Receipt[PublishOutcome] = Receipt(runner=self._runner)
+            return Receipt(Rejected(f"{connection.not_connected()}; nothing was sent",
+                                    retryable=connection.outage.given_up is None))
+        receipt: Receipt[PublishOutcome] = Receipt(runner=connection.runner)
         subject = envelope.subject or self.subject_for(envelope.channel, envelope.kind)
-        self._publications.put((subject, envelope, deadline, receipt))
+        self._queued.put((subject, envelope, deadline, receipt))
         return receipt
 
     def publish(self, envelope: Envelope, deadline: float) -> PublishOutcome:
@@ -86,11 +120,16 @@ class BackendPublishing(BackendState):
         except concurrent.futures.TimeoutError:
             return PublicationUnknown("the backend's loop did not answer before the deadline")
 
-    def _drain_publications(self, queued: list[QueuedPublication]) -> None:
-        self._spawn(self._publish_batch(queued))
+    def fail_all(self, reason: str) -> None:
+        """Answer every publication still queued Rejected (retryable): nothing was sent."""
+        self._queued.fail_all(reason)
+
+    def _drain(self, queued: list[QueuedPublication]) -> None:
+        self.connection.spawn(self._publish_batch(queued))
 
     async def _publish_batch(self, queued: list[QueuedPublication]) -> None:
-        client, replies, send_lock = self._client, self._replies, self._send_lock
+        connection = self.connection
+        client, replies, send_lock = connection.client, connection.replies, connection.send_lock
         if client is None or replies is None or send_lock is None:
             resolve_publications(queued, Rejected("the JetStream backend is not "
                                                    "connected; nothing was sent",
@@ -98,10 +137,10 @@ class BackendPublishing(BackendState):
             return
         # First sends are recorded before anything is written: an unknown outcome is
         # resolved against its first send's time (observe_publication).
-        self._ledger.sent_all([envelope for _, envelope, _, _ in queued],
-                              horizon=DUPLICATE_WINDOW_SECONDS)
+        self.ledger.sent_all([envelope for _, envelope, _, _ in queued],
+                             horizon=DUPLICATE_WINDOW_SECONDS)
         try:
-            await publish_pipelined(client, replies, queued, send_lock, self._js)
+            await publish_pipelined(client, replies, queued, send_lock, connection.js)
         except asyncio.CancelledError:
             resolve_publications(queued, PublicationUnknown(
                 "the backend shut down before the receipt arrived"))
@@ -112,7 +151,8 @@ class BackendPublishing(BackendState):
             resolve_publications(queued, PublicationUnknown(f"the publication failed: "
                                                              f"{error!r}"))
 
-    def _stream_of(self, envelope: Envelope) -> str:
+    @staticmethod
+    def _stream_of(envelope: Envelope) -> str:
         """The stream that captures envelope: its channel's, or the flow's DLQ."""
         if envelope.kind == "dlq":
             return dlq_stream_name(envelope.channel.flow)
@@ -123,18 +163,19 @@ class BackendPublishing(BackendState):
         stream's duplicate window the broker answers duplicate when the first send was
         stored and stores it now when it was not — either way one accepted copy.
         Outside the window nothing can be known: Unresolvable."""
-        if self._js is None or not self.connected:
+        connection = self.connection
+        if connection.js is None or not connection.connected:
             # The earlier send may have been stored: still unknown, never a refusal.
-            return PublicationUnknown(self._not_connected())
+            return PublicationUnknown(connection.not_connected())
         subject = self.subject_for(envelope.channel, envelope.kind)
         try:
-            outcome: PublishOutcome = self._call(
-                observe_by_republish(self._js, self._stream_of(envelope), subject,
-                                     envelope, self._ledger, BROKER_CALL_SECONDS),
+            outcome: PublishOutcome = connection.call(
+                observe_by_republish(connection.js, self._stream_of(envelope), subject,
+                                     envelope, self.ledger, BROKER_CALL_SECONDS),
                 2 * BROKER_CALL_SECONDS)
         except TimeoutError:
             return PublicationUnknown("the backend's loop did not answer")
         return outcome
 
 
-__all__ = ["BackendPublishing"]
+__all__ = ["Publisher", "QueuedPublication", "resolve_publications"]
