@@ -91,7 +91,7 @@ def test_a_take_across_bindings_hands_out_only_what_was_parked_when_it_began() -
     wakes a pull loop, whose next delivery is parked while the rounds go on. Those are
     the next receive's: a caller taking them too leased one per round trip, far past
     the depth its bindings keep (a slow sink in the full suite held 7, not 2)."""
-    from videoflow.backends.jetstream.receive import take_round_robin
+    from videoflow.backends.jetstream.subscription_receiver import take_round_robin
 
     class Refilled(SubscriptionReceiver):
         next_seq = 100
