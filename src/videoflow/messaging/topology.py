@@ -22,8 +22,8 @@ never out of a name prefix.
 
 The pure half lives in submodules this one re-exports: naming, jetstream.configs, credit
 and verification; nothing in them needs a broker. The broker half (read-back, teardown,
-idempotent create, provisioning a whole flow) lives in provisioning, re-exported
-here too.
+idempotent create, provisioning a whole flow) lives in jetstream.flow_provisioning,
+re-exported here too.
 """
 
 from __future__ import annotations
