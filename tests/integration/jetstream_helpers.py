@@ -13,7 +13,6 @@ from nats.js import JetStreamContext
 from videoflow.backends.jetstream.backend import (
     JetStreamMessagingBackend,
     channel_spec_for,
-    consumer_credit,
     subscription_spec_for,
 )
 from videoflow.backends.jetstream.configs import consumer_config_for, stream_config_for
@@ -40,6 +39,7 @@ from videoflow.broker.loop import (
     connect_fail_fast,
 )
 from videoflow.core.constants import BATCH
+from videoflow.core.credit import consumer_credit
 from videoflow.core.naming import (
     stream_name_for,
     subject_for,

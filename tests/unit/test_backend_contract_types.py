@@ -355,10 +355,10 @@ ADDITIONS = {"backlog", "observe_subscriptions", "publish_async", "settle_async"
 # Additions every adapter implements itself: the flow's dead-letter stream (STREAM-8),
 # which the reference's provisioning creates but no reference member binds.
 ABSTRACT_ADDITIONS = {"ensure_dead_letters"}
-# An addition whose default does nothing: the moment a caller that hands work over
-# and then runs code of its own gives an adapter whose loop runs on the caller's
-# thread (issue 10).
-IDLE_ADDITIONS = {"catch_up"}
+# Additions whose default does nothing: the moment a caller that hands work over and
+# then runs code of its own gives an adapter whose loop runs on the caller's thread
+# (issue 10), and how many deliveries an adapter that parks ahead may park (issue 40).
+IDLE_ADDITIONS = {"catch_up", "set_receive_depth"}
 # Additions whose defaults extend nothing and give nothing up: how long a broker outage
 # lets the publication ladder go on, for an adapter whose broker can go away (issue 12),
 # and why it gave its broker up for good, which ends the ladder at once.

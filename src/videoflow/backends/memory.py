@@ -70,13 +70,11 @@ from videoflow.backends.messaging import (
     UnobservableState,
     VerifiedChannel,
     VerifiedSubscription,
+    channel_subject,
 )
 from videoflow.backends.messaging_types import trusted_delivery
 from videoflow.core.naming import (
-    dlq_subject_for,
-    eos_subject_for,
     stream_name_for,
-    subject_for,
 )
 
 __all__ = ["DEFAULT_PREFETCH", "MemoryBroker", "MemoryMessagingBackend"]
@@ -263,13 +261,7 @@ class MemoryMessagingBackend(MessagingBackend):
     # ---------------------------------------------------------------- provisioning
 
     def subject_for(self, channel: ChannelId, kind: str) -> str:
-        if kind == "data":
-            return subject_for(channel.flow, channel.run, channel.node)
-        if kind == "eos":
-            return eos_subject_for(channel.flow, channel.run, channel.node)
-        if kind == "dlq":
-            return dlq_subject_for(channel.flow, channel.run, channel.node)
-        raise ValueError(f"kind must be 'data', 'eos' or 'dlq', got {kind!r}")
+        return channel_subject(channel, kind)
 
     def ensure_dead_letters(self, operation_id: str) -> None:
         """Create the flow's dead-letter stream on the broker (MemoryBroker.dead_letters

@@ -64,6 +64,7 @@ from videoflow.backends.messaging_types import (
     VerifiedChannel,
     VerifiedSubscription,
 )
+from videoflow.core.naming import dlq_subject_for, eos_subject_for, subject_for
 from videoflow.errors import BrokerUnavailable, IncompatibleProfile, UnobservableState
 from videoflow.observation import UNKNOWN_REASONS, Known, Observation, Unknown, UnknownReason
 
@@ -118,6 +119,7 @@ __all__ = [
     "UnobservableState",
     "VerifiedChannel",
     "VerifiedSubscription",
+    "channel_subject",
 ]
 
 
@@ -213,6 +215,22 @@ class Receipt(Generic[T]):
                 if answer is None:
                     raise concurrent.futures.TimeoutError("no answer yet")
         return answer
+
+
+def channel_subject(channel: ChannelId, kind: str) -> str:
+    """The subject a channel's envelopes of kind go to ('data', 'eos' or 'dlq'): what
+    every adapter's subject_for answers.
+
+    Raises:
+        ValueError: any other kind.
+    """
+    if kind == "data":
+        return subject_for(channel.flow, channel.run, channel.node)
+    if kind == "eos":
+        return eos_subject_for(channel.flow, channel.run, channel.node)
+    if kind == "dlq":
+        return dlq_subject_for(channel.flow, channel.run, channel.node)
+    raise ValueError(f"kind must be 'data', 'eos' or 'dlq', got {kind!r}")
 
 
 class MessagingBackend(abc.ABC):
@@ -482,6 +500,11 @@ class MessagingBackend(abc.ABC):
         """How many times receiving paused because the byte budget was full (RUN-025;
         default: 0, for a backend without a budget)."""
         return 0
+
+    def set_receive_depth(self, depth: int) -> None:  # noqa: B027 (optional: a no-op)
+        """Park at most depth deliveries per subscription ahead of the caller (the
+        messenger sets it to what its node gets through in a short while). The
+        default ignores it: an adapter that parks nothing ahead has nothing to bound."""
 
     # ------------------------------------------------------------------ settlement
 

@@ -157,7 +157,6 @@ class _Handle:
     when the assembler lets it go (messenger_join) or the task is done with its
     group."""
 
-    messenger: NATSMessenger
     parent: str
     sub: SubscriptionId
     delivery: Delivery
@@ -851,7 +850,7 @@ class NATSMessenger(Messenger):
             # memory): dead-lettered, so the envelope and the reason are kept.
             self.deliveries.drops["undecodable"] += 1
             self.deliveries.let_go(delivery)  # held while it was set aside
-            self.deliveries.dead_letter(_Handle(self, parent, sub, delivery), error,
+            self.deliveries.dead_letter(_Handle(parent, sub, delivery), error,
                                         "undecodable: payload missing", "undecodable")
             return
         except (WireError, KeyError) as error:
@@ -859,7 +858,7 @@ class NATSMessenger(Messenger):
             self.deliveries.let_go(delivery)
             self.deliveries.terminate(parent, delivery, f"undecodable: {error!r}")
             return
-        handle = _Handle(self, parent, sub, delivery, entry.blob_ref, clock.monotonic())
+        handle = _Handle(parent, sub, delivery, entry.blob_ref, clock.monotonic())
         if delivery.num_delivered > 1 and self.deliveries.crash_looped(handle):
             self.deliveries.let_go(delivery)
             return  # it was in hand at each of crash_limit process deaths: dead-lettered
@@ -874,7 +873,7 @@ class NATSMessenger(Messenger):
         to the assembler; the inputs after it go on."""
         self.deliveries.drops["undecodable"] += 1
         error = WireError(f"envelope field 'event_ts' is {event_ts!r}, not a finite time")
-        self.deliveries.dead_letter(_Handle(self, parent, sub, delivery, ref), error,
+        self.deliveries.dead_letter(_Handle(parent, sub, delivery, ref), error,
                                     f"poison: event time {event_ts!r} is not finite",
                                     "poison")
 
@@ -964,9 +963,7 @@ class NATSMessenger(Messenger):
         1..RECEIVE_PREFETCH), if it parks any."""
         depth = max(1, min(RECEIVE_PREFETCH, depth))
         if depth != self._depth:
-            set_depth = getattr(self.backend, "set_receive_depth", None)
-            if set_depth is not None:
-                set_depth(depth)
+            self.backend.set_receive_depth(depth)
             self._depth = depth
 
     @property
@@ -978,8 +975,7 @@ class NATSMessenger(Messenger):
     def budget_waits(self) -> int:
         """Times receiving paused because the byte budget was full (0 for a backend
         that keeps no budget)."""
-        waits = getattr(self.backend, "budget_waits", None)
-        return 0 if waits is None else int(waits())
+        return self.backend.budget_waits()
 
     @property
     def unconfirmed_acks(self) -> int:

@@ -67,7 +67,6 @@ from videoflow.backends.jetstream.settler import Settler
 from videoflow.backends.jetstream.specs import (
     channel_observation,
     channel_spec_for,
-    consumer_credit,
     durable_of,
     enum_text,
     stream_config_for_spec,
@@ -112,7 +111,6 @@ __all__ = [
     "FETCH_TIMEOUT_SECONDS",
     "JetStreamMessagingBackend",
     "channel_spec_for",
-    "consumer_credit",
     "stream_config_for_spec",
     "subscription_spec_for",
 ]

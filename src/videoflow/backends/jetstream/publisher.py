@@ -32,10 +32,11 @@ from videoflow.backends.messaging import (
     PublishOutcome,
     Receipt,
     Rejected,
+    channel_subject,
 )
 from videoflow.backends.messaging_types import DUPLICATE_WINDOW_SECONDS
 from videoflow.broker.loop import Handoff
-from videoflow.core.naming import dlq_stream_name, dlq_subject_for, eos_subject_for, subject_for
+from videoflow.core.naming import dlq_stream_name
 
 logger = logging.getLogger(__name__)
 
@@ -77,18 +78,8 @@ class Publisher:
         key = (channel, kind)
         subject = self._subjects.get(key)
         if subject is None:
-            subject = self._subjects[key] = self._subject_for(channel, kind)
+            subject = self._subjects[key] = channel_subject(channel, kind)
         return subject
-
-    @staticmethod
-    def _subject_for(channel: ChannelId, kind: str) -> str:
-        if kind == "data":
-            return subject_for(channel.flow, channel.run, channel.node)
-        if kind == "eos":
-            return eos_subject_for(channel.flow, channel.run, channel.node)
-        if kind == "dlq":
-            return dlq_subject_for(channel.flow, channel.run, channel.node)
-        raise ValueError(f"kind must be 'data', 'eos' or 'dlq', got {kind!r}")
 
     def publish_async(self, envelope: Envelope, deadline: float) -> Receipt[PublishOutcome]:
         """Queue a publication and return at once. Publications queued while the loop

@@ -31,7 +31,6 @@ from videoflow.backends.messaging import (
     SubscriptionSpec,
 )
 from videoflow.core.constants import BATCH, REALTIME, check_flow_type
-from videoflow.core.credit import consumer_credit
 from videoflow.core.naming import (
     eos_durable_name_for,
     partitioned_durable_name_for,
@@ -228,7 +227,6 @@ __all__ = [
     "channel_observation",
     "channel_spec_for",
     "consumer_config_for_spec",
-    "consumer_credit",
     "durable_of",
     "enum_text",
     "stream_config_for_spec",
