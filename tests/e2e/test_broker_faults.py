@@ -36,7 +36,7 @@ from broker_faults import (
 from broker_reads import ack_pending, stream_names
 from cluster import Cluster
 from flow_nodes import Numbers, Record, ReplayableNumbers, Scale, applied
-from test_cli import HERE, command, environment
+from test_cli import HELPERS, command, environment
 from test_pipeline_safety import assert_applied_exactly, assert_clean
 
 from videoflow.backends.jetstream.ledger_store import NatsKvRuntimeStore
@@ -329,7 +329,7 @@ def test_the_cli_takes_a_server_list_and_replicas_for_a_cluster(
     servers = f"nats://127.0.0.1:1,{cluster.url}"
     done = subprocess.run(
         command("run", "flows:chain", "--nats-url", servers, "--replicas", "3", "--json"),
-        cwd=HERE, env=environment(out, count=200), capture_output=True, text=True,
+        cwd=HELPERS, env=environment(out, count=200), capture_output=True, text=True,
         timeout=150)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)

@@ -25,7 +25,8 @@ from videoflow.broker import server as embedded
 
 pytestmark = pytest.mark.timeout(180)
 
-HERE = Path(__file__).resolve().parent
+HELPERS = Path(__file__).resolve().parent / "helpers"
+"""Where the commands run: a flow reference such as `flows:chain` names a module there."""
 
 
 def command(*args: str) -> list[str]:
@@ -33,7 +34,7 @@ def command(*args: str) -> list[str]:
 
 
 def base_environment() -> dict[str, str]:
-    """This environment, its PYTHONPATH made absolute (the commands run in HERE)."""
+    """This environment, its PYTHONPATH made absolute (the commands run in HELPERS)."""
     env = dict(os.environ)
     if env.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.pathsep.join(
@@ -50,7 +51,7 @@ def environment(out: Path, **values: Any) -> dict[str, str]:
 
 def videoflow(*args: str, env: dict[str, str] | None = None,
               timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command(*args), cwd=HERE, env=env or base_environment(),
+    return subprocess.run(command(*args), cwd=HELPERS, env=env or base_environment(),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -69,7 +70,7 @@ def start_worker(workers: list[subprocess.Popen[str]], spec: Path, node: str, ur
     process = subprocess.Popen(
         command("worker", "--spec", str(spec), "--node", node, "--replica", str(replica),
                 "--nats-url", url, "--progress-every", "0.5"),
-        cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=HELPERS, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     workers.append(process)
     return process
 
@@ -242,7 +243,7 @@ def interrupt_a_run(out: Path, *options: str) -> tuple[dict[str, Any], list[int]
     to the run's whole process group, as a terminal sends it. Returns the report and
     the processes the run had started."""
     env = environment(out, count=100000, pace=0.005)
-    run = subprocess.Popen(command("run", "flows:chain", "--json", *options), cwd=HERE,
+    run = subprocess.Popen(command("run", "flows:chain", "--json", *options), cwd=HELPERS,
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)
     try:
@@ -297,7 +298,7 @@ def test_a_second_ctrl_c_exits_130_and_the_report_says_the_run_is_unfinished(
     # comes with a backlog left, which the run keeps (it exited 0 saying "stopped").
     env = environment(out, count=100000, pace=0.005, sink_pace=0.05)
     run = subprocess.Popen(command("run", "flows:chain", "--nats-url", nats_server.url),
-                           cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           cwd=HELPERS, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, start_new_session=True)
     try:
         wait_for(lambda: count_applied(out) >= 20, 60, "the flow to get going")
@@ -381,7 +382,7 @@ def test_a_run_kept_after_its_broker_was_lost_names_the_command_that_resumes_it(
     try:
         run = subprocess.Popen(
             command("run", "flows:chain", "--nats-url", url, "--outage-budget", "2",
-                    "--json"), cwd=HERE, env=environment(out, count=100000, pace=0.005),
+                    "--json"), cwd=HELPERS, env=environment(out, count=100000, pace=0.005),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             wait_for(lambda: count_applied(out) >= 20, 60, "the flow to get going")

@@ -19,7 +19,7 @@ from videoflow.cli.common import EXIT_DEAD_LETTERS
 
 pytestmark = pytest.mark.timeout(180)
 
-NODES = Path(__file__).resolve().parent / "flow_nodes.py"
+NODES = Path(__file__).resolve().parent / "helpers" / "flow_nodes.py"
 RAISED = re.compile(r"^videoflow: picky\[0\]: videoflow\.core\.task: picky raised on its "
                     r"input \(numbers [0-9a-f]+:\d+\): (\w+): (.*?); ", re.MULTILINE)
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from broker_reads import stream_names
 from flow_nodes import applied
-from test_cli import HERE, base_environment, command, environment, videoflow
+from test_cli import HELPERS, base_environment, command, environment, videoflow
 
 from videoflow.broker import server as embedded
 from videoflow.cli.common import EXIT_BROKEN_PIPE
@@ -32,7 +32,7 @@ def with_closed_reader(*args: str, env: dict[str, str] | None = None,
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        return subprocess.run(command(*args), cwd=HERE, env=env or base_environment(),
+        return subprocess.run(command(*args), cwd=HELPERS, env=env or base_environment(),
                               stdout=write_end, stderr=subprocess.PIPE, text=True,
                               timeout=120)
     finally:
@@ -205,7 +205,7 @@ def watch_a_run(watcher: list[str], url: str, out: Path, **sizes: Any,
     writes to stderr: from then on it misses nothing), run flows:chain, and wait for the
     watcher to end. Returns the run, and the watcher's 'listening on' line, stdout and
     the rest of its stderr."""
-    watching = subprocess.Popen(command(*watcher, "--nats-url", url), cwd=HERE,
+    watching = subprocess.Popen(command(*watcher, "--nats-url", url), cwd=HELPERS,
                                 env=base_environment(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     try:
@@ -263,7 +263,7 @@ def test_tap_given_no_url_follows_run_after_run_on_the_store_and_keeps_none_out(
     store = tmp_path / "store"
     watching = subprocess.Popen(
         command("tap", "cli", "scale", "--count", "10", "--json", "--seconds", "120"),
-        cwd=HERE, env=store_environment(store), stdout=subprocess.PIPE,
+        cwd=HELPERS, env=store_environment(store), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     assert watching.stderr is not None
     runs, told = [], []
@@ -276,7 +276,7 @@ def test_tap_given_no_url_follows_run_after_run_on_the_store_and_keeps_none_out(
             # A tap that started a server on the store would hold it: this run would
             # wait for it, then fail. Its producer starts once the tap listens on it.
             env = store_environment(store, out, count=5, gate=gate)
-            run = subprocess.Popen(command("run", "flows:chain", "--json"), cwd=HERE,
+            run = subprocess.Popen(command("run", "flows:chain", "--json"), cwd=HELPERS,
                                    env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True)
             while sum(line.startswith("listening on") for line in told) < k + 1:
@@ -309,7 +309,7 @@ def test_tap_says_when_its_broker_is_lost_and_ends_in_one_error_past_the_budget(
     env["VIDEOFLOW_OUTAGE_BUDGET"] = "2"
     watching = subprocess.Popen(command("tap", "cli", "scale", "--nats-url", url,
                                         *(["-v"] if verbose else [])),
-                                cwd=HERE, env=env, stdout=subprocess.PIPE,
+                                cwd=HELPERS, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     try:
         said = watching.stderr.readline() if watching.stderr else ""
@@ -339,7 +339,7 @@ def test_hz_says_a_window_the_broker_was_away_for_is_unknown_not_zero(tmp_path: 
     env["VIDEOFLOW_OUTAGE_BUDGET"] = "30"
     watching = subprocess.Popen(command("hz", "cli", "scale", "--nats-url", server.url,
                                         "--window", "1", "--json"),
-                                cwd=HERE, env=env, stdout=subprocess.PIPE,
+                                cwd=HELPERS, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     try:
         assert watching.stdout is not None
@@ -375,7 +375,7 @@ def provision_r1(url: str, tmp_path: Path) -> Callable[[], subprocess.Popen[byte
     assert made.returncode == 0, made.stderr
     return lambda: subprocess.Popen(
         command("worker", "--spec", str(spec), "--node", "record", "--nats-url", url),
-        cwd=HERE, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cwd=HELPERS, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def test_ls_shows_a_provisioned_run_idle_then_running_once_a_worker_pulls(

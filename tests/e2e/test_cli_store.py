@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from broker_reads import stream_names
-from test_cli import HERE, base_environment, command, count_applied, videoflow, wait_for
+from test_cli import HELPERS, base_environment, command, count_applied, videoflow, wait_for
 
 from videoflow import ops
 from videoflow.broker import server as embedded
@@ -150,7 +150,7 @@ def test_run_then_dlq_list_then_dlq_replay_on_the_default_embedded_broker(
     # again by its workers (and, still poison, dead-lettered again under that run).
     live_env, _ = default_store_env(tmp_path, out_dirs[1], count=200, pace=0.05)
     live = subprocess.Popen(command("run", "flows:poison", "--json", "--run", "live"),
-                            cwd=HERE, env=live_env, stdout=subprocess.PIPE,
+                            cwd=HELPERS, env=live_env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: count_applied(out_dirs[1]) >= 5, 60, "the live run to get going")

@@ -1,6 +1,6 @@
 """A time join of live cameras when one of them fails mid-run, end to end: a real
 nats-server, every camera and the fusion a process of its own, the cameras paced in
-real time (join_fault_nodes.py).
+real time (helpers/join_fault_nodes.py).
 
 Four cameras capture at 30 fps (a 33.3 ms period; their clocks 0 to 3 ms apart,
 the tolerance 8 ms, so a frame can only join its own instant's group), and the

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from test_cli import HERE, command, environment, wait_for
+from test_cli import HELPERS, command, environment, wait_for
 
 from videoflow.broker import server as embedded
 
@@ -87,7 +87,7 @@ def test_a_local_run_serves_every_replicas_metrics_while_it_runs(tmp_path: Path)
     env = environment(out, count=300, pace=0.01, sink_replicas=2)
     process = subprocess.Popen(
         command("run", "flows:chain", "--ephemeral", "--metrics-port", "0", "--json"),
-        cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=HELPERS, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url, stderr = watch(process, "metrics of run")
         got = scrapes_while(process, url)
@@ -163,7 +163,7 @@ def test_a_run_refuses_a_metrics_port_it_cannot_bind_in_one_line(tmp_path: Path)
         port = held.getsockname()[1]
         done = subprocess.run(
             command("run", "flows:chain", "--ephemeral", "--metrics-port", str(port)),
-            cwd=HERE, env=environment(tmp_path, count=5), capture_output=True, text=True,
+            cwd=HELPERS, env=environment(tmp_path, count=5), capture_output=True, text=True,
             timeout=60)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith(
@@ -174,7 +174,7 @@ def test_a_run_refuses_a_metrics_port_it_cannot_bind_in_one_line(tmp_path: Path)
 @pytest.mark.parametrize("port", ["-1", "65536", "http"])
 def test_a_metrics_port_that_is_not_a_port_is_a_usage_error(port: str,
                                                             tmp_path: Path) -> None:
-    done = subprocess.run(command("run", "flows:chain", "--metrics-port", port), cwd=HERE,
+    done = subprocess.run(command("run", "flows:chain", "--metrics-port", port), cwd=HELPERS,
                           env=environment(tmp_path), capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 2 and "--metrics-port" in done.stderr
@@ -188,7 +188,7 @@ def test_a_worker_serves_its_replicas_metrics(nats_server: embedded.EmbeddedServ
     spec = tmp_path / "run.json"
     made = subprocess.run(command("provision", "flows:chain", "--out", str(spec),
                                   "--nats-url", nats_server.url),
-                          cwd=HERE, env=env, capture_output=True, text=True, timeout=60)
+                          cwd=HELPERS, env=env, capture_output=True, text=True, timeout=60)
     assert made.returncode == 0, made.stderr
     processes: list[subprocess.Popen[str]] = []
     try:
@@ -197,7 +197,7 @@ def test_a_worker_serves_its_replicas_metrics(nats_server: embedded.EmbeddedServ
             processes.append(subprocess.Popen(
                 command("worker", "--spec", str(spec), "--node", node, "--nats-url",
                         nats_server.url, "--progress-every", "0.5", *extra),
-                cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                cwd=HELPERS, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 text=True))
         scale = processes[1]
         url, stderr = watch(scale, "metrics on")

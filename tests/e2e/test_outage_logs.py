@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from broker_faults import Fault, strike_when
-from test_cli import HERE, command, environment
+from test_cli import HELPERS, command, environment
 
 from videoflow.broker import server as embedded
 
@@ -63,7 +63,7 @@ def test_a_broker_restarted_mid_run_is_logged_lost_and_back_by_each_replica_as_j
             engine = subprocess.Popen(
                 command("-v", "--log-format", "json", "run", "flows:chain", "--nats-url",
                         url, "--json"),
-                cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                cwd=HELPERS, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             stdout, stderr = engine.communicate(timeout=150)
     finally:
         server.stop()

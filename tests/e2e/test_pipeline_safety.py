@@ -4,8 +4,8 @@ SIGKILLed with unconfirmed outputs in its publication window (and, separately, w
 outputs a full stream refused waiting in it), a sink SIGKILLed with its settlements in
 flight, a BATCH stream that fills mid-window, a broker frozen (SIGSTOP) mid-window, and
 checkpointing nodes (a consumer, a processor) SIGKILLed and restarted mid-stream. The
-fault-injecting nodes (tests/e2e/flow_nodes.py) strike from inside the replica, at the
-moment its messenger holds what the test is about, and record what it held.
+fault-injecting nodes (tests/e2e/helpers/flow_nodes.py) strike from inside the replica,
+at the moment its messenger holds what the test is about, and record what it held.
 
 Every test asserts the exact outcome: nothing lost, nothing dropped or dead-lettered,
 and every input group applied once. The Record sink keys its effects on

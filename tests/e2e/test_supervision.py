@@ -20,7 +20,7 @@ import pytest
 from broker_reads import stream_names
 from flow_nodes import applied
 from supervision_nodes import crash_loop, one_fails_to_start
-from test_cli import HERE, alive, children_of, command, count_applied, environment, wait_for
+from test_cli import HELPERS, alive, children_of, command, count_applied, environment, wait_for
 
 from videoflow.broker import server as embedded
 from videoflow.ops import dlq_list, embedded_broker, teardown
@@ -50,7 +50,7 @@ def start_run(out: Path, url: str, *options: str, **sizes: Any) -> subprocess.Po
     its own so a failed test can kill what it started."""
     env = environment(out, **{"count": 100000, "pace": 0.005, **sizes})
     return subprocess.Popen(command("run", "flows:chain", "--nats-url", url, *options),
-                            cwd=HERE, env=env, stdout=subprocess.PIPE,
+                            cwd=HELPERS, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -355,7 +355,7 @@ def test_a_sigkilled_engine_leaves_no_embedded_broker_holding_its_store(
     store = tmp_path / "store"
     env = environment(out, count=100000, pace=0.005)
     run = subprocess.Popen(command("run", "flows:chain", "--store-dir", str(store), "--json"),
-                           cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           cwd=HELPERS, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, start_new_session=True)
     servers: list[int] = []
     try:
@@ -368,7 +368,7 @@ def test_a_sigkilled_engine_leaves_no_embedded_broker_holding_its_store(
         # Its store is free again: the next run on it starts (and stops at once).
         again = subprocess.run(command("run", "flows:chain", "--store-dir", str(store),
                                        "--stop-after", "0", "--json"),
-                               cwd=HERE, env=environment(out, count=10), capture_output=True,
+                               cwd=HELPERS, env=environment(out, count=10), capture_output=True,
                                text=True, timeout=120)
         assert "is in use by" not in again.stderr and again.returncode in (0, 1), again.stderr
     finally:

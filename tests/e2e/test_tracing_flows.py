@@ -2,8 +2,8 @@
 nats-server: what the replicas publish is tapped with a core NATS subscription, headers
 and all. Without a tracer provider in the replicas every output still carries a valid
 traceparent continuing its input's trace; with the SDK installed in each replica by the
-VIDEOFLOW_TRACING_SETUP hook (tests/e2e/tracing_setup.py) the replicas' spans chain
-across the processes."""
+VIDEOFLOW_TRACING_SETUP hook (tests/e2e/helpers/tracing_setup.py) the replicas' spans
+chain across the processes."""
 
 from __future__ import annotations
 

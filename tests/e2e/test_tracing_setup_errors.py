@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_cli import HERE, command, environment
+from test_cli import HELPERS, command, environment
 
 from videoflow.broker import server as embedded
 from videoflow.messaging.tracing import SETUP_ENV
@@ -69,7 +69,7 @@ def run_traced(url: str, tmp_path: Path, setup: str, not_installed: str = ""
     env[SETUP_ENV] = setup
     env.pop("VIDEOFLOW_TRACING", None)
     return subprocess.run(command("run", "flows:chain", "--nats-url", url, "--json"),
-                          cwd=HERE, env=env, capture_output=True, text=True, timeout=100)
+                          cwd=HELPERS, env=env, capture_output=True, text=True, timeout=100)
 
 
 def one_error_line(done: subprocess.CompletedProcess[str]) -> str:

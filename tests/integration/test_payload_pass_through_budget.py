@@ -4,20 +4,16 @@ once (the store's own rules are in tests/unit/test_shm_pass_through_budget.py)."
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from flow_nodes import FrameCheck, Frames, frames_seen  # e2e's, in tests/e2e/helpers
 
 from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH
 from videoflow.core.node import ProcessorNode
 from videoflow.flow import Flow
-
-# The e2e flows' nodes (tests/e2e is on the path only for its own tests).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from flow_nodes import FrameCheck, Frames, frames_seen  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

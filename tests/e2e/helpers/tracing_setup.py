@@ -1,6 +1,6 @@
 """A VIDEOFLOW_TRACING_SETUP hook for the replicas a flow spawns: the OpenTelemetry SDK
 as the process's tracer provider, each span written as one JSON line to a file of its
-own process under $VF_TEST_SPANS (read back by tests/e2e/test_tracing.py)."""
+own process under $VF_TEST_SPANS (read back by tests/e2e/test_tracing_flows.py)."""
 
 from __future__ import annotations
 
