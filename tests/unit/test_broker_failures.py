@@ -4,13 +4,14 @@ commands, the JetStream adapter and the stream read-back all answer through."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 import nats.errors
 import nats.js.errors
 import pytest
 
 from videoflow.backends.messaging import Unknown as ContractUnknown
-from videoflow.broker.failures import JSErrorCode, not_found, unknown_from
+from videoflow.broker.failures import JSErrorCode, not_found, tls_refusal, unknown_from
 from videoflow.observation import Known, Unknown
 
 
@@ -55,3 +56,25 @@ def test_not_found_matches_the_broker_s_404_with_that_code_only() -> None:
     refused = nats.js.errors.BadRequestError(code=400, err_code=10059)
     assert not not_found(refused, JSErrorCode.STREAM_NOT_FOUND)
     assert JSErrorCode.STREAM_NOT_FOUND == 10059  # compares with nats-py's plain int
+
+
+def _eof() -> ssl.SSLEOFError:
+    error = ssl.SSLEOFError(8, "EOF occurred in violation of protocol")
+    error.reason = "UNEXPECTED_EOF_WHILE_READING"  # as the ssl module sets it
+    return error
+
+
+@pytest.mark.parametrize("cut", [ConnectionResetError("Connection lost"), BrokenPipeError(),
+                                 _eof(), nats.errors.UnexpectedEOF()])
+def test_a_connection_cut_off_after_the_broker_asked_for_a_certificate_is_that_refusal(
+        cut: BaseException) -> None:
+    """Over TLS 1.3 the server's 'certificate required' alert can come after CONNECT
+    was written, and the reset then loses it (issue 46): when the server's INFO asked
+    for a client certificate none was given, the cut-off is that refusal, named."""
+    refused = tls_refusal(cut, "tls://127.0.0.1:4222", certificate_asked=True)
+
+    assert refused is not None
+    assert "tls://127.0.0.1:4222 asks for a client certificate" in str(refused)
+    assert "--tls-cert" in str(refused)
+    # Without that ask, a cut-off is a broker going away: retried, not given up on.
+    assert tls_refusal(cut, "tls://127.0.0.1:4222") is None

@@ -129,11 +129,23 @@ class TlsClient(NatsClient):
     Asked for TLS, a server that offers it (tls_available: allow_non_tls) is upgraded
     to as well, and one that does not is refused before anything is sent, at every
     connect and reconnect (TLSRefused, as the Go client's 'secure connection
-    required')."""
+    required').
+
+    Attributes:
+        certificate_asked: the latest server's INFO asks for a client certificate
+            (tls_verify) and none was given: over TLS 1.3 the server's alert that says
+            so can arrive after the client wrote CONNECT, and the reset that follows
+            loses it (failures.tls_refusal).
+    """
+
+    certificate_asked = False
 
     async def _process_info(self, info: dict[str, Any],
                             initial_connection: bool = False) -> None:
         tls = self.options.get("tls")
+        if initial_connection:
+            self.certificate_asked = bool(info.get("tls_verify")) and not (
+                isinstance(tls, AskedTls) and tls.has_certificate)
         if (initial_connection and isinstance(tls, AskedTls) and not info.get("tls_required")
                 and not self.options.get("tls_handshake_first")):
             if not info.get("tls_available"):
@@ -171,7 +183,7 @@ class FastHeadersClient(TlsClient):
         return result
 
 
-CLIENT_CLASS: Final[type[NatsClient]] = FastHeadersClient if FAST_HEADERS else TlsClient
+CLIENT_CLASS: Final[type[TlsClient]] = FastHeadersClient if FAST_HEADERS else TlsClient
 """The client class to connect with: FastHeadersClient where this nats-py allows."""
 
 

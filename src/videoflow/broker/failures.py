@@ -117,16 +117,28 @@ _NAME_MISMATCH: Final = (62, 64)
 SSLCertVerificationError's verify_code."""
 
 
-def tls_refusal(error: BaseException, where: str) -> TLSRefused | None:
+_CUT_OFF: Final = (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError,
+                   ssl.SSLZeroReturnError, nats.errors.UnexpectedEOF)
+"""How a connection the server closed shows, its alert lost."""
+
+
+def tls_refusal(error: BaseException, where: str,
+                certificate_asked: bool = False) -> TLSRefused | None:
     """The TLSRefused for a connect attempt's error that no retry can mend, None for
     any other error (a TLS handshake cut short by a broker going away is retried).
 
     Arguments:
         error: what the attempt raised, or what the error callback saw.
         where: the broker, redacted (link.redact_url), for the message.
+        certificate_asked: the server's INFO asked for a client certificate and none
+            was given (client.TlsClient). Over TLS 1.3 its alert can come after the
+            client wrote CONNECT, and the connection is then cut off with the alert
+            unread: such a cut is that refusal, not a broker going away.
     """
     if isinstance(error, TLSRefused):
         return error
+    if certificate_asked and isinstance(error, _CUT_OFF):
+        return _certificate_required(where)
     if isinstance(error, ssl.SSLCertVerificationError):
         if error.verify_code in _NAME_MISMATCH:
             advice = "connect to it by a name or address its certificate holds"
@@ -137,13 +149,17 @@ def tls_refusal(error: BaseException, where: str) -> TLSRefused | None:
                           f"trusted ({error.verify_message or error.reason}): {advice}")
     if isinstance(error, ssl.SSLError):
         if error.reason in _CERTIFICATE_REQUIRED:
-            return TLSRefused(f"the broker at {where} asks for a client certificate: give "
-                              "one with --tls-cert and --tls-key (VIDEOFLOW_NATS_TLS_CERT, "
-                              "VIDEOFLOW_NATS_TLS_KEY)")
+            return _certificate_required(where)
         if error.reason in _CERTIFICATE_REFUSED:
             return TLSRefused(f"the broker at {where} refused the client certificate "
                               f"({error.reason.lower().replace('_', ' ')})")
     return None
+
+
+def _certificate_required(where: str) -> TLSRefused:
+    return TLSRefused(f"the broker at {where} asks for a client certificate: give one "
+                      "with --tls-cert and --tls-key (VIDEOFLOW_NATS_TLS_CERT, "
+                      "VIDEOFLOW_NATS_TLS_KEY)")
 
 
 def describe(error: BaseException) -> str:

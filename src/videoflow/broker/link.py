@@ -487,7 +487,7 @@ async def connect_or_refused(url: str, **options: Any) -> Client:
     theirs = options.get("error_cb")
 
     async def error_cb(error: BaseException) -> None:
-        final = _final_refusal(error, url)
+        final = _final_refusal(error, url, client.certificate_asked)
         if final is not None and not refused.done():
             refused.set_result((final, error))
         if theirs is not None:
@@ -522,7 +522,7 @@ async def connect_or_refused(url: str, **options: Any) -> Client:
     try:
         await connecting  # what the connect raised, if it did
     except Exception as error:  # without reconnects, nats-py raises the attempt's own
-        given_up = _final_refusal(error, url)
+        given_up = _final_refusal(error, url, client.certificate_asked)
         if given_up is None or given_up is error:
             raise
         raise given_up from error
@@ -540,12 +540,13 @@ def _once_connected(callback: Callable[[], Awaitable[None]],
     return called
 
 
-def _final_refusal(error: BaseException, url: str) -> CredentialsRefused | None:
+def _final_refusal(error: BaseException, url: str,
+                   certificate_asked: bool = False) -> CredentialsRefused | None:
     """The error a connect gives up with at once when an attempt failed with error,
-    None when another attempt may succeed."""
+    None when another attempt may succeed (certificate_asked: as tls_refusal's)."""
     if credentials_refused(error):
         return refusal(url)
-    return tls_refusal(error, redact_url(url))
+    return tls_refusal(error, redact_url(url), certificate_asked)
 
 
 def _wait_for_known(outage: Outage, reason: str) -> bool:

@@ -67,9 +67,11 @@ class AskedTls(ssl.SSLContext):
 
     Attributes:
         asked_by: what asked for TLS, in words.
+        has_certificate: whether a client certificate was loaded into it.
     """
 
     asked_by = "the TLS settings given"
+    has_certificate = False
 
 
 def _tls(settings: dict[str, str], required: bool = False) -> dict[str, Any]:
@@ -91,6 +93,7 @@ def _tls(settings: dict[str, str], required: bool = False) -> dict[str, Any]:
         context.load_default_certs(ssl.Purpose.SERVER_AUTH)
     if cert is not None and key is not None:
         _load_certificate(context, cert, key)
+        context.has_certificate = True
     return {"tls": context}
 
 
