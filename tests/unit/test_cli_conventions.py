@@ -39,13 +39,23 @@ def logging_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     root.setLevel(level)
 
 
-def test_version_prints_the_installed_package_version(
-        capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("installed", ["9.8.7", None])
+def test_version_prints_the_distribution_name_and_its_installed_version(
+        installed: str | None, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Installed as videoflow-nats (9.8.7, to tell it from the package's own), or not
+    # installed under that name at all: a source tree on sys.path. The installed
+    # wheel's own answer is test_packaging's.
+    def version(name: str) -> str:
+        if name == "videoflow-nats" and installed is not None:
+            return installed
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
     with pytest.raises(SystemExit) as ended:
         main(["--version"])
     assert ended.value.code == 0
-    assert capsys.readouterr().out == f"videoflow {videoflow.__version__}\n"
-    assert videoflow.__version__ == importlib.metadata.version("videoflow")
+    assert capsys.readouterr().out == f"videoflow-nats {installed or videoflow.__version__}\n"
 
 
 @pytest.mark.parametrize("argv", [

@@ -1,6 +1,7 @@
-"""Packaging checks: what the sdist and wheel contain, that an installed wheel imports
-the compiled grouping core and envelope decoder, and that install hints name packages
-videoflow depends on.
+"""Packaging checks: what the sdist and wheel contain, that the wheel is named
+videoflow-nats as the README installs it, that an installed wheel imports the compiled
+grouping core and envelope decoder, and that install hints name packages videoflow
+depends on.
 
 The tests marked ``slow`` build distributions and a virtual environment. They run by
 default. cibuildwheel's test command leaves them out with ``-m "not slow"``, because it
@@ -23,10 +24,17 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pytest's own dependency on Python 3.10
+    import tomli as tomllib
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
+DISTRIBUTION = "videoflow-nats"  # "videoflow" on the package index is another project
 CORE_MODULE = "videoflow.messaging._grouping_core"
 CORE_PYX = "csrc/videoflow/messaging/_grouping_core.pyx"
 CORE_STUB = "videoflow/messaging/_grouping_core.pyi"
@@ -138,6 +146,24 @@ def _venv_python(env_dir: Path) -> Path:
     return env_dir / "bin" / "python"
 
 
+def _project() -> dict[str, Any]:
+    """pyproject.toml's [project] table."""
+    with open(REPO_ROOT / "pyproject.toml", "rb") as file:
+        return dict(tomllib.load(file)["project"])
+
+
+def _metadata_fields(wheel: Path) -> dict[str, list[str]]:
+    """The wheel's METADATA headers (not its description), each name to its values."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = archive.read(_single_name(names, ".dist-info/METADATA")).decode()
+    fields: dict[str, list[str]] = {}
+    for line in metadata.split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition(": ")
+        fields.setdefault(key, []).append(value)
+    return fields
+
+
 def _single(directory: Path, pattern: str) -> Path:
     matches = sorted(directory.glob(pattern))
     assert len(matches) == 1, f"expected one {pattern} in {directory}, found {matches}"
@@ -164,7 +190,7 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
 @pytest.mark.timeout(600)
 def test_sdist_ships_cython_source_stub_and_marker_but_no_generated_c(dists: Dists) -> None:
     with tarfile.open(dists.sdist) as archive:
-        # Strip the leading "videoflow-<version>/" directory.
+        # Strip the leading "videoflow_nats-<version>/" directory.
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     listing = "\n".join(sorted(names))
 
@@ -251,12 +277,8 @@ def test_sdist_ships_the_tests_the_files_they_read_and_the_license(dists: Dists)
 def test_wheel_metadata_names_the_license_the_pythons_and_typing(dists: Dists) -> None:
     with zipfile.ZipFile(dists.wheel) as archive:
         names = archive.namelist()
-        metadata = archive.read(_single_name(names, ".dist-info/METADATA")).decode()
         license_text = archive.read(_single_name(names, ".dist-info/licenses/LICENSE")).decode()
-    fields: dict[str, list[str]] = {}
-    for line in metadata.split("\n\n", 1)[0].splitlines():
-        key, _, value = line.partition(": ")
-        fields.setdefault(key, []).append(value)
+    fields = _metadata_fields(dists.wheel)
     assert fields["License-Expression"] == ["MIT"]
     assert fields["License-File"] == ["LICENSE"]
     assert license_text.startswith("MIT License")
@@ -267,6 +289,41 @@ def test_wheel_metadata_names_the_license_the_pythons_and_typing(dists: Dists) -
     assert "Typing :: Typed" in classifiers
     # Each supported Python is one the wheels are built for, and the other way round.
     assert {f"cp3{minor}" for minor in range(10, 15)} == SUPPORTED_PYTHONS
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_wheel_is_videoflow_nats_as_the_readme_and_the_release_install_it(
+        dists: Dists) -> None:
+    fields = _metadata_fields(dists.wheel)
+    assert fields["Name"] == [DISTRIBUTION] and fields["Version"] == [_project()["version"]]
+    # The project has no public address yet, so the metadata gives none.
+    assert "Project-URL" not in fields and "Home-page" not in fields
+    extras = set(fields["Provides-Extra"])
+    # Both files carry the normalised name (videoflow_nats-0.1.0...); the import
+    # package is still videoflow.
+    stem = f"{DISTRIBUTION.replace('-', '_')}-{fields['Version'][0]}"
+    for built in (dists.sdist, dists.wheel):
+        assert built.name.startswith(f"{stem}-") or built.name == f"{stem}.tar.gz", built.name
+    with zipfile.ZipFile(dists.wheel) as archive:
+        assert "videoflow/__init__.py" in archive.namelist()
+
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"pip install {DISTRIBUTION}" in {line.strip() for line in readme.splitlines()}
+    # Every README install of a videoflow distribution installs this one, and only
+    # extras it has.
+    ours = [target for hint in _PIP_INSTALL.finditer(readme)
+            for target in (word.strip("'") for word in hint.group(1).split())
+            if target.lower().startswith("videoflow")]
+    assert ours, "the README installs no videoflow distribution"
+    for target in ours:
+        name, _, extra = target.partition("[")
+        assert _distribution_name(name) == DISTRIBUTION, f"the README installs {target}"
+        assert not extra or extra.rstrip("]") in extras, f"{target}: the wheel has {extras}"
+
+    workflow = (REPO_ROOT / ".github" / "workflows" / "wheels.yml").read_text(encoding="utf-8")
+    assert f"url: https://pypi.org/p/{DISTRIBUTION}" in workflow
+    assert f"dist/{DISTRIBUTION.replace('-', '_')}-*.tar.gz" in workflow
 
 
 def _single_name(names: list[str], suffix: str) -> str:
@@ -326,6 +383,7 @@ def test_a_release_tag_publishes_the_built_wheels_by_trusted_publishing() -> Non
     assert re.search(r"^    needs: \[wheels, sdist\]$", job, flags=re.M), job
     assert ("if: github.event_name == 'push' && startsWith(github.ref, 'refs/tags/v')"
             in job), job
+    assert re.search(r"^    environment:\n      name: pypi$", job, flags=re.M), job
     assert re.search(r"^    permissions:\n      id-token: write$", job, flags=re.M), job
     assert "uses: pypa/gh-action-pypi-publish@release/v1" in job
     # Trusted publishing: no stored token or password anywhere in the workflow.
@@ -373,6 +431,10 @@ def test_wheel_installed_in_fresh_venv_imports_the_compiled_core(
         assert loaded.resolve().is_relative_to(env_dir.resolve()), (
             f"{loaded} was imported from outside the fresh venv {env_dir}"
         )
+    # The command names what was installed, read from the installed metadata.
+    shown = _run([python, "-I", "-m", "videoflow", "--version"], cwd=outside, env=env,
+                 timeout=60)
+    assert shown.stdout == f"{DISTRIBUTION} {_project()['version']}\n", shown.stdout
 
 
 def _cibuildwheel_executable() -> Path:
@@ -429,16 +491,20 @@ def _distribution_name(requirement: str) -> str:
 
 
 def test_install_hints_name_what_videoflow_depends_on_never_videoflow_by_name() -> None:
-    # "videoflow" on PyPI is another project: a hint at run time names the third-party
-    # packages themselves, which works however videoflow was installed, and the README
-    # installs extras from the checkout, as its Install section installs videoflow.
-    metadata = importlib.metadata.metadata("videoflow")
+    # "videoflow" on PyPI is another project. A hint at run time names the third-party
+    # packages themselves, which works however videoflow was installed (from the index
+    # or a checkout); the README installs extras as its Install section installs
+    # videoflow, as videoflow-nats or from the checkout. The installed distribution is
+    # found by what it installed: one installed before the name is "videoflow".
+    (installed, *others) = set(importlib.metadata.packages_distributions()["videoflow"])
+    assert not others, f"videoflow is installed by {[installed, *others]}: uninstall one"
+    metadata = importlib.metadata.metadata(installed)
     extras = set(metadata.get_all("Provides-Extra") or [])
     # What a user's install can need: the dependencies and the user-facing extras (not
     # dev's test and build tools; testing's pytest-benchmark is for the plugin's flow
     # benchmarks), and the OpenTelemetry SDK a tracing setup function installs its
     # provider from (README, Tracing).
-    depended_on = {_distribution_name(r) for r in importlib.metadata.requires("videoflow") or []
+    depended_on = {_distribution_name(r) for r in importlib.metadata.requires(installed) or []
                    if 'extra == "dev"' not in r} | {"opentelemetry-sdk"}
     assert "mypy" not in depended_on
     assert {"metrics", "tracing", "nkeys", "ros", "testing"} <= extras, extras
@@ -455,8 +521,10 @@ def test_install_hints_name_what_videoflow_depends_on_never_videoflow_by_name() 
                   for line in text.splitlines() if "videoflow[" in line]
         for hint in _PIP_INSTALL.finditer(text):
             for target in (word.strip("'") for word in hint.group(1).split()):
-                extra = re.fullmatch(r"\.\[(\w+)\]", target)
-                if target == "." or (in_readme and extra and extra.group(1) in extras):
+                extra = re.fullmatch(rf"(?:\.|{DISTRIBUTION})\[(\w+)\]", target)
+                if target == "." or (in_readme and target == DISTRIBUTION):
+                    continue
+                if in_readme and extra and extra.group(1) in extras:
                     continue
                 if extra is None and _distribution_name(target) in depended_on:
                     continue

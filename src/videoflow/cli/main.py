@@ -39,6 +39,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -376,12 +377,31 @@ def fail_on_dead_letters_option(parser: argparse.ArgumentParser) -> None:
              "otherwise exit 0)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+DISTRIBUTION: Final = "videoflow-nats"
+"""The name videoflow is installed by, from the package index or a checkout: "videoflow"
+on the index is another project."""
+
+
+def version_line() -> str:
+    """What `videoflow --version` prints: the distribution's name and version.
+
+    Returns:
+        The name and the installed distribution's version (``videoflow-nats 0.1.0``);
+        videoflow.__version__ where no distribution of that name is installed (a source
+        tree on sys.path, or an install from before the name).
+    """
     from videoflow import __version__
 
+    try:
+        return f"{DISTRIBUTION} {metadata.version(DISTRIBUTION)}"
+    except metadata.PackageNotFoundError:
+        return f"{DISTRIBUTION} {__version__}"
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = VideoflowParser(
         prog="videoflow", description="Dataflow pipelines over NATS JetStream.")
-    parser.add_argument("--version", action="version", version=f"videoflow {__version__}")
+    parser.add_argument("--version", action="version", version=version_line())
     parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
                         help=LOG_FORMAT_HELP)
