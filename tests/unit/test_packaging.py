@@ -1,7 +1,7 @@
 """Packaging checks: what the sdist and wheel contain, that the wheel is named
 videoflow-nats as the README installs it, that an installed wheel imports the compiled
-grouping core and envelope decoder, and that install hints name packages videoflow
-depends on.
+grouping core and envelope decoder, that a release tag needs a changelog entry, and that
+install hints name packages videoflow depends on.
 
 The tests marked ``slow`` build distributions and a virtual environment. They run by
 default. cibuildwheel's test command leaves them out with ``-m "not slow"``, because it
@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+import videoflow
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -203,6 +205,7 @@ def test_sdist_ships_cython_source_stub_and_marker_but_no_generated_c(dists: Dis
         "setup.py",
         "pyproject.toml",
         "README.md",
+        "CHANGELOG.md",
     ):
         assert required in names, f"sdist lacks {required}; it holds:\n{listing}"
     generated = sorted(name for name in names if name.endswith((".c", ".html", *COMPILED_SUFFIXES)))
@@ -254,12 +257,13 @@ def test_sdist_ships_the_tests_the_files_they_read_and_the_license(dists: Dists)
         f"sdist lacks tests: {sorted(in_tree - shipped_tests)[:10]}")
     assert not [n for n in shipped_tests if n.endswith((".pyc", ".pyo"))]
     # What the tests read beside themselves travels with them, so they pass from the
-    # unpacked sdist: the wire page (test_wire_foreign_writer.py), CI's script and
-    # workflows (the trusted-publishing and CI-script tests below), the examples
-    # (run by test_pytest_plugin.py, type-checked by test_strict_typing.py), and the
-    # benchmarks' regression check with its baseline (test_bench_regression.py).
-    read_by_tests = {"docs/WIRE.md", ".ci/run", "bench/regression.py",
-                     "bench/baseline.json"} | {
+    # unpacked sdist: the wire page (test_wire_foreign_writer.py), CI's scripts and
+    # workflows and the changelog (the trusted-publishing, release-tag and CI-script
+    # tests below), the examples (run by test_pytest_plugin.py, type-checked by
+    # test_strict_typing.py), and the benchmarks' regression check with its baseline
+    # (test_bench_regression.py).
+    read_by_tests = {"docs/WIRE.md", ".ci/run", ".ci/check_release_tag.py", "CHANGELOG.md",
+                     "bench/regression.py", "bench/baseline.json"} | {
         path.relative_to(REPO_ROOT).as_posix()
         for path in [*(REPO_ROOT / ".github" / "workflows").glob("*.yml"),
                      *(REPO_ROOT / "examples").rglob("*.py")]
@@ -380,7 +384,7 @@ def test_a_release_tag_publishes_the_built_wheels_by_trusted_publishing() -> Non
     found = re.search(r"^  publish:\n(.*?)(?=^  \S|\Z)", jobs, flags=re.M | re.S)
     assert found is not None, "wheels.yml has no publish job"
     job = found.group(1)
-    assert re.search(r"^    needs: \[wheels, sdist\]$", job, flags=re.M), job
+    assert re.search(r"^    needs: \[release-tag, wheels, sdist\]$", job, flags=re.M), job
     assert ("if: github.event_name == 'push' && startsWith(github.ref, 'refs/tags/v')"
             in job), job
     assert re.search(r"^    environment:\n      name: pypi$", job, flags=re.M), job
@@ -391,6 +395,48 @@ def test_a_release_tag_publishes_the_built_wheels_by_trusted_publishing() -> Non
     # The workflow runs on tags at all, and its other jobs cannot publish.
     assert 'tags: ["v*"]' in workflow
     assert workflow.count("gh-action-pypi-publish") == 1
+
+
+def test_a_release_tag_is_refused_unless_it_is_the_version_and_has_a_changelog_entry(
+        tmp_path: Path) -> None:
+    version = _project()["version"]
+    assert videoflow.__version__ == version
+    changelog = (REPO_ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert re.search(rf"^## \[{re.escape(version)}\]", changelog, flags=re.M), (
+        f"CHANGELOG.md has no entry for {version}")
+
+    # The wheels workflow runs the check on the tag before it publishes.
+    workflow = (REPO_ROOT / ".github" / "workflows" / "wheels.yml").read_text(encoding="utf-8")
+    found = re.search(r"^  release-tag:\n(.*?)(?=^  \S|\Z)",
+                      workflow.split("\njobs:\n", 1)[1], flags=re.M | re.S)
+    assert found is not None, "wheels.yml has no release-tag job"
+    assert "if: github.event_name == 'push' && startsWith(github.ref, 'refs/tags/v')" in (
+        found.group(1))
+    assert 'run: python .ci/check_release_tag.py "$GITHUB_REF_NAME"' in found.group(1)
+
+    def check(tag: str, script: Path = REPO_ROOT / ".ci" / "check_release_tag.py",
+              ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, script, tag], capture_output=True, text=True,
+                              timeout=60)
+
+    released = check(f"v{version}")
+    assert released.returncode == 0, released.stderr
+    refused = check("v99.0.0")
+    assert refused.returncode == 1
+    assert "the tag v99.0.0 is not pyproject.toml's version" in refused.stderr
+    assert "CHANGELOG.md has no entry for 99.0.0" in refused.stderr
+    # A version bumped without its entry is refused too.
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "pyproject.toml").write_text('[project]\nversion = "99.0.0"\n', encoding="utf-8")
+    (root / "CHANGELOG.md").write_text(changelog, encoding="utf-8")
+    script = root / ".ci" / "check_release_tag.py"
+    script.parent.mkdir()
+    shutil.copy(REPO_ROOT / ".ci" / "check_release_tag.py", script)
+    bumped = check("v99.0.0", script)
+    assert bumped.returncode == 1
+    assert bumped.stderr == ("release refused: CHANGELOG.md has no entry for 99.0.0 "
+                             "(a '## [99.0.0]' heading)\n")
 
 
 @pytest.mark.slow
