@@ -78,6 +78,12 @@ class RunNotKept(VideoflowError, ValueError):
     under that id would publish every output again."""
 
 
+class StartMethodError(VideoflowError, ValueError):
+    """The local engine cannot start replicas as asked: VIDEOFLOW_START_METHOD names a
+    start method this platform lacks, or the replica server imported videoflow under
+    another pure-Python switch than the engine now sets (videoflow.native)."""
+
+
 class RunExists(VideoflowError, ValueError):
     """A new run was given the id of a run whose streams are on the broker (running,
     or kept after it ended): started afresh it would take the running one's durables

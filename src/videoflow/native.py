@@ -19,6 +19,13 @@ PURE_PYTHON: Final = os.environ.get(PURE_PYTHON_ENV) == "1"
 """Read once, at the first import of videoflow's compiled-code users."""
 
 
+def asked_now() -> bool:
+    """Whether the environment asks for the references now: a process forked from one
+    that imported videoflow earlier (a replica server's) holds PURE_PYTHON as it was
+    then."""
+    return os.environ.get(PURE_PYTHON_ENV) == "1"
+
+
 def not_built(what: str, reference: str) -> ImportError:
     """The error for compiled code that is not built: how to build it, or to choose
     the reference instead."""
@@ -28,4 +35,4 @@ def not_built(what: str, reference: str) -> ImportError:
         f"or set {PURE_PYTHON_ENV}=1 to {reference}")
 
 
-__all__ = ["PURE_PYTHON", "PURE_PYTHON_ENV", "not_built"]
+__all__ = ["PURE_PYTHON", "PURE_PYTHON_ENV", "asked_now", "not_built"]

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from broker_reads import stream_names, wait_for_pullers
 from flow_nodes import applied
+from process_tree import alive, descendants_of, replica_pids
 
 from videoflow.backends.shm_payload import shm_root
 from videoflow.broker import server as embedded
@@ -217,27 +218,6 @@ def test_sigterm_on_a_replica_hands_its_parked_inputs_to_the_survivor_at_once(
     assert sorted(v for (v,) in applied(out)) == [2 * i for i in range(120)]
 
 
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def alive(pid: int) -> bool:
-    """Whether the process runs (a zombie waiting for init to reap it does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def interrupt_a_run(out: Path, *options: str) -> tuple[dict[str, Any], list[int]]:
     """Start `videoflow run`, let the sink apply some groups, then press Ctrl-C: SIGINT
     to the run's whole process group, as a terminal sends it. Returns the report and
@@ -248,8 +228,8 @@ def interrupt_a_run(out: Path, *options: str) -> tuple[dict[str, Any], list[int]
                            start_new_session=True)
     try:
         wait_for(lambda: count_applied(out) >= 20, 60, "the flow to get going")
-        children = children_of(run.pid)
-        assert len(children) >= 3  # a process per replica (and the multiprocessing helper)
+        children = descendants_of(run.pid)
+        assert len(replica_pids(run.pid)) == 3  # a process per replica
         os.killpg(run.pid, signal.SIGINT)
         stdout, stderr = run.communicate(timeout=60)
     finally:
@@ -302,7 +282,7 @@ def test_a_second_ctrl_c_exits_130_and_the_report_says_the_run_is_unfinished(
                            text=True, start_new_session=True)
     try:
         wait_for(lambda: count_applied(out) >= 20, 60, "the flow to get going")
-        children = children_of(run.pid)
+        children = descendants_of(run.pid)
         os.killpg(run.pid, signal.SIGINT)
         time.sleep(1.0)
         assert run.poll() is None  # still draining the backlog

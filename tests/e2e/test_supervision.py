@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 from broker_reads import stream_names
 from flow_nodes import applied
+from process_tree import alive, children_of, replica_pids
 from supervision_nodes import crash_loop, one_fails_to_start
-from test_cli import HELPERS, alive, children_of, command, count_applied, environment, wait_for
+from test_cli import HELPERS, command, count_applied, environment, wait_for
 
 from videoflow.broker import server as embedded
 from videoflow.ops import dlq_list, embedded_broker, teardown
@@ -29,20 +30,6 @@ from videoflow.ops.runs import list_flows
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(not Path("/proc").is_dir(),
                                  reason="reads the engine's child processes from /proc")]
-
-
-def replica_pids(engine: int) -> list[int]:
-    """The engine's replica processes: its children that multiprocessing spawned (not
-    its resource tracker)."""
-    found = []
-    for pid in children_of(engine):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if b"spawn_main" in cmdline:
-            found.append(pid)
-    return found
 
 
 def start_run(out: Path, url: str, *options: str, **sizes: Any) -> subprocess.Popen[str]:

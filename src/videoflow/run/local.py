@@ -2,12 +2,12 @@
 
 run_flow compiles the flow, starts the embedded nats-server unless a broker URL is
 given, provisions the run (bounded), starts every node replica in a process of its
-own (spawned, so nothing of this process's threads or sockets leaks into them), and
-supervises: progress reports feed the live view, a replica whose process dies
-without a word is started again (its leased inputs return to the broker when their
-ack_wait lapses, its ledger lets the replacement take over), and the run ends when
-every replica reached its end. Then the run's streams are deleted (never the
-dead-letter stream) and the embedded server stopped.
+own (videoflow.run.replica_starts: never a fork of this one, whose threads and sockets
+would leak into it), and supervises: progress reports feed the live view, a replica
+whose process dies without a word is started again (its leased inputs return to the
+broker when their ack_wait lapses, its ledger lets the replacement take over), and the
+run ends when every replica reached its end. Then the run's streams are deleted (never
+the dead-letter stream) and the embedded server stopped.
 
 Ctrl-C, and SIGTERM alike (what systemd, docker stop, Kubernetes and ``timeout``
 send): the first asks the flow to stop (the run's control stop: producers stop
@@ -64,12 +64,8 @@ from videoflow.run.metrics import (
 )
 from videoflow.run.processes import Replica, Run, publish_control_stop, reap, supervise
 from videoflow.run.progress import LiveView, NodeProgress
-from videoflow.run.supervision import (
-    CrashBook,
-    StopSignals,
-    create_slot,
-    supervision_directory,
-)
+from videoflow.run.replica_starts import start_method
+from videoflow.run.supervision import CrashBook, StopSignals, create_slot, supervision_directory
 from videoflow.run.worker import ReplicaJob
 
 if TYPE_CHECKING:
@@ -295,9 +291,10 @@ def run_flow(
     if crash_limit is not None and not 1 <= crash_limit <= max_restarts:
         raise ValueError(f"crash_limit must be None or from 1 to max_restarts "
                          f"({max_restarts}), got {crash_limit!r}")
-    # Once here, not in every replica: a tracing setup that cannot give spans is one
-    # error before anything starts, not a traceback per replica.
+    # Once here, not in every replica: a tracing setup that cannot give spans, or a
+    # start method this platform lacks, is one error before anything starts.
     check_setup()
+    start_method()
     # And the budget, here rather than in every replica, for the same reason.
     outage_budget = (outage_budget_from_env() if outage_budget is None
                      else check_budget(outage_budget))

@@ -32,10 +32,11 @@ from videoflow.core.compiler import CompiledFlow
 from videoflow.core.constants import REALTIME
 from videoflow.core.report import ProcessDeath
 from videoflow.core.task import Task
-from videoflow.errors import BrokerUnavailable, MissingDependency
+from videoflow.errors import BrokerUnavailable, MissingDependency, StartMethodError
 from videoflow.messaging.tracing import TracingSetupError
 from videoflow.run.metrics import observed_snapshot
 from videoflow.run.progress import LiveView, NodeProgress, OutputRelay, RelayEnd
+from videoflow.run.replica_starts import ReplicaInheritance, replica_context
 from videoflow.run.supervision import (
     QUIESCE_SIGNAL,
     CrashBook,
@@ -152,7 +153,7 @@ def supervise(run: Run, max_restarts: int, stop_after: float | None,
               view: LiveView | None) -> None:
     """Start every replica that has not ended, and supervise them until every process
     ended (restarts, Ctrl-C and SIGTERM, the stop, the live view)."""
-    context = multiprocessing.get_context("spawn")
+    context = replica_context()
     # REALTIME keeps only the newest outputs, so a producer that ran before its readers
     # had bound would lose its first outputs to nobody: producers start once every
     # other replica is bound (or gave up). A BATCH stream keeps them, and so needs none.
@@ -269,16 +270,18 @@ def _start(context: Any, replica: Replica, run_gate: Any = None,
     replica.reports = reader
     job = replica.job
     relayed = None if output is None else output.open(f"[{job.spec.name}/{job.replica_id}] ")
+    inherited = ReplicaInheritance.of_this_process(stdio=relayed is None)
     replica.process = context.Process(
         target=_child_main,
-        args=(job, replica.node_bytes, writer, run_gate, os.getpid(), relayed),
+        args=(job, replica.node_bytes, writer, inherited, run_gate, relayed),
         name=f"videoflow {job.key}", daemon=False)
     try:
         _spawn(replica.process)
     finally:
         writer.close()  # the child's is the only writer left: its end is the pipe's
+        inherited.close()  # the same for its stdout and stderr
         if relayed is not None:
-            relayed.close()  # the same for its stdout and stderr
+            relayed.close()
 
 
 def _spawn(process: Any) -> None:
@@ -287,6 +290,8 @@ def _spawn(process: Any) -> None:
     # ignored SIGINT and a blocked SIGTERM survive the exec of a spawned child, so
     # neither ends a replica still starting (its _child_main then ignores SIGTERM and
     # unblocks it); a SIGTERM to the engine waits the few milliseconds of the spawn.
+    # The replica server (a forkserver, started by the first start) keeps both for its
+    # life, and its forks inherit them as a spawned child does.
     blocked = {signal.SIGTERM} if hasattr(signal, "pthread_sigmask") else set()
     if blocked:
         signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
@@ -476,17 +481,20 @@ def reap(run: Run) -> None:
             replica.reports = None
 
 
-def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = None,
-                engine_pid: int | None = None, output: RelayEnd | None = None) -> None:
-    """A replica process: it ends when the engine dies (die_with_parent, first of
-    all); the engine coordinates Ctrl-C and SIGTERM, so both are ignored here, and it
-    quiesces on QUIESCE_SIGNAL. It reports on its pipe (reports, a Connection it alone
-    writes, from this thread); a reader says once it is bound; a producer waits for the
-    gate (REALTIME). With output, its stdout and stderr go to the live view's relay."""
+def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any,
+                inherited: ReplicaInheritance, gate: Any = None,
+                output: RelayEnd | None = None) -> None:
+    """A replica process: it takes the engine's environment, stdout and stderr
+    (inherited: a forked replica has its server's); it ends when the engine dies
+    (die_with_parent); the engine coordinates Ctrl-C and SIGTERM, so both are ignored
+    here, and it quiesces on QUIESCE_SIGNAL. It reports on its pipe (reports, a
+    Connection it alone writes, from this thread); a reader says once it is bound; a
+    producer waits for the gate (REALTIME). With output, its stdout and stderr go to
+    the live view's relay."""
+    inherited.adopt()
     if output is not None:
         output.adopt()
-    if engine_pid is not None:
-        die_with_parent(engine_pid)
+    die_with_parent()
     if os.environ.get(logs.LOG_FORMAT_ENV):  # the videoflow command chose how to log
         logs.configure()
     logs.set_origin(job.key)
@@ -539,6 +547,7 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
         report("progress", observed_snapshot(task))
 
     try:
+        inherited.check_imports()
         node = pickle.loads(node_bytes)
         if job.spec.kind == "producer":
             run_replica(job, node, progress=progress, sigint_quiesces=False,
@@ -553,7 +562,8 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any, gate: Any = No
     except Exception as error:
         if not started:
             report("error", f"{type(error).__name__}: {error}")
-        if not started and isinstance(error, (TracingSetupError, MissingDependency)):
+        if not started and isinstance(error, (TracingSetupError, MissingDependency,
+                                              StartMethodError)):
             # It says what to fix (a package to install, a tracing setup to mend), and
             # the engine's report says it for each replica: a traceback in every replica
             # would bury it. (run_flow checks the tracing setup before any starts; this

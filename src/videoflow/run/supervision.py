@@ -4,7 +4,7 @@
   to stop, the second quiesces every replica, the third kills them), so what systemd,
   docker stop, Kubernetes or ``timeout`` send behaves as a first Ctrl-C.
 - die_with_parent: a replica process never outlives its engine (Linux:
-  PR_SET_PDEATHSIG; everywhere: a thread that watches the parent's pid).
+  PR_SET_PDEATHSIG; everywhere: a thread that watches the engine).
 - InHandSlot / read_in_hand: which deliveries a replica has in hand (the input group
   its node is processing), in a small file-backed mapping the engine created, so the
   engine can read them after the process died without a word.
@@ -23,8 +23,11 @@ broker-side max_deliver runs out.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import mmap
+import multiprocessing
+import multiprocessing.connection
 import os
 import shutil
 import signal
@@ -33,7 +36,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, Final
@@ -156,32 +159,52 @@ class StopSignals:
 # ------------------------------------------------------------------ parent death
 
 
-def die_with_parent(parent_pid: int, *, pdeathsig: bool = True,
+def die_with_parent(parent_pid: int | None = None, *, pdeathsig: bool = True,
                     grace: float = ORPHAN_GRACE_SECONDS) -> bool:
     """Make this process end when its parent (the engine) dies: the first thing a
     replica process does.
 
-    On Linux, PR_SET_PDEATHSIG asks the kernel for PARENT_SIGNAL when the parent
-    dies (strictly: when the thread that forked this process ends; the engine forks
-    from the thread that supervises, which outlives every replica). Everywhere, and as
-    a backstop on Linux, a daemon thread compares os.getppid() with parent_pid every
-    WATCH_SECONDS: once the parent is gone it sends this process PARENT_SIGNAL (unless
-    the kernel did), and grace seconds later ends the process (os._exit) if it still
-    runs. A parent that died before this call is noticed at once.
+    On Linux, PR_SET_PDEATHSIG asks the kernel for PARENT_SIGNAL when the process that
+    forked this one dies (strictly: the thread that forked it). That is the engine for
+    a spawned replica, and the engine's replica server for a forked one
+    (videoflow.run.replica_starts), which ends as soon as the engine does. Everywhere,
+    and as a backstop on Linux, a daemon thread watches the engine: through
+    multiprocessing's parent sentinel, which closes the moment the engine dies, for a
+    process multiprocessing started (parent_pid None); else by comparing os.getppid()
+    with parent_pid every WATCH_SECONDS. Once the engine is gone it sends this process
+    PARENT_SIGNAL (unless the kernel did), and grace seconds later ends the process
+    (os._exit) if it still runs. An engine that died before this call is noticed at
+    once.
 
     Arguments:
-        parent_pid: the engine's pid, as the engine recorded it.
+        parent_pid: for a process not started by multiprocessing, the pid of the
+            parent to watch; None: the process that started this one through
+            multiprocessing, whichever process forked it.
         pdeathsig: use PR_SET_PDEATHSIG where there is one (tests turn it off to
             exercise the watch alone).
         grace: how long a quiesce may take once the parent is gone.
 
     Returns:
         whether the kernel will signal this process (PR_SET_PDEATHSIG took).
+
+    Raises:
+        ValueError: parent_pid is None in a process multiprocessing did not start.
     """
     armed = pdeathsig and _set_pdeathsig(PARENT_SIGNAL)
-    if os.getppid() != parent_pid:  # died before the prctl: nobody would signal us
-        os._exit(ORPHAN_EXIT_CODE)
-    threading.Thread(target=_watch_parent, args=(parent_pid, armed, grace),
+    if parent_pid is None:
+        parent = multiprocessing.parent_process()
+        if parent is None:
+            raise ValueError("not started by multiprocessing: name the parent's pid")
+        sentinel = parent.sentinel
+        if multiprocessing.connection.wait([sentinel], timeout=0):
+            os._exit(ORPHAN_EXIT_CODE)  # died before we looked: nobody would signal us
+        watch: Callable[[], object] = functools.partial(
+            multiprocessing.connection.wait, [sentinel])
+    else:
+        if os.getppid() != parent_pid:  # died before the prctl: nobody would signal us
+            os._exit(ORPHAN_EXIT_CODE)
+        watch = functools.partial(_while_parent_is, parent_pid)
+    threading.Thread(target=_orphaned_after, args=(watch, armed, grace),
                      name="videoflow-parent-watch", daemon=True).start()
     return armed
 
@@ -196,9 +219,13 @@ def _set_pdeathsig(signum: int) -> bool:
         return False
 
 
-def _watch_parent(parent_pid: int, signalled: bool, grace: float) -> None:
+def _while_parent_is(parent_pid: int) -> None:
     while os.getppid() == parent_pid:
         time.sleep(WATCH_SECONDS)
+
+
+def _orphaned_after(watch: Callable[[], object], signalled: bool, grace: float) -> None:
+    watch()  # returns once the parent is gone
     if not signalled:
         os.kill(os.getpid(), PARENT_SIGNAL)
     time.sleep(grace)

@@ -8,6 +8,7 @@ import gc
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -525,3 +526,20 @@ class StallOnce:
             self.stalled = True
             time.sleep(self.seconds)
         return data
+
+
+class RecordProcess(ConsumerNode):
+    """Writes, as it closes, what its process imported (modules.txt) and the value of
+    the environment variable VF_PROBE it ran with (probe.txt, 'unset' for none)."""
+
+    def __init__(self, directory: str, **options: Any) -> None:
+        super().__init__(**options)
+        self.directory = directory
+
+    def consume(self, *inputs: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        directory = Path(self.directory)
+        (directory / "modules.txt").write_text("\n".join(sorted(sys.modules)))
+        (directory / "probe.txt").write_text(os.environ.get("VF_PROBE", "unset"))
