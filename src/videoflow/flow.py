@@ -124,8 +124,9 @@ class Flow:
             the RunReport.
 
         Raises:
-            ValueError / BrokerUnavailable / RunNotKept / RunExists / StoreBusy / ...:
-                as run_flow.
+            ValueError, BrokerUnavailable, RunNotKept, RunExists, EmbeddedServerError:
+                as run_flow, among others (StoreBusy, an EmbeddedServerError, when
+                another embedded server holds store_dir).
         """
         from videoflow.run.local import run_flow
 

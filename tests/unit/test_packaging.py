@@ -260,10 +260,12 @@ def test_sdist_ships_the_tests_the_files_they_read_and_the_license(dists: Dists)
     # unpacked sdist: the wire page (test_wire_foreign_writer.py), CI's scripts and
     # workflows and the changelog (the trusted-publishing, release-tag and CI-script
     # tests below), the examples (run by test_pytest_plugin.py, type-checked by
-    # test_strict_typing.py), and the benchmarks' regression check with its baseline
-    # (test_bench_regression.py).
+    # test_strict_typing.py), the benchmarks' regression check with its baseline
+    # (test_bench_regression.py), and the Sphinx project and the reference's entries
+    # test_api_docs.py reads.
     read_by_tests = {"docs/WIRE.md", ".ci/run", ".ci/check_release_tag.py", "CHANGELOG.md",
-                     "bench/regression.py", "bench/baseline.json"} | {
+                     "bench/regression.py", "bench/baseline.json", "docs/conf.py",
+                     "docs/index.rst", "tests/unit/api_reference_entries.txt"} | {
         path.relative_to(REPO_ROOT).as_posix()
         for path in [*(REPO_ROOT / ".github" / "workflows").glob("*.yml"),
                      *(REPO_ROOT / "examples").rglob("*.py")]

@@ -31,7 +31,7 @@ DUPLICATE_WINDOW_SECONDS: Final = 120.0
 """How long the broker remembers a Nats-Msg-Id for publish deduplication."""
 
 DLQ_RETENTION_SECONDS: Final = 7 * 24 * 3600
-"""How long dead letters are retained (STREAM-8): the forensic and replay horizon a dead
+"""How long dead letters are retained (STREAM-8), the forensic and replay horizon a dead
 letter's payload obligation must cover too (BLOB-14 step 3)."""
 
 
@@ -693,7 +693,7 @@ class SubscriptionObservation:
 
     @property
     def nothing_pending(self) -> bool:
-        """True only when nothing is available, leased or unresolved: unresolved work is
+        """True only when nothing is available, leased or unresolved; unresolved work is
         never "nothing pending" (MSG-012)."""
         return self.available == 0 and self.leased == 0 and self.unresolved == 0
 

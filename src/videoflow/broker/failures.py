@@ -193,7 +193,7 @@ def observation_failure(
             or the exceptions themselves), oldest first.
 
     Returns:
-        (reason, detail): detail names the error and, when there are any, the reports.
+        A (reason, detail) pair; detail names the error and, when there are any, the reports.
     """
     described = describe(error)
     notes = [_text(r) for r in reported]

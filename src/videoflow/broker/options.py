@@ -390,7 +390,7 @@ def connect_options_for(
         url: the broker, when known (auth_options).
 
     Returns:
-        A fresh dict of keyword arguments (no servers: the caller passes the URL).
+        A fresh dict of keyword arguments, without servers (the caller passes the URL).
 
     Raises:
         ValueError: if timeout is not a finite number > 0; as auth_options.

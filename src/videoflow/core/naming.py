@@ -58,7 +58,7 @@ _TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 def sanitize(value: str) -> str:
     """A name part made safe for subjects, stream names and durable names.
 
-    Every run of characters outside [A-Za-z0-9_-] becomes one '_': dots (the subject
+    Every run of characters outside ``[A-Za-z0-9_-]`` becomes one '_': dots (the subject
     delimiter), wildcards ('*', '>'), whitespace and path separators never get through.
 
     Arguments:

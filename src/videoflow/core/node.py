@@ -186,7 +186,7 @@ class ProducerNode(Node):
 
 
 class ProcessorNode(Node):
-    """A transformation: process(*inputs) returns the output published for them."""
+    """A transformation: ``process(*inputs)`` returns the output published for them."""
 
     kind = "processor"
 
@@ -199,7 +199,7 @@ class ProcessorNode(Node):
 
 
 class ConsumerNode(Node):
-    """A sink: consume(*inputs) applies one input group and publishes nothing."""
+    """A sink: ``consume(*inputs)`` applies one input group and publishes nothing."""
 
     kind = "consumer"
 

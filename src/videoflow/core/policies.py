@@ -187,8 +187,9 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
             flow_type (str): REALTIME or BATCH.
 
         Returns:
-            REALTIME: trace mode, 2 s timeout, drop, 1024 pending (freshness first).
-            BATCH: trace mode, 10 min timeout, dead_letter, 100,000 pending (completeness).
+            For REALTIME, trace mode, 2 s timeout, drop, 1024 pending (freshness first);
+            for BATCH, trace mode, 10 min timeout, dead_letter, 100,000 pending
+            (completeness).
 
         Raises:
             ValueError: for an unknown flow type.
@@ -283,7 +284,7 @@ class WorkerFatal(VideoflowError):
     """
 
     retryable = True
-    """Trying again can succeed, elsewhere: the message itself is fine."""
+    """Trying again can succeed elsewhere; the message itself is fine."""
 
 
 DELIVERY_MODES = ("at_least_once", "best_effort")
@@ -510,11 +511,10 @@ class DeliveryPolicy(msgspec.Struct, frozen=True, kw_only=True):
             flow_type (str): REALTIME or BATCH.
 
         Returns:
-            REALTIME: best_effort (freshness: a failed frame is dropped, not replayed
-                late); max_retries 3 and a 100 ms..2 s backoff apply if a node overrides
-                the mode to at_least_once.
-            BATCH: at_least_once, max_retries 3, backoff 1 s doubling up to 60 s
-                (completeness).
+            For REALTIME, best_effort (a failed frame is dropped, not replayed late, for
+            freshness); max_retries 3 and a 100 ms..2 s backoff apply if a node
+            overrides the mode to at_least_once. For BATCH, at_least_once, max_retries
+            3, backoff 1 s doubling up to 60 s (completeness).
 
         Raises:
             ValueError: for an unknown flow type.
@@ -535,8 +535,8 @@ class DeliveryPolicy(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def max_deliveries(self) -> int:
-        """How many times the broker may deliver one message: 1 + max_retries, or 1 for
-        best_effort. A broker cap below this makes retries silently impossible."""
+        """How many times the broker may deliver one message, 1 + max_retries (1 for
+        best_effort). A broker cap below this makes retries silently impossible."""
         return 1 + self.max_retries if self.mode == "at_least_once" else 1
 
     def to_dict(self) -> dict[str, Any]:

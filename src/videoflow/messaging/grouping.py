@@ -66,15 +66,15 @@ def _load_core() -> GroupingCoreModule:
 
 _core: GroupingCoreModule = _load_core()
 CORE_KIND: str = _core.CORE_KIND
-"""Which core this process loaded: 'compiled' or 'reference'."""
+"""Which core this process loaded, 'compiled' or 'reference'."""
 SUPERSEDED: str = _core.SUPERSEDED
 """The reason take_released gives a held delivery its redelivery replaced."""
 
 ENTRY_KEYS: frozenset[str] = frozenset({
     "message", "metadata", "event_ts", "is_stop_signal", "is_abort", "abort_origin",
     "abort_error"})
-"""What a node's task reads of an entry by key (entry["message"]): the fields
-Messenger.receive_message promises, which every entry record carries."""
+"""What a node's task reads of an entry by key (entry["message"]), the fields
+Messenger.receive_message promises; every entry record carries them."""
 
 
 class _ByKey:
@@ -195,7 +195,7 @@ class EndEntry(_ByKey):
 
 
 GroupEntry = EnvelopeEntry | CollectEntry | None
-"""What one parent contributes to a ReadyGroup: a normal entry, a collected window,
+"""What one parent contributes to a ReadyGroup — a normal entry, a collected window,
 or None for a parent missing from a quorum emission."""
 
 
@@ -261,9 +261,9 @@ class GroupAssembler:
         quorum = len(self.sync_parents) if policy.quorum is None else policy.quorum
         self._core = self._make_core(_core if core is None else core, quorum)
         self.released: list[tuple[Any, str]] = self._core.released
-        """The core's own list of what it let go of, (handle, reason) in order: one
+        """The core's own list of what it let go of, (handle, reason) in order; one
         object for the assembler's life, so a caller keeps it and tests it for a cost
-        of nothing; take_released empties it."""
+        of nothing. take_released empties it."""
         # The per-message calls go straight to the core: a Python frame in between
         # would cost about as much as the compiled work itself.
         self.add = self._core.add  # type: ignore[method-assign]

@@ -645,7 +645,7 @@ class NATSMessenger(Messenger):
 
     @property
     def publication_stats(self) -> dict[str, int]:
-        """Publication outcomes by kind: accepted, duplicate, unknown, dropped, rejected."""
+        """Publication outcomes by kind (accepted, duplicate, unknown, dropped, rejected)."""
         return self.publication_stats_counter.as_dict()
 
     # ------------------------------------------------------------------ checkpoints
@@ -694,9 +694,10 @@ class NATSMessenger(Messenger):
         """Block until a complete input group is ready, or every parent ended.
 
         Returns:
-            {parent: entry} (see Messenger.receive_message): the EnvelopeEntry the
-            assembler kept, a CollectEntry for a collect window, None for a parent
-            missing from a quorum emission -- each read by key (entry["message"]).
+            One entry per parent (see Messenger.receive_message), as
+            {parent: entry}: the EnvelopeEntry the assembler kept, a CollectEntry for a
+            collect window, None for a parent missing from a quorum emission -- each
+            read by key (entry["message"]).
             After every parent ended and everything of theirs was handed out, an
             EndEntry per parent: is_stop_signal True, or is_abort True with
             abort_origin and abort_error for a parent that died.

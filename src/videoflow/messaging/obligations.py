@@ -134,7 +134,7 @@ class RuntimeObligationLedger(ObligationLedger):
 
     def authoritative(self, obligation_id: str) -> bool:
         """True for a reader id some judged publication's put acquired and for the
-        intent of a judged publication; never for archive/* or dlq/*, nor for an id
+        intent of a judged publication; never for ``archive/*`` or ``dlq/*``, nor for an id
         the ledger does not know (it might be anyone's)."""
         if obligation_id.startswith(PINNED_PREFIXES):
             return False

@@ -41,5 +41,9 @@ def __getattr__(name: str) -> Any:
     return getattr(import_module(where), name)
 
 
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])  # the lazy names too, as videoflow's own dir()
+
+
 __all__ = ["Crash", "Drop", "Group", "Input", "Output", "Silent", "SimulationResult",
            "simulate", "simulate_node"]

@@ -51,7 +51,7 @@ FIGURES_KEY = "videoflow"
 """The key of the figures in the benchmark's extra_info."""
 
 Figure = float | int | None
-"""One figure of a node: a number, or None when it is not known."""
+"""One figure of a node, a number or None when it is not known."""
 
 _NUMBERS = ("messages", "rate_per_s", "cpu_ms_per_message", "join_latency_p50_ms",
             "join_latency_p99_ms", "bytes_per_s")
@@ -104,6 +104,8 @@ def flow_figures(reports: Sequence[RunReport],
             bytes_per_s.
 
     Returns:
+        A dict of the flow's id, its run ids, the median wall time and per node its
+        kind and each figure's median or None:
         ``{"flow": id, "runs": [run ids], "seconds": median wall time,
         "nodes": {name: {"kind": ..., figure: median or None, ...}}}``.
 

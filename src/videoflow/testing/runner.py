@@ -38,7 +38,7 @@ class FlowRunner:
     Arguments:
         nats_url: the broker every run uses.
         label: what its run ids start with (a test's name, say); anything outside
-            [A-Za-z0-9_-] becomes '_', and it is cut to LABEL_CHARACTERS.
+            ``[A-Za-z0-9_-]`` becomes '_', and it is cut to LABEL_CHARACTERS.
 
     Attributes:
         nats_url: as given.

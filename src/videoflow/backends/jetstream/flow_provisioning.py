@@ -215,9 +215,10 @@ async def provision_flow(
             (compile_flow's ledger_budget), and the workers bind it.
 
     Raises:
-        TypeError / ValueError: as _flow_plan, before the broker is touched.
-        nats.js.errors.APIError and connection errors: a stream or durable could not be
-            created at all (e.g. replicas > 1 on a standalone server, REPLICAS_UNSUPPORTED).
+        TypeError, ValueError: as _flow_plan, before the broker is touched.
+        nats.js.errors.APIError: a stream or durable could not be created at all (e.g.
+            replicas > 1 on a standalone server, REPLICAS_UNSUPPORTED); the client's
+            connection errors pass through likewise.
     """
     plan = _flow_plan(
         specs, flow_id, run_id, flow_type, max_retries=max_retries, ack_wait=ack_wait,
@@ -284,8 +285,8 @@ async def provision_flow_connect(
 
     Raises:
         CredentialsRefused: the broker refused the credentials (at once, not retried).
-        as provision_flow; and what nats.connect raises (NoServersError once its
-        attempts run out).
+        nats.errors.NoServersError: nats.connect's attempts ran out; what else
+            nats.connect or provision_flow raises passes through.
     """
     # A bad spec is reported now, not after waiting for a broker that may never come.
     _flow_plan(specs, flow_id, run_id, flow_type, **kwargs)
@@ -354,7 +355,8 @@ def provision_flow_sync(
             (as _flow_plan), before anything connects.
         RuntimeError: when called from a running event loop (await
             provision_flow_connect there).
-        as provision_flow_connect otherwise.
+        CredentialsRefused, nats.errors.NoServersError: as provision_flow_connect,
+            whose other errors pass through too.
     """
     if timeout is not None and (
         isinstance(timeout, bool)
