@@ -85,9 +85,11 @@ class StartMethodError(VideoflowError, ValueError):
 
 
 class RunExists(VideoflowError, ValueError):
-    """A new run was given the id of a run whose streams are on the broker (running,
-    or kept after it ended): started afresh it would take the running one's durables
-    over, or mix the kept one's messages into its own. Nothing is started."""
+    """A new run was given the id of a run that holds it on the broker: its streams are
+    there (running, or kept after it ended), its record has not ended (starting,
+    running, or its engine ended without a word), or another run claimed the id at the
+    same moment. Started afresh it would take the other's durables over, or mix the
+    kept one's messages into its own. Nothing is started."""
 
 
 class JoinIncomplete(VideoflowError, RuntimeError):

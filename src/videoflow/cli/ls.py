@@ -32,7 +32,8 @@ def _state(run: RunSummary) -> str:
     if run.state.value != "ended" or run.record is None:
         return run.state.value
     # Its record says running, and its streams are gone: its engine died, and the run
-    # was torn down after.
+    # was torn down after by a videoflow that did not end records (a teardown now ends
+    # it as 'lost'), or its streams are not made yet.
     return "ended" if run.record.outcome == RUNNING else run.record.outcome
 
 

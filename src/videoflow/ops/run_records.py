@@ -7,8 +7,13 @@ the flow's ledger bucket (KV ``vf-ledger-{flow}``) outlives its runs, so each ru
 record is one key there, under a prefix no ledger key has (RUN_RECORD_PREFIX: a
 ledger key starts with an escaped flow id, which never starts with '=runs'). The
 engine writes it as the run starts ('running') and again as it ends (its outcome);
-one whose engine died stays 'running'. `videoflow buckets remove` removes the records
-with the bucket.
+one whose engine died stays 'running' until a teardown ends it ('lost').
+`videoflow buckets remove` removes the records with the bucket.
+
+The record is also how a new run holds its id: claim_run writes its start only if no
+run holds the id, in one conditional write the broker decides, so of two runs started
+at once with one id exactly one gets it. A run holds its id until its record says it
+ended; an ended run's id is free again once its streams are gone.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import Final
 import msgspec
 import nats.js.errors
 from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
 
 from videoflow.backends.messaging import Unknown
 from videoflow.broker.failures import unknown_from
@@ -27,7 +34,7 @@ from videoflow.broker.listing import present_keys
 from videoflow.broker.loop import ErrorLog
 from videoflow.core.naming import ledger_bucket, subject_for
 from videoflow.core.runtime_records import key_token
-from videoflow.errors import BrokerUnavailable
+from videoflow.errors import BrokerUnavailable, RevisionConflict, RunExists
 from videoflow.logs import say
 from videoflow.ops.broker_calls import (
     DEFAULT_TIMEOUT_SECONDS,
@@ -42,6 +49,10 @@ RUN_RECORD_PREFIX: Final = "=runs."
 
 RUNNING: Final = "running"
 
+LOST: Final = "lost"
+"""The outcome a teardown gives a run whose record still said 'running': its engine
+ended without writing its end (it was killed, or its broker was away just then)."""
+
 
 class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
     """What a run says of itself in its flow's ledger bucket (JSON, readable with
@@ -50,7 +61,8 @@ class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         flow_id / run_id: the run.
         outcome: 'running' while it runs (and after, if its engine died); then the
-            report's: 'completed', 'failed' or 'stopped'.
+            report's: 'completed', 'failed' or 'stopped'; 'lost' when a teardown
+            ended it for an engine that never wrote its end (LOST).
         started_at: when it started, in seconds since the epoch (UTC).
         ended_at: when it ended; None while running.
         torn_down: its streams were deleted at its end.
@@ -74,6 +86,9 @@ class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
             has_streams: whether the run's streams are still on the broker.
         """
         started = f"started {utc_text(self.started_at)}"
+        if self.outcome == LOST and self.ended_at is not None:
+            return [f"{started}; its engine ended without recording its end, and it was "
+                    f"torn down {utc_text(self.ended_at)}"]
         if self.ended_at is None:
             return [f"{started}; running, or its engine ended without a word"
                     + ("" if has_streams else ", and its streams are gone")]
@@ -101,8 +116,20 @@ def run_record_key(run_id: str) -> str:
     return RUN_RECORD_PREFIX + key_token(run_id)
 
 
+async def _ledger(js: JetStreamContext, budget: Budget, bucket: str,
+                  replicas: int) -> KeyValue:
+    """The flow's ledger bucket, created when the flow has none yet as the KV ledger
+    creates it (history 1, replicas copies: the same config, so two creating it at once
+    both get the one bucket, NATS_FACTS §9)."""
+    try:
+        return await budget.run(js.key_value(bucket))
+    except nats.js.errors.BucketNotFoundError:
+        return await budget.run(js.create_key_value(bucket=bucket, history=1,
+                                                    replicas=replicas))
+
+
 def record_run(nats_url: str, record: RunRecord, *, replicas: int = 1,
-               timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+               last: int | None = None, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> int:
     """Write record to its flow's ledger bucket, creating the bucket when the flow has
     none yet (as the KV ledger does: history 1, replicas copies), replacing the run's
     record before it.
@@ -111,9 +138,16 @@ def record_run(nats_url: str, record: RunRecord, *, replicas: int = 1,
         nats_url: the broker.
         record: the run's record.
         replicas: the copies a clustered broker keeps of a bucket made here.
+        last: replace only the record at this revision (the one the run wrote, or
+            claimed its id with); None replaces whatever is there.
         timeout: overall bound in seconds, connect included.
 
+    Returns:
+        the record's revision.
+
     Raises:
+        RevisionConflict: the record is no longer at revision last: a teardown ended
+            it (its engine taken for dead), and a new run may hold the id since.
         BrokerUnavailable: the broker could not be reached, or did not take the record,
             within timeout.
         ValueError: an empty or reserved flow_id or run_id, or a bad timeout.
@@ -121,19 +155,130 @@ def record_run(nats_url: str, record: RunRecord, *, replicas: int = 1,
     subject_for(record.flow_id, record.run_id, "node")  # validates both
     bucket = ledger_bucket(record.flow_id)
 
-    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> None:
+    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> int:
         js = nc.jetstream(timeout=max(budget.left(), 0.1))
+        key, value = run_record_key(record.run_id), _ENCODER.encode(record)
         try:
-            try:
-                kv = await budget.run(js.key_value(bucket))
-            except nats.js.errors.BucketNotFoundError:
-                kv = await budget.run(js.create_key_value(bucket=bucket, history=1,
-                                                          replicas=replicas))
-            await budget.run(kv.put(run_record_key(record.run_id), _ENCODER.encode(record)))
+            kv = await _ledger(js, budget, bucket, replicas)
+            if last is None:
+                return await budget.run(kv.put(key, value))
+            return await budget.run(kv.update(key, value, last=last))
+        except nats.js.errors.KeyWrongLastSequenceError as error:
+            raise RevisionConflict(
+                f"the record of run {record.run_id!r} of flow {record.flow_id!r} changed "
+                "since this run wrote it: a teardown ended it, and a new run may hold its "
+                "id now", key=key, expected_revision=last) from error
         except Exception as error:
             raise unavailable(f"recording run {record.run_id!r}", error, errors) from error
 
-    run_sync(nats_url, timeout, work)
+    return run_sync(nats_url, timeout, work)
+
+
+def claim_run(nats_url: str, record: RunRecord, *, replicas: int = 1,
+              timeout: float = DEFAULT_TIMEOUT_SECONDS) -> int:
+    """Take record's run id for a new run: write record, the run's start, to its flow's
+    ledger bucket only if no run holds the id, in one conditional write the broker
+    decides (a KV create when the id has no record, else a compare-and-set on the
+    revision of an ended run's record). Of runs that claim one id at once, exactly one
+    gets it and the others RunExists.
+
+    Whether the ended run's streams are gone is the caller's to check first (the
+    engine's stream check): a kept run's streams hold its id as well.
+
+    Arguments:
+        nats_url: the broker.
+        record: the new run's record ('running').
+        replicas: the copies a clustered broker keeps of a bucket made here.
+        timeout: overall bound in seconds, connect included.
+
+    Returns:
+        the record's revision, for the write of the run's end (record_run's last).
+
+    Raises:
+        RunExists: a run holds the id: its record has not ended (it is starting,
+            running, or its engine ended without a word), or another run took it at the
+            same moment.
+        BrokerUnavailable: the broker could not be reached, or did not answer, within
+            timeout. A claim whose answer was lost may have been stored all the same
+            (NATS_FACTS S3): the id then stays held until a teardown ends its record.
+        ValueError: an empty or reserved flow_id or run_id, or a bad timeout.
+    """
+    subject_for(record.flow_id, record.run_id, "node")  # validates both
+    bucket = ledger_bucket(record.flow_id)
+
+    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> int:
+        js = nc.jetstream(timeout=max(budget.left(), 0.1))
+        key, value = run_record_key(record.run_id), _ENCODER.encode(record)
+        try:
+            kv = await _ledger(js, budget, bucket, replicas)
+            try:
+                entry = await budget.run(kv.get(key))
+            except nats.js.errors.KeyNotFoundError:  # none, or deleted
+                return await budget.run(kv.create(key, value))
+            held = _decoded(entry.value)
+            if held is not None and held.ended_at is None:
+                raise _held(held)
+            # Ended (or not a record at all): free, unless it changes meanwhile.
+            return await budget.run(kv.update(key, value, last=entry.revision))
+        except nats.js.errors.KeyWrongLastSequenceError as error:
+            raise RunExists(f"run {record.run_id!r} of flow {record.flow_id!r} was taken by "
+                            "another run started at the same moment: a new run needs an "
+                            "id of its own") from error
+        except RunExists:
+            raise
+        except Exception as error:
+            raise unavailable(f"claiming run {record.run_id!r}", error, errors) from error
+
+    return run_sync(nats_url, timeout, work)
+
+
+def _held(record: RunRecord) -> RunExists:
+    """The refusal of a new run's claim on the id record holds."""
+    return RunExists(
+        f"run {record.run_id!r} of flow {record.flow_id!r} is held by a run that started "
+        f"{utc_text(record.started_at)} and has not ended (it is starting or running, or "
+        "its engine ended without a word): a new run needs an id of its own; once that "
+        f"engine is gone, `videoflow teardown --flow {record.flow_id} --run "
+        f"{record.run_id}` ends it")
+
+
+def _decoded(value: bytes | None) -> RunRecord | None:
+    """The run record in value, None when it is not one."""
+    try:
+        return _DECODER.decode(value or b"")
+    except msgspec.DecodeError:
+        return None
+
+
+async def end_lost_record(nc: Client, budget: Budget, flow_id: str,
+                          run_id: str) -> RunRecord | None:
+    """For a teardown: end the record of a run that still says 'running' (its engine
+    ended without writing its end) as LOST, so `ls` shows how it ended and its id is
+    free again. A run that left no record, or whose record ended, is left alone, as is
+    one whose record changes meanwhile (its engine writing its end after all).
+
+    Returns:
+        the record written, None when none was.
+
+    Raises:
+        nats.errors.Error / TimeoutError: the broker did not answer.
+    """
+    js = nc.jetstream(timeout=max(budget.left(), 0.1))
+    key = run_record_key(run_id)
+    try:
+        kv = await budget.run(js.key_value(ledger_bucket(flow_id)))
+        entry = await budget.run(kv.get(key))
+    except (nats.js.errors.BucketNotFoundError, nats.js.errors.KeyNotFoundError):
+        return None
+    held = _decoded(entry.value)
+    if held is None or held.ended_at is not None:
+        return None
+    lost = msgspec.structs.replace(held, outcome=LOST, ended_at=time.time(), torn_down=True)
+    try:
+        await budget.run(kv.update(key, _ENCODER.encode(lost), last=entry.revision))
+    except nats.js.errors.KeyWrongLastSequenceError:
+        return None
+    return lost
 
 
 async def read_run_records(nc: Client, budget: Budget, bucket: str) -> list[RunRecord]:
@@ -218,20 +363,24 @@ RECORD_TIMEOUT_SECONDS: Final = 5.0
 """The bound on keep_record's write."""
 
 
-def keep_record(nats_url: str, record: RunRecord, replicas: int = 1) -> RunRecord | None:
+def keep_record(nats_url: str, record: RunRecord, replicas: int = 1,
+                last: int | None = None) -> int | None:
     """record_run, for the engine: a broker that does not take the record within
-    RECORD_TIMEOUT_SECONDS is said on stderr, and the run goes on without it.
+    RECORD_TIMEOUT_SECONDS, or a record another run took over since (last), is said on
+    stderr, and the run goes on without it.
 
     Returns:
-        record, or None when it was not kept.
+        the record's revision, or None when it was not kept.
     """
     try:
-        record_run(nats_url, record, replicas=replicas, timeout=RECORD_TIMEOUT_SECONDS)
+        return record_run(nats_url, record, replicas=replicas, last=last,
+                          timeout=RECORD_TIMEOUT_SECONDS)
+    except RevisionConflict as error:
+        say(f"run {record.run_id}: its end was not recorded ({error})", level="WARNING")
     except BrokerUnavailable as error:
         say(f"run {record.run_id}: its record was not kept ({error}); `videoflow ls` "
             "will not list it once its streams are gone", level="WARNING")
-        return None
-    return record
+    return None
 
 
 def started_record(flow_id: str, run_id: str) -> RunRecord:
@@ -249,10 +398,13 @@ def ended_record(record: RunRecord, outcome: str, torn_down: bool,
 
 
 __all__ = [
+    "LOST",
     "RECORD_TIMEOUT_SECONDS",
     "RUNNING",
     "RUN_RECORD_PREFIX",
     "RunRecord",
+    "claim_run",
+    "end_lost_record",
     "ended_record",
     "keep_record",
     "read_run_records",

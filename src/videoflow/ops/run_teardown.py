@@ -1,5 +1,6 @@
 """`videoflow teardown`: deleting every stream a run owns and purging its ledger
-records; the flow's dead-letter stream is never touched. And the end of a BATCH run
+records, and ending the run's record when its engine never did (so its id is free
+again); the flow's dead-letter stream is never touched. And the end of a BATCH run
 (teardown_processed): torn down only once nothing of it is left unprocessed."""
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from videoflow.backends.messaging import CleanupObservation, Known, Unknown
 from videoflow.broker.loop import ErrorLog
 from videoflow.core.naming import KIND_DURABLE, sanitize, subject_for
 from videoflow.errors import BrokerUnavailable
-from videoflow.ops.broker_calls import DEFAULT_TIMEOUT_SECONDS, Budget, run_sync
+from videoflow.ops.broker_calls import DEFAULT_TIMEOUT_SECONDS, Budget, run_sync, unavailable
+from videoflow.ops.run_records import end_lost_record
 from videoflow.ops.status import RunStatus, run_status
 
 
@@ -36,18 +38,23 @@ async def _purge_run_ledger(nc: Client, flow_id: str, run_id: str) -> None:
 
 
 def teardown(
-    nats_url: str, flow_id: str, run_id: str, *, timeout: float = DEFAULT_TIMEOUT_SECONDS
+    nats_url: str, flow_id: str, run_id: str, *, end_record: bool = True,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> CleanupObservation:
     """Delete every stream the run owns, and with them their durables
     (delete_run_streams: exact ownership, never a name prefix), and purge the run's
     records from the flow's ledger bucket. The flow's dead-letter stream is never
     deleted (STREAM-8): its records outlive the run on purpose. Once every stream is
     gone, the run's shared-memory payloads on this host go too (clear_run_payloads),
-    but for those its dead letters pin.
+    but for those its dead letters pin, and a run record that still says 'running' is
+    ended as 'lost' (run_records.end_lost_record): its engine ended without a word, and
+    the id it held is free again.
 
     Arguments:
         nats_url: the broker.
         flow_id / run_id: the run.
+        end_record: end a 'running' run record; the engine, which writes its run's end
+            itself, passes False.
         timeout: overall bound in seconds, connect included.
 
     Returns:
@@ -57,7 +64,8 @@ def teardown(
 
     Raises:
         BrokerUnavailable: the broker could not be reached, or teardown did not finish
-            within timeout (some streams may be gone; re-running is safe).
+            within timeout, or the run's record could not be ended (some streams may be
+            gone; re-running is safe).
         ValueError: an empty or reserved flow_id or run_id, or a bad timeout.
     """
     subject_for(flow_id, run_id, "node")
@@ -66,6 +74,12 @@ def teardown(
         try:
             cleanup = await budget.run(delete_run_streams(nc, flow_id, run_id))
             await budget.run(_purge_run_ledger(nc, flow_id, run_id))
+            if end_record and cleanup.complete:
+                try:
+                    await end_lost_record(nc, budget, flow_id, run_id)
+                except Exception as error:
+                    raise unavailable(f"ending the record of run {run_id!r}", error,
+                                      errors) from error
             return cleanup
         except asyncio.TimeoutError as error:
             raise BrokerUnavailable(
@@ -155,7 +169,8 @@ def unprocessed_work(status: RunStatus) -> dict[str, int | str] | None:
 
 def teardown_processed(
     nats_url: str, flow_id: str, run_id: str, *, resume_hint: str = "",
-    unfinished: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    unfinished: Sequence[str] = (), end_record: bool = True,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> RunTeardown:
     """A BATCH run's end: tear it down (teardown) only once nothing of it is left
     unprocessed. A run that holds work nobody settled — it failed, was stopped, or lost
@@ -170,6 +185,7 @@ def teardown_processed(
         flow_id / run_id: the run.
         resume_hint: how to resume this run (e.g. the command line), quoted in the note.
         unfinished: the replayable producers that did not end their stream.
+        end_record: as teardown's.
         timeout: overall bound in seconds of the reading and the deleting each.
 
     Returns:
@@ -199,7 +215,8 @@ def teardown_processed(
             f"kept run {run_id} ({what}): {resume}, or delete it with {delete}"),
             left_over=True)
     try:
-        cleanup = teardown(nats_url, flow_id, run_id, timeout=timeout)
+        cleanup = teardown(nats_url, flow_id, run_id, end_record=end_record,
+                           timeout=timeout)
     except BrokerUnavailable as error:
         return RunTeardown(False, names, note=(
             f"run {run_id} was not torn down ({error}); delete it with {delete}"))

@@ -41,19 +41,16 @@ import shutil
 import signal
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec
 
 from videoflow import logs
-from videoflow.backends.messaging import Known
 from videoflow.broker.link import check_budget, outage_budget_from_env, redact_url
 from videoflow.core.compiler import CompiledFlow, compile_flow
 from videoflow.core.constants import REALTIME
 from videoflow.core.naming import sanitize
 from videoflow.core.node import Node
 from videoflow.core.report import NodeReport, RunReport
-from videoflow.errors import RunExists
 from videoflow.run.metrics import (
     MetricsServer,
     ReplicaSample,
@@ -65,6 +62,7 @@ from videoflow.run.metrics import (
 from videoflow.run.processes import Replica, Run, publish_control_stop, reap, supervise
 from videoflow.run.progress import LiveView, NodeProgress
 from videoflow.run.replica_starts import start_method
+from videoflow.run.run_ids import RESUME_COMMAND, new_run_id, take_run_id
 from videoflow.run.supervision import CrashBook, StopSignals, create_slot, supervision_directory
 from videoflow.run.worker import ReplicaJob
 
@@ -86,18 +84,9 @@ BROKER_RESTART_WINDOW_SECONDS = 60.0
 within a minute: one that dies as soon as it is up (no memory, a full disk) is left
 down, and the run fails within its outage budget saying why."""
 
-RESUME_COMMAND = "videoflow run MODULE:ATTR"
-"""How a kept run's resume hint names the command (the videoflow command puts the
-flow it ran in its place)."""
-
 CRASH_LIMIT = 2
 """run_flow's default crash_limit: an input in hand at two process deaths of its node
 is not handed to a third."""
-
-
-def new_run_id() -> str:
-    """A run id that sorts by start time: 'r' + UTC timestamp + 6 random hex digits."""
-    return "r" + time.strftime("%Y%m%d%H%M%S", time.gmtime()) + uuid.uuid4().hex[:6]
 
 
 def _shared_payloads(payloads: bool | str, compiled: CompiledFlow, run_id: str,
@@ -274,8 +263,9 @@ def run_flow(
             within provision_timeout.
         RunNotKept: resume=True for a run whose streams are not on the broker (never
             run there, torn down, or another flow's): nothing is started.
-        RunExists: resume=False for a run_id whose streams are on the broker (running,
-            or kept): nothing is started.
+        RunExists: resume=False for a run_id a run holds: its streams are on the
+            broker, or its record has not ended, or another run claimed it at the same
+            moment (run_records.claim_run): nothing is started.
         StoreBusy: the embedded server's store is held by another run's server.
         EmbeddedServerError: the embedded server could not start.
     """
@@ -321,44 +311,47 @@ def run_flow(
     run = Run(compiled, url, run_id or new_run_id())
     if server is not None:
         run.keep_broker = broker_keeper(server)
+    # The run's record in its flow's ledger bucket and its revision, once written: a
+    # new run's is its claim on its id, and its end is written over that revision only.
+    record, revision, metrics = None, None, None
     try:
         # Before anything is provisioned: a run id whose streams are not there (a typo,
         # a run torn down, another flow's) is refused, never started afresh.
         ended = _ended(url, compiled, run.run_id, nodes, provision_timeout) if resume else {}
         if resume:
             _forget_aborts(url, compiled, run.run_id, kv, replicas, provision_timeout)
-        elif run_id is not None:
-            # And a new run is never given a run's id that is there: it would take a
-            # running one's durables over, or mix a kept one's messages into its own.
-            _unused(url, compiled.flow_id, run_id, provision_timeout)
+        else:
+            # Before anything of the run is made (shared memory included), so a run
+            # refused its id touches nothing of the run that holds it.
+            record, revision = take_run_id(url, compiled.flow_id, run.run_id,
+                                           chosen=run_id is not None, replicas=replicas,
+                                           timeout=provision_timeout)
+        if metrics_port is not None:
+            metrics = MetricsServer(SnapshotCollector(
+                compiled.flow_id, functools.partial(_metric_samples, run)), metrics_port)
+            # Said whatever the log level: with port 0, the only way to learn the port.
+            logs.say(f"metrics of run {run.run_id} on {metrics.url}")
+        shared = _shared_payloads(payloads, compiled, run.run_id, payload_budget)
     except BaseException:
+        if metrics is not None:
+            metrics.close()
+        if revision is not None and record is not None:  # its id is free again
+            keep_record(url, ended_record(record, "failed", False, ""), replicas, revision)
         if server is not None:
             server.stop()
         raise
-    metrics = None
-    if metrics_port is not None:
-        try:
-            metrics = MetricsServer(SnapshotCollector(
-                compiled.flow_id, functools.partial(_metric_samples, run)), metrics_port)
-        except BaseException:
-            if server is not None:
-                server.stop()
-            raise
-        # Said whatever the log level: with port 0, the only way to learn the port.
-        logs.say(f"metrics of run {run.run_id} on {metrics.url}")
-    shared = _shared_payloads(payloads, compiled, run.run_id, payload_budget)
     started = time.monotonic()
     run.started, run.signals = started, _SIGNALS.get() or run.signals
     supervision = supervision_directory()
     run.crashes = CrashBook(supervision)
-    record = None  # the run's record in its flow's ledger bucket, once written
     try:
         provision_flow_sync(url, list(compiled.specs), compiled.flow_id, run.run_id,
                             compiled.flow_type, timeout=provision_timeout,
                             max_retries=max_retries, ack_wait=ack_wait, ledger_budget=kv,
                             replicas=replicas)
-        record = keep_record(url, started_record(compiled.flow_id, run.run_id), replicas)
         if resume:
+            record = started_record(compiled.flow_id, run.run_id)
+            revision = keep_record(url, record, replicas)
             _release_leases(url, compiled, run.run_id, provision_timeout)
         for spec in compiled.specs:
             run.progress[spec.name] = NodeProgress(spec.kind)
@@ -377,6 +370,9 @@ def run_flow(
                     run.replicas[job.key].final = {"outcome": "ended",
                                                    "error": "ended before the resume"}
         supervise(run, max_restarts, stop_after, view if isinstance(view, LiveView) else None)
+    except BaseException:
+        run.failed = True  # its record's end says so (the report is not made)
+        raise
     finally:
         try:
             reap(run)
@@ -397,9 +393,9 @@ def run_flow(
                     shared.clear()
             if shared is not None:
                 shared.remove_if_empty()  # a kept run's, with no payload in it
-            if record is not None:
+            if record is not None and revision is not None:
                 keep_record(url, ended_record(record, run.outcome(), ended_up.torn_down,
-                                              ended_up.note), replicas)
+                                              ended_up.note), replicas, revision)
         finally:
             if metrics is not None:
                 metrics.close()
@@ -456,7 +452,7 @@ def _tear_down(url: str, compiled: CompiledFlow, run_id: str, timeout: float,
     """The run's end on the broker: a BATCH run is torn down only once nothing of it
     is left unprocessed and no replayable producer is left unfinished
     (teardown_processed), any other wholly; a broker that cannot be reached deletes
-    nothing, and says so."""
+    nothing, and says so. The run's record is left to run_flow, which writes its end."""
     from videoflow.errors import BrokerUnavailable
     from videoflow.ops.run_teardown import RunTeardown, teardown, teardown_processed
 
@@ -464,9 +460,9 @@ def _tear_down(url: str, compiled: CompiledFlow, run_id: str, timeout: float,
         hint = (f"resume it with `{RESUME_COMMAND} --resume {run_id}` "
                 f"(or run_flow(..., run_id={run_id!r}, resume=True))")
         return teardown_processed(url, compiled.flow_id, run_id, resume_hint=hint,
-                                  unfinished=unfinished, timeout=timeout)
+                                  unfinished=unfinished, end_record=False, timeout=timeout)
     try:
-        cleanup = teardown(url, compiled.flow_id, run_id, timeout=timeout)
+        cleanup = teardown(url, compiled.flow_id, run_id, end_record=False, timeout=timeout)
     except BrokerUnavailable as error:
         return RunTeardown(False, note=f"run {run_id} was not torn down: {error}")
     return RunTeardown(cleanup.complete, tuple(cleanup.remaining), note="" if cleanup.complete
@@ -498,25 +494,6 @@ def _ended(url: str, compiled: CompiledFlow, run_id: str, nodes: dict[str, bytes
                 "its stream and is not replayable, so it would publish its outputs again "
                 "(make it replayable, or start a new run)")
     return ended
-
-
-def _unused(url: str, flow_id: str, run_id: str, timeout: float) -> None:
-    """Check that the broker holds no stream of run_id.
-
-    Raises:
-        RunExists: it does.
-        BrokerUnavailable: the streams could not be listed.
-    """
-    from videoflow.ops.runs import run_state
-
-    state = run_state(url, flow_id, run_id, timeout=timeout)
-    if state is None:
-        return
-    how = state.value if isinstance(state, Known) else "state unknown"
-    raise RunExists(
-        f"run {run_id!r} of flow {flow_id!r} is already on this broker ({how}): a new run "
-        f"needs an id of its own; `{RESUME_COMMAND} --resume {run_id}` continues that one, "
-        f"`videoflow teardown --flow {flow_id} --run {run_id}` removes it")
 
 
 def _forget_aborts(url: str, compiled: CompiledFlow, run_id: str, kv: bool, replicas: int,
