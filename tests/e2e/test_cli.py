@@ -340,6 +340,49 @@ def test_a_new_run_given_the_id_of_a_run_on_the_broker_is_refused_and_starts_not
     assert applied(out) == []  # nothing ran
 
 
+WHOLE_RUN_RACES = 3
+"""How many times two `videoflow run --run ID` race for one id (test_run_claims races
+the claim itself many more times)."""
+
+
+def test_two_runs_started_at_once_with_one_id_one_runs_and_the_other_is_refused(
+    nats_server: embedded.EmbeddedServer, tmp_path: Path,
+) -> None:
+    # Both passed the check for the id's streams and ran, into each other's durables
+    # (issue 46). The winner's producer waits at a gate until the loser has ended, so
+    # the loser always meets the winner's run, never one that is already over.
+    refusals = []
+    for n in range(WHOLE_RUN_RACES):
+        run_id, gate = f"race{n}", tmp_path / f"gate{n}"
+        outs = [tmp_path / f"out{n}-{side}" for side in "ab"]
+        runs = []
+        for out in outs:
+            out.mkdir()
+            runs.append(subprocess.Popen(
+                command("run", "flows:chain", "--nats-url", nats_server.url, "--run", run_id),
+                cwd=HELPERS, env=environment(out, count=5, gate=gate),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        try:
+            wait_for(lambda started=runs: any(r.poll() is not None for r in started), 90,
+                     "one of the two runs to end")
+            gate.touch()
+            ended = [r.communicate(timeout=120) for r in runs]
+        finally:
+            for r in runs:
+                if r.poll() is None:
+                    r.kill()
+                    r.wait(timeout=30)
+        codes = sorted(r.returncode for r in runs)
+        assert codes == [0, 2], ended
+        winner, loser = (0, 1) if runs[0].returncode == 0 else (1, 0)
+        (line,) = ended[loser][1].strip().splitlines()
+        assert f"run {run_id!r} of flow 'cli'" in line and "needs an id of its own" in line
+        refusals.append(line)
+        assert applied(outs[loser]) == []  # nothing of it ran
+        assert sorted(v for (v,) in applied(outs[winner])) == [0, 2, 4, 6, 8]
+    print("the losers said:", *refusals, sep="\n")
+
+
 @pytest.mark.parametrize("budget", ["nan", "-1", "soon"])
 def test_a_bad_outage_budget_in_the_environment_is_one_line_before_anything_starts(
     out: Path, budget: str,
