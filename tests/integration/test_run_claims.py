@@ -110,7 +110,7 @@ def test_of_two_claims_on_an_ended_runs_id_at_once_exactly_one_gets_it(
         assert isinstance(record, run_records.RunRecord) and record.ended_at is None
 
 
-@pytest.mark.parametrize("ended_before", [False, True], ids=["new id", "ended run's id"])
+@pytest.mark.parametrize("ended_before", [False, True], ids=["new-id", "ended-id"])
 def test_two_claims_that_both_read_the_id_free_still_give_it_to_one(
     nats_server: embedded.EmbeddedServer, monkeypatch: pytest.MonkeyPatch,
     ended_before: bool,
