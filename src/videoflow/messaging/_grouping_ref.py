@@ -57,8 +57,11 @@ Rules (both cores):
   held entry and handle in place; the old handle is released as 'superseded'.
 - The core never calls a handle: whatever it lets go of is appended to
   ``released`` as (handle, reason), reason 'superseded' or the discard's
-  ('evicted', 'expired', 'late', 'flushed'), in the order it happened; the
-  messenger takes them and settles with the broker.
+  ('evicted', 'expired', 'late', 'flushed'), in the order it happened. A call
+  that leaves pairs there (add, sweep, pop, flush) ends by calling
+  ``on_release(released)``, once the core is at rest, never in the middle of its
+  work; the owner takes them from the list (the assembler hands each to its
+  resolver).
 - Ready groups come out in the order they became ready.
 
 A time group with every sync parent present, or resolved with a quorum, waits for
@@ -111,6 +114,10 @@ _COMPACT_SLACK = 32
 
 
 _SEQ_MIN, _SEQ_MAX = -(2**63), 2**63 - 1
+
+
+def _keep(released: list[tuple[Any, str]]) -> None:
+    """The on_release of a core nobody owns: what it lets go of stays in released."""
 
 
 def seq_of(entry: Any) -> int:
@@ -229,6 +236,7 @@ class _Core:
         missing_wait: bool,
         clock: Callable[[], float],
         ready_factory: Callable[..., Any],
+        on_release: Callable[[list[tuple[Any, str]]], object] | None = None,
     ) -> None:
         self.names = list(parent_names)
         self.n = len(self.names)
@@ -239,6 +247,8 @@ class _Core:
         self.missing_wait = missing_wait
         self.clock = clock
         self.ready_factory = ready_factory
+        # Without an owner to call, what is let go waits in released.
+        self.on_release = _keep if on_release is None else on_release
         self.evictions = 0
         # slot tables
         self.g_state: list[int] = []
@@ -394,8 +404,11 @@ class _Core:
     # -- public ----------------------------------------------------------------
 
     def sweep(self, now: float | None = None) -> None:
-        if now is None:
-            now = self.clock()
+        self._sweep(self.clock() if now is None else now)
+        if self.released:
+            self.on_release(self.released)
+
+    def _sweep(self, now: float) -> None:
         if self.timeout >= 0:
             fifo = self.fifo
             while self.dl_head < len(fifo):
@@ -427,8 +440,11 @@ class _Core:
         if now is None:
             now = self.clock()
         self._promote(now)
-        self.sweep(now)
-        return self._drain_one(now)
+        self._sweep(now)
+        group = self._drain_one(now)
+        if self.released:
+            self.on_release(self.released)
+        return group
 
     def _promote(self, now: float) -> None:
         """Moves groups whose last condition cleared into the ready queue."""
@@ -436,8 +452,12 @@ class _Core:
     def flush(self, now: float | None = None) -> list[Any]:
         """End of input: emits every group that holds a quorum, discards the rest
         ('flushed'), releases every buffered sample, and returns the groups in order."""
-        if now is None:
-            now = self.clock()
+        groups = self._flush(self.clock() if now is None else now)
+        if self.released:
+            self.on_release(self.released)
+        return groups
+
+    def _flush(self, now: float) -> list[Any]:
         for item in self.fifo[min(self.dl_head, self.age_head):]:
             if not self._valid(item):
                 continue
@@ -560,6 +580,7 @@ class TraceCore(_Core):
                     i = slot * self.n + p
                     if self.m_seq[i] == seq:
                         self._supersede(i, entry, handle)
+                        self.on_release(self.released)
                         return
                 elif target < 0 and self.g_state[slot] == _ASSEMBLING:
                     target = slot
@@ -573,6 +594,8 @@ class TraceCore(_Core):
         ts = entry.event_ts
         # NaN marks "no event time": a trace group of such halves has event_ts None.
         self._join(target, p, _NAN if ts is None else float(ts), entry, handle, seq)
+        if self.released:  # evicted over capacity
+            self.on_release(self.released)
 
     def _forget(self, slot: int) -> None:
         base = slot * self.n
@@ -613,9 +636,11 @@ class TimeCore(_Core):
         ready_factory: Callable[..., Any],
         collect_factory: Callable[..., Any],
         epoch: Callable[[], float] | None = None,
+        on_release: Callable[[list[tuple[Any, str]]], object] | None = None,
     ) -> None:
         super().__init__(
-            parent_names, timeout_s, quorum, max_pending, missing_wait, clock, ready_factory
+            parent_names, timeout_s, quorum, max_pending, missing_wait, clock, ready_factory,
+            on_release,
         )
         self.epoch = time.time if epoch is None else epoch
         self.tol = tolerance_s
@@ -743,9 +768,7 @@ class TimeCore(_Core):
         for slot in due:  # decided first: a discard edits the index being walked
             self._give_up(slot, "late" if self.g_late[slot] else "expired")
 
-    def sweep(self, now: float | None = None) -> None:
-        if now is None:
-            now = self.clock()
+    def _sweep(self, now: float) -> None:
         self.now_seen = now
         self._expire_late(now)
         self._resolve(now)
@@ -792,6 +815,8 @@ class TimeCore(_Core):
             if c is None:
                 raise KeyError(parent_name)
             self._add_sample(c, entry, handle)
+            if self.released:
+                self.on_release(self.released)
             return
         # No clock call per message (it cost a sixth of an add): an arrival is stamped
         # with the latest reading seen, taken afresh only when a group is seeded.
@@ -817,6 +842,7 @@ class TimeCore(_Core):
                 m = slot * self.n + p
                 if self.m_seq[m] == seq and self.m_entry[m].trace_id == entry.trace_id:
                     self._supersede(m, entry, handle)
+                    self.on_release(self.released)
                     return
             elif self.g_state[slot] == _ASSEMBLING:
                 d = abs(order.t[k] - ts)
@@ -848,6 +874,8 @@ class TimeCore(_Core):
             head = waiting.s[waiting.lo]
             if not self.g_mask[head] >> p & 1 and ts > self.g_time[head] + tol:
                 self._resolve(now)
+        if self.released:  # evicted over capacity, or given up by the watermark
+            self.on_release(self.released)
 
     def _complete(self, slot: int) -> None:
         if self.nc == 0:
@@ -956,7 +984,7 @@ class TimeCore(_Core):
         if self.nc:
             self._settle(now)
 
-    def flush(self, now: float | None = None) -> list[Any]:
+    def _flush(self, now: float) -> list[Any]:
         # Complete groups still waiting on a window go first, windows closed as they stand.
         for item in self.closing:
             if self._valid(item) and self.g_state[item[0]] == _CLOSING:
@@ -967,7 +995,7 @@ class TimeCore(_Core):
         # groups that cover it are out.
         self.horizon = _POS_INF
         try:
-            groups = super().flush(now)
+            groups = super()._flush(now)
         finally:
             self.horizon = horizon
         return groups
