@@ -8,12 +8,16 @@ Two strategies, testable without a broker:
   tolerance of each other, regardless of lineage, with optional quorum emission
   and per-parent collect windows for high-rate sensors joined many-to-one.
 
-An assembler is fed decoded envelope entries paired with their broker ack handles,
-which it holds as opaque objects and never calls: it only does arithmetic. What it
-lets go of waits in ``released`` as (handle, reason) pairs (take_released): reason
-SUPERSEDED for a held delivery its redelivery replaced, else the discard's
-('evicted', 'expired', 'late' or 'flushed'); the messenger settles them with the
-broker. Handles of everything it emits travel out inside the ReadyGroup for the
+An assembler is fed decoded envelope entries paired with their broker ack handles.
+It owns the pending buffers and resolves the handles of anything it discards
+(evicted, expired, late, flushed) and supersedes (retired locally, no broker
+settlement), through the one resolver it is given: ``resolver(handle, reason)``,
+reason SUPERSEDED or the discard's. The default, resolve_handle, calls the handle's
+own ``supersede()`` or ``discard(reason)`` (ResolvableHandle); the messenger's
+only queues, and the messenger settles the queue after its receive batch.
+Each is resolved at the end of the call that let it go (add, pop_ready, sweep,
+flush), in the order it was let go, never in the middle of the assembler's work.
+Handles of everything it emits travel out unresolved inside the ReadyGroup for the
 task loop to ack/fail after processing.
 
 The bookkeeping lives in a core with two implementations behind one interface:
@@ -24,6 +28,9 @@ eviction, redelivery, and when a collect sample's handle is released).
 required and its absence is an ImportError, never a silent slow fallback. The core
 holds entries and handles as opaque objects next to its numeric tables: a
 Python-side slot table would cost more per message than the whole compiled path.
+It never calls a handle, it only does arithmetic: what it lets go of goes on a list,
+and a call that left pairs there ends by asking the assembler to resolve them, so a
+call that lets nothing go (almost every one) costs no Python call for it.
 
 Clocks: ``now`` arguments and the optional ``clock`` are monotonic seconds
 (``time.monotonic`` by default): they time the timeouts and the silence backstop
@@ -39,7 +46,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from functools import partial
+from typing import Any, ClassVar, Protocol, cast
 
 import msgspec
 
@@ -68,7 +76,54 @@ _core: GroupingCoreModule = _load_core()
 CORE_KIND: str = _core.CORE_KIND
 """Which core this process loaded, 'compiled' or 'reference'."""
 SUPERSEDED: str = _core.SUPERSEDED
-"""The reason take_released gives a held delivery its redelivery replaced."""
+"""The reason a resolver is given for a held delivery its redelivery replaced."""
+
+Resolver = Callable[[Any, str], object]
+"""How an assembler resolves each handle it lets go of, called as
+``resolver(handle, reason)`` with reason SUPERSEDED or the discard's ('evicted',
+'expired', 'late' or 'flushed'), at the end of the call that let it go and in the
+order it was let go. It must not call back into the assembler. Should it raise, the
+exception leaves that call (the assembler's state is whole by then), and the handles
+after it are resolved at the end of the next add, pop_ready, sweep or flush."""
+
+
+def _resolve_all(resolver: Resolver, released: list[tuple[Any, str]]) -> None:
+    """A core's on_release: hands what it let go of to the resolver, in order."""
+    # Taken first: a pair is never resolved twice, whatever the resolver does.
+    taken = released[:]
+    released.clear()
+    for k, (handle, reason) in enumerate(taken):
+        try:
+            resolver(handle, reason)
+        except BaseException:
+            released[:0] = taken[k + 1:]  # resolved when the next call ends
+            raise
+
+
+class ResolvableHandle(Protocol):
+    """The handle protocol of the default resolver, resolve_handle."""
+
+    def discard(self, reason: str) -> None:
+        """The assembler gave this input up: reason 'evicted', 'expired', 'late' or
+        'flushed'."""
+
+    def supersede(self) -> None:
+        """A redelivery of this input replaced it: retire it locally, with no broker
+        settlement (the redelivery holds the attempt)."""
+
+
+def resolve_handle(handle: ResolvableHandle, reason: str) -> None:
+    """The default resolver: ``handle.supersede()`` for SUPERSEDED, else
+    ``handle.discard(reason)``.
+
+    Arguments:
+        handle (ResolvableHandle): what the assembler was fed with the entry.
+        reason (str): SUPERSEDED, or why it was discarded.
+    """
+    if reason == SUPERSEDED:
+        handle.supersede()
+    else:
+        handle.discard(reason)
 
 ENTRY_KEYS: frozenset[str] = frozenset({
     "message", "metadata", "event_ts", "is_stop_signal", "is_abort", "abort_origin",
@@ -238,6 +293,9 @@ class GroupAssembler:
             none (time mode), ``time.time`` by default.
         core (module): the core implementation, the process-wide one (CORE_KIND)
             by default; tests pass each in turn.
+        resolver (callable): resolves every handle the assembler discards or
+            supersedes (Resolver); resolve_handle, the handle's own methods, by
+            default.
 
     Raises:
         ValueError: when the policy does not fit the parents (see JoinPolicy.validate_for).
@@ -252,20 +310,20 @@ class GroupAssembler:
         clock: Callable[[], float] = time.monotonic,
         epoch: Callable[[], float] = time.time,
         core: GroupingCoreModule | None = None,
+        resolver: Resolver | None = None,
     ) -> None:
         self.node_name = node_name
         self.parent_names = list(parent_names)
         self.policy = policy
         self.clock, self.epoch = clock, epoch
+        # Bound to the resolver alone, not to self: no reference cycle through the core.
+        self._on_release = partial(_resolve_all, resolve_handle if resolver is None else resolver)
         self.sync_parents = policy.validate_for(self.parent_names)
         quorum = len(self.sync_parents) if policy.quorum is None else policy.quorum
         self._core = self._make_core(_core if core is None else core, quorum)
-        self.released: list[tuple[Any, str]] = self._core.released
-        """The core's own list of what it let go of, (handle, reason) in order; one
-        object for the assembler's life, so a caller keeps it and tests it for a cost
-        of nothing. take_released empties it."""
         # The per-message calls go straight to the core: a Python frame in between
-        # would cost about as much as the compiled work itself.
+        # would cost about as much as the compiled work itself. The core calls back
+        # (_on_release) only when a call let something go.
         self.add = self._core.add  # type: ignore[method-assign]
         self.pop_ready = self._core.pop  # type: ignore[method-assign]
 
@@ -277,7 +335,9 @@ class GroupAssembler:
         return -1.0 if timeout is None else timeout / 1000.0
 
     def add(self, parent_name: str, entry: EnvelopeEntry, handle: Any) -> None:
-        """Feeds one entry and its ack handle.
+        """Feeds one entry and its ack handle; what the add lets go of (a held
+        delivery this one supersedes, groups evicted over max_pending or given up by
+        the watermark it moved) is resolved before it returns.
 
         Raises:
             KeyError: if parent_name is not a parent of this node.
@@ -285,14 +345,6 @@ class GroupAssembler:
             OverflowError: for a sync parent's seq outside the signed 64-bit range.
         """
         self._core.add(parent_name, entry, handle)
-
-    def take_released(self) -> list[tuple[Any, str]]:
-        """What the core let go of since the last take, in order: (handle, reason)
-        pairs, reason SUPERSEDED or the discard's; released is left empty. On a hot
-        path, test ``released`` first: it is empty almost always."""
-        taken = list(self.released)
-        self.released.clear()
-        return taken
 
     @property
     def evictions(self) -> int:
@@ -397,6 +449,7 @@ class TraceGroupAssembler(GroupAssembler):
             self.policy.missing == "wait",
             self.clock,
             ReadyGroup,
+            self._on_release,
         )
 
 
@@ -457,14 +510,17 @@ class TimeGroupAssembler(GroupAssembler):
             ReadyGroup,
             CollectEntry,
             self.epoch,
+            self._on_release,
         )
 
 
 def make_assembler(node_name: str, parent_names: list[str], policy: JoinPolicy, *,
                    clock: Callable[[], float] = time.monotonic,
-                   epoch: Callable[[], float] = time.time) -> GroupAssembler:
+                   epoch: Callable[[], float] = time.time,
+                   resolver: Resolver | None = None) -> GroupAssembler:
     """Returns the assembler the policy's mode asks for ('trace' or 'time'), on clock
     (monotonic seconds, for timeouts and the silence backstop) and epoch (the event
-    time of a message without one)."""
+    time of a message without one), resolving what it lets go of through resolver
+    (resolve_handle by default)."""
     kind = TimeGroupAssembler if policy.mode == "time" else TraceGroupAssembler
-    return kind(node_name, parent_names, policy, clock=clock, epoch=epoch)
+    return kind(node_name, parent_names, policy, clock=clock, epoch=epoch, resolver=resolver)
