@@ -58,12 +58,8 @@ class Handle:
     __slots__ = ()
 
 
-class Released(list[tuple[Handle, str]]):
-    """A resolver as the messenger's: it queues (handle, reason), and feed looks at the
-    queue once per entry (the messenger, once per receive batch)."""
-
-    def __call__(self, handle: Handle, reason: str) -> None:
-        self.append((handle, reason))
+# What an assembler let go of, queued by its resolver (released.extend, as the messenger's).
+Released = list[tuple[Handle, str]]
 
 
 # (parent, entry, handle, arrival time in seconds)
@@ -78,8 +74,9 @@ def feed(
     assembler: Any, released: Released, stream: Stream, now_cell: list[float], end: float
 ) -> tuple[int, Any]:
     """Feeds the stream, draining after each entry, then drains at ``end``; what the
-    assembler resolved through ``released`` (its resolver) is looked at once per entry,
-    as the messenger looks once per receive batch (and dropped: the handles do nothing).
+    assembler queued in ``released`` (its resolver is released.extend, as the
+    messenger's) is looked at once per entry, as the messenger looks once per receive
+    batch (and dropped: the handles do nothing).
 
     Returns:
         (groups popped, the last group).
@@ -121,7 +118,7 @@ def run_case(
 
     def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
         cell = [0.0]
-        released = Released()
+        released: Released = []
         assembler = make(lambda: cell[0], released)
         holder[:] = [assembler]
         return (assembler, released, stream, cell, end), {}
@@ -268,7 +265,7 @@ def test_trace_join(
 
     def make(clock: Callable[[], float], released: Released) -> TraceGroupAssembler:
         return TraceGroupAssembler("join", parents, policy, clock=clock, core=grouping_core,
-                                   resolver=released)
+                                   resolver=released.extend)
 
     groups, last, assembler = run_case(benchmark, make, stream, grouping_core.CORE_KIND, 1e9)
     record_throughput(len(stream), grouping_core.CORE_KIND)
@@ -297,7 +294,7 @@ def test_time_join(
 
     def make(clock: Callable[[], float], released: Released) -> TimeGroupAssembler:
         return TimeGroupAssembler("fuse", parents, policy, clock=clock, core=grouping_core,
-                                  resolver=released)
+                                  resolver=released.extend)
 
     end = stream[-1][3] + 10.0
     groups, last, assembler = run_case(benchmark, make, stream, grouping_core.CORE_KIND, end)
@@ -339,9 +336,10 @@ def test_pending_scale_time(
         mode="time", tolerance_ms=2 * JITTER_S * 1000, timeout_ms=None, max_pending=1_000_000,
         missing="wait",
     )
-    released = Released()
+    released: Released = []
     assembler = TimeGroupAssembler(
-        "fuse", CAMERAS, policy, clock=lambda: cell[0], core=grouping_core, resolver=released
+        "fuse", CAMERAS, policy, clock=lambda: cell[0], core=grouping_core,
+        resolver=released.extend,
     )
     for i in range(pending):
         assembler.add("cam0", _entry(f"old-{i}", i, i * 0.01), Handle())
@@ -371,10 +369,10 @@ def test_pending_scale_trace(
     benchmark.group = "pending-trace"
     cell = [0.0]
     policy = JoinPolicy(mode="trace", timeout_ms=None, max_pending=1_000_000)
-    released = Released()
+    released: Released = []
     assembler = TraceGroupAssembler(
         "join", ["p0", "p1"], policy, clock=lambda: cell[0], core=grouping_core,
-        resolver=released,
+        resolver=released.extend,
     )
     for i in range(pending):
         assembler.add("p0", _entry(f"old-{i}", i, None), Handle())

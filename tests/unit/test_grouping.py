@@ -139,8 +139,7 @@ def test_make_assembler_follows_the_policy_mode(core):
 
 def test_make_assembler_hands_its_assembler_the_resolver():
     resolved: list[tuple[object, str]] = []
-    a = make_assembler("j", ["a", "b"], JoinPolicy(max_pending=1),
-                       resolver=lambda handle, reason: resolved.append((handle, reason)))
+    a = make_assembler("j", ["a", "b"], JoinPolicy(max_pending=1), resolver=resolved.extend)
     a.add("a", entry("t1", 1), "first")
     a.add("a", entry("t2", 2), "second")
     assert resolved == [("first", "evicted")]
@@ -192,31 +191,35 @@ def test_a_standalone_assembler_resolves_what_it_discards_and_supersedes_before_
     assert b.pop_ready(0.0) is not None and late.events == ["late"]
 
 
-def test_a_resolver_is_given_each_handle_and_reason_once_the_call_is_done(core):
-    # Any object is a handle to a custom resolver; it is called after the assembler's
-    # work, never in its middle: the add that evicted has already joined its own entry.
-    seen: list[tuple[object, str, int, bool]] = []
+def test_a_resolver_is_given_what_a_call_let_go_once_the_call_is_done(core):
+    # Any object is a handle to a custom resolver. It is called once per call that let
+    # something go, with all of it in order, after the assembler's work, never in its
+    # middle: the add that evicted has already joined its own entry.
+    calls: list[tuple[list, int, bool]] = []
     a: TraceGroupAssembler
 
-    def resolver(handle: object, reason: str) -> None:
-        seen.append((handle, reason, a.pending_count(), a.has_pending_from("b")))
+    def resolver(released: list) -> None:
+        calls.append((released, a.pending_count(), a.has_pending_from("b")))
 
-    a = TraceGroupAssembler("j", ["a", "b"], JoinPolicy(max_pending=1, timeout_ms=None),
-                            core=core, resolver=resolver)
+    a = TraceGroupAssembler("j", ["a", "b"], JoinPolicy(max_pending=1, timeout_ms=100),
+                            clock=Clock(), core=core, resolver=resolver)
     a.add("a", entry("t1", 1), "first")
     a.add("b", entry("t2", 2), "second")
-    assert seen == [("first", "evicted", 1, True)]
+    assert calls == [([("first", "evicted")], 1, True)]
     a.add("b", entry("t2", 2), "second again")
-    assert seen[1:] == [("second", "superseded", 1, True)]
+    assert calls[1:] == [([("second", "superseded")], 1, True)]
+    a.pop_ready(0.05)
+    assert len(calls) == 2  # a call that lets nothing go makes none
+    a.sweep(0.1)
+    assert calls[2:] == [([("second again", "expired")], 0, False)]
 
 
-def test_a_resolver_that_raises_leaves_the_rest_to_the_end_of_the_next_call(core):
-    resolved: list[tuple[str, str]] = []
+def test_a_resolver_that_raises_has_been_handed_the_call_s_pairs(core):
+    given: list[list] = []
 
-    def resolver(handle: str, reason: str) -> None:
-        resolved.append((handle, reason))
-        if handle == "t1":
-            raise RuntimeError("resolver failed")
+    def resolver(released: list) -> None:
+        given.append(released)
+        raise RuntimeError("resolver failed")
 
     a = TraceGroupAssembler("j", ["a", "b"], JoinPolicy(timeout_ms=None), core=core,
                             resolver=resolver)
@@ -224,11 +227,24 @@ def test_a_resolver_that_raises_leaves_the_rest_to_the_end_of_the_next_call(core
         a.add("a", entry(f"t{i}", i), f"t{i}")
     with pytest.raises(RuntimeError, match="resolver failed"):
         a.flush(0.0)
-    assert resolved == [("t1", "flushed")] and a.pending_count() == 0
-    a.sweep(0.0)  # lets nothing go itself: hands over what the failure left
-    assert resolved == [("t1", "flushed"), ("t2", "flushed"), ("t3", "flushed")]
-    a.sweep(0.0)
-    assert len(resolved) == 3  # none twice
+    assert given == [[("t1", "flushed"), ("t2", "flushed"), ("t3", "flushed")]]
+    a.sweep(0.0)  # the assembler is whole, and owes the resolver nothing more
+    assert len(given) == 1 and a.pending_count() == 0 and not a.has_pending_from("a")
+
+
+def test_the_default_resolver_resolves_every_handle_though_one_raises(core):
+    class Failing(Handle):
+        def discard(self, reason: str) -> None:
+            super().discard(reason)
+            raise RuntimeError(f"{self.name} failed")
+
+    handles = [Failing("t1"), Handle("t2"), Failing("t3")]
+    a = trace(core)
+    for i, h in enumerate(handles):
+        a.add("a", entry(f"t{i}", i), h)
+    with pytest.raises(RuntimeError, match="t1 failed"):
+        a.flush(0.0)
+    assert [h.events for h in handles] == [["flushed"]] * 3
 
 
 def test_a_core_built_without_an_owner_keeps_what_it_lets_go(core):

@@ -352,11 +352,12 @@ class RecordingHandle:
         return f"H{self.hid}"
 
 
-def log_resolution(handle: RecordingHandle, reason: str) -> None:
-    """A custom resolver: logs what the handle's own methods would, without calling them."""
-    handle.resolutions += 1
-    handle.log.append(
-        (handle.hid, "supersede") if reason == SUPERSEDED else (handle.hid, "discard", reason))
+def log_resolution(released: list[tuple[RecordingHandle, str]]) -> None:
+    """A custom resolver: logs what the handles' own methods would, without calling them."""
+    for handle, reason in released:
+        handle.resolutions += 1
+        handle.log.append(
+            (handle.hid, "supersede") if reason == SUPERSEDED else (handle.hid, "discard", reason))
 
 
 @dataclass

@@ -8,8 +8,8 @@ kernels trust their inputs: ``grouping.py`` validates the policy and parents
 before a core exists. Entries and handles are opaque objects in list slot tables,
 never called: what the core lets go of (a held delivery its redelivery superseded, the
 members of a group or the samples it discarded) goes on ``released`` as
-(handle, reason) pairs, and a call that leaves pairs there ends by calling its owner's
-``on_release(released)`` (the reference states when).
+(handle, reason) pairs, and a call that leaves pairs there ends by handing the list to
+its owner's ``on_release`` (the reference states when).
 """
 
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
@@ -53,10 +53,6 @@ cdef double _event_time(object entry, object epoch) except? -1.0:
     if not isfinite(ts):
         raise ValueError(f"event_ts {tso!r} is not a finite time")
     return ts
-
-
-def _keep(list released):
-    """The on_release of a core nobody owns: what it lets go of stays in released."""
 
 
 def group_identity(list keys):
@@ -135,8 +131,7 @@ cdef class _Core:
         self.missing_wait = missing_wait
         self.clock = clock
         self.ready_factory = ready_factory
-        # Without an owner to call, what is let go waits in released.
-        self.on_release = _keep if on_release is None else on_release
+        self.on_release = on_release
         self.evictions = 0
         self.n_slots = 0
         self.n_free = 0
@@ -229,6 +224,14 @@ cdef class _Core:
         self.free[self.n_free] = slot
         self.n_free += 1
         return handles
+
+    cdef int _hand_over(self) except -1:
+        """Ends a call that let something go (see the reference)."""
+        cdef list released = self.released
+        if self.on_release is not None:
+            self.released = []
+            self.on_release(released)
+        return 0
 
     cdef inline bint _valid(self, SlotQueue q, Py_ssize_t k) noexcept:
         cdef int64_t slot = q.slot[k]
@@ -325,7 +328,7 @@ cdef class _Core:
     def sweep(self, now=None):
         self._sweep(self.clock() if now is None else now)
         if self.released:
-            self.on_release(self.released)
+            self._hand_over()
 
     cdef int _sweep(self, double now) except -1:
         cdef Py_ssize_t slot
@@ -358,7 +361,7 @@ cdef class _Core:
         self._sweep(t_now)
         group = self._drain_one()
         if self.released:
-            self.on_release(self.released)
+            self._hand_over()
         return group
 
     cdef object _drain_one(self):
@@ -376,7 +379,7 @@ cdef class _Core:
     def flush(self, now=None):
         cdef list groups = self._flush(self.clock() if now is None else now)
         if self.released:
-            self.on_release(self.released)
+            self._hand_over()
         return groups
 
     cdef list _flush(self, double now):
@@ -497,7 +500,7 @@ cdef class TraceCore(_Core):
                     i = slot * self.n + p
                     if self.m_seq[i] == seq:
                         self._supersede(i, entry, handle)
-                        self.on_release(self.released)
+                        self._hand_over()
                         return
                 elif target < 0 and self.g_state[slot] == ASSEMBLING:
                     target = slot
@@ -512,7 +515,7 @@ cdef class TraceCore(_Core):
         # NaN marks "no event time": a trace group of such halves has event_ts None.
         self._join(target, p, NAN if ts is None else <double>ts, entry, handle, seq)
         if self.released:  # evicted over capacity
-            self.on_release(self.released)
+            self._hand_over()
 
     cdef int _forget(self, Py_ssize_t slot) except -1:
         cdef Py_ssize_t base = slot * self.n, p
@@ -804,7 +807,7 @@ cdef class TimeCore(_Core):
                 raise KeyError(parent_name)
             self._add_sample(co, entry, handle)
             if self.released:
-                self.on_release(self.released)
+                self._hand_over()
             return
         cdef Py_ssize_t p = po
         cdef double now = self.now_seen  # no clock call per message: see the reference
@@ -830,7 +833,7 @@ cdef class TimeCore(_Core):
                 m = slot * self.n + p
                 if self.m_seq[m] == seq and self.m_entry[m].trace_id == entry.trace_id:
                     self._supersede(m, entry, handle)
-                    self.on_release(self.released)
+                    self._hand_over()
                     return
             elif self.g_state[slot] == ASSEMBLING:
                 d = fabs(order.t[k] - ts)
@@ -861,7 +864,7 @@ cdef class TimeCore(_Core):
             if not ((self.g_mask[head] >> p) & 1) and ts > self.g_time[head] + tol:
                 self._resolve(now)
         if self.released:  # evicted over capacity, or given up by the watermark
-            self.on_release(self.released)
+            self._hand_over()
 
     cdef int _complete(self, Py_ssize_t slot) except -1:
         if self.nc == 0:

@@ -58,10 +58,10 @@ Rules (both cores):
 - The core never calls a handle: whatever it lets go of is appended to
   ``released`` as (handle, reason), reason 'superseded' or the discard's
   ('evicted', 'expired', 'late', 'flushed'), in the order it happened. A call
-  that leaves pairs there (add, sweep, pop, flush) ends by calling
-  ``on_release(released)``, once the core is at rest, never in the middle of its
-  work; the owner takes them from the list (the assembler hands each to its
-  resolver).
+  that leaves pairs there (add, sweep, pop, flush) ends by handing the list over,
+  ``on_release(pairs)``, once the core is at rest, never in the middle of its
+  work; ``released`` starts afresh (the assembler's resolver is its on_release).
+  A core built without one keeps the pairs in ``released``.
 - Ready groups come out in the order they became ready.
 
 A time group with every sync parent present, or resolved with a quorum, waits for
@@ -114,10 +114,6 @@ _COMPACT_SLACK = 32
 
 
 _SEQ_MIN, _SEQ_MAX = -(2**63), 2**63 - 1
-
-
-def _keep(released: list[tuple[Any, str]]) -> None:
-    """The on_release of a core nobody owns: what it lets go of stays in released."""
 
 
 def seq_of(entry: Any) -> int:
@@ -247,8 +243,7 @@ class _Core:
         self.missing_wait = missing_wait
         self.clock = clock
         self.ready_factory = ready_factory
-        # Without an owner to call, what is let go waits in released.
-        self.on_release = _keep if on_release is None else on_release
+        self.on_release = on_release
         self.evictions = 0
         # slot tables
         self.g_state: list[int] = []
@@ -318,6 +313,12 @@ class _Core:
         self.g_mask[slot] = 0
         self.free.append(slot)
         return handles
+
+    def _hand_over(self) -> None:
+        """Ends a call that let something go (module rules)."""
+        if self.on_release is not None:
+            released, self.released = self.released, []
+            self.on_release(released)
 
     def _valid(self, item: tuple[int, int]) -> bool:
         return self.g_serial[item[0]] == item[1] and self.g_state[item[0]] != _FREE
@@ -406,7 +407,7 @@ class _Core:
     def sweep(self, now: float | None = None) -> None:
         self._sweep(self.clock() if now is None else now)
         if self.released:
-            self.on_release(self.released)
+            self._hand_over()
 
     def _sweep(self, now: float) -> None:
         if self.timeout >= 0:
@@ -443,7 +444,7 @@ class _Core:
         self._sweep(now)
         group = self._drain_one(now)
         if self.released:
-            self.on_release(self.released)
+            self._hand_over()
         return group
 
     def _promote(self, now: float) -> None:
@@ -454,7 +455,7 @@ class _Core:
         ('flushed'), releases every buffered sample, and returns the groups in order."""
         groups = self._flush(self.clock() if now is None else now)
         if self.released:
-            self.on_release(self.released)
+            self._hand_over()
         return groups
 
     def _flush(self, now: float) -> list[Any]:
@@ -580,7 +581,7 @@ class TraceCore(_Core):
                     i = slot * self.n + p
                     if self.m_seq[i] == seq:
                         self._supersede(i, entry, handle)
-                        self.on_release(self.released)
+                        self._hand_over()
                         return
                 elif target < 0 and self.g_state[slot] == _ASSEMBLING:
                     target = slot
@@ -595,7 +596,7 @@ class TraceCore(_Core):
         # NaN marks "no event time": a trace group of such halves has event_ts None.
         self._join(target, p, _NAN if ts is None else float(ts), entry, handle, seq)
         if self.released:  # evicted over capacity
-            self.on_release(self.released)
+            self._hand_over()
 
     def _forget(self, slot: int) -> None:
         base = slot * self.n
@@ -816,7 +817,7 @@ class TimeCore(_Core):
                 raise KeyError(parent_name)
             self._add_sample(c, entry, handle)
             if self.released:
-                self.on_release(self.released)
+                self._hand_over()
             return
         # No clock call per message (it cost a sixth of an add): an arrival is stamped
         # with the latest reading seen, taken afresh only when a group is seeded.
@@ -842,7 +843,7 @@ class TimeCore(_Core):
                 m = slot * self.n + p
                 if self.m_seq[m] == seq and self.m_entry[m].trace_id == entry.trace_id:
                     self._supersede(m, entry, handle)
-                    self.on_release(self.released)
+                    self._hand_over()
                     return
             elif self.g_state[slot] == _ASSEMBLING:
                 d = abs(order.t[k] - ts)
@@ -875,7 +876,7 @@ class TimeCore(_Core):
             if not self.g_mask[head] >> p & 1 and ts > self.g_time[head] + tol:
                 self._resolve(now)
         if self.released:  # evicted over capacity, or given up by the watermark
-            self.on_release(self.released)
+            self._hand_over()
 
     def _complete(self, slot: int) -> None:
         if self.nc == 0:

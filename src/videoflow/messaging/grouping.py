@@ -11,12 +11,13 @@ Two strategies, testable without a broker:
 An assembler is fed decoded envelope entries paired with their broker ack handles.
 It owns the pending buffers and resolves the handles of anything it discards
 (evicted, expired, late, flushed) and supersedes (retired locally, no broker
-settlement), through the one resolver it is given: ``resolver(handle, reason)``,
-reason SUPERSEDED or the discard's. The default, resolve_handle, calls the handle's
-own ``supersede()`` or ``discard(reason)`` (ResolvableHandle); the messenger's
-only queues, and the messenger settles the queue after its receive batch.
-Each is resolved at the end of the call that let it go (add, pop_ready, sweep,
-flush), in the order it was let go, never in the middle of the assembler's work.
+settlement), through the one resolver it is given: ``resolver(released)``, with
+the (handle, reason) pairs a call let go of, reason SUPERSEDED or the discard's. The
+default, resolve_handles, calls each handle's own ``supersede()`` or
+``discard(reason)`` (ResolvableHandle); the messenger's only queues them, and the
+messenger settles the queue after its receive batch. Handles are resolved at the end
+of the call that let them go (add, pop_ready, sweep, flush), in the order they were
+let go, never in the middle of the assembler's work.
 Handles of everything it emits travel out unresolved inside the ReadyGroup for the
 task loop to ack/fail after processing.
 
@@ -29,8 +30,9 @@ required and its absence is an ImportError, never a silent slow fallback. The co
 holds entries and handles as opaque objects next to its numeric tables: a
 Python-side slot table would cost more per message than the whole compiled path.
 It never calls a handle, it only does arithmetic: what it lets go of goes on a list,
-and a call that left pairs there ends by asking the assembler to resolve them, so a
-call that lets nothing go (almost every one) costs no Python call for it.
+and a call that left pairs there ends by handing the list to the resolver, so a call
+that lets nothing go costs no Python call for it, and one that does costs one call
+for all it let go (the messenger's resolver is a list's extend: no Python frame).
 
 Clocks: ``now`` arguments and the optional ``clock`` are monotonic seconds
 (``time.monotonic`` by default): they time the timeouts and the silence backstop
@@ -46,7 +48,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, ClassVar, Protocol, cast
 
 import msgspec
@@ -78,30 +79,17 @@ CORE_KIND: str = _core.CORE_KIND
 SUPERSEDED: str = _core.SUPERSEDED
 """The reason a resolver is given for a held delivery its redelivery replaced."""
 
-Resolver = Callable[[Any, str], object]
-"""How an assembler resolves each handle it lets go of, called as
-``resolver(handle, reason)`` with reason SUPERSEDED or the discard's ('evicted',
-'expired', 'late' or 'flushed'), at the end of the call that let it go and in the
-order it was let go. It must not call back into the assembler. Should it raise, the
-exception leaves that call (the assembler's state is whole by then), and the handles
-after it are resolved at the end of the next add, pop_ready, sweep or flush."""
-
-
-def _resolve_all(resolver: Resolver, released: list[tuple[Any, str]]) -> None:
-    """A core's on_release: hands what it let go of to the resolver, in order."""
-    # Taken first: a pair is never resolved twice, whatever the resolver does.
-    taken = released[:]
-    released.clear()
-    for k, (handle, reason) in enumerate(taken):
-        try:
-            resolver(handle, reason)
-        except BaseException:
-            released[:0] = taken[k + 1:]  # resolved when the next call ends
-            raise
+Resolver = Callable[[list[tuple[Any, str]]], object]
+"""How an assembler resolves the handles it lets go of, called as
+``resolver(released)`` at the end of each add, pop_ready, sweep or flush that let any
+go, with the call's (handle, reason) pairs in the order they were let go, reason
+SUPERSEDED or the discard's ('evicted', 'expired', 'late' or 'flushed'). The list is
+the resolver's to keep. It must not call back into the assembler; an exception it
+raises leaves that call, the assembler's state whole, the pairs handed over."""
 
 
 class ResolvableHandle(Protocol):
-    """The handle protocol of the default resolver, resolve_handle."""
+    """The handle protocol of the default resolver, resolve_handles."""
 
     def discard(self, reason: str) -> None:
         """The assembler gave this input up: reason 'evicted', 'expired', 'late' or
@@ -112,18 +100,29 @@ class ResolvableHandle(Protocol):
         settlement (the redelivery holds the attempt)."""
 
 
-def resolve_handle(handle: ResolvableHandle, reason: str) -> None:
-    """The default resolver: ``handle.supersede()`` for SUPERSEDED, else
-    ``handle.discard(reason)``.
+def resolve_handles(released: list[tuple[ResolvableHandle, str]]) -> None:
+    """The default resolver: for each pair in order, ``handle.supersede()`` for
+    SUPERSEDED, else ``handle.discard(reason)``.
 
     Arguments:
-        handle (ResolvableHandle): what the assembler was fed with the entry.
-        reason (str): SUPERSEDED, or why it was discarded.
+        released (list): (handle, reason) pairs, each handle a ResolvableHandle.
+
+    Raises:
+        Exception: the first a handle raised, once every handle was resolved: one
+            handle's failure leaves none of the others unresolved.
     """
-    if reason == SUPERSEDED:
-        handle.supersede()
-    else:
-        handle.discard(reason)
+    error: Exception | None = None
+    for handle, reason in released:
+        try:
+            if reason == SUPERSEDED:
+                handle.supersede()
+            else:
+                handle.discard(reason)
+        except Exception as exc:
+            error = error or exc
+    if error is not None:
+        raise error
+
 
 ENTRY_KEYS: frozenset[str] = frozenset({
     "message", "metadata", "event_ts", "is_stop_signal", "is_abort", "abort_origin",
@@ -294,7 +293,7 @@ class GroupAssembler:
         core (module): the core implementation, the process-wide one (CORE_KIND)
             by default; tests pass each in turn.
         resolver (callable): resolves every handle the assembler discards or
-            supersedes (Resolver); resolve_handle, the handle's own methods, by
+            supersedes (Resolver); resolve_handles, the handles' own methods, by
             default.
 
     Raises:
@@ -316,14 +315,13 @@ class GroupAssembler:
         self.parent_names = list(parent_names)
         self.policy = policy
         self.clock, self.epoch = clock, epoch
-        # Bound to the resolver alone, not to self: no reference cycle through the core.
-        self._on_release = partial(_resolve_all, resolve_handle if resolver is None else resolver)
+        self._resolver: Resolver = resolve_handles if resolver is None else resolver
         self.sync_parents = policy.validate_for(self.parent_names)
         quorum = len(self.sync_parents) if policy.quorum is None else policy.quorum
         self._core = self._make_core(_core if core is None else core, quorum)
         # The per-message calls go straight to the core: a Python frame in between
-        # would cost about as much as the compiled work itself. The core calls back
-        # (_on_release) only when a call let something go.
+        # would cost about as much as the compiled work itself. The core calls the
+        # resolver only when a call let something go.
         self.add = self._core.add  # type: ignore[method-assign]
         self.pop_ready = self._core.pop  # type: ignore[method-assign]
 
@@ -449,7 +447,7 @@ class TraceGroupAssembler(GroupAssembler):
             self.policy.missing == "wait",
             self.clock,
             ReadyGroup,
-            self._on_release,
+            self._resolver,
         )
 
 
@@ -510,7 +508,7 @@ class TimeGroupAssembler(GroupAssembler):
             ReadyGroup,
             CollectEntry,
             self.epoch,
-            self._on_release,
+            self._resolver,
         )
 
 
@@ -521,6 +519,6 @@ def make_assembler(node_name: str, parent_names: list[str], policy: JoinPolicy, 
     """Returns the assembler the policy's mode asks for ('trace' or 'time'), on clock
     (monotonic seconds, for timeouts and the silence backstop) and epoch (the event
     time of a message without one), resolving what it lets go of through resolver
-    (resolve_handle by default)."""
+    (resolve_handles by default)."""
     kind = TimeGroupAssembler if policy.mode == "time" else TraceGroupAssembler
     return kind(node_name, parent_names, policy, clock=clock, epoch=epoch, resolver=resolver)

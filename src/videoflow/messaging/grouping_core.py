@@ -13,8 +13,8 @@ class GroupingCore(Protocol):
     numeric tables; groups come out as ReadyGroup objects. The core never calls a
     handle: what it lets go of is appended to released as (handle, reason), reason
     SUPERSEDED or the discard's ('evicted', 'expired', 'late', 'flushed'), and a call
-    that leaves pairs there (add, sweep, pop, flush) ends by calling the on_release it
-    was built with, on that list, for its owner to take them (without one they stay)."""
+    that leaves pairs there (add, sweep, pop, flush) ends by handing that list to the
+    on_release it was built with, released starting afresh (without one they stay)."""
 
     evictions: int
     released: list[tuple[Any, str]]

@@ -88,12 +88,15 @@ class Join:
                  budget_waiting: Callable[[], frozenset[str]] | None = None,
                  payload_shares: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
                  ) -> None:
-        # What the assembler let go of, queued by its resolver for settle_released.
+        # What the assembler let go of, queued for settle_released. The resolver only
+        # queues (a list's own extend: no Python frame), so no broker call (a
+        # supersede, a dead letter) happens inside an assembler call, and what a
+        # receive batch's adds let go of is settled together after the batch.
         self._released: list[tuple[Held, str]] = []
         # On the messenger's clocks: the backstops on the monotonic one the caller
         # chose, a missing event time on its epoch clock.
         self.assembler = make_assembler(node_name, parent_names, policy, clock=clock,
-                                        epoch=epoch, resolver=self._queue_released)
+                                        epoch=epoch, resolver=self._released.extend)
         self.backend, self.deliveries, self.data_subs = backend, deliveries, data_subs
         self.clock = clock
         self.missing = policy.missing
@@ -237,19 +240,15 @@ class Join:
             return frozenset()
         return self.budget_waiting() & frozenset(self.data_subs)
 
-    def _queue_released(self, handle: Held, reason: str) -> None:
-        """The assembler's resolver: queues only, so no broker call (a supersede, a
-        dead letter) happens inside an assembler call; what a receive batch's adds let
-        go of is settled together after the batch (settle_released)."""
-        self._released.append((handle, reason))
-
     def settle_released(self) -> None:
         """Settle what the assembler let go of (it only does arithmetic): a delivery
         its redelivery superseded is retired here, with no broker settlement (the
         redelivery holds the attempt); a discarded one as the join's rules say."""
-        if not self._released:
+        released = self._released
+        if not released:
             return
-        taken, self._released = self._released, []
+        taken = released.copy()
+        released.clear()  # the same list: the resolver is bound to it
         for handle, reason in taken:
             if reason == SUPERSEDED:
                 self.deliveries.let_go(handle.delivery)
