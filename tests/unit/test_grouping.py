@@ -199,7 +199,7 @@ def test_a_resolver_is_given_what_a_call_let_go_once_the_call_is_done(core):
     a: TraceGroupAssembler
 
     def resolver(released: list) -> None:
-        calls.append((released, a.pending_count(), a.has_pending_from("b")))
+        calls.append((list(released), a.pending_count(), a.has_pending_from("b")))
 
     a = TraceGroupAssembler("j", ["a", "b"], JoinPolicy(max_pending=1, timeout_ms=100),
                             clock=Clock(), core=core, resolver=resolver)
@@ -218,7 +218,7 @@ def test_a_resolver_that_raises_has_been_handed_the_call_s_pairs(core):
     given: list[list] = []
 
     def resolver(released: list) -> None:
-        given.append(released)
+        given.append(list(released))  # the list is the core's, emptied after
         raise RuntimeError("resolver failed")
 
     a = TraceGroupAssembler("j", ["a", "b"], JoinPolicy(timeout_ms=None), core=core,

@@ -226,11 +226,13 @@ cdef class _Core:
         return handles
 
     cdef int _hand_over(self) except -1:
-        """Ends a call that let something go (see the reference)."""
-        cdef list released = self.released
+        """Ends a call that let something go (see the reference): the list is the
+        core's own for its life, emptied once the resolver returned."""
         if self.on_release is not None:
-            self.released = []
-            self.on_release(released)
+            try:
+                self.on_release(self.released)
+            finally:
+                del self.released[:]
         return 0
 
     cdef inline bint _valid(self, SlotQueue q, Py_ssize_t k) noexcept:

@@ -60,7 +60,8 @@ Rules (both cores):
   ('evicted', 'expired', 'late', 'flushed'), in the order it happened. A call
   that leaves pairs there (add, sweep, pop, flush) ends by handing the list over,
   ``on_release(pairs)``, once the core is at rest, never in the middle of its
-  work; ``released`` starts afresh (the assembler's resolver is its on_release).
+  work; ``released`` is then emptied (the assembler's resolver is its on_release,
+  and keeps what it needs by copying: the list is the core's for its life).
   A core built without one keeps the pairs in ``released``.
 - Ready groups come out in the order they became ready.
 
@@ -317,8 +318,10 @@ class _Core:
     def _hand_over(self) -> None:
         """Ends a call that let something go (module rules)."""
         if self.on_release is not None:
-            released, self.released = self.released, []
-            self.on_release(released)
+            try:
+                self.on_release(self.released)
+            finally:
+                self.released.clear()
 
     def _valid(self, item: tuple[int, int]) -> bool:
         return self.g_serial[item[0]] == item[1] and self.g_state[item[0]] != _FREE

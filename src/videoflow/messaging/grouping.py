@@ -84,7 +84,8 @@ Resolver = Callable[[list[tuple[Any, str]]], object]
 ``resolver(released)`` at the end of each add, pop_ready, sweep or flush that let any
 go, with the call's (handle, reason) pairs in the order they were let go, reason
 SUPERSEDED or the discard's ('evicted', 'expired', 'late' or 'flushed'). The list is
-the resolver's to keep. It must not call back into the assembler; an exception it
+the core's, emptied once the resolver returns: a resolver that keeps pairs copies
+them (list.extend does). It must not call back into the assembler; an exception it
 raises leaves that call, the assembler's state whole, the pairs handed over."""
 
 

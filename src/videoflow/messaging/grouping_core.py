@@ -14,7 +14,7 @@ class GroupingCore(Protocol):
     handle: what it lets go of is appended to released as (handle, reason), reason
     SUPERSEDED or the discard's ('evicted', 'expired', 'late', 'flushed'), and a call
     that leaves pairs there (add, sweep, pop, flush) ends by handing that list to the
-    on_release it was built with, released starting afresh (without one they stay)."""
+    on_release it was built with, then emptying it (without one they stay)."""
 
     evictions: int
     released: list[tuple[Any, str]]
