@@ -58,6 +58,10 @@ class Handle:
     __slots__ = ()
 
 
+# What an assembler let go of, queued by its resolver (released.extend, as the messenger's).
+Released = list[tuple[Handle, str]]
+
+
 # (parent, entry, handle, arrival time in seconds)
 Stream = list[tuple[str, EnvelopeEntry, Handle, float]]
 
@@ -66,17 +70,19 @@ def _entry(trace_id: str, seq: int, event_ts: float | None) -> EnvelopeEntry:
     return EnvelopeEntry(trace_id, seq, event_ts, None, None, False)
 
 
-def feed(assembler: Any, stream: Stream, now_cell: list[float], end: float) -> tuple[int, Any]:
+def feed(
+    assembler: Any, released: Released, stream: Stream, now_cell: list[float], end: float
+) -> tuple[int, Any]:
     """Feeds the stream, draining after each entry, then drains at ``end``; what the
-    assembler lets go of is looked at once per entry, as the messenger looks once per
-    receive batch (and dropped: the handles do nothing).
+    assembler queued in ``released`` (its resolver is released.extend, as the
+    messenger's) is looked at once per entry, as the messenger looks once per receive
+    batch (and dropped: the handles do nothing).
 
     Returns:
         (groups popped, the last group).
     """
     add = assembler.add
     pop = assembler.pop_ready
-    released = assembler.released
     groups = 0
     last = None
     for parent, entry, handle, now in stream:
@@ -101,7 +107,7 @@ def feed(assembler: Any, stream: Stream, now_cell: list[float], end: float) -> t
 
 def run_case(
     benchmark: Any,
-    make: Callable[[Callable[[], float]], Any],
+    make: Callable[[Callable[[], float], Released], Any],
     stream: Stream,
     kind: str,
     end: float,
@@ -112,9 +118,10 @@ def run_case(
 
     def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
         cell = [0.0]
-        assembler = make(lambda: cell[0])
+        released: Released = []
+        assembler = make(lambda: cell[0], released)
         holder[:] = [assembler]
-        return (assembler, stream, cell, end), {}
+        return (assembler, released, stream, cell, end), {}
 
     groups, last = benchmark.pedantic(feed, setup=setup, rounds=ROUNDS[kind], warmup_rounds=1)
     return groups, last, holder[0]
@@ -256,8 +263,9 @@ def test_trace_join(
     parents = [f"p{p}" for p in range(n_parents)]
     policy = JoinPolicy(mode="trace", timeout_ms=TIMEOUT_MS * 10)
 
-    def make(clock: Callable[[], float]) -> TraceGroupAssembler:
-        return TraceGroupAssembler("join", parents, policy, clock=clock, core=grouping_core)
+    def make(clock: Callable[[], float], released: Released) -> TraceGroupAssembler:
+        return TraceGroupAssembler("join", parents, policy, clock=clock, core=grouping_core,
+                                   resolver=released.extend)
 
     groups, last, assembler = run_case(benchmark, make, stream, grouping_core.CORE_KIND, 1e9)
     record_throughput(len(stream), grouping_core.CORE_KIND)
@@ -284,8 +292,9 @@ def test_time_join(
     policy = _time_policy(quorum, imu)
     parents = CAMERAS + (["imu"] if imu else [])
 
-    def make(clock: Callable[[], float]) -> TimeGroupAssembler:
-        return TimeGroupAssembler("fuse", parents, policy, clock=clock, core=grouping_core)
+    def make(clock: Callable[[], float], released: Released) -> TimeGroupAssembler:
+        return TimeGroupAssembler("fuse", parents, policy, clock=clock, core=grouping_core,
+                                  resolver=released.extend)
 
     end = stream[-1][3] + 10.0
     groups, last, assembler = run_case(benchmark, make, stream, grouping_core.CORE_KIND, end)
@@ -327,8 +336,10 @@ def test_pending_scale_time(
         mode="time", tolerance_ms=2 * JITTER_S * 1000, timeout_ms=None, max_pending=1_000_000,
         missing="wait",
     )
+    released: Released = []
     assembler = TimeGroupAssembler(
-        "fuse", CAMERAS, policy, clock=lambda: cell[0], core=grouping_core
+        "fuse", CAMERAS, policy, clock=lambda: cell[0], core=grouping_core,
+        resolver=released.extend,
     )
     for i in range(pending):
         assembler.add("cam0", _entry(f"old-{i}", i, i * 0.01), Handle())
@@ -338,7 +349,7 @@ def test_pending_scale_time(
 
     groups, _ = benchmark.pedantic(
         feed,
-        args=(assembler, batch, cell, batch[-1][3]),
+        args=(assembler, released, batch, cell, batch[-1][3]),
         rounds=ROUNDS[grouping_core.CORE_KIND] * 2,
         warmup_rounds=1,
     )
@@ -358,8 +369,10 @@ def test_pending_scale_trace(
     benchmark.group = "pending-trace"
     cell = [0.0]
     policy = JoinPolicy(mode="trace", timeout_ms=None, max_pending=1_000_000)
+    released: Released = []
     assembler = TraceGroupAssembler(
-        "join", ["p0", "p1"], policy, clock=lambda: cell[0], core=grouping_core
+        "join", ["p0", "p1"], policy, clock=lambda: cell[0], core=grouping_core,
+        resolver=released.extend,
     )
     for i in range(pending):
         assembler.add("p0", _entry(f"old-{i}", i, None), Handle())
@@ -367,7 +380,7 @@ def test_pending_scale_trace(
 
     groups, _ = benchmark.pedantic(
         feed,
-        args=(assembler, batch, cell, batch[-1][3]),
+        args=(assembler, released, batch, cell, batch[-1][3]),
         rounds=ROUNDS[grouping_core.CORE_KIND] * 2,
         warmup_rounds=1,
     )

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from grouping_helpers import Clock, Handle, Resolving, entry
+from grouping_helpers import Clock, Handle, entry
 
 from videoflow.core.policies import JoinPolicy
 from videoflow.messaging import _grouping_ref
@@ -137,6 +137,14 @@ def test_make_assembler_follows_the_policy_mode(core):
     assert type(make_assembler("j", ["a", "b"], time_policy)) is TimeGroupAssembler
 
 
+def test_make_assembler_hands_its_assembler_the_resolver():
+    resolved: list[tuple[object, str]] = []
+    a = make_assembler("j", ["a", "b"], JoinPolicy(max_pending=1), resolver=resolved.extend)
+    a.add("a", entry("t1", 1), "first")
+    a.add("a", entry("t2", 2), "second")
+    assert resolved == [("first", "evicted")]
+
+
 def test_assembler_refuses_a_policy_that_does_not_fit_its_parents(core):
     with pytest.raises(ValueError, match="quorum 3 exceeds"):
         TraceGroupAssembler("j", ["a", "b"], JoinPolicy(quorum=3), core=core)
@@ -147,8 +155,7 @@ def test_assembler_refuses_a_policy_that_does_not_fit_its_parents(core):
 
 def test_sixty_four_sync_parents_use_every_presence_bit(core):
     parents = [f"p{i}" for i in range(64)]
-    a = Resolving(TimeGroupAssembler("j", parents, JoinPolicy(mode="time", tolerance_ms=1),
-                                     core=core))
+    a = TimeGroupAssembler("j", parents, JoinPolicy(mode="time", tolerance_ms=1), core=core)
     for i, p in enumerate(parents):
         a.add(p, entry(f"{p}-0", i, 5.0), Handle(p))
         if i < 63:
@@ -157,13 +164,103 @@ def test_sixty_four_sync_parents_use_every_presence_bit(core):
     assert set(group.entries) == set(parents) and len(group.handles) == 64
 
 
+# -- resolving what the assembler lets go ---------------------------------------------
+
+
+def test_a_standalone_assembler_resolves_what_it_discards_and_supersedes_before_returning(core):
+    # The reference's promise, with no messenger and nothing to drain: each handle let go
+    # is resolved through the handle's own methods (the default resolver) by the time
+    # the call that let it go returns, with the real reason.
+    log: list[tuple[str, str]] = []
+    a = trace(core, max_pending=2, timeout_ms=100)
+    a.add("a", entry("t1", 1), Handle("t1", log))
+    a.add("a", entry("t1", 1), Handle("t1 again", log))
+    assert log == [("t1", "superseded")]
+    a.add("a", entry("t2", 2), Handle("t2", log))
+    a.add("a", entry("t3", 3), Handle("t3", log))
+    assert log[1:] == [("t1 again", "evicted")]
+    a.sweep(0.1)
+    assert log[2:] == [("t2", "expired"), ("t3", "expired")]
+    a.add("a", entry("t4", 4), Handle("t4", log))
+    assert a.flush(0.1) == [] and log[4:] == [("t4", "flushed")]
+    late = Handle("late", log)
+    b = timed(core, timeout_ms=None, quorum=2)
+    b.add("a", entry("a5", 5, 5.0), Handle("a5"))
+    b.add("b", entry("b5", 5, 5.0), Handle("b5"))
+    b.add("a", entry("a1", 1, 1.0), late)  # behind both watermarks: no group can take it
+    assert b.pop_ready(0.0) is not None and late.events == ["late"]
+
+
+def test_a_resolver_is_given_what_a_call_let_go_once_the_call_is_done(core):
+    # Any object is a handle to a custom resolver. It is called once per call that let
+    # something go, with all of it in order, after the assembler's work, never in its
+    # middle: the add that evicted has already joined its own entry.
+    calls: list[tuple[list, int, bool]] = []
+    a: TraceGroupAssembler
+
+    def resolver(released: list) -> None:
+        calls.append((list(released), a.pending_count(), a.has_pending_from("b")))
+
+    a = TraceGroupAssembler("j", ["a", "b"], JoinPolicy(max_pending=1, timeout_ms=100),
+                            clock=Clock(), core=core, resolver=resolver)
+    a.add("a", entry("t1", 1), "first")
+    a.add("b", entry("t2", 2), "second")
+    assert calls == [([("first", "evicted")], 1, True)]
+    a.add("b", entry("t2", 2), "second again")
+    assert calls[1:] == [([("second", "superseded")], 1, True)]
+    a.pop_ready(0.05)
+    assert len(calls) == 2  # a call that lets nothing go makes none
+    a.sweep(0.1)
+    assert calls[2:] == [([("second again", "expired")], 0, False)]
+
+
+def test_a_resolver_that_raises_has_been_handed_the_call_s_pairs(core):
+    given: list[list] = []
+
+    def resolver(released: list) -> None:
+        given.append(list(released))  # the list is the core's, emptied after
+        raise RuntimeError("resolver failed")
+
+    a = TraceGroupAssembler("j", ["a", "b"], JoinPolicy(timeout_ms=None), core=core,
+                            resolver=resolver)
+    for i in (1, 2, 3):
+        a.add("a", entry(f"t{i}", i), f"t{i}")
+    with pytest.raises(RuntimeError, match="resolver failed"):
+        a.flush(0.0)
+    assert given == [[("t1", "flushed"), ("t2", "flushed"), ("t3", "flushed")]]
+    a.sweep(0.0)  # the assembler is whole, and owes the resolver nothing more
+    assert len(given) == 1 and a.pending_count() == 0 and not a.has_pending_from("a")
+
+
+def test_the_default_resolver_resolves_every_handle_though_one_raises(core):
+    class Failing(Handle):
+        def discard(self, reason: str) -> None:
+            super().discard(reason)
+            raise RuntimeError(f"{self.name} failed")
+
+    handles = [Failing("t1"), Handle("t2"), Failing("t3")]
+    a = trace(core)
+    for i, h in enumerate(handles):
+        a.add("a", entry(f"t{i}", i), h)
+    with pytest.raises(RuntimeError, match="t1 failed"):
+        a.flush(0.0)
+    assert [h.events for h in handles] == [["flushed"]] * 3
+
+
+def test_a_core_built_without_an_owner_keeps_what_it_lets_go(core):
+    kept = core.TraceCore(["a", "b"], -1.0, 2, 1, False, Clock(), ReadyGroup)
+    kept.add("a", entry("t1", 1), "first")
+    kept.add("a", entry("t2", 2), "second")
+    assert kept.released == [("first", "evicted")]
+
+
 # -- trace groups ----------------------------------------------------------------------
 
 
 def trace(core, parents=("a", "b"), clock=None, **policy) -> TraceGroupAssembler:
-    return Resolving(TraceGroupAssembler(
+    return TraceGroupAssembler(
         "join", list(parents), JoinPolicy(**policy), clock=clock or Clock(), core=core
-    ))
+    )
 
 
 def test_trace_group_emits_when_every_half_arrived(core):
@@ -285,10 +382,10 @@ def test_trace_flush_emits_quorum_groups_and_flushes_the_rest(core):
 
 def timed(core, parents=("a", "b"), clock=None, epoch=None, **policy) -> TimeGroupAssembler:
     policy.setdefault("tolerance_ms", 5)
-    return Resolving(TimeGroupAssembler(
+    return TimeGroupAssembler(
         "fuse", list(parents), JoinPolicy(mode="time", **policy), clock=clock or Clock(),
         epoch=epoch or Clock(), core=core
-    ))
+    )
 
 
 def test_time_message_joins_the_nearest_group_within_tolerance(core):

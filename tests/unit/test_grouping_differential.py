@@ -2,8 +2,9 @@
 
 Every scenario (a policy plus a sequence of add / pop_ready / sweep / flush calls at
 explicit clock readings) is fed to two assemblers, one over each core, each with its
-own recording handles. After every call both must return the same groups, resolve
-the same handles the same way, and report the same pending_count, evictions,
+own recording handles, resolved by the assembler's default resolver. After every call
+both must return the same groups, have resolved (within that call) the same handles
+with the same reasons in the same order, and report the same pending_count, evictions,
 has_pending_from and oldest_wait_seconds. Alongside, an oracle checks each side on its
 own against the rules of ``_grouping_ref``'s docstring: handle conservation (every
 handle resolved exactly once: superseded, discarded, or handed out in exactly one
@@ -21,16 +22,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from grouping_helpers import resolve_released
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from videoflow.core.policies import JoinPolicy
 from videoflow.messaging import _grouping_ref
 from videoflow.messaging.grouping import (
+    SUPERSEDED,
     CollectEntry,
     EnvelopeEntry,
     ReadyGroup,
+    Resolver,
     TimeGroupAssembler,
     TraceGroupAssembler,
 )
@@ -350,6 +352,14 @@ class RecordingHandle:
         return f"H{self.hid}"
 
 
+def log_resolution(released: list[tuple[RecordingHandle, str]]) -> None:
+    """A custom resolver: logs what the handles' own methods would, without calling them."""
+    for handle, reason in released:
+        handle.resolutions += 1
+        handle.log.append(
+            (handle.hid, "supersede") if reason == SUPERSEDED else (handle.hid, "discard", reason))
+
+
 @dataclass
 class Delivery:
     hid: int
@@ -389,7 +399,8 @@ class Side:
     """One assembler over one core, with its own handles, log and oracle state."""
 
     def __init__(
-        self, label: str, module: Any, scn: Scenario, clock: FakeClock, deliveries: list[Delivery]
+        self, label: str, module: Any, scn: Scenario, clock: FakeClock, deliveries: list[Delivery],
+        resolver: Resolver | None = None,
     ) -> None:
         self.label = label
         self.scn = scn
@@ -401,7 +412,7 @@ class Side:
         # One fake clock for both: the oracle stamps an entry without event_ts with the
         # clock's reading at its add (eff_ts).
         self.asm = cls("join", scn.parents(), scn.policy(), clock=clock, epoch=clock,
-                       core=module)
+                       core=module, resolver=resolver)
         assert type(self.asm._core).__module__ == module.__name__, "assembler ignored core="
         self.quorum = len(scn.sync) if scn.quorum is None else scn.quorum
         self.tol = None if scn.tolerance_ms is None else scn.tolerance_ms / 1000.0
@@ -440,7 +451,10 @@ class Side:
             assert isinstance(groups, list), f"flush returned {groups!r}"
         else:  # pragma: no cover
             raise AssertionError(op)
-        resolve_released(self.asm)
+        # Each handle let go is resolved (default resolver: the handle's own methods)
+        # before the call returns; none waits for a later one.
+        left = self.asm._core.released
+        assert not left, f"[{self.label}] {op!r} left {left} unresolved"
         return groups, self.log[start:]
 
     def observe(self) -> tuple:
@@ -667,10 +681,12 @@ class Side:
             assert not self.asm.has_pending_from(p), f"{where}: still pending from {p}"
 
 
-def run_differential(scn: Scenario) -> tuple[Side, Side]:
+def run_differential(scn: Scenario, resolver: Resolver | None = None) -> tuple[Side, Side]:
+    """Runs scn on both cores, their handles resolved by resolver (None: the default,
+    the handles' own methods)."""
     clock = FakeClock(scn.start)
     deliveries: list[Delivery] = []
-    sides = [Side(label, module, scn, clock, deliveries) for label, module in CORES]
+    sides = [Side(label, module, scn, clock, deliveries, resolver) for label, module in CORES]
     ops = list(scn.ops)
     if not ops or ops[-1][0] != "flush":
         ops.append(("flush", None))
@@ -752,6 +768,12 @@ def test_straggling_parents_under_partial_quorum_and_missing_wait_agree_across_c
 @given(scn=chaotic_streams())
 def test_small_alphabet_op_sequences_agree_across_cores_and_conserve_handles(scn):
     run_differential(scn)
+
+
+@settings(SETTINGS, max_examples=100)
+@given(scn=st.one_of(chaotic_streams(), time_streams(stragglers=True)))
+def test_a_custom_resolver_is_given_the_same_handles_and_reasons_in_the_same_order(scn):
+    run_differential(scn, resolver=log_resolution)
 
 
 def test_harness_flags_a_handle_emitted_and_then_discarded():

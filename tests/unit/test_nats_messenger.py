@@ -551,6 +551,54 @@ def test_a_burst_of_evicted_join_halves_is_logged_as_one_batch(flows) -> None:  
     assert flow.broker.dead_letters(FLOW) == []
 
 
+def test_what_a_join_lets_go_is_queued_inside_add_and_settled_after_the_batch(flows) -> None:  # type: ignore[no-untyped-def]
+    # The messenger's resolver only queues: no broker call is made from inside the
+    # assembler's add, and what the batch's adds let go of is settled after them.
+    flow = flows({"left": [], "right": [], "fuse": ["left", "right"], "sink": ["fuse"]})
+    left, right = flow.messenger("left"), flow.messenger("right")
+    fuse = flow.messenger("fuse", join_policy={"mode": "trace", "max_pending": 1,
+                                               "missing": "drop"})
+    join = fuse.join
+    assert join is not None
+    inside_add = [False]
+    queued: list[int] = []  # the join's queue after each add
+    calls: list[tuple[str, bool]] = []  # (backend or ledger call, made inside an add)
+    add = join.assembler.add
+
+    def watched_add(parent, entry, handle):  # type: ignore[no-untyped-def]
+        inside_add[0] = True
+        try:
+            add(parent, entry, handle)
+        finally:
+            inside_add[0] = False
+        queued.append(len(join._released))
+
+    join.assembler.add = watched_add
+    for target in (fuse.backend, fuse.runtime):
+        for name in dir(target):
+            method = getattr(target, name)
+            if name.startswith("_") or not inspect.ismethod(method):
+                continue
+
+            def watched(*args, __name=name, __method=method, **kwargs):  # type: ignore[no-untyped-def]
+                calls.append((__name, inside_add[0]))
+                return __method(*args, **kwargs)
+
+            setattr(target, name, watched)
+    for t in range(3):  # every half alone (two producers never share a trace id)
+        left.publish_message(f"left-{t}")
+        right.publish_message(f"right-{t}")
+    left.publish_stop_signal()
+    right.publish_stop_signal()
+    assert fuse.receive_message()["left"]["is_stop_signal"]
+    assert not [name for name, inside in calls if inside]  # nothing from inside an add
+    assert queued == [0, 1, 2, 3, 4, 5]  # each add's eviction queued, none settled yet
+    reasons = [e["reason"] for e in fuse.terminal_entries()]
+    assert reasons == ["join evicted"] * 5 + ["join flushed"]
+    assert fuse.take_drops()["join_evicted"] == 6
+    assert any(name.startswith("settle") for name, _ in calls)
+
+
 def test_pending_counts_what_waits_here_and_on_the_broker_and_status_reads_the_join(
     flows,  # type: ignore[no-untyped-def]
 ) -> None:

@@ -8,7 +8,8 @@ kernels trust their inputs: ``grouping.py`` validates the policy and parents
 before a core exists. Entries and handles are opaque objects in list slot tables,
 never called: what the core lets go of (a held delivery its redelivery superseded, the
 members of a group or the samples it discarded) goes on ``released`` as
-(handle, reason) pairs, for the messenger to settle with the broker.
+(handle, reason) pairs, and a call that leaves pairs there ends by handing the list to
+its owner's ``on_release`` (the reference states when).
 """
 
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
@@ -69,7 +70,7 @@ cdef class _Core:
     cdef double timeout
     cdef Py_ssize_t quorum, max_pending
     cdef bint missing_wait
-    cdef object clock, ready_factory
+    cdef object clock, ready_factory, on_release
     cdef readonly long long evictions
     # slot tables
     cdef Py_ssize_t g_cap, n_slots
@@ -83,7 +84,7 @@ cdef class _Core:
     cdef int64_t* m_seq
     cdef double* m_ts
     cdef list m_entry, m_handle
-    cdef public list released
+    cdef readonly list released
     cdef Py_ssize_t free_cap, n_free
     cdef int64_t* free
     cdef int64_t serial
@@ -119,7 +120,7 @@ cdef class _Core:
 
     cdef int _setup(self, list parent_names, double timeout_s, Py_ssize_t quorum,
                     Py_ssize_t max_pending, bint missing_wait, object clock,
-                    object ready_factory) except -1:
+                    object ready_factory, object on_release) except -1:
         cdef Py_ssize_t i
         self.names = list(parent_names)
         self.n = len(self.names)
@@ -130,6 +131,7 @@ cdef class _Core:
         self.missing_wait = missing_wait
         self.clock = clock
         self.ready_factory = ready_factory
+        self.on_release = on_release
         self.evictions = 0
         self.n_slots = 0
         self.n_free = 0
@@ -223,6 +225,16 @@ cdef class _Core:
         self.n_free += 1
         return handles
 
+    cdef int _hand_over(self) except -1:
+        """Ends a call that let something go (see the reference): the list is the
+        core's own for its life, emptied once the resolver returned."""
+        if self.on_release is not None:
+            try:
+                self.on_release(self.released)
+            finally:
+                del self.released[:]
+        return 0
+
     cdef inline bint _valid(self, SlotQueue q, Py_ssize_t k) noexcept:
         cdef int64_t slot = q.slot[k]
         return self.g_serial[slot] == q.serial[k] and self.g_state[slot] != FREE
@@ -315,8 +327,12 @@ cdef class _Core:
 
     # -- public ----------------------------------------------------------------
 
-    cpdef sweep(self, now=None):
-        cdef double t_now = self.clock() if now is None else now
+    def sweep(self, now=None):
+        self._sweep(self.clock() if now is None else now)
+        if self.released:
+            self._hand_over()
+
+    cdef int _sweep(self, double now) except -1:
         cdef Py_ssize_t slot
         if self.timeout >= 0:
             while self.dl_head < self.fifo.n:
@@ -325,7 +341,7 @@ cdef class _Core:
                         or self.g_state[slot] != ASSEMBLING or self.g_expired[slot]):
                     self.dl_head += 1
                     continue
-                if self.g_created[slot] + self.timeout > t_now:
+                if self.g_created[slot] + self.timeout > now:
                     break
                 self.dl_head += 1
                 if self.g_count[slot] >= self.quorum:
@@ -335,7 +351,8 @@ cdef class _Core:
                 else:
                     self._discard_group(slot, "expired")
         self._compact_fifo()
-        self._sweep_extra(t_now)
+        self._sweep_extra(now)
+        return 0
 
     cdef int _sweep_extra(self, double now) except -1:
         return 0
@@ -343,8 +360,11 @@ cdef class _Core:
     def pop(self, now=None):
         cdef double t_now = self.clock() if now is None else now
         self._promote(t_now)
-        self.sweep(t_now)
-        return self._drain_one()
+        self._sweep(t_now)
+        group = self._drain_one()
+        if self.released:
+            self._hand_over()
+        return group
 
     cdef object _drain_one(self):
         cdef Py_ssize_t k
@@ -359,8 +379,10 @@ cdef class _Core:
         return 0
 
     def flush(self, now=None):
-        cdef double t_now = self.clock() if now is None else now
-        return self._flush(t_now)
+        cdef list groups = self._flush(self.clock() if now is None else now)
+        if self.released:
+            self._hand_over()
+        return groups
 
     cdef list _flush(self, double now):
         cdef Py_ssize_t k, slot
@@ -460,9 +482,10 @@ cdef class TraceCore(_Core):
     cdef dict by_trace
 
     def __init__(self, list parent_names, double timeout_s, Py_ssize_t quorum,
-                 Py_ssize_t max_pending, bint missing_wait, object clock, object ready_factory):
+                 Py_ssize_t max_pending, bint missing_wait, object clock, object ready_factory,
+                 object on_release=None):
         self._setup(parent_names, timeout_s, quorum, max_pending, missing_wait, clock,
-                    ready_factory)
+                    ready_factory, on_release)
         self.by_trace = {}
 
     def add(self, parent_name, entry, handle):
@@ -479,6 +502,7 @@ cdef class TraceCore(_Core):
                     i = slot * self.n + p
                     if self.m_seq[i] == seq:
                         self._supersede(i, entry, handle)
+                        self._hand_over()
                         return
                 elif target < 0 and self.g_state[slot] == ASSEMBLING:
                     target = slot
@@ -492,6 +516,8 @@ cdef class TraceCore(_Core):
         ts = entry.event_ts
         # NaN marks "no event time": a trace group of such halves has event_ts None.
         self._join(target, p, NAN if ts is None else <double>ts, entry, handle, seq)
+        if self.released:  # evicted over capacity
+            self._hand_over()
 
     cdef int _forget(self, Py_ssize_t slot) except -1:
         cdef Py_ssize_t base = slot * self.n, p
@@ -579,10 +605,11 @@ cdef class TimeCore(_Core):
     def __init__(self, list parent_names, list collect_names, list windows_s,
                  double tolerance_s, double timeout_s, Py_ssize_t quorum,
                  Py_ssize_t max_pending, bint missing_wait, object clock,
-                 object ready_factory, object collect_factory, object epoch=None):
+                 object ready_factory, object collect_factory, object epoch=None,
+                 object on_release=None):
         cdef Py_ssize_t i, m
         self._setup(parent_names, timeout_s, quorum, max_pending, missing_wait, clock,
-                    ready_factory)
+                    ready_factory, on_release)
         self.epoch = time.time if epoch is None else epoch
         self.tol = tolerance_s
         self.order = SortedTimes()
@@ -720,14 +747,14 @@ cdef class TimeCore(_Core):
             self.late_head = 0
         return 0
 
-    cpdef sweep(self, now=None):
-        cdef double t_now = self.clock() if now is None else now
-        self.now_seen = t_now
-        self._expire_late(t_now)
-        self._resolve(t_now)
-        self._promote(t_now)  # a group just resolved may find its windows closed already
+    cdef int _sweep(self, double now) except -1:
+        self.now_seen = now
+        self._expire_late(now)
+        self._resolve(now)
+        self._promote(now)  # a group just resolved may find its windows closed already
         self._compact_fifo()
-        self._sweep_extra(t_now)
+        self._sweep_extra(now)
+        return 0
 
     def heard(self, parent_name, now=None):
         cdef double t_now = self.clock() if now is None else now
@@ -781,6 +808,8 @@ cdef class TimeCore(_Core):
             if co is None:
                 raise KeyError(parent_name)
             self._add_sample(co, entry, handle)
+            if self.released:
+                self._hand_over()
             return
         cdef Py_ssize_t p = po
         cdef double now = self.now_seen  # no clock call per message: see the reference
@@ -806,6 +835,7 @@ cdef class TimeCore(_Core):
                 m = slot * self.n + p
                 if self.m_seq[m] == seq and self.m_entry[m].trace_id == entry.trace_id:
                     self._supersede(m, entry, handle)
+                    self._hand_over()
                     return
             elif self.g_state[slot] == ASSEMBLING:
                 d = fabs(order.t[k] - ts)
@@ -835,6 +865,8 @@ cdef class TimeCore(_Core):
             head = waiting.s[waiting.lo]
             if not ((self.g_mask[head] >> p) & 1) and ts > self.g_time[head] + tol:
                 self._resolve(now)
+        if self.released:  # evicted over capacity, or given up by the watermark
+            self._hand_over()
 
     cdef int _complete(self, Py_ssize_t slot) except -1:
         if self.nc == 0:
@@ -958,8 +990,7 @@ cdef class TimeCore(_Core):
             self._settle()
         return 0
 
-    def flush(self, now=None):
-        cdef double t_now = self.clock() if now is None else now
+    cdef list _flush(self, double now):
         cdef double horizon = self.horizon
         cdef Py_ssize_t k
         # Complete groups still waiting on a window go first, windows closed as they stand.
@@ -971,7 +1002,7 @@ cdef class TimeCore(_Core):
         # groups that cover it are out.
         self.horizon = INFINITY
         try:
-            return self._flush(t_now)
+            return _Core._flush(self, now)
         finally:
             self.horizon = horizon
 

@@ -29,6 +29,7 @@ class TraceCore(_Core):
         missing_wait: bool,
         clock: Callable[[], float],
         ready_factory: Callable[..., Any],
+        on_release: Callable[[list[tuple[Any, str]]], object] | None = None,
     ) -> None: ...
 
 class TimeCore(_Core):
@@ -46,6 +47,7 @@ class TimeCore(_Core):
         ready_factory: Callable[..., Any],
         collect_factory: Callable[..., Any],
         epoch: Callable[[], float] | None = None,
+        on_release: Callable[[list[tuple[Any, str]]], object] | None = None,
     ) -> None: ...
     def heard(self, parent_name: str, now: float | None = None) -> None: ...
     def watermarks(self) -> dict[str, float | None]: ...

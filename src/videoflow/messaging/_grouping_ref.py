@@ -57,8 +57,12 @@ Rules (both cores):
   held entry and handle in place; the old handle is released as 'superseded'.
 - The core never calls a handle: whatever it lets go of is appended to
   ``released`` as (handle, reason), reason 'superseded' or the discard's
-  ('evicted', 'expired', 'late', 'flushed'), in the order it happened; the
-  messenger takes them and settles with the broker.
+  ('evicted', 'expired', 'late', 'flushed'), in the order it happened. A call
+  that leaves pairs there (add, sweep, pop, flush) ends by handing the list over,
+  ``on_release(pairs)``, once the core is at rest, never in the middle of its
+  work; ``released`` is then emptied (the assembler's resolver is its on_release,
+  and keeps what it needs by copying: the list is the core's for its life).
+  A core built without one keeps the pairs in ``released``.
 - Ready groups come out in the order they became ready.
 
 A time group with every sync parent present, or resolved with a quorum, waits for
@@ -229,6 +233,7 @@ class _Core:
         missing_wait: bool,
         clock: Callable[[], float],
         ready_factory: Callable[..., Any],
+        on_release: Callable[[list[tuple[Any, str]]], object] | None = None,
     ) -> None:
         self.names = list(parent_names)
         self.n = len(self.names)
@@ -239,6 +244,7 @@ class _Core:
         self.missing_wait = missing_wait
         self.clock = clock
         self.ready_factory = ready_factory
+        self.on_release = on_release
         self.evictions = 0
         # slot tables
         self.g_state: list[int] = []
@@ -308,6 +314,14 @@ class _Core:
         self.g_mask[slot] = 0
         self.free.append(slot)
         return handles
+
+    def _hand_over(self) -> None:
+        """Ends a call that let something go (module rules)."""
+        if self.on_release is not None:
+            try:
+                self.on_release(self.released)
+            finally:
+                self.released.clear()
 
     def _valid(self, item: tuple[int, int]) -> bool:
         return self.g_serial[item[0]] == item[1] and self.g_state[item[0]] != _FREE
@@ -394,8 +408,11 @@ class _Core:
     # -- public ----------------------------------------------------------------
 
     def sweep(self, now: float | None = None) -> None:
-        if now is None:
-            now = self.clock()
+        self._sweep(self.clock() if now is None else now)
+        if self.released:
+            self._hand_over()
+
+    def _sweep(self, now: float) -> None:
         if self.timeout >= 0:
             fifo = self.fifo
             while self.dl_head < len(fifo):
@@ -427,8 +444,11 @@ class _Core:
         if now is None:
             now = self.clock()
         self._promote(now)
-        self.sweep(now)
-        return self._drain_one(now)
+        self._sweep(now)
+        group = self._drain_one(now)
+        if self.released:
+            self._hand_over()
+        return group
 
     def _promote(self, now: float) -> None:
         """Moves groups whose last condition cleared into the ready queue."""
@@ -436,8 +456,12 @@ class _Core:
     def flush(self, now: float | None = None) -> list[Any]:
         """End of input: emits every group that holds a quorum, discards the rest
         ('flushed'), releases every buffered sample, and returns the groups in order."""
-        if now is None:
-            now = self.clock()
+        groups = self._flush(self.clock() if now is None else now)
+        if self.released:
+            self._hand_over()
+        return groups
+
+    def _flush(self, now: float) -> list[Any]:
         for item in self.fifo[min(self.dl_head, self.age_head):]:
             if not self._valid(item):
                 continue
@@ -560,6 +584,7 @@ class TraceCore(_Core):
                     i = slot * self.n + p
                     if self.m_seq[i] == seq:
                         self._supersede(i, entry, handle)
+                        self._hand_over()
                         return
                 elif target < 0 and self.g_state[slot] == _ASSEMBLING:
                     target = slot
@@ -573,6 +598,8 @@ class TraceCore(_Core):
         ts = entry.event_ts
         # NaN marks "no event time": a trace group of such halves has event_ts None.
         self._join(target, p, _NAN if ts is None else float(ts), entry, handle, seq)
+        if self.released:  # evicted over capacity
+            self._hand_over()
 
     def _forget(self, slot: int) -> None:
         base = slot * self.n
@@ -613,9 +640,11 @@ class TimeCore(_Core):
         ready_factory: Callable[..., Any],
         collect_factory: Callable[..., Any],
         epoch: Callable[[], float] | None = None,
+        on_release: Callable[[list[tuple[Any, str]]], object] | None = None,
     ) -> None:
         super().__init__(
-            parent_names, timeout_s, quorum, max_pending, missing_wait, clock, ready_factory
+            parent_names, timeout_s, quorum, max_pending, missing_wait, clock, ready_factory,
+            on_release,
         )
         self.epoch = time.time if epoch is None else epoch
         self.tol = tolerance_s
@@ -743,9 +772,7 @@ class TimeCore(_Core):
         for slot in due:  # decided first: a discard edits the index being walked
             self._give_up(slot, "late" if self.g_late[slot] else "expired")
 
-    def sweep(self, now: float | None = None) -> None:
-        if now is None:
-            now = self.clock()
+    def _sweep(self, now: float) -> None:
         self.now_seen = now
         self._expire_late(now)
         self._resolve(now)
@@ -792,6 +819,8 @@ class TimeCore(_Core):
             if c is None:
                 raise KeyError(parent_name)
             self._add_sample(c, entry, handle)
+            if self.released:
+                self._hand_over()
             return
         # No clock call per message (it cost a sixth of an add): an arrival is stamped
         # with the latest reading seen, taken afresh only when a group is seeded.
@@ -817,6 +846,7 @@ class TimeCore(_Core):
                 m = slot * self.n + p
                 if self.m_seq[m] == seq and self.m_entry[m].trace_id == entry.trace_id:
                     self._supersede(m, entry, handle)
+                    self._hand_over()
                     return
             elif self.g_state[slot] == _ASSEMBLING:
                 d = abs(order.t[k] - ts)
@@ -848,6 +878,8 @@ class TimeCore(_Core):
             head = waiting.s[waiting.lo]
             if not self.g_mask[head] >> p & 1 and ts > self.g_time[head] + tol:
                 self._resolve(now)
+        if self.released:  # evicted over capacity, or given up by the watermark
+            self._hand_over()
 
     def _complete(self, slot: int) -> None:
         if self.nc == 0:
@@ -956,7 +988,7 @@ class TimeCore(_Core):
         if self.nc:
             self._settle(now)
 
-    def flush(self, now: float | None = None) -> list[Any]:
+    def _flush(self, now: float) -> list[Any]:
         # Complete groups still waiting on a window go first, windows closed as they stand.
         for item in self.closing:
             if self._valid(item) and self.g_state[item[0]] == _CLOSING:
@@ -967,7 +999,7 @@ class TimeCore(_Core):
         # groups that cover it are out.
         self.horizon = _POS_INF
         try:
-            groups = super().flush(now)
+            groups = super()._flush(now)
         finally:
             self.horizon = horizon
         return groups

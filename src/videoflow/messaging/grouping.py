@@ -8,12 +8,17 @@ Two strategies, testable without a broker:
   tolerance of each other, regardless of lineage, with optional quorum emission
   and per-parent collect windows for high-rate sensors joined many-to-one.
 
-An assembler is fed decoded envelope entries paired with their broker ack handles,
-which it holds as opaque objects and never calls: it only does arithmetic. What it
-lets go of waits in ``released`` as (handle, reason) pairs (take_released): reason
-SUPERSEDED for a held delivery its redelivery replaced, else the discard's
-('evicted', 'expired', 'late' or 'flushed'); the messenger settles them with the
-broker. Handles of everything it emits travel out inside the ReadyGroup for the
+An assembler is fed decoded envelope entries paired with their broker ack handles.
+It owns the pending buffers and resolves the handles of anything it discards
+(evicted, expired, late, flushed) and supersedes (retired locally, no broker
+settlement), through the one resolver it is given: ``resolver(released)``, with
+the (handle, reason) pairs a call let go of, reason SUPERSEDED or the discard's. The
+default, resolve_handles, calls each handle's own ``supersede()`` or
+``discard(reason)`` (ResolvableHandle); the messenger's only queues them, and the
+messenger settles the queue after its receive batch. Handles are resolved at the end
+of the call that let them go (add, pop_ready, sweep, flush), in the order they were
+let go, never in the middle of the assembler's work.
+Handles of everything it emits travel out unresolved inside the ReadyGroup for the
 task loop to ack/fail after processing.
 
 The bookkeeping lives in a core with two implementations behind one interface:
@@ -24,6 +29,10 @@ eviction, redelivery, and when a collect sample's handle is released).
 required and its absence is an ImportError, never a silent slow fallback. The core
 holds entries and handles as opaque objects next to its numeric tables: a
 Python-side slot table would cost more per message than the whole compiled path.
+It never calls a handle, it only does arithmetic: what it lets go of goes on a list,
+and a call that left pairs there ends by handing the list to the resolver, so a call
+that lets nothing go costs no Python call for it, and one that does costs one call
+for all it let go (the messenger's resolver is a list's extend: no Python frame).
 
 Clocks: ``now`` arguments and the optional ``clock`` are monotonic seconds
 (``time.monotonic`` by default): they time the timeouts and the silence backstop
@@ -39,7 +48,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Protocol, cast
 
 import msgspec
 
@@ -68,7 +77,53 @@ _core: GroupingCoreModule = _load_core()
 CORE_KIND: str = _core.CORE_KIND
 """Which core this process loaded, 'compiled' or 'reference'."""
 SUPERSEDED: str = _core.SUPERSEDED
-"""The reason take_released gives a held delivery its redelivery replaced."""
+"""The reason a resolver is given for a held delivery its redelivery replaced."""
+
+Resolver = Callable[[list[tuple[Any, str]]], object]
+"""How an assembler resolves the handles it lets go of, called as
+``resolver(released)`` at the end of each add, pop_ready, sweep or flush that let any
+go, with the call's (handle, reason) pairs in the order they were let go, reason
+SUPERSEDED or the discard's ('evicted', 'expired', 'late' or 'flushed'). The list is
+the core's, emptied once the resolver returns: a resolver that keeps pairs copies
+them (list.extend does). It must not call back into the assembler; an exception it
+raises leaves that call, the assembler's state whole, the pairs handed over."""
+
+
+class ResolvableHandle(Protocol):
+    """The handle protocol of the default resolver, resolve_handles."""
+
+    def discard(self, reason: str) -> None:
+        """The assembler gave this input up: reason 'evicted', 'expired', 'late' or
+        'flushed'."""
+
+    def supersede(self) -> None:
+        """A redelivery of this input replaced it: retire it locally, with no broker
+        settlement (the redelivery holds the attempt)."""
+
+
+def resolve_handles(released: list[tuple[ResolvableHandle, str]]) -> None:
+    """The default resolver: for each pair in order, ``handle.supersede()`` for
+    SUPERSEDED, else ``handle.discard(reason)``.
+
+    Arguments:
+        released (list): (handle, reason) pairs, each handle a ResolvableHandle.
+
+    Raises:
+        Exception: the first a handle raised, once every handle was resolved: one
+            handle's failure leaves none of the others unresolved.
+    """
+    error: Exception | None = None
+    for handle, reason in released:
+        try:
+            if reason == SUPERSEDED:
+                handle.supersede()
+            else:
+                handle.discard(reason)
+        except Exception as exc:
+            error = error or exc
+    if error is not None:
+        raise error
+
 
 ENTRY_KEYS: frozenset[str] = frozenset({
     "message", "metadata", "event_ts", "is_stop_signal", "is_abort", "abort_origin",
@@ -238,6 +293,9 @@ class GroupAssembler:
             none (time mode), ``time.time`` by default.
         core (module): the core implementation, the process-wide one (CORE_KIND)
             by default; tests pass each in turn.
+        resolver (callable): resolves every handle the assembler discards or
+            supersedes (Resolver); resolve_handles, the handles' own methods, by
+            default.
 
     Raises:
         ValueError: when the policy does not fit the parents (see JoinPolicy.validate_for).
@@ -252,20 +310,19 @@ class GroupAssembler:
         clock: Callable[[], float] = time.monotonic,
         epoch: Callable[[], float] = time.time,
         core: GroupingCoreModule | None = None,
+        resolver: Resolver | None = None,
     ) -> None:
         self.node_name = node_name
         self.parent_names = list(parent_names)
         self.policy = policy
         self.clock, self.epoch = clock, epoch
+        self._resolver: Resolver = resolve_handles if resolver is None else resolver
         self.sync_parents = policy.validate_for(self.parent_names)
         quorum = len(self.sync_parents) if policy.quorum is None else policy.quorum
         self._core = self._make_core(_core if core is None else core, quorum)
-        self.released: list[tuple[Any, str]] = self._core.released
-        """The core's own list of what it let go of, (handle, reason) in order; one
-        object for the assembler's life, so a caller keeps it and tests it for a cost
-        of nothing. take_released empties it."""
         # The per-message calls go straight to the core: a Python frame in between
-        # would cost about as much as the compiled work itself.
+        # would cost about as much as the compiled work itself. The core calls the
+        # resolver only when a call let something go.
         self.add = self._core.add  # type: ignore[method-assign]
         self.pop_ready = self._core.pop  # type: ignore[method-assign]
 
@@ -277,7 +334,9 @@ class GroupAssembler:
         return -1.0 if timeout is None else timeout / 1000.0
 
     def add(self, parent_name: str, entry: EnvelopeEntry, handle: Any) -> None:
-        """Feeds one entry and its ack handle.
+        """Feeds one entry and its ack handle; what the add lets go of (a held
+        delivery this one supersedes, groups evicted over max_pending or given up by
+        the watermark it moved) is resolved before it returns.
 
         Raises:
             KeyError: if parent_name is not a parent of this node.
@@ -285,14 +344,6 @@ class GroupAssembler:
             OverflowError: for a sync parent's seq outside the signed 64-bit range.
         """
         self._core.add(parent_name, entry, handle)
-
-    def take_released(self) -> list[tuple[Any, str]]:
-        """What the core let go of since the last take, in order: (handle, reason)
-        pairs, reason SUPERSEDED or the discard's; released is left empty. On a hot
-        path, test ``released`` first: it is empty almost always."""
-        taken = list(self.released)
-        self.released.clear()
-        return taken
 
     @property
     def evictions(self) -> int:
@@ -397,6 +448,7 @@ class TraceGroupAssembler(GroupAssembler):
             self.policy.missing == "wait",
             self.clock,
             ReadyGroup,
+            self._resolver,
         )
 
 
@@ -457,14 +509,17 @@ class TimeGroupAssembler(GroupAssembler):
             ReadyGroup,
             CollectEntry,
             self.epoch,
+            self._resolver,
         )
 
 
 def make_assembler(node_name: str, parent_names: list[str], policy: JoinPolicy, *,
                    clock: Callable[[], float] = time.monotonic,
-                   epoch: Callable[[], float] = time.time) -> GroupAssembler:
+                   epoch: Callable[[], float] = time.time,
+                   resolver: Resolver | None = None) -> GroupAssembler:
     """Returns the assembler the policy's mode asks for ('trace' or 'time'), on clock
     (monotonic seconds, for timeouts and the silence backstop) and epoch (the event
-    time of a message without one)."""
+    time of a message without one), resolving what it lets go of through resolver
+    (resolve_handles by default)."""
     kind = TimeGroupAssembler if policy.mode == "time" else TraceGroupAssembler
-    return kind(node_name, parent_names, policy, clock=clock, epoch=epoch)
+    return kind(node_name, parent_names, policy, clock=clock, epoch=epoch, resolver=resolver)

@@ -12,7 +12,9 @@ class GroupingCore(Protocol):
     """One assembler's bookkeeping: entries and handles held opaquely beside sorted
     numeric tables; groups come out as ReadyGroup objects. The core never calls a
     handle: what it lets go of is appended to released as (handle, reason), reason
-    SUPERSEDED or the discard's ('evicted', 'expired', 'late', 'flushed')."""
+    SUPERSEDED or the discard's ('evicted', 'expired', 'late', 'flushed'), and a call
+    that leaves pairs there (add, sweep, pop, flush) ends by handing that list to the
+    on_release it was built with, then emptying it (without one they stay)."""
 
     evictions: int
     released: list[tuple[Any, str]]
@@ -46,6 +48,7 @@ class GroupingCoreModule(Protocol):
     def TraceCore(  # noqa: N802 - the modules' class, called as a factory
         self, parent_names: list[str], timeout_s: float, quorum: int, max_pending: int,
         missing_wait: bool, clock: Callable[[], float], ready_factory: Callable[..., Any],
+        on_release: Callable[[list[tuple[Any, str]]], object] | None = None,
     ) -> GroupingCore: ...
 
     def TimeCore(  # noqa: N802
@@ -53,6 +56,7 @@ class GroupingCoreModule(Protocol):
         tolerance_s: float, timeout_s: float, quorum: int, max_pending: int,
         missing_wait: bool, clock: Callable[[], float], ready_factory: Callable[..., Any],
         collect_factory: Callable[..., Any], epoch: Callable[[], float] | None = None,
+        on_release: Callable[[list[tuple[Any, str]]], object] | None = None,
     ) -> TimeGroupingCore: ...
 
 

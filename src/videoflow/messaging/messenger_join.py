@@ -1,9 +1,10 @@
 """A join node's assembly as the NATS messenger runs it (the messenger's part).
 
 Join holds the node's assembler (videoflow.messaging.grouping), which only does
-arithmetic, and does with the broker what the assembler lets go of: a held delivery
-its redelivery superseded is retired with no settlement (the redelivery holds the
-attempt); a collect sample no group took is done; any other discard is a drop,
+arithmetic, and does with the broker what the assembler lets go of. The assembler's
+resolver only queues; settle_released, after a receive batch or a call, settles: a held
+delivery its redelivery superseded is retired with no settlement (the redelivery holds
+the attempt); a collect sample no group took is done; any other discard is a drop,
 dead-lettered or terminated as the join policy's ``missing`` says. It also tells a
 time join's silence backstop which parents still have input waiting, or a producer
 waiting for payload room (heard), holds back the parents that run ahead in event time
@@ -87,10 +88,15 @@ class Join:
                  budget_waiting: Callable[[], frozenset[str]] | None = None,
                  payload_shares: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
                  ) -> None:
+        # What the assembler let go of, queued for settle_released. The resolver only
+        # queues (a list's own extend: no Python frame), so no broker call (a
+        # supersede, a dead letter) happens inside an assembler call, and what a
+        # receive batch's adds let go of is settled together after the batch.
+        self._released: list[tuple[Held, str]] = []
         # On the messenger's clocks: the backstops on the monotonic one the caller
         # chose, a missing event time on its epoch clock.
         self.assembler = make_assembler(node_name, parent_names, policy, clock=clock,
-                                        epoch=epoch)
+                                        epoch=epoch, resolver=self._released.extend)
         self.backend, self.deliveries, self.data_subs = backend, deliveries, data_subs
         self.clock = clock
         self.missing = policy.missing
@@ -238,9 +244,12 @@ class Join:
         """Settle what the assembler let go of (it only does arithmetic): a delivery
         its redelivery superseded is retired here, with no broker settlement (the
         redelivery holds the attempt); a discarded one as the join's rules say."""
-        if not self.assembler.released:
+        released = self._released
+        if not released:
             return
-        for handle, reason in self.assembler.take_released():
+        taken = released.copy()
+        released.clear()  # the same list: the resolver is bound to it
+        for handle, reason in taken:
             if reason == SUPERSEDED:
                 self.deliveries.let_go(handle.delivery)
                 self.backend.supersede(handle.delivery.token)
