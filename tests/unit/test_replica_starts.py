@@ -122,13 +122,14 @@ def test_a_forked_replica_takes_the_engines_environment_and_stdout_of_its_start(
 
 def test_a_replica_whose_engine_switched_the_core_since_the_server_imported_it_fails(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the replica checks once it adopted the engine's environment: this process's
+    # (monkeypatch restores it; adopting in a test process would leak the switch into
+    # every later run of this worker).
     from videoflow import native
 
     inherited = ReplicaInheritance.of_this_process(stdio=False)
     inherited.check_imports()  # agrees: nothing changed
-    flipped = "0" if native.PURE_PYTHON else "1"
-    monkeypatch.setitem(inherited.environment, native.PURE_PYTHON_ENV, flipped)
-    inherited.adopt()
+    monkeypatch.setenv(native.PURE_PYTHON_ENV, "0" if native.PURE_PYTHON else "1")
     with pytest.raises(StartMethodError, match=f"{native.PURE_PYTHON_ENV} changed .* "
                                                f"{START_METHOD_ENV}=spawn"):
         inherited.check_imports()
