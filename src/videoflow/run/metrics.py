@@ -47,9 +47,13 @@ named; the broker's counts by flow, node, parent and durable instead):
 from __future__ import annotations
 
 import os
+import socket
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from socketserver import ThreadingMixIn
 from typing import Any, Final
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from videoflow.core.histogram import Histogram
 
@@ -344,7 +348,7 @@ class MetricsServer:
 
     def __init__(self, collector: SnapshotCollector, port: int, host: str | None = None) -> None:
         try:
-            from prometheus_client import CollectorRegistry, start_http_server
+            from prometheus_client import CollectorRegistry, make_wsgi_app
         except ImportError as error:
             raise MetricsUnavailable("serving metrics needs prometheus-client: "
                                      "pip install prometheus-client") from error
@@ -352,18 +356,54 @@ class MetricsServer:
         registry.register(collector)
         address = host or os.environ.get(METRICS_HOST_ENV) or "127.0.0.1"
         try:
-            self._server, self._thread = start_http_server(check_port(port), address,
-                                                           registry)
+            self._server = _scrape_server(address, check_port(port))
         except OSError as error:
             raise MetricsUnavailable(f"cannot serve metrics on {address}:{port}: "
                                      f"{error.strerror or error}") from error
+        self._server.set_app(make_wsgi_app(registry))
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        name="videoflow-metrics", daemon=True)
+        self._thread.start()
         self.port: int = self._server.server_port
         self.url = f"http://{address}:{self.port}/metrics"
 
     def close(self) -> None:
+        """Stop serving; a scrape under way gets its whole answer first (at most
+        SCRAPE_TIMEOUT_SECONDS per read or write of a stalled client)."""
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5.0)
+
+
+SCRAPE_TIMEOUT_SECONDS: Final = 5.0
+"""How long the /metrics server waits on one read or write of a scraper."""
+
+
+class _ScrapeServer(ThreadingMixIn, WSGIServer):
+    # prometheus-client's own server answers on daemon threads, which a process ending
+    # cuts off mid-answer (a scraper then reads half the headers): here server_close
+    # joins the scrapes under way (Python >= 3.10 drops the finished threads as it goes).
+    daemon_threads = False
+    block_on_close = True
+
+
+class _ScrapeServer6(_ScrapeServer):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    timeout = SCRAPE_TIMEOUT_SECONDS  # a stalled client holds close() this long at most
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's)
+        pass  # a scrape is not news
+
+
+def _scrape_server(address: str, port: int) -> _ScrapeServer:
+    """A threaded WSGI server bound to address:port, of the address's family."""
+    family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM,
+                                flags=socket.AI_PASSIVE)[0][0]
+    kind = _ScrapeServer6 if family == socket.AF_INET6 else _ScrapeServer
+    return kind((address, port), _QuietHandler)
 
 
 __all__ = ["METRICS_HOST_ENV", "METRICS_PORT_ENV", "MetricsServer", "MetricsUnavailable",
