@@ -24,6 +24,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from reference_text import split_params
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = REPO_ROOT.parent / "shared" / "spec" / "messaging-api-reference.txt"
@@ -56,20 +57,6 @@ class Entry:
     value: str | None  # what "= ..." shows, for data and attributes
     line: str
     described: bool = False  # the reference gives it text of its own
-
-
-def split_params(text: str) -> tuple[str, ...]:
-    """Top-level comma split, so Callable[[Delivery], bool] stays one parameter."""
-    parts, depth, current = [], 0, ""
-    for char in text:
-        depth += char in "[({"
-        depth -= char in "])}"
-        if char == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += char
-    return tuple(p.strip() for p in [*parts, current] if p.strip())
 
 
 def parse_reference(text: str) -> list[Entry]:

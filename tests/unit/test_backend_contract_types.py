@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from reference_text import split_params
 
 from videoflow.backends.messaging import (
     DURABLE_CONTROL,
@@ -395,20 +396,6 @@ def test_backend_members_all_carry_a_promise() -> None:
         assert doc and doc.strip(), name
 
 
-def _split_params(text: str) -> list[str]:
-    """Top-level comma split, so Callable[[Delivery], bool] stays one parameter."""
-    parts, depth, current = [], 0, ""
-    for char in text:
-        depth += char in "[("
-        depth -= char in "])"
-        if char == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += char
-    return [p.strip() for p in parts + [current] if p.strip()]
-
-
 def _reference_signatures() -> dict[str, list[tuple[str, str | None]] | None]:
     """name -> [(parameter, default text or None)], or None for a property."""
     text = REFERENCE.read_text(encoding="utf-8")
@@ -420,7 +407,7 @@ def _reference_signatures() -> dict[str, list[tuple[str, str | None]] | None]:
             found[match.group(1)] = None
         elif match := re.match(r"^(\w+)\((.*)\) \u2192 ", line):
             params = []
-            for param in _split_params(match.group(2)):
+            for param in split_params(match.group(2)):
                 head, _, default = param.partition(" = ")
                 params.append((head.split(":")[0].strip(), default or None))
             found[match.group(1)] = params
