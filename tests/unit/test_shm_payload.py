@@ -10,7 +10,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from videoflow.backends.shm_payload import (
     shm_root,
     sweep_expired,
 )
+from videoflow.backends.shm_shares import Freed
 from videoflow.errors import PayloadMissing, UnobservableState
 from videoflow.wire.offload import GatheredMessage, decode_message, encode_message, gather_message
 
@@ -41,8 +42,8 @@ def recorded_count_downs(store: SharedMemoryPayloadStore) -> list[int]:
     count_downs: list[int] = []
     count_down = store._count_down
 
-    def counted(freed: Mapping[Any, int]) -> None:
-        count_downs.append(sum(freed.values()))
+    def counted(freed: Sequence[Freed]) -> None:
+        count_downs.append(sum(f.size for f in freed))
         count_down(freed)
 
     store._count_down = counted  # type: ignore[method-assign]

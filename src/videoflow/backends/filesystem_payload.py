@@ -76,8 +76,9 @@ class FilesystemPayloadStore(PayloadStore):
         return record
 
     def _forgotten(self, ref: str, record: PayloadRecord) -> None:
-        """ref's record was deleted (under its lock), its name not yet dropped: a
-        budgeted store notes what the bytes hold, to free it with their last name."""
+        """ref's record is about to be deleted (under its lock), its name to be dropped
+        after: a budgeted store notes what the bytes hold, to free it with their last
+        name."""
 
     @contextlib.contextmanager
     def _locked(self, stripe: str = "") -> Iterator[None]:
@@ -102,12 +103,12 @@ class FilesystemPayloadStore(PayloadStore):
             if not write:
                 return result, False
             if new is None:
+                if old is not None:
+                    self._forgotten(ref, old)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self._record_path(ref))
                 if self.durable:
                     _fsync_directory(self._records)
-                if old is not None:
-                    self._forgotten(ref, old)
                 return result, True
             if old is None:
                 new = self._created(new)

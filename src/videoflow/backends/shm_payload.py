@@ -50,7 +50,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final, cast
 
@@ -63,6 +63,7 @@ from videoflow.backends.payload import (
 )
 from videoflow.backends.shm_shares import (
     Fit,
+    Freed,
     Writer,
     WriterEntry,
     WriterShares,
@@ -195,12 +196,11 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
                                     else _read_float(wait_file, BUDGET_WAIT_SECONDS))
         self.budget_waits = 0
         self._shares = WriterShares(str(self.directory), self.writer, self._count_bytes)
-        self._freeing = threading.local()  # per writer, what a release_many has freed
+        self._freeing = threading.local()  # what a release_many has freed
         self._passing = threading.local()  # put_from: the writer its new ref is charged to
-        # The size and writer of each ref whose record this process deleted and whose
-        # name it has not dropped yet: counted free only if that name turns out the
-        # bytes' last.
-        self._unnamed: dict[str, tuple[int, Writer | None]] = {}
+        # What each ref whose record this process deleted and whose name it has not
+        # dropped yet holds: counted free only if that name turns out the bytes' last.
+        self._unnamed: dict[str, Freed] = {}
         self._spares = SpareFiles(str(self.directory / "spares"))
 
     # --- the budget and its shares (videoflow.backends.shm_shares) -----------------
@@ -336,8 +336,9 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
         return fit, spare
 
     def _unadmit(self, size: int) -> None:
+        since = time.monotonic()  # before the reservation leaves what a recount sees
         self._shares.flying(-size)
-        self._count_down({self.writer: size})
+        self._count_down([Freed(self.writer, size, since)])
 
     def _created(self, record: PayloadRecord) -> PayloadRecord:
         # Charged to this instance's writer, or for a pass-through's second name to
@@ -369,17 +370,18 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
             del self._passing.writer
 
     def _forgotten(self, ref: str, record: PayloadRecord) -> None:
-        self._unnamed[ref] = (record.size, record.writer)
+        # Timed before the record goes: a recount that ends after may not see it.
+        self._unnamed[ref] = Freed(record.writer, record.size, time.monotonic())
 
-    def _freed(self, size: int, writer: Writer | None) -> None:
-        """The last name of bytes of size charged to writer went: count them free."""
-        freed = getattr(self._freeing, "writers", None)
-        if freed is not None:  # inside release_many: counted down once, at its end
-            freed[writer] = freed.get(writer, 0) + size
+    def _freed(self, freed: Freed) -> None:
+        """The last name of bytes went: count them free."""
+        batch = getattr(self._freeing, "batch", None)
+        if batch is not None:  # inside release_many: counted down once, at its end
+            batch.append(freed)
             return
-        self._count_down({writer: size})
+        self._count_down([freed])
 
-    def _count_down(self, freed: Mapping[Writer | None, int]) -> None:
+    def _count_down(self, freed: Sequence[Freed]) -> None:
         """Count bytes free against the writers they were charged to, under one
         acquisition of the folder's lock."""
         with self._locked():
@@ -394,11 +396,11 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
         each of a group's frames queued on that lock behind eight cameras' puts, 60%
         of its wall time on a loaded host. A crash before the count goes down leaves
         it high, which the budget's recount corrects."""
-        self._freeing.writers = {}
+        self._freeing.batch = []
         try:
             return [self.release(ref, obligation_id) for ref in refs]
         finally:
-            freed, self._freeing.writers = self._freeing.writers, None
+            freed, self._freeing.batch = self._freeing.batch, None
             if freed:
                 self._count_down(freed)
 
@@ -504,7 +506,7 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
         if not self._spares.keep(path):
             super()._drop_blob(ref)
         if unnamed is not None:  # not for a name without a record (a crash's leftover)
-            self._freed(*unnamed)
+            self._freed(unnamed)
 
     # --- reading: zero-copy --------------------------------------------------------
 

@@ -41,6 +41,15 @@ counts it can know, its own writer's and the dead writers', since another live
 writer's reservations not yet written are in no file. Bytes without a writer's record
 count in the total and belong to no writer.
 
+A release frees bytes in three steps: its record goes, then its file, then (under the
+folder's lock, once for a whole group) the count. A recount that runs in between no
+longer finds the bytes, and the count-down would take them off a second time: the
+writer could then hold a payload more than its share, and the store one more than its
+budget. So a recount notes, per writer it corrects, when it ended, and a release
+counts down only where no recount ended after its record began to go; one that did
+may have seen the bytes or not, and leaves the count high until the next recount
+(never low).
+
 A writer is alive while its process holds the exclusive flock it took on its own file
 under ``writers/`` at its first put: the kernel lets the lock go when the process
 dies, so another process that gets it (and gives it back at once) knows the writer is
@@ -66,7 +75,7 @@ from typing import Final, NamedTuple
 
 import msgspec
 
-__all__ = ["FLOORS_SHARE", "REFRESH_SECONDS", "Fit", "TableFile", "Writer", "WriterEntry",
+__all__ = ["FLOORS_SHARE", "REFRESH_SECONDS", "Fit", "Freed", "TableFile", "Writer", "WriterEntry",
            "WriterLiveness", "WriterShares", "WriterState", "WriterTable", "anonymous_writer",
            "checked_writer", "floors", "writer_states"]
 
@@ -102,6 +111,7 @@ class WriterEntry(msgspec.Struct, array_like=True, gc=False):
         wait_began: the monotonic time its current wait for room began; None when
             it is not waiting.
         waited: the seconds its waits that ended (admitted or failed) lasted in all.
+        recounted: the monotonic time the last recount of its count ended (0: none).
     """
 
     node: str
@@ -112,6 +122,7 @@ class WriterEntry(msgspec.Struct, array_like=True, gc=False):
     pid: int = 0
     wait_began: float | None = None
     waited: float = 0.0
+    recounted: float = 0.0
 
     @property
     def writer(self) -> Writer:
@@ -133,11 +144,14 @@ class WriterTable(msgspec.Struct, array_like=True, gc=False):
         largest: the largest payload admitted so far: a dormant writer's floor.
         unattributed: bytes held that belong to no writer in the table (found by a
             recount without a readable record, or freed for a writer no longer in it).
+        unattributed_recounted: the monotonic time the last recount of the
+            unattributed bytes ended (0: none).
     """
 
     writers: list[WriterEntry] = msgspec.field(default_factory=list)
     largest: int = 0
     unattributed: int = 0
+    unattributed_recounted: float = 0.0
 
     def entry(self, writer: Writer) -> WriterEntry | None:
         """writer's entry, None when it has none."""
@@ -212,19 +226,22 @@ class WriterTable(msgspec.Struct, array_like=True, gc=False):
         else:
             entry.declared = True
 
-    def count_down(self, freed: Mapping[Writer | None, int]) -> None:
+    def count_down(self, freed: Iterable[Freed]) -> None:
         """Take freed bytes off the writers they were charged to (None, or a writer no
-        longer in the table: off the unattributed bytes). Never below 0: a count a
-        recount corrected downward meanwhile must not go negative."""
-        for writer, size in freed.items():
+        longer in the table: off the unattributed bytes), except where a recount of
+        that count ended after their release began: it counted them already, or not at
+        all, so they stay counted until the next recount rather than count free twice.
+        Never below 0."""
+        for writer, size, since in freed:
             entry = None if writer is None else self.entry(writer)
             if entry is None:
-                self.unattributed = max(0, self.unattributed - size)
-            else:
+                if since > self.unattributed_recounted:
+                    self.unattributed = max(0, self.unattributed - size)
+            elif since > entry.recounted:
                 entry.held = max(0, entry.held - size)
 
     def recounted(self, counts: Mapping[Writer | None, int],
-                  exact: Mapping[Writer, int]) -> None:
+                  exact: Mapping[Writer, int], now: float) -> None:
         """Correct the counts a recount can know: what it found charged to each writer
         of exact, plus the bytes that writer has reserved and not written yet; and the
         bytes of no writer in the table (None, or gone from it), unattributed.
@@ -238,14 +255,15 @@ class WriterTable(msgspec.Struct, array_like=True, gc=False):
             counts: per writer, the bytes of the payload files its records name.
             exact: the writers to correct (the recounting process's own, the dead),
                 each with its bytes in flight.
+            now: the monotonic time the files were counted by (taken after).
         """
         left = dict(counts)
         for entry in self.writers:
             found = left.pop(entry.writer, 0)
             in_flight = exact.get(entry.writer)
             if in_flight is not None:
-                entry.held = found + in_flight
-        self.unattributed = sum(left.values())
+                entry.held, entry.recounted = found + in_flight, now
+        self.unattributed, self.unattributed_recounted = sum(left.values()), now
 
     def forget_dead(self, dead: Iterable[Writer]) -> bool:
         """Apply what a liveness probe found: a dead writer is waiting no more; once it
@@ -271,6 +289,21 @@ class WriterTable(msgspec.Struct, array_like=True, gc=False):
             else:
                 self.writers.remove(entry)
         return changed
+
+
+class Freed(NamedTuple):
+    """Bytes a release (or a failed put's reservation) frees, to count down.
+
+    Attributes:
+        writer: the writer they were charged to (None: no writer).
+        size: how many.
+        since: the monotonic time their release began, taken before their record
+            went (WriterTable.count_down).
+    """
+
+    writer: Writer | None
+    size: int
+    since: float
 
 
 class Fit(NamedTuple):
@@ -527,7 +560,8 @@ class WriterShares:
         table = self.file.load()
         if table is None:
             table = WriterTable()
-            table.recounted(self._count_bytes(), {})
+            counts = self._count_bytes()
+            table.recounted(counts, {}, time.monotonic())
         return table
 
     def store(self, table: WriterTable) -> None:
@@ -578,7 +612,8 @@ class WriterShares:
         # twice (too high, for a moment), never not at all.
         with self._in_flight_lock:
             exact = {writer: 0 for writer in dead} | {self.writer: self._in_flight}
-        table.recounted(self._count_bytes(), exact)
+        counts = self._count_bytes()
+        table.recounted(counts, exact, time.monotonic())
         return True
 
     def probe(self, table: WriterTable) -> dict[Writer, bool]:
