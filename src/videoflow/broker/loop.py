@@ -52,6 +52,13 @@ one that then stops, twice this (the keeper's backstop). On the producer bench (
 outputs) 0.5 ms gave 8,700-11,800 msg/s and 2 ms 14,400-14,900; a sender slower than
 one message per COALESCE_SECONDS has each sent at once."""
 
+BURST_GAP_SECONDS: Final = 0.0004
+"""A caller that hands work over and comes back sooner than this on average (above
+2,500 times a second) is in a burst, and its work is coalesced (COALESCE_SECONDS); one
+that comes back later has it sent at once (Pacing). Coalesced, a source paced at 1,000
+small messages a second had each wait for the next one's turn: its hop's p50 was
+1.8-2.2 ms against 0.8-1.1 ms for the hop after it."""
+
 READ_CHUNK_BYTES: Final = 64 * 1024
 """The most one read of the connection's socket takes. asyncio reads up to 256 KiB at a
 time into a fresh bytes object, which glibc maps with mmap (above its 128 KiB
@@ -63,6 +70,39 @@ A large message takes a few more reads."""
 _TURN_PASSES: Final = 8
 """At most this many loop passes in one turn: handing work over takes a few (the
 drain, the task it starts, nats-py's flusher), and a turn never blocks."""
+
+
+class Pacing:
+    """Whether a caller that hands work over between stretches of its own (a producer
+    between next() calls) is in a burst: away from the loop for less than
+    BURST_GAP_SECONDS between two calls, on a moving average of about the last eight,
+    each stretch counted up to 4 * BURST_GAP_SECONDS (back from a long pause, a fast
+    caller is in a burst again within a dozen calls; one stretch held up by a full
+    window of publications leaves it in one).
+
+    Its stretches are timed from the end of one turn to the start of the next, the
+    turns left out: counted in, a fast producer whose turns went out at once was slowed
+    by them past the gap, and then turned at once for good (twice its CPU per message).
+    """
+
+    def __init__(self) -> None:
+        self._left_at: float | None = None  # monotonic: the caller's last turn ended
+        self._away = 4 * BURST_GAP_SECONDS
+
+    def back(self, now: float) -> bool:
+        """The caller is back at now (monotonic).
+
+        Returns:
+            whether it is in a burst.
+        """
+        if self._left_at is not None:
+            stretch = min(now - self._left_at, 4 * BURST_GAP_SECONDS)
+            self._away += (stretch - self._away) / 8
+        return self._away < BURST_GAP_SECONDS
+
+    def left(self, now: float) -> None:
+        """The caller's turn ended at now (monotonic): it is away from here on."""
+        self._left_at = now
 
 
 class LoopRunner:
@@ -585,6 +625,7 @@ async def close_client(client: Client, timeout: float = CLOSE_TIMEOUT_SECONDS) -
 
 
 __all__ = [
+    "BURST_GAP_SECONDS",
     "CLOSE_TIMEOUT_SECONDS",
     "COALESCE_SECONDS",
     "KEEP_SECONDS",
@@ -593,6 +634,7 @@ __all__ = [
     "Handoff",
     "LoopWake",
     "LoopRunner",
+    "Pacing",
     "bound_reads",
     "close_client",
     "connect_fail_fast",

@@ -24,7 +24,7 @@ from videoflow.backends.messaging import (
     SubscriptionId,
     Unknown,
 )
-from videoflow.broker.loop import COALESCE_SECONDS
+from videoflow.broker.loop import COALESCE_SECONDS, Pacing
 
 
 class Receiver:
@@ -57,6 +57,7 @@ class Receiver:
         self._arrivals = threading.Condition(threading.Lock())
         self._arrived = 0
         self._ring_scheduled = False
+        self._pacing = Pacing()  # of the callers of catch_up
 
     def budget_admits(self) -> bool:
         """Whether the byte budget has room (every pull loop's gate, on the loop)."""
@@ -122,10 +123,16 @@ class Receiver:
     def catch_up(self, at_once: bool = False) -> None:
         """Run what the loop has ready on the caller's thread, without blocking
         (LoopRunner.turn): handed-over publications and settlements go out, at most
-        one write per COALESCE_SECONDS for a fast caller unless at_once."""
+        one write per COALESCE_SECONDS for a caller in a burst (Pacing) unless
+        at_once; a paced caller's go out at once."""
         runner = self.connection.runner
-        if runner.running:
-            runner.turn(0.0 if at_once else COALESCE_SECONDS)
+        if not runner.running:
+            return
+        burst = self._pacing.back(time.monotonic())
+        try:
+            runner.turn(COALESCE_SECONDS if burst and not at_once else 0.0)
+        finally:
+            self._pacing.left(time.monotonic())
 
     def ring(self) -> None:
         """On the loop: a binding parked a delivery (each binding's on_parked)."""
