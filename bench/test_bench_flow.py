@@ -48,6 +48,10 @@ so neither runs above half its own maximum (VF_BENCH_FLOW_RATE, default 300 msg/
 that case did not run). Each message carries its send time (time.time()); the sink
 keeps receive time minus send time. The figure is the p50 per hop (over 2 hops).
 
+``flow_latency_1khz``: the same, BATCH and REALTIME, paced at a fixed 1,000 msg/s (an
+IMU's rate; issue 43): p50 and p99 per hop, and for REALTIME how many of the n
+messages the sink received (a node that keeps up with its input should get them all).
+
 ``flow_observability``: the linear BATCH flow, videoflow only, watched against not:
 "on" serves metrics (run_flow's metrics_port), scraped every half second (by the
 test's process, as Prometheus would be a process of its own), and traces
@@ -170,6 +174,7 @@ KEPT_PACE = 0.95  # a paced side whose sink rate is under this share of it fell 
 PEER_SECONDS = 240.0  # bound of one peer round's processes
 PAIR_READY_SECONDS = 120.0  # two flows starting at once, their producers ready
 LATENCY_SECONDS = {True: 1.0, False: 4.0}  # paced run length, timing off / on
+PACED_1KHZ = 1000.0  # flow_latency_1khz's offered rate, msg/s
 # REALTIME runs REALTIME_FACTOR x N (a REALTIME stream has no backlog bound): its
 # producers are not paced, and N alone would end them within a second.
 REALTIME_FACTOR = 4
@@ -215,6 +220,11 @@ def rate_of(stats: dict[str, Any]) -> float | None:
 
 def p50_ms(latencies: list[float]) -> float:
     return statistics.median(latencies) * 1e3
+
+
+def p99_ms(latencies: list[float]) -> float:
+    ordered = sorted(latencies)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3
 
 
 def cpu_us_per_message(out: Path, stages: list[str], n: int) -> float | None:
@@ -406,7 +416,9 @@ def videoflow_linear(url: str, out: Path, n: int, flow_type: str, *, processor: 
     figures["cpu_us_per_msg"] = cpu_us_per_message(
         out, ["numbers", "transform", "sink"] if processor else ["numbers", "sink"], n)
     if latency:
-        figures["p50_ms_per_hop"] = p50_ms(got["latencies"]) / (HOPS if processor else 1)
+        hops = HOPS if processor else 1
+        figures["p50_ms_per_hop"] = p50_ms(got["latencies"]) / hops
+        figures["p99_ms_per_hop"] = p99_ms(got["latencies"]) / hops
         figures["paced_rate"] = rate
     return figures
 
@@ -573,7 +585,9 @@ def peer_linear(url: str, out: Path, n: int, flow_type: str, *, processor: bool 
     figures["cpu_us_per_msg"] = cpu_us_per_message(
         out, ["producer", "processor", "sink"] if processor else ["producer", "sink"], n)
     if latency:
-        figures["p50_ms_per_hop"] = p50_ms(got["latencies"]) / (HOPS if processor else 1)
+        hops = HOPS if processor else 1
+        figures["p50_ms_per_hop"] = p50_ms(got["latencies"]) / hops
+        figures["p99_ms_per_hop"] = p99_ms(got["latencies"]) / hops
         figures["paced_rate"] = rate
     return figures
 
@@ -692,6 +706,28 @@ def test_latency_per_hop(benchmark: Any, summary: None, server: embedded.Embedde
     benchmark.extra_info["paced_rate"] = rate
     benchmark.extra_info["rate_basis"] = basis
     assert kept["best"] > 0
+
+
+@pytest.mark.benchmark(group="flow_latency_1khz")
+@pytest.mark.parametrize("flow_type", [BATCH, REALTIME])
+@pytest.mark.parametrize("side", SIDES)
+def test_latency_per_hop_at_1khz(benchmark: Any, summary: None,
+                                 server: embedded.EmbeddedServer,
+                                 rounds_dir: Callable[[], Path], side: str,
+                                 flow_type: str) -> None:
+    # An IMU's rate, small messages, whatever either side could carry at most: the
+    # p50 and p99 per hop, and for REALTIME what a sink that keeps up received.
+    sizes = sizes_for(benchmark)
+    n = int(PACED_1KHZ * LATENCY_SECONDS[benchmark.disabled])
+    rounds: list[dict[str, Any]] = []
+    run_rounds(benchmark, sizes.rounds, lambda: rounds.append(linear(side)(
+        server.url, rounds_dir(), n, flow_type, rate=PACED_1KHZ, latency=True,
+        name=f"paced-{flow_type}")))
+    for figure in ("p50", "p99"):
+        record(benchmark, f"1khz_{flow_type}_{figure}", side, rounds,
+               f"{figure}_ms_per_hop", "ms per hop", lower_is_better=True)
+    if flow_type == REALTIME:
+        record(benchmark, "1khz_realtime_received", side, rounds, "delivered", f"of {n:,}")
 
 
 @pytest.fixture(scope="module")
