@@ -57,6 +57,23 @@ def test_a_fast_producer_held_up_by_its_window_now_and_then_stays_in_a_burst() -
     assert all(bursts[16:])
 
 
+def test_a_fast_producer_whose_outputs_wait_for_window_room_stays_in_a_burst() -> None:
+    # Each fourth output waits 3 ms for room among the publications in flight: the
+    # wait runs the loop, so the caller's own time is from the loop's rest on.
+    pacing, now, bursts = Pacing(), 100.0, []
+    pacing.left(now)
+    for n in range(200):
+        rested = 0.0
+        if n % 4 == 3:
+            now += 3 * MS
+            rested = now  # the loop let go as the wait ended
+        now += 0.05 * MS
+        bursts.append(pacing.back(now, rested))
+        now += 0.01 * MS
+        pacing.left(now)
+    assert all(bursts[16:])
+
+
 def test_a_producer_that_slows_down_leaves_its_burst() -> None:
     pacing = Pacing()
     assert play(pacing, [(0.05 * MS, 0.01 * MS)] * 50)[-1]

@@ -80,23 +80,29 @@ class Pacing:
     caller is in a burst again within a dozen calls; one stretch held up by a full
     window of publications leaves it in one).
 
-    Its stretches are timed from the end of one turn to the start of the next, the
-    turns left out: counted in, a fast producer whose turns went out at once was slowed
-    by them past the gap, and then turned at once for good (twice its CPU per message).
+    Its stretches are timed from the end of one turn to the start of the next, or from
+    the last time the loop rested if it ran in between (a publication that waited for
+    room in its window ran it): the caller's own time, not the loop's. Counted in, a
+    fast producer whose turns went out at once was slowed by them past the gap, and
+    then turned at once for good (twice its CPU per message); and a producer whose
+    window filled every few outputs was taken for a paced one (a fifth of its rate).
     """
 
     def __init__(self) -> None:
         self._left_at: float | None = None  # monotonic: the caller's last turn ended
         self._away = 4 * BURST_GAP_SECONDS
 
-    def back(self, now: float) -> bool:
+    def back(self, now: float, rested_since: float = 0.0) -> bool:
         """The caller is back at now (monotonic).
+
+        Arguments:
+            rested_since: when the loop last stopped running (LoopRunner.rested_since).
 
         Returns:
             whether it is in a burst.
         """
         if self._left_at is not None:
-            stretch = min(now - self._left_at, 4 * BURST_GAP_SECONDS)
+            stretch = min(now - max(self._left_at, rested_since), 4 * BURST_GAP_SECONDS)
             self._away += (stretch - self._away) / 8
         return self._away < BURST_GAP_SECONDS
 
@@ -160,6 +166,11 @@ class LoopRunner:
                                   daemon=True)
         keeper.start()
         self._keeper = keeper
+
+    @property
+    def rested_since(self) -> float:
+        """When a thread last stopped running the loop (monotonic)."""
+        return self._rested_since
 
     def in_loop_thread(self) -> bool:
         """Whether the caller is running the loop right now (inside a callback of it,

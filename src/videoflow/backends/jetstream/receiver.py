@@ -128,7 +128,7 @@ class Receiver:
         runner = self.connection.runner
         if not runner.running:
             return
-        burst = self._pacing.back(time.monotonic())
+        burst = self._pacing.back(time.monotonic(), runner.rested_since)
         try:
             runner.turn(COALESCE_SECONDS if burst and not at_once else 0.0)
         finally:
