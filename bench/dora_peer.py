@@ -203,9 +203,12 @@ def session(command: list[str], cwd: Path, output: Any) -> Iterator[subprocess.P
     # The nodes import flow_bench_nodes and videoflow as this process does.
     path = os.pathsep.join(dict.fromkeys(
         [str(Path(__file__).resolve().parent), *(p for p in sys.path if p)]))
+    # A failed node's Python traceback is what a failure's message needs; a Rust
+    # backtrace of dora's (RUST_BACKTRACE=1 in the environment) would push it out of
+    # the log's tail.
+    env = {**os.environ, "PYTHONPATH": path, "RUST_BACKTRACE": "0"}
     process = subprocess.Popen(command, cwd=cwd, stdout=output, stderr=subprocess.STDOUT,
-                               env={**os.environ, "PYTHONPATH": path},
-                               start_new_session=True)
+                               env=env, start_new_session=True)
     try:
         yield process
     finally:
