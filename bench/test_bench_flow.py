@@ -114,8 +114,7 @@ round's figures. Under each linear case, "stage CPU us/msg" is the CPU the stage
 processes spent per message (from each one's first message to its end, the broker's
 own not counted, nor dora's daemon), the median over rounds: steadier than a rate or
 a latency on a host whose load comes and goes, and what a latency at a paced rate
-mostly follows. Compare
-ratios within one run, never absolute numbers across runs.
+mostly follows. Compare ratios within one run, never absolute numbers across runs.
 The pytest-benchmark times themselves are whole runs (process start-up included) and
 are not the figures.
 
