@@ -13,6 +13,18 @@ REALTIME: limits retention keeping the newest message, DiscardPolicy.OLD, max_de
 how many messages to expect and has no end-of-stream protocol, ledger, dead letters
 or payload store: it is the ceiling of what nats-py does with those guarantees.
 
+A third side, ``dora``, runs the linear BATCH flow as a dora-rs dataflow (bench/
+dora_peer.py): three Python nodes on dora's node API, started by ``dora run`` (its
+local mode: coordinator and daemon in one process on 127.0.0.1, for this dataflow
+only, stopped whatever happens). dora moves messages between processes through
+shared memory, with no broker, no acks and nothing stored; its inputs' queues are as
+deep as the run and hold the sender back when full, so every message is delivered.
+It runs where the bench extra is installed (``pip install '.[bench]'``: dora-rs and
+dora-rs-cli, Python 3.11 or newer) and is skipped otherwise, the reason saying what is
+missing (CI installs dev only). Cases: ``flow_linear_batch`` and the BATCH half of
+``flow_latency_1khz``; dora has no REALTIME notion (keep the newest message,
+supersede the rest), so no REALTIME case.
+
 Cases (group):
 
 ``flow_linear_batch``: producer -> processor -> sink, BATCH, N messages of about
@@ -95,13 +107,14 @@ reads back.
 
 How to read it: the table at the end of the run gives per case the videoflow and
 peer figures and their ratio (videoflow / peer: a rate ratio below 1 means videoflow is
-slower, a latency ratio above 1 that it adds more per hop), from the best of the
+slower, a latency ratio above 1 that it adds more per hop), then the dora figure and
+videoflow / dora for the cases dora runs ("-" for the others), from the best of the
 rounds (on a shared 2-core machine the least disturbed one); extra_info has every
 round's figures. Under each linear case, "stage CPU us/msg" is the CPU the stages'
 processes spent per message (from each one's first message to its end, the broker's
-own not counted), the median over rounds: steadier than a rate or a latency on a host
-whose load comes and goes, and what a latency at a paced rate mostly follows. Compare
-ratios within one run, never absolute numbers across runs.
+own not counted, nor dora's daemon), the median over rounds: steadier than a rate or
+a latency on a host whose load comes and goes, and what a latency at a paced rate
+mostly follows. Compare ratios within one run, never absolute numbers across runs.
 The pytest-benchmark times themselves are whole runs (process start-up included) and
 are not the figures.
 
@@ -140,6 +153,7 @@ from nats.js.api import (
     StreamConfig,
 )
 
+import dora_peer
 from bench_summary import summary_at_end
 from flow_bench_nodes import (
     BATCH_MAX_MSGS,
@@ -164,6 +178,7 @@ from videoflow.messaging.tracing import TRACING_ENV
 pytestmark = pytest.mark.timeout(300)
 
 SIDES = ["videoflow", "peer"]
+DORA = "dora"  # the third side, of the linear BATCH cases only (dora_linear)
 OBSERVABILITY = ["on", "off"]  # metrics served and scraped, tracing: on / off
 CAMERAS = 8
 FRAME_DT = 1 / 60  # seconds between instants: far above the join's tolerance
@@ -273,23 +288,28 @@ def summary(request: pytest.FixtureRequest) -> Iterator[None]:
 
 def write_summary(write: Callable[[str], None]) -> None:
     write("")
-    write("videoflow flows vs hand-written nats-py peer (ratio = videoflow / peer, "
-          "best round; median in brackets)")
-    write(f"  {'case':<22}{'unit':<14}{'videoflow':>18}{'peer':>18}{'ratio':>8}")
-    for case in dict.fromkeys(c for c, side in _RESULTS if side in SIDES):
-        vf, peer = _RESULTS.get((case, "videoflow")), _RESULTS.get((case, "peer"))
-        shown = [f"{r['best']:>9,.1f} ({r['median']:,.1f})" if r else "-" for r in (vf, peer)]
-        unit = (vf or peer or {}).get("unit", "")
-        ratio = f"{vf['best'] / peer['best']:.2f}" if vf and peer and peer["best"] else "-"
-        write(f"  {case:<22}{unit:<14}{shown[0]:>18}{shown[1]:>18}{ratio:>8}")
-        paced = {kept["rounds"][0].get("paced_rate") for kept in (vf, peer) if kept} - {None}
+    write("videoflow flows vs hand-written nats-py peer and dora-rs peer (ratio = "
+          "videoflow / peer, vf/dora = videoflow / dora; best round; median in brackets)")
+    write(f"  {'case':<22}{'unit':<14}{'videoflow':>18}{'peer':>18}{'ratio':>8}"
+          f"{DORA:>20}{'vf/dora':>9}")
+    for case in dict.fromkeys(c for c, side in _RESULTS if side in (*SIDES, DORA)):
+        vf, peer, dora = (_RESULTS.get((case, side)) for side in (*SIDES, DORA))
+        shown = [f"{r['best']:>9,.1f} ({r['median']:,.1f})" if r else "-"
+                 for r in (vf, peer, dora)]
+        unit = (vf or peer or dora or {}).get("unit", "")
+        ratios = [f"{vf['best'] / other['best']:.2f}" if vf and other and other["best"]
+                  else "-" for other in (peer, dora)]
+        write(f"  {case:<22}{unit:<14}{shown[0]:>18}{shown[1]:>18}{ratios[0]:>8}"
+              f"{shown[2]:>20}{ratios[1]:>9}")
+        paced = {kept["rounds"][0].get("paced_rate")
+                 for kept in (vf, peer, dora) if kept} - {None}
         if paced:
             write(f"  {'':<22}paced at " + " / ".join(f"{r:,.0f}" for r in paced) + " msg/s")
-        cpu = [median_of(kept, "cpu_us_per_msg") for kept in (vf, peer)]
+        cpu = [median_of(kept, "cpu_us_per_msg") for kept in (vf, peer, dora)]
         if any(c is not None for c in cpu):
             shown = ["-" if c is None else f"{c:,.0f}" for c in cpu]
-            write(f"  {'':<22}{'stage CPU us/msg':<14}{shown[0]:>18}{shown[1]:>18}"
-                  "  (median; broker not included)")
+            write(f"  {'':<22}{'stage CPU us/msg':<14}{shown[0]:>18}{shown[1]:>18}{'':>8}"
+                  f"{shown[2]:>20}  (median; broker, dora daemon not included)")
     watching = "metrics and tracing"
     for case, turned_on, how in (("observability", watching, "flat out"),
                                  ("observability_paced", watching, "paced"),
@@ -621,17 +641,64 @@ def peer_join(url: str, out: Path, frames: int) -> dict[str, Any]:
             "joiner_rate": rate_of(read_stats(out, "joiner"))}
 
 
+# ------------------------------------------------------------------ dora side
+
+
+def dora_linear(url: str, out: Path, n: int, flow_type: str, *, processor: bool = True,
+                rate: float = 0.0, latency: bool = False, name: str = "linear",
+                ) -> dict[str, Any]:
+    """source -> pass-through -> sink as a dora dataflow (bench/dora_peer.py), each
+    node a process that dora starts; checks every message arrived, once. url and name
+    go unused (dora has no broker, and each round's dataflow is its own).
+
+    Returns:
+        the same figures as videoflow_linear.
+
+    Raises:
+        ValueError: a REALTIME flow or none without the pass-through: dora has no
+            REALTIME notion, and only the three-process flow is written for it.
+    """
+    if flow_type != BATCH or not processor:
+        raise ValueError("the dora peer runs the linear BATCH flow only")
+    dora_peer.run_linear(out, n, rate=rate, latency=latency, bound=PEER_SECONDS)
+    stages = ["producer", "processor", "sink"]
+    produced, processed, got = (read_stats(out, stage) for stage in stages)
+    assert produced["count"] == n and processed["count"] == n, (produced, processed)
+    assert (got["distinct"], got["count"], got["duplicates"]) == (n, n, 0), got
+    figures: dict[str, Any] = {
+        "producer_rate": rate_of(produced), "processor_rate": rate_of(processed),
+        "delivered": got["count"], "rate": rate_of(got),
+        "cpu_us_per_msg": cpu_us_per_message(out, stages, n)}
+    if latency:
+        figures["p50_ms_per_hop"] = p50_ms(got["latencies"]) / HOPS
+        figures["p99_ms_per_hop"] = p99_ms(got["latencies"]) / HOPS
+        figures["paced_rate"] = rate
+    return figures
+
+
+def runnable(side: str, benchmark: Any) -> None:
+    """Skip the dora side where it cannot run, saying why (dora_peer.unavailable);
+    where it can, note dora's version in extra_info."""
+    if side != DORA:
+        return
+    reason = dora_peer.unavailable()
+    if reason is not None:
+        pytest.skip(f"the dora side: {reason}")
+    benchmark.extra_info["dora_version"] = dora_peer.version()
+
+
 def linear(side: str) -> Callable[..., dict[str, Any]]:
-    return videoflow_linear if side == "videoflow" else peer_linear
+    return {"videoflow": videoflow_linear, "peer": peer_linear, DORA: dora_linear}[side]
 
 
 # ------------------------------------------------------------------ cases
 
 
 @pytest.mark.benchmark(group="flow_linear_batch")
-@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("side", [*SIDES, DORA])
 def test_linear_batch(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
                       rounds_dir: Callable[[], Path], side: str) -> None:
+    runnable(side, benchmark)
     sizes = sizes_for(benchmark)
     rounds: list[dict[str, Any]] = []
     run_rounds(benchmark, sizes.rounds, lambda: rounds.append(
@@ -709,14 +776,16 @@ def test_latency_per_hop(benchmark: Any, summary: None, server: embedded.Embedde
 
 
 @pytest.mark.benchmark(group="flow_latency_1khz")
-@pytest.mark.parametrize("flow_type", [BATCH, REALTIME])
-@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize(("side", "flow_type"), [
+    *((side, flow_type) for side in SIDES for flow_type in (BATCH, REALTIME)),
+    (DORA, BATCH)])  # dora has no REALTIME notion
 def test_latency_per_hop_at_1khz(benchmark: Any, summary: None,
                                  server: embedded.EmbeddedServer,
                                  rounds_dir: Callable[[], Path], side: str,
                                  flow_type: str) -> None:
     # An IMU's rate, small messages, whatever either side could carry at most: the
     # p50 and p99 per hop, and for REALTIME what a sink that keeps up received.
+    runnable(side, benchmark)
     sizes = sizes_for(benchmark)
     n = int(PACED_1KHZ * LATENCY_SECONDS[benchmark.disabled])
     rounds: list[dict[str, Any]] = []
