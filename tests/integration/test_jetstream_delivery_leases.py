@@ -145,6 +145,42 @@ def test_a_confirmed_batch_means_every_ack_in_it_was_applied(wired: Wired) -> No
 
 
 
+def test_plain_acks_lost_with_a_replaced_connection_are_sent_again_and_confirmed(
+    wired: Wired, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A broker killed mid-batch: the plain +ACKs were written to the old connection
+    # and lost with it, the request after them reached the restarted server and was
+    # answered. That reply confirms nothing about them (30 inputs stayed pending, the
+    # run waited on a redelivery that never came): they go again, confirmed.
+    batch_channel(wired, "crossed")
+    publish(wired, "crossed", 5)
+    receiver = bound(wired, "crossed", prefetch=5)
+    got: list[Delivery] = []
+    deadline = time.monotonic() + 10
+    while len(got) < 5 and time.monotonic() < deadline:
+        got += take(wired, receiver, credit=5 - len(got))
+    client = receiver.leases.client
+    publish_on_the_wire = client.publish
+    lost: list[str] = []
+
+    async def across_a_reconnect(subject: str, payload: bytes = b"", reply: str = "",
+                                 **options: object) -> None:
+        if not reply and len(lost) < 4:
+            lost.append(subject)  # written to the old connection, gone with it
+            return
+        if reply and len(lost) == 4 and client.stats["reconnects"] == 0:
+            client.stats["reconnects"] += 1  # the request goes out on the new one
+        await publish_on_the_wire(subject, payload, reply=reply, **options)
+
+    monkeypatch.setattr(client, "publish", across_a_reconnect)
+    results = wired.run(receiver.leases.settle_batch(
+        [(d.token, Completed(), f"c-{d.stream_seq}") for d in got]))
+    assert len(lost) == 4
+    assert results == [SettleConfirmed()] * 5
+    assert consumer_state(wired, "crossed") == (5, 0, 0)
+    wired.run(receiver.stop())
+
+
 def test_a_batch_keeps_each_settlement_s_own_result_and_outcome(wired: Wired) -> None:
     batch_channel(wired, "mixed")
     publish(wired, "mixed", 5)

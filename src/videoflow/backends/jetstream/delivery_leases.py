@@ -56,6 +56,8 @@ TERM: Final = b"+TERM"
 """The acknowledgement verbs as nats-py's Msg.ack / Msg.nak / Msg.term write them
 (nats/aio/msg.py Msg.Ack)."""
 
+_CROSSED: Final = ("the connection was replaced while the settlement was on the wire: it "
+                   "may have gone with the old one")
 _SETTLEMENTS_KEPT: Final = 4096
 """Settlement ids remembered for idempotent retries."""
 
@@ -272,12 +274,21 @@ class DeliveryLeases:
         return results  # type: ignore[return-value]  # every slot was filled above
 
     async def _send_confirmed(
-        self, wire: list[tuple[int, str, bytes, bool]]
+        self, wire: list[tuple[int, str, bytes, bool]], again: bool = True
     ) -> dict[int, SettleResult]:
-        """Write the planned runs and wait for their replies; a result per batch index."""
+        """Write the planned runs and wait for their replies; a result per batch index.
+
+        A reply that came after the connection was replaced confirms its request, not
+        the plain acknowledgements before it: those may have been written to the old
+        connection and gone with it, while the request, written after, reached the new
+        one (a broker killed mid-batch: 30 inputs stayed pending on the restarted
+        server, confirmed here, and the run waited for a redelivery that never came).
+        They are sent once more, confirmed on their own (+ACK is idempotent), when
+        again; else, or crossing a reconnect a second time, they are unknown."""
         runs = plan_sends(wire)
         written: list[tuple[list[Send], str, asyncio.Future[Msg]]] = []
         failure = ""
+        reconnects = self.client.stats["reconnects"]
         try:
             await self.replies.start()
             for run in runs:
@@ -312,6 +323,13 @@ class DeliveryLeases:
             results.update((send.slot, result) for send in run)
         for run in runs[len(written):]:
             results.update((send.slot, SettleUnknown(failure)) for send in run)
+        if self.client.stats["reconnects"] != reconnects:
+            crossed = {send.slot for run, _, _ in written for send in run
+                       if not send.request and isinstance(results[send.slot], SettleConfirmed)}
+            results.update((slot, SettleUnknown(_CROSSED)) for slot in crossed)
+            if again and crossed:
+                results.update(await self._send_confirmed(
+                    [entry for entry in wire if entry[0] in crossed], again=False))
         return results
 
     def _forget(self, token: DeliveryToken) -> None:
