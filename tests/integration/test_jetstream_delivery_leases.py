@@ -5,6 +5,7 @@ run of acks. Never a mock broker."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -17,6 +18,7 @@ from jetstream_helpers import (
     publish,
     take,
 )
+from nats.aio.msg import Msg
 
 from videoflow.backends.messaging import (
     Completed,
@@ -178,6 +180,43 @@ def test_plain_acks_lost_with_a_replaced_connection_are_sent_again_and_confirmed
     assert len(lost) == 4
     assert results == [SettleConfirmed()] * 5
     assert consumer_state(wired, "crossed") == (5, 0, 0)
+    wired.run(receiver.stop())
+
+
+def test_a_reconnect_sends_the_latest_confirmed_acks_again(wired: Wired) -> None:
+    # A nats-server SIGKILLed and restarted on its store had answered acks it had not
+    # written yet: back, it held those inputs pending and, for minutes, redelivered
+    # none of them to the pulls waiting (a run that then never ended). After a
+    # reconnect the binding sends its latest confirmed +ACKs again (idempotent).
+    stream, _ = batch_channel(wired, "again")
+    publish(wired, "again", 3)
+    receiver = bound(wired, "again", prefetch=3)
+    got: list[Delivery] = []
+    deadline = time.monotonic() + 10
+    while len(got) < 3 and time.monotonic() < deadline:
+        got += take(wired, receiver, credit=3 - len(got))
+    replies = [receiver.leases.held[d.stream_seq].msg.reply for d in got]
+    results = wired.run(receiver.leases.settle_batch(
+        [(d.token, Completed(), f"a-{d.stream_seq}") for d in got]))
+    assert results == [SettleConfirmed()] * 3
+    seen: list[tuple[str, bytes]] = []
+
+    async def watch_acks() -> None:
+        async def note(msg: Msg) -> None:
+            seen.append((msg.subject, msg.data))
+        await wired.client.subscribe(f"$JS.ACK.{stream}.>", cb=note)
+        await wired.client.flush()
+
+    async def reconnected() -> None:
+        receiver.reconnected()  # as the connection's reconnected callback calls it
+        deadline = time.monotonic() + 5
+        while len(seen) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    wired.run(watch_acks())
+    wired.run(reconnected())
+    assert sorted(seen) == sorted((reply, b"+ACK") for reply in replies)
+    assert consumer_state(wired, "again") == (3, 0, 0)
     wired.run(receiver.stop())
 
 

@@ -279,17 +279,19 @@ class SubscriptionReceiver:
         open on the old one (a restarted server knows none, a reconnect to another
         server never had them), so none is counted any more and the loop asks at once.
         A request that did survive only delivers into the inbox as before. The
-        acknowledgements the outage left unanswered are sent again (reack_unknown).
-        Called on the loop."""
+        latest confirmed acknowledgements are sent again (reack_recent: a restarted
+        server may have lost them), and those the outage left unanswered too
+        (reack_unknown). Called on the loop."""
         self._pulls.clear()
         self._refused_until = 0.0
         self._space.set()
-        if self.leases.unanswered():
-            self._background(self._reack_quietly())
+        self._background(self._reack_quietly())
 
     async def _reack_quietly(self) -> None:
         with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-            await self.leases.reack_unknown()
+            await self.leases.reack_recent()
+            if self.leases.unanswered():
+                await self.leases.reack_unknown()
 
     def _room_to_ask(self) -> int:
         """How many deliveries a new pull request would ask for now, 0 when none should
