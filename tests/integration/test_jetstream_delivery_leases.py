@@ -164,13 +164,13 @@ def test_plain_acks_lost_with_a_replaced_connection_are_sent_again_and_confirmed
     lost: list[str] = []
 
     async def across_a_reconnect(subject: str, payload: bytes = b"", reply: str = "",
-                                 **options: object) -> None:
+                                 headers: dict[str, str] | None = None) -> None:
         if not reply and len(lost) < 4:
             lost.append(subject)  # written to the old connection, gone with it
             return
         if reply and len(lost) == 4 and client.stats["reconnects"] == 0:
             client.stats["reconnects"] += 1  # the request goes out on the new one
-        await publish_on_the_wire(subject, payload, reply=reply, **options)
+        await publish_on_the_wire(subject, payload, reply=reply, headers=headers)
 
     monkeypatch.setattr(client, "publish", across_a_reconnect)
     results = wired.run(receiver.leases.settle_batch(
