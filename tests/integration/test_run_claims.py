@@ -48,6 +48,22 @@ def claim(url: str, run_id: str) -> int:
     return run_records.claim_run(url, run_records.started_record(FLOW, run_id), timeout=10)
 
 
+def claimed(url: str, run_id: str) -> tuple[run_records.RunRecord, int]:
+    """A new run's record, claimed: (the record, the revision it was written at)."""
+    record = run_records.started_record(FLOW, run_id)
+    return record, run_records.claim_run(url, record, timeout=5)
+
+
+def ended(record: run_records.RunRecord, outcome: str = "completed") -> run_records.RunRecord:
+    return run_records.ended_record(record, outcome, True, "")
+
+
+def end(url: str, record: run_records.RunRecord, revision: int,
+        outcome: str = "completed") -> int:
+    """record's run ended, written over the revision its claim took."""
+    return run_records.record_run(url, ended(record, outcome), last=revision, timeout=5)
+
+
 def at_once(*calls: Callable[[], int]) -> list[int | RunExists]:
     """calls, each on a thread of its own, released together by a barrier: what each
     returned, or the RunExists it raised."""
@@ -100,10 +116,7 @@ def test_of_two_claims_on_an_ended_runs_id_at_once_exactly_one_gets_it(
     url = nats_server.url
     for n in range(ROUNDS):
         run_id = f"ended-{n}"
-        first = run_records.started_record(FLOW, run_id)
-        revision = run_records.claim_run(url, first, timeout=5)
-        run_records.record_run(url, run_records.ended_record(first, "completed", True, ""),
-                               last=revision, timeout=5)
+        end(url, *claimed(url, run_id))
         race = functools.partial(claim, url, run_id)
         one_winner(at_once(race, race))
         record = run_records.run_record(url, FLOW, run_id, timeout=5)
@@ -119,10 +132,7 @@ def test_two_claims_that_both_read_the_id_free_still_give_it_to_one(
     # id's record (none, or an ended one) before either writes.
     url, run_id = nats_server.url, "both-read"
     if ended_before:
-        first = run_records.started_record(FLOW, run_id)
-        revision = run_records.claim_run(url, first, timeout=5)
-        run_records.record_run(url, run_records.ended_record(first, "failed", True, ""),
-                               last=revision, timeout=5)
+        end(url, *claimed(url, run_id), outcome="failed")
     both_read = threading.Barrier(2)
     read = KeyValue.get
 
@@ -143,15 +153,13 @@ def test_a_run_holds_its_id_until_its_record_ends(
     nats_server: embedded.EmbeddedServer,
 ) -> None:
     url = nats_server.url
-    started = run_records.started_record(FLOW, "held")
-    revision = run_records.claim_run(url, started, timeout=5)
+    started, revision = claimed(url, "held")
     with pytest.raises(RunExists, match=(
             "run 'held' of flow 'claims' is held by a run that started .* UTC and has not "
             "ended .* once that engine is gone, `videoflow teardown --flow claims --run "
             "held` ends it")):
         claim(url, "held")
-    run_records.record_run(url, run_records.ended_record(started, "completed", True, ""),
-                           last=revision, timeout=5)
+    end(url, started, revision)
     assert claim(url, "held") > revision
 
 
@@ -188,17 +196,14 @@ def test_the_end_of_a_run_whose_id_was_taken_since_is_not_written_over_its_new_h
     # `videoflow teardown --force` under a live engine ends its record, and a new run
     # may take the id: the old engine's end must not make the new run's record ended.
     url = nats_server.url
-    old = run_records.started_record(FLOW, "taken")
-    revision = run_records.claim_run(url, old, timeout=5)
+    old, revision = claimed(url, "taken")
     assert ops.teardown(url, FLOW, "taken", timeout=10).complete
     claim(url, "taken")
     held = run_records.run_record(url, FLOW, "taken", timeout=5)
     with pytest.raises(RevisionConflict, match="changed since this run wrote it: a "
                                                "teardown ended it"):
-        run_records.record_run(url, run_records.ended_record(old, "completed", True, ""),
-                               last=revision, timeout=5)
-    assert run_records.keep_record(
-        url, run_records.ended_record(old, "completed", True, ""), last=revision) is None
+        end(url, old, revision)
+    assert run_records.keep_record(url, ended(old), last=revision) is None
     assert run_records.run_record(url, FLOW, "taken", timeout=5) == held
 
 
@@ -206,8 +211,7 @@ def test_the_engine_s_own_teardown_leaves_its_record_to_the_engine(
     nats_server: embedded.EmbeddedServer,
 ) -> None:
     url = nats_server.url
-    started = run_records.started_record(FLOW, "engine")
-    run_records.claim_run(url, started, timeout=5)
+    started, _ = claimed(url, "engine")
     assert ops.teardown(url, FLOW, "engine", end_record=False, timeout=10).complete
     kept = ops.teardown_processed(url, FLOW, "engine", end_record=False, timeout=10)
     assert kept.torn_down

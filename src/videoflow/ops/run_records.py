@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 import msgspec
@@ -152,14 +153,8 @@ def record_run(nats_url: str, record: RunRecord, *, replicas: int = 1,
             within timeout.
         ValueError: an empty or reserved flow_id or run_id, or a bad timeout.
     """
-    subject_for(record.flow_id, record.run_id, "node")  # validates both
-    bucket = ledger_bucket(record.flow_id)
-
-    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> int:
-        js = nc.jetstream(timeout=max(budget.left(), 0.1))
-        key, value = run_record_key(record.run_id), _ENCODER.encode(record)
+    async def write(kv: KeyValue, key: str, value: bytes, budget: Budget) -> int:
         try:
-            kv = await _ledger(js, budget, bucket, replicas)
             if last is None:
                 return await budget.run(kv.put(key, value))
             return await budget.run(kv.update(key, value, last=last))
@@ -168,10 +163,8 @@ def record_run(nats_url: str, record: RunRecord, *, replicas: int = 1,
                 f"the record of run {record.run_id!r} of flow {record.flow_id!r} changed "
                 "since this run wrote it: a teardown ended it, and a new run may hold its "
                 "id now", key=key, expected_revision=last) from error
-        except Exception as error:
-            raise unavailable(f"recording run {record.run_id!r}", error, errors) from error
 
-    return run_sync(nats_url, timeout, work)
+    return _write_record(nats_url, record, replicas, timeout, "recording", write)
 
 
 def claim_run(nats_url: str, record: RunRecord, *, replicas: int = 1,
@@ -203,14 +196,8 @@ def claim_run(nats_url: str, record: RunRecord, *, replicas: int = 1,
             (NATS_FACTS S3): the id then stays held until a teardown ends its record.
         ValueError: an empty or reserved flow_id or run_id, or a bad timeout.
     """
-    subject_for(record.flow_id, record.run_id, "node")  # validates both
-    bucket = ledger_bucket(record.flow_id)
-
-    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> int:
-        js = nc.jetstream(timeout=max(budget.left(), 0.1))
-        key, value = run_record_key(record.run_id), _ENCODER.encode(record)
+    async def write(kv: KeyValue, key: str, value: bytes, budget: Budget) -> int:
         try:
-            kv = await _ledger(js, budget, bucket, replicas)
             try:
                 entry = await budget.run(kv.get(key))
             except nats.js.errors.KeyNotFoundError:  # none, or deleted
@@ -224,10 +211,30 @@ def claim_run(nats_url: str, record: RunRecord, *, replicas: int = 1,
             raise RunExists(f"run {record.run_id!r} of flow {record.flow_id!r} was taken by "
                             "another run started at the same moment: a new run needs an "
                             "id of its own") from error
-        except RunExists:
+
+    return _write_record(nats_url, record, replicas, timeout, "claiming", write)
+
+
+def _write_record(nats_url: str, record: RunRecord, replicas: int, timeout: float,
+                  doing: str, write: Callable[[KeyValue, str, bytes, Budget],
+                                              Awaitable[int]]) -> int:
+    """record_run's and claim_run's part in common: the ids checked, the flow's ledger
+    bucket (made when missing), the record's key and bytes handed to write, whose
+    RunExists or RevisionConflict passes as it is and any other failure is the broker
+    not taking the record (doing: what the message says was under way)."""
+    subject_for(record.flow_id, record.run_id, "node")  # validates both
+    bucket = ledger_bucket(record.flow_id)
+
+    async def work(nc: Client, budget: Budget, errors: ErrorLog) -> int:
+        js = nc.jetstream(timeout=max(budget.left(), 0.1))
+        key, value = run_record_key(record.run_id), _ENCODER.encode(record)
+        try:
+            kv = await _ledger(js, budget, bucket, replicas)
+            return await write(kv, key, value, budget)
+        except (RunExists, RevisionConflict):
             raise
         except Exception as error:
-            raise unavailable(f"claiming run {record.run_id!r}", error, errors) from error
+            raise unavailable(f"{doing} run {record.run_id!r}", error, errors) from error
 
     return run_sync(nats_url, timeout, work)
 
