@@ -10,6 +10,8 @@ import time
 
 import pytest
 from jetstream_helpers import (
+    FLOW,
+    RUN,
     Wired,
     ack_floor,
     batch_channel,
@@ -20,6 +22,8 @@ from jetstream_helpers import (
 )
 from nats.aio.msg import Msg
 
+from videoflow.backends.jetstream.configs import consumer_config_for
+from videoflow.backends.jetstream.streams import ensure_consumer
 from videoflow.backends.messaging import (
     Completed,
     Delivery,
@@ -213,6 +217,43 @@ def test_a_reconnect_sends_the_latest_confirmed_acks_again(wired: Wired) -> None
     wired.run(reconnected())
     assert sorted(seen) == sorted((reply, b"+ACK") for reply in replies)
     assert consumer_state(wired, "again") == (3, 0, 0)
+    wired.run(receiver.stop())
+
+
+def test_a_message_handed_out_again_with_the_same_count_is_a_new_attempt(wired: Wired) -> None:
+    # A nats-server SIGKILLed and restarted on its store had lost the latest deliveries
+    # and acks it had not yet written, and handed those messages out again with the
+    # same delivery count: equal tokens for two deliveries. The second's ack, under the
+    # node's same settlement id, was answered from the first's and never sent, and the
+    # keepalive renewed it for good (a run that never ended). Here the durable is made
+    # again under the binding, the same loss on a running server: it hands out seq 1
+    # and 2 once more, each with count 1.
+    stream, _ = batch_channel(wired, "replayed")
+    keeper = consumer_config_for(FLOW, RUN, "keeper", "replayed")  # keeps the interest
+    wired.run(ensure_consumer(wired.js, stream, keeper))
+    publish(wired, "replayed", 2)
+    receiver = bound(wired, "replayed", prefetch=2)
+    first = take(wired, receiver, credit=2)
+    assert [(d.stream_seq, d.num_delivered) for d in first] == [(1, 1), (2, 1)]
+    assert wired.run(receiver.leases.settle(first[0].token, Completed(), "ack:g1:0")) == (
+        SettleConfirmed())
+    durable = "child--from--replayed"
+    config = wired.run(wired.js.consumer_info(stream, durable)).config
+    wired.run(wired.js.delete_consumer(stream, durable))
+    wired.run(ensure_consumer(wired.js, stream, config))
+    again = take(wired, receiver, credit=2, wait=10.0)
+    # Attempt 2 of each: one more than this binding handed out, not the broker's 1.
+    assert [(d.stream_seq, d.num_delivered) for d in again] == [(1, 2), (2, 2)]
+    assert [d.token for d in again] != [d.token for d in first]
+    # The first round is stale: its renewal and supersede touch nothing of the second.
+    assert wired.run(receiver.leases.renew(first[1].token)).state == "stale"
+    assert not receiver.leases.supersede(first[1].token)
+    assert all(receiver.leases.live(d.token) for d in again)
+    # The node settles the replayed group under the same id as before: it goes out.
+    results = wired.run(receiver.leases.settle_batch(
+        [(again[0].token, Completed(), "ack:g1:0"), (again[1].token, Completed(), "ack:g2:0")]))
+    assert results == [SettleConfirmed()] * 2
+    assert consumer_state(wired, "replayed") == (2, 0, 0)
     wired.run(receiver.stop())
 
 

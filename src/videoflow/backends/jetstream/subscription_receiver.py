@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -43,6 +44,10 @@ reported SettleUnknown (Msg.ack_sync(timeout), nats-py 2.15.0)."""
 FETCH_TIMEOUT_SECONDS: Final = 1.0
 """How long one pull request waits for a message before the loop re-checks whether it
 should stop. Also the unit receive_any waits in."""
+
+ATTEMPTS_KEPT: Final = 4096
+"""Messages whose latest attempt a binding remembers (SubscriptionReceiver.attempt_of):
+as many as the settlements its DeliveryLeases remembers by id."""
 
 
 def delivery_position(msg: Msg) -> tuple[int, int, int]:
@@ -191,6 +196,8 @@ class SubscriptionReceiver:
         self._tasks: set[asyncio.Task[None]] = set()  # skips and straggler naks
         self.last_error: BaseException | None = None
         self._mean_size = 0.0  # of the deliveries parked so far (depth)
+        # The latest attempt handed out per stream sequence, oldest first (attempt_of).
+        self._attempts: OrderedDict[int, int] = OrderedDict()
         self.wanted = prefetch  # set by the backend's set_receive_depth
         # How the caller's thread hands the pull loop its wake-up: the backend's
         # LoopRunner.call_soon (no self-pipe write when the caller runs the loop next
@@ -388,8 +395,32 @@ class SubscriptionReceiver:
             return False
         return self.may_fetch is None or self.may_fetch()
 
+    def attempt_of(self, seq: int, counted: int) -> int:
+        """The attempt a delivery of message seq is handed out as: the broker's delivery
+        count, or one more than the latest attempt this binding handed out for it when
+        the count is not above that. A nats-server SIGKILLed and restarted on its store
+        can have lost the latest deliveries and acks it had not yet written, and hands
+        those messages out again with the same count (hundreds per restart, seen in
+        test_broker_faults). Equal tokens would then name two deliveries: the second's
+        settlement, under the same settlement id, was answered from the first's (sent
+        nothing), or a supersede of the first retired the second, and the message stayed
+        pending on the broker, renewed by the keepalive for good (a run that never
+        ended). Remembered for the latest ATTEMPTS_KEPT messages; a redelivery still
+        held here is always seen (its token is in the queue)."""
+        attempts = self._attempts
+        last = attempts.pop(seq, 0)
+        held = self.queue.held.get(seq)
+        if held is not None:
+            last = max(last, held.delivery.token.attempt)
+        attempt = counted if counted > last else last + 1
+        attempts[seq] = attempt
+        if len(attempts) > ATTEMPTS_KEPT:
+            attempts.popitem(last=False)
+        return attempt
+
     def _park(self, msg: Msg) -> None:
-        seq, attempt, pending = delivery_position(msg)
+        seq, counted, pending = delivery_position(msg)
+        attempt = self.attempt_of(seq, counted)
         # A status-less message's headers are its publisher's (Nats-Msg-Id, traceparent).
         headers = msg.headers
         delivery = trusted_delivery(self.subscription, seq, attempt, self.generation, msg.data,
