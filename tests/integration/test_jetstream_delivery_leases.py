@@ -187,9 +187,9 @@ def test_plain_acks_lost_with_a_replaced_connection_are_sent_again_and_confirmed
 
 def test_a_reconnect_sends_the_latest_confirmed_acks_again(wired: Wired) -> None:
     # A nats-server SIGKILLed and restarted on its store had answered acks it had not
-    # written yet: back, it held those inputs pending and, for minutes, redelivered
-    # none of them to the pulls waiting (a run that then never ended). After a
-    # reconnect the binding sends its latest confirmed +ACKs again (idempotent).
+    # written yet: back, it held those inputs pending, or handed them out again to be
+    # processed twice. After a reconnect the binding sends its latest confirmed +ACKs
+    # again (idempotent).
     stream, _ = batch_channel(wired, "again")
     publish(wired, "again", 3)
     receiver = bound(wired, "again", prefetch=3)

@@ -407,9 +407,9 @@ class DeliveryLeases:
         """Send again the latest confirmed acknowledgements (plain +ACKs, idempotent),
         after a reconnect: a server killed and restarted on its store answers an ack
         before it writes the consumer's state, so the latest ones it confirmed can be
-        pending again when it is back; it should redeliver them after ack_wait, and
-        was seen not to, for minutes, with pull requests waiting (30 and 5 inputs of a
-        run that then never ended). One already applied is ignored.
+        pending again when it is back, or handed out again (as a new attempt:
+        SubscriptionReceiver.attempt_of), and processed twice. One already applied is
+        ignored.
 
         Returns:
             how many were sent.
