@@ -49,12 +49,12 @@ from typing import Any
 from flow_bench_nodes import (
     DECODE,
     ENCODE,
-    PAD,
     READY_SECONDS,
     Tally,
     Window,
     cpu_since,
     mark_ready,
+    message,
     transform,
     write_stats,
 )
@@ -161,7 +161,7 @@ def descriptor(config: Path, queue: int) -> dict[str, Any]:
 
 
 def run_linear(out: Path, n: int, rate: float = 0.0, latency: bool = False,
-               bound: float = 240.0) -> None:
+               bound: float = 240.0, small: bool = False) -> None:
     """Run source -> pass-through -> sink as a dora dataflow to its end; the nodes'
     figures are then in ``<out>/<stage>.json``.
 
@@ -171,6 +171,7 @@ def run_linear(out: Path, n: int, rate: float = 0.0, latency: bool = False,
         rate: the source's pace in messages per second (0: as fast as it can).
         latency: the sink keeps every message's receive time minus its send time.
         bound: seconds the whole run may take.
+        small: the source sends message(i, small=True), SMALL_BYTES each.
 
     Raises:
         AssertionError: dora did not end by itself within bound, or ended with an
@@ -181,7 +182,8 @@ def run_linear(out: Path, n: int, rate: float = 0.0, latency: bool = False,
     cli = dora_cli()
     assert cli is not None
     config = out / "dora-config.json"
-    config.write_text(json.dumps({"out": str(out), "n": n, "rate": rate, "latency": latency}))
+    config.write_text(json.dumps({"out": str(out), "n": n, "rate": rate, "latency": latency,
+                                  "small": small}))
     flow = out / "dataflow.yml"
     # JSON is YAML: no quoting of paths to get wrong.
     flow.write_text(json.dumps(descriptor(config, max(MIN_QUEUE, n)), indent=2))
@@ -280,7 +282,7 @@ def inputs(node: Any) -> Iterator[dict[str, Any]]:
 
 
 def source(config: dict[str, Any]) -> None:
-    """{"i", "t", "pad"} for i in 0 .. n-1 (t: time.time() when sent), paced at rate
+    """message(i, config's small) for i in 0 .. n-1, paced at rate
     per second from the first one when rate > 0, once the readers are warm (warm_up).
     Records its window: the first message's time to the last send's return."""
     from dora import Node
@@ -292,7 +294,7 @@ def source(config: dict[str, Any]) -> None:
     for i in range(n):
         if rate:  # on a schedule from the first, so a late wake-up catches up
             time.sleep(max(0.0, first + i / rate - time.monotonic()))
-        node.send_output(OUTPUT, ENCODE({"i": i, "t": time.time(), "pad": PAD}))
+        node.send_output(OUTPUT, ENCODE(message(i, config.get("small", False))))
     write_stats(out, "producer", count=n, first=first, last=time.monotonic(),
                 cpu=cpu_since(cpu_first))
 
@@ -317,6 +319,11 @@ def warm_up(node: Any, out: str) -> None:
         time.sleep(WARM_EVERY_SECONDS)
 
 
+def warming(value: Any) -> bool:
+    """Whether a message is the source's warm-up (warm_up), not one of the run's."""
+    return isinstance(value, dict) and "warm" in value
+
+
 def processor(config: dict[str, Any]) -> None:
     """transform() per input, sent on; records its window."""
     from dora import Node
@@ -326,7 +333,7 @@ def processor(config: dict[str, Any]) -> None:
     warm = False
     for event in inputs(node):
         value = DECODE(payload(event))
-        if "warm" in value:  # passed on, for the sink to warm up too
+        if warming(value):  # passed on, for the sink to warm up too
             if not warm:
                 mark_ready(config["out"], "processor")
                 warm = True
@@ -348,7 +355,7 @@ def sink(config: dict[str, Any]) -> None:
     for event in inputs(node):
         received = time.time()
         value = DECODE(payload(event))
-        if "warm" in value:
+        if warming(value):
             if not warm:
                 mark_ready(config["out"], "sink")
                 warm = True

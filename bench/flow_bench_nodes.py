@@ -29,6 +29,10 @@ from videoflow.core.node import ConsumerNode, ProcessorNode, ProducerNode
 PAD = "x" * 72
 """Filler that makes one message about 100 bytes as msgpack (index, time stamp, pad)."""
 
+SMALL_BYTES = 8
+"""A small message's size: its index alone, as an IMU sample or an odometry tick is a
+few numbers (the small-message rate case, issue 43)."""
+
 EVENT_BASE = 1_000_000.0
 """Event time of the join's instant 0 (epoch seconds; any fixed value will do)."""
 
@@ -130,8 +134,28 @@ def _wait_for(files: list[Path], what: str) -> None:
         time.sleep(0.001)
 
 
-def transform(value: dict[str, Any]) -> dict[str, Any]:
-    """The linear processor's work, the same on both sides: keep the fields, add one."""
+def message(i: int, small: bool = False) -> Any:
+    """The i-th message of a linear flow, the same on every side: {"i", "t", "pad"}
+    (t: time.time() now), or when small its index as SMALL_BYTES little-endian bytes."""
+    return i.to_bytes(SMALL_BYTES, "little") if small else {"i": i, "t": time.time(),
+                                                            "pad": PAD}
+
+
+def ident(value: Any) -> int:
+    """A linear flow's message's index (message)."""
+    return int.from_bytes(value, "little") if isinstance(value, bytes) else value["i"]
+
+
+def is_last(value: Any) -> bool:
+    """Whether a REALTIME peer's message is marked the last of its run."""
+    return isinstance(value, dict) and bool(value.get("last"))
+
+
+def transform(value: Any) -> Any:
+    """The linear processor's work, the same on every side: keep the fields, add one; a
+    small message passes as it is."""
+    if isinstance(value, bytes):
+        return value
     return {"i": value["i"], "t": value["t"], "pad": value["pad"], "y": 2 * value["i"]}
 
 
@@ -183,18 +207,18 @@ class Tally:
         self.window.tick()
         if self.window.count % MARK_EVERY == 0:
             self.marks.append(self.window.last or 0.0)
-        if "ks" in value:  # a fused join group: every member of one instant
-            ident = value["ks"][0]
+        if isinstance(value, dict) and "ks" in value:  # a fused join group: one instant
+            index = value["ks"][0]
             self.mixed += len(set(value["ks"])) != 1
         else:
-            ident = value["i"]
+            index = ident(value)
             if self.latency:
                 self.latencies.append(received - value["t"])
-        if ident in self.seen:
+        if index in self.seen:
             self.duplicates += 1
-        self.seen.add(ident)
-        self.out_of_order += ident < self.last_id
-        self.last_id = max(self.last_id, ident)
+        self.seen.add(index)
+        self.out_of_order += index < self.last_id
+        self.last_id = max(self.last_id, index)
 
     def fields(self) -> dict[str, Any]:
         return {**self.window.fields(), "distinct": len(self.seen),
@@ -207,7 +231,7 @@ class Tally:
 
 
 class Numbers(ProducerNode):
-    """{"i", "t", "pad"} for i in 0 .. count-1, paced at `rate` per second if rate > 0.
+    """message(i, small) for i in 0 .. count-1, paced at `rate` per second if rate > 0.
 
     Its first next() waits for the readers to be started (wait_ready), and then for
     the file gate when one is named (wait_gate). Records the time of its first next()
@@ -216,10 +240,10 @@ class Numbers(ProducerNode):
     """
 
     def __init__(self, count: int, out: str, readers: list[str], rate: float = 0.0,
-                 gate: str | None = None, **options: Any) -> None:
+                 gate: str | None = None, small: bool = False, **options: Any) -> None:
         super().__init__(**options)
         self.count, self.out, self.readers, self.rate = count, out, readers, rate
-        self.gate = gate
+        self.gate, self.small = gate, small
 
     def open(self) -> None:
         self.i = 0
@@ -241,7 +265,7 @@ class Numbers(ProducerNode):
             raise StopIteration
         if self.rate:  # on a schedule from the first call, so a late wake-up catches up
             time.sleep(max(0.0, self.first + self.i / self.rate - time.monotonic()))
-        value = {"i": self.i, "t": time.time(), "pad": PAD}
+        value = message(self.i, self.small)
         self.i += 1
         return value
 
@@ -421,7 +445,7 @@ async def _confirmed(futures: list[Any], what: str) -> None:
 
 async def peer_producer(url: str, out: str, stage: str, subject: str, count: int,
                         readers: list[str], rate: float = 0.0, cam: int | None = None,
-                        realtime: bool = False) -> None:
+                        realtime: bool = False, small: bool = False) -> None:
     """Publish count messages with publish_async: up to PUBLISH_WINDOW PubAcks in
     flight; as the window fills, the oldest PUBLISH_CHUNK are awaited under one bound.
 
@@ -435,6 +459,7 @@ async def peer_producer(url: str, out: str, stage: str, subject: str, count: int
             {"i", "t", "pad"}.
         realtime: mark the last message "last" (a REALTIME stream may drop any other
             message, never the newest one, so the end marker always arrives).
+        small: publish message(i, small=True), SMALL_BYTES each.
 
     Records: the time of the first publish and of the last confirmed PubAck.
     """
@@ -448,10 +473,7 @@ async def peer_producer(url: str, out: str, stage: str, subject: str, count: int
         for i in range(count):
             if rate and first is not None:
                 await asyncio.sleep(max(0.0, first + i / rate - time.monotonic()))
-            if cam is not None:
-                value: dict[str, Any] = {"cam": cam, "k": i, "pad": PAD}
-            else:
-                value = {"i": i, "t": time.time(), "pad": PAD}
+            value = {"cam": cam, "k": i, "pad": PAD} if cam is not None else message(i, small)
             if realtime and i == count - 1:
                 value["last"] = True
             future = await js.publish_async(subject, ENCODE(value),
@@ -500,11 +522,11 @@ async def peer_processor(url: str, out: str, stage: str, stream: str, durable: s
             items = []
             for m in msgs:
                 value = DECODE(m.data)
-                ended = ended or bool(value.get("last"))
+                ended = ended or is_last(value)
                 output = transform(value)
-                if value.get("last"):
+                if is_last(value):
                     output["last"] = True
-                items.append((f"{stage}-{value['i']}", ENCODE(output)))
+                items.append((f"{stage}-{ident(value)}", ENCODE(output)))
                 last_seq = max(last_seq, m.metadata.sequence.stream)
             await _publish_gathered(js, subject, items)
             await _settle(msgs, confirmed=not realtime)
@@ -539,7 +561,7 @@ async def peer_sink(url: str, out: str, stage: str, stream: str, durable: str,
             received = time.time()
             for m in msgs:
                 value = DECODE(m.data)
-                ended = ended or bool(value.get("last"))
+                ended = ended or is_last(value)
                 tally.add(value, received)
                 last_seq = max(last_seq, m.metadata.sequence.stream)
             await _settle(msgs, confirmed=not realtime)

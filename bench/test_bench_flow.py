@@ -32,6 +32,12 @@ Cases (group):
 and waits for their PubAcks, then ack_syncs the 64 inputs (gathered); the sink fetches
 64, applies them, ack_syncs them (gathered). Rate: at the sink, first to last message.
 
+``flow_small_rate``: the same flow, BATCH, with SMALL_N (20,000) messages of 8 bytes
+(SMALL_BYTES: the index alone, as msgpack bytes; an IMU sample or an odometry tick is
+as small), all three sides. videoflow's streams keep their backlog bound (10,000, the
+producer held back at it); the peer's, which hold nothing back, are as deep as the
+run, as dora's queues are. Rate: at the sink, first to last message.
+
 ``flow_linear_realtime``: the same flow, REALTIME, 4 x N messages from an unpaced
 producer. A REALTIME stream keeps only its newest message, so a stage slower than its
 parent misses some: the figure is what the sink received per second (first to last
@@ -193,6 +199,7 @@ PACED_1KHZ = 1000.0  # flow_latency_1khz's offered rate, msg/s
 # REALTIME runs REALTIME_FACTOR x N (a REALTIME stream has no backlog bound): its
 # producers are not paced, and N alone would end them within a second.
 REALTIME_FACTOR = 4
+SMALL_N = 20_000  # flow_small_rate's messages (VF_BENCH_SMALL_N; 300 with timing off)
 
 # (case, side) -> {"unit", "best", "median", "rounds", ...}; printed by `summary`.
 _RESULTS: dict[tuple[str, str], dict[str, Any]] = {}
@@ -403,17 +410,19 @@ def run_flow(url: str, flow: Flow, **options: Any) -> Any:
 
 def videoflow_linear(url: str, out: Path, n: int, flow_type: str, *, processor: bool = True,
                      rate: float = 0.0, latency: bool = False, name: str = "linear",
-                     options: dict[str, Any] | None = None, gate: str | None = None
-                     ) -> dict[str, Any]:
+                     options: dict[str, Any] | None = None, gate: str | None = None,
+                     small: bool = False) -> dict[str, Any]:
     """numbers -> [transform ->] sink as a videoflow flow; checks what arrived. The
-    producer waits for the file gate when one is named (Numbers).
+    producer waits for the file gate when one is named (Numbers), and sends 8-byte
+    messages when small.
 
     Returns:
         the round's figures: sink, processor and producer rates (msg/s), the sink's
         count, superseded messages (REALTIME), the p50 latency per hop (latency=True).
     """
     readers = ["transform", "sink"] if processor else ["sink"]
-    numbers = Numbers(n, str(out), readers, rate=rate, gate=gate, name="numbers")
+    numbers = Numbers(n, str(out), readers, rate=rate, gate=gate, small=small,
+                      name="numbers")
     last = Transform(str(out), name="transform")(numbers) if processor else numbers
     sink = Sink(str(out), latency=latency, name="sink")(last)
     report = run_flow(url, Flow([numbers], [sink], flow_type, name=f"bench-{name}"),
@@ -485,15 +494,17 @@ class Edge:
     durable: str
 
 
-def peer_stream_config(edge: Edge, flow_type: str) -> StreamConfig:
+def peer_stream_config(edge: Edge, flow_type: str, max_msgs: int = BATCH_MAX_MSGS
+                       ) -> StreamConfig:
     """The stream of one edge, configured as videoflow configures a node's stream
-    (videoflow.backends.jetstream.configs), for its one data subject."""
+    (videoflow.backends.jetstream.configs), for its one data subject; a BATCH one
+    holds max_msgs."""
     if flow_type == REALTIME:
         return StreamConfig(name=edge.stream, subjects=[edge.subject],
                             retention=RetentionPolicy.LIMITS, max_msgs_per_subject=1,
                             max_msgs=1, discard=DiscardPolicy.OLD, duplicate_window=120.0)
     return StreamConfig(name=edge.stream, subjects=[edge.subject],
-                        retention=RetentionPolicy.INTEREST, max_msgs=BATCH_MAX_MSGS,
+                        retention=RetentionPolicy.INTEREST, max_msgs=max_msgs,
                         discard=DiscardPolicy.NEW, duplicate_window=120.0)
 
 
@@ -512,12 +523,13 @@ def peer_edges(case: str, names: list[str]) -> list[Edge]:
                  f"reader_{name}") for name in names]
 
 
-async def _provision(url: str, edges: list[Edge], flow_type: str, credit: int) -> None:
+async def _provision(url: str, edges: list[Edge], flow_type: str, credit: int,
+                     max_msgs: int) -> None:
     nc, errors = await connect(url)
     try:
         js = nc.jetstream()
         for edge in edges:
-            await js.add_stream(peer_stream_config(edge, flow_type))
+            await js.add_stream(peer_stream_config(edge, flow_type, max_msgs))
             await js.add_consumer(edge.stream, peer_consumer_config(edge, flow_type, credit))
     finally:
         await nc.close()
@@ -536,10 +548,11 @@ async def _delete(url: str, edges: list[Edge]) -> None:
 
 @contextlib.contextmanager
 def provisioned(url: str, edges: list[Edge], flow_type: str,
-                credit: int = CREDIT) -> Iterator[None]:
-    """The edges' streams and durables exist (before any stage publishes: interest
-    retention drops what no consumer wants), and are deleted afterwards."""
-    asyncio.run(asyncio.wait_for(_provision(url, edges, flow_type, credit), 30))
+                credit: int = CREDIT, max_msgs: int = BATCH_MAX_MSGS) -> Iterator[None]:
+    """The edges' streams (a BATCH one holding max_msgs) and durables exist (before
+    any stage publishes: interest retention drops what no consumer wants), and are
+    deleted afterwards."""
+    asyncio.run(asyncio.wait_for(_provision(url, edges, flow_type, credit, max_msgs), 30))
     try:
         yield
     finally:
@@ -570,8 +583,10 @@ def run_peer(stages: list[tuple[str, dict[str, Any]]]) -> None:
 
 def peer_linear(url: str, out: Path, n: int, flow_type: str, *, processor: bool = True,
                 rate: float = 0.0, latency: bool = False, name: str = "linear",
-                ) -> dict[str, Any]:
+                small: bool = False) -> dict[str, Any]:
     """producer -> [processor ->] sink, each a nats-py process; checks what arrived.
+    With small, 8-byte messages, and BATCH streams as deep as the run (the producer is
+    not held back at a backlog bound).
 
     Returns:
         the same figures as videoflow_linear.
@@ -581,14 +596,16 @@ def peer_linear(url: str, out: Path, n: int, flow_type: str, *, processor: bool 
     common = {"url": url, "out": str(out), "realtime": realtime}
     stages: list[tuple[str, dict[str, Any]]] = [("producer", {
         **common, "stage": "producer", "subject": edges[0].subject, "count": n,
-        "rate": rate, "readers": ["processor", "sink"] if processor else ["sink"]})]
+        "rate": rate, "readers": ["processor", "sink"] if processor else ["sink"],
+        "small": small})]
     if processor:
         stages.append(("processor", {**common, "stage": "processor", "count": n,
                                      "stream": edges[0].stream, "durable": edges[0].durable,
                                      "subject": edges[1].subject}))
     stages.append(("sink", {**common, "stage": "sink", "count": n, "latency": latency,
                             "stream": edges[-1].stream, "durable": edges[-1].durable}))
-    with provisioned(url, edges, flow_type):
+    with provisioned(url, edges, flow_type, max_msgs=max(BATCH_MAX_MSGS, n + 1) if small
+                     else BATCH_MAX_MSGS):
         run_peer(stages)
     produced, got = read_stats(out, "producer"), read_stats(out, "sink")
     assert produced["count"] == n and got["duplicates"] == 0, got
@@ -654,7 +671,7 @@ def peer_join(url: str, out: Path, frames: int) -> dict[str, Any]:
 
 def dora_linear(url: str, out: Path, n: int, flow_type: str, *, processor: bool = True,
                 rate: float = 0.0, latency: bool = False, name: str = "linear",
-                ) -> dict[str, Any]:
+                small: bool = False) -> dict[str, Any]:
     """source -> pass-through -> sink as a dora dataflow (bench/dora_peer.py), each
     node a process that dora starts; checks every message arrived, once. url and name
     go unused (dora has no broker, and each round's dataflow is its own).
@@ -668,7 +685,7 @@ def dora_linear(url: str, out: Path, n: int, flow_type: str, *, processor: bool 
     """
     if flow_type != BATCH or not processor:
         raise ValueError("the dora peer runs the linear BATCH flow only")
-    dora_peer.run_linear(out, n, rate=rate, latency=latency, bound=PEER_SECONDS)
+    dora_peer.run_linear(out, n, rate=rate, latency=latency, bound=PEER_SECONDS, small=small)
     stages = ["producer", "processor", "sink"]
     produced, processed, got = (read_stats(out, stage) for stage in stages)
     assert produced["count"] == n and processed["count"] == n, (produced, processed)
@@ -712,6 +729,19 @@ def test_linear_batch(benchmark: Any, summary: None, server: embedded.EmbeddedSe
     run_rounds(benchmark, sizes.rounds, lambda: rounds.append(
         linear(side)(server.url, rounds_dir(), sizes.messages, BATCH, name="batch")))
     record(benchmark, "linear_batch", side, rounds, "rate", "msg/s")
+
+
+@pytest.mark.benchmark(group="flow_small_rate")
+@pytest.mark.parametrize("side", [*SIDES, DORA])
+def test_small_message_rate(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
+                            rounds_dir: Callable[[], Path], side: str) -> None:
+    runnable(side, benchmark)
+    sizes = sizes_for(benchmark)
+    n = int(os.environ.get("VF_BENCH_SMALL_N", 300 if benchmark.disabled else SMALL_N))
+    rounds: list[dict[str, Any]] = []
+    run_rounds(benchmark, sizes.rounds, lambda: rounds.append(
+        linear(side)(server.url, rounds_dir(), n, BATCH, name="small", small=True)))
+    record(benchmark, "small_rate", side, rounds, "rate", "msg/s")
 
 
 @pytest.mark.benchmark(group="flow_linear_realtime")
