@@ -19,6 +19,7 @@ from flow_nodes import (
     RecordCollector,
     RejectMultiplesOf,
     Scale,
+    SlowOpenRecord,
     applied,
 )
 
@@ -122,6 +123,23 @@ def test_a_realtime_flow_counts_every_output_it_never_read_as_superseded(
     assert record.received["scale"] + record.dropped.get("superseded", 0) == scale.emitted
     assert record.processed == record.received["scale"] == len(applied(out))
     assert record.dropped.get("superseded", 0) > 0  # the sink is slower than the flow
+
+
+def test_a_realtime_producer_starts_once_its_readers_are_open(
+    nats_server: embedded.EmbeddedServer, out: Path,
+) -> None:
+    """A REALTIME stream keeps only its newest message, so a producer that started
+    while its reader was still in open() (a model loading) lost its first outputs to a
+    reader not yet reading (all but the few its first pull request held: about 10 in
+    the second the reader takes to open, paced 0.1 s apart). The start gate opens once
+    every reader is bound and open; then each output is read before the next."""
+    numbers = Numbers(15, pace=0.1)
+    sink = SlowOpenRecord(str(out), open_seconds=1.0, name="sink")(numbers)
+    report = Flow([numbers], [sink], REALTIME, name="slow-open").run(nats_server.url,
+                                                                      view=False)
+    assert report.outcome == "completed", report.format()
+    assert sorted(v for (v,) in applied(out)) == list(range(15)), report.format()
+    assert report.nodes["sink"].dropped.get("superseded", 0) == 0
 
 
 def test_partitioned_replicas_each_apply_exactly_their_keys(

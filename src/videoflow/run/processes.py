@@ -59,7 +59,8 @@ STOP_GRACE_SECONDS = 15.0
 """How long quiesced replicas get to hand their work back before they are killed."""
 
 START_GATE_SECONDS = 120.0
-"""The most a REALTIME producer waits for its readers to bind before it starts anyway."""
+"""The most a REALTIME producer waits for its readers to bind and open before it starts
+anyway."""
 
 
 def publish_control_stop(nats_url: str, flow_id: str, run_id: str,
@@ -126,7 +127,7 @@ class Run:
     stop_requested: bool = False
     stopped_after: bool = False  # the stop was stop_after's (not a signal's, nor a loss's)
     failed: bool = False
-    bound: set[str] = field(default_factory=set)  # replicas whose durables are bound
+    bound: set[str] = field(default_factory=set)  # replicas bound and open
     gate: Any = None  # a multiprocessing Event: producers may start
     started: float = field(default_factory=time.monotonic)
     crashes: CrashBook | None = None  # deaths per input, per node (crash_limit)
@@ -155,8 +156,9 @@ def supervise(run: Run, max_restarts: int, stop_after: float | None,
     ended (restarts, Ctrl-C and SIGTERM, the stop, the live view)."""
     context = replica_context()
     # REALTIME keeps only the newest outputs, so a producer that ran before its readers
-    # had bound would lose its first outputs to nobody: producers start once every
-    # other replica is bound (or gave up). A BATCH stream keeps them, and so needs none.
+    # had bound and opened would lose its first outputs to nobody (or to a reader still
+    # loading its model in open()): producers start once every other replica is bound
+    # and open (or gave up). A BATCH stream keeps them, and so needs none.
     run.gate = context.Event()
     if run.compiled.flow_type != REALTIME:
         run.gate.set()
@@ -241,8 +243,8 @@ def _restarts_text(run: Run) -> str:
 
 
 def _open_gate(run: Run) -> None:
-    """Let the producers start once every reader replica is bound, has ended or is
-    lost, or the run is stopping."""
+    """Let the producers start once every reader replica is bound and open, has ended
+    or is lost, or the run is stopping."""
     gate = run.gate
     if gate is None or gate.is_set():
         return
@@ -488,9 +490,9 @@ def _child_main(job: ReplicaJob, node_bytes: bytes, reports: Any,
     (inherited: a forked replica has its server's); it ends when the engine dies
     (die_with_parent); the engine coordinates Ctrl-C and SIGTERM, so both are ignored
     here, and it quiesces on QUIESCE_SIGNAL. It reports on its pipe (reports, a
-    Connection it alone writes, from this thread); a reader says once it is bound; a
-    producer waits for the gate (REALTIME). With output, its stdout and stderr go to
-    the live view's relay."""
+    Connection it alone writes, from this thread); a reader says once it is bound and
+    open; a producer waits for the gate (REALTIME), once open itself. With output, its
+    stdout and stderr go to the live view's relay."""
     inherited.adopt()
     if output is not None:
         output.adopt()

@@ -112,8 +112,10 @@ def run_replica(job: ReplicaJob, node: Node, *,
         job: the replica.
         node: the node object (its name is set to the spec's).
         progress: called with the task about every progress_every seconds.
-        before_start: called once the replica's durables are bound, before its task
-            runs (the local engine's start gate).
+        before_start: called once the replica's durables are bound and its node is
+            open and its setup frozen, before its first input or output (the local
+            engine's start gate: a REALTIME reader still in open() would lose the
+            first outputs of a producer already running).
 
     It is the process's: its allocator is tuned for frame-sized buffers first
     (videoflow.run.allocator), and once it is set up and its node open, what it holds
@@ -184,10 +186,14 @@ def run_replica(job: ReplicaJob, node: Node, *,
                                  publishes=spec.publishes, replica_id=job.replica_id,
                                  nb_tasks=spec.nb_tasks, flow_id=job.flow_id,
                                  run_id=job.run_id, broker_url=job.nats_url)
+
+        def opened() -> None:
+            freeze_setup()
+            if before_start is not None:
+                before_start()
+
         task = task_for(node, messenger, context, progress=progress,
-                        progress_every=progress_every, opened=freeze_setup)
-        if before_start is not None:
-            before_start()
+                        progress_every=progress_every, opened=opened)
         with _stop_signals(task, sigint_quiesces, quiesce_signal):
             stats = task.run()
     return stats

@@ -179,6 +179,17 @@ class Record(ConsumerNode):
             os.replace(partial, path)
 
 
+class SlowOpenRecord(Record):
+    """Record, whose open() takes open_seconds (a model loading)."""
+
+    def __init__(self, directory: str, open_seconds: float, **options: Any) -> None:
+        super().__init__(directory, **options)
+        self.open_seconds = open_seconds
+
+    def open(self) -> None:
+        time.sleep(self.open_seconds)
+
+
 class RecordCollector(ConsumerNode):
     """Loads a 'model' of `loaded` objects in open(); writes, at its first input, what
     its process's garbage collector holds: the objects frozen out of its full
