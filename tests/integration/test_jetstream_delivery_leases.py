@@ -6,7 +6,9 @@ run of acks. Never a mock broker."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Callable
 
 import pytest
 from jetstream_helpers import (
@@ -37,6 +39,9 @@ from videoflow.backends.messaging import (
 from videoflow.broker import server as embedded
 
 pytestmark = pytest.mark.timeout(60)
+
+Freeze = Callable[[embedded.EmbeddedServer], contextlib.AbstractContextManager[None]]
+"""The conftest's freeze fixture: SIGSTOP a server for the with block."""
 
 
 def test_completed_is_confirmed_by_the_server_and_moves_the_ack_floor(wired: Wired) -> None:
@@ -112,7 +117,7 @@ def test_retry_with_delay_and_terminal_are_confirmed(wired: Wired) -> None:
 
 
 def test_an_unconfirmed_ack_is_settle_unknown_and_may_be_retried(
-    wired: Wired, nats_server: embedded.EmbeddedServer, freeze
+    wired: Wired, nats_server: embedded.EmbeddedServer, freeze: Freeze
 ) -> None:
     batch_channel(wired, "unconfirmed")
     publish(wired, "unconfirmed", 1)
@@ -308,7 +313,7 @@ def test_a_batch_to_a_vanished_durable_is_unknown_even_for_its_plain_acks(wired:
 
 
 def test_a_batch_to_a_frozen_server_is_unknown_and_asks_again_after(
-    wired: Wired, nats_server: embedded.EmbeddedServer, freeze
+    wired: Wired, nats_server: embedded.EmbeddedServer, freeze: Freeze
 ) -> None:
     batch_channel(wired, "frozen-batch")
     publish(wired, "frozen-batch", 3)
