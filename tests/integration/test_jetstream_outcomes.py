@@ -4,6 +4,11 @@ idempotent re-publish that resolves an unknown one. Never a mock broker."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
 import pytest
 from jetstream_helpers import (
     Wired,
@@ -15,16 +20,23 @@ from videoflow.backends.jetstream.outcomes import (
     PublicationLedger,
     observe_by_republish,
     publish_once,
+    publish_pipelined,
 )
+from videoflow.backends.jetstream.reply_inbox import ReplyMux
 from videoflow.backends.messaging import (
     Accepted,
     PublicationUnknown,
     PublicationUnresolvable,
+    PublishOutcome,
+    Receipt,
     Rejected,
 )
 from videoflow.broker import server as embedded
 
 pytestmark = pytest.mark.timeout(60)
+
+Freeze = Callable[[embedded.EmbeddedServer], contextlib.AbstractContextManager[None]]
+"""The conftest's freeze fixture: SIGSTOP a server for the with block."""
 
 
 def test_publish_is_accepted_once_and_a_repeated_msg_id_is_a_duplicate(wired: Wired) -> None:
@@ -66,7 +78,7 @@ def test_an_expired_deadline_sends_nothing(wired: Wired) -> None:
 
 
 def test_a_lost_puback_is_unknown_and_observe_publication_resolves_it(
-    wired: Wired, nats_server: embedded.EmbeddedServer, freeze
+    wired: Wired, nats_server: embedded.EmbeddedServer, freeze: Freeze
 ) -> None:
     stream, subject = batch_channel(wired, "frozen")
     ledger = PublicationLedger()
@@ -98,4 +110,50 @@ def test_observe_publication_outside_the_window_or_without_msg_id_is_unresolvabl
                                           ledger, 5))
     assert isinstance(bare, PublicationUnresolvable)
     assert wired.run(wired.js.stream_info(stream)).state.messages == 0
+
+
+
+def _timers_at(deadline: float) -> list[asyncio.TimerHandle]:
+    """The loop's live timers due at deadline (monotonic; within a second)."""
+    scheduled = asyncio.get_running_loop()._scheduled  # type: ignore[attr-defined]
+    return [handle for handle in scheduled
+            if not handle.cancelled() and abs(handle.when() - deadline) < 1.0]
+
+
+def test_a_pipelined_batch_whose_pubacks_all_came_leaves_no_timer(wired: Wired) -> None:
+    # A batch's deadline timer fired to find nothing open, a wake-up of the loop per
+    # batch (at 1 kHz one per output): answered in full, it is cancelled.
+    _, subject = batch_channel(wired, "piped")
+    receipts: list[Receipt[PublishOutcome]] = [Receipt() for _ in range(3)]
+    deadline = time.monotonic() + 30
+
+    async def publish() -> tuple[int, int]:
+        batch = [(subject, envelope("piped", msg_id=f"p-{i}"), deadline, receipt)
+                 for i, receipt in enumerate(receipts)]
+        await publish_pipelined(wired.client, ReplyMux(wired.client), batch, asyncio.Lock())
+        armed = len(_timers_at(deadline))
+        while not all(r.done() for r in receipts):
+            await asyncio.sleep(0.01)
+        return armed, len(_timers_at(deadline))
+
+    armed, left = wired.run(publish())
+    assert [r.result(0) for r in receipts] == [Accepted(stream_seq=i, duplicate=False)
+                                               for i in (1, 2, 3)]
+    assert (armed, left) == (1, 0)  # armed while the PubAcks were on their way
+
+
+def test_a_pipelined_publish_whose_puback_never_came_is_unknown_at_its_deadline(
+    wired: Wired, nats_server: embedded.EmbeddedServer, freeze: Freeze
+) -> None:
+    _, subject = batch_channel(wired, "unanswered")
+    receipt: Receipt[PublishOutcome] = Receipt()
+
+    async def publish() -> None:
+        batch = [(subject, envelope("unanswered"), time.monotonic() + 0.5, receipt)]
+        await publish_pipelined(wired.client, ReplyMux(wired.client), batch, asyncio.Lock())
+
+    with freeze(nats_server):  # only this test's own server
+        wired.run(publish())
+        outcome = receipt.result(5)
+    assert outcome == PublicationUnknown("no PubAck before the deadline")  # MSG-014
 
