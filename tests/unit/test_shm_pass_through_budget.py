@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from tests.unit.test_shm_payload import leave_a_reservation, recorded_count_downs
+from test_shm_payload import leave_a_reservation, recorded_count_downs
 
 from videoflow.backends.shm_payload import PayloadBudgetExhausted, SharedMemoryPayloadStore
 from videoflow.errors import PayloadMissing

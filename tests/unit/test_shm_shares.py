@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.unit.test_shm_payload import leave_a_reservation
+from test_shm_payload import leave_a_reservation
 
 from videoflow.backends import shm_payload
 from videoflow.backends.payload import PayloadRecord
