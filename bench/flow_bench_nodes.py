@@ -522,9 +522,10 @@ async def peer_processor(url: str, out: str, stage: str, stream: str, durable: s
             items = []
             for m in msgs:
                 value = DECODE(m.data)
-                ended = ended or is_last(value)
+                marked = is_last(value)
+                ended = ended or marked
                 output = transform(value)
-                if is_last(value):
+                if marked:
                     output["last"] = True
                 items.append((f"{stage}-{ident(value)}", ENCODE(output)))
                 last_seq = max(last_seq, m.metadata.sequence.stream)

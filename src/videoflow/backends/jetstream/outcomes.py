@@ -234,7 +234,7 @@ class _BatchExpiry:
     answers those at the batch's last deadline (MSG-014). The timer is cancelled once
     every receipt is answered, as nearly every batch's are long before: a timer that
     fired to find nothing open was a wake-up of the loop per batch, at 1 kHz one per
-    output, a ninth of a pass-through's loop passes. (A cancelled timer never wakes
+    output, about a tenth of a pass-through's loop passes. (A cancelled timer never wakes
     the loop: it is dropped once it reaches the head of the schedule.)"""
 
     __slots__ = ("open", "replies", "sent", "timer")
@@ -291,8 +291,6 @@ def _filled_after_lookup(receipt: Receipt[PublishOutcome], expiry: _BatchExpiry,
             f"no stream answered, and the lookup failed: {error!r}", retryable=True)
     receipt.set_result(outcome)  # unless the batch's deadline answered it meanwhile
     expiry.answered()
-
-
 
 
 def receipt_outcome(subject: str, reply: Msg) -> PublishOutcome:
