@@ -24,7 +24,9 @@ from videoflow.broker.loop import (
     KEEP_SECONDS,
     READ_CHUNK_BYTES,
     ErrorLog,
+    Handoff,
     LoopRunner,
+    LoopWake,
     bound_reads,
     close_client,
     connect_fail_fast,
@@ -143,6 +145,34 @@ def test_a_caller_back_once_per_coalescing_window_sends_its_work_itself(
     time.sleep(max(0.0, started + 1.2 * window - time.monotonic()))
     runner.turn(unless_within=window)  # past it, before the keeper's backstop
     assert ran == [threading.get_ident()]
+
+
+
+def test_a_wake_holds_writes_over_each_drain_and_releases_them_when_a_drain_fails(
+    runner: LoopRunner, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A connection holds its socket writes while the handoffs drain (one write for all
+    # they sent); a drain that raises must not leave them held for good.
+    calls: list[object] = []
+    wake = LoopWake(runner, hold=lambda: calls.append("hold"),
+                    release=lambda: calls.append("release"))
+
+    def broken(items: list[int]) -> None:
+        calls.append(("broken", items))
+        raise RuntimeError("a bug in a drain")
+
+    first = Handoff(wake, lambda items: calls.append(("first", items)), lambda *_: None)
+    second = Handoff(wake, broken, lambda *_: None)
+    first.put(1)
+    runner.turn()
+    assert calls == ["hold", ("first", [1]), "release"]
+    calls.clear()
+    first.put(2)
+    second.put(3)
+    with caplog.at_level(logging.ERROR):
+        runner.turn()
+    assert calls == ["hold", ("first", [2]), ("broken", [3]), "release"]
+    assert "a bug in a drain" in caplog.text  # the loop's handler reported it
 
 
 

@@ -19,12 +19,21 @@ nats-py's way otherwise:
   directly (plain_headers); anything else (a status line such as a pull's 408, an
   undecodable byte, a malformed line) goes to nats-py's parser.
 
+Two more spare the loop a pass per message each way (FastHeadersClient):
+
+- reads: the bytes a read of the socket brings are parsed inside the transport's read
+  callback (_InlineReads), where nats-py's read-loop task would be woken to parse them
+  on the loop's next pass;
+- writes: publications and settlements made while a drain of the loop's wake-up holds
+  the writes (hold_writes) leave in one socket write at its end (write_held), where
+  nats-py's flusher task would write them on the next pass.
+
 And TlsClient holds a connection to the TLS it asked for: upgraded when the server
 only offers it, refused before CONNECT when it does not (nats-py goes by the server's
 INFO alone).
 
 These override private methods of nats-py's Client (_send_publish, _process_headers,
-_process_info).
+_process_info, _read_loop) and read its pending buffer and its stream's state.
 They are used only when nats-py has them with the signatures they were written
 against (FAST_HEADERS); with another nats-py, Client is nats-py's own and only speed
 differs. tests/integration/test_nats_headers.py holds both paths to nats-py's results.
@@ -32,14 +41,17 @@ differs. tests/integration/test_nats_headers.py holds both paths to nats-py's re
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import re
+from collections.abc import Coroutine
 from typing import Any, Final
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
-from nats.protocol.command import hpub_cmd
+from nats.protocol.command import hpub_cmd, pub_cmd
 
+from videoflow.broker.eager import start_eagerly
 from videoflow.broker.options import AskedTls
 from videoflow.errors import TLSRefused
 
@@ -117,7 +129,8 @@ FAST_HEADERS: Final = (
     _has("_send_publish", ("self", "subject", "reply", "payload", "payload_size", "headers"))
     and _has("_process_headers", ("self", "headers"))
     and _has("_send_command", ("self", "cmd", "priority"))
-    and _has("_flush_pending", ("self", "force_flush")))
+    and _has("_flush_pending", ("self", "force_flush"))
+    and _has("_read_loop", ("self",)))
 """Whether this nats-py has the private methods the fast paths override, as written
 against (nats-py 2.9 to 2.16)."""
 
@@ -159,20 +172,60 @@ class TlsClient(NatsClient):
 
 
 class FastHeadersClient(TlsClient):
-    """nats-py's Client with the header fast paths (the module docstring)."""
+    """nats-py's Client with the header fast paths (the module docstring), and writes
+    that can be held for one socket write at the end of a batch (hold_writes)."""
+
+    _holding = 0  # hold_writes calls not yet matched by write_held
 
     async def _send_publish(self, subject: str, reply: str, payload: bytes,
                             payload_size: int, headers: dict[str, Any] | None) -> None:
-        if type(headers) is not HeaderBlock:
+        if headers is None:
+            command = pub_cmd(subject, reply, payload)
+        elif type(headers) is HeaderBlock:
+            command = hpub_cmd(subject, reply, headers.block, payload)
+        else:
             await super()._send_publish(subject, reply, payload, payload_size, headers)
             return
         if subject == "":
             raise nats.errors.BadSubjectError
         self.stats["out_msgs"] += 1
         self.stats["out_bytes"] += payload_size
-        await self._send_command(hpub_cmd(subject, reply, headers.block, payload))
-        if self._flush_queue is not None and self._flush_queue.empty():
+        await self._send_command(command)
+        if not self._holding and self._flush_queue is not None and self._flush_queue.empty():
             await self._flush_pending()
+
+    async def _read_loop(self) -> None:
+        reader = getattr(self._transport, "_io_reader", None)
+        if isinstance(reader, asyncio.StreamReader) and all(
+                hasattr(reader, name) for name in _READER_STATE):
+            _InlineReads(self, reader)
+        await super()._read_loop()
+
+    def hold_writes(self) -> None:
+        """Leave what is published from here on in the pending buffer, for write_held
+        to write: a batch of publications and settlements made on one pass of the
+        loop then goes out in one write on that pass, where nats-py's flusher task
+        would write it on the loop's next pass (a pass more on every hop). A publish
+        whose headers nats-py encodes itself (not a HeaderBlock) still asks the flusher,
+        which then writes what is held with it, earlier."""
+        self._holding += 1
+
+    def write_held(self) -> None:
+        """End a hold_writes: write the pending buffer to the socket now, or have the
+        flusher write it when the socket is backed up (it waits for room) or the
+        connection is not up (nats-py writes it once reconnected)."""
+        self._holding -= 1
+        if self._holding or not self._pending:
+            return
+        writer = getattr(self._transport, "_io_writer", None)
+        transport = getattr(writer, "transport", None)
+        if (self.is_connected and transport is not None
+                and not transport.get_write_buffer_size()):
+            self._transport.writelines(self._pending)
+            self._pending = []
+            self._pending_data_size = 0
+        elif self._flush_queue is not None and self._flush_queue.empty():
+            self._flush_queue.put_nowait(asyncio.get_running_loop().create_future())
 
     async def _process_headers(self, headers: bytes) -> dict[str, str] | None:
         if headers:
@@ -181,6 +234,63 @@ class FastHeadersClient(TlsClient):
                 return parsed
         result: dict[str, str] | None = await super()._process_headers(headers)
         return result
+
+
+_READER_STATE: Final = ("_waiter", "_buffer", "_eof", "_exception")
+"""What _InlineReads reads of an asyncio.StreamReader (Python 3.10 to 3.13)."""
+
+
+class _InlineReads:
+    """Bytes read from the socket parsed as they arrive, inside the transport's read
+    callback, instead of by nats-py's read-loop task, woken through the stream's
+    buffer on the loop's next pass. Only when that task waits on an empty buffer:
+    bytes already waiting, or an end of stream or error, go its way, in order.
+
+    A parse that has to wait (nats-py's handlers can) goes on as a task (broker.eager),
+    and bytes read meanwhile are kept for it. What a parse raises is set on the
+    stream, so the read loop meets it and does what nats-py does (a protocol error:
+    reconnect).
+
+    Arguments:
+        client: the client whose parser gets the bytes.
+        reader: the stream its read loop reads from (one per connection).
+    """
+
+    __slots__ = ("_later", "client", "reader")
+
+    def __init__(self, client: FastHeadersClient, reader: asyncio.StreamReader) -> None:
+        self.client, self.reader = client, reader
+        self._later: list[bytes] | None = None  # read while a parse waits; None: none waits
+        reader.feed_data = self.feed_data  # type: ignore[method-assign]  # this stream's
+
+    def feed_data(self, data: bytes) -> None:
+        """What the stream's protocol calls with each read."""
+        if self._later is not None:
+            self._later.append(bytes(data))
+            return
+        reader = self.reader
+        if (reader._waiter is None or reader._buffer or reader._eof  # type: ignore[attr-defined]
+                or reader._exception is not None):  # type: ignore[attr-defined]
+            asyncio.StreamReader.feed_data(reader, data)
+            return
+        self._later = []  # until the parse is done: bytes read meanwhile wait for it
+        start_eagerly(self._carry_on(self.client._ps.parse(
+            data if type(data) is bytes else bytes(data))), _CARRIED)
+
+    async def _carry_on(self, parse: Coroutine[Any, Any, None]) -> None:
+        try:
+            await parse
+            while self._later:
+                later, self._later = b"".join(self._later), []
+                await self.client._ps.parse(later)
+        except Exception as error:
+            self.reader.set_exception(error)
+        finally:
+            self._later = None
+
+
+_CARRIED: set[asyncio.Task[None]] = set()
+"""Parses that had to wait, going on as tasks."""
 
 
 CLIENT_CLASS: Final[type[TlsClient]] = FastHeadersClient if FAST_HEADERS else TlsClient

@@ -446,10 +446,15 @@ class LoopWake:
 
     Arguments:
         runner: the loop the handoffs drain on.
+        hold / release: called before and after each drain: a connection holds its
+            socket writes for one write of everything the drain sent
+            (broker.client.FastHeadersClient.hold_writes).
     """
 
-    def __init__(self, runner: LoopRunner) -> None:
+    def __init__(self, runner: LoopRunner, hold: Callable[[], None] | None = None,
+                 release: Callable[[], None] | None = None) -> None:
         self._runner = runner
+        self._hold, self._release = hold, release
         self._lock = threading.Lock()
         self._scheduled = False
         self._handoffs: list[Handoff[Any]] = []
@@ -480,8 +485,16 @@ class LoopWake:
     def _drain(self) -> None:
         with self._lock:
             self._scheduled = False  # a put after this rings again: nothing is missed
-        for handoff in self._handoffs:  # in the order they were made
-            handoff.take()
+        if self._hold is None or self._release is None:
+            for handoff in self._handoffs:  # in the order they were made
+                handoff.take()
+            return
+        self._hold()
+        try:
+            for handoff in self._handoffs:
+                handoff.take()
+        finally:
+            self._release()
 
 
 class Handoff(Generic[T]):

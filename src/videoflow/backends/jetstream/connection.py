@@ -21,6 +21,8 @@ from nats.js import JetStreamContext
 
 from videoflow.backends.jetstream.reply_inbox import ReplyMux
 from videoflow.backends.messaging import BrokerUnavailable
+from videoflow.broker.client import FastHeadersClient
+from videoflow.broker.eager import start_eagerly
 from videoflow.broker.link import (
     Outage,
     broker_known_from_env,
@@ -30,7 +32,13 @@ from videoflow.broker.link import (
     transient,
     wait_back,
 )
-from videoflow.broker.loop import ErrorLog, LoopRunner, LoopWake, close_client, connect_fail_fast
+from videoflow.broker.loop import (
+    ErrorLog,
+    LoopRunner,
+    LoopWake,
+    close_client,
+    connect_fail_fast,
+)
 
 CALL_MARGIN_SECONDS: Final = 2.0
 """Added to a call's own bound when the caller's thread waits for the loop: the inner
@@ -64,12 +72,13 @@ class Connection:
         self.outage = Outage(outage_budget_from_env(), where=nats_url,
                              known=broker_known_from_env(), what="the messaging connection")
         self.runner = LoopRunner()
-        self.wake = LoopWake(self.runner)
+        self.wake = LoopWake(self.runner, self._hold_writes, self._write_held)
         self.client: Client | None = None
         self.js: JetStreamContext | None = None
         self.replies: ReplyMux | None = None
         self.send_lock: asyncio.Lock | None = None
         self._pipelined: set[asyncio.Task[None]] = set()
+        self._holding: Client | None = None  # the client a drain holds the writes of
 
     @property
     def connected(self) -> bool:
@@ -159,11 +168,20 @@ class Connection:
                     f"{self.outage.budget:g} s)")
         return "the JetStream backend is not connected"
 
+    def _hold_writes(self) -> None:
+        client = self._holding = self.client
+        if isinstance(client, FastHeadersClient):
+            client.hold_writes()
+
+    def _write_held(self) -> None:
+        client, self._holding = self._holding, None
+        if isinstance(client, FastHeadersClient):
+            client.write_held()
+
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """On the loop: run coro as a task, held until it is done (pipelined sends)."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._pipelined.add(task)  # a strong reference until it is done
-        task.add_done_callback(self._pipelined.discard)
+        """On the loop: run coro now, and as a task from its first wait, held until it
+        is done (pipelined sends: broker.loop.start_eagerly)."""
+        start_eagerly(coro, self._pipelined)
 
 
 __all__ = ["BROKER_CALL_SECONDS", "CALL_MARGIN_SECONDS", "Connection"]

@@ -1,0 +1,209 @@
+"""broker.client's reads and writes against a real nats-server: bytes read are parsed
+inside the transport's read callback (no pass of the loop for nats-py's read-loop
+task), in order even when a parse has to wait; what a parse raises reaches the read
+loop, which does what nats-py does; and writes held over a batch go out in one write
+on the batch's own pass."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import nats
+import nats.errors
+import pytest
+
+from videoflow.broker import client as fast
+from videoflow.broker.loop import registered
+from videoflow.broker.server import EmbeddedServer
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Observed(fast.FastHeadersClient):
+    """The fast client, recording the task each message is parsed in (None: inside a
+    callback of the loop, not a task) and the subjects in the order parsed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parsed_in: list[asyncio.Task[Any] | None] = []
+        self.subjects: list[str] = []
+
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
+                           headers: bytes) -> None:
+        self.parsed_in.append(asyncio.current_task())
+        self.subjects.append(subject.decode())
+        await self.handle(subject.decode())
+        await super()._process_msg(sid, subject, reply, data, headers)
+
+    async def handle(self, subject: str) -> None:
+        """What a handler does first (subclasses wait or raise)."""
+
+
+class PlainObserved(fast.TlsClient):
+    """nats-py's own reads (no inline parse), recording the task each message is parsed in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parsed_in: list[asyncio.Task[Any] | None] = []
+
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
+                           headers: bytes) -> None:
+        self.parsed_in.append(asyncio.current_task())
+        await super()._process_msg(sid, subject, reply, data, headers)
+
+
+async def one_by_one(reader: Any, sub: Any, count: int, url: str) -> list[bytes]:
+    """Publish count messages from another connection, each once the last arrived."""
+    publisher = await nats.connect(url)
+    got = []
+    try:
+        for i in range(count):
+            await publisher.publish("in.each", str(i).encode())
+            await publisher.flush()
+            got.append((await sub.next_msg(timeout=5)).data)
+    finally:
+        await publisher.close()
+    return got
+
+
+@pytest.mark.asyncio
+async def test_a_message_read_by_an_idle_connection_is_parsed_in_the_read_callback(
+        nats_server: EmbeddedServer) -> None:
+    ours, theirs = Observed(), PlainObserved()
+    for client in (ours, theirs):
+        await client.connect(nats_server.url)
+    try:
+        subs = [await client.subscribe("in.each") for client in (ours, theirs)]
+        for client in (ours, theirs):
+            await registered(client, 5)
+        await subs[1].unsubscribe()  # each one's pass reaches that one alone
+        got = await one_by_one(ours, subs[0], 50, nats_server.url)
+        await subs[0].unsubscribe()
+        theirs_sub = await theirs.subscribe("in.each")
+        await registered(theirs, 5)
+        theirs.parsed_in.clear()
+        got_theirs = await one_by_one(theirs, theirs_sub, 50, nats_server.url)
+    finally:
+        for client in (ours, theirs):
+            await client.close()
+    assert got == got_theirs == [str(i).encode() for i in range(50)]
+    # Each arrived at a connection waiting for bytes: parsed in the read callback,
+    # where nats-py's own client parses in its read-loop task.
+    assert ours.parsed_in == [None] * 50
+    assert len(theirs.parsed_in) == 50 and None not in theirs.parsed_in
+
+
+class Waits(Observed):
+    """Its handler of the first message on 'slow' waits 50 ms."""
+
+    waited = False
+
+    async def handle(self, subject: str) -> None:
+        if subject == "in.slow" and not self.waited:
+            self.waited = True
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.asyncio
+async def test_bytes_read_while_a_parse_waits_are_parsed_after_it_in_order(
+        nats_server: EmbeddedServer) -> None:
+    reader = Waits()
+    await reader.connect(nats_server.url)
+    publisher = await nats.connect(nats_server.url)
+    try:
+        sub = await reader.subscribe("in.*")
+        await registered(reader, 5)
+        await publisher.publish("in.slow", b"first")
+        await publisher.flush()
+        await asyncio.sleep(0.01)  # the reader's parse of it now waits
+        for i in range(100):
+            await publisher.publish("in.fast", str(i).encode())
+        await publisher.flush()
+        got = [(await sub.next_msg(timeout=5)).data for _ in range(101)]
+    finally:
+        await publisher.close()
+        await reader.close()
+    assert reader.waited
+    assert got == [b"first"] + [str(i).encode() for i in range(100)]
+    assert reader.subjects == ["in.slow"] + ["in.fast"] * 100
+
+
+class Breaks(Observed):
+    """Its handler of the first message on 'bad' raises a protocol error."""
+
+    broke = False
+
+    async def handle(self, subject: str) -> None:
+        if subject == "in.bad" and not self.broke:
+            self.broke = True
+            raise nats.errors.ProtocolError
+
+
+@pytest.mark.asyncio
+async def test_what_a_parse_raises_reaches_the_read_loop_which_reconnects(
+        nats_server: EmbeddedServer) -> None:
+    reconnected = asyncio.Event()
+
+    async def on_reconnect() -> None:
+        reconnected.set()
+
+    reader = Breaks()
+    await reader.connect(nats_server.url, reconnected_cb=on_reconnect,
+                         reconnect_time_wait=0.1)
+    publisher = await nats.connect(nats_server.url)
+    try:
+        sub = await reader.subscribe("in.*")
+        await registered(reader, 5)
+        await publisher.publish("in.bad", b"x")
+        await publisher.flush()
+        # nats-py's answer to a protocol error in its read loop: a reconnect, after
+        # which the subscription is made again and delivers.
+        await asyncio.wait_for(reconnected.wait(), 10)
+        await registered(reader, 5)
+        await publisher.publish("in.after", b"y")
+        await publisher.flush()
+        msg = await sub.next_msg(timeout=5)
+        while msg.subject != "in.after":  # "in.bad" may have been handed over first
+            msg = await sub.next_msg(timeout=5)
+    finally:
+        await publisher.close()
+        await reader.close()
+    assert reader.broke and reader.stats["reconnects"] == 1
+    assert msg.data == b"y"
+
+
+@pytest.mark.asyncio
+async def test_writes_held_over_a_batch_go_out_in_one_write_without_the_flusher(
+        nats_server: EmbeddedServer) -> None:
+    reader = await nats.connect(nats_server.url)
+    writer = await fast.connect(nats_server.url)
+    assert isinstance(writer, fast.FastHeadersClient)
+    writes: list[int] = []
+    transport = writer._transport
+    assert transport is not None
+    plain_writelines = transport.writelines
+
+    def counted(lines: list[bytes]) -> None:
+        writes.append(len(lines))
+        plain_writelines(lines)
+
+    transport.writelines = counted  # type: ignore[method-assign]  # counts this one's
+    try:
+        sub = await reader.subscribe("held")
+        await registered(reader, 5)
+        writer.hold_writes()
+        await writer.publish("held", b"1")
+        await writer.publish("held", b"2", headers=fast.encode_headers({"A": "b"}))
+        await writer.publish("held", b"3", headers=fast.encode_headers({"C": "d"}))
+        # Nothing written yet, and nats-py's flusher not asked to.
+        assert (len(writer._pending), writes) == (3, [])
+        assert writer._flush_queue is not None and writer._flush_queue.empty()
+        writer.write_held()
+        assert (writer._pending, writes) == ([], [3])
+        got = [await sub.next_msg(timeout=5) for _ in range(3)]
+    finally:
+        await writer.close()
+        await reader.close()
+    assert [m.data for m in got] == [b"1", b"2", b"3"]
+    assert [m.headers for m in got] == [None, {"A": "b"}, {"C": "d"}]
