@@ -44,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 import nats.errors
@@ -176,6 +176,11 @@ class FastHeadersClient(TlsClient):
     that can be held for one socket write at the end of a batch (hold_writes)."""
 
     _holding = 0  # hold_writes calls not yet matched by write_held
+    after_reads: Callable[[], None] | None = None
+    """Called on the loop once the bytes of a read have been parsed inline and their
+    messages handled: a receiver wakes its waiter once per read, on that pass."""
+    parsing_inline = False
+    """A read's bytes are being parsed inline: after_reads follows once they are."""
 
     async def _send_publish(self, subject: str, reply: str, payload: bytes,
                             payload_size: int, headers: dict[str, Any] | None) -> None:
@@ -274,6 +279,7 @@ class _InlineReads:
             asyncio.StreamReader.feed_data(reader, data)
             return
         self._later = []  # until the parse is done: bytes read meanwhile wait for it
+        self.client.parsing_inline = True
         start_eagerly(self._carry_on(self.client._ps.parse(
             data if type(data) is bytes else bytes(data))), _CARRIED)
 
@@ -287,6 +293,10 @@ class _InlineReads:
             self.reader.set_exception(error)
         finally:
             self._later = None
+            self.client.parsing_inline = False
+        after = self.client.after_reads
+        if after is not None:
+            after()
 
 
 _CARRIED: set[asyncio.Task[None]] = set()

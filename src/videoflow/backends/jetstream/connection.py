@@ -64,6 +64,8 @@ class Connection:
         client / js: the client and its JetStream context; None while not connected.
         replies: the connection's reply inbox (settlements, publication receipts).
         send_lock: held while a batch of publications is written.
+        on_reads_parsed: called on the loop once the bytes of a read have been parsed
+            and handled, where the client parses them inline (the receiver's ring).
     """
 
     def __init__(self, nats_url: str, connect_timeout: float) -> None:
@@ -79,6 +81,7 @@ class Connection:
         self.send_lock: asyncio.Lock | None = None
         self._pipelined: set[asyncio.Task[None]] = set()
         self._holding: Client | None = None  # the client a drain holds the writes of
+        self.on_reads_parsed: Callable[[], None] | None = None
 
     @property
     def connected(self) -> bool:
@@ -106,6 +109,8 @@ class Connection:
             self.runner.stop()
             raise
         self.client, self.js = client, client.jetstream()
+        if isinstance(client, FastHeadersClient):
+            client.after_reads = self._reads_parsed
         self.replies = ReplyMux(client)  # one reply inbox for settlements and receipts
         self.send_lock = asyncio.Lock()
         return True
@@ -167,6 +172,10 @@ class Connection:
             return (f"the broker {redact_url(self.nats_url)} is away (reconnecting for up to "
                     f"{self.outage.budget:g} s)")
         return "the JetStream backend is not connected"
+
+    def _reads_parsed(self) -> None:
+        if self.on_reads_parsed is not None:
+            self.on_reads_parsed()
 
     def _hold_writes(self) -> None:
         client = self._holding = self.client

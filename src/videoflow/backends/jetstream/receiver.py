@@ -58,6 +58,7 @@ class Receiver:
         self._arrived = 0
         self._ring_scheduled = False
         self._pacing = Pacing()  # of the callers of catch_up
+        connection.on_reads_parsed = self.reads_parsed
 
     def budget_admits(self) -> bool:
         """Whether the byte budget has room (every pull loop's gate, on the loop)."""
@@ -141,7 +142,16 @@ class Receiver:
         # wake-up per delivery handed the interpreter back and forth per message.
         if not self._ring_scheduled:
             self._ring_scheduled = True
-            asyncio.get_running_loop().call_soon(self._ring_now)
+            # Parsed inline, the read's end rings it (reads_parsed), on this pass.
+            if not getattr(self.connection.client, "parsing_inline", False):
+                asyncio.get_running_loop().call_soon(self._ring_now)
+
+    def reads_parsed(self) -> None:
+        """On the loop: the bytes of a read have been parsed and every delivery they
+        held parked, so a ring due on the loop's next pass is rung now: the waiter
+        takes them a pass sooner."""
+        if self._ring_scheduled:
+            self._ring_now()
 
     def _ring_now(self) -> None:
         self._ring_scheduled = False
