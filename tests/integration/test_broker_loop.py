@@ -176,6 +176,41 @@ def test_a_wake_holds_writes_over_each_drain_and_releases_them_when_a_drain_fail
 
 
 
+def test_each_wait_ends_at_its_own_deadline_whichever_came_first(runner: LoopRunner) -> None:
+    # One timer serves every wait whose deadline is at or after it: a wait with a
+    # later deadline than the armed timer must not end at the timer, and one with an
+    # earlier deadline must not wait for it.
+    def never() -> bool:
+        return False
+
+    def waited(seconds: float) -> float:
+        started = time.monotonic()
+        runner.wait_until(never, started + seconds, time.sleep)
+        return time.monotonic() - started
+
+    assert 0.05 <= waited(0.05) < 0.5
+    assert 0.3 <= waited(0.3) < 0.8   # later than the timer armed for the first
+    finished = threading.Event()
+    early = threading.Thread(target=runner.wait_until,
+                             args=(finished.is_set, time.monotonic() + 5.0, time.sleep))
+    early.start()  # arms a timer 5 s out, and is done long before it
+    time.sleep(0.1)
+    runner.call_soon(lambda: (finished.set(), runner.poke()))
+    early.join(2.0)
+    assert not early.is_alive()
+    assert 0.02 <= waited(0.02) < 0.5  # earlier than the armed timer: its own
+    finished.clear()
+    early = threading.Thread(target=runner.wait_until,
+                             args=(finished.is_set, time.monotonic() + 0.2, time.sleep))
+    early.start()  # arms a timer 0.2 s out, done before it
+    time.sleep(0.05)
+    runner.call_soon(lambda: (finished.set(), runner.poke()))
+    early.join(2.0)
+    # That timer fires during this wait, which goes on to its own deadline.
+    assert 0.5 <= waited(0.5) < 1.0
+
+
+
 def test_two_threads_waiting_on_one_runner_both_get_their_answers(runner: LoopRunner) -> None:
     async def nap(seconds: float) -> tuple[float, int]:
         await asyncio.sleep(seconds)
