@@ -32,13 +32,7 @@ from videoflow.broker.link import (
     transient,
     wait_back,
 )
-from videoflow.broker.loop import (
-    ErrorLog,
-    LoopRunner,
-    LoopWake,
-    close_client,
-    connect_fail_fast,
-)
+from videoflow.broker.loop import ErrorLog, LoopRunner, LoopWake, close_client, connect_fail_fast
 
 CALL_MARGIN_SECONDS: Final = 2.0
 """Added to a call's own bound when the caller's thread waits for the loop: the inner
@@ -189,7 +183,7 @@ class Connection:
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """On the loop: run coro now, and as a task from its first wait, held until it
-        is done (pipelined sends: broker.loop.start_eagerly)."""
+        is done (pipelined sends: broker.eager.start_eagerly)."""
         start_eagerly(coro, self._pipelined)
 
 
