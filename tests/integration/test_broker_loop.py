@@ -161,8 +161,9 @@ def test_a_wake_holds_writes_over_each_drain_and_releases_them_when_a_drain_fail
         calls.append(("broken", items))
         raise RuntimeError("a bug in a drain")
 
-    first = Handoff(wake, lambda items: calls.append(("first", items)), lambda *_: None)
-    second = Handoff(wake, broken, lambda *_: None)
+    first: Handoff[int] = Handoff(wake, lambda items: calls.append(("first", items)),
+                                  lambda *_: None)
+    second: Handoff[int] = Handoff(wake, broken, lambda *_: None)
     first.put(1)
     runner.turn()
     assert calls == ["hold", ("first", [1]), "release"]
@@ -191,11 +192,16 @@ def test_each_wait_ends_at_its_own_deadline_whichever_came_first(runner: LoopRun
     assert 0.05 <= waited(0.05) < 0.5
     assert 0.3 <= waited(0.3) < 0.8   # later than the timer armed for the first
     finished = threading.Event()
+
+    def finish() -> None:
+        finished.set()
+        runner.poke()
+
     early = threading.Thread(target=runner.wait_until,
                              args=(finished.is_set, time.monotonic() + 5.0, time.sleep))
     early.start()  # arms a timer 5 s out, and is done long before it
     time.sleep(0.1)
-    runner.call_soon(lambda: (finished.set(), runner.poke()))
+    runner.call_soon(finish)
     early.join(2.0)
     assert not early.is_alive()
     assert 0.02 <= waited(0.02) < 0.5  # earlier than the armed timer: its own
@@ -204,7 +210,7 @@ def test_each_wait_ends_at_its_own_deadline_whichever_came_first(runner: LoopRun
                              args=(finished.is_set, time.monotonic() + 0.2, time.sleep))
     early.start()  # arms a timer 0.2 s out, done before it
     time.sleep(0.05)
-    runner.call_soon(lambda: (finished.set(), runner.poke()))
+    runner.call_soon(finish)
     early.join(2.0)
     # That timer fires during this wait, which goes on to its own deadline.
     assert 0.5 <= waited(0.5) < 1.0

@@ -150,7 +150,7 @@ async def test_what_a_parse_raises_reaches_the_read_loop_which_reconnects(
 
     reader = Breaks()
     await reader.connect(nats_server.url, reconnected_cb=on_reconnect,
-                         reconnect_time_wait=0.1)
+                         reconnect_time_wait=0.1)  # type: ignore[arg-type]  # int only in its hint
     publisher = await nats.connect(nats_server.url)
     try:
         sub = await reader.subscribe("in.*")
@@ -188,7 +188,7 @@ async def test_writes_held_over_a_batch_go_out_in_one_write_without_the_flusher(
         writes.append(len(lines))
         plain_writelines(lines)
 
-    transport.writelines = counted  # type: ignore[method-assign]  # counts this one's
+    transport.writelines = counted  # type: ignore[method-assign,assignment]  # counts this one's
     try:
         sub = await reader.subscribe("held")
         await registered(reader, 5)

@@ -222,11 +222,11 @@ class FastHeadersClient(TlsClient):
         self._holding -= 1
         if self._holding or not self._pending:
             return
-        writer = getattr(self._transport, "_io_writer", None)
-        transport = getattr(writer, "transport", None)
-        if (self.is_connected and transport is not None
+        ours = self._transport
+        transport = getattr(getattr(ours, "_io_writer", None), "transport", None)
+        if (ours is not None and self.is_connected and transport is not None
                 and not transport.get_write_buffer_size()):
-            self._transport.writelines(self._pending)
+            ours.writelines(self._pending)
             self._pending = []
             self._pending_data_size = 0
         elif self._flush_queue is not None and self._flush_queue.empty():
@@ -266,7 +266,7 @@ class _InlineReads:
     def __init__(self, client: FastHeadersClient, reader: asyncio.StreamReader) -> None:
         self.client, self.reader = client, reader
         self._later: list[bytes] | None = None  # read while a parse waits; None: none waits
-        reader.feed_data = self.feed_data  # type: ignore[method-assign]  # this stream's
+        reader.feed_data = self.feed_data  # type: ignore[method-assign,assignment]  # this stream's
 
     def feed_data(self, data: bytes) -> None:
         """What the stream's protocol calls with each read."""
