@@ -55,37 +55,17 @@ async def test_a_coroutine_that_waits_goes_on_as_a_task_and_reads_what_it_waited
     assert held == set()
 
 
+@pytest.mark.parametrize("answered_first", [False, True],
+                         ids=["before_its_first_step", "after_its_wait_was_answered"])
 @pytest.mark.asyncio
-async def test_cancelling_the_task_cancels_the_coroutine_where_it_waits() -> None:
-    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+async def test_a_cancellation_of_the_task_reaches_the_coroutine_where_it_waits(
+        answered_first: bool) -> None:
+    awaited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     seen: list[str] = []
 
     async def waits() -> None:
         try:
-            await never
-        except asyncio.CancelledError:
-            seen.append("cancelled")
-            raise
-
-    held: set[asyncio.Task[None]] = set()
-    start_eagerly(waits(), held)
-    (task,) = held
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert seen == ["cancelled"]
-
-
-@pytest.mark.asyncio
-async def test_a_cancellation_after_what_it_awaited_was_answered_still_reaches_it() -> None:
-    # The awaited future is done when the cancel comes: cancelling it fails, so the
-    # task is cancelled at its next step -- which must reach the coroutine, not be lost.
-    answered: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    seen: list[str] = []
-
-    async def waits() -> None:
-        try:
-            await answered
+            await awaited
             seen.append("resumed")
         except asyncio.CancelledError:
             seen.append("cancelled")
@@ -94,8 +74,11 @@ async def test_a_cancellation_after_what_it_awaited_was_answered_still_reaches_i
     held: set[asyncio.Task[None]] = set()
     start_eagerly(waits(), held)
     (task,) = held
-    await asyncio.sleep(0)  # the task now waits on `answered` itself
-    answered.set_result(1)
+    if answered_first:
+        await asyncio.sleep(0)  # the task now waits on it itself
+        # Done, it cannot be cancelled: the task is, at its next step -- which must
+        # reach the coroutine, not be lost.
+        awaited.set_result(1)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
