@@ -43,17 +43,21 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import re
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from nats.protocol.command import hpub_cmd, pub_cmd
 
 from videoflow.broker.eager import start_eagerly
 from videoflow.broker.options import AskedTls
 from videoflow.errors import TLSRefused
+
+logger = logging.getLogger(__name__)
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 """A header name nats-py writes (its _HEADER_KEY_RE)."""
@@ -130,7 +134,10 @@ FAST_HEADERS: Final = (
     and _has("_process_headers", ("self", "headers"))
     and _has("_send_command", ("self", "cmd", "priority"))
     and _has("_flush_pending", ("self", "force_flush"))
-    and _has("_read_loop", ("self",)))
+    and _has("_read_loop", ("self",))
+    and _has("_process_msg", ("self", "sid", "subject", "reply", "data", "headers"))
+    and tuple(inspect.signature(NatsClient._build_message).parameters)
+    == ("self", "sid", "subject", "reply", "data", "headers"))
 """Whether this nats-py has the private methods the fast paths override, as written
 against (nats-py 2.9 to 2.16)."""
 
@@ -199,6 +206,22 @@ class FastHeadersClient(TlsClient):
         if not self._holding and self._flush_queue is not None and self._flush_queue.empty():
             await self._flush_pending()
 
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
+                           headers: bytes) -> None:
+        sub = self._subs.get(sid)
+        inline = None if sub is None else sub._pending_queue
+        if type(inline) is not InlineQueue:
+            await super()._process_msg(sid, subject, reply, data, headers)
+            return
+        stats = self.stats
+        stats["in_msgs"] += 1
+        stats["in_bytes"] += len(data)
+        sub._received += 1
+        parsed = None
+        if headers:
+            parsed = plain_headers(headers) or await super()._process_headers(headers)
+        inline.put_nowait(self._build_message(sid, subject, reply, data, parsed))
+
     async def _read_loop(self) -> None:
         reader = getattr(self._transport, "_io_reader", None)
         if isinstance(reader, asyncio.StreamReader) and all(
@@ -239,6 +262,41 @@ class FastHeadersClient(TlsClient):
                 return parsed
         result: dict[str, str] | None = await super()._process_headers(headers)
         return result
+
+
+class InlineQueue:
+    """Stands in for a subscription's message queue (nats-py's _process_msg puts every
+    message of a subscription on it, and a task per subscription takes them off to
+    await its callback): each message goes to dispatch at once instead, inside the
+    read loop -- a queue put, a task wake-up and a coroutine call per message cost
+    more than handlers that only park a delivery or fill in a receipt.
+    FastHeadersClient hands such a subscription's messages over without the rest of
+    nats-py's _process_msg (no JetStream flow control or slow-consumer accounting
+    applies to it). dispatch must not block, and what it raises is logged, never let
+    into the read loop (which would close the connection)."""
+
+    __slots__ = ("_dispatch",)
+
+    def __init__(self, dispatch: Callable[[Msg], None]) -> None:
+        self._dispatch = dispatch
+
+    def put_nowait(self, msg: Msg) -> None:
+        try:
+            self._dispatch(msg)
+        except Exception:
+            logger.exception("an inline subscription's handler failed")
+
+    def qsize(self) -> int:
+        return 0
+
+    def empty(self) -> bool:
+        return True
+
+    def task_done(self) -> None:
+        return None
+
+    async def join(self) -> None:
+        return None
 
 
 _READER_STATE: Final = ("_waiter", "_buffer", "_eof", "_exception")

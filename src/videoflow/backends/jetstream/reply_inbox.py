@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 from collections.abc import Callable
 
 import nats.errors
@@ -25,7 +24,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-logger = logging.getLogger(__name__)
+from videoflow.broker.client import InlineQueue
 
 NO_RESPONDERS_STATUS = "503"
 """The status header of the server's no-responders answer (nats/aio/client.py)."""
@@ -106,8 +105,8 @@ class ReplyMux:
 async def subscribe_inline(client: Client, subject: str,
                            handler: Callable[[Msg], None]) -> Subscription:
     """Subscribe subject with handler called inside nats-py's read loop, as each
-    message is parsed (_Handover), instead of through the subscription's queue and a
-    task per subscription awaiting a coroutine callback.
+    message is parsed (broker.client.InlineQueue), instead of through the
+    subscription's queue and a task per subscription awaiting a coroutine callback.
 
     The subscription has no callback and no byte limit (0: unbounded), so nats-py
     starts no task for it and counts nothing against it. A nats-py whose
@@ -119,7 +118,7 @@ async def subscribe_inline(client: Client, subject: str,
     """
     sub = await client.subscribe(subject, pending_bytes_limit=0)
     if isinstance(getattr(sub, "_pending_queue", None), asyncio.Queue):
-        sub._pending_queue = _Handover(handler)  # type: ignore[assignment]  # duck-typed
+        sub._pending_queue = InlineQueue(handler)  # type: ignore[assignment]  # duck-typed
         return sub
     await sub.unsubscribe()
 
@@ -127,37 +126,6 @@ async def subscribe_inline(client: Client, subject: str,
         handler(msg)
 
     return await client.subscribe(subject, cb=call)
-
-
-class _Handover:
-    """Stands in for a reply subscription's message queue (nats-py's _process_msg
-    puts every message of a subscription on it, and a task per subscription takes
-    them off to await its callback). Each reply is handed to dispatch at once
-    instead, inside the read loop: a queue put, a task wake-up and a coroutine call
-    per reply were a third of a producer's loop time, for a handler that only fills
-    in a receipt. dispatch must not block, and what it raises is logged, never let
-    into the read loop (which would close the connection)."""
-
-    def __init__(self, dispatch: Callable[[Msg], None]) -> None:
-        self._dispatch = dispatch
-
-    def put_nowait(self, msg: Msg) -> None:
-        try:
-            self._dispatch(msg)
-        except Exception:
-            logger.exception("a reply's handler failed")
-
-    def qsize(self) -> int:
-        return 0
-
-    def empty(self) -> bool:
-        return True
-
-    def task_done(self) -> None:
-        return None
-
-    async def join(self) -> None:
-        return None
 
 
 def no_responders(reply: Msg) -> bool:
