@@ -133,7 +133,12 @@ def assert_gap_within_one_timeout(fused: list[dict[str, Any]], gap: range) -> No
     captured meanwhile are held behind it (time order) and go with it, so none waits
     longer than group K; the camera, given up, is given up for every later group at
     once, so the groups captured after that wait for nothing but the live cameras'
-    frames: none waits for the backstop again."""
+    frames: none waits for the backstop again.
+
+    "At once" is measured against the same run's whole groups before the failure
+    (after the first ten, the start-up's): on a host whose load holds every frame up
+    (CI's two workers each running a flow of many processes on two cores), every
+    group of the run takes longer from capture to hand-over, those of the gap too."""
     latency = {g["instants"][0]: g["latency_ms"] for g in fused}
     wait = {g["instants"][0]: g["wait_ms"] for g in fused}
     print(f"gap {gap[0]}..{gap[-1]}: latency/wait ms (capture / first arrival to "
@@ -146,9 +151,14 @@ def assert_gap_within_one_timeout(fused: list[dict[str, Any]], gap: range) -> No
     assert settled, "the gap is too short to show the groups after the backstop"
     # Waiting for the backstop again would take TIMEOUT_MS - PERIOD_MS at the least
     # (as group K's did); a group that waited less did not. The median says the rest
-    # go at once, whatever one group's scheduling on a loaded machine (105 ms seen).
+    # go at once, whatever one group's scheduling on a loaded machine (105 ms seen):
+    # within 20 ms, or half a frame period past the whole groups' median of the same
+    # run where the host held those up longer (a median of 21 ms seen in CI, with
+    # every group of the gap 6-30 ms from capture to hand-over).
     assert max(settled) < TIMEOUT_MS - PERIOD_MS - 2.0, settled
-    assert sorted(settled)[len(settled) // 2] <= 20.0, sorted(settled)
+    before = sorted(latency[k] for k in range(10, gap[0]))
+    at_once = max(20.0, before[len(before) // 2] + PERIOD_MS / 2)
+    assert sorted(settled)[len(settled) // 2] <= at_once, (sorted(settled), before)
 
 
 @pytest.mark.timeout(60)
