@@ -33,7 +33,8 @@ only offers it, refused before CONNECT when it does not (nats-py goes by the ser
 INFO alone).
 
 These override private methods of nats-py's Client (_send_publish, _process_headers,
-_process_info, _read_loop) and read its pending buffer and its stream's state.
+_process_info, _read_loop, _process_msg) and read its pending buffer and its stream's
+state.
 They are used only when nats-py has them with the signatures they were written
 against (FAST_HEADERS); with another nats-py, Client is nats-py's own and only speed
 differs. tests/integration/test_nats_headers.py holds both paths to nats-py's results.
@@ -179,8 +180,9 @@ class TlsClient(NatsClient):
 
 
 class FastHeadersClient(TlsClient):
-    """nats-py's Client with the header fast paths (the module docstring), and writes
-    that can be held for one socket write at the end of a batch (hold_writes)."""
+    """nats-py's Client with the header fast paths, inline reads, inline
+    subscriptions (InlineQueue) and writes held for one socket write at the end of a
+    batch (hold_writes): the module docstring."""
 
     _holding = 0  # hold_writes calls not yet matched by write_held
     after_reads: Callable[[], None] | None = None
