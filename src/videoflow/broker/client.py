@@ -354,9 +354,11 @@ class _InlineReads:
         finally:
             self._later = None
             self.client.parsing_inline = False
-        after = self.client.after_reads
-        if after is not None:
-            after()
+            # Even when cancelled: a ring left for the read's end is rung, or the
+            # receiver would wait for it for good.
+            after = self.client.after_reads
+            if after is not None:
+                after()
 
 
 _CARRIED: set[asyncio.Task[None]] = set()
