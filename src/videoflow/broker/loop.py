@@ -511,16 +511,14 @@ class LoopWake:
     def _drain(self) -> None:
         with self._lock:
             self._scheduled = False  # a put after this rings again: nothing is missed
-        if self._hold is None or self._release is None:
+        if self._hold is not None:
+            self._hold()
+        try:
             for handoff in self._handoffs:  # in the order they were made
                 handoff.take()
-            return
-        self._hold()
-        try:
-            for handoff in self._handoffs:
-                handoff.take()
         finally:
-            self._release()
+            if self._release is not None:
+                self._release()
 
 
 class Handoff(Generic[T]):
