@@ -207,3 +207,70 @@ async def test_writes_held_over_a_batch_go_out_in_one_write_without_the_flusher(
         await reader.close()
     assert [m.data for m in got] == [b"1", b"2", b"3"]
     assert [m.headers for m in got] == [None, {"A": "b"}, {"C": "d"}]
+
+
+@pytest.mark.asyncio
+async def test_a_large_payload_goes_to_the_socket_as_it_is_in_order_with_the_rest(
+        nats_server: EmbeddedServer) -> None:
+    # From LARGE_PAYLOAD bytes a payload is written as the object it is (a slice of a
+    # frame: no join into the command, no copy before the socket's), after what was
+    # pending, small writes held included, and before what follows.
+    reader = await nats.connect(nats_server.url)
+    writer = await fast.connect(nats_server.url)
+    assert isinstance(writer, fast.FastHeadersClient)
+    written: list[object] = []
+    socket_side = writer._transport._io_writer.transport  # type: ignore[union-attr]
+    plain_write = socket_side.write
+
+    def recorded(data: Any) -> None:
+        written.append(data)
+        plain_write(data)
+
+    socket_side.write = recorded
+    frame = bytes(range(256)) * (3 * fast.LARGE_PAYLOAD // 256)
+    large = memoryview(frame)[1:2 * fast.LARGE_PAYLOAD + 1]
+    try:
+        sub = await reader.subscribe("large.>")
+        await registered(reader, 5)
+        writer.hold_writes()
+        await writer.publish("large.1", b"small before")
+        await writer.publish("large.2", large, headers=fast.encode_headers({"A": "b"}))
+        await writer.publish("large.3", large)
+        writer.write_held()
+        await writer.publish("large.4", b"small after")
+        await writer.flush()
+        got = [await sub.next_msg(timeout=5) for _ in range(4)]
+    finally:
+        await writer.close()
+        await reader.close()
+    assert [m.subject for m in got] == ["large.1", "large.2", "large.3", "large.4"]
+    assert [m.data for m in got] == [b"small before", bytes(large), bytes(large),
+                                     b"small after"]
+    assert [m.headers for m in got] == [None, {"A": "b"}, None, None]
+    assert sum(data is large for data in written) == 2
+
+
+@pytest.mark.asyncio
+async def test_a_large_payload_published_while_the_link_is_down_waits_for_the_reconnect(
+        nats_server: EmbeddedServer) -> None:
+    # Not written to a connection that is not up: nats-py's pending buffer keeps it,
+    # and the reconnect sends it.
+    reader = await nats.connect(nats_server.url)
+    writer = await fast.connect(nats_server.url, max_reconnect_attempts=-1,
+                                reconnect_time_wait=0.05)
+    assert isinstance(writer, fast.FastHeadersClient)
+    payload = b"\x01" * (fast.LARGE_PAYLOAD + 1)
+    try:
+        sub = await reader.subscribe("down")
+        await registered(reader, 5)
+        assert writer._transport is not None
+        writer._transport._io_writer.transport.abort()  # type: ignore[union-attr]
+        while writer.is_connected:
+            await asyncio.sleep(0.001)
+        await writer.publish("down", payload)
+        assert writer._pending and writer._pending[-1].endswith(payload + b"\r\n")
+        got = await sub.next_msg(timeout=10)
+    finally:
+        await writer.close()
+        await reader.close()
+    assert got.data == payload

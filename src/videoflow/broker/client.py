@@ -124,6 +124,14 @@ def plain_headers(headers: bytes) -> dict[str, str] | None:
     return parsed or None
 
 
+LARGE_PAYLOAD: Final = 64 * 1024
+"""Payload bytes from which a publication is written to the socket as it is, beside
+its protocol line (FastHeadersClient._write_large): nats-py joins the payload into
+the command, a copy twice over, and its flusher joins the commands into one write, a
+third; for an object store's chunks those passes over the bytes cost more than the
+socket's own copy."""
+
+
 def _has(method: str, parameters: tuple[str, ...]) -> bool:
     found = getattr(NatsClient, method, None)
     return (inspect.iscoroutinefunction(found)
@@ -194,9 +202,9 @@ class FastHeadersClient(TlsClient):
     async def _send_publish(self, subject: str, reply: str, payload: bytes,
                             payload_size: int, headers: dict[str, Any] | None) -> None:
         if headers is None:
-            command = pub_cmd(subject, reply, payload)
+            block = None
         elif type(headers) is HeaderBlock:
-            command = hpub_cmd(subject, reply, headers.block, payload)
+            block = headers.block
         else:
             await super()._send_publish(subject, reply, payload, payload_size, headers)
             return
@@ -204,9 +212,43 @@ class FastHeadersClient(TlsClient):
             raise nats.errors.BadSubjectError
         self.stats["out_msgs"] += 1
         self.stats["out_bytes"] += payload_size
+        if payload_size >= LARGE_PAYLOAD and self._write_large(
+                subject, reply, block, payload):
+            return
+        command = (pub_cmd(subject, reply, payload) if block is None
+                   else hpub_cmd(subject, reply, block, payload))
         await self._send_command(command)
         if not self._holding and self._flush_queue is not None and self._flush_queue.empty():
             await self._flush_pending()
+
+    def _write_large(self, subject: str, reply: str, block: bytes | None,
+                     payload: bytes) -> bool:
+        """Write a large publication to the socket now, its payload as it is: after
+        what is pending (held writes too: they only wait to share a write), then
+        the protocol line and block, the payload, the line's end. False, and nothing
+        written, when the connection is not up: nats-py's way then keeps it for the
+        reconnect. Does not wait for the socket to take it: a publish that waited on a
+        connection that died would hang its request past its timeout (nats-py's
+        flusher waits, apart from the publisher); the caller bounds what it has in
+        flight (objects.WINDOW)."""
+        ours = self._transport
+        transport = getattr(getattr(ours, "_io_writer", None), "transport", None)
+        if ours is None or transport is None or not self.is_connected or (
+                transport.is_closing()):
+            return False
+        size = len(payload)
+        if block is None:
+            line = f"PUB {subject} {reply} {size}\r\n".encode()
+        else:
+            line = f"HPUB {subject} {reply} {len(block)} {len(block) + size}\r\n".encode()
+            line += block
+        self._pending.append(line)
+        transport.write(b"".join(self._pending))
+        self._pending = []
+        self._pending_data_size = 0
+        transport.write(payload)
+        transport.write(b"\r\n")
+        return True
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
                            headers: bytes) -> None:
