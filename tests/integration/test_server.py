@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nats
 import pytest
 from nats.js import JetStreamContext
 
@@ -75,6 +76,35 @@ def test_bad_config_file_is_reported_with_the_servers_own_words(tmp_path: Path):
     config.write_text("jetstream { max_mem: not_a_size }\n")
     with pytest.raises(EmbeddedServerError, match="bad.conf:1"):
         embedded.start(extra_args=("-c", str(config)))
+
+
+@pytest.mark.asyncio
+async def test_the_server_takes_messages_up_to_its_max_payload(tmp_path: Path):
+    # 8 MiB by default (a raw 1080p frame travels inline), nats-server's own 1 MiB with
+    # None, and a config file given in extra_args decides for itself.
+    config = tmp_path / "own.conf"
+    config.write_text("max_payload: 2MB\n")
+    cases = [({}, embedded.DEFAULT_MAX_PAYLOAD), ({"max_payload": None}, 1 << 20),
+             ({"max_payload": 3 << 20}, 3 << 20),
+             ({"extra_args": ("-c", str(config))}, 2 << 20)]
+    for options, expected in cases:
+        with embedded.start(**options) as server:
+            client = await nats.connect(server.url)
+            try:
+                assert client.max_payload == expected, options
+                if expected == embedded.DEFAULT_MAX_PAYLOAD:
+                    await client.publish("x", b"\0" * 6_220_800)  # taken: no error
+                    await client.flush()
+                    assert client.is_connected
+            finally:
+                await client.close()
+    assert embedded.DEFAULT_MAX_PAYLOAD == 8 << 20
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "8MB"])
+def test_a_max_payload_that_is_not_a_positive_int_is_refused(bad: object):
+    with pytest.raises(ValueError, match="max_payload"):
+        embedded.EmbeddedServer(max_payload=bad)  # type: ignore[arg-type]
 
 
 def test_configured_binary_that_does_not_exist_is_named(monkeypatch: pytest.MonkeyPatch):

@@ -54,6 +54,15 @@ LOCK_WAIT_SECONDS = 30.0
 """How long a locked start waits for a store held by an operator command (or by a server
 still starting up) to be let go; a store held by a run is refused at once."""
 
+DEFAULT_MAX_PAYLOAD: Final = 8 * 1024 * 1024
+"""The embedded server's max_payload: 8 MiB, the most nats-server takes without a
+warning, where its own default is 1 MiB. Envelopes up to it travel inline, in the
+stream itself (payloads.inline_threshold): a raw 1080p frame (6.2 MB) is then one
+message per hop instead of an object-store put and get (chunks, a meta message, a
+digest each way and the obligation records), which measured here moved 2.2x the bytes
+camera -> pass-through -> sink at under half the CPU per frame (docs/ARCHITECTURE.md,
+"Frames across hosts")."""
+
 ENV_STORE_DIR: Final = "VIDEOFLOW_STORE_DIR"
 """The environment variable naming the embedded broker's persistent store."""
 
@@ -324,6 +333,10 @@ class EmbeddedServer:
             a server that has not recorded itself yet, waits up to lock_wait seconds for
             it; one held for a 'run' is refused at once.
         lock_wait: seconds a locked start waits for a store to be let go.
+        max_payload: the largest message the server takes, in bytes (DEFAULT_MAX_PAYLOAD);
+            None leaves nats-server's own default (1 MiB). Given to the server in a
+            configuration file of its own, so a ``-c`` file in extra_args replaces it:
+            set max_payload there.
         die_with_owner: on Linux, the server gets SIGTERM (and shuts down cleanly, its
             store written) when the thread that started it dies, so an owner that is
             SIGKILLed leaves no broker behind holding its store (PR_SET_PDEATHSIG, set
@@ -349,7 +362,12 @@ class EmbeddedServer:
         purpose: Purpose = "run",
         lock_wait: float = LOCK_WAIT_SECONDS,
         die_with_owner: bool = False,
+        max_payload: int | None = DEFAULT_MAX_PAYLOAD,
     ) -> None:
+        if max_payload is not None and (isinstance(max_payload, bool) or not isinstance(
+                max_payload, int) or max_payload < 1):
+            raise ValueError(f"max_payload must be None or a positive int, got {max_payload!r}")
+        self.max_payload = max_payload
         self.store_dir = None if store_dir is None else Path(store_dir)
         self.die_with_owner = die_with_owner
         self.binary = binary
@@ -411,6 +429,11 @@ class EmbeddedServer:
         # The log lives apart from the store, so a given store holds only JetStream data
         # (and, when locked, videoflow's lock and record).
         self._log_dir = tempfile.mkdtemp(prefix="videoflow-nats-log-")
+        if self.max_payload is not None:
+            # No command-line flag sets it.
+            config = Path(self._log_dir) / "videoflow-server.conf"
+            config.write_text(f"max_payload: {self.max_payload}\n")
+            args += ["-c", str(config)]
         self._args = args
         self._spawn(args, Path(self._log_dir) / "nats-server.log")
         self._settle()
