@@ -253,8 +253,8 @@ async def test_a_large_payload_goes_to_the_socket_as_it_is_in_order_with_the_res
 @pytest.mark.asyncio
 async def test_a_large_payload_published_while_the_link_is_down_waits_for_the_reconnect(
         nats_server: EmbeddedServer) -> None:
-    # Not written to a connection that is not up: nats-py's pending buffer keeps it,
-    # and the reconnect sends it.
+    # Not written to a connection that is not up: nats-py's pending buffer keeps it, as
+    # it is, and the reconnect sends it.
     reader = await nats.connect(nats_server.url)
     writer = await fast.connect(nats_server.url, max_reconnect_attempts=-1,
                                 reconnect_time_wait=0.05)
@@ -268,7 +268,8 @@ async def test_a_large_payload_published_while_the_link_is_down_waits_for_the_re
         while writer.is_connected:
             await asyncio.sleep(0.001)
         await writer.publish("down", payload)
-        assert writer._pending and writer._pending[-1].endswith(payload + b"\r\n")
+        assert writer._pending[-2:] == [payload, b"\r\n"]  # not joined into a command
+        assert writer._pending[-2] is payload
         got = await sub.next_msg(timeout=10)
     finally:
         await writer.close()

@@ -125,11 +125,15 @@ def plain_headers(headers: bytes) -> dict[str, str] | None:
 
 
 LARGE_PAYLOAD: Final = 64 * 1024
-"""Payload bytes from which a publication is written to the socket as it is, beside
-its protocol line (FastHeadersClient._write_large): nats-py joins the payload into
-the command, a copy twice over, and its flusher joins the commands into one write, a
-third; for an object store's chunks those passes over the bytes cost more than the
-socket's own copy."""
+"""Payload bytes from which a publication's payload is never joined into a command
+(FastHeadersClient._write_large): nats-py joins it into the command, a copy twice
+over, and its flusher joins the commands into one write, a third; for frames and an
+object store's chunks those passes over the bytes cost more than the socket's own
+copy."""
+
+WRITE_WAIT_SECONDS: Final = 0.5
+"""Step of a large publication's wait for the socket to take it: each step ends with
+a look at whether the connection is still the live one."""
 
 
 def _has(method: str, parameters: tuple[str, ...]) -> bool:
@@ -212,43 +216,56 @@ class FastHeadersClient(TlsClient):
             raise nats.errors.BadSubjectError
         self.stats["out_msgs"] += 1
         self.stats["out_bytes"] += payload_size
-        if payload_size >= LARGE_PAYLOAD and self._write_large(
-                subject, reply, block, payload):
-            return
-        command = (pub_cmd(subject, reply, payload) if block is None
-                   else hpub_cmd(subject, reply, block, payload))
-        await self._send_command(command)
+        if payload_size >= LARGE_PAYLOAD:
+            await self._write_large(subject, reply, block, payload)
+        else:
+            await self._send_command(pub_cmd(subject, reply, payload) if block is None
+                                     else hpub_cmd(subject, reply, block, payload))
         if not self._holding and self._flush_queue is not None and self._flush_queue.empty():
             await self._flush_pending()
 
-    def _write_large(self, subject: str, reply: str, block: bytes | None,
-                     payload: bytes) -> bool:
-        """Write a large publication to the socket now, its payload as it is: after
-        what is pending (held writes too: they only wait to share a write), then
-        the protocol line and block, the payload, the line's end. False, and nothing
-        written, when the connection is not up: nats-py's way then keeps it for the
-        reconnect. Does not wait for the socket to take it: a publish that waited on a
-        connection that died would hang its request past its timeout (nats-py's
-        flusher waits, apart from the publisher); the caller bounds what it has in
-        flight (objects.WINDOW)."""
-        ours = self._transport
-        transport = getattr(getattr(ours, "_io_writer", None), "transport", None)
-        if ours is None or transport is None or not self.is_connected or (
-                transport.is_closing()):
-            return False
+    async def _write_large(self, subject: str, reply: str, block: bytes | None,
+                           payload: bytes) -> None:
+        """Send a large publication without joining its payload into a command.
+
+        When the socket has taken everything so far, it is written now, after what
+        is pending (held writes too: they only wait to share a write), as its protocol
+        line (and block), the payload object, the line's end; then, while the socket
+        holds more than its high-water mark, this waits for it to take it, as
+        nats-py's flusher waits, so a camera's next frame is not copied into the
+        transport's buffer behind this one. Otherwise the three pieces join the
+        pending buffer, for nats-py's flusher or the reconnect. The wait is in steps
+        of WRITE_WAIT_SECONDS and ends when the connection does: a connection that
+        died is not closed by nats-py's reconnect, and a wait on it alone would hang
+        the publish for good."""
         size = len(payload)
         if block is None:
             line = f"PUB {subject} {reply} {size}\r\n".encode()
         else:
             line = f"HPUB {subject} {reply} {len(block)} {len(block) + size}\r\n".encode()
             line += block
+        ours = self._transport
+        transport = getattr(getattr(ours, "_io_writer", None), "transport", None)
+        if (ours is None or transport is None or not self.is_connected
+                or transport.is_closing() or transport.get_write_buffer_size()):
+            self._pending += (line, payload, b"\r\n")
+            self._pending_data_size += len(line) + size + 2
+            return
+        live: asyncio.WriteTransport = transport
         self._pending.append(line)
-        transport.write(b"".join(self._pending))
+        live.write(b"".join(self._pending))
         self._pending = []
         self._pending_data_size = 0
-        transport.write(payload)
-        transport.write(b"\r\n")
-        return True
+        live.write(payload)
+        live.write(b"\r\n")
+        high = live.get_write_buffer_limits()[1]
+        while (live.get_write_buffer_size() > high and self.is_connected
+               and not live.is_closing()
+               and getattr(getattr(ours, "_io_writer", None), "transport", None) is live):
+            try:
+                await asyncio.wait_for(ours.drain(), WRITE_WAIT_SECONDS)
+            except (asyncio.TimeoutError, OSError):
+                continue  # the loop's test decides: still this live connection?
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
                            headers: bytes) -> None:
