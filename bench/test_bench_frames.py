@@ -20,8 +20,18 @@ array, timed from before the first copy to after the last.
 ``shm``: the flow with ``payloads="shm"`` (the local engine's default): every frame is
 written once into shared memory per hop, and readers map it.
 
-``object_store``: the flow with ``payloads="object_store"``: every frame goes through
-the flow's NATS object store, as workers on several hosts would use it.
+``object_store``: the flow with ``payloads="object_store"``, as workers on several
+hosts would run it, on the embedded server (max_payload 8 MiB): a frame fits a
+message, so it travels inline, one stream message per hop.
+
+``object_store_chunks``: the same flow on a server at nats-server's own max_payload
+(1 MiB), as a cluster configured by default is: every frame goes through the flow's
+NATS object store (chunks, a meta message and the obligation records).
+
+``natspy_core`` and ``natspy_object_store``: the ceilings, camera -> sink with nats-py
+alone (bench/frame_peers.py), each side a process: plain core publish -> subscribe of
+one frame per message, and nats-py's own object store (put, name sent, get, delete);
+at most 4 frames unanswered, so neither loses any.
 
 The figure is bytes per second at the sink: the frames received after the first, times
 the frame's bytes, over the sink's first-to-last window (time.monotonic), as the flow
@@ -34,17 +44,18 @@ room; receives paused with the byte budget full).
 
 How to read it: the summary at the end gives per case the best round's bytes/s (on a
 shared 2-core machine the least disturbed one) and the median's, and the ratios
-shm / memcpy (how far from memory speed) and shm / object_store, from the best rounds
-and from the medians. Compare ratios within one run, never absolute figures across
-runs. The pytest-benchmark times themselves are whole runs (process start-up
-included) and are not the figures.
+shm / memcpy (how far from memory speed), shm / object_store, each object-store case
+over plain core NATS (issue 44 asks 0.8), inline over chunks, and chunks over nats-py's
+own object store, from the best rounds and from the medians. Compare ratios within
+one run, never absolute figures across runs. The pytest-benchmark times themselves
+are whole runs (process start-up included) and are not the figures.
 
-Sizes: with timing on, 300 frames per round for memcpy and shm and 60 for the object
-store (a frame there is about fifty chunk publishes and as many reads per hop, so 300
+Sizes: with timing on, 300 frames per round for memcpy and shm and 60 for every case
+through the broker (a frame there is several megabytes through a socket per hop, so 300
 would make its rounds minutes long), 3 rounds per case; with --benchmark-disable, 10
 frames per case in one round, a smoke check that still asserts every frame arrived
 once, whole and unmixed. Overrides: VF_BENCH_FRAMES_N (memcpy and shm frames),
-VF_BENCH_FRAMES_OBJECT_N (object-store frames; default the smaller of 60 and N),
+VF_BENCH_FRAMES_OBJECT_N (frames through the broker; default the smaller of 60 and N),
 VF_BENCH_FRAMES_ROUNDS.
 """
 
@@ -72,13 +83,16 @@ from frame_bench_nodes import (
     PassThrough,
     pool_frame,
 )
+from frame_peers import run_pair
 from videoflow.broker import server as embedded
 from videoflow.core.constants import BATCH
 from videoflow.flow import Flow
 
 pytestmark = pytest.mark.timeout(900)
 
-CASES = ["memcpy", "shm", "object_store"]
+CASES = ["memcpy", "shm", "object_store", "object_store_chunks", "natspy_core",
+         "natspy_object_store"]
+PEERS = {"natspy_core": "core", "natspy_object_store": "object_store"}
 STAGES = ["camera", "pass", "sink"]
 OBJECT_STORE_FRAMES = 60
 """Default frames per object-store round with timing on (see Sizes in the docstring)."""
@@ -99,7 +113,7 @@ class Sizes:
     rounds: int
 
     def for_case(self, case: str) -> int:
-        return self.object_frames if case == "object_store" else self.frames
+        return self.frames if case in ("memcpy", "shm") else self.object_frames
 
 
 def sizes_for(benchmark: Any) -> Sizes:
@@ -176,6 +190,8 @@ def write_summary(write: Callable[[str], None]) -> None:
         cpu = [median_of(rounds, f"{stage}_cpu_ms_per_frame") for stage in STAGES]
         write(f"  {'':<14}CPU ms/frame camera / pass / sink (median): "
               + " / ".join("-" if c is None else f"{c:,.2f}" for c in cpu))
+        if case in PEERS:
+            continue
         totals = {key: sum(r[key] for r in rounds) if all(r.get(key) is not None
                                                           for r in rounds) else None
                   for key in ("put_budget_waits", "receive_budget_waits", "mapped")}
@@ -184,7 +200,10 @@ def write_summary(write: Callable[[str], None]) -> None:
         write(f"  {'':<14}over its rounds: {puts}receives paused on the byte budget "
               f"{_known(totals['receive_budget_waits'])}, frames read as mapped views "
               f"{_known(totals['mapped'])}")
-    for top, bottom in (("shm", "memcpy"), ("shm", "object_store")):
+    for top, bottom in (("shm", "memcpy"), ("shm", "object_store"),
+                        ("object_store", "natspy_core"), ("object_store_chunks", "natspy_core"),
+                        ("object_store", "object_store_chunks"),
+                        ("object_store_chunks", "natspy_object_store")):
         a, b = _RESULTS.get(top), _RESULTS.get(bottom)
         if a and b:
             write(f"  {top} / {bottom}: {a['best'] / b['best']:.3f} (best), "
@@ -202,6 +221,15 @@ def run_rounds(benchmark: Any, rounds: int, target: Callable[[], None]) -> None:
 
 
 # ------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def server_1mib() -> Iterator[embedded.EmbeddedServer]:
+    """A server at nats-server's own max_payload (1 MiB), as a cluster configured by
+    default is: a frame does not fit a message there, so it goes through the object
+    store's chunks."""
+    with embedded.start(max_payload=None) as started:
+        yield started
 
 
 # ------------------------------------------------------------------ the rounds
@@ -263,12 +291,35 @@ def flow_round(url: str, out: Path, n: int, payloads: str) -> dict[str, Any]:
     return figures
 
 
+def peer_round(url: str, out: Path, n: int, how: str) -> dict[str, Any]:
+    """camera -> sink with nats-py alone (frame_peers); checks every frame arrived once,
+    whole and unmixed.
+
+    Returns:
+        the round's figures, as flow_round's (no pass stage).
+    """
+    run_pair(url, str(out), n, how)
+    stats = {stage: read_stats(out, stage) for stage in ("camera", "sink")}
+    got = stats["sink"]
+    assert (got["count"], got["distinct"], got["duplicates"], got["bad"]) == (n, n, 0, 0), got
+    figures: dict[str, Any] = {
+        "bytes_per_s": (n - 1) * FRAME_BYTES / (got["last"] - got["first"])
+        if got["last"] > got["first"] else None,
+        "mapped": 0, "put_budget_waits": None, "receive_budget_waits": None,
+        "pass_fps": None, "pass_cpu_ms_per_frame": None}
+    for stage, s in stats.items():
+        figures[f"{stage}_fps"] = per_second(s, n if stage == "camera" else n - 1)
+        figures[f"{stage}_cpu_ms_per_frame"] = 1e3 * s["cpu"] / n
+    return figures
+
+
 # ------------------------------------------------------------------ the case
 
 
 @pytest.mark.benchmark(group="frames_1080p")
 @pytest.mark.parametrize("case", CASES)
 def test_frames_1080p(benchmark: Any, summary: None, server: embedded.EmbeddedServer,
+                      server_1mib: embedded.EmbeddedServer,
                       rounds_dir: Callable[[], Path], case: str) -> None:
     sizes = sizes_for(benchmark)
     n = sizes.for_case(case)
@@ -279,7 +330,12 @@ def test_frames_1080p(benchmark: Any, summary: None, server: embedded.EmbeddedSe
         target.fill(0)  # its pages touched before the timing (np.zeros maps them lazily)
         run_rounds(benchmark, sizes.rounds,
                    lambda: rounds.append(memcpy_round(pool, target, n)))
-    else:
+    elif case in PEERS:
         run_rounds(benchmark, sizes.rounds,
-                   lambda: rounds.append(flow_round(server.url, rounds_dir(), n, case)))
+                   lambda: rounds.append(peer_round(server.url, rounds_dir(), n, PEERS[case])))
+    else:
+        url = server_1mib.url if case == "object_store_chunks" else server.url
+        payloads = "shm" if case == "shm" else "object_store"
+        run_rounds(benchmark, sizes.rounds,
+                   lambda: rounds.append(flow_round(url, rounds_dir(), n, payloads)))
     record(benchmark, case, n, rounds)
