@@ -19,6 +19,13 @@ class WireError(VideoflowError, ValueError):
     standard library still catch it."""
 
 
+class CodecError(WireError):
+    """An encoded array that cannot be read where it arrived: its codec's bytes do
+    not decode, or the codec (or its library) is not installed on this reader. The
+    input is dead-lettered with this reason, so it can be replayed once the reader
+    can read it."""
+
+
 class EmbeddedServerError(VideoflowError, RuntimeError):
     """The embedded nats-server could not be found or did not start. The message
     quotes the server's own fatal log lines when it wrote any."""

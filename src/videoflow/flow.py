@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from videoflow.core.constants import BATCH, FLOW_TYPES
+from videoflow.wire.codecs import parse_codecs
 
 if TYPE_CHECKING:
     from videoflow.core.compiler import CompiledFlow
@@ -27,14 +28,16 @@ class Flow:
             input, older ones are dropped and counted).
         name: the flow id: names its streams, subjects and dead-letter stream, so
             two flows on one broker need different names.
+        codec: the codecs of every node that names none (Node's codec); None: raw.
 
     Raises:
-        ValueError: an unknown flow type or a bad name (the graph itself is checked
-            by compile()).
+        ValueError: an unknown flow type, a bad name or codec (the graph itself is
+            checked by compile()).
+        MissingDependency: a codec whose library is not installed, naming the extra.
     """
 
     def __init__(self, producers: Sequence[Node], consumers: Sequence[Node],
-                 flow_type: str = BATCH, name: str = "flow") -> None:
+                 flow_type: str = BATCH, name: str = "flow", codec: Any = None) -> None:
         if flow_type not in FLOW_TYPES:
             raise ValueError(f"flow_type must be one of {FLOW_TYPES}, got {flow_type!r}")
         if not isinstance(name, str) or not name.strip():
@@ -43,6 +46,7 @@ class Flow:
         self.consumers = list(consumers)
         self.flow_type = flow_type
         self.flow_id = name
+        self.codec = parse_codecs(codec, "flow: codec")
 
     def compile(self) -> CompiledFlow:
         """The flow's NodeSpecs, checked (videoflow.core.compiler.compile_flow)."""

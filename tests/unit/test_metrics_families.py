@@ -169,3 +169,27 @@ def test_alignment_and_payload_shares_are_series_of_the_join_and_of_each_writer(
     assert at("videoflow_payload_wait_seconds_total", "cam0") == 4.0
     assert not any(name.startswith("videoflow_payload") and ("node", "fuse") in labels
                    for name, labels in got)  # a node writing no payload has no series
+
+
+def test_codec_counts_are_series_by_codec_and_add_up_over_a_replicas_processes() -> None:
+    jpeg = {"encoded": 30, "raw_bytes": 6_912_000, "coded_bytes": 420_000,
+            "encode_seconds": 0.09, "decoded": 0, "decode_seconds": 0.0}
+    dead = {"processed": 0, "emitted": 30, "codecs": {"jpeg": jpeg}}
+    live = {"processed": 0, "emitted": 5,
+            "codecs": {"jpeg": {**jpeg, "encoded": 5, "raw_bytes": 1_152_000,
+                                "coded_bytes": 70_000, "encode_seconds": 0.015}}}
+    one = merged([dead, live])
+    assert one["codecs"]["jpeg"]["encoded"] == 35
+    assert one["codecs"]["jpeg"]["raw_bytes"] == 8_064_000
+    got = exposition([ReplicaSample("camera", "0", one)])
+
+    def at(name: str, **extra: str) -> float:
+        labels = {"flow": "f", "node": "camera", "replica": "0", **extra}
+        return got[(name, frozenset(labels.items()))]
+
+    assert at("videoflow_codec_arrays_total", codec="jpeg", way="encoded") == 35
+    assert at("videoflow_codec_arrays_total", codec="jpeg", way="decoded") == 0
+    assert at("videoflow_codec_bytes_total", codec="jpeg", side="raw") == 8_064_000
+    assert at("videoflow_codec_bytes_total", codec="jpeg", side="coded") == 490_000
+    assert at("videoflow_codec_seconds_total", codec="jpeg", way="encoded") == pytest.approx(
+        0.105)

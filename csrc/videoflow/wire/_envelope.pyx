@@ -10,7 +10,7 @@ It is proven equal to the reference on every input it accepts (values, value
 types and zero-copy arrays: tests/unit/test_wire_compiled.py), and it accepts only
 what it fully understands. On anything else -- bytes that are malformed,
 truncated or followed by trailing bytes; a version tag that is not a positive
-fixint 1-3; a field of the wrong msgpack type; an ext code other than 1 and 2; a
+fixint 1-3; a field of the wrong msgpack type; an ext code it was not given; a
 map key that is a container or an ext; nesting deeper than MAX_DEPTH; an input
 that is not bytes, bytearray or a flat byte memoryview; any exception, including
 one from the ext hook -- ``decode`` returns None and the caller runs the
@@ -255,6 +255,7 @@ cdef class EnvelopeDecoder:
     # The value each field has in _template (borrowed: the template owns them).
     cdef PyObject* _current[N_FIELDS]
     cdef object _ext_hook
+    cdef unsigned int _ext_mask  # bit c set: ext code c goes to _ext_hook
     cdef PyObject* _cached[N_CACHED]
     cdef const char* _cached_utf8[N_CACHED]
     cdef Py_ssize_t _cached_len[N_CACHED]
@@ -271,7 +272,7 @@ cdef class EnvelopeDecoder:
             self._key_cache[i] = NULL
             self._key_cache_len[i] = -1
 
-    def __init__(self, tuple fields, tuple defaults, ext_hook):
+    def __init__(self, tuple fields, tuple defaults, ext_hook, ext_codes=(1, 2)):
         if fields != LAYOUT:
             raise ValueError(f"envelope fields {fields!r} are not the layout this decoder parses")
         if len(defaults) != N_FIELDS - N_V1:
@@ -289,6 +290,11 @@ cdef class EnvelopeDecoder:
         for i in range(N_FIELDS):
             self._current[i] = <PyObject*>self._defaults[i]
         self._ext_hook = ext_hook
+        self._ext_mask = 0
+        for code in ext_codes:
+            if not 0 <= code < 32:
+                raise ValueError(f"ext codes handed to the hook must be in 0..31, not {code!r}")
+            self._ext_mask |= 1u << code
 
     def __dealloc__(self):
         cdef int i
@@ -599,7 +605,7 @@ cdef class EnvelopeDecoder:
         cdef const unsigned char* q = _take(r, n)
         cdef Py_ssize_t offset = q - r.start
         cdef object view
-        if code != 1 and code != 2:
+        if code < 0 or code >= 32 or not (self._ext_mask >> code) & 1:
             raise _NotHandled
         if r.view == NULL:
             view = PyMemoryView_FromObject(<object>r.source)

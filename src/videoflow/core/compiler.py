@@ -28,6 +28,7 @@ from videoflow.core.credit import (
     node_credit,
 )
 from videoflow.core.policies import DeliveryPolicy, JoinPolicy
+from videoflow.wire.codecs import require as require_codec
 
 PRODUCER: Final = "producer"
 PROCESSOR: Final = "processor"
@@ -314,6 +315,8 @@ def compile_flow(flow: Any, max_retries: int = 3, ledger_budget: bool = False) -
             the flow's producers, a producer no consumer reads, two nodes with one
             name, a policy the node cannot have, a class a worker cannot import --
             each naming the node.
+        MissingDependency: a codec a node's outputs are to be encoded with whose
+            library is not installed, naming the extra.
     """
     from videoflow.core.constants import BATCH
     from videoflow.core.naming import stream_name_for
@@ -327,10 +330,14 @@ def compile_flow(flow: Any, max_retries: int = 3, ledger_budget: bool = False) -
             children[id(parent)].append(node)
     specs, nodes = [], {}
     subjects: dict[str, str] = {}
+    flow_codec = getattr(flow, "codec", ())
     for node in order:
         name = names[id(node)]
         where = f"node {name!r}"
         _check_importable(where, node)
+        node.flow_codec = flow_codec
+        for choice in node.codecs:  # its library here, or the flow is refused now
+            require_codec(choice.name)
         try:
             stream = stream_name_for(flow.flow_id, "run", name)  # a legal subject part
         except ValueError as error:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from videoflow.core.policies import DeliveryPolicy, JoinPolicy
 from videoflow.errors import NodeNotRunning
+from videoflow.wire.codecs import CodecChoice, parse_codecs
 
 if TYPE_CHECKING:
     from videoflow.core.context import RuntimeContext
@@ -41,6 +42,11 @@ class Node:
         join_policy: a JoinPolicy or its dict, overlaid on the flow type's default
             (nodes with two or more parents).
         delivery: a DeliveryPolicy or its dict, overlaid on the flow type's preset.
+        codec: how the arrays this node publishes are encoded (videoflow.wire.codecs):
+            a codec name ('jpeg', 'png', 'zstd'), a dict with its 'name' and options
+            ({"name": "jpeg", "quality": 80}), or a list of those, the first that takes
+            an array encoding it; 'raw' for none. None takes the flow's (Flow's
+            codec). Readers get the decoded arrays, whatever the payload store.
 
     Attributes:
         parents: the nodes this one reads, set by calling it; empty for a producer.
@@ -48,7 +54,8 @@ class Node:
             it outside a run raises NodeNotRunning.
 
     Raises:
-        ValueError: a bad nb_tasks, name or policy, naming the node.
+        ValueError: a bad nb_tasks, name, policy or codec, naming the node.
+        MissingDependency: a codec whose library is not installed, naming the extra.
     """
 
     kind: str = ""
@@ -61,6 +68,7 @@ class Node:
         partition_by: str | None = None,
         join_policy: JoinPolicy | Mapping[str, Any] | None = None,
         delivery: DeliveryPolicy | Mapping[str, Any] | None = None,
+        codec: Any = None,
     ) -> None:
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise ValueError(f"a node's name must be a non-empty str, got {name!r}")
@@ -72,8 +80,18 @@ class Node:
         self.partition_by = partition_by
         self.join_policy = _policy(where, "join_policy", join_policy, JoinPolicy)
         self.delivery = _policy(where, "delivery", delivery, DeliveryPolicy)
+        self.codec: tuple[CodecChoice, ...] | None = (
+            None if codec is None else parse_codecs(codec, f"{where}: codec"))
+        self.flow_codec: tuple[CodecChoice, ...] = ()
+        """The flow's codecs, set when the flow is compiled: this node's unless it
+        names its own."""
         self.parents: tuple[Node, ...] = ()
         self._context: RuntimeContext | None = None
+
+    @property
+    def codecs(self) -> tuple[CodecChoice, ...]:
+        """The codecs this node's outputs are encoded with: its own, else its flow's."""
+        return self.flow_codec if self.codec is None else self.codec
 
     @property
     def name(self) -> str:

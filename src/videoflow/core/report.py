@@ -47,6 +47,22 @@ class ProcessDeath:
                 f"{held}; {then}")
 
 
+def _codec_line(codec: str, counts: Mapping[str, float]) -> str:
+    """What one codec did at a node, in words: encoded (bytes before and after, ms per
+    array) and decoded (ms per array)."""
+    parts = []
+    encoded, decoded = int(counts.get("encoded", 0)), int(counts.get("decoded", 0))
+    if encoded:
+        raw, coded = counts.get("raw_bytes", 0), counts.get("coded_bytes", 0)
+        share = f" ({coded / raw:.1%})" if raw else ""
+        parts.append(f"encoded {encoded} arrays, {raw / 1e6:,.1f} MB -> {coded / 1e6:,.1f} MB"
+                     f"{share}, {1e3 * counts.get('encode_seconds', 0.0) / encoded:.2f} ms each")
+    if decoded:
+        parts.append(f"decoded {decoded}, "
+                     f"{1e3 * counts.get('decode_seconds', 0.0) / decoded:.2f} ms each")
+    return f"codec {codec}: " + ("; ".join(parts) or "nothing yet")
+
+
 @dataclass
 class NodeReport:
     """One node over all its replicas.
@@ -97,6 +113,9 @@ class NodeReport:
             of the shared-memory payload budget, in all; None when it wrote none there.
         payload_share_bytes: their shares of that budget, summed, as last reported
             (None as above).
+        codecs: what each codec did in its replicas, summed (wire.codecs'
+            counts): arrays encoded, their raw and coded bytes, encode seconds; arrays
+            decoded, decode seconds. {} when no codec ran.
         restarts: replica processes started again after dying.
         deaths: every process that died without its final report, in order: which,
             how, when, what it had in hand, whether it was started again.
@@ -127,6 +146,7 @@ class NodeReport:
     waiting_on: dict[str, str] = field(default_factory=dict)
     payload_waited_seconds: float | None = None
     payload_share_bytes: int | None = None
+    codecs: dict[str, dict[str, float]] = field(default_factory=dict)
     restarts: int = 0
     deaths: list[ProcessDeath] = field(default_factory=list)
     cpu_seconds: float | None = None
@@ -186,6 +206,10 @@ class NodeReport:
                 held[parent] = max(held.get(parent, 0.0), float(seconds))
             if "~" not in key:
                 report.waiting_on.update(stats.get("waiting_on") or {})
+            for name, counts in (stats.get("codecs") or {}).items():
+                into = report.codecs.setdefault(name, {})
+                for field_name, value in counts.items():
+                    into[field_name] = into.get(field_name, 0) + value
             payload = stats.get("payload")
             if payload:
                 report.payload_waited_seconds = (report.payload_waited_seconds or 0.0) + float(
@@ -304,6 +328,8 @@ class RunReport:
                          else f" of {n.payload_share_bytes / 2**20:.0f} MB")
                 lines.append(f"  {name}: waited {n.payload_waited_seconds:.1f} s for room in "
                              f"its shared-memory payload share{share}")
+            for codec, c in sorted(n.codecs.items()):
+                lines.append(f"  {name}: {_codec_line(codec, c)}")
         for n in self.nodes.values():
             # A replica lost at its last death: its 'lost' line below tells that death.
             last = {death.replica: death for death in n.deaths}

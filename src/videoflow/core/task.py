@@ -31,6 +31,7 @@ from videoflow.core.engine import STOP_QUIESCE, Messenger
 from videoflow.core.histogram import Histogram
 from videoflow.core.node import ConsumerNode, Node, ProcessorNode, ProducerNode
 from videoflow.errors import LedgerError
+from videoflow.wire.codecs import counts_snapshot as codec_counts
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,9 @@ class TaskStats:
         publications: the messenger's publication outcomes by kind (accepted,
             duplicate, unknown, dropped, rejected).
         budget_waits: times receiving paused because the byte budget was full.
+        codecs: what each codec did in this replica's process (wire.codecs'
+            counts_snapshot): arrays encoded, their raw and coded bytes and the seconds
+            it took; arrays decoded and the seconds it took.
         held_back: a time join's parents, the seconds its event-time alignment has held
             each back (left its input on the broker while it ran ahead).
         held_back_now: the parents it holds back now, each with why ('drift' or
@@ -97,6 +101,7 @@ class TaskStats:
     hop_latency: Histogram = field(default_factory=Histogram)
     publications: dict[str, int] = field(default_factory=dict)
     budget_waits: int = 0
+    codecs: dict[str, dict[str, float]] = field(default_factory=dict)
     held_back: dict[str, float] = field(default_factory=dict)
     held_back_now: dict[str, str] = field(default_factory=dict)
     waiting_on: dict[str, str] = field(default_factory=dict)
@@ -139,6 +144,7 @@ class TaskStats:
                 "hop_latency": self.hop_latency.as_dict(),
                 "publications": dict(self.publications),
                 "budget_waits": self.budget_waits,
+                "codecs": {name: dict(c) for name, c in self.codecs.items()},
                 "held_back": dict(self.held_back),
                 "held_back_now": dict(self.held_back_now),
                 "waiting_on": dict(self.waiting_on),
@@ -245,6 +251,7 @@ class Task:
         self.stats.watermark_lag_max = dict(getattr(self.messenger, "watermark_lag_max", {}))
         self.stats.publications = dict(getattr(self.messenger, "publication_stats", {}))
         self.stats.budget_waits = int(getattr(self.messenger, "budget_waits", 0))
+        self.stats.codecs = codec_counts()
         alignment = getattr(self.messenger, "alignment_state", None)
         if alignment is not None:
             stats = self.stats

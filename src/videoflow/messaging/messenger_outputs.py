@@ -44,6 +44,8 @@ from videoflow.messaging.messenger_payloads import MessengerPayloads
 from videoflow.messaging.messenger_window import PublicationFailed, PublishWindow
 from videoflow.messaging.publication import PublicationStats, publish_until_known
 from videoflow.messaging.tracing import GroupTrace, NodeTracing
+from videoflow.wire.codecs import CodecChoice
+from videoflow.wire.numpy_ext import code_message
 from videoflow.wire.offload import GatheredMessage, encode_message, gather_message
 from videoflow.wire.serialization import OutputEncoder
 
@@ -115,8 +117,10 @@ class Outputs:
                  stats: PublicationStats, ack_wait: float, *, replayable: bool,
                  payload_store: PayloadStore | None,
                  blob_reader_ids: tuple[str, ...],
-                 tracing: NodeTracing | None = None) -> None:
+                 tracing: NodeTracing | None = None,
+                 codecs: tuple[CodecChoice, ...] = ()) -> None:
         self.node_name, self.channel, self.flow_type = node_name, channel, flow_type
+        self.codecs = codecs
         self.replica_id, self.nb_tasks = replica_id, nb_tasks
         self.backend, self.runtime, self.payloads = backend, runtime, payloads
         self.deliveries, self.window, self.stats = deliveries, window, stats
@@ -227,6 +231,8 @@ class Outputs:
             # without encoding it or copying its bytes, where the store shares them.
             passed = None if self.payload_store is None else self.payloads.passed_through(
                 message)
+            if passed is None and self.codecs:
+                message = code_message(message, self.codecs)
             blob = None if self._offload_above is None or passed is not None else (
                 self._encode(message))
             if passed is not None:

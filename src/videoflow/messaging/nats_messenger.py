@@ -94,7 +94,7 @@ from videoflow.core.naming import (
     subject_for,
 )
 from videoflow.core.runtime import FlowRuntime
-from videoflow.errors import PayloadMissing, WireError
+from videoflow.errors import CodecError, PayloadMissing, WireError
 from videoflow.messaging.grouping import (
     EnvelopeEntry,
     ReadyGroup,
@@ -334,7 +334,7 @@ class NATSMessenger(Messenger):
             self.runtime, self.payloads, self.deliveries, self.window,
             self.publication_stats_counter, ack_wait, replayable=replayable,
             payload_store=payload_store, blob_reader_ids=self.blob_reader_ids,
-            tracing=self.tracing)
+            tracing=self.tracing, codecs=tuple(getattr(node, "codecs", ())))
         self._flushed = False
         # Called between waits for input (the task's progress report): a node waiting
         # on its parents still says what it has done, not what it had at its last input.
@@ -817,6 +817,13 @@ class NATSMessenger(Messenger):
                 # while its parent's data still comes.
                 raise WireError("an end marker on the data subject")
             event_ts = decoded["event_ts"]  # a float or None: the wire types it
+        except CodecError as error:
+            # Whole bytes an installed codec (or one installed later) may read:
+            # kept, to be replayed.
+            self.deliveries.drops["undecodable"] += 1
+            self.deliveries.dead_letter(_Handle(parent, sub, delivery), error,
+                                        "undecodable: codec", "undecodable")
+            return
         except (WireError, KeyError) as error:
             self.deliveries.drops["undecodable"] += 1
             self.deliveries.terminate(parent, delivery, f"undecodable: {error!r}")
@@ -846,13 +853,15 @@ class NATSMessenger(Messenger):
             if ref is not None:  # restored before the entry is built: one entry per input
                 decoded["message"] = self.payloads.restore(ref)
             entry = EnvelopeEntry.from_decoded(decoded)
-        except PayloadMissing as error:
+        except (PayloadMissing, CodecError) as error:
             # The envelope is whole, its payload gone (reclaimed, deleted from shared
-            # memory): dead-lettered, so the envelope and the reason are kept.
+            # memory) or not readable here (a codec): dead-lettered, so the envelope
+            # and the reason are kept.
             self.deliveries.drops["undecodable"] += 1
             self.deliveries.let_go(delivery)  # held while it was set aside
+            what = "codec" if isinstance(error, CodecError) else "payload missing"
             self.deliveries.dead_letter(_Handle(parent, sub, delivery), error,
-                                        "undecodable: payload missing", "undecodable")
+                                        f"undecodable: {what}", "undecodable")
             return
         except (WireError, KeyError) as error:
             self.deliveries.drops["undecodable"] += 1

@@ -40,6 +40,11 @@ named; the broker's counts by flow, node, parent and durable instead):
   budget; videoflow_payload_waiting is 1 while it waits for room, and
   videoflow_payload_wait_seconds_total how long it waited in all.
 - videoflow_budget_waits_total: times receiving paused on a full byte budget.
+- videoflow_codec_arrays_total{codec,way}: arrays a codec encoded (way 'encoded', a
+  publishing node) or decoded (way 'decoded', a reading one);
+  videoflow_codec_bytes_total{codec,side}: the encoded arrays' bytes before (side
+  'raw') and after ('coded'); videoflow_codec_seconds_total{codec,way}: the time it
+  took. Per replica process.
 - videoflow_restarts_total (engine only): processes of the replica started again.
 - videoflow_replica_up: 1 while the replica's process runs and has not ended.
 """
@@ -157,6 +162,13 @@ class SnapshotCollector:
         published = counter("videoflow_publications", "Publication outcomes.", "outcome")
         waits = counter("videoflow_budget_waits", "Receives paused on a full byte budget.")
         restarts = counter("videoflow_restarts", "Processes of the replica started again.")
+        coded = counter("videoflow_codec_arrays", "Arrays a codec encoded or decoded.",
+                        "codec", "way")
+        coded_bytes = counter("videoflow_codec_bytes",
+                              "Encoded arrays' bytes before (raw) and after (coded).",
+                              "codec", "side")
+        coded_seconds = counter("videoflow_codec_seconds",
+                                "Seconds a codec spent encoding or decoding.", "codec", "way")
         by_durable = ["flow", "node", "parent", "durable"]
         pending = GaugeMetricFamily("videoflow_pending_messages",
                                     "Inputs waiting on the broker (available + leased).",
@@ -209,6 +221,13 @@ class SnapshotCollector:
             for outcome, n in sorted((s.get("publications") or {}).items()):
                 published.add_metric([*labels, outcome], n)
             waits.add_metric(labels, s.get("budget_waits", 0))
+            for codec, c in sorted((s.get("codecs") or {}).items()):
+                for way in ("encoded", "decoded"):
+                    coded.add_metric([*labels, codec, way], c.get(way, 0))
+                    coded_seconds.add_metric([*labels, codec, way],
+                                             c.get(f"{way[:-1]}_seconds", 0.0))
+                for side in ("raw", "coded"):
+                    coded_bytes.add_metric([*labels, codec, side], c.get(f"{side}_bytes", 0))
             if sample.restarts is not None:
                 restarts.add_metric(labels, sample.restarts)
             up.add_metric(labels, 1.0 if s.get("outcome", "running") == "running" else 0.0)
@@ -247,7 +266,7 @@ class SnapshotCollector:
         yield from (received, processed, outputs, failures, dropped, dead, published,
                     waits, restarts, pending, unresolved, unknown, lag, up, join, hop,
                     held_total, held_now, waiting_on, payload_held, payload_share,
-                    payload_waiting, payload_waited)
+                    payload_waiting, payload_waited, coded, coded_bytes, coded_seconds)
 
 
 def per_durable(snapshots: Iterable[Mapping[str, Any]],
@@ -330,6 +349,13 @@ def merged(snapshots: list[Mapping[str, Any]]) -> dict[str, Any]:
             if s.get(key):
                 histogram.add(s[key])
         out[key] = histogram.as_dict()
+    codecs: dict[str, dict[str, float]] = {}
+    for s in snapshots:
+        for name, counts in (s.get("codecs") or {}).items():
+            into = codecs.setdefault(name, {})
+            for field_name, value in counts.items():
+                into[field_name] = into.get(field_name, 0) + value
+    out["codecs"] = codecs
     return out
 
 

@@ -421,7 +421,8 @@ class _Run:
                       else _copy(spec.name, self.compiled.nodes[spec.name]))
         slot: list[_Replica] = []
         messenger = _SimMessenger(
-            SimpleNamespace(name=spec.name), list(spec.parents), "memory://simulation",
+            SimpleNamespace(name=spec.name, codecs=getattr(node, "codecs", ())),
+            list(spec.parents), "memory://simulation",
             self.compiled.flow_id, self.compiled.flow_type, RUN_ID, replica_id=replica,
             ack_wait=self.ack_wait, max_retries=self.max_retries,
             eos_quiescence_ms=self.eos_quiescence_ms, nb_tasks=spec.nb_tasks,

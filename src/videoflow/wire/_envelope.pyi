@@ -1,4 +1,4 @@
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 DECODER_KIND: str
@@ -11,6 +11,7 @@ class EnvelopeDecoder:
         fields: tuple[str, ...],
         defaults: tuple[Any, ...],
         ext_hook: Callable[[int, memoryview], Any],
+        ext_codes: Iterable[int] = ...,
     ) -> None: ...
     def decode(self, data: bytes | bytearray | memoryview) -> dict[str, Any] | None: ...
 

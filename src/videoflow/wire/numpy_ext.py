@@ -1,8 +1,12 @@
 """The numpy extension of the wire format: how arrays and numpy scalars travel
 inside a message (the msgpack extension types an envelope's message may hold).
 
-Messages are any msgpack value, plus two extension types:
+Messages are any msgpack value, plus three extension types (their codes and the
+codec registry: videoflow.wire.codecs):
 
+- ext 3, a numpy ndarray encoded by a registered codec (codecs' docstring): built
+  here from a node's codec choices (code_message), read back here into an array of
+  the dtype and shape its header names;
 - ext 1, numpy ndarray; ext 2, numpy scalar (a 0-d array that decodes to the
   scalar). Payload::
 
@@ -21,7 +25,8 @@ Decoding an array is zero-copy: it is ``np.frombuffer`` over the received buffer
 Arrays decoded from ``bytes`` are therefore read-only (copy one to write to it),
 arrays decoded from a ``bytearray`` share and pin that buffer, and an array may be
 unaligned (numpy handles that; copy it if a kernel needs alignment). Ext codes 1
-and 2 are reserved; any other extension decodes to ``msgspec.msgpack.Ext``.
+to 3 are reserved; any other extension decodes to ``msgspec.msgpack.Ext``. An array
+decoded from ext 3 is the codec's own, writable array.
 
 enc_hook and ext_hook are the msgspec hooks every encoder and decoder of messages
 (videoflow.wire.serialization, videoflow.wire.offload) is built with; the compiled
@@ -34,6 +39,7 @@ import math
 import re
 import struct
 import sys
+import time
 import warnings
 from functools import lru_cache
 from typing import Annotated, Any, Union
@@ -41,12 +47,12 @@ from typing import Annotated, Any, Union
 import msgspec
 import numpy as np
 
-from videoflow.errors import WireError
+from videoflow.errors import CodecError, MissingDependency, WireError
+from videoflow.wire import codecs
+from videoflow.wire.codecs import EXT_CODED, EXT_NDARRAY, EXT_NPSCALAR, CodecChoice
 
-__all__ = ["EXT_NDARRAY", "array_parts", "enc_hook", "ext_hook", "masked", "pack_array"]
-
-EXT_NDARRAY = 1
-_EXT_NPSCALAR = 2
+__all__ = ["EXT_NDARRAY", "CodedArray", "array_parts", "code_message", "enc_hook",
+           "ext_hook", "masked", "pack_array"]
 
 
 _U32 = struct.Struct("<I")
@@ -79,8 +85,15 @@ class _ArrayHeader(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_
     shape: _Shape
 
 
+class _CodedHeader(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
+    codec: str
+    descr: Union[str, _StructuredDescr]  # noqa: UP007 -- resolved by msgspec at runtime
+    shape: _Shape
+
+
 _header_encoder = msgspec.msgpack.Encoder()
 _header_decoder = msgspec.msgpack.Decoder(_ArrayHeader)
+_coded_decoder = msgspec.msgpack.Decoder(_CodedHeader)
 
 
 @lru_cache(maxsize=256)
@@ -277,23 +290,109 @@ def _unpack_array(data: memoryview) -> np.ndarray[Any, Any]:
         raise WireError(f"array extension: cannot build {dtype} array {shape}: {exc}") from exc
 
 
+class CodedArray:
+    """An array a codec encoded, standing in for it in a message until it is encoded
+    (enc_hook writes it as ext 3)."""
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+
+def pack_coded(array: np.ndarray[Any, Any], choice: CodecChoice) -> bytes:
+    """array's ext 3 payload, encoded by the codec chosen (one whose takes accepted
+    it), counted in the codec's counts.
+
+    Raises:
+        TypeError: a dtype the wire cannot carry.
+    """
+    descr = _checked_descr(array.dtype)
+    started = time.perf_counter()
+    data = choice.codec.encode(array, choice.options)
+    header = _header_encoder.encode((choice.name, descr, array.shape))
+    codecs.count_encoded(choice.name, array.nbytes, len(data), started)
+    return _U32.pack(len(header)) + header + data
+
+
+def code_message(message: Any, choices: tuple[CodecChoice, ...]) -> Any:
+    """message with each array in it (in its dicts, lists and tuples) of
+    MIN_CODED_BYTES or more that one of choices takes replaced by a CodedArray, the
+    first that takes it encoding it; message itself when none is. The message is not
+    changed in place."""
+    if isinstance(message, np.ndarray):
+        if message.nbytes < codecs.MIN_CODED_BYTES or masked(message):
+            return message
+        for choice in choices:
+            if choice.codec.takes(message):
+                return CodedArray(pack_coded(message, choice))
+        return message
+    if isinstance(message, dict):
+        coded = {key: code_message(value, choices) for key, value in message.items()}
+        return coded if any(coded[k] is not v for k, v in message.items()) else message
+    if isinstance(message, (list, tuple)) and not hasattr(message, "_fields"):
+        items = [code_message(value, choices) for value in message]
+        if all(a is b for a, b in zip(items, message, strict=True)):
+            return message
+        return items if isinstance(message, list) else tuple(items)
+    return message
+
+
+def _unpack_coded(data: memoryview) -> np.ndarray[Any, Any]:
+    size = len(data)
+    if size < 4:
+        raise WireError(f"coded array extension truncated: {size} bytes, header length needs 4")
+    (header_len,) = _U32.unpack_from(data)
+    start = 4 + header_len
+    if start > size:
+        raise WireError(f"coded array extension truncated: header claims {header_len} "
+                        f"bytes, {size - 4} present")
+    try:
+        header = _coded_decoder.decode(data[4:start])
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise WireError(f"coded array extension: bad header: {exc}") from exc
+    dtype = _dtype_from_descr(header.descr)
+    shape = header.shape
+    try:
+        codec = codecs.require(header.codec)
+    except (ValueError, MissingDependency) as exc:
+        raise CodecError(f"coded array extension: cannot read codec {header.codec!r} "
+                         f"here: {exc}") from exc
+    started = time.perf_counter()
+    try:
+        array = codec.decode(data[start:], dtype, shape)
+    except Exception as exc:  # whatever the codec's library raises for bad bytes
+        raise CodecError(f"coded array extension: codec {header.codec!r} could not "
+                         f"decode its bytes: {exc!r}") from exc
+    if not isinstance(array, np.ndarray) or array.dtype != dtype or array.shape != shape:
+        got = (getattr(array, "dtype", type(array).__name__), getattr(array, "shape", None))
+        raise CodecError(f"coded array extension: codec {header.codec!r} decoded "
+                        f"{got[0]} {got[1]}, the header names {dtype} {shape}")
+    codecs.count_decoded(header.codec, started)
+    return array
+
+
 def enc_hook(obj: Any) -> Any:
+    if type(obj) is CodedArray:
+        return msgspec.msgpack.Ext(EXT_CODED, obj.payload)
     if isinstance(obj, np.ndarray):
         if masked(obj):
             # Its mask would be silently dropped.
             raise TypeError("cannot encode numpy masked arrays in an envelope")
         return msgspec.msgpack.Ext(EXT_NDARRAY, pack_array(np.asarray(obj)))
     if isinstance(obj, np.generic):
-        return msgspec.msgpack.Ext(_EXT_NPSCALAR, pack_array(np.asarray(obj)))
+        return msgspec.msgpack.Ext(EXT_NPSCALAR, pack_array(np.asarray(obj)))
     raise TypeError(f"cannot encode objects of type {type(obj).__qualname__} in an envelope")
 
 
 def ext_hook(code: int, data: memoryview) -> Any:
     if code == EXT_NDARRAY:
         return _unpack_array(data)
-    if code == _EXT_NPSCALAR:
+    if code == EXT_NPSCALAR:
         array = _unpack_array(data)
         if array.ndim != 0:
             raise WireError(f"numpy scalar extension with shape {array.shape}")
         return array[()]
+    if code == EXT_CODED:
+        return _unpack_coded(data)
     return msgspec.msgpack.Ext(code, bytes(data))

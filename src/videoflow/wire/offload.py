@@ -22,7 +22,8 @@ import msgspec
 import numpy as np
 
 from videoflow.errors import WireError
-from videoflow.wire.numpy_ext import EXT_NDARRAY, array_parts, enc_hook, ext_hook, masked
+from videoflow.wire.codecs import EXT_NDARRAY
+from videoflow.wire.numpy_ext import array_parts, enc_hook, ext_hook, masked
 
 __all__ = [
     "GATHER_ABOVE_BYTES",

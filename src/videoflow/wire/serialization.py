@@ -70,6 +70,7 @@ from videoflow.native import PURE_PYTHON, not_built
 
 # The numpy extension's hooks under this module's names: the compiled decoder's tests
 # build its EnvelopeDecoder and its array payloads through this module, as it does.
+from videoflow.wire.codecs import EXT_CODES
 from videoflow.wire.numpy_ext import enc_hook, ext_hook
 from videoflow.wire.offload import (
     BlobStore,
@@ -403,7 +404,8 @@ if _compiled is not None:
     decode_envelope = functools.update_wrapper(
         _compiled.compose_decode_envelope(
             _compiled.EnvelopeDecoder(
-                _EnvelopeV3.__struct_fields__, tuple(_V3_DEFAULTS.values()), ext_hook
+                _EnvelopeV3.__struct_fields__, tuple(_V3_DEFAULTS.values()), ext_hook,
+                EXT_CODES,
             ),
             _reference_decode_envelope,
         ),

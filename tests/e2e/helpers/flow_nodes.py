@@ -554,3 +554,70 @@ class RecordProcess(ConsumerNode):
         directory = Path(self.directory)
         (directory / "modules.txt").write_text("\n".join(sorted(sys.modules)))
         (directory / "probe.txt").write_text(os.environ.get("VF_PROBE", "unset"))
+
+
+def camera_image(i: int) -> Any:
+    """Frame i of CodedFrames: a camera-like RGB image (gradients, a soft pattern that
+    moves with i), what jpeg is made for."""
+    import numpy as np
+
+    y, x = np.mgrid[0:240, 0:320]
+    return np.stack([x * 255 // 320, y * 255 // 240,
+                     128 + 100 * np.sin((x + 3 * i) / 23.0) * np.cos(y / 17.0)],
+                    -1).astype(np.uint8)
+
+
+class CodedFrames(ProducerNode):
+    """count messages {"i", "frame": camera_image(i), "depth": a float32 map}; with
+    corrupt_at, that message's frame is bytes no codec reads, as an encoded array
+    (ext 3 naming jpeg)."""
+
+    def __init__(self, count: int, corrupt_at: int | None = None, **options: Any) -> None:
+        super().__init__(**options)
+        self.count, self.corrupt_at, self.i = count, corrupt_at, 0
+
+    def next(self) -> dict[str, Any]:
+        import msgspec
+        import numpy as np
+
+        from videoflow.wire.numpy_ext import CodedArray
+
+        if self.i >= self.count:
+            raise StopIteration
+        i, self.i = self.i, self.i + 1
+        frame: Any = camera_image(i)
+        if i == self.corrupt_at:
+            header = msgspec.msgpack.encode(("jpeg", "|u1", [240, 320, 3]))
+            frame = CodedArray(len(header).to_bytes(4, "little") + header + b"\xff\xd8 broken")
+        depth = np.arange(64 * 64, dtype=np.float32).reshape(64, 64) * (i + 1) / 7
+        return {"i": i, "frame": frame, "depth": depth}
+
+
+class CodedCheck(ConsumerNode):
+    """Records per message its index, the frame's PSNR against camera_image(i), whether
+    the depth map came back exact, and the frame's shape and dtype."""
+
+    def __init__(self, directory: str, **options: Any) -> None:
+        super().__init__(**options)
+        self.directory = directory
+
+    def consume(self, message: dict[str, Any]) -> None:
+        import numpy as np
+
+        i, frame, depth = message["i"], message["frame"], message["depth"]
+        want = camera_image(i).astype(np.float64)
+        mse = float(np.mean((frame.astype(np.float64) - want) ** 2))
+        psnr = 99.0 if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
+        exact = bool(np.array_equal(
+            depth, np.arange(64 * 64, dtype=np.float32).reshape(64, 64) * (i + 1) / 7))
+        with open(Path(self.directory) / "coded.log", "a") as log:
+            log.write(f"{i} {psnr:.2f} {int(exact)} {frame.dtype} "
+                      f"{'x'.join(map(str, frame.shape))}\n")
+
+
+def coded_seen(directory: Path) -> list[tuple[int, float, bool, str, str]]:
+    """What a CodedCheck sink saw: (index, psnr, depth exact, dtype, shape) per message."""
+    log = directory / "coded.log"
+    rows = log.read_text().split("\n") if log.exists() else []
+    return [(int(i), float(p), e == "1", d, s)
+            for i, p, e, d, s in (row.split() for row in rows if row)]
