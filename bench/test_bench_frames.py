@@ -28,6 +28,12 @@ message, so it travels inline, one stream message per hop.
 (1 MiB), as a cluster configured by default is: every frame goes through the flow's
 NATS object store (chunks, a meta message and the obligation records).
 
+``object_store_jpeg``: the inline flow with the flow's codec jpeg (quality 90): the
+camera and the pass-through encode what they publish, each reader decodes; the frames are camera-like
+(gradients, soft shapes, sensor noise) instead of noise, whose JPEG is its worst case,
+and the sink checks each is close to its own pool frame. Its bytes/s count the raw
+frames delivered, as the others do.
+
 ``natspy_core`` and ``natspy_object_store``: the ceilings, camera -> sink with nats-py
 alone (bench/frame_peers.py), each side a process: plain core publish -> subscribe of
 one frame per message, and nats-py's own object store (put, name sent, get, delete);
@@ -90,8 +96,8 @@ from videoflow.flow import Flow
 
 pytestmark = pytest.mark.timeout(900)
 
-CASES = ["memcpy", "shm", "object_store", "object_store_chunks", "natspy_core",
-         "natspy_object_store"]
+CASES = ["memcpy", "shm", "object_store", "object_store_chunks", "object_store_jpeg",
+         "natspy_core", "natspy_object_store"]
 PEERS = {"natspy_core": "core", "natspy_object_store": "object_store"}
 STAGES = ["camera", "pass", "sink"]
 OBJECT_STORE_FRAMES = 60
@@ -190,6 +196,12 @@ def write_summary(write: Callable[[str], None]) -> None:
         cpu = [median_of(rounds, f"{stage}_cpu_ms_per_frame") for stage in STAGES]
         write(f"  {'':<14}CPU ms/frame camera / pass / sink (median): "
               + " / ".join("-" if c is None else f"{c:,.2f}" for c in cpu))
+        if case == "object_store_jpeg":
+            jpeg = [median_of(rounds, f"jpeg_{key}") for key in
+                    ("bytes_per_frame", "encode_ms", "decode_ms")]
+            if None not in jpeg:
+                write(f"  {'':<14}jpeg (median): {jpeg[0] / 1e3:,.0f} KB a frame, encode "
+                      f"{jpeg[1]:.1f} ms, decode {jpeg[2]:.1f} ms; bytes/s counts raw frames")
         if case in PEERS:
             continue
         totals = {key: sum(r[key] for r in rounds) if all(r.get(key) is not None
@@ -203,6 +215,7 @@ def write_summary(write: Callable[[str], None]) -> None:
     for top, bottom in (("shm", "memcpy"), ("shm", "object_store"),
                         ("object_store", "natspy_core"), ("object_store_chunks", "natspy_core"),
                         ("object_store", "object_store_chunks"),
+                        ("object_store_jpeg", "object_store"),
                         ("object_store_chunks", "natspy_object_store")):
         a, b = _RESULTS.get(top), _RESULTS.get(bottom)
         if a and b:
@@ -251,18 +264,23 @@ def per_second(stats: dict[str, Any], intervals: int) -> float | None:
     return intervals / span if intervals > 0 and span > 0 else None
 
 
-def flow_round(url: str, out: Path, n: int, payloads: str) -> dict[str, Any]:
+def flow_round(url: str, out: Path, n: int, payloads: str,
+               codec: str | None = None) -> dict[str, Any]:
     """camera -> pass -> sink as a videoflow flow with the given payload store; checks
-    that every frame arrived once, whole and unmixed.
+    that every frame arrived once, whole and unmixed. With a codec (the flow's: every hop
+    encodes), the camera sends camera-like frames, and the sink checks each is close to
+    its own.
 
     Returns:
         the round's figures: bytes/s at the sink, every stage's frames/s and CPU
         ms/frame, frames read as mapped views, budget waits.
     """
-    camera = Frames(n, str(out), ["pass", "sink"], name="camera")
+    lossy = codec is not None
+    camera = Frames(n, str(out), ["pass", "sink"], camera=lossy, name="camera")
     passed = PassThrough(str(out), name="pass")(camera)
-    sink = FrameSink(str(out), n, name="sink")(passed)
-    flow = Flow([camera], [sink], BATCH, name=f"bench-frames-{payloads.replace('_', '-')}")
+    sink = FrameSink(str(out), n, camera=lossy, lossy=lossy, name="sink")(passed)
+    flow = Flow([camera], [sink], BATCH, name=f"bench-frames-{payloads.replace('_', '-')}",
+                codec=codec)
     report = flow.run(url, view=False, payloads=payloads)
     assert report.outcome == "completed", report.format()
     stats = {stage: read_stats(out, stage) for stage in STAGES}
@@ -278,6 +296,12 @@ def flow_round(url: str, out: Path, n: int, payloads: str) -> dict[str, Any]:
         if got["last"] > got["first"] else None,
         "mapped": got["mapped"],
     }
+    if codec is not None:
+        counts = report.nodes["camera"].codecs[codec]
+        figures.update({f"{codec}_bytes_per_frame": counts["coded_bytes"] / counts["encoded"],
+                        f"{codec}_encode_ms": 1e3 * counts["encode_seconds"] / counts["encoded"]})
+        read = report.nodes["pass"].codecs[codec]
+        figures[f"{codec}_decode_ms"] = 1e3 * read["decode_seconds"] / read["decoded"]
     for stage in STAGES:
         s = stats[stage]
         # The camera's window runs from its first next() to the one that ends it, so
@@ -336,6 +360,7 @@ def test_frames_1080p(benchmark: Any, summary: None, server: embedded.EmbeddedSe
     else:
         url = server_1mib.url if case == "object_store_chunks" else server.url
         payloads = "shm" if case == "shm" else "object_store"
+        codec = "jpeg" if case == "object_store_jpeg" else None
         run_rounds(benchmark, sizes.rounds,
-                   lambda: rounds.append(flow_round(url, rounds_dir(), n, payloads)))
+                   lambda: rounds.append(flow_round(url, rounds_dir(), n, payloads, codec)))
     record(benchmark, case, n, rounds)
