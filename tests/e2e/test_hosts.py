@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from flow_nodes import applied
-from hosts import Hosts, cluster_url, start_cluster, unavailable
+from hosts import Host, Hosts, cluster_url, start_cluster, unavailable
 
 from videoflow.broker.server import find_binary
 
@@ -55,6 +55,30 @@ def hosts() -> Iterator[Hosts]:
 
 def videoflow(*args: str) -> list[str]:
     return [sys.executable, "-m", "videoflow", *args]
+
+
+def run_workers(placed: list[tuple[Host, str]], spec: Path, url: str, env: dict[str, str],
+                logs: Path, timeout: float = 150) -> None:
+    """A `videoflow worker` per (host, node) of the provisioned run, each on its host;
+    every one must end cleanly within timeout (what each said is in the failure)."""
+    workers = {}
+    for host, node in placed:
+        # Each worker's stderr to a file: a pipe nobody reads while the others run
+        # would fill and stop the worker writing to it.
+        with open(logs / f"{node}.err", "w") as err:
+            workers[node] = host.popen(
+                *videoflow("worker", "--spec", str(spec), "--node", node, "--nats-url", url),
+                cwd=HELPERS, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in workers.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for process in workers.values():
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+    ended = {node: process.returncode for node, process in workers.items()}
+    assert all(code == 0 for code in ended.values()), (ended, {
+        node: (logs / f"{node}.err").read_text()[-1500:] for node in workers})
 
 
 def test_hosts_have_their_own_network_and_shared_memory_and_leave_nothing(
@@ -106,14 +130,7 @@ def test_a_flow_runs_with_each_node_on_its_own_host_over_a_cluster_across_them(
     done = a.run(*videoflow("provision", "flows:chain", "--out", str(spec), "--nats-url",
                             url, "--replicas", "3"), cwd=HELPERS, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
-    workers = {}
-    for host, node in ((c, "record"), (b, "scale"), (a, "numbers")):
-        workers[node] = host.popen(
-            *videoflow("worker", "--spec", str(spec), "--node", node, "--nats-url", url),
-            cwd=HELPERS, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for node, process in workers.items():
-        _, stderr = process.communicate(timeout=180)
-        assert process.returncode == 0, f"{node}: {stderr[-2000:]}"
+    run_workers([(c, "record"), (b, "scale"), (a, "numbers")], spec, url, env, tmp_path)
     assert sorted(v for (v,) in applied(out)) == [2 * i for i in range(200)]
 
 
@@ -130,31 +147,18 @@ def run_fusion(hosts: Hosts, tmp_path: Path, codec: str, replicas: int,
     shared = tmp_path / "shared"
     shared.mkdir()
     env = {**os.environ, "VF_TEST_SUMMARY": str(shared / "summary.json"),
-           "VF_TEST_CODEC": codec, "VF_TEST_SECONDS": str(seconds)}
+           "VF_TEST_CODEC": codec, "VF_TEST_SECONDS": str(seconds),
+           # Seconds, not the demo's 300 ms: what is tested is that every frame
+           # crosses the hosts and fuses, not real-time latency, and a process stalled
+           # on a loaded CI host would otherwise be taken for a camera that stopped.
+           "VF_TEST_TIMEOUT_MS": "10000"}
     spec = tmp_path / "run.json"
     done = a.run(*videoflow("provision", "hosts_flow:fusion", "--out", str(spec),
                             "--nats-url", url, "--replicas", str(replicas)),
                  cwd=HELPERS, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     placed = [(c, "verify"), (b, "fusion"), (a, "imu"), *((a, f"cam{i}") for i in range(4))]
-    workers = {}
-    for host, node in placed:
-        # Each worker's stderr to a file: a pipe nobody reads while the others run
-        # would fill and stop the worker writing to it.
-        with open(tmp_path / f"{node}.err", "w") as err:
-            workers[node] = host.popen(
-                *videoflow("worker", "--spec", str(spec), "--node", node, "--nats-url", url),
-                cwd=HELPERS, env=env, stdout=subprocess.DEVNULL, stderr=err)
-    deadline = time.monotonic() + 150
-    while any(p.poll() is None for p in workers.values()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for process in workers.values():
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
-    ended = {node: process.returncode for node, process in workers.items()}
-    assert all(code == 0 for code in ended.values()), (ended, {
-        node: (tmp_path / f"{node}.err").read_text()[-1500:] for node in workers})
+    run_workers(placed, spec, url, env, tmp_path)
     summary: dict[str, Any] = json.loads((shared / "summary.json").read_text())
     return summary
 

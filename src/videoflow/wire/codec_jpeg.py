@@ -26,9 +26,7 @@ class JpegCodec(Codec):
 
     def check(self, options: Mapping[str, Any]) -> None:
         super().check(options)
-        quality = options.get("quality", 90)
-        if isinstance(quality, bool) or not isinstance(quality, int) or not 1 <= quality <= 100:
-            raise ValueError(f"codec 'jpeg': quality must be an int in 1..100, not {quality!r}")
+        self.check_int(options, "quality", 1, 100)
         if not isinstance(options.get("fastdct", True), bool):
             raise ValueError("codec 'jpeg': fastdct must be a bool")
 

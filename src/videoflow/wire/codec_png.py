@@ -28,9 +28,7 @@ class PngCodec(Codec):
 
     def check(self, options: Mapping[str, Any]) -> None:
         super().check(options)
-        level = options.get("level", 1)
-        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 9:
-            raise ValueError(f"codec 'png': level must be an int in 0..9, not {level!r}")
+        self.check_int(options, "level", 0, 9)
 
     @staticmethod
     def _mode(array: np.ndarray[Any, Any]) -> str | None:

@@ -22,9 +22,7 @@ class ZstdCodec(Codec):
 
     def check(self, options: Mapping[str, Any]) -> None:
         super().check(options)
-        level = options.get("level", 1)
-        if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= 22:
-            raise ValueError(f"codec 'zstd': level must be an int in 1..22, not {level!r}")
+        self.check_int(options, "level", 1, 22)
 
     def takes(self, array: np.ndarray[Any, Any]) -> bool:
         return not array.dtype.hasobject

@@ -81,6 +81,13 @@ class Codec:
             raise ValueError(f"codec {self.name!r} takes no option {sorted(unknown)} "
                              f"(it takes {sorted(self.options) or 'none'})")
 
+    def check_int(self, options: Mapping[str, Any], name: str, low: int, high: int) -> None:
+        """Refuse option name unless it is an int in low..high (or not given)."""
+        value = options.get(name, low)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"codec {self.name!r}: {name} must be an int in {low}..{high}, "
+                             f"not {value!r}")
+
     def takes(self, array: np.ndarray[Any, Any]) -> bool:
         """Whether this codec can encode array (dtype, shape, layout)."""
         raise NotImplementedError

@@ -257,16 +257,25 @@ def masked(array: np.ndarray[Any, Any]) -> bool:
     return ma is not None and isinstance(array, ma.MaskedArray)
 
 
-def _unpack_array(data: memoryview) -> np.ndarray[Any, Any]:
+def _header_end(data: memoryview, what: str) -> int:
+    """Where the header of an extension payload (u32 length, header) ends.
+
+    Raises:
+        WireError: the payload is too short for its own header.
+    """
     size = len(data)
     if size < 4:
-        raise WireError(f"array extension truncated: {size} bytes, header length needs 4")
+        raise WireError(f"{what} truncated: {size} bytes, header length needs 4")
     (header_len,) = _U32.unpack_from(data)
-    start = 4 + header_len
-    if start > size:
+    if 4 + header_len > size:
         raise WireError(
-            f"array extension truncated: header claims {header_len} bytes, {size - 4} present"
-        )
+            f"{what} truncated: header claims {header_len} bytes, {size - 4} present")
+    return 4 + header_len
+
+
+def _unpack_array(data: memoryview) -> np.ndarray[Any, Any]:
+    size = len(data)
+    start = _header_end(data, "array extension")
     try:
         header = _header_decoder.decode(data[4:start])
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
@@ -339,14 +348,7 @@ def code_message(message: Any, choices: tuple[CodecChoice, ...]) -> Any:
 
 
 def _unpack_coded(data: memoryview) -> np.ndarray[Any, Any]:
-    size = len(data)
-    if size < 4:
-        raise WireError(f"coded array extension truncated: {size} bytes, header length needs 4")
-    (header_len,) = _U32.unpack_from(data)
-    start = 4 + header_len
-    if start > size:
-        raise WireError(f"coded array extension truncated: header claims {header_len} "
-                        f"bytes, {size - 4} present")
+    start = _header_end(data, "coded array extension")
     try:
         header = _coded_decoder.decode(data[4:start])
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 SUBNET = "10.213.{}"
-"""The hosts' /24, its third part drawn per Hosts: private (RFC 1918) and only ever
-assigned inside the namespaces made here."""
+"""The hosts' /24, its third part drawn per Hosts: a private range, only ever assigned
+inside the namespaces made here."""
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
