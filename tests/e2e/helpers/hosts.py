@@ -9,7 +9,8 @@ Making namespaces needs root and iproute2 (CI runs as root); where they cannot b
 unavailable() says why, for the tests to skip with.
 
 A host runs commands through nsenter into a holder process (sleep), which keeps its
-mount namespace and /dev/shm alive for as long as the host is up.
+mount namespace and /dev/shm alive for as long as the host is up, at a lower priority
+than the rest of the machine (NICENESS).
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ from typing import Any
 SUBNET = "10.213.{}"
 """The hosts' /24, its third part drawn per Hosts: a private range, only ever assigned
 inside the namespaces made here."""
+
+
+NICENESS = 15
+"""What runs on a host runs at this niceness: three hosts' servers and workers are a
+machine's worth of processes, and the suite's other tests, timing real-time cameras
+beside them on the same cores, go first. A host's flow only takes longer."""
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -75,7 +82,8 @@ class Host:
         mount namespace leaves the directory at its root otherwise)."""
         assert self.holder is not None
         return ["nsenter", "-t", str(self.holder.pid), "-m", "-n",
-                f"--wd={Path(cwd or os.getcwd()).resolve()}", *args]
+                f"--wd={Path(cwd or os.getcwd()).resolve()}", "nice", "-n", str(NICENESS),
+                *args]
 
     def popen(self, *args: str, cwd: str | os.PathLike[str] | None = None,
               **options: Any) -> subprocess.Popen[Any]:
