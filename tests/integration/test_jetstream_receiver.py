@@ -94,15 +94,26 @@ def test_admission_skips_are_acked_and_reported_off_the_loop(backends) -> None: 
 def test_a_waiting_receiver_parks_and_takes_on_its_own_thread(backends) -> None:  # type: ignore[no-untyped-def]
     # No thread hands a delivery over: the caller waiting in receive runs the loop, so
     # the admission filter (which runs where deliveries are parked) runs on it.
-    backend = backends()
+    # The message is sent once this thread waits in the loop: sent before (this thread
+    # slow to get there, on a loaded host), it would be parked by the loop's keeper
+    # thread, which runs a loop nobody waits on after 20 ms (KEEP_SECONDS).
+    backend, sender = backends(), backends()
     sub = provisioned(backend, "inline")
     seen: list[int] = []
     backend.set_admission(sub, lambda delivery: seen.append(threading.get_ident()) or True)
-    other = threading.Thread(target=send, args=(backends(), "inline", 1))
+    me, runner = threading.get_ident(), backend.connection.runner
+
+    def send_while_waited_on() -> None:
+        deadline = time.monotonic() + 5
+        while runner._driver != me and time.monotonic() < deadline:
+            time.sleep(0.001)
+        send(sender, "inline", 1)
+
+    other = threading.Thread(target=send_while_waited_on)
     other.start()
     (delivery,) = receive_n(backend, sub, 1)
     other.join(5)
-    assert seen == [threading.get_ident()]
+    assert seen == [me]
     assert backend.settle(delivery.token, Completed(), "done") == SettleConfirmed()
 
 
