@@ -320,6 +320,25 @@ async def bucket_copies(cluster: Cluster, stream: str) -> int:
 
 
 @pytest.mark.timeout(180)
+def test_a_payload_store_opened_while_the_meta_leader_is_elected_opens_once_there_is_one(
+    cluster: Cluster,
+) -> None:
+    # A worker starting while a cluster node dies: its payload store connects at once,
+    # and its buckets are made once JetStream answers again (the meta leader killed:
+    # the API does not answer until the others elect one). It used to give up after
+    # the first request's timeout (found by the three-host test, issue 44).
+    leader = next(i for i, node in enumerate(cluster.nodes)
+                  if node is not None and "Self is new JetStream cluster metadata leader"
+                  in node.log_text())
+    cluster.kill(leader)
+    store = NatsObjectPayloadStore(cluster.url, "payloads-elected", timeout=5.0, replicas=3)
+    try:
+        ref = store.put(b"frame" * 1000, ["reader"], "cam:1:1")
+        assert store.get(ref) == b"frame" * 1000
+    finally:
+        store.close()
+
+
 def test_the_cli_takes_a_server_list_and_replicas_for_a_cluster(
     cluster: Cluster, out: Path,
 ) -> None:

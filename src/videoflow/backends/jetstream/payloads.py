@@ -47,7 +47,7 @@ from videoflow.broker.link import (
 )
 from videoflow.broker.listing import present_keys, present_objects
 from videoflow.broker.loop import ErrorLog, LoopRunner
-from videoflow.errors import BrokerUnavailable, IncompatibleProfile, UnobservableState
+from videoflow.errors import BrokerUnavailable, UnobservableState
 
 T = TypeVar("T")
 
@@ -106,11 +106,10 @@ class NatsObjectPayloadStore(PayloadStore):
         self._runner = LoopRunner(name=f"videoflow-payload-{bucket}")
         self._runner.start()
         try:
-            self._nc, self._objects, self._kv = self._runner.run(
-                self._open(nats_url), self.outage.first_connect_bound(timeout))
-        except IncompatibleProfile:
-            self._runner.stop()
-            raise
+            # Fail fast on the first connect (NATS_FACTS S4), then ride out outages.
+            self._nc = self._runner.run(
+                connect(nats_url, min(timeout, 5.0), self._errors.record, self.outage),
+                self.outage.first_connect_bound(timeout))
         except (OSError, asyncio.TimeoutError, nats.errors.Error, BrokerUnavailable) as error:
             self._runner.stop()
             raise BrokerUnavailable(
@@ -118,24 +117,26 @@ class NatsObjectPayloadStore(PayloadStore):
                 f"(reported: {self._errors.texts()})",
                 code=getattr(error, "err_code", None),
             ) from error
-
-    async def _open(self, url: str) -> tuple[nats.NATS, ObjectStore, KeyValue]:
-        # Fail fast on the first connect (NATS_FACTS S4), then ride out outages.
-        nc = await connect(url, min(self.timeout, 5.0), self._errors.record, self.outage)
         try:
-            js = nc.jetstream()
-            # S19: the bucket name goes positionally.
-            objects = await js.create_object_store(
-                self.bucket, config=ObjectStoreConfig(replicas=self.replicas))
-            kv = await js.create_key_value(bucket=f"{self.bucket}-obligations", history=1,
-                                           replicas=self.replicas)
-            await check_bucket_replicas(js, f"OBJ_{self.bucket}", self.bucket, self.replicas)
-            await check_bucket_replicas(js, f"KV_{self.bucket}-obligations",
-                                        f"{self.bucket}-obligations", self.replicas)
+            # Connected, the buckets are bound as every request here is made: again while
+            # it fails transiently, a cluster electing its meta leader included (its
+            # JetStream API does not answer for a few seconds).
+            self._objects, self._kv = self._call(self._buckets, f"open of bucket {bucket!r}")
         except BaseException:
-            await nc.close()
+            self.close()
             raise
-        return nc, objects, kv
+
+    async def _buckets(self) -> tuple[ObjectStore, KeyValue]:
+        js = self._nc.jetstream()
+        # S19: the bucket name goes positionally.
+        objects = await js.create_object_store(
+            self.bucket, config=ObjectStoreConfig(replicas=self.replicas))
+        kv = await js.create_key_value(bucket=f"{self.bucket}-obligations", history=1,
+                                       replicas=self.replicas)
+        await check_bucket_replicas(js, f"OBJ_{self.bucket}", self.bucket, self.replicas)
+        await check_bucket_replicas(js, f"KV_{self.bucket}-obligations",
+                                    f"{self.bucket}-obligations", self.replicas)
+        return objects, kv
 
     @property
     def max_payload(self) -> int:
