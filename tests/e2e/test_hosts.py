@@ -57,6 +57,15 @@ def videoflow(*args: str) -> list[str]:
     return [sys.executable, "-m", "videoflow", *args]
 
 
+def cluster_up(hosts: Hosts, root: Path) -> str:
+    """A nats-server on every host, clustered, once JetStream answers; its URL list."""
+    start_cluster(hosts, root, find_binary())
+    url = cluster_url(hosts)
+    ready = hosts.hosts["a"].run(sys.executable, "-c", _READY, url, timeout=60)
+    assert ready.returncode == 0, ready.stderr
+    return url
+
+
 def run_workers(placed: list[tuple[Host, str]], spec: Path, url: str, env: dict[str, str],
                 logs: Path, timeout: float = 150) -> None:
     """A `videoflow worker` per (host, node) of the provisioned run, each on its host;
@@ -118,10 +127,7 @@ def test_a_flow_runs_with_each_node_on_its_own_host_over_a_cluster_across_them(
     hosts: Hosts, tmp_path: Path,
 ) -> None:
     a, b, c = (hosts.hosts[name] for name in "abc")
-    start_cluster(hosts, tmp_path, find_binary())
-    url = cluster_url(hosts)
-    ready = a.run(sys.executable, "-c", _READY, url, timeout=60)
-    assert ready.returncode == 0, ready.stderr
+    url = cluster_up(hosts, tmp_path)
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "VF_TEST_OUT": str(out), "VF_TEST_COUNT": "200",
@@ -140,10 +146,7 @@ def run_fusion(hosts: Hosts, tmp_path: Path, codec: str, replicas: int,
     its verifying sink on host c, over the cluster across the three. Returns the
     sink's summary."""
     a, b, c = (hosts.hosts[name] for name in "abc")
-    start_cluster(hosts, tmp_path, find_binary())
-    url = cluster_url(hosts)
-    ready = a.run(sys.executable, "-c", _READY, url, timeout=60)
-    assert ready.returncode == 0, ready.stderr
+    url = cluster_up(hosts, tmp_path)
     shared = tmp_path / "shared"
     shared.mkdir()
     env = {**os.environ, "VF_TEST_SUMMARY": str(shared / "summary.json"),

@@ -257,11 +257,13 @@ def masked(array: np.ndarray[Any, Any]) -> bool:
     return ma is not None and isinstance(array, ma.MaskedArray)
 
 
-def _header_end(data: memoryview, what: str) -> int:
-    """Where the header of an extension payload (u32 length, header) ends.
+def _read_header(data: memoryview, decoder: msgspec.msgpack.Decoder[Any], what: str,
+                 ) -> tuple[Any, int]:
+    """An extension payload's header (u32 length, then msgpack), decoded, and where the
+    data after it starts.
 
     Raises:
-        WireError: the payload is too short for its own header.
+        WireError: the payload is too short for its header, or the header is malformed.
     """
     size = len(data)
     if size < 4:
@@ -270,16 +272,15 @@ def _header_end(data: memoryview, what: str) -> int:
     if 4 + header_len > size:
         raise WireError(
             f"{what} truncated: header claims {header_len} bytes, {size - 4} present")
-    return 4 + header_len
+    try:
+        return decoder.decode(data[4:4 + header_len]), 4 + header_len
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise WireError(f"{what}: bad header: {exc}") from exc
 
 
 def _unpack_array(data: memoryview) -> np.ndarray[Any, Any]:
     size = len(data)
-    start = _header_end(data, "array extension")
-    try:
-        header = _header_decoder.decode(data[4:start])
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise WireError(f"array extension: bad header: {exc}") from exc
+    header, start = _read_header(data, _header_decoder, "array extension")
     dtype = _dtype_from_descr(header.descr)
     if dtype.subdtype is not None:
         raise WireError("array extension: top-level subarray dtype")
@@ -348,11 +349,7 @@ def code_message(message: Any, choices: tuple[CodecChoice, ...]) -> Any:
 
 
 def _unpack_coded(data: memoryview) -> np.ndarray[Any, Any]:
-    start = _header_end(data, "coded array extension")
-    try:
-        header = _coded_decoder.decode(data[4:start])
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise WireError(f"coded array extension: bad header: {exc}") from exc
+    header, start = _read_header(data, _coded_decoder, "coded array extension")
     dtype = _dtype_from_descr(header.descr)
     shape = header.shape
     try:
