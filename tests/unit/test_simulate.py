@@ -110,7 +110,10 @@ def test_a_join_timeout_runs_on_simulated_time_not_the_wall_clock(tmp_path: Path
     assert result.messages("fuse") == [[k, k, k if k < 5 else None] for k in range(8)]
     waited = result.groups["fuse"][5].at - (T0 + 5 / FPS - T0)
     assert waited == pytest.approx(30.0, abs=0.1)  # RUN-006: its timeout, simulated
-    assert wall < 5.0, f"{wall:.1f} s of wall time for a 30 s simulated timeout"
+    # Not waited on the wall clock: well under the 30 s it would take. A speed figure
+    # (it takes 2.4 s alone) is no promise of the simulation, and CI's load took it
+    # past 5 s twice.
+    assert wall < 15.0, f"{wall:.1f} s of wall time for a 30 s simulated timeout"
     assert result.report is not None and result.report.outcome == "stopped"
     assert result.join_status["fuse"]["waiting_groups"] == 0
 
