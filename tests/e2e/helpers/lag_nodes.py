@@ -79,14 +79,16 @@ class FrameCamera(ProducerNode):
             os.kill(os.getpid(), 9)
         assert self.context is not None
         self.context.set_event_timestamp(capture)
-        return {"cam": self.index, "k": k, "pid": os.getpid(),
+        return {"cam": self.index, "k": k, "pid": os.getpid(), "sent": time.time(),
                 "frame": np.full(self.shape, k % 256, dtype=np.uint8)}
 
 
 class FrameFuse(ConsumerNode):
     """The time join of the cameras, as a sink: per group it is handed, one JSON line
-    in <log_dir>/groups.log: instants (per camera, None for one missing) and whether
-    every frame held its instant's pixels, first to last."""
+    in <log_dir>/groups.log: instants (per camera, None for one missing), when each
+    camera handed its frame to the flow (sent, epoch s; its next() returned it only
+    once the put of its frame before was admitted) and whether every frame held its
+    instant's pixels, first to last."""
 
     def __init__(self, log_dir: str, gate: StartGate, **options: Any) -> None:
         super().__init__(**options)
@@ -101,7 +103,8 @@ class FrameFuse(ConsumerNode):
                                   and int(f["frame"].flat[-1]) == f["k"] % 256)
                     for f in frames)
         with open(Path(self.log_dir) / "groups.log", "a") as log:
-            log.write(json.dumps({"instants": instants, "whole": whole}) + "\n")
+            log.write(json.dumps({"instants": instants, "whole": whole, "sent": [
+                None if f is None else f["sent"] for f in frames]}) + "\n")
 
 
 def fused(log_dir: Path) -> list[dict[str, Any]]:
