@@ -596,6 +596,82 @@ def test_time_without_a_timeout_a_late_message_no_group_takes_is_dropped_at_once
     assert drain(a, 0.0)[0].trace_id and a.pending_count() == 0 and late.events == ["late"]
 
 
+# -- disorder: a parent's messages out of event-time order ---------------------------------
+
+
+def failover(a, log: list) -> None:
+    """Two cameras at 30 fps, frames 0..7; camera a's frames 3 and 4 land behind its
+    5 and 6, as outputs sent again after a broker failover do."""
+    period = 1 / 30
+    for k, j in enumerate((0, 1, 2, 5, 6, 3, 4, 7)):
+        a.add("b", entry(f"b{k}", k, 10 + k * period), Handle(f"b{k}", log))
+        a.add("a", entry(f"a{j}", j, 10 + j * period), Handle(f"a{j}", log))
+
+
+def test_time_frames_out_of_order_within_disorder_all_fuse(core):
+    # Two frames 67 ms out of order, disorder 100 ms.
+    log: list = []
+    a = timed(core, parents=("a", "b"), timeout_ms=None, disorder_ms=100)
+    failover(a, log)
+    groups = drain(a, 0.0) + a.flush(0.0)
+    assert sorted(members(g)["a"][1] for g in groups if None not in members(g).values()) == [
+        *range(8)]
+    assert log == []  # nothing discarded
+
+
+def test_time_frames_out_of_order_beyond_disorder_are_given_up_as_before(core):
+    # Without disorder (the default) the same stream loses frames 3 and 4: a's
+    # watermark passed them, so their groups gave a up, below quorum.
+    log: list = []
+    a = timed(core, parents=("a", "b"), timeout_ms=None)
+    failover(a, log)
+    drain(a, 0.0), a.flush(0.0)
+    assert sorted(name for name, _ in log) == ["a3", "a4", "b3", "b4"]
+
+
+def test_time_disorder_delays_only_a_group_that_lacks_a_parent(core):
+    # A frame truly dropped: its group waits until the parent's watermark has passed it
+    # by tolerance + disorder (here 5 + 100 ms), then goes with its quorum.
+    a = timed(core, parents=("a", "b"), timeout_ms=None, quorum=1, disorder_ms=100)
+    a.add("a", entry("a0", 0, 10.0), Handle("a0"))
+    a.add("b", entry("b0", 0, 10.0), Handle("b0"))
+    assert len(drain(a, 0.0)) == 1  # complete: not delayed
+    a.add("b", entry("b1", 1, 10.1), Handle("b1"))  # a's frame 1 is never sent
+    a.add("a", entry("a2", 2, 10.2), Handle("a2"))  # 100 ms past: within 105
+    assert drain(a, 0.0) == []
+    a.add("a", entry("a3", 3, 10.206), Handle("a3"))  # 106 ms past: given up
+    (group,) = drain(a, 0.0)
+    assert members(group) == {"a": None, "b": ("b1", 1)}
+
+
+def test_time_a_message_within_disorder_seeds_a_group_the_watermarks_judge(core):
+    # Not 'late': it holds its place in time order, and with a timeout it is given up
+    # by the other parent's data, not held to its deadline.
+    clock = Clock(0.0)
+    log: list = []
+    a = timed(core, parents=("a", "b"), clock=clock, timeout_ms=10_000, quorum=2,
+              disorder_ms=100)
+    a.add("a", entry("a2", 2, 10.08), Handle("a2", log))
+    a.add("a", entry("a1", 1, 10.0), Handle("a1", log))  # 80 ms behind a's watermark
+    a.add("b", entry("b2", 2, 10.08), Handle("b2", log))
+    a.add("b", entry("b3", 3, 10.2), Handle("b3", log))  # b passes 10.0 by 200 ms
+    assert len(drain(a, 0.0)) == 1
+    assert log == [("a1", "expired")]  # at once, below quorum: not 'late', not at 10 s
+
+
+def test_time_collect_window_closes_disorder_later_and_takes_a_sample_that_came_behind(core):
+    clock = Clock(0.0)
+    a = fused(core, clock, timeout_ms=None, disorder_ms=30)
+    a.add("cam", entry("f0", 0, 10.0), Handle("f0"))
+    feed_imu(a, 9.98, 10.02)
+    a.add("imu", entry("i1", 1, 10.045), Handle("i1"))  # past the window, within disorder
+    assert a.pop_ready(0.0) is None
+    a.add("imu", entry("behind", 2, 10.019), Handle("behind"))  # came behind 10.045
+    a.add("imu", entry("i3", 3, 10.051), Handle("i3"))  # past 10.02 + 30 ms: closes
+    window = a.pop_ready(0.0).entries["imu"]
+    assert len(window.event_ts) == 42 and 10.019 in window.event_ts
+
+
 def test_time_entry_without_event_ts_falls_back_to_its_arrival_on_the_epoch_clock(core):
     # Event times are epoch seconds; the monotonic clock only times the backstop.
     a = timed(core, clock=Clock(5.0), epoch=Clock(1000.0), timeout_ms=None)

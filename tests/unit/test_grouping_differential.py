@@ -90,6 +90,7 @@ class Scenario:
     max_pending: int
     ops: tuple[tuple, ...]
     start: float = BASE
+    disorder_ms: float = 0.0
 
     def policy(self) -> JoinPolicy:
         return JoinPolicy(
@@ -100,6 +101,7 @@ class Scenario:
             quorum=self.quorum,
             max_pending=self.max_pending,
             collect=dict(self.collect),
+            disorder_ms=self.disorder_ms,
         )
 
     def parents(self) -> list[str]:
@@ -224,7 +226,9 @@ def time_streams(draw, stragglers: bool = False) -> Scenario:
             emit(c, f"{c}-{i}", i, i * period / (2 * rate))
     ops = _interleave(draw, msgs, period, timeout)
     collect = tuple(zip(col, windows, strict=True))
-    return Scenario("time", sync, collect, tol, timeout, quorum, missing, max_pending, ops)
+    disorder = draw(_weighted((0, 2), (period // 2, 1), (2 * period, 1)))
+    return Scenario("time", sync, collect, tol, timeout, quorum, missing, max_pending, ops,
+                    disorder_ms=disorder)
 
 
 @st.composite
@@ -312,8 +316,10 @@ def chaotic_streams(draw) -> Scenario:
         else:
             ops.append((op[0], now))
     collect = tuple(zip(col, windows, strict=True))
+    disorder = draw(st.sampled_from([0, 0, 10, 50])) if mode == "time" else 0
     return Scenario(
-        mode, sync, collect, tol, timeout, quorum, missing, max_pending, tuple(ops), start
+        mode, sync, collect, tol, timeout, quorum, missing, max_pending, tuple(ops), start,
+        disorder,
     )
 
 

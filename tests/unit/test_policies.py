@@ -48,6 +48,7 @@ def test_join_policy_fields_are_exactly_the_documented_ones_in_order():
         "max_pending",
         "collect",
         "max_drift_ms",
+        "disorder_ms",
     )
 
 
@@ -75,6 +76,7 @@ def test_join_policy_to_dict_from_dict_round_trips_a_full_time_policy():
         max_pending=64,
         collect={"imu": 10.0},
         max_drift_ms=250.0,
+        disorder_ms=300.0,
     )
     data = policy.to_dict()
     assert data == {
@@ -86,6 +88,7 @@ def test_join_policy_to_dict_from_dict_round_trips_a_full_time_policy():
         "max_pending": 64,
         "collect": {"imu": 10.0},
         "max_drift_ms": 250.0,
+        "disorder_ms": 300.0,
     }
     assert JoinPolicy.from_dict(data) == policy
 
@@ -135,6 +138,7 @@ def valid_join_policies(draw: st.DrawFn) -> JoinPolicy:
         collect=collect,
         max_drift_ms=None if mode == "trace" or draw(st.booleans()) else max(
             [1.0, tolerance or 0.0, *collect.values()]) * draw(st.floats(1.0, 10.0)),
+        disorder_ms=0.0 if mode == "trace" else draw(_finite_ms),
     )
 
 
@@ -200,6 +204,11 @@ def test_join_policy_default_for_unknown_flow_type_names_flow_type():
             r"^collect keys must be parent names, got 3",
         ),
         ({"max_drift_ms": 100.0}, r"^max_drift_ms needs mode='time'"),
+        ({"disorder_ms": 100.0}, r"^disorder_ms needs mode='time'"),
+        ({"mode": "time", "tolerance_ms": 1.0, "disorder_ms": -1.0},
+         r"^disorder_ms must be finite and >= 0"),
+        ({"mode": "time", "tolerance_ms": 1.0, "disorder_ms": math.nan},
+         r"^disorder_ms must be finite"),
         ({"mode": "time", "tolerance_ms": 1.0, "max_drift_ms": 0.0},
          r"^max_drift_ms must be finite and > 0"),
         ({"mode": "time", "tolerance_ms": 1.0, "max_drift_ms": math.inf},

@@ -548,7 +548,7 @@ cdef class TraceCore(_Core):
 cdef class TimeCore(_Core):
     """Groups by event time with collect windows; rules as in the reference core."""
 
-    cdef double tol
+    cdef double tol, disorder, patience
     cdef double* g_time
     cdef double* g_completed
     cdef char* g_waiting
@@ -606,12 +606,14 @@ cdef class TimeCore(_Core):
                  double tolerance_s, double timeout_s, Py_ssize_t quorum,
                  Py_ssize_t max_pending, bint missing_wait, object clock,
                  object ready_factory, object collect_factory, object epoch=None,
-                 object on_release=None):
+                 object on_release=None, double disorder_s=0.0):
         cdef Py_ssize_t i, m
         self._setup(parent_names, timeout_s, quorum, max_pending, missing_wait, clock,
                     ready_factory, on_release)
         self.epoch = time.time if epoch is None else epoch
         self.tol = tolerance_s
+        self.disorder = disorder_s
+        self.patience = tolerance_s + disorder_s  # see the reference
         self.order = SortedTimes()
         self.waiting = SortedTimes()
         self.closing = SlotQueue()
@@ -675,7 +677,7 @@ cdef class TimeCore(_Core):
         return _Core._stage(self, slot)
 
     cdef bint _given_up(self, Py_ssize_t slot, double now) noexcept:
-        cdef double beyond = self.g_time[slot] + self.tol, created = self.g_created[slot]
+        cdef double beyond = self.g_time[slot] + self.patience, created = self.g_created[slot]
         cdef double since
         cdef uint64_t mask = self.g_mask[slot]
         cdef Py_ssize_t p
@@ -694,7 +696,7 @@ cdef class TimeCore(_Core):
         cdef double t = self.g_time[slot], since
         cdef Py_ssize_t c
         for c in range(self.nc):
-            if self.c_wm[c] > t + self.c_window[c]:
+            if self.c_wm[c] > t + self.c_window[c] + self.disorder:
                 continue
             since = self.c_last[c] if self.c_last[c] > -INFINITY else unheard_since
             if self.timeout < 0 or now < since + self.timeout:
@@ -770,7 +772,7 @@ cdef class TimeCore(_Core):
 
     cdef bint _awaits(self, Py_ssize_t slot, Py_ssize_t p) noexcept:
         return (self.g_expired[slot] or (self.g_late[slot] and self.timeout >= 0)
-                or self.wm[p] <= self.g_time[slot] + self.tol)
+                or self.wm[p] <= self.g_time[slot] + self.patience)
 
     def watermarks(self):
         """Each parent's watermark, None before its first message (see the reference)."""
@@ -820,7 +822,7 @@ cdef class TimeCore(_Core):
         cdef uint64_t bit = (<uint64_t>1) << p
         cdef Py_ssize_t best = -1, i, j, k, slot, m, head
         cdef SortedTimes waiting = self.waiting
-        cdef bint advanced = ts > self.wm[p], late = ts < self.wm[p]
+        cdef bint advanced = ts > self.wm[p], late = ts < self.wm[p] - self.disorder
         if advanced:
             self.wm[p] = ts
             if self.nc:
@@ -863,7 +865,7 @@ cdef class TimeCore(_Core):
             # moved: worth a scan only when that group lacks p and p has passed it.
             # (What silence resolves meanwhile, the next sweep does.)
             head = waiting.s[waiting.lo]
-            if not ((self.g_mask[head] >> p) & 1) and ts > self.g_time[head] + tol:
+            if not ((self.g_mask[head] >> p) & 1) and ts > self.g_time[head] + self.patience:
                 self._resolve(now)
         if self.released:  # evicted over capacity, or given up by the watermark
             self._hand_over()
@@ -914,7 +916,7 @@ cdef class TimeCore(_Core):
         return False
 
     cdef inline bint _settled(self, double s, double w) noexcept:
-        return s + w < self.horizon - self.tol and not self._covered(s, w)
+        return s + w < self.horizon - self.patience and not self._covered(s, w)
 
     cdef int _add_sample(self, Py_ssize_t c, object entry, object handle) except -1:
         self.c_last[c] = self.clock()

@@ -120,6 +120,16 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
             DEFAULT_MAX_DRIFT_MS, or twice the tolerance or the widest collect window
             where that is more (drift_seconds). At least tolerance_ms and every collect
             window, which a group needs its members and samples to span.
+        disorder_ms: how far (event-time ms) a parent's messages may arrive out of
+            order (time mode only): a group gives up on a missing parent only once that
+            parent's watermark has passed the group's time by tolerance_ms plus this,
+            and a collect window closes this much later; a message no further behind
+            its parent's watermark is not late. 0 takes every parent to send in event
+            time order. A producer's output that had to be sent again (a receipt lost
+            when a broker failed over) lands behind the outputs in flight after it,
+            at most WINDOW_GROUPS (64) of them: 64 frame periods cover it, as the
+            README's "Across hosts" says. It delays a group only while it lacks a
+            parent or waits for a collect window.
     """
 
     mode: str = "trace"
@@ -130,6 +140,7 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
     max_pending: int = 1024
     collect: dict[str, float] = msgspec.field(default_factory=dict)
     max_drift_ms: float | None = None
+    disorder_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.mode not in JOIN_MODES:
@@ -168,6 +179,10 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
                 if self.max_drift_ms < span:
                     raise ValueError(f"max_drift_ms {self.max_drift_ms!r} is below {name} "
                                      f"{span!r}: a group spans that much event time")
+
+        _finite_nonneg("disorder_ms", self.disorder_ms)
+        if self.disorder_ms and self.mode != "time":
+            raise ValueError("disorder_ms needs mode='time'")
 
     def drift_seconds(self) -> float | None:
         """The drift bound a time join aligns its parents by, in seconds (max_drift_ms,

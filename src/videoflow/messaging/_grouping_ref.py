@@ -21,8 +21,10 @@ Rules (both cores):
   monotonic clock.
 - Time core: a group is resolved once every parent it lacks is *given up on*. A
   parent p is given up on for a group at time t when its event-time watermark (the
-  greatest event_ts seen from p) has passed ``t + tolerance`` -- its data says its
-  member is not coming, whatever the clock says -- or, the backstop, when p has
+  greatest event_ts seen from p) has passed ``t + tolerance + disorder`` -- its data
+  says its member is not coming, whatever the clock says (``disorder``, 0 by default,
+  is how far out of event-time order a parent's messages may arrive) -- or, the
+  backstop, when p has
   been silent for ``timeout``: no message from p since its last arrival (since the
   group's creation, for a parent never heard from) on the monotonic clock -- and
   then only once every collect window of the group could close (below): while a
@@ -38,8 +40,8 @@ Rules (both cores):
   later group it lacks too), so each call resolves what it can and stops. A
   parent that runs ahead, lags or replays loses nothing that is complete in its
   data, and a dropped frame costs one frame period of waiting, not the timeout.
-- A *late* group is one seeded by a message behind its own parent's watermark
-  that no held group takes (a redelivery or retry after its group was gone, or
+- A *late* group is one seeded by a message more than ``disorder`` behind its own
+  parent's watermark that no held group takes (a redelivery or retry after its group was gone, or
   another replica of the parent). Its other members can only come out of order
   too, so no watermark gives one of them up: with a timeout it is resolved at its
   deadline, ``created + timeout``, and stands apart from the time order (it holds
@@ -67,7 +69,7 @@ Rules (both cores):
 
 A time group with every sync parent present, or resolved with a quorum, waits for
 its collect windows: the window of parent c closes
-once c's watermark has passed ``t + w``, or, the backstop, once c has been silent
+once c's watermark has passed ``t + w + disorder``, or, the backstop, once c has been silent
 for ``timeout`` since its last arrival or ``heard`` (since the group's completion,
 for a parent never heard from). Never by
 the window's length in wall time: samples that exist are in the window, however
@@ -75,13 +77,13 @@ late they arrive. With no timeout there is no backstop.
 
 Collect samples (time core): a sample at ``s`` of a parent with window ``w``
 belongs to every group whose time ``t`` has ``|t - s| <= w``. It is *settled*
-when no held group covers it and no future group can: ``s + w < X - tolerance``,
-where ``X`` is the quorum-th lowest of the sync parents' event-time watermarks
-(the greatest event_ts seen from each; -inf before a parent's first message).
-A future group needs ``quorum`` members, each from a parent whose next message
-lies beyond its watermark, so no group seeded below ``X - tolerance`` can ever
-be emitted. This assumes each parent sends in event-time order; a message that
-breaks it may find samples already released. A settled sample that some emitted
+when no held group covers it and no future group can: ``s + w < X - tolerance -
+disorder``, where ``X`` is the quorum-th lowest of the sync parents' event-time
+watermarks (the greatest event_ts seen from each; -inf before a parent's first
+message). A future group needs ``quorum`` members, each from a parent whose next
+message lies no more than ``disorder`` behind its watermark, so no group seeded
+below ``X - tolerance - disorder`` can ever be emitted. A message further out of
+order than that may find samples already released. A settled sample that some emitted
 group included has its handle handed out in the ReadyGroup being built when it
 settles (the last group to include it), or else in the next ReadyGroup emitted;
 a settled sample no group took is discarded ('expired'). Beyond ``max_pending``
@@ -641,6 +643,7 @@ class TimeCore(_Core):
         collect_factory: Callable[..., Any],
         epoch: Callable[[], float] | None = None,
         on_release: Callable[[list[tuple[Any, str]]], object] | None = None,
+        disorder_s: float = 0.0,
     ) -> None:
         super().__init__(
             parent_names, timeout_s, quorum, max_pending, missing_wait, clock, ready_factory,
@@ -648,6 +651,9 @@ class TimeCore(_Core):
         )
         self.epoch = time.time if epoch is None else epoch
         self.tol = tolerance_s
+        self.disorder = disorder_s
+        # How far a parent's watermark must pass a group's time to give the parent up.
+        self.patience = tolerance_s + disorder_s
         self.g_time: list[float] = []
         self.g_completed: list[float] = []
         self.order = SortedTimes()
@@ -704,7 +710,7 @@ class TimeCore(_Core):
 
     def _given_up(self, slot: int, now: float) -> bool:
         """Whether every sync parent the group lacks is given up on (module rules)."""
-        beyond = self.g_time[slot] + self.tol
+        beyond = self.g_time[slot] + self.patience
         created = self.g_created[slot]
         mask = self.g_mask[slot]
         timeout = self.timeout
@@ -725,7 +731,7 @@ class TimeCore(_Core):
         t = self.g_time[slot]
         for c in range(self.nc):
             since = self.c_last[c] if self.c_last[c] > _NEG_INF else unheard_since
-            if not (self.c_wm[c] > t + self.c_window[c] or (
+            if not (self.c_wm[c] > t + self.c_window[c] + self.disorder or (
                     self.timeout >= 0 and now >= since + self.timeout)):
                 return False
         return True
@@ -797,7 +803,7 @@ class TimeCore(_Core):
         # A group held below quorum under missing='wait' takes any member still, and
         # a late group any until its deadline.
         return (self.g_expired[slot] or (self.g_late[slot] and self.timeout >= 0)
-                or self.wm[p] <= self.g_time[slot] + self.tol)
+                or self.wm[p] <= self.g_time[slot] + self.patience)
 
     def watermarks(self) -> dict[str, float | None]:
         """Each parent's watermark (the greatest event_ts seen from it; None before its
@@ -827,7 +833,7 @@ class TimeCore(_Core):
         now = self.now_seen
         ts = event_time(entry, self.epoch)
         seq = seq_of(entry)
-        advanced, late = ts > self.wm[p], ts < self.wm[p]
+        advanced, late = ts > self.wm[p], ts < self.wm[p] - self.disorder
         if advanced:
             self.wm[p] = ts
             if self.nc:
@@ -876,7 +882,7 @@ class TimeCore(_Core):
             # moved: worth a scan only when that group lacks p and p has passed it.
             # (What silence resolves meanwhile, the next sweep does.)
             head = waiting.s[waiting.lo]
-            if not self.g_mask[head] >> p & 1 and ts > self.g_time[head] + tol:
+            if not self.g_mask[head] >> p & 1 and ts > self.g_time[head] + self.patience:
                 self._resolve(now)
         if self.released:  # evicted over capacity, or given up by the watermark
             self._hand_over()
@@ -920,7 +926,7 @@ class TimeCore(_Core):
         return False
 
     def _settled(self, s: float, w: float) -> bool:
-        return s + w < self.horizon - self.tol and not self._covered(s, w)
+        return s + w < self.horizon - self.patience and not self._covered(s, w)
 
     def _add_sample(self, c: int, entry: Any, handle: Any) -> None:
         self.c_last[c] = self.clock()

@@ -460,20 +460,22 @@ class TimeGroupAssembler(GroupAssembler):
     attached as a CollectEntry at emission time (every sample within that parent's
     window of the group's time).
 
-    Each parent's watermark is the greatest event_ts seen from it. A group lacking
-    parent p gives p up once p's watermark passes group time + tolerance (its data
-    says the member is not coming, whatever the wall clock says), or once p has been
-    silent for the policy timeout (the backstop for a parent that stopped) and the
-    group's collect windows could close (while they hold it, a late member joins). A group
-    whose missing parents are all given up is resolved, oldest first: with at least
-    quorum sync parents it is emitted (missing parents as None), below quorum it is
-    evicted per the missing policy. A group with its sync parents (or a quorum of
-    them, resolved) waits for every collect window to close: once a sample beyond
-    group time + window arrives from that parent, or once it has been silent for the
-    timeout -- never after the window's length in wall time, so late samples that
-    exist are in the window. A parent that runs ahead, lags or replays loses nothing
-    complete in its data. A message behind its own parent's watermark that no held
-    group takes (a redelivery, a retry) seeds a late group: no watermark can say its
+    Each parent's watermark is the greatest event_ts seen from it, and the policy's
+    disorder_ms how far behind it that parent's messages may still come (0: in event
+    time order). A group lacking parent p gives p up once p's watermark passes group
+    time + tolerance + disorder (its data says the member is not coming, whatever the
+    wall clock says), or once p has been silent for the policy timeout (the backstop
+    for a parent that stopped) and the group's collect windows could close (while they
+    hold it, a late member joins). A group whose missing parents are all given up is
+    resolved, oldest first: with at least quorum sync parents it is emitted (missing
+    parents as None), below quorum it is evicted per the missing policy. A group with
+    its sync parents (or a quorum of them, resolved) waits for every collect window to
+    close: once a sample beyond group time + window + disorder arrives from that
+    parent, or once it has been silent for the timeout -- never after the window's
+    length in wall time, so late samples that exist are in the window. A parent that
+    runs ahead, lags or replays loses nothing complete in its data. A message more than
+    disorder behind its own parent's watermark that no held group takes (a
+    redelivery, a retry) seeds a late group: no watermark can say its
     partners are not coming, so it waits for them until its deadline (created +
     timeout; judged by the watermarks when there is no timeout), holds up no group
     behind it, and is discarded as 'late' if it is still below quorum then. The rules
@@ -510,6 +512,7 @@ class TimeGroupAssembler(GroupAssembler):
             CollectEntry,
             self.epoch,
             self._resolver,
+            disorder_s=policy.disorder_ms / 1000.0,
         )
 
 

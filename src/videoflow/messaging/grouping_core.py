@@ -57,6 +57,7 @@ class GroupingCoreModule(Protocol):
         missing_wait: bool, clock: Callable[[], float], ready_factory: Callable[..., Any],
         collect_factory: Callable[..., Any], epoch: Callable[[], float] | None = None,
         on_release: Callable[[list[tuple[Any, str]]], object] | None = None,
+        disorder_s: float = 0.0,
     ) -> TimeGroupingCore: ...
 
 
