@@ -21,7 +21,12 @@ from videoflow.backends.jetstream.payloads import NatsObjectPayloadStore
 from videoflow.broker import server as embedded
 from videoflow.core.compiler import NodeSpec
 from videoflow.core.constants import BATCH, REALTIME
-from videoflow.core.naming import dlq_stream_name, stream_name_for, subject_for
+from videoflow.core.naming import (
+    dlq_stream_name,
+    durable_name_for,
+    stream_name_for,
+    subject_for,
+)
 from videoflow.core.policies import PoisonMessage, WorkerFatal
 from videoflow.core.runtime import FlowRuntime
 from videoflow.errors import SupersededOwner
@@ -575,3 +580,53 @@ def test_a_fusion_slower_than_its_timeout_gives_up_on_nothing_still_waiting_for_
         t = k / 30 + 0.0001
         assert samples == [i for i in range(-20, 440) if abs(i / 400 - t) <= 0.020], k
     assert fuse.deliveries.drops["join_evicted"] == 0
+
+
+async def take_and_lose(url: str, stream: str, durable: str) -> bytes:
+    """Fetch one delivery of the durable and never settle it: what a broker failover
+    does to a delivery it cut off on its way (the lease lapses after ack_wait)."""
+    nc = await nats.connect(url)
+    try:
+        sub = await nc.jetstream().pull_subscribe_bind(durable, stream=stream)
+        (msg,) = await sub.fetch(1, timeout=10)
+        return msg.data
+    finally:
+        await nc.close()
+
+
+def test_a_time_join_waits_for_a_delivery_a_failover_cut_off_rather_than_give_its_parent_up(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    # cam0's frame was handed out and lost on the way: the durable leases it to nobody
+    # alive until ack_wait (3 s) lapses. cam0 sends nothing more, so by the clock it is
+    # silent past the 0.5 s timeout, but the broker says its frame is leased and not
+    # here: the join waits for it instead of giving cam0 up and dropping cam1's half.
+    cams = ["cam0", "cam1"]
+    policy = {"mode": "time", "tolerance_ms": 5.0, "timeout_ms": 500.0, "missing": "drop"}
+    specs = [*(NodeSpec(c, "producer") for c in cams),
+             NodeSpec("fuse", "consumer", parents=tuple(cams), join_policy=policy)]
+    provision_flow_sync(nats_server.url, specs, FLOW, RUN, BATCH, ack_wait=3, timeout=30)
+    cam0 = messenger(nats_server.url, "cam0", [])
+    try:
+        cam0.set_output_event_timestamp(10.0)
+        cam0.publish_message({"camera": "cam0"})
+        asyncio.run(take_and_lose(nats_server.url, stream_name_for(FLOW, RUN, "cam0"),
+                                  durable_name_for("fuse", "cam0")))
+        cam0.publish_stop_signal()
+    finally:
+        cam0.close()
+    publish_stamped(nats_server.url, "cam1", [(10.0, {"camera": "cam1"})])
+    fuse = NATSMessenger(SimpleNamespace(name="fuse"), cams, nats_server.url, FLOW, BATCH, RUN,
+                         join_policy=policy, eos_quiescence_ms=200, ack_wait=3)
+    groups = []
+    try:
+        while True:
+            inputs = fuse.receive_message()
+            if all(e is not None and e["is_stop_signal"] for e in inputs.values()):
+                break
+            groups.append({c: inputs[c] and inputs[c]["message"]["camera"] for c in cams})
+            fuse.ack_inputs()
+    finally:
+        fuse.close()
+    assert groups == [{"cam0": "cam0", "cam1": "cam1"}]
+    assert fuse.deliveries.drops["join_evicted"] == fuse.deliveries.drops["join_late"] == 0

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -220,6 +220,25 @@ class Deliveries:
     def let_go(self, delivery: Delivery) -> None:
         """The messenger no longer holds this delivery (settled, or about to be)."""
         self._held[delivery.token.subscription.channel.node].discard(delivery.token)
+
+    def unreceived(self, subs: Mapping[str, SubscriptionId]) -> dict[str, int]:
+        """Per parent, the deliveries its durable has leased out that this messenger
+        neither holds nor has parked: leased to another replica, or handed to this one
+        on a path a broker failover cut (they come back once ack_wait lapses). One
+        round trip for every parent; a parent the broker did not answer for is left
+        out.
+
+        Arguments:
+            subs: the parents' data subscriptions.
+        """
+        parents = list(subs)
+        seen = self.backend.observe_subscriptions([subs[p] for p in parents])
+        out: dict[str, int] = {}
+        for parent, observed in zip(parents, seen, strict=True):
+            if isinstance(observed, Known):
+                mine = len(self._held[parent]) + self.backend.prefetched(subs[parent])
+                out[parent] = max(0, observed.value.leased - mine)
+        return out
 
     # ------------------------------------------------------------------ crashes
 

@@ -107,6 +107,10 @@ class Join:
         # waiting (hear_backlogs), at most every eighth of its timeout.
         self._hear_every = (policy.timeout_ms / 8000.0 if self._time
                             and policy.timeout_ms is not None else None)
+        self._timeout_s = None if policy.timeout_ms is None else policy.timeout_ms / 1000.0
+        # Per parent, since when (monotonic) the broker has said some of its leases are
+        # not here (hear_leases).
+        self._unreceived_since: dict[str, float] = {}
         self._heard_at = -math.inf
         self._lags_at = -math.inf
         self.watermark_lags: dict[str, float] = {}
@@ -159,6 +163,7 @@ class Join:
             now = self.clock()
             for parent in parents:
                 self.alignment.heard(parent, now)
+                self._unreceived_since.pop(parent, None)
 
     def align(self) -> tuple[frozenset[str], int]:
         """Who the join holds back now, and how many inputs it may take next without
@@ -224,14 +229,48 @@ class Join:
         count includes other replicas' messages, skipped as they arrive."""
         self._heard_at = now
         held = self._budget_held()
+        quiet = []
         for parent, sub in self.data_subs.items():
             waiting = self.backend.backlog(sub)
             if (parent in held or parent in self.deferred
                     or isinstance(waiting, Known) and waiting.value > 0):
-                self.assembler.heard(parent, now)
-                if self.alignment is not None:
-                    self.alignment.heard(parent, now)
+                self._hear(parent, now)
+            else:
+                quiet.append(parent)
+        for parent in self._leased_elsewhere(quiet, now):
+            self._hear(parent, now)
         self.settle_released()
+
+    def _hear(self, parent: str, now: float) -> None:
+        self.assembler.heard(parent, now)
+        if self.alignment is not None:
+            self.alignment.heard(parent, now)
+
+    def _leased_elsewhere(self, quiet: list[str], now: float) -> list[str]:
+        """Of the quiet parents that have been silent for half the timeout, those whose
+        durables have deliveries leased that this node does not hold: a delivery handed
+        to it on a path a broker failover cut comes back only once ack_wait lapses,
+        and until then its parent is not silent. Heard so for at most ack_wait (and a
+        timeout) from when the broker first said so: a lease held by a competing
+        replica delays the backstop by no more. One round trip, only for a parent
+        near its backstop."""
+        alignment, timeout = self.alignment, self._timeout_s
+        if alignment is None or timeout is None:
+            return []
+        near = {p: self.data_subs[p] for p in quiet
+                if alignment.silent_for(p, now) >= timeout / 2}
+        if not near:
+            return []
+        limit = self.deliveries.ack_wait + timeout
+        out = []
+        for parent, count in self.deliveries.unreceived(near).items():
+            if count == 0:
+                self._unreceived_since.pop(parent, None)
+                continue
+            since = self._unreceived_since.setdefault(parent, now)
+            if now - since < limit:
+                out.append(parent)
+        return out
 
     def _budget_held(self) -> frozenset[str]:
         """The parents whose producers wait for room in their payload share: held back
