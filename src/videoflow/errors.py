@@ -91,6 +91,14 @@ class StartMethodError(VideoflowError, ValueError):
     another pure-Python switch than the engine now sets (videoflow.native)."""
 
 
+class PayloadsElsewhere(VideoflowError, RuntimeError):
+    """A replica was asked to join a run whose payloads are in shared memory it cannot
+    see: the run was provisioned with its payloads in one host's /dev/shm, and this
+    process runs on another host (or in another mount namespace). It would publish
+    refs no other replica could read, and wait for ones it can never read. Nothing is
+    started; the message names the remedy."""
+
+
 class RunExists(VideoflowError, ValueError):
     """A new run was given the id of a run that holds it on the broker: its streams are
     there (running, or kept after it ended), its record has not ended (starting,

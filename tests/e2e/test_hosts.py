@@ -18,6 +18,7 @@ import pytest
 from flow_nodes import applied
 from hosts import Host, Hosts, cluster_url, start_cluster, unavailable
 
+from videoflow.backends.shm_runs import run_store_dir
 from videoflow.broker.server import find_binary
 
 pytestmark = [pytest.mark.timeout(240),
@@ -210,3 +211,37 @@ def test_the_fusion_loses_nothing_when_the_joins_host_loses_its_server_mid_run(
     assert (summary["groups"], summary["quorum_groups"]) == (instants, 0), summary
     assert summary["correct"] == instants, summary
     assert summary["imu_in_window"] == summary["imu_expected"] > 0, summary
+
+
+def test_a_run_whose_payloads_are_in_one_host_s_shared_memory_refuses_a_worker_elsewhere(
+    hosts: Hosts, tmp_path: Path,
+) -> None:
+    # Provisioned on host a with its frames in a's shared memory: a worker started on
+    # host c is refused at once, saying why and what to do, not left waiting for frames
+    # it could never read; the same run's workers on host a fuse every group.
+    a, c = hosts.hosts["a"], hosts.hosts["c"]
+    url, _ = cluster_up(hosts, tmp_path)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    env = {**os.environ, "VF_TEST_SUMMARY": str(shared / "summary.json"),
+           "VF_TEST_SECONDS": "1.0", "VF_TEST_TIMEOUT_MS": "10000"}
+    spec = tmp_path / "run.json"
+    done = a.run(*videoflow("provision", "hosts_flow:fusion", "--out", str(spec),
+                            "--nats-url", url, "--payloads", "shm"),
+                 cwd=HELPERS, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    started = time.monotonic()
+    refused = c.run(*videoflow("worker", "--spec", str(spec), "--node", "verify",
+                               "--nats-url", url), cwd=HELPERS, env=env, timeout=60)
+    assert refused.returncode != 0 and time.monotonic() - started < 30
+    assert "keeps its payloads in shared memory on the host that provisioned it" in (
+        refused.stderr)
+    assert "--payloads object_store" in refused.stderr
+    placed = [(a, "verify"), (a, "fusion"), (a, "imu"), *((a, f"cam{i}") for i in range(4))]
+    run_workers(placed, spec, url, env, tmp_path)
+    summary = json.loads((shared / "summary.json").read_text())
+    assert (summary["groups"], summary["quorum_groups"], summary["correct"]) == (30, 0, 30)
+    run = json.loads(spec.read_text())
+    mark = run_store_dir(run["flow_id"], run["run_id"]) / "store.mark"
+    assert a.run("cat", str(mark)).stdout == run["shared_memory"]  # a's own /dev/shm
+    assert c.run("cat", str(mark)).returncode != 0

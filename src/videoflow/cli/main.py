@@ -282,8 +282,10 @@ def writable_output(path: str) -> Path:
 
 
 def _provision(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from videoflow.messaging.topology import provision_flow_sync
-    from videoflow.run.local import new_run_id
+    from videoflow.run.local import new_run_id, shared_memory_store
     from videoflow.run.runspec import RunSpec
 
     # Checked before anything exists on the broker: a run provisioned without its spec
@@ -296,10 +298,13 @@ def _provision(args: argparse.Namespace) -> int:
     # The run id first, so whatever happens from here the operator knows what to tear
     # down.
     print(f"provisioning run {spec.run_id} of flow {spec.flow_id!r}", flush=True)
-    provision_flow_sync(args.nats_url, list(spec.compiled(flow).specs), spec.flow_id,
+    compiled = spec.compiled(flow)
+    provision_flow_sync(args.nats_url, list(compiled.specs), spec.flow_id,
                         spec.run_id, spec.flow_type, timeout=args.timeout,
                         ack_wait=spec.ack_wait, max_retries=spec.max_retries,
                         ledger_budget=spec.ledger == "kv", replicas=spec.replicas)
+    if args.payloads == "shm":
+        spec = replace(spec, shared_memory=shared_memory_store(compiled, spec.run_id))
     try:
         out.write_text(spec.to_json())
     except OSError as error:
@@ -492,6 +497,11 @@ def build_parser() -> argparse.ArgumentParser:
     provision.add_argument("--ack-wait", type=whole_number(1), default=30, metavar="SECONDS",
                            help="how long a delivery stays leased before it is redelivered")
     provision.add_argument("--max-retries", type=whole_number(0), default=3)
+    provision.add_argument(
+        "--payloads", choices=("object_store", "shm"), default="object_store",
+        help="where payloads too large for a message go: the flow's NATS object store, "
+             "which workers on any host read (default), or this host's shared memory, "
+             "for a run whose workers all run on this host")
     replicas_option(provision)
     nats_url_option(provision)
     provision.set_defaults(func=_provision)

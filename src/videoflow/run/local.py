@@ -103,15 +103,33 @@ def _shared_payloads(payloads: bool | str, compiled: CompiledFlow, run_id: str,
                          f"not {payloads!r}")
     if payloads != "shm":
         return None
-    from videoflow.backends.shm_payload import SharedMemoryPayloadStore, shm_root, sweep_expired
+    return _make_shared_store(compiled, run_id, budget)
+
+
+def _make_shared_store(compiled: CompiledFlow, run_id: str,
+                       budget: int | None) -> SharedMemoryPayloadStore:
+    from videoflow.backends.shm_payload import SharedMemoryPayloadStore, sweep_expired
+    from videoflow.backends.shm_runs import run_store_dir
 
     sweep_expired()
     store = SharedMemoryPayloadStore(
-        shm_root() / sanitize(compiled.flow_id) / sanitize(run_id), budget_bytes=budget,
+        run_store_dir(compiled.flow_id, run_id), budget_bytes=budget,
         budget_wait_seconds=_payload_wait_seconds(compiled))
     store.declare_writers([(spec.name, replica) for spec in compiled.specs
                            if spec.publishes for replica in range(spec.nb_tasks)])
     return store
+
+
+def shared_memory_store(compiled: CompiledFlow, run_id: str) -> str:
+    """Make a provisioned run's shared-memory payload store on this host, its writers
+    declared as the local engine's are, and return its mark (RunSpec.shared_memory).
+
+    Raises:
+        OSError: shared memory cannot be written here.
+    """
+    from videoflow.backends.shm_runs import mark_store
+
+    return mark_store(_make_shared_store(compiled, run_id, None).directory)
 
 
 def _payload_wait_seconds(compiled: CompiledFlow) -> float:
@@ -670,4 +688,5 @@ def _portable(name: str, node: Node) -> bytes:
                          "(its attributes must pickle; open resources in open())") from error
 
 
-__all__ = ["NATS_URL_ENV", "new_run_id", "publish_control_stop", "run_flow"]
+__all__ = ["NATS_URL_ENV", "new_run_id", "publish_control_stop", "run_flow",
+           "shared_memory_store"]

@@ -14,8 +14,10 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from videoflow.backends.shm_runs import run_store_dir, store_mark
 from videoflow.core.compiler import CompiledFlow, NodeSpec, compile_flow
 from videoflow.core.node import Node
+from videoflow.errors import PayloadsElsewhere
 from videoflow.run.worker import ReplicaJob
 
 FORMAT = 1
@@ -32,6 +34,9 @@ class RunSpec:
         ledger / payloads / ack_wait / max_retries / eos_quiescence_ms / replicas: as
             ReplicaJob (replicas: the copies a clustered broker keeps of the run's
             streams and the flow's buckets).
+        shared_memory: the mark of the shared-memory store (on the host that
+            provisioned the run) its payloads go through; None: the flow's NATS object
+            store, which workers on any host read (videoflow.backends.shm_runs).
     """
 
     flow: str
@@ -45,6 +50,7 @@ class RunSpec:
     max_retries: int = 3
     eos_quiescence_ms: int = 500
     replicas: int = 1
+    shared_memory: str | None = None
 
     @classmethod
     def for_flow(cls, reference: str, flow: Any, run_id: str, **options: Any) -> RunSpec:
@@ -100,7 +106,10 @@ class RunSpec:
         Raises:
             ValueError: the flow differs from the spec, or replica is out of range.
             KeyError: no such node.
+            PayloadsElsewhere: the run's payloads are in shared memory this process
+                does not see (another host's).
         """
+        payload_dir = self._payload_dir()
         compiled = self.compiled(flow)
         spec = compiled.spec(node)
         if not 0 <= replica < spec.nb_tasks:
@@ -108,8 +117,25 @@ class RunSpec:
                              f"{spec.nb_tasks - 1}; got {replica}")
         job = ReplicaJob(self.flow_id, self.run_id, self.flow_type, spec, replica, nats_url,
                          self.ack_wait, self.max_retries, self.eos_quiescence_ms,
-                         self.ledger, self.payloads, replicas=self.replicas)
+                         self.ledger, self.payloads, payload_dir=payload_dir,
+                         replicas=self.replicas)
         return job, compiled.nodes[node]
+
+    def _payload_dir(self) -> str | None:
+        """The run's shared-memory store folder, checked to be the one its mark names;
+        None for a run whose payloads go through the object store."""
+        if self.shared_memory is None:
+            return None
+        directory = run_store_dir(self.flow_id, self.run_id)
+        found = store_mark(directory)
+        if found != self.shared_memory:
+            seen = "holds another store" if found else "does not exist"
+            raise PayloadsElsewhere(
+                f"run {self.run_id} keeps its payloads in shared memory on the host that "
+                f"provisioned it, which this process does not see ({directory} {seen} "
+                "here): start this worker on that host, or provision the run with "
+                "`--payloads object_store` (the default) for workers on several hosts")
+        return str(directory)
 
 
 def _spec_dict(spec: NodeSpec) -> dict[str, Any]:
