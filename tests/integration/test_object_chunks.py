@@ -1,7 +1,8 @@
 """Pipelined objects (videoflow.backends.jetstream.objects) on a real nats-server: the
 layout stays nats-py's, so each side reads what the other wrote, digest checked; sizes
 at and around chunk boundaries come back whole; a wrong digest, a missing object and a
-deleted one are told apart."""
+deleted one are told apart; a get reads by direct gets, and from the leader through a
+consumer where the stream takes none."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 
 import nats
 import pytest
-from nats.js.api import ObjectStoreConfig
+from nats.js.api import ObjectStoreConfig, StreamConfig
 
 from videoflow.backends.jetstream.objects import (
     chunk_bytes,
@@ -79,6 +80,35 @@ async def test_a_put_that_fails_leaves_no_chunks(nats_client: nats.NATS) -> None
         await put_object(js, "small", "too-big", data_of(1_000_000), CHUNK, 5.0)
     state = (await js.stream_info("OBJ_small")).state
     assert state.messages == 0 and await object_info(js, "small", "too-big") is None
+
+
+def object_stream(bucket: str, **config: object) -> StreamConfig:
+    """A bucket's stream as nats-py makes it, with config changed."""
+    return StreamConfig(name=f"OBJ_{bucket}", subjects=[f"$O.{bucket}.C.>", f"$O.{bucket}.M.>"],
+                        allow_rollup_hdrs=True, **config)  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_a_get_reads_by_direct_gets_and_makes_no_consumer(nats_client: nats.NATS) -> None:
+    # The stream takes one consumer, and one is there: a get through a consumer of its
+    # own could not be made, a get by direct gets needs none.
+    js = nats_client.jetstream()
+    await js.add_stream(object_stream("direct", allow_direct=True, max_consumers=1))
+    await js.add_consumer("OBJ_direct", durable_name="taken")
+    data = data_of(5 * CHUNK + 17)
+    await put_object(js, "direct", "ref-1", data, CHUNK, 5.0)
+    assert await get_object(js, "direct", "ref-1", 5.0) == data
+
+
+@pytest.mark.asyncio
+async def test_a_stream_that_takes_no_direct_gets_is_read_through_a_consumer(
+        nats_client: nats.NATS) -> None:
+    js = nats_client.jetstream()
+    await js.add_stream(object_stream("leader", allow_direct=False))
+    data = data_of(3 * CHUNK + 5)
+    await put_object(js, "leader", "ref-1", data, CHUNK, 5.0)
+    assert await get_object(js, "leader", "ref-1", 5.0) == data
+    assert await get_object(js, "leader", "never", 5.0) is None
 
 
 def test_the_chunk_size_stays_under_the_servers_max_payload() -> None:

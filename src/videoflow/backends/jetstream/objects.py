@@ -14,9 +14,15 @@ broker round trips and a quadratic copy:
   chunks are slices of the caller's buffer (a memoryview), not copies into a staging
   buffer; the existing object is not read first (videoflow never puts a ref twice but
   on a retry, which cleans up after itself).
-- get reads the meta message by subject (one request), then the chunks through an
-  ordered consumer straight into one buffer of the object's size, where nats-py grows a
-  bytes object chunk by chunk (a copy of everything so far per chunk).
+- get reads the meta message and then every chunk with direct gets (one request each,
+  the chunks as one batch: the bucket's stream allows direct gets, as nats-py makes it),
+  straight into one buffer of the object's size, where nats-py makes an ordered
+  consumer per get and grows a bytes object chunk by chunk (a copy of everything so far
+  per chunk). A direct get may be answered by a replica that has not stored the newest
+  messages yet: whatever it did not have (a missing meta, fewer chunks) is read again
+  from the stream's leader, by subject and through an ordered consumer. Measured on one
+  host, a 6.2 MB object: 344-408 MB/s and 12-13 ms of client CPU, against 202-262 MB/s
+  and 19-22 ms through the consumer.
 - chunks are CHUNK_BYTES, where nats-py's are 128 KiB: fewer messages per object.
 """
 
@@ -31,6 +37,7 @@ from datetime import datetime, timezone
 from typing import Final, cast
 
 import nats.js.errors
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ObjectInfo, ObjectMetaOptions
 
@@ -139,6 +146,9 @@ async def get_object(js: JetStreamContext, bucket: str, name: str,
             not the one its meta message gives.
         nats.errors.TimeoutError: a chunk did not come within timeout.
     """
+    direct = await _direct_read(js, bucket, name, timeout)
+    if not isinstance(direct, _Unserved):
+        return direct
     info = await object_info(js, bucket, name)
     if info is None:
         return None
@@ -159,10 +169,75 @@ async def get_object(js: JetStreamContext, bucket: str, name: str,
             offset = end
     finally:
         await sub.unsubscribe()
-    digest = (info.digest or "").removeprefix(_DIGEST).removeprefix(_DIGEST.upper())
-    if hashlib.sha256(data).digest() != base64.urlsafe_b64decode(digest):
+    if not _digest_matches(data, info):
         raise ValueError(f"object {name!r}: its bytes do not match its digest")
     return data
+
+
+class _Unserved:
+    """A direct read that must be made again from the stream's leader."""
+
+
+_UNSERVED: Final = _Unserved()
+
+
+async def _direct_read(js: JetStreamContext, bucket: str, name: str,
+                       timeout: float) -> bytearray | None | _Unserved:
+    """get_object by direct gets: the bytes, None for a deleted object, or _UNSERVED
+    where the answer may be a lagging replica's (no meta, too few chunks) or the stream
+    takes no direct gets."""
+    nc = js._nc  # the connection the context requests on (nats-py has no accessor)
+    api = f"$JS.API.DIRECT.GET.OBJ_{bucket}"
+    try:
+        meta = await nc.request(f"{api}.{meta_subject(bucket, name)}", b"", timeout=timeout)
+    except nats.errors.NoRespondersError:
+        return _UNSERVED  # a stream that takes no direct gets
+    if meta.headers and meta.headers.get("Status"):
+        return _UNSERVED  # 404 here may be a replica behind the leader
+    info = ObjectInfo.from_response(json.loads(meta.data))
+    if info.deleted:
+        return None
+    size, chunks = info.size or 0, info.chunks or 0
+    data = bytearray(size)
+    if size == 0:
+        return data
+    view, filled, count = memoryview(data), 0, 0
+    ended: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    async def take(msg: Msg) -> None:
+        nonlocal filled, count
+        if ended.done():
+            return
+        status = msg.headers.get("Status") if msg.headers else None
+        if status is not None:  # 204: the batch's end; anything else: not served
+            ended.set_result(status == "204")
+            return
+        end = filled + len(msg.data)
+        if end > size:
+            ended.set_result(False)
+            return
+        view[filled:end] = msg.data
+        filled, count = end, count + 1
+
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, cb=take)
+    try:
+        request = {"seq": 1, "next_by_subj": chunk_subject(bucket, cast(str, info.nuid)),
+                   "batch": chunks}
+        await nc.publish(api, json.dumps(request).encode(), reply=inbox)
+        served = await asyncio.wait_for(ended, timeout)
+    finally:
+        await sub.unsubscribe()
+    if not served or (filled, count) != (size, chunks):
+        return _UNSERVED
+    if not _digest_matches(data, info):
+        return _UNSERVED  # judged again on what the leader holds
+    return data
+
+
+def _digest_matches(data: bytearray, info: ObjectInfo) -> bool:
+    digest = (info.digest or "").removeprefix(_DIGEST).removeprefix(_DIGEST.upper())
+    return hashlib.sha256(data).digest() == base64.urlsafe_b64decode(digest)
 
 
 __all__ = ["CHUNK_BYTES", "WINDOW", "chunk_bytes", "chunk_subject", "get_object",
