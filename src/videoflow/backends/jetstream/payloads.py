@@ -120,8 +120,11 @@ class NatsObjectPayloadStore(PayloadStore):
         try:
             # Connected, the buckets are bound as every request here is made: again while
             # it fails transiently, a cluster electing its meta leader included (its
-            # JetStream API does not answer for a few seconds).
-            self._objects, self._kv = self._call(self._buckets, f"open of bucket {bucket!r}")
+            # JetStream API does not answer until the others elect one). For as long as
+            # the outage budget, as a broker away would be waited for: on a loaded host
+            # an election outlasted the TRANSIENT_RETRY_SECONDS of a single request.
+            self._objects, self._kv = self._call(self._buckets, f"open of bucket {bucket!r}",
+                                                 patience=self.outage.budget)
         except BaseException:
             self.close()
             raise
@@ -150,18 +153,22 @@ class NatsObjectPayloadStore(PayloadStore):
             self._runner.run(self._nc.close(), self.timeout)
         self._runner.stop()
 
-    def _call(self, make: Callable[[], Coroutine[Any, Any, T]], what: str) -> T:
+    def _call(self, make: Callable[[], Coroutine[Any, Any, T]], what: str,
+              patience: float = 0.0) -> T:
         """Runs make()'s coroutine on the store's loop, made again while it fails
-        transiently within the outage budget (every call here is a read, an idempotent
-        write or a compare-and-swap that reads first); every other failure becomes a
-        typed, retryable error (a timed-out change may still have happened: its
-        outcome is unknown)."""
+        transiently within the outage budget, or patience seconds from the first try
+        when that is longer (every call here is a read, an idempotent write or a
+        compare-and-swap that reads first); every other failure becomes a typed,
+        retryable error (a timed-out change may still have happened: its outcome is
+        unknown)."""
         started = time.monotonic()
         while True:
             try:
                 return self._call_once(make(), what)
             except (UnobservableState, BrokerUnavailable) as error:
                 until = retry_until(self.outage, started)
+                if until:  # 0.0: the connection was given up
+                    until = max(until, started + patience)
                 cause = error.__cause__
                 if (cause is None or not transient(cause)) or time.monotonic() >= until:
                     raise
