@@ -557,10 +557,20 @@ class SharedMemoryPayloadStore(FilesystemPayloadStore):
                 return old, False
             return None, True
 
-        cleared = sum(1 for ref in self._list_refs() if self._mutate(ref, unpinned))
-        self.reclaim_expired()
-        self._spares.discard()
-        if not self._list_refs():
+        cleared = 0
+        try:
+            for ref in self._list_refs():
+                if self._mutate(ref, unpinned):
+                    cleared += 1
+            self.reclaim_expired()
+            self._spares.discard()
+            if not self._list_refs():
+                _remove_with_empty_parent(self.directory)
+        except FileNotFoundError:
+            # Removed meanwhile: by a teardown's clear, or half made again by another
+            # run's sweep_expired that opened the folder (its constructor makes the
+            # folders it lacks) as the teardown removed it. Nothing of this run's is
+            # in what is left: it goes. (CI met it: records missing under the folder.)
             _remove_with_empty_parent(self.directory)
         return cleared
 
