@@ -29,9 +29,9 @@ message, so it travels inline, one stream message per hop.
 NATS object store (chunks, a meta message and the obligation records).
 
 ``object_store_jpeg``: the inline flow with the flow's codec jpeg (quality 90): the
-camera and the pass-through encode what they publish, each reader decodes; the frames are camera-like
-(gradients, soft shapes, sensor noise) instead of noise, whose JPEG is its worst case,
-and the sink checks each is close to its own pool frame. Its bytes/s count the raw
+camera and the pass-through encode what they publish, each reader decodes; the frames
+are camera-like (gradients, soft shapes, sensor noise) instead of noise, whose JPEG is
+its worst case, and the sink checks each is close to its own pool frame. Its bytes/s count the raw
 frames delivered, as the others do.
 
 ``natspy_core`` and ``natspy_object_store``: the ceilings, camera -> sink with nats-py
