@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -629,4 +630,61 @@ def test_a_time_join_waits_for_a_delivery_a_failover_cut_off_rather_than_give_it
     finally:
         fuse.close()
     assert groups == [{"cam0": "cam0", "cam1": "cam1"}]
+    assert fuse.deliveries.drops["join_evicted"] == fuse.deliveries.drops["join_late"] == 0
+
+
+def test_a_time_join_with_disorder_fetches_a_delivery_cut_off_while_its_parent_goes_on(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    # cam0's first frame is cut off on its way, and cam0 goes on at 10 fps: its event
+    # time passes the frame's group by disorder_ms (3 s) long before ack_wait (30 s)
+    # would hand the frame out again. The join, its oldest group waiting on cam0 while
+    # cam0's durable leases a delivery it never got, makes cam0's leases lapse: the
+    # frame comes back within a second or two and its group is whole. The ledger in
+    # NATS KV, as workers and the local engine keep it: durables without a delivery cap.
+    cams = ["cam0", "cam1"]
+    policy = {"mode": "time", "tolerance_ms": 5.0, "timeout_ms": 10_000.0, "missing": "drop",
+              "disorder_ms": 3000.0}
+    specs = [*(NodeSpec(c, "producer") for c in cams),
+             NodeSpec("fuse", "consumer", parents=tuple(cams), join_policy=policy)]
+    provision_flow_sync(nats_server.url, specs, FLOW, RUN, BATCH, ack_wait=30,
+                        ledger_budget=True, timeout=30)
+    store = NatsKvRuntimeStore(nats_url=nats_server.url, bucket="cut-off")
+    frames = 41
+    publish_stamped(nats_server.url, "cam1", [(10.0 + k / 10, {"camera": "cam1", "k": k})
+                                              for k in range(frames)])
+    cam0 = messenger(nats_server.url, "cam0", [])
+    cam0.set_output_event_timestamp(10.0)
+    cam0.publish_message({"camera": "cam0", "k": 0})
+    asyncio.run(take_and_lose(nats_server.url, stream_name_for(FLOW, RUN, "cam0"),
+                              durable_name_for("fuse", "cam0")))
+
+    def live() -> None:
+        try:
+            for k in range(1, frames):
+                time.sleep(0.1)
+                cam0.set_output_event_timestamp(10.0 + k / 10)
+                cam0.publish_message({"camera": "cam0", "k": k})
+            cam0.publish_stop_signal()
+        finally:
+            cam0.close()
+
+    camera = threading.Thread(target=live)
+    camera.start()
+    fuse = NATSMessenger(SimpleNamespace(name="fuse"), cams, nats_server.url, FLOW, BATCH, RUN,
+                         join_policy=policy, eos_quiescence_ms=200, ack_wait=30,
+                         runtime=FlowRuntime(store, FLOW, RUN, "fuse"))
+    whole = []
+    try:
+        while True:
+            inputs = fuse.receive_message()
+            if all(e is not None and e["is_stop_signal"] for e in inputs.values()):
+                break
+            if all(inputs[c] is not None for c in cams):
+                whole.append(inputs["cam0"]["message"]["k"])
+            fuse.ack_inputs()
+    finally:
+        fuse.close()
+        camera.join()
+    assert sorted(whole) == list(range(frames))
     assert fuse.deliveries.drops["join_evicted"] == fuse.deliveries.drops["join_late"] == 0

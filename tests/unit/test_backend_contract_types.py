@@ -360,6 +360,9 @@ ABSTRACT_ADDITIONS = {"ensure_dead_letters"}
 # then runs code of its own gives an adapter whose loop runs on the caller's thread
 # (issue 10), and how many deliveries an adapter that parks ahead may park (issue 40).
 IDLE_ADDITIONS = {"catch_up", "set_receive_depth"}
+# Additions whose default declines: making a durable's leases lapse at once, for an
+# adapter whose deliveries can be cut off in flight by a broker failover (issue 44).
+DECLINING_ADDITIONS = {"lapse_leases"}
 # Additions whose defaults extend nothing and give nothing up: how long a broker outage
 # lets the publication ladder go on, for an adapter whose broker can go away (issue 12),
 # and why it gave its broker up for good, which ends the ladder at once.
@@ -375,7 +378,7 @@ def _declared_members() -> set[str]:
 
 def test_backend_declares_exactly_the_reference_members_and_the_pipelined_additions() -> None:
     assert _declared_members() == (REFERENCE_MEMBERS | ADDITIONS | ABSTRACT_ADDITIONS
-                                   | IDLE_ADDITIONS | OUTAGE_ADDITIONS)
+                                   | IDLE_ADDITIONS | OUTAGE_ADDITIONS | DECLINING_ADDITIONS)
 
 
 def test_backend_abstract_members_are_all_but_the_documented_defaults() -> None:
@@ -390,7 +393,7 @@ def test_backend_cannot_be_instantiated() -> None:
 
 def test_backend_members_all_carry_a_promise() -> None:
     for name in (REFERENCE_MEMBERS | ADDITIONS | ABSTRACT_ADDITIONS | IDLE_ADDITIONS
-                 | OUTAGE_ADDITIONS):
+                 | OUTAGE_ADDITIONS | DECLINING_ADDITIONS):
         member = vars(MessagingBackend)[name]
         doc = (member.fget if isinstance(member, property) else member).__doc__
         assert doc and doc.strip(), name
@@ -477,6 +480,7 @@ def test_defaults_report_no_local_machinery() -> None:
     assert backend.prefetched(SUB) == 0 and backend.skipped(SUB) == 0
     assert backend.budget_waits() == 0
     assert backend.supersede(token) is False
+    assert backend.lapse_leases(SUB) is False
 
 
 def test_errors_are_families_under_the_root_with_codes_as_data() -> None:

@@ -585,6 +585,21 @@ class MessagingBackend(abc.ABC):
         """
         return False
 
+    def lapse_leases(self, subscription: SubscriptionId) -> bool:
+        """Make every lease of subscription's durable lapse now, so what the broker
+        handed out on a path that was cut (a server that died with deliveries on their
+        way) is delivered again at once, not once ack_wait lapses. What the receiver
+        holds comes again too, a newer attempt of the same message (supersede).
+
+        Returns:
+            whether the leases were made to lapse. The default is a no-op returning
+            False, for adapters whose deliveries cannot be cut off in flight. A durable
+            with a delivery cap is left alone (a lapse counts as a delivery): only the
+            durables of a run whose ledger is in NATS KV, as workers and the local
+            engine keep it, have none.
+        """
+        return False
+
     @abc.abstractmethod
     def mark_exhausted(self, subscription: SubscriptionId, stream_sequence: int | None) -> None:
         """Count a retained message as unresolved in observe_subscription: the

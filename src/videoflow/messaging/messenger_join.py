@@ -53,6 +53,11 @@ _GAVE_UP: Final = {
 }
 """Why a join gave up on a member, by the assembler's reason (its dead letter's error)."""
 
+CUT_OFF_SECONDS: Final = 0.5
+"""How often, at most, a join with disorder_ms asks whether the parents its oldest group
+lacks have deliveries cut off on their way, and how long that group must have waited
+first (Join._fetch_cut_off)."""
+
 
 class Join:
     """A join node's assembler and what becomes of what it lets go.
@@ -108,6 +113,12 @@ class Join:
         self._hear_every = (policy.timeout_ms / 8000.0 if self._time
                             and policy.timeout_ms is not None else None)
         self._timeout_s = None if policy.timeout_ms is None else policy.timeout_ms / 1000.0
+        self._disorder = policy.disorder_ms / 1000.0 if self._time else 0.0
+        self._cut_off_checked = -math.inf
+        # Per parent: when its leases were last seen not here (_fetch_cut_off), and
+        # when they were last made to lapse.
+        self._suspected: dict[str, float] = {}
+        self._lapsed: dict[str, float] = {}
         # Per parent, since when (monotonic) the broker has said some of its leases are
         # not here (hear_leases).
         self._unreceived_since: dict[str, float] = {}
@@ -199,9 +210,41 @@ class Join:
             self._hear_backlogs(now)
         if self._time and not now - self._lags_at < LAG_SAMPLE_SECONDS:
             self._sample_lags(now)
+        if self._disorder:
+            self._fetch_cut_off(now)
         group = self.assembler.pop_ready(now)
         self.settle_released()
         return group
+
+    def _fetch_cut_off(self, now: float) -> None:
+        """A time join that takes its parents out of order (disorder_ms) waits for a
+        member that may have been cut off on its way: handed out on a path a broker
+        failover cut, it would come back only once ack_wait lapses, long after its
+        parent's later input gave its group up. So, at most every CUT_OFF_SECONDS,
+        while the oldest group has waited that long: the parents it lacks whose
+        durables lease deliveries this node neither holds nor has parked, twice in a
+        row (once may be deliveries on their way), have their leases made to lapse
+        (MessagingBackend.lapse_leases), at most once per ack_wait each. What this
+        node held comes again as a newer attempt and supersedes itself."""
+        if now - self._cut_off_checked < CUT_OFF_SECONDS:
+            return
+        self._cut_off_checked = now
+        if self.assembler.oldest_wait_seconds(now) < CUT_OFF_SECONDS:
+            self._suspected.clear()
+            return
+        lacking = {p: self.data_subs[p] for p in self.assembler.waiting_for()
+                   if p in self.data_subs}
+        if not lacking:
+            return
+        for parent, count in self.deliveries.unreceived(lacking).items():
+            if count == 0:
+                self._suspected.pop(parent, None)
+            elif parent not in self._suspected:
+                self._suspected[parent] = now
+            elif now - self._lapsed.get(parent, -math.inf) >= self.deliveries.ack_wait:
+                self._lapsed[parent] = now
+                del self._suspected[parent]
+                self.backend.lapse_leases(self.data_subs[parent])
 
     def flush(self) -> list[ReadyGroup]:
         """Every parent ended: the groups the policy still emits; the rest is settled

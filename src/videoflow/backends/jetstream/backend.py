@@ -56,7 +56,9 @@ import logging
 import uuid
 from asyncio import AbstractEventLoop
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
+
+import nats.errors
 
 from videoflow.backends.jetstream.bindings import Bindings, stop_all
 from videoflow.backends.jetstream.connection import BROKER_CALL_SECONDS, Connection
@@ -117,6 +119,13 @@ __all__ = [
 
 
 logger = logging.getLogger(__name__)
+
+LAPSE_SECONDS: Final = 0.5
+"""The ack_wait a durable holds while its leases lapse (lapse_leases)."""
+
+LAPSE_HOLD_SECONDS: Final = 1.0
+"""How long it holds it: the server's check comes 100 ms after the change, and may be
+put off while it is busy with acks (ops/resume.py does the same for a resumed run)."""
 
 
 class JetStreamMessagingBackend(MessagingBackend):
@@ -405,6 +414,40 @@ class JetStreamMessagingBackend(MessagingBackend):
         self.settler.mark_exhausted(subscription, stream_sequence)
 
     # ---------------------------------------------------------------- observations
+
+    def lapse_leases(self, subscription: SubscriptionId) -> bool:
+        """MessagingBackend.lapse_leases: the durable's ack_wait is set to
+        LAPSE_SECONDS for LAPSE_HOLD_SECONDS (the server checks its pending deliveries
+        again 100 ms after a change of ack_wait), then given back, even when the wait
+        was cut short. Unlike a consumer reset, what was acked is not delivered again.
+        False when the durable has a delivery cap or could not be changed."""
+        js = self.connection.js
+        if js is None:
+            return False
+        stream, durable = stream_of(subscription.channel), durable_of(subscription,
+                                                                      self.instance_id)
+
+        async def lapse() -> bool:
+            config = (await js.consumer_info(stream, durable)).config
+            if (config.max_deliver or -1) > 0:
+                return False
+            ack_wait = config.ack_wait
+            config.ack_wait = LAPSE_SECONDS
+            try:
+                await js.add_consumer(stream, config)
+                await asyncio.sleep(LAPSE_HOLD_SECONDS)
+            finally:
+                config.ack_wait = ack_wait
+                await asyncio.shield(js.add_consumer(stream, config))
+            return True
+
+        try:
+            return bool(self.connection.call(lapse(),
+                                             LAPSE_HOLD_SECONDS + 2 * BROKER_CALL_SECONDS))
+        except (BrokerUnavailable, TimeoutError, nats.errors.Error) as error:
+            # Not made to lapse now: the leases still lapse after ack_wait.
+            logger.warning("could not make the leases of %s lapse: %s", durable, error)
+            return False
 
     def _observe(self, request: Any) -> Any:
         """Run one observation request; an Unknown (never an exception) when it fails."""
