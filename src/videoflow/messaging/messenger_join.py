@@ -221,9 +221,10 @@ class Join:
         member that may have been cut off on its way: handed out on a path a broker
         failover cut, it would come back only once ack_wait lapses, long after its
         parent's later input gave its group up. So, at most every CUT_OFF_SECONDS,
-        while the oldest group has waited that long: the parents it lacks whose
-        durables lease deliveries this node neither holds nor has parked, twice in a
-        row (once may be deliveries on their way), have their leases made to lapse
+        while the oldest group has waited that long: the parents it lacks, and the
+        collect parents, whose durables lease deliveries this node neither holds nor
+        has parked, twice in a row (once may be deliveries on their way), have their
+        leases made to lapse
         (MessagingBackend.lapse_leases), at most once per ack_wait each. What this
         node held comes again as a newer attempt and supersedes itself."""
         if now - self._cut_off_checked < CUT_OFF_SECONDS:
@@ -232,7 +233,10 @@ class Join:
         if self.assembler.oldest_wait_seconds(now) < CUT_OFF_SECONDS:
             self._suspected.clear()
             return
-        lacking = {p: self.data_subs[p] for p in self.assembler.waiting_for()
+        # The collect parents too: no group waits on a sample, so nothing else asks,
+        # and one cut off with the frames would miss its window.
+        lacking = {p: self.data_subs[p] for p in (*self.assembler.waiting_for(),
+                                                  *sorted(self.collect))
                    if p in self.data_subs}
         if not lacking:
             return
