@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +69,11 @@ def cluster_up(hosts: Hosts, root: Path) -> tuple[str, dict[str, subprocess.Pope
 
 
 def run_workers(placed: list[tuple[Host, str]], spec: Path, url: str, env: dict[str, str],
-                logs: Path, timeout: float = 150) -> None:
+                logs: Path, timeout: float = 150,
+                meanwhile: Callable[[], None] | None = None) -> None:
     """A `videoflow worker` per (host, node) of the provisioned run, each on its host;
-    every one must end cleanly within timeout (what each said is in the failure)."""
+    every one must end cleanly within timeout (what each said is in the failure).
+    meanwhile runs once they are all started."""
     workers = {}
     for host, node in placed:
         # Each worker's stderr to a file: a pipe nobody reads while the others run
@@ -80,6 +82,8 @@ def run_workers(placed: list[tuple[Host, str]], spec: Path, url: str, env: dict[
             workers[node] = host.popen(
                 *videoflow("worker", "--spec", str(spec), "--node", node, "--nats-url", url),
                 cwd=HELPERS, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    if meanwhile is not None:
+        meanwhile()
     deadline = time.monotonic() + timeout
     while any(p.poll() is None for p in workers.values()) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -142,13 +146,14 @@ def test_a_flow_runs_with_each_node_on_its_own_host_over_a_cluster_across_them(
     assert sorted(v for (v,) in applied(out)) == [2 * i for i in range(200)]
 
 
-def run_fusion(hosts: Hosts, tmp_path: Path, codec: str, replicas: int,
-               seconds: float) -> dict[str, Any]:
+def run_fusion(hosts: Hosts, tmp_path: Path, codec: str, replicas: int, seconds: float,
+               kill_b_after: float | None = None, **policy: str) -> dict[str, Any]:
     """The demo fusion with its cameras and IMU on host a, its time join on host b and
-    its verifying sink on host c, over the cluster across the three. Returns the
-    sink's summary."""
+    its verifying sink on host c, over the cluster across the three; with
+    kill_b_after, host b's nats-server is SIGKILLed that long into the capture. policy
+    overrides the join's (VF_TEST_<KEY> of hosts_flow). Returns the sink's summary."""
     a, b, c = (hosts.hosts[name] for name in "abc")
-    url, _ = cluster_up(hosts, tmp_path)
+    url, servers = cluster_up(hosts, tmp_path)
     shared = tmp_path / "shared"
     shared.mkdir()
     env = {**os.environ, "VF_TEST_SUMMARY": str(shared / "summary.json"),
@@ -156,14 +161,28 @@ def run_fusion(hosts: Hosts, tmp_path: Path, codec: str, replicas: int,
            # Seconds, not the demo's 300 ms: what is tested is that every frame
            # crosses the hosts and fuses, not real-time latency, and a process stalled
            # on a loaded CI host would otherwise be taken for a camera that stopped.
-           "VF_TEST_TIMEOUT_MS": "10000"}
+           "VF_TEST_TIMEOUT_MS": "10000",
+           **{f"VF_TEST_{key.upper()}": value for key, value in policy.items()}}
     spec = tmp_path / "run.json"
     done = a.run(*videoflow("provision", "hosts_flow:fusion", "--out", str(spec),
                             "--nats-url", url, "--replicas", str(replicas)),
                  cwd=HELPERS, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     placed = [(c, "verify"), (b, "fusion"), (a, "imu"), *((a, f"cam{i}") for i in range(4))]
-    run_workers(placed, spec, url, env, tmp_path)
+
+    def kill_b() -> None:
+        # The capture starts a second after the last node is up (the demo's start
+        # gate: a file per node in the shared folder).
+        deadline = time.monotonic() + 120
+        while len(list(shared.glob("*.up"))) < len(placed):
+            assert time.monotonic() < deadline, "the flow's nodes did not all start"
+            time.sleep(0.05)
+        time.sleep(1.0 + (kill_b_after or 0.0))
+        servers["b"].kill()
+        servers["b"].wait(timeout=10)
+
+    run_workers(placed, spec, url, env, tmp_path,
+                meanwhile=None if kill_b_after is None else kill_b)
     summary: dict[str, Any] = json.loads((shared / "summary.json").read_text())
     return summary
 
@@ -174,6 +193,21 @@ def test_cameras_on_one_host_fuse_on_another_and_every_group_reaches_a_third(
 ) -> None:
     summary = run_fusion(hosts, tmp_path, codec, replicas=1, seconds=1.0)
     instants = 30  # one second of capture
+    assert (summary["groups"], summary["quorum_groups"]) == (instants, 0), summary
+    assert summary["correct"] == instants, summary
+    assert summary["imu_in_window"] == summary["imu_expected"] > 0, summary
+
+
+def test_the_fusion_loses_nothing_when_the_joins_host_loses_its_server_mid_run(
+    hosts: Hosts, tmp_path: Path,
+) -> None:
+    # Three copies of every stream and bucket (--replicas 3): the two other servers
+    # carry the run on, and the workers connected to b's reconnect to them. Outputs
+    # whose receipts the failover lost are sent again and land behind later ones: the
+    # join takes them up to disorder_ms out of order (64 frame periods bound it).
+    summary = run_fusion(hosts, tmp_path, "jpeg", replicas=3, seconds=3.0,
+                         kill_b_after=1.5, disorder_ms="2200")
+    instants = 90
     assert (summary["groups"], summary["quorum_groups"]) == (instants, 0), summary
     assert summary["correct"] == instants, summary
     assert summary["imu_in_window"] == summary["imu_expected"] > 0, summary
