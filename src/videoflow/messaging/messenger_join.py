@@ -120,8 +120,10 @@ class Join:
         self._suspected: dict[str, float] = {}
         self._lapsed: dict[str, float] = {}
         # Per parent, since when (monotonic) the broker has said some of its leases are
-        # not here (hear_leases).
+        # not here (_leased_elsewhere); and the silent parents it said had none, not
+        # asked about again until they speak (nothing new can be cut off meanwhile).
         self._unreceived_since: dict[str, float] = {}
+        self._none_elsewhere: set[str] = set()
         self._heard_at = -math.inf
         self._lags_at = -math.inf
         self.watermark_lags: dict[str, float] = {}
@@ -175,6 +177,7 @@ class Join:
             for parent in parents:
                 self.alignment.heard(parent, now)
                 self._unreceived_since.pop(parent, None)
+                self._none_elsewhere.discard(parent)
 
     def align(self) -> tuple[frozenset[str], int]:
         """Who the join holds back now, and how many inputs it may take next without
@@ -300,19 +303,22 @@ class Join:
         and until then its parent is not silent. Heard so for at most ack_wait (and a
         timeout) from when the broker first said so: a lease held by a competing
         replica delays the backstop by no more. One round trip, only for a parent
-        near its backstop."""
+        near its backstop, and once per silence for one that has none elsewhere."""
         alignment, timeout = self.alignment, self._timeout_s
         if alignment is None or timeout is None:
             return []
-        near = {p: self.data_subs[p] for p in quiet
-                if alignment.silent_for(p, now) >= timeout / 2}
+        near = {p: self.data_subs[p] for p in quiet if p not in self._none_elsewhere
+                and alignment.silent_for(p, now) >= timeout / 2}
         if not near:
             return []
         limit = self.deliveries.ack_wait + timeout
         out = []
         for parent, count in self.deliveries.unreceived(near).items():
             if count == 0:
+                # Asked once per silence: a round trip each time the backstop is heard
+                # delayed the join's groups (CI: 26 ms against 22 for a gap's median).
                 self._unreceived_since.pop(parent, None)
+                self._none_elsewhere.add(parent)
                 continue
             since = self._unreceived_since.setdefault(parent, now)
             if now - since < limit:
