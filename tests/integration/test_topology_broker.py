@@ -15,6 +15,7 @@ from nats.js.api import RetentionPolicy, StreamConfig
 from videoflow.backends.jetstream import streams as p
 from videoflow.backends.messaging import CleanupObservation, Unknown
 from videoflow.core.constants import BATCH, REALTIME
+from videoflow.core.credit import REALTIME_BURST
 from videoflow.messaging import topology as t
 
 pytestmark = pytest.mark.timeout(60)
@@ -50,11 +51,14 @@ async def test_read_back_reports_an_exact_stream_without_mismatches(jetstream):
 
 @pytest.mark.asyncio
 async def test_read_back_reports_fields_the_broker_holds_differently(jetstream):
-    await _add(jetstream, t.stream_config_for(FLOW, RUN, "a", REALTIME).evolve(max_msgs=5))
+    # As a flow's provisioning makes it (REALTIME_BURST per subject), but for max_msgs.
+    await _add(jetstream, t.stream_config_for(FLOW, RUN, "a", REALTIME,
+                                              realtime_buffer=REALTIME_BURST
+                                              ).evolve(max_msgs=5))
     got = await t.read_back_streams_async(jetstream, FLOW, RUN, ["a"], REALTIME)
     entry = got["a"]
     assert isinstance(entry, t.VerifiedStream)
-    assert entry.mismatches == ("max_msgs: requested 2, effective 5",)
+    assert entry.mismatches == (f"max_msgs: requested {2 * REALTIME_BURST}, effective 5",)
 
 
 @pytest.mark.asyncio

@@ -21,6 +21,7 @@ from nats.js.api import (
 
 from videoflow.backends.messaging import UNKNOWN_REASONS, ProfileRequest, Unknown
 from videoflow.core.constants import BATCH, REALTIME
+from videoflow.core.credit import REALTIME_BURST
 from videoflow.core.policies import JoinPolicy
 from videoflow.errors import BrokerUnavailable, IncompatibleProfile, UnobservableState
 from videoflow.messaging import topology as t
@@ -219,17 +220,19 @@ def test_realtime_buffer_is_at_least_one():
 
 
 def test_a_realtime_stream_has_room_for_every_replica_s_end_marker():
-    """Provisioning sizes a REALTIME node's per-subject bound to its replica count: each
-    replica's end marker stays on the EOS subject until a reader takes it."""
+    """Provisioning sizes a REALTIME node's per-subject bound to its replica count where
+    that is more than REALTIME_BURST: each replica's end marker stays on the EOS subject
+    until a reader takes it."""
     from videoflow.backends.jetstream.flow_provisioning import _flow_plan
     from videoflow.core.compiler import NodeSpec
 
-    specs = [NodeSpec("cam", "producer", nb_tasks=3), NodeSpec("one", "processor",
-                                                               parents=("cam",)),
+    many = REALTIME_BURST + 3
+    specs = [NodeSpec("cam", "producer", nb_tasks=many), NodeSpec("one", "processor",
+                                                                  parents=("cam",)),
              NodeSpec("sink", "consumer", parents=("one",))]
     streams = {c.name: c for c in _flow_plan(specs, "f", "r", REALTIME).streams}
-    assert streams["vf-f-r-cam"].max_msgs_per_subject == 3
-    assert streams["vf-f-r-one"].max_msgs_per_subject == t.DEFAULT_REALTIME_BUFFER
+    assert streams["vf-f-r-cam"].max_msgs_per_subject == many
+    assert streams["vf-f-r-one"].max_msgs_per_subject == REALTIME_BURST
 
 
 def test_batch_stream_config():

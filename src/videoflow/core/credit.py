@@ -45,6 +45,15 @@ prefetch. Without the gathered acks, a processor with a full window and a linger
 worth of acks gathered reached max_ack_pending, and the broker held its input back
 until they went."""
 
+REALTIME_BURST: Final = 16
+"""Messages per subject a flow's REALTIME streams keep (the realtime_buffer its
+provisioning asks for, or the node's replica count where that is larger, for their end
+markers): the longest burst a reader that keeps up still gets whole, where a stream
+that kept one message had each of a burst evict the one before it on the broker before
+any reader was handed it. 16 ms of a 1 kHz IMU that stalled, half a second of a 30 fps
+camera. A reader that does not keep up still works on the newest only
+(videoflow.messaging.freshness)."""
+
 LEGACY_BIND_CREDIT: Final = DEFAULT_PREFETCH + 2
 """A worker's bind credit of its local queue depth plus two, which does not follow the
 replica plan (STREAM-15); kept, like DEFAULT_MAX_ACK_PENDING, as a reviewed value the

@@ -76,10 +76,11 @@ from videoflow.backends.messaging import (
 )
 from videoflow.backends.payload import PayloadStore
 from videoflow.core.compiler import NodePlan, node_plan
-from videoflow.core.constants import BATCH
+from videoflow.core.constants import BATCH, REALTIME
 from videoflow.core.context import event_time
 from videoflow.core.credit import (
     PRODUCER_WINDOW,
+    REALTIME_BURST,
     RECEIVE_PREFETCH,
     WINDOW_GROUPS,
 )
@@ -95,6 +96,7 @@ from videoflow.core.naming import (
 )
 from videoflow.core.runtime import FlowRuntime
 from videoflow.errors import CodecError, PayloadMissing, WireError
+from videoflow.messaging.freshness import Freshness
 from videoflow.messaging.grouping import (
     EnvelopeEntry,
     ReadyGroup,
@@ -350,6 +352,11 @@ class NATSMessenger(Messenger):
         self._collected = 0.0  # collect samples handed out, per collect parent
         self.reconciled = 0  # obligations reconciliation cancelled (PAY-006)
         self.join: Join | None = None  # a producer has no inputs to join
+        # A one-parent REALTIME node's receive takes all its parent's stream keeps, the
+        # newest among it (videoflow.messaging.freshness); a shallower one would be
+        # handed the oldest.
+        self._least_depth = (REALTIME_BURST if flow_type == REALTIME
+                             and len(self.parent_names) == 1 else 1)
         if self.parent_names:
             self._set_depth(FIRST_DEPTH)  # before the bind: a bound durable fetches at once
             self._bind(partition_by is not None)
@@ -359,6 +366,10 @@ class NATSMessenger(Messenger):
                              self.deliveries, self._data_subs, clock=clock, epoch=epoch,
                              budget_waiting=self.payloads.budget_waiting(),
                              payload_shares=self.payloads.budget_shares())
+        # A one-parent REALTIME node works through a burst only while it keeps up
+        # (videoflow.messaging.freshness); a join keeps its own bounds.
+        self.freshness = (Freshness() if flow_type == REALTIME and len(self.parent_names) == 1
+                          and self.join is not None and not self.join.collect else None)
 
     def _bind(self, partitioned: bool) -> None:
         # The plan's credit and delivery cap, as provisioning created the durables
@@ -793,6 +804,8 @@ class NATSMessenger(Messenger):
                 subs = [s for s in subs if s.kind == "eos" or s.channel.node not in held]
         got = self.backend.receive_any(subs, credit, 0, clock.monotonic() + poll)
         self._idle = not got
+        if self.freshness is not None:
+            got = self._freshest(got)
         for sub, delivery in got:
             if sub.kind == "eos":
                 self._on_end_marker(self._eos_subs[sub], delivery)
@@ -803,6 +816,29 @@ class NATSMessenger(Messenger):
                 self.join.arrived({sub.channel.node for sub, _ in got if sub.kind == "data"})
             self.join.settle_released()  # what the batch's adds let go of, at once
         self.deliveries.settle_pending()
+
+    def _freshest(self, got: list[tuple[SubscriptionId, Delivery]]
+                  ) -> list[tuple[SubscriptionId, Delivery]]:
+        """What of a receive a one-parent REALTIME node works through: its data less
+        the inputs a newer one supersedes (Freshness.stale), which are acknowledged
+        undecoded and not counted as received (the run counts them superseded, as it
+        does what the stream evicted)."""
+        freshness = self.freshness
+        assert freshness is not None
+        data = [item for item in got if item[0].kind != "eos"]
+        beyond = 0
+        if data:  # parked past the receive, or left on the broker (no round trip)
+            waiting = self.backend.backlog(data[0][0])
+            beyond = waiting.value if isinstance(waiting, Known) else 0
+        stale = freshness.stale(len(data), beyond, clock.monotonic())
+        if not stale:
+            return got
+        data.sort(key=lambda item: item[1].token.stream_seq)
+        superseded = {id(delivery) for _, delivery in data[:stale]}
+        for sub, delivery in data[:stale]:
+            self.deliveries.data_arrived(sub.channel.node)
+            self.deliveries.settle_later(delivery, Completed())
+        return [item for item in got if id(item[1]) not in superseded]
 
     def _on_data(self, sub: SubscriptionId, delivery: Delivery) -> None:
         parent = sub.channel.node
@@ -956,7 +992,10 @@ class NATSMessenger(Messenger):
     def _timed_group(self) -> None:
         """Fold the node's time on the group just done into its mean, and set the
         backend's receive depth to about DEPTH_SECONDS of such groups."""
-        seconds = clock.monotonic() - self._handed_at
+        now = clock.monotonic()
+        seconds = now - self._handed_at
+        if self.freshness is not None:
+            self.freshness.worked(seconds, now)
         mean = self._group_seconds
         mean = seconds if mean is None else 0.9 * mean + 0.1 * seconds
         self._group_seconds = mean
@@ -970,8 +1009,8 @@ class NATSMessenger(Messenger):
 
     def _set_depth(self, depth: int) -> None:
         """Ask the backend to park at most depth deliveries per subscription (within
-        1..RECEIVE_PREFETCH), if it parks any."""
-        depth = max(1, min(RECEIVE_PREFETCH, depth))
+        _least_depth..RECEIVE_PREFETCH), if it parks any."""
+        depth = max(self._least_depth, min(RECEIVE_PREFETCH, depth))
         if depth != self._depth:
             self.backend.set_receive_depth(depth)
             self._depth = depth

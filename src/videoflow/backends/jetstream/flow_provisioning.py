@@ -16,7 +16,6 @@ from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, StreamConfig
 
 from videoflow.backends.jetstream.configs import (
-    DEFAULT_REALTIME_BUFFER,
     consumer_config_for,
     dlq_stream_config,
     eos_anchor_config,
@@ -36,7 +35,7 @@ from videoflow.broker.link import (
 from videoflow.broker.options import auth_options
 from videoflow.core.compiler import CONSUMER, NodeSpec, node_plan
 from videoflow.core.constants import check_flow_type
-from videoflow.core.credit import positive_int
+from videoflow.core.credit import REALTIME_BURST, positive_int
 from videoflow.core.naming import (
     partitioned_durable_name_for,
     stream_name_for,
@@ -138,8 +137,9 @@ def _flow_plan(
             streams.append(stream_config_for(
                 flow_id, run_id, spec.name, flow_type, generation=generation,
                 replicas=replicas,
-                # Room on the EOS subject for every replica's marker (REALTIME).
-                realtime_buffer=max(DEFAULT_REALTIME_BUFFER, spec.nb_tasks),
+                # A reader that keeps up gets a burst whole (REALTIME), and there is
+                # room on the EOS subject for every replica's marker.
+                realtime_buffer=max(REALTIME_BURST, spec.nb_tasks),
             ))
             durables.append((
                 stream_name_for(flow_id, run_id, spec.name),

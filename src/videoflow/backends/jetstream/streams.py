@@ -35,6 +35,7 @@ from videoflow.broker.client import connect
 from videoflow.broker.failures import JSErrorCode, not_found, observation_failure, unknown_from
 from videoflow.broker.link import servers_of
 from videoflow.broker.options import connect_options_for
+from videoflow.core.credit import REALTIME_BURST
 from videoflow.core.naming import (
     KIND_DLQ,
     LABEL_FLOW_ID,
@@ -103,9 +104,12 @@ async def read_back_streams_async(
         ValueError: an unknown flow_type, a replica count below 1, or a bad name —
             before anything is asked of the broker.
     """
+    # A flow's provisioning asks for REALTIME_BURST messages per subject of a REALTIME
+    # stream (more only for a node of more replicas).
     requested = {
         node: stream_config_for(
-            flow_id, run_id, node, flow_type, generation=generation, replicas=replicas
+            flow_id, run_id, node, flow_type, generation=generation, replicas=replicas,
+            realtime_buffer=REALTIME_BURST,
         )
         for node in node_names
     }
