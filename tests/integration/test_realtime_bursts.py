@@ -1,5 +1,5 @@
-"""A REALTIME reader on JetStream: a burst reaches a reader that keeps up whole, and one
-that falls behind works on the newest input (videoflow.messaging.freshness, issue 43)."""
+"""A REALTIME reader on JetStream: a burst reaches a reader that keeps up whole, and a
+slow one works on the newest input (videoflow.messaging.freshness, issue 43)."""
 
 from __future__ import annotations
 
@@ -94,9 +94,10 @@ def test_a_realtime_reader_that_keeps_up_gets_a_burst_its_parent_sent_at_once(
 def test_a_realtime_reader_that_falls_behind_works_on_the_newest_input(
     nats_server: embedded.EmbeddedServer,
 ) -> None:
-    """A reader taking 80 ms an input on a parent sending every 10 ms: each input it
-    works on is the newest there was when it took it, the older ones are superseded
-    and acknowledged (none is left pending on the durable), and it ends on the last."""
+    """A reader taking 80 ms an input (more than CATCH_UP_SECONDS) on a parent sending
+    every 10 ms: each input it works on is the newest there was when it took it, the
+    older ones are superseded and acknowledged (none is left pending on the durable),
+    and it ends on the last."""
     seen: list[Any] = []
     sink = reader(nats_server.url, seen, work_seconds=0.08)
     cam = NATSMessenger(SimpleNamespace(name="cam"), [], nats_server.url, FLOW, REALTIME, RUN)

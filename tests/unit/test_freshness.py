@@ -5,91 +5,70 @@ from __future__ import annotations
 
 import pytest
 
-from videoflow.messaging.freshness import RATE_SECONDS, UNTIMED_KEPT, Freshness
+from videoflow.messaging.freshness import CATCH_UP_SECONDS, UNTIMED_KEPT, Freshness
 
 
-def cycles(freshness: Freshness, *, waiting: int, work: float, idle: float = 0.0,
-           seconds: float, start: float = 0.0) -> float:
-    """A node's receives for seconds: each takes waiting inputs, and the node works
-    on the one it keeps for work seconds, then waits idle seconds for the next
-    receive's. Returns the time of the next receive."""
+def receives(freshness: Freshness, *, taken: int, per_input: float, count: int,
+             idle: float = 0.0, start: float = 0.0) -> float:
+    """count receives, each taking `taken` inputs; the node spends per_input seconds on
+    each it keeps, then waits idle seconds inside the next receive. Returns the time
+    the next receive is called."""
     now = start
-    while now < start + seconds:
-        stale = freshness.stale(waiting, 0, now)
-        for _ in range(waiting - stale):
-            now += work
-            freshness.worked(work, now)
-        now += idle
+    for _ in range(count):
+        called, returned = now, now + idle
+        kept = taken - freshness.stale(taken, 0, called, returned)
+        now = returned + kept * per_input
     return now
 
 
-def test_a_node_that_has_finished_no_input_works_through_what_it_took() -> None:
+def test_a_node_that_has_worked_through_nothing_keeps_the_newest_few() -> None:
     freshness = Freshness()
-    assert freshness.load() is None
-    assert freshness.stale(4, 0, 0.0) == 0
-    assert freshness.superseded == 0
+    assert freshness.stale(3, 0, 0.0, 0.0) == 0  # a flow starting together
+    fresh = Freshness()
+    # A late reader: its parent's stream kept 16 before it started.
+    assert fresh.stale(16, 0, 0.0, 0.0) == 16 - UNTIMED_KEPT
+    assert fresh.superseded == 16 - UNTIMED_KEPT
 
 
-def test_a_late_reader_works_through_no_more_than_the_newest_few_of_a_backlog() -> None:
+def test_the_time_per_input_is_what_a_receive_s_inputs_cost_until_the_next() -> None:
     freshness = Freshness()
-    # Its parent's stream kept 16 before it started: only the newest UNTIMED_KEPT are
-    # worked through, as they would be of a flow starting together.
-    assert freshness.stale(16, 0, 0.0) == 16 - UNTIMED_KEPT
-    assert freshness.superseded == 16 - UNTIMED_KEPT
-
-
-def test_a_node_that_does_not_keep_up_supersedes_what_it_took_when_newer_ones_wait_beyond(
-) -> None:
-    freshness = Freshness()
-    now = cycles(freshness, waiting=2, work=0.05, seconds=2.0)
-    before = freshness.superseded
-    # A shallow receive (large frames) took 1, and the broker says 3 more wait: the one
-    # in hand is older than all of them.
-    assert freshness.stale(1, 3, now) == 1
-    # The next receive took the 3: no more wait beyond, so the newest is worked on.
-    assert freshness.stale(3, 0, now) == 2
-    assert freshness.superseded == before + 3
+    receives(freshness, taken=1, per_input=0.0005, idle=0.0005, count=50)
+    # The time blocked in a receive is not the node's: half a millisecond an input.
+    assert freshness.per_input == pytest.approx(0.0005, rel=0.01)
 
 
 def test_a_node_that_keeps_up_works_through_a_burst() -> None:
     freshness = Freshness()
-    # 1 kHz, 0.4 ms an input: the load is 0.4.
-    now = cycles(freshness, waiting=1, work=0.0004, idle=0.0006, seconds=2.0)
-    load = freshness.load()
-    assert load is not None and load == pytest.approx(0.4, rel=0.1)
-    # The parent stalled and sent 12 at once: all 12 are worked through.
-    assert freshness.stale(12, 0, now) == 0
+    now = receives(freshness, taken=1, per_input=0.0005, idle=0.0005, count=50)
+    # Its parent stalled and sent 16 at once: 8 ms of work, all of it done.
+    assert freshness.stale(16, 0, now, now) == 0
     assert freshness.superseded == 0
 
 
-def test_a_node_that_does_not_keep_up_takes_the_newest_and_counts_the_rest() -> None:
+def test_a_slow_node_takes_the_newest_and_counts_the_rest() -> None:
     freshness = Freshness()
-    # A 30 fps camera and 50 ms an input: the first receive's 2 frames are worked
-    # through (no load known yet), and from then on only the newest of each receive.
-    now = cycles(freshness, waiting=2, work=0.05, seconds=3.0)
-    load = freshness.load()
-    assert load is not None and load == pytest.approx(2.0, rel=0.1)
-    assert freshness.superseded >= 25  # about one a receive, after the first
-    assert freshness.stale(4, 0, now) == 3  # the newest only
+    # 100 ms a frame on a 30 fps camera: three frames wait at each receive.
+    now = receives(freshness, taken=3, per_input=0.1, count=20)
+    assert freshness.per_input == pytest.approx(0.1, rel=0.01)
+    assert freshness.stale(3, 0, now, now) == 2
+    assert freshness.superseded >= 19 * 2
 
 
-def test_the_load_forgets_what_is_older_than_its_time_constant() -> None:
+def test_a_node_works_through_the_newest_it_gets_to_within_the_catch_up_time() -> None:
     freshness = Freshness()
-    # Overloaded first (10 ms inputs, three arriving for each), then light (1 ms
-    # inputs, 10 ms apart) for five time constants: only the light part still weighs.
-    now = cycles(freshness, waiting=3, work=0.010, seconds=2.0)
-    assert (freshness.load() or 0) > 2
-    now = cycles(freshness, waiting=1, work=0.001, idle=0.009, seconds=5 * RATE_SECONDS,
-                 start=now)
-    load = freshness.load()
-    assert load is not None and load < 0.2
-    assert freshness.stale(6, 0, now) == 0
+    per_input = CATCH_UP_SECONDS / 5  # five inputs fit in the catch-up time
+    now = receives(freshness, taken=1, per_input=per_input, count=10)
+    assert freshness.stale(8, 0, now, now) == 3
+    now += 5 * per_input
+    # Three more wait beyond a shallow receive of two: only the newest five are kept.
+    assert freshness.stale(2, 3, now, now) == 0
+    now += 2 * per_input
+    assert freshness.stale(2, 6, now, now) == 2  # all it took is older than the five
 
 
-def test_time_spent_waiting_for_input_lowers_the_load() -> None:
+def test_one_slow_receive_moves_the_mean_by_its_weight_only() -> None:
     freshness = Freshness()
-    # A slow node (80 ms an input) on a parent that sends every 100 ms keeps up.
-    now = cycles(freshness, waiting=1, work=0.08, idle=0.02, seconds=3.0)
-    load = freshness.load()
-    assert load is not None and load == pytest.approx(0.8, rel=0.1)
-    assert freshness.stale(2, 0, now) == 0
+    now = receives(freshness, taken=1, per_input=0.001, count=50)
+    # A 40 ms pause (a collection, a host stall) on one input.
+    now = receives(freshness, taken=1, per_input=0.04, count=1, start=now)
+    assert freshness.stale(16, 0, now, now) == 0  # still a fast node: 16 fit in 50 ms

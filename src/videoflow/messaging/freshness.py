@@ -6,114 +6,91 @@ A REALTIME stream keeps a parent's newest messages, REALTIME_BURST of them per s
 catching up after a stall, a processor's outputs of inputs it took at once -- reaches its
 readers whole, where a stream that kept one had each message of a burst evict the one
 before it on the broker. What a reader does with a burst is decided here, per receive:
+it works through as many of the newest inputs waiting as it gets through within
+CATCH_UP_SECONDS, at its mean time per input, and supersedes the older ones.
 
-- a node that keeps up with its input (over the last second or so, its mean time per
-  input was shorter than the mean interval between inputs) works through every input
-  waiting, oldest first: a burst it absorbs before the next one comes costs a few of
-  its input intervals of lateness, and nothing is lost;
-- a node that does not keep up takes only the newest input waiting and supersedes the
-  others: what it would work through is older than what it can already have, and it
-  would stay that far behind. The newest may not be in hand: a receive of large
-  messages is shallow (the adapter parks a few MB at most), so what it took is
-  superseded whole while the broker says more wait beyond it, and the next receive
-  takes those.
+- A node that keeps up (a 1 kHz IMU's reader at half a millisecond an input) works
+  through a whole burst: 16 inputs cost it 8 ms of lateness, and nothing is lost.
+- A slow one (a detector at 100 ms a frame) takes the newest only: what it would work
+  through is older than what it can already have, and it would stay that far behind.
+- The newest may not be in hand: a receive of large messages is shallow (the adapter
+  parks a few MB at most), so the inputs the broker says wait beyond it count as
+  newer, and what it took is superseded whole when they are enough.
 
-A node that has not finished an input yet works through the newest UNTIMED_KEPT of what
-it took: the inputs of a flow starting together, but not the backlog a late reader finds
-on the stream, which may be older than its whole work on one.
+Its time per input is the time from one receive to the next over the inputs it worked
+through in between: everything the node and its messenger spend on an input, not only
+the node's process(). A node that has not worked through a receive yet keeps the newest
+UNTIMED_KEPT: the inputs of a flow starting together, but not the backlog a late reader
+finds on the stream, which may be older than its whole work on one.
 
 So a message is superseded only when a newer one is actually waiting, and only for a
-node that could not process both before the next arrives. One-parent nodes only: a
-join matches its parents' inputs to each other, and its own bounds (max_pending, the
+node that would not get to both within CATCH_UP_SECONDS. One-parent nodes only: a join
+matches its parents' inputs to each other, and its own bounds (max_pending, the
 timeout) decide what it lets go.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Final
 
-UNTIMED_KEPT: Final = 4
-"""The most inputs of one receive a node works through before its load is known (it
-finished no input yet); the rest, the oldest, are superseded."""
+CATCH_UP_SECONDS: Final = 0.05
+"""How far behind its newest waiting input a REALTIME reader may work: the inputs it
+would not get to within this, at its mean time per input, are superseded."""
 
-RATE_SECONDS: Final = 1.0
-"""The time constant of a node's moving load: about its last second weighs."""
+UNTIMED_KEPT: Final = 4
+"""The most inputs of one receive a node works through before its time per input is
+known; the rest, the oldest, are superseded."""
+
+_WEIGHT: Final = 0.05
+"""The weight of the newest receive's time per input in the moving mean: about the
+last twenty receives weigh, so one stall (a collection, a busy host) does not make a
+fast node supersede the burst that follows it."""
 
 
 class Freshness:
-    """A one-parent REALTIME node's load, and what it keeps of a receive's inputs.
-
-    The load is the work its input asks of it: the rate inputs arrive at times its
-    mean time per input, both over the last second or so (RATE_SECONDS, decayed
-    averages). Below 1, it gets through its input as fast as it comes. A whole second
-    weighs, not the last few inputs: a node at the edge of keeping up, on a loaded
-    host, would otherwise flip at every slow one. (The share of its time it spends
-    busy would not do: a node that never keeps up is busy all the time, short of 1 by
-    its receives.)
+    """A one-parent REALTIME node's time per input, and what it keeps of a receive's
+    inputs.
 
     Attributes:
         superseded: inputs superseded so far by a newer one waiting.
+        per_input: the moving mean of the node's seconds per input; None before it
+            worked through a receive.
     """
 
     def __init__(self) -> None:
-        self._arrived = 0.0  # decayed count of inputs received
-        self._worked = 0.0  # decayed count of inputs worked on
-        self._busy = 0.0  # decayed seconds spent on them
-        self._span = 0.0  # decayed seconds elapsed
-        self._last: float | None = None
+        self.per_input: float | None = None
         self.superseded = 0
+        self._returned: float | None = None  # when the last receive returned
+        self._worked = 0  # the inputs it kept, worked through since
 
-    def _decay(self, now: float) -> None:
-        if self._last is None:
-            self._last = now
-            return
-        elapsed = max(0.0, now - self._last)
-        self._last = now
-        decay = math.exp(-elapsed / RATE_SECONDS)
-        self._arrived *= decay
-        self._worked *= decay
-        self._busy *= decay
-        self._span = self._span * decay + elapsed
-
-    def worked(self, seconds: float, now: float) -> None:
-        """The node spent seconds on an input, ending at now."""
-        self._decay(now)
-        self._worked += 1
-        self._busy += seconds
-
-    def load(self) -> float | None:
-        """The input's rate times the node's mean time per input; None before the
-        node finished an input, or before any time passed with inputs arriving."""
-        if not self._worked or not self._arrived or self._span <= 0:
-            return None
-        return (self._busy / self._worked) * (self._arrived / self._span)
-
-    def stale(self, taken: int, beyond: int, now: float) -> int:
+    def stale(self, taken: int, beyond: int, called: float, returned: float) -> int:
         """How many of the inputs a receive took, oldest first, a newer one
-        supersedes, counted in superseded:
-
-        - none while the node keeps up (its load is below 1);
-        - all but the newest UNTIMED_KEPT while its load is not known;
-        - else all of them when newer ones wait beyond them (on the broker, or parked
-          past a shallow receive), and all but the newest when none does.
+        supersedes: those past the newest the node gets through within
+        CATCH_UP_SECONDS (UNTIMED_KEPT before its time per input is known), counting
+        the beyond ones first. Counted in superseded.
 
         Arguments:
-            taken: the inputs the receive took, none worked through yet.
-            beyond: how many inputs are known to wait past them (0: none, or not
-                known).
-            now: the time of that receive.
+            taken: the inputs the receive took.
+            beyond: how many inputs are known to wait past them, newer (0: none, or
+                not known).
+            called / returned: when the receive was called and when it returned: the
+                time since the last one returned is what the inputs kept then cost.
         """
-        self._decay(now)
-        self._arrived += taken
-        load = self.load()
-        if load is None:
-            stale = max(0, taken - UNTIMED_KEPT)
-        elif load < 1.0:
-            stale = 0
+        if self._worked and self._returned is not None:
+            cycle = max(0.0, called - self._returned) / self._worked
+            self.per_input = cycle if self.per_input is None else (
+                (1 - _WEIGHT) * self.per_input + _WEIGHT * cycle)
+        self._returned = returned
+        if self.per_input is None:
+            kept = UNTIMED_KEPT
+        elif self.per_input <= 0:
+            kept = taken + beyond
         else:
-            stale = taken if beyond > 0 else max(0, taken - 1)
+            kept = max(1, int(CATCH_UP_SECONDS / self.per_input))
+        stale = min(taken, max(0, taken + beyond - kept))
+        self._worked = taken - stale
         self.superseded += stale
         return stale
 
-__all__ = ["RATE_SECONDS", "UNTIMED_KEPT", "Freshness"]
+
+__all__ = ["CATCH_UP_SECONDS", "UNTIMED_KEPT", "Freshness"]

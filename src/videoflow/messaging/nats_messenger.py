@@ -802,10 +802,11 @@ class NATSMessenger(Messenger):
                 self._join_data(item.sub, item.delivery, item.decoded)
             if held:  # left on the broker until the slowest parent catches up
                 subs = [s for s in subs if s.kind == "eos" or s.channel.node not in held]
-        got = self.backend.receive_any(subs, credit, 0, clock.monotonic() + poll)
+        called = clock.monotonic()
+        got = self.backend.receive_any(subs, credit, 0, called + poll)
         self._idle = not got
         if self.freshness is not None:
-            got = self._freshest(got)
+            got = self._freshest(got, called)
         for sub, delivery in got:
             if sub.kind == "eos":
                 self._on_end_marker(self._eos_subs[sub], delivery)
@@ -817,7 +818,7 @@ class NATSMessenger(Messenger):
             self.join.settle_released()  # what the batch's adds let go of, at once
         self.deliveries.settle_pending()
 
-    def _freshest(self, got: list[tuple[SubscriptionId, Delivery]]
+    def _freshest(self, got: list[tuple[SubscriptionId, Delivery]], called: float
                   ) -> list[tuple[SubscriptionId, Delivery]]:
         """What of a receive a one-parent REALTIME node works through: its data less
         the inputs a newer one supersedes (Freshness.stale), which are acknowledged
@@ -830,7 +831,7 @@ class NATSMessenger(Messenger):
         if data:  # parked past the receive, or left on the broker (no round trip)
             waiting = self.backend.backlog(data[0][0])
             beyond = waiting.value if isinstance(waiting, Known) else 0
-        stale = freshness.stale(len(data), beyond, clock.monotonic())
+        stale = freshness.stale(len(data), beyond, called, clock.monotonic())
         if not stale:
             return got
         data.sort(key=lambda item: item[1].token.stream_seq)
@@ -992,10 +993,7 @@ class NATSMessenger(Messenger):
     def _timed_group(self) -> None:
         """Fold the node's time on the group just done into its mean, and set the
         backend's receive depth to about DEPTH_SECONDS of such groups."""
-        now = clock.monotonic()
-        seconds = now - self._handed_at
-        if self.freshness is not None:
-            self.freshness.worked(seconds, now)
+        seconds = clock.monotonic() - self._handed_at
         mean = self._group_seconds
         mean = seconds if mean is None else 0.9 * mean + 0.1 * seconds
         self._group_seconds = mean
