@@ -75,20 +75,29 @@ def shared_memory_peak(flow_name: str) -> Iterator[list[int]]:
     root = shm_root() / sanitize(flow_name)
     before = set(root.glob("*")) if root.is_dir() else set()  # other runs' leftovers
 
+    def held_now() -> int:
+        held, seen = 0, set()
+        for folder in ("blobs", "spares"):
+            for path in root.glob(f"*/{folder}/*"):
+                if path.parent.parent in before:
+                    continue
+                try:
+                    stat = path.stat()
+                except FileNotFoundError:
+                    continue
+                if stat.st_ino not in seen:
+                    seen.add(stat.st_ino)
+                    held += max(0, stat.st_size - 4096)
+        return held
+
     def sample() -> None:
         while not done.wait(0.01):
-            held, seen = 0, set()
-            for folder in ("blobs", "spares"):
-                for path in root.glob(f"*/{folder}/*"):
-                    if path.parent.parent in before:
-                        continue
-                    try:
-                        stat = path.stat()
-                    except FileNotFoundError:
-                        continue
-                    if stat.st_ino not in seen:
-                        seen.add(stat.st_ino)
-                        held += max(0, stat.st_size - 4096)
+            try:
+                held = held_now()
+            except FileNotFoundError:
+                # A run's folder removed while it was listed (its end, or another
+                # test's teardown): that sample is skipped, the sampling goes on.
+                continue
             peak[0] = max(peak[0], held)
 
     sampler = threading.Thread(target=sample, daemon=True)
