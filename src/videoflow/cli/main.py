@@ -509,7 +509,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="run one node replica of a provisioned run")
     worker.add_argument("--spec", required=True, help="the run spec `provision` wrote")
     worker.add_argument("--node", required=True, help="the node's name")
-    worker.add_argument("--replica", type=whole_number(0), default=0)
+    worker.add_argument("--replica", type=whole_number(0), default=0, metavar="N",
+                        help="which of the node's replicas this is, counted from 0 "
+                        "(default 0); start one worker for each")
     worker.add_argument("--progress-every", type=positive_seconds, default=5.0,
                         metavar="SECONDS", help="how often it reports (on stderr, and to "
                         "its metrics)")
