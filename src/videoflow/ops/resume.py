@@ -30,6 +30,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from videoflow.backends.jetstream.configs import LAPSE_HOLD_SECONDS, LAPSE_SECONDS
 from videoflow.broker.loop import ErrorLog
 from videoflow.core.naming import eos_subject_for, stream_name_for
 from videoflow.errors import RunNotKept
@@ -37,14 +38,6 @@ from videoflow.ops.broker_calls import DEFAULT_TIMEOUT_SECONDS, Budget, run_sync
 from videoflow.wire.serialization import decode_envelope
 
 _FETCH_BATCH = 256
-
-LAPSE_SECONDS: Final = 0.5
-"""The ack_wait a durable holds while its dead leases lapse: a lease the resumed run
-could have taken is older than that (its processes are gone)."""
-
-_LAPSE_CHECK_SECONDS: Final = 1.0
-"""How long the short ack_wait stays: the server's check comes 100 ms after the change,
-and may be put off while it is busy with acks."""
 
 _GIVE_BACK_SECONDS: Final = 2.0
 """The least time each durable's own ack_wait is given to be set back in."""
@@ -232,7 +225,7 @@ def release_leases(nats_url: str, flow_id: str, run_id: str, nodes: Iterable[str
                     changed.append((stream, config, ack_wait))
                     config.ack_wait = LAPSE_SECONDS
                     await budget.run(jsm.add_consumer(stream, config))
-                await asyncio.sleep(_LAPSE_CHECK_SECONDS)  # whole, whatever the budget
+                await asyncio.sleep(LAPSE_HOLD_SECONDS)  # whole, whatever the budget
             finally:
                 # Each given back, even past the budget or after another failed.
                 failed: BaseException | None = None

@@ -56,11 +56,12 @@ import logging
 import uuid
 from asyncio import AbstractEventLoop
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any
 
 import nats.errors
 
 from videoflow.backends.jetstream.bindings import Bindings, stop_all
+from videoflow.backends.jetstream.configs import LAPSE_HOLD_SECONDS, LAPSE_SECONDS
 from videoflow.backends.jetstream.connection import BROKER_CALL_SECONDS, Connection
 from videoflow.backends.jetstream.provisioner import Provisioner
 from videoflow.backends.jetstream.publisher import Publisher
@@ -119,13 +120,6 @@ __all__ = [
 
 
 logger = logging.getLogger(__name__)
-
-LAPSE_SECONDS: Final = 0.5
-"""The ack_wait a durable holds while its leases lapse (lapse_leases)."""
-
-LAPSE_HOLD_SECONDS: Final = 1.0
-"""How long it holds it: the server's check comes 100 ms after the change, and may be
-put off while it is busy with acks (ops/resume.py does the same for a resumed run)."""
 
 
 class JetStreamMessagingBackend(MessagingBackend):

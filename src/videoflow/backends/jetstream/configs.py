@@ -38,6 +38,15 @@ DEFAULT_MAX_ACK_PENDING: Final = 8
 (consumer_credit derives that, STREAM-15); kept as the reviewed value the conformance
 negative controls reproduce."""
 
+LAPSE_SECONDS: Final = 0.5
+"""The ack_wait a durable holds while its leases are made to lapse: a lease cut off in
+flight, or held by a dead replica, is older than that (the backend's lapse_leases, and
+ops/resume.py's release_leases for a resumed run)."""
+
+LAPSE_HOLD_SECONDS: Final = 1.0
+"""How long it holds it: the server's check comes 100 ms after the change, and may be
+put off while it is busy with acks."""
+
 DEFAULT_REALTIME_BUFFER: Final = 1
 """REALTIME keeps only the freshest N messages per node and never blocks the producer (a
 new publish evicts the oldest). BATCH uses INTEREST retention so acked messages are
