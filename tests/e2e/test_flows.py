@@ -109,8 +109,9 @@ def test_a_replica_killed_mid_run_is_started_again_and_nothing_is_lost(
 def test_a_realtime_flow_counts_every_output_it_never_read_as_superseded(
     nats_server: embedded.EmbeddedServer, out: Path,
 ) -> None:
-    """REALTIME keeps only the newest message on a stream, so a slow reader misses
-    older ones; each is still accounted for: received, or counted as superseded."""
+    """REALTIME keeps only the newest messages on a stream, so a slow reader misses
+    older ones; each is still accounted for: processed, or counted as superseded
+    (evicted on the stream, or received and skipped for a newer one)."""
     # Paced at about 500/s, ten times the sink's rate: an unpaced producer's 300 are
     # published within milliseconds, the stream keeps the newest of them, and the
     # sink then sees no more than the few its processor passed on.
@@ -119,9 +120,9 @@ def test_a_realtime_flow_counts_every_output_it_never_read_as_superseded(
     report = Flow([numbers], [sink], REALTIME, name="live").run(nats_server.url, view=False)
     assert report.outcome == "completed", report.format()
     scale, record = report.nodes["scale"], report.nodes["record"]
-    assert scale.received["numbers"] + scale.dropped.get("superseded", 0) == 300
-    assert record.received["scale"] + record.dropped.get("superseded", 0) == scale.emitted
-    assert record.processed == record.received["scale"] == len(applied(out))
+    assert scale.processed + scale.dropped.get("superseded", 0) == 300
+    assert record.processed + record.dropped.get("superseded", 0) == scale.emitted
+    assert record.processed == len(applied(out)) <= record.received["scale"]
     assert record.dropped.get("superseded", 0) > 0  # the sink is slower than the flow
 
 

@@ -132,7 +132,8 @@ def test_a_diamond_runs_end_to_end_on_jetstream_with_a_dead_letter_on_the_way(
     # dead-lettered too, never silently acknowledged.
     assert received == [(("L", n), ("R", n)) for n in range(20) if n != 13]
     assert right.take_drops() == dict.fromkeys(
-        ("exhausted", "undecodable", "join_evicted", "join_late", "publish_discarded"), 0)
+        ("exhausted", "undecodable", "join_evicted", "join_late", "publish_discarded",
+         "superseded"), 0)
     assert fuse.take_drops()["join_evicted"] == 1
     poison, orphan = asyncio.run(dead_letters(nats_server.url))
     assert (poison.node, poison.parent, poison.reason) == ("right", "cam", "poison")

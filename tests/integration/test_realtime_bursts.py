@@ -89,6 +89,7 @@ def test_a_realtime_reader_that_keeps_up_gets_a_burst_its_parent_sent_at_once(
     assert seen == list(range(5)) + burst
     assert sink.received["cam"] == len(seen)
     assert sink.freshness is not None and sink.freshness.superseded == 0
+    assert sink.take_drops()["superseded"] == 0
 
 
 def test_a_realtime_reader_that_falls_behind_works_on_the_newest_input(
@@ -115,7 +116,9 @@ def test_a_realtime_reader_that_falls_behind_works_on_the_newest_input(
     # About 1.5 s of input at 80 ms each, after the first few it took untimed.
     assert len(seen) < sent // 3, seen
     assert sink.freshness is not None and sink.freshness.superseded > sent // 2
-    assert sink.received["cam"] == len(seen)
+    # Each skipped input is received, and counted as the node's superseded drop.
+    assert sink.take_drops()["superseded"] == sink.freshness.superseded
+    assert sink.received["cam"] == len(seen) + sink.freshness.superseded
     # Past the first second, each input worked on was the newest of its receive: the
     # next one was sent several sends later (80 ms of work at 10 ms a send), where
     # working through them would take the very next.

@@ -89,7 +89,8 @@ def test_a_chain_carries_every_message_its_trace_and_its_event_time_to_the_end(f
     assert cam.publication_stats["accepted"] == 6  # five messages and the end marker
     for messenger in (cam, double, sink):
         assert messenger.take_drops() == dict.fromkeys(
-            ("exhausted", "undecodable", "join_evicted", "join_late", "publish_discarded"), 0)
+            ("exhausted", "undecodable", "join_evicted", "join_late", "publish_discarded",
+             "superseded"), 0)
 
 
 def test_a_diamond_joins_the_two_branches_of_each_event_by_trace(flows) -> None:  # type: ignore[no-untyped-def]

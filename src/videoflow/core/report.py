@@ -72,8 +72,9 @@ class NodeReport:
         replicas: how many ran (restarts not counted).
         processed / emitted / failed / dead_lettered: summed over replicas.
         dropped: drops by reason, summed. 'superseded' (REALTIME): outputs of a parent
-            this node never received, replaced on the stream by newer ones before it
-            read them (the parents' emitted less this node's first deliveries).
+            this node never worked on: replaced on the stream by newer ones before it
+            read them (the parents' emitted less this node's first deliveries), or
+            read and skipped for a newer one waiting (videoflow.messaging.freshness).
         received: first deliveries per parent, summed.
         seconds: from the first replica's start to the last one's end.
         throughput: processed per second (emitted per second for a producer), over its

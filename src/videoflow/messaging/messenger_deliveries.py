@@ -60,7 +60,7 @@ from videoflow.messaging.tracing import settled
 from videoflow.wire.serialization import encode_envelope
 
 DROP_REASONS: Final = ("exhausted", "undecodable", "join_evicted", "join_late",
-                        "publish_discarded")
+                        "publish_discarded", "superseded")
 
 
 PASSING_REASONS: Final = ("timeout", "unreachable", "api")

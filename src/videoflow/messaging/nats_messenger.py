@@ -821,9 +821,9 @@ class NATSMessenger(Messenger):
     def _freshest(self, got: list[tuple[SubscriptionId, Delivery]], called: float
                   ) -> list[tuple[SubscriptionId, Delivery]]:
         """What of a receive a one-parent REALTIME node works through: its data less
-        the inputs a newer one supersedes (Freshness.stale), which are acknowledged
-        undecoded and not counted as received (the run counts them superseded, as it
-        does what the stream evicted)."""
+        the inputs a newer one supersedes (Freshness.stale), which are received,
+        acknowledged undecoded and counted as 'superseded' drops (what the stream
+        evicted before any receive is the run's to count: run/local.py)."""
         freshness = self.freshness
         assert freshness is not None
         data = [item for item in got if item[0].kind != "eos"]
@@ -837,7 +837,11 @@ class NATSMessenger(Messenger):
         data.sort(key=lambda item: item[1].token.stream_seq)
         superseded = {id(delivery) for _, delivery in data[:stale]}
         for sub, delivery in data[:stale]:
-            self.deliveries.data_arrived(sub.channel.node)
+            parent = sub.channel.node
+            self.deliveries.data_arrived(parent)
+            if delivery.num_delivered == 1:
+                self.received[parent] += 1
+            self.deliveries.drops["superseded"] += 1
             self.deliveries.settle_later(delivery, Completed())
         return [item for item in got if id(item[1]) not in superseded]
 
