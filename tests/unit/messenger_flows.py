@@ -27,7 +27,8 @@ FAST_RETRIES = {"max_retries": 2, "backoff": {"base_ms": 1.0, "factor": 1.0, "ma
 class Flow:
     """A broker, one channel per publishing node, and a messenger per node."""
 
-    def __init__(self, edges: dict[str, list[str]], flow_type: str = BATCH) -> None:
+    def __init__(self, edges: dict[str, list[str]], flow_type: str = BATCH,
+                 realtime_buffer: int = 1) -> None:
         self.broker = MemoryBroker(duplicate_window=120.0)
         self.edges = edges  # node -> parents
         self.flow_type = flow_type
@@ -46,11 +47,13 @@ class Flow:
                 # of a replica that read it and died.
                 required = (*(SubscriptionId(c, channel) for c in children[node]),
                             SubscriptionId("eos-anchor", channel, "eos"))
-                # REALTIME keeps only the freshest message (live_latest, one deep);
+                # REALTIME keeps only the freshest realtime_buffer messages (live_latest);
                 # BATCH keeps everything until every reader acknowledged it.
                 profile = LIVE_LATEST if flow_type == REALTIME else RELIABLE_WORK
                 admin.ensure_channel(ChannelSpec(ChannelId(FLOW, RUN, node), profile,
-                                                 required=required), "provision")
+                                                 required=required,
+                                                 realtime_buffer=realtime_buffer),
+                                     "provision")
         self.admin = admin
 
     def backend(self) -> MemoryMessagingBackend:
@@ -115,8 +118,9 @@ def flows() -> Iterator[Callable[..., Flow]]:
     """Make flows (edges, flow_type=BATCH); every messenger made is closed after."""
     made: list[Flow] = []
 
-    def make(edges: dict[str, list[str]], flow_type: str = BATCH) -> Flow:
-        flow = Flow(edges, flow_type)
+    def make(edges: dict[str, list[str]], flow_type: str = BATCH,
+             realtime_buffer: int = 1) -> Flow:
+        flow = Flow(edges, flow_type, realtime_buffer)
         made.append(flow)
         return flow
 

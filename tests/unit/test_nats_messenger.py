@@ -11,6 +11,7 @@ import os
 import random
 import re
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -969,6 +970,32 @@ def test_realtime_keeps_the_freshest_input_and_drops_a_failure_instead_of_retryi
     assert len(view.terminal_entries()) == 1  # terminated against the log (DELIV-15)
     cam.publish_message("frame-5")
     assert view.receive_message()["cam"]["message"] == "frame-5"  # not frame-4 again
+
+
+def test_a_realtime_frame_superseded_for_a_newer_one_lets_its_payload_go(flows) -> None:  # type: ignore[no-untyped-def]
+    # A slow viewer (60 ms a frame, over CATCH_UP_SECONDS) finds three frames waiting:
+    # it works on the newest, and the two it skips are acknowledged and their payloads
+    # released once the acks are confirmed (PAY-004), not left to reconciliation.
+    flow = flows({"cam": [], "view": ["cam"]}, REALTIME, realtime_buffer=16)
+    store = MemoryPayloadStore()
+    cam = flow.messenger("cam", payload_store=store, blob_reader_ids=["view"])
+    view = flow.messenger("view", payload_store=store)
+
+    def frame(n: int) -> np.ndarray:
+        return np.full(2_000_000, n, dtype=np.uint8)  # over the 1 MiB broker limit
+
+    cam.publish_message(frame(0))
+    assert view.receive_message()["cam"]["message"][0] == 0
+    time.sleep(0.06)
+    view.ack_inputs()
+    for n in (1, 2, 3):
+        cam.publish_message(frame(n))
+    assert view.receive_message()["cam"]["message"][0] == 3
+    assert view.take_drops()["superseded"] == 2
+    view.ack_inputs()
+    cam.publish_stop_signal()
+    assert view.receive_message()["cam"]["is_stop_signal"]
+    assert store.refs() == ()  # every frame released, and so reclaimed
 
 
 def test_a_frame_passed_through_unchanged_is_stored_again_without_a_copy(

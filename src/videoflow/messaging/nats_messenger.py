@@ -166,6 +166,16 @@ class _Handle:
     arrived: float = 0.0  # clock.monotonic() when it reached the assembler
 
 
+def _blob_ref(delivery: Delivery) -> str | None:
+    """The payload reference of a delivery's envelope; None when it has none, or its
+    bytes do not decode (nothing of it is held then)."""
+    try:
+        ref = decode_envelope(delivery.data).get("blob_ref")
+    except (WireError, CodecError):
+        return None
+    return ref if isinstance(ref, str) else None
+
+
 class NATSMessenger(Messenger):
     """A node's messenger: see the module docstring.
 
@@ -842,7 +852,13 @@ class NATSMessenger(Messenger):
             if delivery.num_delivered == 1:
                 self.received[parent] += 1
             self.deliveries.drops["superseded"] += 1
-            self.deliveries.settle_later(delivery, Completed())
+            ref = _blob_ref(delivery)
+            if ref is None:
+                self.deliveries.settle_later(delivery, Completed())
+            else:  # its payload is let go once the ack is confirmed (PAY-004)
+                self.deliveries.complete_later(
+                    [_Handle(parent, sub, delivery, ref)],
+                    f"superseded:{parent}:{delivery.token.stream_seq}")
         return [item for item in got if id(item[1]) not in superseded]
 
     def _on_data(self, sub: SubscriptionId, delivery: Delivery) -> None:
