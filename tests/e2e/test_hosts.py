@@ -28,6 +28,7 @@ HELPERS = Path(__file__).resolve().parent / "helpers"
 
 _READY = """
 import asyncio, sys, nats
+from nats.js.api import StorageType, StreamConfig
 async def main():
     error = None
     for _ in range(300):
@@ -35,14 +36,22 @@ async def main():
             nc = await nats.connect(sys.argv[1].split(","), connect_timeout=1,
                                     max_reconnect_attempts=0)
             try:
-                await nc.jetstream(timeout=1).account_info()
+                js = nc.jetstream(timeout=2)
+                await js.account_info()
+                # A meta leader can answer before every server joined the JetStream
+                # group: then a stream of three copies has no peers to be placed on
+                # (10005), and a provisioning with --replicas 3 would fail.
+                await js.add_stream(StreamConfig(
+                    name="ready-probe", subjects=["ready-probe"], num_replicas=3,
+                    storage=StorageType.MEMORY))
+                await js.delete_stream("ready-probe")
                 return
             finally:
                 await nc.close()
         except Exception as caught:  # not ready yet: any failure, tried again
             error = caught
             await asyncio.sleep(0.1)
-    sys.exit(f"no JetStream meta leader: {error!r}")
+    sys.exit(f"no JetStream cluster of three: {error!r}")
 asyncio.run(main())
 """
 
@@ -59,8 +68,8 @@ def videoflow(*args: str) -> list[str]:
 
 
 def cluster_up(hosts: Hosts, root: Path) -> tuple[str, dict[str, subprocess.Popen[Any]]]:
-    """A nats-server on every host, clustered, once JetStream answers; its URL list and
-    the servers by host."""
+    """A nats-server on every host, clustered, once a stream of three copies can be
+    placed on them; its URL list and the servers by host."""
     servers = start_cluster(hosts, root, find_binary())
     url = cluster_url(hosts)
     ready = hosts.hosts["a"].run(sys.executable, "-c", _READY, url, timeout=60)
