@@ -21,7 +21,7 @@ from nats.js.api import (
 
 from videoflow.backends.messaging import UNKNOWN_REASONS, ProfileRequest, Unknown
 from videoflow.core.constants import BATCH, REALTIME
-from videoflow.core.credit import REALTIME_BURST
+from videoflow.core.credit import REALTIME_BURST, realtime_buffer_for
 from videoflow.core.policies import JoinPolicy
 from videoflow.errors import BrokerUnavailable, IncompatibleProfile, UnobservableState
 from videoflow.messaging import topology as t
@@ -233,6 +233,30 @@ def test_a_realtime_stream_has_room_for_every_replica_s_end_marker():
     streams = {c.name: c for c in _flow_plan(specs, "f", "r", REALTIME).streams}
     assert streams["vf-f-r-cam"].max_msgs_per_subject == many
     assert streams["vf-f-r-one"].max_msgs_per_subject == REALTIME_BURST
+
+
+def test_a_realtime_stream_read_by_a_join_keeps_one_message_per_subject():
+    """A join takes whatever its parents' streams keep: one slower than its cameras
+    would work through a backlog, always that far behind the newest frames. So its
+    parents' streams keep one; the join's own stream, read by a one-parent sink, keeps
+    a burst."""
+    from videoflow.backends.jetstream.flow_provisioning import _flow_plan
+    from videoflow.core.compiler import NodeSpec
+
+    specs = [NodeSpec("cam_a", "producer"), NodeSpec("cam_b", "producer", nb_tasks=2),
+             NodeSpec("fuse", "processor", parents=("cam_a", "cam_b")),
+             NodeSpec("sink", "consumer", parents=("fuse",))]
+    streams = {c.name: c for c in _flow_plan(specs, "f", "r", REALTIME).streams}
+    assert streams["vf-f-r-cam_a"].max_msgs_per_subject == 1
+    assert streams["vf-f-r-cam_b"].max_msgs_per_subject == 2  # its replicas' markers
+    assert streams["vf-f-r-fuse"].max_msgs_per_subject == REALTIME_BURST
+
+
+@pytest.mark.parametrize(("nb_tasks", "readers", "bound"), [
+    (1, [1], REALTIME_BURST), (1, [1, 1], REALTIME_BURST), (1, [1, 2], 1), (1, [], 1),
+    (3, [2], 3), (REALTIME_BURST + 1, [1], REALTIME_BURST + 1)])
+def test_realtime_buffer_for(nb_tasks: int, readers: list[int], bound: int) -> None:
+    assert realtime_buffer_for(nb_tasks, readers) == bound
 
 
 def test_batch_stream_config():

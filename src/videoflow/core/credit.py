@@ -46,13 +46,28 @@ worth of acks gathered reached max_ack_pending, and the broker held its input ba
 until they went."""
 
 REALTIME_BURST: Final = 16
-"""Messages per subject a flow's REALTIME streams keep (the realtime_buffer its
-provisioning asks for, or the node's replica count where that is larger, for their end
-markers): the longest burst a reader that keeps up still gets whole, where a stream
-that kept one message had each of a burst evict the one before it on the broker before
-any reader was handed it. 16 ms of a 1 kHz IMU that stalled, half a second of a 30 fps
-camera. A reader that does not keep up still works on the newest only
-(videoflow.messaging.freshness)."""
+"""Messages per subject a REALTIME stream keeps when every node reading it has that one
+parent (realtime_buffer_for): the longest burst such a reader that keeps up still gets
+whole, where a stream that kept one had each message of a burst evict the one before it
+on the broker before any reader was handed it. 16 ms of a 1 kHz IMU that stalled, half
+a second of a 30 fps camera. A reader that does not keep up still works on the newest
+only (videoflow.messaging.freshness)."""
+
+
+def realtime_buffer_for(nb_tasks: int, readers_parents: Sequence[int]) -> int:
+    """The per-subject bound of a REALTIME node's stream: REALTIME_BURST when every
+    reader has one parent, 1 when a join reads it (a join takes whatever its parents'
+    streams keep, and one slower than its cameras would work through their backlog,
+    always that far behind the newest frames), and never below the node's replica count
+    (room on the end-marker subject for every replica's marker).
+
+    Arguments:
+        nb_tasks: the node's replicas.
+        readers_parents: how many parents each node reading the stream has.
+    """
+    one_parent = bool(readers_parents) and all(n == 1 for n in readers_parents)
+    return max(REALTIME_BURST if one_parent else 1, nb_tasks)
+
 
 LEGACY_BIND_CREDIT: Final = DEFAULT_PREFETCH + 2
 """A worker's bind credit of its local queue depth plus two, which does not follow the

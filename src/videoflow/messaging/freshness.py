@@ -1,13 +1,15 @@
 """Which of a REALTIME node's waiting inputs it works through, and which a newer one
 supersedes.
 
-A REALTIME stream keeps a parent's newest messages, REALTIME_BURST of them per subject
-(videoflow.core.credit: what the flow's provisioning asks for), so a burst -- a parent
-catching up after a stall, a processor's outputs of inputs it took at once -- reaches its
-readers whole, where a stream that kept one had each message of a burst evict the one
-before it on the broker. What a reader does with a burst is decided here, per receive:
-it works through as many of the newest inputs waiting as it gets through within
-CATCH_UP_SECONDS, at its mean time per input, and supersedes the older ones.
+A REALTIME stream that only one-parent nodes read keeps its newest messages,
+REALTIME_BURST of them per subject (videoflow.core.credit.realtime_buffer_for: what the
+flow's provisioning asks for), so a burst -- a parent catching up after a stall, a
+processor's outputs of inputs it took at once -- reaches its readers whole, where a
+stream that kept one had each message of a burst evict the one before it on the
+broker. A stream a join reads keeps one, as before. What a reader does with a burst is
+decided here, per receive: it works through as many of the newest inputs waiting as it
+gets through within CATCH_UP_SECONDS, at its mean time per input, and supersedes the
+older ones.
 
 - A node that keeps up (a 1 kHz IMU's reader at half a millisecond an input) works
   through a whole burst: 16 inputs cost it 8 ms of lateness, and nothing is lost.

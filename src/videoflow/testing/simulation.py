@@ -37,7 +37,7 @@ from videoflow.backends.messaging import (
 from videoflow.core.compiler import CompiledFlow, NodeSpec, compile_flow
 from videoflow.core.constants import BATCH, REALTIME
 from videoflow.core.context import RuntimeContext
-from videoflow.core.credit import REALTIME_BURST
+from videoflow.core.credit import realtime_buffer_for
 from videoflow.core.node import ConsumerNode, Node, ProcessorNode, ProducerNode
 from videoflow.core.report import NodeReport, ProcessDeath, RunReport
 from videoflow.core.task import Task, task_for
@@ -412,11 +412,11 @@ class _Run:
                 replicas: Iterable[int | None] = (
                     range(child.nb_tasks) if child.partitioned else (None,))
                 required += [SubscriptionId(child.name, channel, "data", r) for r in replicas]
-            # As the flow's provisioning sizes a REALTIME stream (REALTIME_BURST).
+            # As the flow's provisioning sizes a REALTIME stream.
+            buffer = realtime_buffer_for(spec.nb_tasks, [
+                len(child.parents) for child in compiled.specs if spec.name in child.parents])
             admin.ensure_channel(ChannelSpec(channel, profile, required=tuple(required),
-                                             realtime_buffer=max(REALTIME_BURST,
-                                                                 spec.nb_tasks)),
-                                 "provision")
+                                             realtime_buffer=buffer), "provision")
 
     def start(self, spec: NodeSpec, replica: int, items: list[Input | Silent] | None,
               generation: int = 0) -> None:

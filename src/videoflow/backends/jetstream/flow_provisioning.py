@@ -35,7 +35,7 @@ from videoflow.broker.link import (
 from videoflow.broker.options import auth_options
 from videoflow.core.compiler import CONSUMER, NodeSpec, node_plan
 from videoflow.core.constants import check_flow_type
-from videoflow.core.credit import REALTIME_BURST, positive_int
+from videoflow.core.credit import positive_int, realtime_buffer_for
 from videoflow.core.naming import (
     partitioned_durable_name_for,
     stream_name_for,
@@ -137,9 +137,9 @@ def _flow_plan(
             streams.append(stream_config_for(
                 flow_id, run_id, spec.name, flow_type, generation=generation,
                 replicas=replicas,
-                # A reader that keeps up gets a burst whole (REALTIME), and there is
-                # room on the EOS subject for every replica's marker.
-                realtime_buffer=max(REALTIME_BURST, spec.nb_tasks),
+                realtime_buffer=realtime_buffer_for(spec.nb_tasks, [
+                    len(child.parents) for child in by_name.values()
+                    if spec.name in child.parents]),
             ))
             durables.append((
                 stream_name_for(flow_id, run_id, spec.name),

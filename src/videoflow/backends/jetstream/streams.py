@@ -35,7 +35,7 @@ from videoflow.broker.client import connect
 from videoflow.broker.failures import JSErrorCode, not_found, observation_failure, unknown_from
 from videoflow.broker.link import servers_of
 from videoflow.broker.options import connect_options_for
-from videoflow.core.credit import REALTIME_BURST
+from videoflow.core.constants import REALTIME
 from videoflow.core.naming import (
     KIND_DLQ,
     LABEL_FLOW_ID,
@@ -78,10 +78,12 @@ async def read_back_streams_async(
     """Read the streams of the named nodes back from a JetStream context, keyed by node.
 
     Each entry is a VerifiedStream whose requested is what provisioning asks for under
-    this flow type (stream_config_for) and whose mismatches are the requested fields the
-    broker does not honour, or an Unknown saying why nothing can be said: missing (the
-    stream does not exist — a definite observation, kept apart from the unobservable
-    ones), or timeout / auth / unreachable / api / malformed (observation_failure).
+    this flow type (stream_config_for; a REALTIME stream's per-subject bound as the
+    stream holds it, since it follows readers this call is not told of) and whose
+    mismatches are the requested fields the broker does not honour, or an Unknown saying
+    why nothing can be said: missing (the stream does not exist — a definite
+    observation, kept apart from the unobservable ones), or timeout / auth /
+    unreachable / api / malformed (observation_failure).
 
     stream_info returns the applied configuration (nats-py 2.15.0, nats/js/manager.py
     stream_info -> api.StreamInfo.config), and a stream that does not exist is
@@ -104,12 +106,9 @@ async def read_back_streams_async(
         ValueError: an unknown flow_type, a replica count below 1, or a bad name —
             before anything is asked of the broker.
     """
-    # A flow's provisioning asks for REALTIME_BURST messages per subject of a REALTIME
-    # stream (more only for a node of more replicas).
     requested = {
         node: stream_config_for(
-            flow_id, run_id, node, flow_type, generation=generation, replicas=replicas,
-            realtime_buffer=REALTIME_BURST,
+            flow_id, run_id, node, flow_type, generation=generation, replicas=replicas
         )
         for node in node_names
     }
@@ -125,6 +124,14 @@ async def read_back_streams_async(
                 result[node] = unknown_from(error, reported)
             continue
         effective = info.config
+        held = effective.max_msgs_per_subject
+        if flow_type == REALTIME and isinstance(held, int) and held >= 1:
+            # A REALTIME stream's per-subject bound follows its readers and its
+            # replicas (realtime_buffer_for), which a read-back by node name does not
+            # know: it is requested as the stream holds it, and max_msgs with it.
+            config = stream_config_for(flow_id, run_id, node, flow_type,
+                                       generation=generation, replicas=replicas,
+                                       realtime_buffer=held)
         result[node] = VerifiedStream(config, effective, stream_mismatches(config, effective))
     return result
 
