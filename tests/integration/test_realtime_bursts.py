@@ -22,9 +22,12 @@ from videoflow.messaging.topology import provision_flow_sync
 FLOW, RUN = "flow", "run"
 
 
-def reader(url: str, seen: list[Any], work_seconds: float = 0.0) -> NATSMessenger:
+def reader(url: str, seen: list[Any], work_seconds: float = 0.0,
+           sent: list[int] | None = None, lags: list[int] | None = None) -> NATSMessenger:
     """Provision cam -> sink (REALTIME) and start the sink's task loop on a thread,
-    appending each message it works on to seen."""
+    appending each message it works on to seen; with sent (the count of messages the
+    test has published, kept up to date by it), how far behind the last one sent each
+    message was when the sink was handed it, to lags."""
     specs = [NodeSpec("cam", "producer"), NodeSpec("sink", "consumer", parents=("cam",))]
     provision_flow_sync(url, specs, FLOW, RUN, REALTIME, timeout=30)
     sink = NATSMessenger(SimpleNamespace(name="sink"), ["cam"], url, FLOW, REALTIME, RUN,
@@ -36,6 +39,8 @@ def reader(url: str, seen: list[Any], work_seconds: float = 0.0) -> NATSMessenge
                 inputs = sink.receive_message()
                 if inputs["cam"]["is_stop_signal"]:
                     return
+                if sent is not None and lags is not None:
+                    lags.append(sent[0] - 1 - inputs["cam"]["message"])
                 time.sleep(work_seconds)
                 sink.ack_inputs()
                 seen.append(inputs["cam"]["message"])
@@ -100,12 +105,14 @@ def test_a_realtime_reader_that_falls_behind_works_on_the_newest_input(
     older ones are superseded and acknowledged (none is left pending on the durable),
     and it ends on the last."""
     seen: list[Any] = []
-    sink = reader(nats_server.url, seen, work_seconds=0.08)
+    published, lags = [0], []
+    sink = reader(nats_server.url, seen, work_seconds=0.08, sent=published, lags=lags)
     cam = NATSMessenger(SimpleNamespace(name="cam"), [], nats_server.url, FLOW, REALTIME, RUN)
     sent = 150
     try:
         for n in range(sent):
             cam.publish_message(n)
+            published[0] = n + 1
             time.sleep(0.01)
         cam.publish_stop_signal()
     finally:
@@ -119,9 +126,11 @@ def test_a_realtime_reader_that_falls_behind_works_on_the_newest_input(
     # Each skipped input is received, and counted as the node's superseded drop.
     assert sink.take_drops()["superseded"] == sink.freshness.superseded
     assert sink.received["cam"] == len(seen) + sink.freshness.superseded
-    # Past the first second, each input worked on was the newest of its receive: the
-    # next one was sent several sends later (80 ms of work at 10 ms a send), where
-    # working through them would take the very next.
-    gaps = [b - a for a, b in zip(seen, seen[1:], strict=False) if a >= 100]
-    assert gaps and min(gaps) >= 3, seen
+    # Past its first inputs, each one it was handed was the newest there was, or one
+    # of the few still on their way: working through what the stream keeps, it would
+    # be handed each about REALTIME_BURST sends behind the last one sent. (How many
+    # sends one input's work spans depends on how fast this loaded host lets the test
+    # publish, so it is not what is checked.)
+    late = [lag for message, lag in zip(seen, lags, strict=False) if message >= 50]
+    assert late and max(late) < REALTIME_BURST // 2, list(zip(seen, lags, strict=False))
     assert ack_pending(nats_server.url) == (0, 0)

@@ -362,11 +362,13 @@ class NATSMessenger(Messenger):
         self._collected = 0.0  # collect samples handed out, per collect parent
         self.reconciled = 0  # obligations reconciliation cancelled (PAY-006)
         self.join: Join | None = None  # a producer has no inputs to join
-        # A one-parent REALTIME node's receive takes all its parent's stream keeps, the
-        # newest among it (videoflow.messaging.freshness); a shallower one would be
-        # handed the oldest.
-        self._least_depth = (REALTIME_BURST if flow_type == REALTIME
-                             and len(self.parent_names) == 1 else 1)
+        # A one-parent REALTIME node works through a burst only as far as it keeps up
+        # (videoflow.messaging.freshness; a join keeps its own bounds), and its receive
+        # takes all its parent's stream keeps, the newest among it: a shallower one
+        # would be handed the oldest.
+        fresh = flow_type == REALTIME and len(self.parent_names) == 1
+        self.freshness = Freshness() if fresh else None
+        self._least_depth = REALTIME_BURST if fresh else 1
         if self.parent_names:
             self._set_depth(FIRST_DEPTH)  # before the bind: a bound durable fetches at once
             self._bind(partition_by is not None)
@@ -376,10 +378,6 @@ class NATSMessenger(Messenger):
                              self.deliveries, self._data_subs, clock=clock, epoch=epoch,
                              budget_waiting=self.payloads.budget_waiting(),
                              payload_shares=self.payloads.budget_shares())
-        # A one-parent REALTIME node works through a burst only while it keeps up
-        # (videoflow.messaging.freshness); a join keeps its own bounds.
-        self.freshness = (Freshness() if flow_type == REALTIME and len(self.parent_names) == 1
-                          and self.join is not None and not self.join.collect else None)
 
     def _bind(self, partitioned: bool) -> None:
         # The plan's credit and delivery cap, as provisioning created the durables
@@ -832,8 +830,9 @@ class NATSMessenger(Messenger):
                   ) -> list[tuple[SubscriptionId, Delivery]]:
         """What of a receive a one-parent REALTIME node works through: its data less
         the inputs a newer one supersedes (Freshness.stale), which are received,
-        acknowledged undecoded and counted as 'superseded' drops (what the stream
-        evicted before any receive is the run's to count: run/local.py)."""
+        acknowledged (a payload by ref released once that is confirmed) and counted as
+        'superseded' drops. What the stream evicted before any receive is the run's to
+        count (run/local.py)."""
         freshness = self.freshness
         assert freshness is not None
         data = [item for item in got if item[0].kind != "eos"]

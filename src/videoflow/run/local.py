@@ -640,9 +640,9 @@ def _lost(replica: Replica) -> dict[str, Any]:
 def _count_superseded(report: RunReport, compiled: CompiledFlow) -> None:
     """A REALTIME stream keeps only the newest outputs: what a child never received of
     its parent's outputs was superseded there, and is counted as its drop (what it
-    received and superseded itself, a one-parent node behind a burst, it counted). Only where
-    both ends are fully accounted for (every replica ended, none restarted): a lost
-    process's counts died with it, and a guess is not a count."""
+    received and skipped itself, a one-parent node behind a burst, it counted). Only
+    where both ends are fully accounted for (every replica ended, none restarted): a
+    lost process's counts died with it, and a guess is not a count."""
     for spec in compiled.specs:
         child = report.nodes[spec.name]
         if not _accounted(child):
