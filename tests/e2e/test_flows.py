@@ -183,7 +183,9 @@ def test_a_replica_process_walks_only_what_its_run_made_in_a_full_collection(
 ) -> None:
     # What the process imported and set up, and what its node's open() loaded, is
     # frozen before its first input (videoflow.run.gc_freeze), so a full collection
-    # does not walk it again and again.
+    # does not walk it again and again. The imports and the messenger are frozen
+    # before open(): the collection after it walks only what open() made, and no
+    # longer holds the node's first inputs for one of the whole process.
     numbers = Numbers(20)
     sink = RecordCollector(str(out), loaded=50_000)(numbers)
     report = Flow([numbers], [sink], BATCH, name="frozen").run(nats_server.url, view=False)
@@ -191,4 +193,5 @@ def test_a_replica_process_walks_only_what_its_run_made_in_a_full_collection(
     held = json.loads((out / "collector.json").read_text())
     # numpy, nats-py, msgspec, videoflow, the replica (over 10,000), and the model
     assert held["frozen"] > 60_000, held
+    assert held["frozen_at_open"] > 10_000, held
     assert held["walked"] < 10_000, held

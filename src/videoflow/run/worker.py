@@ -188,6 +188,11 @@ def run_replica(job: ReplicaJob, node: Node, *,
                                  nb_tasks=spec.nb_tasks, flow_id=job.flow_id,
                                  run_id=job.run_id, broker_url=job.nats_url)
 
+        # What the process imported and set up so far is frozen before the node opens,
+        # so the collection after open() walks only what open() made: one collection of
+        # everything after open() held a reader's first inputs 20-45 ms (gc_freeze).
+        freeze_setup()
+
         def opened() -> None:
             freeze_setup()
             if before_start is not None:

@@ -193,20 +193,23 @@ class SlowOpenRecord(Record):
 class RecordCollector(ConsumerNode):
     """Loads a 'model' of `loaded` objects in open(); writes, at its first input, what
     its process's garbage collector holds: the objects frozen out of its full
-    collections, and those a full collection walks."""
+    collections (when open() began, and now), and those a full collection walks."""
 
     def __init__(self, directory: str, loaded: int = 0, **options: Any) -> None:
         super().__init__(**options)
         self.directory, self.loaded = directory, loaded
         self.model: list[list[int]] = []
+        self.frozen_at_open = -1
 
     def open(self) -> None:
+        self.frozen_at_open = gc.get_freeze_count()
         self.model = [[k] for k in range(self.loaded)]
 
     def consume(self, *inputs: Any) -> None:
         path = Path(self.directory) / "collector.json"
         if not path.exists():
             path.write_text(json.dumps({"frozen": gc.get_freeze_count(),
+                                        "frozen_at_open": self.frozen_at_open,
                                         "walked": len(gc.get_objects())}))
 
 
