@@ -49,6 +49,26 @@ def test_replay_at_the_recorded_pace_into_the_demos_fusion(tmp_path: Path) -> No
     assert report["nodes"]["imu"]["emitted"] == len(truth["imu"])
 
 
+def test_a_replay_waits_for_its_last_source_to_open_before_the_bags_first_instant(
+        tmp_path: Path) -> None:
+    # One source's process opens 3 s after the anchor (a replica started last on a
+    # loaded machine). Paced from the anchor alone, the other camera's frames went
+    # first: the fusion's paced timeout (1 s) emitted their groups without cam1, and
+    # cam1's frames, caught up at once, made groups of their own. The sources wait for
+    # each other (a StartGate), and the bag's start is replayed after the last is up.
+    bag, truth = fusion_bag(tmp_path / "rig.bag", 1)
+    done = videoflow("replay", str(bag), "--topics", "/cam0/image", "/cam1/image", "/imu",
+                     "--into", "replay_flows:fuse_bag_cam1_late", "--speed", "1",
+                     "--start-delay", "1", "--ephemeral", "--json",
+                     env=environment(tmp_path))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    captured = {k for cam in CAMERAS for k in truth[cam]}
+    assert report["nodes"]["fusion"]["emitted"] == len(captured), report["nodes"]["fusion"]
+    assert not any(report["nodes"]["fusion"]["dropped"].values())
+    assert report["outcome"] == "completed"
+
+
 @pytest.mark.parametrize("arguments, said", [
     (["nowhere", "--topics", "/a", "--into", "replay_flows:fuse"], "no bag at nowhere"),
     (["BAG", "--topics", "/a", "/a", "--into", "replay_flows:fuse"], "names a topic twice"),

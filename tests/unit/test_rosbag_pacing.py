@@ -1,7 +1,8 @@
 """RosbagSource's pace, without a broker: sources of one bag given one anchor send each
 message at anchor + (record time - the bag's start) / speed, whenever each was
-opened; one opened after its anchor catches up at once; without an anchor a source
-counts from its own first message. And a topic's message type, read from the index."""
+opened; one opened after its anchor catches up at once, unless a start gate has the
+others wait for it; without an anchor a source counts from its own first message. And
+a topic's message type, read from the index."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rosbags.rosbag2 import Writer
 from rosbags.typesys import Stores, get_typestore
 
 from videoflow.io import RosbagSource
+from videoflow.io.start_gate import StartGate
 
 START_NS = 1_700_000_000 * 10**9
 RECORDED = {"/a": [0.0, 0.2, 0.4], "/b": [0.1, 0.3]}
@@ -103,6 +105,51 @@ def test_a_source_opened_after_its_anchor_catches_up_then_keeps_the_pace(bag: Pa
         a.close()
     assert got[1] - started <= LATE_S  # at once: no sleep for what is overdue
     assert anchor + 0.4 <= got[2] <= anchor + 0.4 + LATE_S  # then on time
+
+
+def test_with_a_start_gate_the_bags_start_waits_for_the_last_source_up(
+        bag: Path, tmp_path: Path) -> None:
+    gate = StartGate(str(tmp_path), ("a", "b"), 0.1)
+    anchor = time.time() + 0.05
+    a = opened(bag, "/a", speed=1.0, anchor=anchor, start_gate=gate)
+    time.sleep(0.3)  # b's process opens after the anchor has passed
+    b = opened(bag, "/b", speed=1.0, anchor=anchor, start_gate=gate)
+    up = time.time()  # b marked itself up just before: the last one
+    got: dict[str, list[float]] = {"/a": [], "/b": []}
+    try:
+        for source, topic in ((a, "/a"), (b, "/b"), (a, "/a"), (b, "/b"), (a, "/a")):
+            got[topic] += sent_at(source, 1)
+    finally:
+        a.close()
+        b.close()
+    # The bag's start is replayed a gate's delay after b was up, for both: a waited.
+    start = a.anchor
+    assert a.anchor == b.anchor
+    assert up - 0.05 + gate.delay <= start <= up + gate.delay
+    for topic, times in RECORDED.items():
+        for at, sent in zip(times, got[topic], strict=True):
+            assert start + at <= sent <= start + at + LATE_S, (topic, at, sent - start)
+
+
+def test_a_start_gate_keeps_the_anchor_when_every_source_was_up_before_it(
+        bag: Path, tmp_path: Path) -> None:
+    gate = StartGate(str(tmp_path), ("b",), 0.1)
+    anchor = time.time() + 0.4
+    b = opened(bag, "/b", speed=1.0, anchor=anchor, start_gate=gate)
+    try:
+        got = sent_at(b, 1)
+    finally:
+        b.close()
+    assert b.anchor == anchor
+    assert anchor + 0.1 <= got[0] <= anchor + 0.1 + LATE_S
+
+
+def test_a_start_gate_needs_an_anchor_and_must_name_the_source(tmp_path: Path) -> None:
+    gate = StartGate(str(tmp_path), ("a",), 0.1)
+    with pytest.raises(ValueError, match="give an anchor"):
+        RosbagSource("x.bag", "/a", speed=1.0, start_gate=gate, name="a")
+    with pytest.raises(ValueError, match=r"does not name 'b' \(it names \['a'\]\)"):
+        RosbagSource("x.bag", "/b", speed=1.0, anchor=time.time(), start_gate=gate, name="b")
 
 
 def test_without_an_anchor_a_source_counts_from_its_own_first_message(bag: Path) -> None:

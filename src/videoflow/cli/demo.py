@@ -102,7 +102,7 @@ from videoflow.cli.demo_flow import (
     fusion_timeout_ms,
     run_demo,
 )
-from videoflow.cli.demo_nodes import START_DELAY_S, StartGate
+from videoflow.cli.demo_nodes import START_DELAY_S
 from videoflow.cli.demo_truth import (
     REFERENCE_FPS,
     Expected,
@@ -116,6 +116,7 @@ from videoflow.cli.demo_truth import (
     quorum_for,
     timing_for,
 )
+from videoflow.io.start_gate import StartGate
 from videoflow.run.metrics import MetricsUnavailable
 from videoflow.run.progress import LiveView
 

@@ -20,7 +20,6 @@ from videoflow.cli.demo_nodes import (
     Fusion,
     GroupLog,
     Imu,
-    StartGate,
     Verify,
 )
 from videoflow.cli.demo_truth import (
@@ -36,6 +35,7 @@ from videoflow.cli.demo_truth import (
 from videoflow.core.constants import BATCH
 from videoflow.core.report import RunReport
 from videoflow.flow import Flow
+from videoflow.io.start_gate import StartGate
 from videoflow.run.progress import LiveView
 
 DEFAULT_SEED = 7

@@ -1,5 +1,5 @@
-"""The demo's nodes: the cameras, the IMU, the fusion join and the verify sink, and
-the StartGate that gives every process of the flow one first capture instant; and
+"""The demo's nodes: the cameras, the IMU, the fusion join and the verify sink, which
+take their first capture instant from one StartGate (videoflow.io.start_gate); and
 GroupLog, the sink of a bag replayed into the demo's fusion (demo_flow.fuse_bag).
 
 Module level: every replica runs in a spawned process that imports them.
@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,58 +17,12 @@ import numpy as np
 
 from videoflow.cli.demo_truth import camera_schedule, imu_tally
 from videoflow.core.node import ConsumerNode, ProcessorNode, ProducerNode
+from videoflow.io.start_gate import StartGate
 
 START_DELAY_S = 0.5
 """How long after the last node's process is up the first capture is (StartGate): the
 processes start one after another (spawned, each importing numpy and connecting to the
 broker), and a camera that captured before the others were up would start behind."""
-
-GATE_PATIENCE_S = 120.0
-"""How long a producer waits for every node's process to be up before it fails."""
-
-
-@dataclass(frozen=True)
-class StartGate:
-    """The first capture instant, the same for every process of the flow: each node
-    marks itself up (arrive, in open) with a file in a shared directory, and the
-    producers capture from delay seconds after the last mark's time (t0), which every
-    process reads from the same files. Capture does not start while some cameras are
-    still starting: they would begin behind real time, silent for the join's timeout.
-
-    Arguments:
-        directory: the shared directory (the flow's temporary one).
-        names: every node of the flow.
-        delay: seconds from the last node up to the first capture.
-    """
-
-    directory: str
-    names: tuple[str, ...]
-    delay: float
-
-    def arrive(self, name: str) -> None:
-        """Mark name up. A restarted process marks nothing new: the first mark stays."""
-        try:
-            with open(os.path.join(self.directory, f"{name}.up"), "x"):
-                pass
-        except FileExistsError:
-            pass
-
-    def t0(self, patience: float = GATE_PATIENCE_S) -> float:
-        """Wait until every node is up, and return the first capture instant (epoch s).
-
-        Raises:
-            TimeoutError: some node was not up within patience seconds.
-        """
-        paths = [os.path.join(self.directory, f"{name}.up") for name in self.names]
-        deadline = time.monotonic() + patience
-        while True:
-            missing = [name for name, path in zip(self.names, paths, strict=True)
-                       if not os.path.exists(path)]
-            if not missing:
-                return max(os.stat(path).st_mtime for path in paths) + self.delay
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"demo: {', '.join(missing)} not up after {patience:g} s")
-            time.sleep(0.01)
 
 
 def _sleep_until(instant: float) -> None:

@@ -36,6 +36,7 @@ import shlex
 import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Sequence
@@ -174,15 +175,20 @@ def _same_run(args: argparse.Namespace) -> str:
 REPLAY_START_DELAY_S = 5.0
 """With --speed, how long after `replay` starts the bag's first instant is replayed
 (the sources' shared anchor): the broker, the run's streams and every replica's
-process are started meanwhile (2 to 6 s on a busy 2-core machine). A source up later
-than that catches up at once."""
+process are started meanwhile (2 to 6 s on a busy 2-core machine). When the last
+source is up later than that, the bag's start waits for it (REPLAY_GATE_DELAY_S)."""
+
+REPLAY_GATE_DELAY_S = 0.5
+"""With --speed, the least time from the last source's process up to the bag's first
+instant (a StartGate over the sources)."""
 
 
 def _replay(args: argparse.Namespace) -> int:
     """A bag's topics, each a RosbagSource, into the flow --into builds from them; with
-    --speed, every source paced from one anchor, so the topics stay aligned as
-    recorded however far apart their processes start."""
+    --speed, every source paced from one anchor, and none before every one is up, so
+    the topics stay aligned as recorded however far apart their processes start."""
     from videoflow.io import RosbagSource
+    from videoflow.io.start_gate import StartGate
 
     bag = args.bag[0] if len(args.bag) == 1 else args.bag
     for path in args.bag:
@@ -193,13 +199,20 @@ def _replay(args: argparse.Namespace) -> int:
         raise CommandError(f"--topics names a topic twice: {' '.join(args.topics)}")
     if args.start_delay is not None and args.speed is None:
         raise CommandError("--start-delay paces a replay: give --speed too")
-    anchor = None
-    if args.speed is not None:
-        delay = REPLAY_START_DELAY_S if args.start_delay is None else args.start_delay
-        anchor = time.time() + delay
-    sources = {topic: RosbagSource(bag, topic, speed=args.speed, anchor=anchor, name=name)
-               for topic, name in zip(args.topics, names, strict=True)}
-    return _run_to_end(load_flow(args.into, sources), args)
+    if args.speed is None:
+        sources = {topic: RosbagSource(bag, topic, name=name)
+                   for topic, name in zip(args.topics, names, strict=True)}
+        return _run_to_end(load_flow(args.into, sources), args)
+    delay = REPLAY_START_DELAY_S if args.start_delay is None else args.start_delay
+    anchor = time.time() + delay
+    # Every replica runs on this host: the sources' marks in one directory of it say
+    # when the last is up.
+    with tempfile.TemporaryDirectory(prefix="videoflow-replay-") as marks:
+        gate = StartGate(marks, tuple(names), REPLAY_GATE_DELAY_S)
+        sources = {topic: RosbagSource(bag, topic, speed=args.speed, anchor=anchor,
+                                       start_gate=gate, name=name)
+                   for topic, name in zip(args.topics, names, strict=True)}
+        return _run_to_end(load_flow(args.into, sources), args)
 
 
 def _run_to_end(flow: Any, args: argparse.Namespace, resume_as: str | None = None) -> int:

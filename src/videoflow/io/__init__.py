@@ -1,8 +1,10 @@
 """Data in and out of flows from outside videoflow: nodes that read and write plain
 NATS subjects (SubjectSource, SubjectSink), for publishers and readers that know nothing of it, and
-replay of recorded ROS bags (RosbagSource; the 'ros' extra)."""
+replay of recorded ROS bags (RosbagSource; the 'ros' extra), whose paced sources wait
+for each other's processes through a StartGate."""
 
 from videoflow.io.rosbag_source import RosbagSource
+from videoflow.io.start_gate import StartGate
 from videoflow.io.subject_sink import (
     DTYPE_HEADER,
     EVENT_TIME_HEADER,
@@ -13,4 +15,4 @@ from videoflow.io.subject_sink import (
 from videoflow.io.subject_source import SubjectSource
 
 __all__ = ["DTYPE_HEADER", "EVENT_TIME_HEADER", "SHAPE_HEADER", "RosbagSource",
-           "SinkPublishFailed", "SubjectSink", "SubjectSource"]
+           "SinkPublishFailed", "StartGate", "SubjectSink", "SubjectSource"]

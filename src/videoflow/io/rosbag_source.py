@@ -24,6 +24,15 @@ negative time), then keeps the pace. Without an anchor each source counts from i
 own first next(): sources started together keep the recording's spacing, but one
 started later stays that much behind for the whole replay.
 
+With a StartGate as well (videoflow.io.start_gate; ``videoflow replay`` gives one),
+the sources of one replay wait for each other: each marks itself up once its bag is
+open, and the bag's start is replayed at the anchor or, when the last of them came up
+too late for it, a gate's delay after that one. Paced from the anchor alone, a source
+whose process opened well after it (started last on a loaded machine) sent its first
+seconds at once while the others had long gone on: a time join had given up on it for
+its timeout and made their groups without it, and its frames came after as groups of
+their own.
+
 A source is replayable (MSGID-6): after a restart it resumes after the outputs already
 accepted, and a repeated output carries the id it had, which the broker's duplicate
 window drops.
@@ -47,6 +56,7 @@ from typing import Any
 from videoflow.core.node import ProducerNode
 from videoflow.errors import MissingDependency
 from videoflow.io.ros_messages import Undecodable, decode, normalized_type, stamp_of
+from videoflow.io.start_gate import StartGate
 
 logger = logging.getLogger(__name__)
 
@@ -62,18 +72,22 @@ class RosbagSource(ProducerNode):
             recorded pace.
         anchor: with a speed, the instant (epoch seconds) the bag's start is replayed
             at, shared by the sources of one bag; None: the source's first next().
+        start_gate: with an anchor, the StartGate of the replay's sources (on one
+            host), naming each by its node name: the bag's start is replayed once all
+            are up, at the anchor or a gate's delay after the last, whichever is later.
         **node: Node's arguments (name, ...).
 
     Raises:
         ValueError: no bag, a speed that is not None or a positive number, an anchor
-            that is not a finite number, or one without a speed.
+            that is not a finite number, or one without a speed; a start gate without
+            an anchor, or one that does not name this source.
     """
 
     replayable = True
 
     def __init__(self, bag: str | Path | Sequence[str | Path], topic: str, *,
                  speed: float | None = None, anchor: float | None = None,
-                 **node: Any) -> None:
+                 start_gate: StartGate | None = None, **node: Any) -> None:
         super().__init__(**node)
         paths = [bag] if isinstance(bag, (str, Path)) else list(bag)
         if not paths:
@@ -89,9 +103,17 @@ class RosbagSource(ProducerNode):
                                  f"got {anchor!r}")
             if speed is None:
                 raise ValueError("RosbagSource: an anchor paces a replay: give a speed")
+        if start_gate is not None:
+            if anchor is None:
+                raise ValueError("RosbagSource: a start gate waits to replay from an "
+                                 "anchor: give an anchor")
+            if self.name not in start_gate.names:
+                raise ValueError(f"RosbagSource: the start gate does not name "
+                                 f"{self.name!r} (it names {list(start_gate.names)})")
         self.paths = [str(p) for p in paths]
         self.topic, self.speed = topic, speed
         self.anchor = None if anchor is None else float(anchor)
+        self.start_gate = start_gate
         self.undecodable = 0
         self._reader: Any = None
         self._messages: Iterator[tuple[Any, int, bytes]] | None = None
@@ -104,6 +126,9 @@ class RosbagSource(ProducerNode):
         self._start_ns = reader.start_time
         self._t0: float | None = None
         self._messages = reader.messages(connections=connections)
+        self._gated = self.start_gate is None
+        if self.start_gate is not None:
+            self.start_gate.arrive(self.name)
 
     def message_type(self) -> str:
         """The type of the topic's messages as ROS 2 spells it ('sensor_msgs/msg/Image'),
@@ -198,6 +223,10 @@ class RosbagSource(ProducerNode):
         one already due goes at once."""
         offset = (record_ns - self._start_ns) * 1e-9 / (self.speed or 1.0)
         if self.anchor is not None:
+            if not self._gated:  # every source up: each reads the same instant
+                assert self.start_gate is not None
+                self.anchor = max(self.anchor, self.start_gate.t0())
+                self._gated = True
             # The wall clock: the one instant every process of the flow reads alike.
             # sleep() counts on the monotonic clock, which the wall clock may trail by
             # a few microseconds (a slewed clock): asked again until it says due.

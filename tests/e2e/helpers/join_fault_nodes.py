@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from videoflow.cli.demo_nodes import StartGate  # one first-capture instant for every process
 from videoflow.core.node import ConsumerNode, ProducerNode
+from videoflow.io.start_gate import StartGate  # one first instant for every process
 
 
 def _sleep_until(instant: float) -> None:

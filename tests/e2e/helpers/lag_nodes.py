@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from videoflow.cli.demo_nodes import StartGate
 from videoflow.core.node import ConsumerNode, ProducerNode
+from videoflow.io.start_gate import StartGate
 
 
 def _sleep_until(instant: float) -> None:
