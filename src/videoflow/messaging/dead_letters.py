@@ -19,6 +19,7 @@ taken for duplicates; the Terminal settlement names that id as its record_ref.
 from __future__ import annotations
 
 import traceback as tracebacks
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -148,7 +149,8 @@ def traceback_of(error: BaseException | None, most: int = MAX_TRACEBACK) -> str:
     return _CUT + (tail[newline + 1:] if 0 <= newline < len(tail) - 1 else tail)
 
 
-def dead_letter_record_id(run_id: str, node: str, parent: str, stream_seq: int) -> str:
+def dead_letter_record_id(run_id: str, node: str, parent: str, stream_seq: int,
+                          member: int = 0) -> str:
     """The dead letter's broker msg_id, and the record_ref its Terminal settlement
     carries (DELIV-15).
 
@@ -163,11 +165,15 @@ def dead_letter_record_id(run_id: str, node: str, parent: str, stream_seq: int) 
         node: the node that gave up on it.
         parent: the parent whose stream delivered it.
         stream_seq: its sequence on that stream.
+        member: its place in the pack it came in (videoflow.wire.packs), 1 for the
+            first; 0 when it came alone.
 
     Returns:
-        ``dlq:{run}:{node}:{parent}:{stream_seq}``.
+        ``dlq:{run}:{node}:{parent}:{stream_seq}``, and ``.{member}`` after it for a
+        member of a pack.
     """
-    return f"dlq:{run_id}:{node}:{parent}:{stream_seq}"
+    record = f"dlq:{run_id}:{node}:{parent}:{stream_seq}"
+    return f"{record}.{member}" if member else record
 
 
 def dead_letter_msg_id(node: str, parent: str, stream_seq: int) -> str:
@@ -217,6 +223,8 @@ def dead_letter(
     deadline: float,
     attempt_seconds: float = ATTEMPT_SECONDS,
     traceparent: str | None = None,
+    member: int = 0,
+    settle: Callable[[DeliveryToken, Terminal, str], SettleResult] | None = None,
 ) -> DeadLettered:
     """Publish record to the flow's dead-letter stream and, only once it is accepted
     there, terminate the delivery against it (DELIV-15: Terminal(record_ref), the
@@ -235,15 +243,20 @@ def dead_letter(
         attempt_seconds: the most one publish waits for its receipt.
         traceparent: the input's W3C trace context (its delivery's header), which the
             record carries as its own header: the dead letter is found in its trace.
+        member: the input's place in its pack (dead_letter_record_id); 0 alone.
+        settle: how the delivery is terminated once the record is accepted;
+            backend.settle when None (a pack's member is settled with its pack).
     """
-    msg_id = dead_letter_record_id(record.run_id, record.node, record.parent, record.stream_seq)
+    msg_id = dead_letter_record_id(record.run_id, record.node, record.parent,
+                                   record.stream_seq, member)
     envelope = Envelope(ChannelId(record.flow_id, record.run_id, record.node), "dlq",
                         encode_dead_letter(record), msg_id, traceparent)
     published = publish_until_known(backend, envelope, BATCH, deadline,
                                     attempt_seconds=attempt_seconds)
     if not isinstance(published.outcome, Accepted):
         return DeadLettered(published, None)
-    return DeadLettered(published, backend.settle(token, Terminal(msg_id), f"terminate:{msg_id}"))
+    return DeadLettered(published, (settle or backend.settle)(
+        token, Terminal(msg_id), f"terminate:{msg_id}"))
 
 
 __all__ = [

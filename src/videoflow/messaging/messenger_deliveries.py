@@ -56,6 +56,13 @@ from videoflow.messaging.dead_letters import (
 )
 from videoflow.messaging.grouping import EndEntry
 from videoflow.messaging.messenger_payloads import MessengerPayloads
+from videoflow.messaging.packs import (
+    PackMemberToken,
+    Packs,
+    SettledPack,
+    delivery_key,
+    member_of,
+)
 from videoflow.messaging.tracing import settled
 from videoflow.wire.serialization import encode_envelope
 
@@ -191,10 +198,13 @@ class Deliveries:
         self._to_settle: list[tuple[Delivery, SettleOutcome]] = []
         self._to_terminate: list[tuple[Delivery, tuple[str, str, str]]] = []
         # Completed settlements not sent yet, and in flight, oldest first
-        # (complete_later, send_completed).
-        self._unsent: list[tuple[Held, tuple[DeliveryToken, SettleOutcome, str]]] = []
+        # (complete_later, send_completed), each with the handles it settles: one, or
+        # the completed members of a pack.
+        self._unsent: list[tuple[list[Held], tuple[DeliveryToken, SettleOutcome, str]]] = []
         self._unsent_since = 0.0  # monotonic: when the oldest unsent one was gathered
-        self._settling: deque[tuple[Held, Receipt[SettleResult]]] = deque()
+        self._settling: deque[tuple[list[Held], Receipt[SettleResult]]] = deque()
+        # Packs whose members are out: settled once their last member is.
+        self.packs = Packs()
         # Settle spans (tracing), by the token of their group's last handle: ended once
         # that handle's settlement is answered, the group's others before it.
         self._settle_spans: dict[DeliveryToken, Any] = {}
@@ -221,6 +231,12 @@ class Deliveries:
         """The messenger no longer holds this delivery (settled, or about to be)."""
         self._held[delivery.token.subscription.channel.node].discard(delivery.token)
 
+    def _held_messages(self, parent: str) -> int:
+        """How many of the broker's messages of parent this messenger holds: the
+        broker leases messages, and a pack's members held are one of them."""
+        tokens = self._held[parent]
+        return len({t.stream_seq for t in tokens}) if self.packs else len(tokens)
+
     def unreceived(self, subs: Mapping[str, SubscriptionId]) -> dict[str, int]:
         """Per parent, the deliveries its durable has leased out that this messenger
         neither holds nor has parked: leased to another replica, or handed to this one
@@ -236,7 +252,7 @@ class Deliveries:
         out: dict[str, int] = {}
         for parent, observed in zip(parents, seen, strict=True):
             if isinstance(observed, Known):
-                mine = len(self._held[parent]) + self.backend.prefetched(subs[parent])
+                mine = self._held_messages(parent) + self.backend.prefetched(subs[parent])
                 out[parent] = max(0, observed.value.leased - mine)
         return out
 
@@ -303,12 +319,18 @@ class Deliveries:
         for index, handle in enumerate(handles):
             self.let_go(handle.delivery)
             if self._counted:  # only after failures: no key is built on the usual path
-                counted = f"{handle.parent}:{handle.delivery.stream_seq}"
+                counted = delivery_key(handle.parent, handle.delivery)
                 if counted in self._counted:  # it failed before: its count is done with
                     self._counted.discard(counted)
                     self.runtime.clear_attempts(counted)
-            self._unsent.append((handle, (handle.delivery.token, _COMPLETED,
-                                          f"ack:{key}:{index}")))
+            token = handle.delivery.token
+            if isinstance(token, PackMemberToken):
+                done = self.packs.settle(token, _COMPLETED, handle)
+                if done is not None and (retried := self._pack_settled(
+                        done, f"ack:{key}:{index}")) is not None:
+                    self._to_settle.append(retried)  # sent with the next settle_pending
+                continue
+            self._unsent.append(([handle], (token, _COMPLETED, f"ack:{key}:{index}")))
         if len(self._unsent) >= SETTLE_BATCH or any(h.blob_ref is not None for h in handles):
             # A payload held by ref is released only once its ack is confirmed: a
             # frame's memory is worth a round trip of its own.
@@ -353,7 +375,7 @@ class Deliveries:
             return
         unsent, self._unsent = self._unsent, []
         receipts = self.backend.settle_many_async([settlement for _, settlement in unsent])
-        self._settling.extend(zip([handle for handle, _ in unsent], receipts, strict=True))
+        self._settling.extend(zip([handles for handles, _ in unsent], receipts, strict=True))
 
     @property
     def settling(self) -> int:
@@ -371,10 +393,11 @@ class Deliveries:
         """
         if wait:
             self.send_completed()
-        settling, done = self._settling, []
+        settling = self._settling
+        done: list[str] = []
         try:
             while settling:
-                handle, future = settling[0]
+                handles, future = settling[0]
                 if not future.done() and not wait:
                     return
                 settling.popleft()
@@ -383,13 +406,14 @@ class Deliveries:
                 except concurrent.futures.TimeoutError:
                     result = SettleUnknown("the backend did not answer the settlement")
                 if self._settle_spans:
-                    settled(self._settle_spans.pop(handle.delivery.token, None),
-                            "unknown" if isinstance(result, SettleUnknown)
-                            else type(result).__name__.removeprefix("Settle").lower())
+                    status = ("unknown" if isinstance(result, SettleUnknown)
+                              else type(result).__name__.removeprefix("Settle").lower())
+                    for handle in handles:
+                        settled(self._settle_spans.pop(handle.delivery.token, None), status)
                 if isinstance(result, SettleUnknown):
                     self.unconfirmed_acks += 1
-                elif handle.blob_ref is not None and isinstance(result, SettleConfirmed):
-                    done.append(handle.blob_ref)
+                elif isinstance(result, SettleConfirmed):
+                    done.extend(h.blob_ref for h in handles if h.blob_ref is not None)
         finally:
             if done:  # the payloads of every confirmed settlement, released together
                 self.payloads.read_done_many(done)
@@ -423,7 +447,7 @@ class Deliveries:
         not)."""
         if not self.ledger_budget:
             return handle.delivery.num_delivered
-        key = f"{handle.parent}:{handle.delivery.stream_seq}"
+        key = delivery_key(handle.parent, handle.delivery)
         if classify_error(exc) == WORKER_FATAL:
             return max(self.runtime.attempts(key), 1)
         self._counted.add(key)
@@ -450,9 +474,11 @@ class Deliveries:
         # for as long as dead letters are kept, before the dead letter exists.
         pinned = handle.blob_ref is not None and self.payloads.pin_for_dead_letter(
             handle.blob_ref, handle.parent, delivery.stream_seq)
+        member = member_of(delivery.token)
         done = dead_letter(self.backend, delivery.token, record,
                            clock.monotonic() + self.ack_wait,
-                           traceparent=delivery.traceparent)
+                           traceparent=delivery.traceparent, member=member,
+                           settle=self._member_given_up if member else None)
         if done.settled is not None:
             self.dead_lettered += 1
         if pinned and isinstance(done.settled, SettleConfirmed):
@@ -461,7 +487,7 @@ class Deliveries:
         if done.settled is None:
             # The dead letter was not accepted: the delivery stays alive for a later
             # attempt, and the ledger and the broker's observation both say so.
-            key = f"{handle.parent}:{delivery.stream_seq}"
+            key = delivery_key(handle.parent, delivery)
             self.runtime.add_pending_handoff(key, handle.parent, reason)
             self.backend.mark_exhausted(handle.sub, delivery.stream_seq)
             self.drops["exhausted"] += 1
@@ -470,7 +496,7 @@ class Deliveries:
         """Give a delivery up against a terminal-log record (DELIV-15), settled with
         the next settle_pending, which logs every termination queued by then in one
         batch first."""
-        key = f"{parent}:{delivery.stream_seq}"
+        key = delivery_key(parent, delivery)
         self._to_terminate.append((delivery, (key, f"terminal:{self.node_name}:{key}", reason)))
 
     def settle_later(self, delivery: Delivery, outcome: SettleOutcome) -> None:
@@ -494,11 +520,55 @@ class Deliveries:
         pending, self._to_settle = self._to_settle, []
         for delivery, _ in pending:
             self.let_go(delivery)
+        if self.packs:  # a member's settlement waits for its pack's last
+            pending = self._members_settled(pending)
         if pending:
             self.backend.settle_many(
                 [(d.token, outcome, f"{type(outcome).__name__}:{d.token.stream_seq}:"
                   f"{d.token.attempt}:{d.token.subscription.channel.node}")
                  for d, outcome in pending])
+
+    def _members_settled(self, pending: list[tuple[Delivery, SettleOutcome]]
+                         ) -> list[tuple[Delivery, SettleOutcome]]:
+        """What of pending goes to the broker now: the settlements of messages alone,
+        and of the packs whose last member this settles (a Completed one gathered with
+        the rest, complete_later's way)."""
+        out: list[tuple[Delivery, SettleOutcome]] = []
+        for delivery, outcome in pending:
+            token = delivery.token
+            if not isinstance(token, PackMemberToken):
+                out.append((delivery, outcome))
+                continue
+            done = self.packs.settle(token, outcome)
+            if done is not None and (retried := self._pack_settled(
+                    done, f"{type(outcome).__name__}:{delivery.stream_seq}")) is not None:
+                out.append(retried)
+        return out
+
+    def _pack_settled(self, done: SettledPack, name: str
+                      ) -> tuple[Delivery, SettleOutcome] | None:
+        """Settle a pack whose last member was just settled: Completed gathered with the
+        other acknowledgements, the completed members' handles with it (their payloads
+        let go once it is confirmed); a Retry returned for the caller to send (the
+        completed members come again with the pack)."""
+        if isinstance(done.outcome, Completed):
+            if not self._unsent:
+                self._unsent_since = clock.monotonic()
+            handles: list[Held] = done.waiting  # type: ignore[assignment]
+            self._unsent.append((handles, (done.delivery.token, _COMPLETED, name)))
+            return None
+        return done.delivery, done.outcome
+
+    def _member_given_up(self, token: DeliveryToken, outcome: SettleOutcome, name: str
+                         ) -> SettleResult:
+        """A pack member's Terminal settlement, against its dead letter: recorded in its
+        pack, whose message is settled with its last member. Confirmed: the member is
+        done with here."""
+        assert isinstance(token, PackMemberToken)
+        done = self.packs.settle(token, outcome)
+        if done is not None and (retried := self._pack_settled(done, name)) is not None:
+            self._to_settle.append(retried)
+        return SettleConfirmed()
 
     def take_drops(self) -> dict[str, int]:
         """Inputs given up on since the last call, by reason (DROP_REASONS)."""
@@ -539,7 +609,7 @@ class Deliveries:
             # Nothing waiting, and nothing leased but what this messenger holds itself
             # (halves in the assembler): a lease held by a replica that died comes back
             # when it lapses, and someone must still be here to take it.
-            held = len(self._held[parent])
+            held = self._held_messages(parent)
             return observed.value.available == 0 and observed.value.leased <= held
         if observed.reason in PASSING_REASONS:
             # The broker is there but did not answer now (away, frozen, a cluster

@@ -29,6 +29,7 @@ from videoflow.messaging.grouping import (
 )
 from videoflow.messaging.join_alignment import Alignment, Deferred
 from videoflow.messaging.messenger_deliveries import Deliveries, Held
+from videoflow.messaging.packs import member_of
 
 LAG_SAMPLE_SECONDS: Final = 0.05
 """How often a time join samples its parents' watermark lags (watermark_lags)."""
@@ -344,7 +345,8 @@ class Join:
         for handle, reason in taken:
             if reason == SUPERSEDED:
                 self.deliveries.let_go(handle.delivery)
-                self.backend.supersede(handle.delivery.token)
+                if not member_of(handle.delivery.token):  # a pack's comes again whole
+                    self.backend.supersede(handle.delivery.token)
             else:
                 self._discarded(handle, reason)
 

@@ -7,7 +7,8 @@ sequence bookkeeping, join assembly, message ids, publication, checkpoints -- an
 the parts it holds, below.
 
 The shape of one input group's life: receive_any on every parent's data and EOS
-subscriptions (everything ready, in one hand-off) -> decode_envelope -> EnvelopeEntry
+subscriptions (everything ready, in one hand-off) -> each pack expanded into its
+members (videoflow.messaging.packs) -> decode_envelope -> EnvelopeEntry
 (once, at this boundary) -> the assembler -> a ReadyGroup, whose entries the task gets
 as they are -> the node -> its outputs published without waiting, into the window
 (videoflow.messaging.messenger_window) -> once every output of the group is accepted,
@@ -811,7 +812,8 @@ class NATSMessenger(Messenger):
             if held:  # left on the broker until the slowest parent catches up
                 subs = [s for s in subs if s.kind == "eos" or s.channel.node not in held]
         called = clock.monotonic()
-        got = self.backend.receive_any(subs, credit, 0, called + poll)
+        got = self.deliveries.packs.expand(self.backend.receive_any(
+            subs, credit, 0, called + poll))
         self._idle = not got
         if self.freshness is not None:
             got = self._freshest(got, called)

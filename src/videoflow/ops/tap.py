@@ -34,6 +34,7 @@ from videoflow.errors import BrokerUnavailable, CredentialsRefused, WireError
 from videoflow.ops.broker_calls import Budget
 from videoflow.ops.runs import stream_owner
 from videoflow.ops.status import all_streams
+from videoflow.wire.packs import decode_pack, is_pack
 from videoflow.wire.serialization import decode_envelope
 
 logger = logging.getLogger(__name__)
@@ -95,7 +96,8 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
             function giving the URL of the broker a run is using now, None while none
             is (ops.embedded.RunBrokers): the tap follows run after run, waiting for
             one, watching it until its broker stops, then waiting for the next.
-        seen: called with each message, in order, on this thread.
+        seen: called with each message, in order, on this thread: with each member
+            of a pack (videoflow.wire.packs), as of a message alone.
         run_id: one run's edge; None for any run of the flow.
         timeout: the bound of each connect.
         every / tick: tick(away) is called every `every` seconds, messages or not
@@ -108,7 +110,7 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
             a broker goes away, comes back or stops.
 
     Returns:
-        How many messages were seen.
+        How many messages were seen, a pack's members each.
 
     Raises:
         BrokerUnavailable: the broker could not be reached within timeout, or it was
@@ -182,8 +184,11 @@ def tap(broker: str | Callable[[], str | None], flow_id: str, node: str,
                     msg = await asyncio.wait_for(queue.get(), pace.wait(POLL_SECONDS))
                 except asyncio.TimeoutError:
                     continue
-                seen(_tapped(msg.subject, msg.data))
-                n += 1
+                for message in _tapped_all(msg.subject, msg.data):
+                    if wanted is not None and n >= wanted:
+                        break
+                    seen(message)
+                    n += 1
             return n
         finally:
             if asking is not None and not asking.done():
@@ -378,6 +383,17 @@ def _tapped(subject: str, data: bytes) -> Tapped:
         return Tapped(subject, time.time(), decode_envelope(data))
     except WireError as error:
         return Tapped(subject, time.time(), None, str(error))
+
+
+def _tapped_all(subject: str, data: bytes) -> list[Tapped]:
+    """What one message carries: its envelope, or each member of a pack (a pack that
+    does not decode is one undecodable message)."""
+    if is_pack(data):
+        try:
+            return [_tapped(subject, member) for member in decode_pack(data).members]
+        except WireError as error:
+            return [Tapped(subject, time.time(), None, str(error))]
+    return [_tapped(subject, data)]
 
 
 @dataclass

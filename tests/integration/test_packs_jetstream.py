@@ -1,0 +1,153 @@
+"""Packs read by a node on a real nats-server: a pack a foreign writer published with
+nats-py is read member by member, in order with the messages around it; a member that
+asks for a retry brings the whole pack again, handed back at once (not after its
+lease), and the broker keeps one copy of each output; once every member is settled,
+nothing of the pack is left on the durable. And `videoflow tap` shows each member."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import nats
+import pytest
+
+from videoflow.broker import server as embedded
+from videoflow.core.compiler import NodeSpec
+from videoflow.core.constants import BATCH
+from videoflow.core.naming import durable_name_for, stream_name_for, subject_for
+from videoflow.messaging.nats_messenger import NATSMessenger
+from videoflow.messaging.topology import provision_flow_sync
+from videoflow.ops.tap import Tapped, tap
+from videoflow.wire.packs import encode_pack
+from videoflow.wire.serialization import encode_envelope
+
+pytestmark = pytest.mark.timeout(90)
+
+FLOW, RUN = "flow", "run"
+ACK_WAIT = 600  # longer than the test may take: a pack comes again only if handed back
+FAST_RETRIES = {"max_retries": 2, "backoff": {"base_ms": 20.0, "factor": 1.0, "max_ms": 20.0}}
+
+
+def messenger(url: str, node: str, parents: list[str], **options: Any) -> NATSMessenger:
+    return NATSMessenger(SimpleNamespace(name=node), parents, url, FLOW, BATCH, RUN,
+                         ack_wait=ACK_WAIT, eos_quiescence_ms=200, **options)
+
+
+def run(m: NATSMessenger, work: Any, out: list[Any]) -> None:
+    """A node's task loop: every failure goes to its delivery policy."""
+    try:
+        while True:
+            inputs = m.receive_message()
+            if all(e is not None and e["is_stop_signal"] for e in inputs.values()):
+                if work is not None:
+                    m.publish_stop_signal()
+                return
+            try:
+                result = None if work is None else work(inputs)
+            except Exception as error:  # the task hands every failure to the policy
+                m.fail_inputs(error)
+                continue
+            if work is not None:
+                m.publish_message(result)
+            m.ack_inputs()
+            out.append(inputs if work is None else result)
+    finally:
+        m.close()
+
+
+async def publish_pack(url: str, subject: str, pack_id: str, members: list[bytes]) -> None:
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().publish(subject, encode_pack(pack_id, members, [None] * len(members)),
+                                     headers={"Nats-Msg-Id": pack_id})
+    finally:
+        await nc.close()
+
+
+async def left_on(url: str, stream: str, durable: str) -> tuple[int, int]:
+    nc = await nats.connect(url)
+    try:
+        info = await nc.jetstream().consumer_info(stream, durable)
+        return info.num_pending, info.num_ack_pending
+    finally:
+        await nc.close()
+
+
+def test_a_foreign_pack_is_read_member_by_member_and_a_retry_brings_it_whole_again(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    url = nats_server.url
+    specs = [NodeSpec("cam", "producer"), NodeSpec("work", "processor", parents=("cam",)),
+             NodeSpec("sink", "consumer", parents=("work",))]
+    provision_flow_sync(url, specs, FLOW, RUN, BATCH, ack_wait=ACK_WAIT, timeout=30)
+    cam = messenger(url, "cam", [])
+    try:
+        cam.publish_message("a")
+        cam.drain()  # stored before the pack, which another connection publishes
+        members = [encode_envelope(m, trace_id=f"foreign:{i}", seq=i, producer_name="cam")
+                   for i, m in enumerate(["b", "c", "d"], 1)]
+        asyncio.run(publish_pack(url, subject_for(FLOW, RUN, "cam"), "foreign:pack:1",
+                                 members))
+        cam.publish_message("e")
+        cam.publish_stop_signal()
+    finally:
+        cam.close()
+    processed: list[str] = []
+
+    def once_flaky(inputs: dict[str, Any]) -> str:
+        message = inputs["cam"]["message"]
+        processed.append(message)
+        if message == "c" and processed.count("c") == 1:
+            raise ConnectionError("upstream service down")
+        return str(message).upper()
+
+    outputs: list[Any] = []
+    got: list[Any] = []
+    threads = [threading.Thread(target=run, args=(
+                   messenger(url, "work", ["cam"], delivery_policy=FAST_RETRIES),
+                   once_flaky, outputs)),
+               threading.Thread(target=run, args=(messenger(url, "sink", ["work"]), None, got))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads)
+    # Every member once, then b, c and d again: the pack came back whole for c.
+    assert processed[:5] == ["a", "b", "c", "d", "e"]
+    assert sorted(processed[5:]) == ["b", "c", "d"]
+    # b's and d's outputs were published twice under the same ids: kept once.
+    assert sorted(inputs["work"]["message"] for inputs in got) == ["A", "B", "C", "D", "E"]
+    assert asyncio.run(left_on(url, stream_name_for(FLOW, RUN, "cam"),
+                               durable_name_for("work", "cam"))) == (0, 0)
+
+
+def test_tap_shows_each_member_of_a_pack_and_a_broken_pack_as_one_undecodable(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    url = nats_server.url
+    subject = subject_for(FLOW, RUN, "cam")
+
+    async def publish() -> None:
+        nc = await nats.connect(url)
+        try:
+            members = [encode_envelope(m, trace_id=f"t{m}", seq=1) for m in "bcd"]
+            await nc.publish(subject, encode_pack("p", members, [None] * 3))
+            await nc.publish(subject, b"\x94\x04 not a pack")
+            await nc.publish(subject, encode_envelope("e", trace_id="te", seq=1))
+            await nc.flush()
+        finally:
+            await nc.close()
+
+    seen: list[Tapped] = []
+
+    def ready(_subject: str) -> None:  # subscribed: publish from another loop
+        threading.Thread(target=lambda: asyncio.run(publish())).start()
+
+    n = tap(url, FLOW, "cam", seen.append, run_id=RUN, count=5, seconds=30, ready=ready)
+    assert n == 5
+    assert [t.envelope["message"] if t.envelope else None for t in seen] == [
+        "b", "c", "d", None, "e"]
+    assert "malformed pack" in seen[3].error

@@ -1,0 +1,150 @@
+"""Packs (videoflow.wire.packs, videoflow.messaging.packs): several envelopes in one
+broker message. On the wire: the layout, its prefix, what a reader rejects. Read by a
+node, on the memory adapter: every member is an input of its own, in order; the
+message is settled once, when its last member is; a member that asks for a retry brings
+the whole pack again, and its completed members' outputs are not published twice; a
+member given up on is given up on alone, against a record of its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from messenger_flows import FAST_RETRIES, FLOW, RUN, flows, run_node, run_producer
+
+from videoflow.backends.messaging import ChannelId, Envelope, Known, SubscriptionId
+from videoflow.core.policies import PoisonMessage
+from videoflow.errors import WireError
+from videoflow.messaging.dead_letters import decode_dead_letter
+from videoflow.wire.packs import PACK_PREFIX, decode_pack, encode_pack, is_pack
+from videoflow.wire.serialization import decode_envelope, encode_envelope
+
+__all__ = ["flows"]
+
+CAM = ChannelId(FLOW, RUN, "cam")
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def member(message: Any, seq: int) -> bytes:
+    return encode_envelope(message, trace_id=f"foreign:{seq}", seq=seq,
+                           producer_name="cam", event_ts=1000.0 + seq)
+
+
+def test_a_pack_round_trips_and_starts_with_its_prefix() -> None:
+    members = [member("b", 1), member("c", 2)]
+    data = encode_pack("cam:pack:1", members, [TRACEPARENT, None])
+    assert data.startswith(PACK_PREFIX) and is_pack(data)
+    assert not is_pack(members[0])
+    pack = decode_pack(data)
+    assert (pack.pack_id, pack.members, pack.traceparents) == (
+        "cam:pack:1", members, [TRACEPARENT, None])
+
+
+def test_a_reader_that_knows_no_packs_rejects_one_as_an_envelope() -> None:
+    with pytest.raises(WireError, match="version 4"):
+        decode_envelope(encode_pack("p", [member("b", 1)], [None]))
+
+
+@pytest.mark.parametrize("data", [
+    b"\x94\x04",  # cut short
+    b"\x94\x04\xa1p\x90\x90",  # no members
+    b"\x94\x04\xa1p\x91\xc4\x01x\x92\xc0\xc0",  # two traceparents for one member
+    b"\x94\x04\xa1p\x91\xa1x\x91\xc0",  # a member that is a str, not bin
+    member("b", 1),  # an envelope
+])
+def test_what_is_not_a_whole_pack_is_refused(data: bytes) -> None:
+    with pytest.raises(WireError):
+        decode_pack(data)
+
+
+def test_a_pack_has_members_and_a_traceparent_for_each() -> None:
+    with pytest.raises(ValueError, match="at least one member"):
+        encode_pack("p", [], [])
+    with pytest.raises(ValueError, match="one traceparent per member"):
+        encode_pack("p", [member("b", 1)], [])
+
+
+def publish_pack(flow: Any, members: list[bytes], pack_id: str = "cam:pack:1",
+                 traceparents: list[str | None] | None = None) -> None:
+    data = encode_pack(pack_id, members, traceparents or [None] * len(members))
+    outcome = flow.admin.publish(Envelope(CAM, "data", data, pack_id), 10**9)
+    assert type(outcome).__name__ == "Accepted"
+
+
+def settled_everything(flow: Any, node: str) -> None:
+    """Nothing of cam's stream is left for node: available or leased."""
+    seen = flow.admin.observe_subscription(SubscriptionId(node, CAM))
+    assert isinstance(seen, Known), seen
+    assert (seen.value.available, seen.value.leased) == (0, 0)
+
+
+def test_each_member_is_an_input_in_order_and_the_pack_is_settled_once(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "work": ["cam"], "sink": ["work"]})
+    cam, work, sink = flow.messenger("cam"), flow.messenger("work"), flow.messenger("sink")
+    cam.publish_message("a")
+    publish_pack(flow, [member("b", 1), member("c", 2), member("d", 3)],
+                 traceparents=[None, TRACEPARENT, None])
+    run_producer(cam, ["e"])
+    *inputs, _ = run_node(work, lambda got: got["cam"]["message"].upper())
+    assert [got["cam"]["message"] for got in inputs] == ["a", "b", "c", "d", "e"]
+    assert [got["cam"]["event_ts"] for got in inputs[1:4]] == [1001.0, 1002.0, 1003.0]
+    assert work.received["cam"] == 5
+    settled_everything(flow, "work")
+    *groups, _ = run_node(sink, None)
+    assert [g["work"]["message"] for g in groups] == ["A", "B", "C", "D", "E"]
+
+
+@pytest.mark.timeout(60)
+def test_a_member_that_asks_for_a_retry_brings_its_whole_pack_again(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "work": ["cam"], "sink": ["work"]})
+    cam = flow.messenger("cam")
+    # Its lease outlasts the test: the pack comes again because it was handed back.
+    work = flow.messenger("work", delivery_policy=FAST_RETRIES, ack_wait=600)
+    sink = flow.messenger("sink")
+    publish_pack(flow, [member("b", 1), member("c", 2), member("d", 3)])
+    run_producer(cam, ["e"])
+    processed: list[str] = []
+
+    def once_flaky(got: dict[str, Any]) -> str:
+        message = got["cam"]["message"]
+        processed.append(message)
+        if message == "c" and processed.count("c") == 1:
+            raise ConnectionError("upstream service down")
+        return str(message).upper()
+
+    run_node(work, once_flaky)
+    # b was done when c failed: it comes again with its pack, and so does d (after e,
+    # which was delivered meanwhile).
+    assert processed == ["b", "c", "d", "e", "b", "c", "d"]
+    assert flow.broker.dead_letters(FLOW) == []
+    settled_everything(flow, "work")
+    # b's and d's outputs carry the ids they had: the broker kept one of each.
+    *groups, _ = run_node(sink, None)
+    assert sorted(g["work"]["message"] for g in groups) == ["B", "C", "D", "E"]
+
+
+def test_members_given_up_on_are_given_up_on_alone_each_against_its_own_record(flows) -> None:  # type: ignore[no-untyped-def]
+    flow = flows({"cam": [], "work": ["cam"], "sink": ["work"]})
+    cam = flow.messenger("cam")
+    work = flow.messenger("work", delivery_policy=FAST_RETRIES)
+    flow.messenger("sink")
+    publish_pack(flow, [member("b", 1), member("poison", 2), b"\xc1garbage",
+                        member("poison", 4), member("e", 5)])
+    run_producer(cam, [])
+
+    def picky(got: dict[str, Any]) -> str:
+        if got["cam"]["message"] == "poison":
+            raise PoisonMessage("not this one")
+        return str(got["cam"]["message"])
+
+    *inputs, _ = run_node(work, picky)
+    assert [got["cam"]["message"] for got in inputs] == ["b", "e"]
+    # Two dead letters, one per member (their ids name the member), and one
+    # termination against the log for the bytes that are no envelope.
+    letters = [decode_dead_letter(record) for _, record in flow.broker.dead_letters(FLOW)]
+    assert [decode_envelope(letter.envelope)["seq"] for letter in letters] == [2, 4]
+    assert {letter.reason for letter in letters} == {"poison"}
+    assert work.take_drops()["undecodable"] == 1
+    (entry,) = work.terminal_entries()
+    assert entry["reason"].startswith("undecodable") and entry["record_ref"].endswith(".3")
+    settled_everything(flow, "work")
