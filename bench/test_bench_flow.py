@@ -34,9 +34,11 @@ and waits for their PubAcks, then ack_syncs the 64 inputs (gathered); the sink f
 
 ``flow_small_rate``: the same flow, BATCH, with SMALL_N (20,000) messages of 8 bytes
 (SMALL_BYTES: the index alone, as msgpack bytes; an IMU sample or an odometry tick is
-as small), all three sides. videoflow's streams keep their backlog bound (10,000, the
-producer held back at it); the peer's, which hold nothing back, are as deep as the
-run, as dora's queues are. Rate: at the sink, first to last message.
+as small), all three sides. videoflow's producer packs them (Node's pack: several to
+a broker message, its processor's outputs one each), as an IMU's user would; the peer
+and dora send one per message. videoflow's streams keep their backlog bound (10,000
+messages, the producer held back at it); the peer's, which hold nothing back, are as
+deep as the run, as dora's queues are. Rate: at the sink, first to last message.
 
 ``flow_linear_realtime``: the same flow, REALTIME, 4 x N messages from an unpaced
 producer. A REALTIME stream keeps only its newest message, so a stage slower than its
@@ -414,15 +416,17 @@ def videoflow_linear(url: str, out: Path, n: int, flow_type: str, *, processor: 
                      small: bool = False) -> dict[str, Any]:
     """numbers -> [transform ->] sink as a videoflow flow; checks what arrived. The
     producer waits for the file gate when one is named (Numbers), and sends 8-byte
-    messages when small.
+    messages when small, in packs when it is not paced (pack=True).
 
     Returns:
         the round's figures: sink, processor and producer rates (msg/s), the sink's
         count, superseded messages (REALTIME), the p50 latency per hop (latency=True).
     """
     readers = ["transform", "sink"] if processor else ["sink"]
+    # 8-byte messages as fast as they come are an IMU's: its producer packs them, as
+    # its user would (Node's pack); the others go one per broker message.
     numbers = Numbers(n, str(out), readers, rate=rate, gate=gate, small=small,
-                      name="numbers")
+                      pack=small and not rate, name="numbers")
     last = Transform(str(out), name="transform")(numbers) if processor else numbers
     sink = Sink(str(out), latency=latency, name="sink")(last)
     report = run_flow(url, Flow([numbers], [sink], flow_type, name=f"bench-{name}"),

@@ -2,18 +2,23 @@
 nats-py is read member by member, in order with the messages around it; a member that
 asks for a retry brings the whole pack again, handed back at once (not after its
 lease), and the broker keeps one copy of each output; once every member is settled,
-nothing of the pack is left on the durable. And `videoflow tap` shows each member."""
+nothing of the pack is left on the durable. And `videoflow tap` shows each member. A
+live producer's burst goes in packs (pack=True), every message arriving once and in
+order, and a pack whose receipt was lost is resolved for each member by re-publishing
+it whole."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
 import nats
 import pytest
 
+from videoflow.backends.messaging import Accepted, ChannelId, Envelope, PublicationUnknown
 from videoflow.broker import server as embedded
 from videoflow.core.compiler import NodeSpec
 from videoflow.core.constants import BATCH
@@ -31,9 +36,10 @@ ACK_WAIT = 600  # longer than the test may take: a pack comes again only if hand
 FAST_RETRIES = {"max_retries": 2, "backoff": {"base_ms": 20.0, "factor": 1.0, "max_ms": 20.0}}
 
 
-def messenger(url: str, node: str, parents: list[str], **options: Any) -> NATSMessenger:
-    return NATSMessenger(SimpleNamespace(name=node), parents, url, FLOW, BATCH, RUN,
-                         ack_wait=ACK_WAIT, eos_quiescence_ms=200, **options)
+def messenger(url: str, node: str, parents: list[str], pack: bool = False,
+              **options: Any) -> NATSMessenger:
+    return NATSMessenger(SimpleNamespace(name=node, pack=pack), parents, url, FLOW, BATCH,
+                         RUN, ack_wait=ACK_WAIT, eos_quiescence_ms=200, **options)
 
 
 def run(m: NATSMessenger, work: Any, out: list[Any]) -> None:
@@ -151,3 +157,63 @@ def test_tap_shows_each_member_of_a_pack_and_a_broken_pack_as_one_undecodable(
     assert [t.envelope["message"] if t.envelope else None for t in seen] == [
         "b", "c", "d", None, "e"]
     assert "malformed pack" in seen[3].error
+
+
+async def stored(url: str, node: str) -> int:
+    nc = await nats.connect(url)
+    try:
+        return (await nc.jetstream().stream_info(stream_name_for(FLOW, RUN, node))).state.messages
+    finally:
+        await nc.close()
+
+
+def test_a_packing_producers_burst_goes_in_packs_and_every_message_arrives_once_in_order(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    url = nats_server.url
+    specs = [NodeSpec("cam", "producer"), NodeSpec("sink", "consumer", parents=("cam",))]
+    provision_flow_sync(url, specs, FLOW, RUN, BATCH, ack_wait=ACK_WAIT, timeout=30)
+    n = 3000
+    cam = messenger(url, "cam", [], pack=True)
+    try:
+        for i in range(n):  # as fast as it can: what queues while the loop is busy packs
+            cam.publish_message(i.to_bytes(8, "little"))
+        cam.publish_stop_signal()
+    finally:
+        cam.close()
+    got: list[Any] = []
+    run(messenger(url, "sink", ["cam"]), None, got)
+    assert [int.from_bytes(g["cam"]["message"], "little") for g in got] == list(range(n))
+    # Fewer broker messages than outputs: packs carried them (and the end marker has
+    # its own subject and stream sequence in it).
+    assert asyncio.run(stored(url, "cam")) < n
+
+
+def test_a_packs_unknown_outcome_is_resolved_for_each_member_by_re_publishing_the_pack(
+    nats_server: embedded.EmbeddedServer, freeze: Any,
+) -> None:
+    url = nats_server.url
+    specs = [NodeSpec("cam", "producer"), NodeSpec("sink", "consumer", parents=("cam",))]
+    provision_flow_sync(url, specs, FLOW, RUN, BATCH, ack_wait=ACK_WAIT, timeout=30)
+    cam = messenger(url, "cam", [])
+    try:
+        sent = [Envelope(ChannelId(FLOW, RUN, "cam"), "data",
+                         encode_envelope(i, trace_id=f"t{i}", seq=i + 1), f"cam-{i}",
+                         packable=True) for i in range(20)]
+        backend = cam.backend
+        with freeze(nats_server):  # the receipts are lost; the server stores it all later
+            deadline = time.monotonic() + 0.5
+            outcomes = [r.result(timeout=5) for r in
+                        [backend.publish_async(e, deadline) for e in sent]]
+        assert all(isinstance(o, PublicationUnknown) for o in outcomes), outcomes
+        observed = [backend.observe_publication(e) for e in sent]
+        # Each member's pack was already stored: re-published whole, a duplicate.
+        assert all(isinstance(o, Accepted) and o.duplicate for o in observed), observed
+        packs = asyncio.run(stored(url, "cam"))
+        assert packs == len({o.stream_seq for o in observed if isinstance(o, Accepted)})
+        cam.publish_stop_signal()
+    finally:
+        cam.close()
+    got: list[Any] = []
+    run(messenger(url, "sink", ["cam"]), None, got)
+    assert [g["cam"]["message"] for g in got] == list(range(20))  # each once

@@ -185,3 +185,27 @@ def test_running_on_a_malformed_broker_url_raises_value_error_saying_what_is_wro
     flow = Flow([camera], [Sink()(camera)], name="malformed-url")
     with pytest.raises(ValueError, match=re.escape(said)):
         flow.run(nats_url=url, view=False)
+
+
+class Replayable(Camera):
+    replayable = True
+
+
+def test_pack_is_a_live_producers_in_a_batch_flow_and_refused_elsewhere() -> None:
+    # Its outputs' ids are minted once (a live producer's); a replayable one sends an
+    # output again under its id, one per message, and a REALTIME stream keeps its
+    # newest messages, an output each. A processor's outputs go one per message.
+    cam = Camera(name="cam", pack=True)
+    assert compile_flow(Flow([cam], [Sink()(cam)], BATCH)).nodes["cam"].pack
+    for build, said in [
+        (lambda: (lambda c: Flow([c], [Sink()(c)], REALTIME))(Camera(pack=True)),
+         "needs a BATCH flow"),
+        (lambda: (lambda c: Flow([c], [Sink()(c)], BATCH))(Replayable(pack=True)),
+         "a replayable one's"),
+        (lambda: (lambda c: Flow([c], [Sink()(Fusion(pack=True)(c))], BATCH))(Camera()),
+         "is a producer's; a processor's"),
+    ]:
+        with pytest.raises(ValueError, match=said):
+            compile_flow(build())
+    with pytest.raises(ValueError, match="pack must be True or False, got 'yes'"):
+        Camera(pack="yes")

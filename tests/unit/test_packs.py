@@ -12,7 +12,16 @@ from typing import Any
 import pytest
 from messenger_flows import FAST_RETRIES, FLOW, RUN, flows, run_node, run_producer
 
-from videoflow.backends.messaging import ChannelId, Envelope, Known, SubscriptionId
+from videoflow.backends.jetstream.publisher import PACK_BYTES, PACK_MEMBERS, pack_runs
+from videoflow.backends.messaging import (
+    Accepted,
+    ChannelId,
+    Envelope,
+    Known,
+    PublicationUnknown,
+    Receipt,
+    SubscriptionId,
+)
 from videoflow.core.policies import PoisonMessage
 from videoflow.errors import WireError
 from videoflow.messaging.dead_letters import decode_dead_letter
@@ -148,3 +157,43 @@ def test_members_given_up_on_are_given_up_on_alone_each_against_its_own_record(f
     (entry,) = work.terminal_entries()
     assert entry["reason"].startswith("undecodable") and entry["record_ref"].endswith(".3")
     settled_everything(flow, "work")
+
+
+def queued(name: str, n: int, *, subject: str = "vf.flow.run.cam", packable: bool = True,
+           size: int = 8) -> list[Any]:
+    return [(subject, Envelope(CAM, "data", bytes(size), f"{name}{i}", packable=packable),
+             100.0 + i, Receipt()) for i in range(n)]
+
+
+def test_packable_publications_queued_together_go_in_packs_by_subject_and_bound() -> None:
+    items = (queued("a", 3) + queued("x", 1, packable=False) + queued("b", 2)
+             + queued("c", 2, subject="vf.flow.run.other") + queued("d", PACK_MEMBERS + 1)
+             + queued("y", 1, packable=False) + queued("e", 3, size=PACK_BYTES // 2))
+    sent = pack_runs(items, lambda *_: None)
+    # a0-a2 | x0 alone | b0-b1 | c0-c1 (another subject) | d: 64, then the next one
+    # alone | y0 | e: two fill the bytes, the third alone
+    assert [envelope.msg_id for _, envelope, _, _ in sent] == [
+        "a0+3", "x0", "b0+2", "c0+2", f"d0+{PACK_MEMBERS}", f"d{PACK_MEMBERS}", "y0",
+        "e0+2", "e2"]
+    first = sent[0]
+    assert first[2] == 100.0  # the earliest deadline of its members
+    pack = decode_pack(first[1].data)
+    assert pack.members == [bytes(8)] * 3 and pack.pack_id == "a0+3"
+
+
+def test_a_packs_outcome_answers_each_member_and_an_unknown_one_is_remembered() -> None:
+    remembered: list[Any] = []
+    items = queued("a", 2) + queued("n", 1, packable=False) + queued("b", 3)
+    first, alone, second = pack_runs(
+        items, lambda pack, members: remembered.append((pack.msg_id, len(members))))
+    assert alone is items[2]  # sent as it is, its own receipt
+    first[3].set_result(Accepted(7))
+    second[3].set_result(PublicationUnknown("lost"))
+    assert [r.result(0) for *_, r in items[:2]] == [Accepted(7)] * 2
+    assert all(isinstance(r.result(0), PublicationUnknown) for *_, r in items[3:])
+    assert remembered == [("b0+3", 3)]  # the pack whose members observe re-publishes
+
+
+def test_no_pack_without_two_packable_neighbours() -> None:
+    alone = queued("a", 1) + queued("x", 1, packable=False) + queued("b", 1)
+    assert pack_runs(alone, lambda *_: None) == alone

@@ -277,6 +277,11 @@ class Envelope:
             channel's (a sink writing a plain subject a stream captures: data is then
             the payload as its readers take it, not an envelope); None: the channel's.
         headers: further headers to send with it (an external publication's), or None.
+        packable: it may travel in one broker message with the packable data
+            envelopes published next to it on its subject (a pack:
+            videoflow.wire.packs), which its publisher allows only where no id is
+            ever minted again for a retry of the output (a live producer's). An
+            adapter may send it alone; its receipt is the pack's outcome.
     """
 
     channel: ChannelId
@@ -286,6 +291,7 @@ class Envelope:
     traceparent: str | None = None
     subject: str | None = None
     headers: Mapping[str, str] | None = None
+    packable: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.channel, ChannelId):
@@ -311,13 +317,14 @@ class Envelope:
         return len(self.data)
 
 
-def trusted_envelope(channel: ChannelId, data: bytes, msg_id: str, traceparent: str | None
-                     ) -> Envelope:
+def trusted_envelope(channel: ChannelId, data: bytes, msg_id: str, traceparent: str | None,
+                     packable: bool = False) -> Envelope:
     """A data Envelope for the channel's own subject, unchecked: for a messenger that
     encoded data (bytes) and made msg_id (non-empty text) and traceparent itself.
 
     Returns:
-        what Envelope(channel, 'data', data, msg_id, traceparent) would be.
+        what Envelope(channel, 'data', data, msg_id, traceparent, packable=packable)
+        would be.
     """
     envelope = _new(Envelope)
     _set(envelope, "channel", channel)
@@ -327,6 +334,7 @@ def trusted_envelope(channel: ChannelId, data: bytes, msg_id: str, traceparent: 
     _set(envelope, "traceparent", traceparent)
     _set(envelope, "subject", None)
     _set(envelope, "headers", None)
+    _set(envelope, "packable", packable)
     return envelope
 
 

@@ -313,8 +313,8 @@ def compile_flow(flow: Any, max_retries: int = 3, ledger_budget: bool = False) -
     Raises:
         ValueError: a cycle, a node reached from the consumers that is not wired to
             the flow's producers, a producer no consumer reads, two nodes with one
-            name, a policy the node cannot have, a class a worker cannot import --
-            each naming the node.
+            name, a policy the node cannot have, a class a worker cannot import, pack
+            on a node that cannot pack -- each naming the node.
         MissingDependency: a codec a node's outputs are to be encoded with whose
             library is not installed, naming the extra.
     """
@@ -359,6 +359,8 @@ def compile_flow(flow: Any, max_retries: int = 3, ledger_budget: bool = False) -
             blob_reader_ids=reader_ids if node.kind != CONSUMER else None)
         if node.kind == CONSUMER and not spec.parents:
             raise ValueError(f"{where}: a consumer needs at least one parent")
+        if getattr(node, "pack", False):
+            _check_pack(where, node, flow.flow_type)
         if spec.publishes and not readers:
             raise ValueError(f"{where}: nothing reads its output; end the branch with a "
                              "consumer")
@@ -369,6 +371,25 @@ def compile_flow(flow: Any, max_retries: int = 3, ledger_budget: bool = False) -
         nodes[name] = node
     profile = "reliable_work" if flow.flow_type == BATCH else "live_latest"
     return CompiledFlow(flow.flow_id, flow.flow_type, tuple(specs), nodes, profile)
+
+
+def _check_pack(where: str, node: Any, flow_type: str) -> None:
+    """pack=True is a live producer's, in a BATCH flow (Node's pack).
+
+    Raises:
+        ValueError: anywhere else, saying why.
+    """
+    from videoflow.core.constants import BATCH
+
+    if node.kind != PRODUCER:
+        raise ValueError(f"{where}: pack=True is a producer's; a {node.kind}'s outputs "
+                         "go one per message")
+    if getattr(node, "replayable", False):
+        raise ValueError(f"{where}: pack=True is a live producer's; a replayable one's "
+                         "outputs are sent again under their ids, one per message")
+    if flow_type != BATCH:
+        raise ValueError(f"{where}: pack=True needs a BATCH flow; a REALTIME stream keeps "
+                         "its newest messages, one output each")
 
 
 def _topological(producers: Sequence[Any], consumers: Sequence[Any]) -> list[Any]:

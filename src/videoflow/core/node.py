@@ -47,6 +47,14 @@ class Node:
             ({"name": "jpeg", "quality": 80}), or a list of those, the first that takes
             an array encoding it; 'raw' for none. None takes the flow's (Flow's
             codec). Readers get the decoded arrays, whatever the payload store.
+        pack: a producer's small outputs (up to 16 KiB) made faster than they go out
+            travel several to a broker message (a pack: docs/WIRE.md), whose cost is
+            the broker's per message. Its readers still get each as an input of its
+            own, but take and acknowledge them a pack at a time: an input of a pack
+            retried, or in hand when its reader died, brings the pack's others back
+            too, and one replica takes a whole pack. For high-rate sensors (an IMU,
+            odometry) read by fast nodes. A live producer of a BATCH flow only
+            (compile_flow refuses it elsewhere).
 
     Attributes:
         parents: the nodes this one reads, set by calling it; empty for a producer.
@@ -54,7 +62,7 @@ class Node:
             it outside a run raises NodeNotRunning.
 
     Raises:
-        ValueError: a bad nb_tasks, name, policy or codec, naming the node.
+        ValueError: a bad nb_tasks, name, policy, codec or pack, naming the node.
         MissingDependency: a codec whose library is not installed, naming the extra.
     """
 
@@ -69,6 +77,7 @@ class Node:
         join_policy: JoinPolicy | Mapping[str, Any] | None = None,
         delivery: DeliveryPolicy | Mapping[str, Any] | None = None,
         codec: Any = None,
+        pack: bool = False,
     ) -> None:
         if name is not None and (not isinstance(name, str) or not name.strip()):
             raise ValueError(f"a node's name must be a non-empty str, got {name!r}")
@@ -82,6 +91,9 @@ class Node:
         self.delivery = _policy(where, "delivery", delivery, DeliveryPolicy)
         self.codec: tuple[CodecChoice, ...] | None = (
             None if codec is None else parse_codecs(codec, f"{where}: codec"))
+        if not isinstance(pack, bool):
+            raise ValueError(f"{where}: pack must be True or False, got {pack!r}")
+        self.pack = pack
         self.flow_codec: tuple[CodecChoice, ...] = ()
         """The flow's codecs, set when the flow is compiled: this node's unless it
         names its own."""

@@ -53,6 +53,11 @@ _Header = tuple[str, int, "dict[str, Any] | None", "float | None", Any]
 """An output's own envelope fields, in OutputEncoder.encode's order: trace_id, seq,
 metadata, event_ts, partition_key."""
 
+PACK_MEMBER_BYTES: Final = 16 * 1024
+"""The largest output a live producer with pack=True lets travel in a pack
+(Envelope.packable): small messages, whose cost is the broker's per message, not per
+byte."""
+
 OFFSET_COMMIT_SECONDS: Final = 0.1
 """How often a replayable producer records its last confirmed source offset while its
 outputs stream (MSGID-6)."""
@@ -97,6 +102,10 @@ class Outputs:
             obligations each put acquires (see NATSMessenger).
         tracing: the node replica's tracing (each output's traceparent and publish
             span); None: headers only, whatever tracer is configured.
+        codecs: the codecs its outputs' arrays are encoded with.
+        packs: a live producer's small outputs may travel in packs (Node's pack):
+            Envelope.packable, in a BATCH run, for outputs without a partition key
+            or a checkpoint, of at most PACK_MEMBER_BYTES.
 
     Attributes:
         group_outputs: outputs published for the input group in hand; the messenger
@@ -118,9 +127,10 @@ class Outputs:
                  payload_store: PayloadStore | None,
                  blob_reader_ids: tuple[str, ...],
                  tracing: NodeTracing | None = None,
-                 codecs: tuple[CodecChoice, ...] = ()) -> None:
+                 codecs: tuple[CodecChoice, ...] = (), packs: bool = False) -> None:
         self.node_name, self.channel, self.flow_type = node_name, channel, flow_type
         self.codecs = codecs
+        self.packs = packs and flow_type == BATCH and not replayable
         self.replica_id, self.nb_tasks = replica_id, nb_tasks
         self.backend, self.runtime, self.payloads = backend, runtime, payloads
         self.deliveries, self.window, self.stats = deliveries, window, stats
@@ -248,7 +258,12 @@ class Outputs:
                     message if blob is None else msgspec.Raw(bytes(blob)), *header)
                 size = len(data)
                 if not self.payloads.offloads or size <= self.inline_threshold():
-                    self.window.send(trusted_envelope(self.channel, data, msg_id, traceparent),
+                    # A live producer's small outputs may go in packs (pack=True): each
+                    # id is minted once, so no retry of an output needs a message alone.
+                    packable = (self.packs and group is None and partition_key is None
+                                and pending_state is None and size <= PACK_MEMBER_BYTES)
+                    self.window.send(trusted_envelope(self.channel, data, msg_id, traceparent,
+                                                      packable),
                                      self.flow_type, on_accepted=on_accepted)
                 else:
                     if blob is None:

@@ -347,7 +347,8 @@ class NATSMessenger(Messenger):
             self.runtime, self.payloads, self.deliveries, self.window,
             self.publication_stats_counter, ack_wait, replayable=replayable,
             payload_store=payload_store, blob_reader_ids=self.blob_reader_ids,
-            tracing=self.tracing, codecs=tuple(getattr(node, "codecs", ())))
+            tracing=self.tracing, codecs=tuple(getattr(node, "codecs", ())),
+            packs=bool(getattr(node, "pack", False)))
         self._flushed = False
         # Called between waits for input (the task's progress report): a node waiting
         # on its parents still says what it has done, not what it had at its last input.

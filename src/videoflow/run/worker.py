@@ -167,7 +167,8 @@ def run_replica(job: ReplicaJob, node: Node, *,
                                                    flow_type=job.flow_type)
             stack.callback(payload_store.close)
         messenger = NATSMessenger(
-            SimpleNamespace(name=spec.name, codecs=node.codecs), list(spec.parents),
+            SimpleNamespace(name=spec.name, codecs=node.codecs, pack=node.pack),
+            list(spec.parents),
             job.nats_url, job.flow_id, job.flow_type, job.run_id,
             replica_id=job.replica_id, ack_wait=job.ack_wait,
             max_retries=job.max_retries, eos_quiescence_ms=job.eos_quiescence_ms,

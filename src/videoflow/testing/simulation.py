@@ -425,7 +425,8 @@ class _Run:
                       else _copy(spec.name, self.compiled.nodes[spec.name]))
         slot: list[_Replica] = []
         messenger = _SimMessenger(
-            SimpleNamespace(name=spec.name, codecs=getattr(node, "codecs", ())),
+            SimpleNamespace(name=spec.name, codecs=getattr(node, "codecs", ()),
+                            pack=getattr(node, "pack", False)),
             list(spec.parents), "memory://simulation",
             self.compiled.flow_id, self.compiled.flow_type, RUN_ID, replica_id=replica,
             ack_wait=self.ack_wait, max_retries=self.max_retries,

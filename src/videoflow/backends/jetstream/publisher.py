@@ -3,6 +3,15 @@ says which subject an envelope goes to, queues publications for the loop, sends 
 pipelined and resolves an unknown send by an idempotent re-publish (MSG-013,
 MSG-014).
 
+Packs: the packable envelopes (Envelope.packable: a live producer's small outputs)
+queued one after another for one subject while the loop was busy go out as one message
+(videoflow.wire.packs), up to PACK_MEMBERS or PACK_BYTES, and the pack's PubAck answers
+each. Nothing waits to be packed: one queued alone goes alone, so a paced producer's
+outputs go as they did, and a fast one's bursts go in packs. The broker's cost is per
+message: at 20,000 small messages/s it was 70 us of nats-server CPU per message, end to
+end, on the 2-core bench host. A pack's id is its first member's with ``+{count}``; an
+unknown outcome is resolved by re-publishing the pack whole, under that id.
+
 The wire side is jetstream.outcomes.
 """
 
@@ -12,7 +21,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from videoflow.backends.jetstream.connection import (
     BROKER_CALL_SECONDS,
@@ -37,17 +46,99 @@ from videoflow.backends.messaging import (
 from videoflow.backends.messaging_types import DUPLICATE_WINDOW_SECONDS
 from videoflow.broker.loop import Handoff
 from videoflow.core.naming import dlq_stream_name
+from videoflow.wire.packs import encode_pack
 
 logger = logging.getLogger(__name__)
 
 QueuedPublication = tuple[str, Envelope, float, Receipt[PublishOutcome]]
 """(subject, envelope, deadline, the caller's receipt)."""
 
+PACK_MEMBERS = 64
+"""The most envelopes one pack carries."""
+
+PACK_BYTES = 256 * 1024
+"""The most envelope bytes one pack carries (below any server's max_payload)."""
+
+PACKED_KEPT = 4096
+"""Members of packs whose outcome was unknown, remembered for observe_publication."""
+
 
 def resolve_publications(queued: Sequence[QueuedPublication], outcome: PublishOutcome) -> None:
     """Answer every queued publication with the one outcome."""
     for *_, receipt in queued:
         receipt.set_result(outcome)  # a receipt answered already keeps its answer
+
+
+class _PackReceipt(Receipt[PublishOutcome]):
+    """A pack's receipt: its answer is each member's (and an unknown one is
+    remembered, so each member's is resolved by re-publishing the pack)."""
+
+    __slots__ = ("envelope", "members", "unknown")
+
+    def __init__(self, envelope: Envelope, members: list[QueuedPublication],
+                 unknown: Callable[[Envelope, list[QueuedPublication]], None]) -> None:
+        super().__init__()
+        self.envelope, self.members, self.unknown = envelope, members, unknown
+
+    def set_result(self, answer: PublishOutcome) -> None:
+        if self.done():
+            return
+        super().set_result(answer)
+        if isinstance(answer, PublicationUnknown):
+            self.unknown(self.envelope, self.members)
+        resolve_publications(self.members, answer)
+
+
+def pack_runs(queued: list[QueuedPublication],
+              unknown: Callable[[Envelope, list[QueuedPublication]], None]
+              ) -> list[QueuedPublication]:
+    """queued, each run of packable envelopes for one subject made one pack of at most
+    PACK_MEMBERS envelopes and PACK_BYTES (see the module); the rest as they are, in
+    order.
+
+    Arguments:
+        queued: publications, in the order they were made.
+        unknown: called with a pack and its members when the pack's outcome is
+            PublicationUnknown (before the members are answered).
+
+    Returns:
+        the publications to send: a pack's receipt answers each of its members'.
+    """
+    out: list[QueuedPublication] = []
+    run: list[QueuedPublication] = []
+    size = 0
+    for item in queued:
+        subject, envelope = item[0], item[1]
+        if not envelope.packable:
+            if run:
+                out.append(_pack(run, unknown))
+                run = []
+            out.append(item)
+            continue
+        if run and (run[0][0] != subject or len(run) == PACK_MEMBERS
+                    or size + len(envelope.data) > PACK_BYTES):
+            out.append(_pack(run, unknown))
+            run = []
+        if not run:
+            size = 0
+        run.append(item)
+        size += len(envelope.data)
+    if run:
+        out.append(_pack(run, unknown))
+    return out
+
+
+def _pack(run: list[QueuedPublication],
+          unknown: Callable[[Envelope, list[QueuedPublication]], None]) -> QueuedPublication:
+    """One publication for run: itself when alone, else one pack of it."""
+    if len(run) == 1:
+        return run[0]
+    subject, first = run[0][0], run[0][1]
+    envelopes = [item[1] for item in run]
+    pack_id = f"{first.msg_id}+{len(run)}"
+    pack = Envelope(first.channel, "data", encode_pack(
+        pack_id, [e.data for e in envelopes], [e.traceparent for e in envelopes]), pack_id)
+    return subject, pack, min(item[2] for item in run), _PackReceipt(pack, run, unknown)
 
 
 class Publisher:
@@ -68,6 +159,8 @@ class Publisher:
         self.connection = connection
         self.ledger = PublicationLedger()
         self._subjects: dict[tuple[ChannelId, str], str] = {}
+        # (channel, msg_id) of a member of a pack whose outcome was unknown -> the pack
+        self._packed: dict[tuple[ChannelId, str | None], Envelope] = {}
         self._queued: Handoff[QueuedPublication] = Handoff(
             connection.wake, self._drain,
             lambda queued, reason: resolve_publications(
@@ -119,6 +212,8 @@ class Publisher:
         self.connection.spawn(self._publish_batch(queued))
 
     async def _publish_batch(self, queued: list[QueuedPublication]) -> None:
+        if len(queued) > 1:
+            queued = pack_runs(queued, self._remember)
         connection = self.connection
         client, replies, send_lock = connection.client, connection.replies, connection.send_lock
         if client is None or replies is None or send_lock is None:
@@ -142,6 +237,15 @@ class Publisher:
             resolve_publications(queued, PublicationUnknown(f"the publication failed: "
                                                              f"{error!r}"))
 
+    def _remember(self, pack: Envelope, members: list[QueuedPublication]) -> None:
+        """Members of a pack whose outcome is unknown: observe_publication of one
+        re-publishes the pack."""
+        packed = self._packed
+        for _, envelope, _, _ in members:
+            packed[(envelope.channel, envelope.msg_id)] = pack
+        while len(packed) > PACKED_KEPT:
+            del packed[next(iter(packed))]
+
     @staticmethod
     def _stream_of(envelope: Envelope) -> str:
         """The stream that captures envelope: its channel's, or the flow's DLQ."""
@@ -158,6 +262,8 @@ class Publisher:
         if connection.js is None or not connection.connected:
             # The earlier send may have been stored: still unknown, never a refusal.
             return PublicationUnknown(connection.not_connected())
+        # A member of a pack is resolved with its pack: one accepted copy of that.
+        envelope = self._packed.pop((envelope.channel, envelope.msg_id), envelope)
         subject = self.subject_for(envelope.channel, envelope.kind)
         try:
             outcome: PublishOutcome = connection.call(
@@ -169,4 +275,5 @@ class Publisher:
         return outcome
 
 
-__all__ = ["Publisher", "QueuedPublication", "resolve_publications"]
+__all__ = ["PACK_BYTES", "PACK_MEMBERS", "Publisher", "QueuedPublication", "pack_runs",
+           "resolve_publications"]
