@@ -413,7 +413,9 @@ class Deliveries:
                 if isinstance(result, SettleUnknown):
                     self.unconfirmed_acks += 1
                 elif isinstance(result, SettleConfirmed):
-                    done.extend(h.blob_ref for h in handles if h.blob_ref is not None)
+                    for handle in handles:
+                        if handle.blob_ref is not None:
+                            done.append(handle.blob_ref)
         finally:
             if done:  # the payloads of every confirmed settlement, released together
                 self.payloads.read_done_many(done)

@@ -34,7 +34,7 @@ from videoflow.backends.messaging import (
     SubscriptionId,
 )
 from videoflow.errors import WireError
-from videoflow.wire.packs import decode_pack, is_pack
+from videoflow.wire.packs import PACK_PREFIX, decode_pack, is_pack
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,15 +97,19 @@ class Packs:
     def __init__(self) -> None:
         self._open: dict[tuple[SubscriptionId, int], _Open] = {}
 
-    def __len__(self) -> int:
-        return len(self._open)
+    def __bool__(self) -> bool:
+        """Whether members of some pack are out."""
+        return bool(self._open)
 
     def expand(self, got: list[tuple[SubscriptionId, Delivery]]
                ) -> list[tuple[SubscriptionId, Delivery]]:
         """What a receive returned, each pack replaced by its members in order. A pack
         that does not decode is left as it is: read as an envelope, it is undecodable.
         """
-        if not any(is_pack(delivery.data) for _, delivery in got):
+        for _, delivery in got:  # a loop, not any(): this runs on every receive
+            if delivery.data.startswith(PACK_PREFIX):
+                break
+        else:
             return got
         out: list[tuple[SubscriptionId, Delivery]] = []
         for sub, delivery in got:

@@ -161,6 +161,9 @@ class Publisher:
         self._subjects: dict[tuple[ChannelId, str], str] = {}
         # (channel, msg_id) of a member of a pack whose outcome was unknown -> the pack
         self._packed: dict[tuple[ChannelId, str | None], Envelope] = {}
+        # A packable envelope was queued since the last batch went out: only then is
+        # a batch looked through for packs (a flag may let one batch go unpacked).
+        self._packable = False
         self._queued: Handoff[QueuedPublication] = Handoff(
             connection.wake, self._drain,
             lambda queued, reason: resolve_publications(
@@ -187,6 +190,8 @@ class Publisher:
                                     retryable=connection.outage.given_up is None))
         receipt: Receipt[PublishOutcome] = Receipt(runner=connection.runner)
         subject = envelope.subject or self.subject_for(envelope.channel, envelope.kind)
+        if envelope.packable:
+            self._packable = True
         self._queued.put((subject, envelope, deadline, receipt))
         return receipt
 
@@ -212,8 +217,10 @@ class Publisher:
         self.connection.spawn(self._publish_batch(queued))
 
     async def _publish_batch(self, queued: list[QueuedPublication]) -> None:
-        if len(queued) > 1:
-            queued = pack_runs(queued, self._remember)
+        if self._packable:
+            self._packable = False
+            if len(queued) > 1:
+                queued = pack_runs(queued, self._remember)
         connection = self.connection
         client, replies, send_lock = connection.client, connection.replies, connection.send_lock
         if client is None or replies is None or send_lock is None:
