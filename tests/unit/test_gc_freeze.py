@@ -21,6 +21,14 @@ if sys.argv[1] == "thread":
     worker.start()
     worker.join()
     frozen = got[0]
+elif sys.argv[1] == "opened":  # set up, then a node's open() loads a model
+    freeze_setup()
+    before = gc.get_freeze_count()
+    model = [[k] for k in range(20_000)]
+    frozen = freeze_setup(young=True)
+    print(json.dumps({"frozen": frozen, "added": gc.get_freeze_count() - before,
+                      "walked": len(gc.get_objects())}))
+    sys.exit(0)
 else:
     frozen = freeze_setup()
 print(json.dumps({"frozen": frozen, "permanent": gc.get_freeze_count(),
@@ -47,3 +55,12 @@ def test_off_the_main_thread_nothing_is_frozen() -> None:
     got = _freeze("thread")
     assert got == {"frozen": False, "permanent": 0, "walked": got["walked"]}
     assert got["walked"] > 10_000
+
+
+def test_once_the_node_is_open_what_open_made_is_frozen_from_the_young_generations() -> None:
+    # The second call collects only the younger generations: what open() made is
+    # there, and the whole process is not walked again while the first inputs wait.
+    got = _freeze("opened")
+    assert got["frozen"] is True
+    assert got["added"] >= 20_000
+    assert got["walked"] < 1_000

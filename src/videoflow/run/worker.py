@@ -195,7 +195,7 @@ def run_replica(job: ReplicaJob, node: Node, *,
         freeze_setup()
 
         def opened() -> None:
-            freeze_setup()
+            freeze_setup(young=True)
             if before_start is not None:
                 before_start()
 
