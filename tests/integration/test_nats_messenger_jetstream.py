@@ -60,8 +60,10 @@ def publish_stamped(url: str, node: str, stamped: list[tuple[float, Any]]) -> No
 
 
 def node_loop(m: NATSMessenger, work: Callable[[dict[str, Any]], Any] | None,
-              out: list[Any]) -> None:
-    """The task loop of one node (see tests/unit/test_nats_messenger.py)."""
+              out: list[Any],
+              failing: tuple[type[Exception], ...] = (PoisonMessage,)) -> None:
+    """The task loop of one node (see tests/unit/test_nats_messenger.py): what work
+    raises of failing goes to the node's delivery policy."""
     try:
         while True:
             inputs = m.receive_message()
@@ -72,7 +74,7 @@ def node_loop(m: NATSMessenger, work: Callable[[dict[str, Any]], Any] | None,
                 return
             try:
                 result = None if work is None else work(inputs)
-            except PoisonMessage as error:
+            except failing as error:
                 m.fail_inputs(error)
                 continue
             if work is not None:

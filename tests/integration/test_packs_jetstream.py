@@ -17,6 +17,7 @@ from typing import Any
 
 import nats
 import pytest
+from test_nats_messenger_jetstream import node_loop
 
 from videoflow.backends.messaging import Accepted, ChannelId, Envelope, PublicationUnknown
 from videoflow.broker import server as embedded
@@ -40,28 +41,6 @@ def messenger(url: str, node: str, parents: list[str], pack: bool = False,
               **options: Any) -> NATSMessenger:
     return NATSMessenger(SimpleNamespace(name=node, pack=pack), parents, url, FLOW, BATCH,
                          RUN, ack_wait=ACK_WAIT, eos_quiescence_ms=200, **options)
-
-
-def run(m: NATSMessenger, work: Any, out: list[Any]) -> None:
-    """A node's task loop: every failure goes to its delivery policy."""
-    try:
-        while True:
-            inputs = m.receive_message()
-            if all(e is not None and e["is_stop_signal"] for e in inputs.values()):
-                if work is not None:
-                    m.publish_stop_signal()
-                return
-            try:
-                result = None if work is None else work(inputs)
-            except Exception as error:  # the task hands every failure to the policy
-                m.fail_inputs(error)
-                continue
-            if work is not None:
-                m.publish_message(result)
-            m.ack_inputs()
-            out.append(inputs if work is None else result)
-    finally:
-        m.close()
 
 
 async def publish_pack(url: str, subject: str, pack_id: str, members: list[bytes]) -> None:
@@ -112,10 +91,11 @@ def test_a_foreign_pack_is_read_member_by_member_and_a_retry_brings_it_whole_aga
 
     outputs: list[Any] = []
     got: list[Any] = []
-    threads = [threading.Thread(target=run, args=(
+    threads = [threading.Thread(target=node_loop, args=(
                    messenger(url, "work", ["cam"], delivery_policy=FAST_RETRIES),
-                   once_flaky, outputs)),
-               threading.Thread(target=run, args=(messenger(url, "sink", ["work"]), None, got))]
+                   once_flaky, outputs, (Exception,))),
+               threading.Thread(target=node_loop,
+                                args=(messenger(url, "sink", ["work"]), None, got))]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -182,7 +162,7 @@ def test_a_packing_producers_burst_goes_in_packs_and_every_message_arrives_once_
     finally:
         cam.close()
     got: list[Any] = []
-    run(messenger(url, "sink", ["cam"]), None, got)
+    node_loop(messenger(url, "sink", ["cam"]), None, got)
     assert [int.from_bytes(g["cam"]["message"], "little") for g in got] == list(range(n))
     # Fewer broker messages than outputs: packs carried them (and the end marker has
     # its own subject and stream sequence in it).
@@ -215,5 +195,5 @@ def test_a_packs_unknown_outcome_is_resolved_for_each_member_by_re_publishing_th
     finally:
         cam.close()
     got: list[Any] = []
-    run(messenger(url, "sink", ["cam"]), None, got)
+    node_loop(messenger(url, "sink", ["cam"]), None, got)
     assert [g["cam"]["message"] for g in got] == list(range(20))  # each once

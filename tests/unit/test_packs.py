@@ -197,3 +197,49 @@ def test_a_packs_outcome_answers_each_member_and_an_unknown_one_is_remembered() 
 def test_no_pack_without_two_packable_neighbours() -> None:
     alone = queued("a", 1) + queued("x", 1, packable=False) + queued("b", 1)
     assert pack_runs(alone, lambda *_: None) == alone
+
+
+def test_a_time_join_takes_an_imu_far_ahead_in_packs_beside_a_late_camera(flows) -> None:  # type: ignore[no-untyped-def]
+    # Inputs out of step: the IMU's 400 Hz samples come first, all of them, in packs of
+    # 20; camera 0 is on time and camera 1 comes after everything else. Each group
+    # still gets both frames of its instant and exactly the samples of its window, and
+    # every pack is settled once its samples were taken or let go.
+    flow = flows({"cam0": [], "cam1": [], "imu": [], "fuse": ["cam0", "cam1", "imu"],
+                  "sink": ["fuse"]})
+    policy = {"mode": "time", "tolerance_ms": 5.0, "timeout_ms": 60_000.0,
+              "missing": "drop", "collect": {"imu": 10.0}}
+    cams = {c: flow.messenger(c) for c in ("cam0", "cam1")}
+    fuse = flow.messenger("fuse", join_policy=policy, clock=lambda: 1000.0)
+    instants, rate = 30, 400
+
+    def frames(cam: str) -> None:
+        for k in range(instants):
+            cams[cam].set_output_event_timestamp(k / 30)
+            cams[cam].publish_message(k)
+        cams[cam].publish_stop_signal()
+
+    frames("cam0")
+    samples = [encode_envelope(i, trace_id=f"imu:{i}", seq=i + 1, event_ts=i / rate)
+               for i in range(instants * rate // 30)]
+    imu = ChannelId(FLOW, RUN, "imu")
+    for start in range(0, len(samples), 20):
+        pack = encode_pack(f"imu:{start}", samples[start:start + 20], [None] * 20)
+        assert type(flow.admin.publish(Envelope(imu, "data", pack, f"imu:{start}"),
+                                       10**9)).__name__ == "Accepted"
+    flow.admin.publish(Envelope(imu, "eos", encode_envelope(
+        None, trace_id="imu:end", seq=0, metadata={"replicas": 1}, is_stop_signal=True,
+        producer_name="imu"), "imu:eos:0"), 10**9)
+    frames("cam1")
+
+    def fused(got: dict[str, Any]) -> int:
+        k = got["cam0"]["message"]
+        assert got["cam1"]["message"] == k
+        window = got["imu"]["message"]
+        assert window and all(abs(i / rate - k / 30) <= 0.010 + 1e-9 for i in window), k
+        return k
+
+    *groups, _ = run_node(fuse, fused)
+    assert len(groups) == instants
+    assert fuse.take_drops()["join_evicted"] == 0
+    seen = flow.admin.observe_subscription(SubscriptionId("fuse", imu))
+    assert isinstance(seen, Known) and (seen.value.available, seen.value.leased) == (0, 0)

@@ -56,13 +56,7 @@ from videoflow.messaging.dead_letters import (
 )
 from videoflow.messaging.grouping import EndEntry
 from videoflow.messaging.messenger_payloads import MessengerPayloads
-from videoflow.messaging.packs import (
-    PackMemberToken,
-    Packs,
-    SettledPack,
-    delivery_key,
-    member_of,
-)
+from videoflow.messaging.packs import PackMemberToken, Packs, delivery_key, member_of
 from videoflow.messaging.tracing import settled
 from videoflow.wire.serialization import encode_envelope
 
@@ -325,9 +319,8 @@ class Deliveries:
                     self.runtime.clear_attempts(counted)
             token = handle.delivery.token
             if isinstance(token, PackMemberToken):
-                done = self.packs.settle(token, _COMPLETED, handle)
-                if done is not None and (retried := self._pack_settled(
-                        done, f"ack:{key}:{index}")) is not None:
+                retried = self._settle_member(token, _COMPLETED, f"ack:{key}:{index}", handle)
+                if retried is not None:
                     self._to_settle.append(retried)  # sent with the next settle_pending
                 continue
             self._unsent.append(([handle], (token, _COMPLETED, f"ack:{key}:{index}")))
@@ -541,23 +534,26 @@ class Deliveries:
             if not isinstance(token, PackMemberToken):
                 out.append((delivery, outcome))
                 continue
-            done = self.packs.settle(token, outcome)
-            if done is not None and (retried := self._pack_settled(
-                    done, f"{type(outcome).__name__}:{delivery.stream_seq}")) is not None:
+            retried = self._settle_member(
+                token, outcome, f"{type(outcome).__name__}:{delivery.stream_seq}")
+            if retried is not None:
                 out.append(retried)
         return out
 
-    def _pack_settled(self, done: SettledPack, name: str
-                      ) -> tuple[Delivery, SettleOutcome] | None:
-        """Settle a pack whose last member was just settled: Completed gathered with the
-        other acknowledgements, the completed members' handles with it (their payloads
-        let go once it is confirmed); a Retry returned for the caller to send (the
+    def _settle_member(self, token: PackMemberToken, outcome: SettleOutcome, name: str,
+                       handle: Held | None = None) -> tuple[Delivery, SettleOutcome] | None:
+        """Take one pack member's settlement (handle: a completed one's, whose payload
+        is let go with its pack's confirmed ack). Once it was the pack's last, the pack
+        is settled: Completed gathered with the other acknowledgements, the completed
+        members' handles with it; a Retry returned for the caller to send (the
         completed members come again with the pack)."""
+        done = self.packs.settle(token, outcome, handle)
+        if done is None:
+            return None
         if isinstance(done.outcome, Completed):
             if not self._unsent:
                 self._unsent_since = clock.monotonic()
-            handles: list[Held] = done.waiting  # type: ignore[assignment]
-            self._unsent.append((handles, (done.delivery.token, _COMPLETED, name)))
+            self._unsent.append((done.waiting, (done.delivery.token, _COMPLETED, name)))
             return None
         return done.delivery, done.outcome
 
@@ -567,8 +563,8 @@ class Deliveries:
         pack, whose message is settled with its last member. Confirmed: the member is
         done with here."""
         assert isinstance(token, PackMemberToken)
-        done = self.packs.settle(token, outcome)
-        if done is not None and (retried := self._pack_settled(done, name)) is not None:
+        retried = self._settle_member(token, outcome, name)
+        if retried is not None:
             self._to_settle.append(retried)
         return SettleConfirmed()
 

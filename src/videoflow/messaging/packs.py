@@ -24,6 +24,7 @@ the pack's message, and its backlog, prefetch and byte credit count messages.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from videoflow.backends.messaging import (
     Completed,
@@ -73,7 +74,7 @@ class _Open:
         self.left = members
         self.retry: Retry | None = None
         self.settled: set[int] = set()
-        self.waiting: list[object] = []  # the caller's handles of completed members
+        self.waiting: list[Any] = []  # the caller's handles of completed members
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +89,7 @@ class SettledPack:
 
     delivery: Delivery
     outcome: SettleOutcome
-    waiting: list[object]
+    waiting: list[Any]
 
 
 class Packs:
