@@ -416,18 +416,21 @@ def videoflow_linear(url: str, out: Path, n: int, flow_type: str, *, processor: 
                      small: bool = False) -> dict[str, Any]:
     """numbers -> [transform ->] sink as a videoflow flow; checks what arrived. The
     producer waits for the file gate when one is named (Numbers), and sends 8-byte
-    messages when small, in packs when it is not paced (pack=True).
+    messages when small, in packs when it is not paced (pack=True, the transform's too).
 
     Returns:
         the round's figures: sink, processor and producer rates (msg/s), the sink's
         count, superseded messages (REALTIME), the p50 latency per hop (latency=True).
     """
     readers = ["transform", "sink"] if processor else ["sink"]
-    # 8-byte messages as fast as they come are an IMU's: its producer packs them, as
-    # its user would (Node's pack); the others go one per broker message.
+    # 8-byte messages as fast as they come are an IMU's: its producer and the node
+    # after it pack them, as their user would (Node's pack); the others go one per
+    # broker message.
+    pack = small and not rate
     numbers = Numbers(n, str(out), readers, rate=rate, gate=gate, small=small,
-                      pack=small and not rate, name="numbers")
-    last = Transform(str(out), name="transform")(numbers) if processor else numbers
+                      pack=pack, name="numbers")
+    last = (Transform(str(out), name="transform", pack=pack)(numbers) if processor
+            else numbers)
     sink = Sink(str(out), latency=latency, name="sink")(last)
     report = run_flow(url, Flow([numbers], [sink], flow_type, name=f"bench-{name}"),
                       **(options or {}))

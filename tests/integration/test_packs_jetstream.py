@@ -5,7 +5,8 @@ lease), and the broker keeps one copy of each output; once every member is settl
 nothing of the pack is left on the durable. And `videoflow tap` shows each member. A
 live producer's burst goes in packs (pack=True), every message arriving once and in
 order, and a pack whose receipt was lost is resolved for each member by re-publishing
-it whole."""
+it whole. A packing processor after it sends each inbound pack's outputs as one pack:
+as many broker messages as it read, every message once and in order."""
 
 from __future__ import annotations
 
@@ -197,3 +198,29 @@ def test_a_packs_unknown_outcome_is_resolved_for_each_member_by_re_publishing_th
     got: list[Any] = []
     node_loop(messenger(url, "sink", ["cam"]), None, got)
     assert [g["cam"]["message"] for g in got] == list(range(20))  # each once
+
+
+def test_a_packing_processor_mirrors_its_inputs_packs_and_every_message_arrives_once(
+    nats_server: embedded.EmbeddedServer,
+) -> None:
+    url = nats_server.url
+    specs = [NodeSpec("cam", "producer"), NodeSpec("work", "processor", parents=("cam",)),
+             NodeSpec("sink", "consumer", parents=("work",))]
+    provision_flow_sync(url, specs, FLOW, RUN, BATCH, ack_wait=ACK_WAIT, timeout=30)
+    n = 3000
+    cam = messenger(url, "cam", [], pack=True)
+    try:
+        for i in range(n):
+            cam.publish_message(i.to_bytes(8, "little"))
+        cam.publish_stop_signal()
+    finally:
+        cam.close()
+    outputs: list[Any] = []
+    node_loop(messenger(url, "work", ["cam"], pack=True),
+              lambda inputs: inputs["cam"]["message"][::-1], outputs)
+    got: list[Any] = []
+    node_loop(messenger(url, "sink", ["work"]), None, got)
+    assert [int.from_bytes(g["work"]["message"], "big") for g in got] == list(range(n))
+    # The processor read cam's packs and wrote one pack for each: as many messages.
+    packs = asyncio.run(stored(url, "cam"))
+    assert packs < n and asyncio.run(stored(url, "work")) == packs

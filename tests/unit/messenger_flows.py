@@ -61,9 +61,11 @@ class Flow:
         made.start()
         return made
 
-    def messenger(self, node: str, **options: Any) -> NATSMessenger:
-        made = NATSMessenger(SimpleNamespace(name=node), self.edges[node], "nats://unused",
-                             FLOW, self.flow_type, RUN, backend=self.backend(), **options)
+    def messenger(self, node: str, pack: bool = False, **options: Any) -> NATSMessenger:
+        """node's messenger (pack: Node's pack) on a backend of its own."""
+        made = NATSMessenger(SimpleNamespace(name=node, pack=pack), self.edges[node],
+                             "nats://unused", FLOW, self.flow_type, RUN,
+                             backend=self.backend(), **options)
         self.made.append(made)
         return made
 

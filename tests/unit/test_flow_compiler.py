@@ -191,19 +191,27 @@ class Replayable(Camera):
     replayable = True
 
 
-def test_pack_is_a_live_producers_in_a_batch_flow_and_refused_elsewhere() -> None:
-    # Its outputs' ids are minted once (a live producer's); a replayable one sends an
-    # output again under its id, one per message, and a REALTIME stream keeps its
-    # newest messages, an output each. A processor's outputs go one per message.
+def test_pack_is_a_live_producers_or_a_one_parent_processors_in_a_batch_flow() -> None:
+    # A live producer mints each output's id once; a one-parent processor packs as its
+    # inputs came. A replayable producer sends an output again under its id, one per
+    # message; a REALTIME stream keeps its newest messages, an output each; a join's
+    # groups span its parents' packs; a consumer publishes nothing.
     cam = Camera(name="cam", pack=True)
     assert compile_flow(Flow([cam], [Sink()(cam)], BATCH)).nodes["cam"].pack
+    cam = Camera(name="cam", pack=True)
+    compiled = compile_flow(Flow([cam], [Sink()(Fusion(name="f", pack=True)(cam))], BATCH))
+    assert compiled.nodes["f"].pack
     for build, said in [
         (lambda: (lambda c: Flow([c], [Sink()(c)], REALTIME))(Camera(pack=True)),
          "needs a BATCH flow"),
+        (lambda: (lambda c: Flow([c], [Sink()(Fusion(pack=True)(c))], REALTIME))(Camera()),
+         "needs a BATCH flow"),
         (lambda: (lambda c: Flow([c], [Sink()(c)], BATCH))(Replayable(pack=True)),
          "a replayable one's"),
-        (lambda: (lambda c: Flow([c], [Sink()(Fusion(pack=True)(c))], BATCH))(Camera()),
-         "is a producer's; a processor's"),
+        (lambda: (lambda a, b: Flow([a, b], [Sink()(Fusion(pack=True)(a, b))], BATCH))(
+            Camera(name="a"), Camera(name="b")), "needs one parent, .* it has 2"),
+        (lambda: (lambda c: Flow([c], [Sink(pack=True)(c)], BATCH))(Camera()),
+         "a consumer publishes none"),
     ]:
         with pytest.raises(ValueError, match=said):
             compile_flow(build())

@@ -25,7 +25,7 @@ from videoflow.backends.messaging import (
 from videoflow.core.policies import PoisonMessage
 from videoflow.errors import WireError
 from videoflow.messaging.dead_letters import decode_dead_letter
-from videoflow.wire.packs import PACK_PREFIX, decode_pack, encode_pack, is_pack
+from videoflow.wire.packs import PACK_PREFIX, decode_pack, encode_pack, is_pack, pack_split
 from videoflow.wire.serialization import decode_envelope, encode_envelope
 
 __all__ = ["flows"]
@@ -192,6 +192,23 @@ def test_a_packs_outcome_answers_each_member_and_an_unknown_one_is_remembered() 
     assert [r.result(0) for *_, r in items[:2]] == [Accepted(7)] * 2
     assert all(isinstance(r.result(0), PublicationUnknown) for *_, r in items[3:])
     assert remembered == [("b0+3", 3)]  # the pack whose members observe re-publishes
+
+
+def test_a_writers_split_into_packs_depends_on_the_sizes_alone() -> None:
+    # A processor's outputs made again split the same way: the same packs, the same ids.
+    assert pack_split([]) == []
+    assert pack_split([8] * (2 * PACK_MEMBERS + 1)) == [PACK_MEMBERS, PACK_MEMBERS, 1]
+    half = PACK_BYTES // 2
+    assert pack_split([half, half, 1, PACK_BYTES + 1, 3]) == [2, 1, 1, 1]
+    sizes = [(i * 7919) % 20_000 for i in range(500)]
+    start = 0
+    for count in pack_split(sizes):  # every run within both bounds, and as long as they allow
+        run = sizes[start:start + count]
+        start += count
+        assert count <= PACK_MEMBERS and (sum(run) <= PACK_BYTES or count == 1)
+        if start < len(sizes):
+            assert count == PACK_MEMBERS or sum(run) + sizes[start] > PACK_BYTES
+    assert start == len(sizes)
 
 
 def test_no_pack_without_two_packable_neighbours() -> None:

@@ -21,11 +21,12 @@ others everywhere.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias
 
 from videoflow.observation import Known, Unknown
+from videoflow.wire.packs import encode_pack
 
 DUPLICATE_WINDOW_SECONDS: Final = 120.0
 """How long the broker remembers a Nats-Msg-Id for publish deduplication."""
@@ -336,6 +337,23 @@ def trusted_envelope(channel: ChannelId, data: bytes, msg_id: str, traceparent: 
     _set(envelope, "headers", None)
     _set(envelope, "packable", packable)
     return envelope
+
+
+def pack_envelope(envelopes: Sequence[Envelope]) -> Envelope:
+    """One envelope carrying envelopes, of one channel's data, as a pack
+    (videoflow.wire.packs), in order: its id is the first one's with ``+{count}``, so
+    the same outputs packed again carry the same id, and the broker's duplicate window
+    fences the pack as it fences each of them.
+
+    Raises:
+        ValueError: no envelopes.
+    """
+    if not envelopes:
+        raise ValueError("a pack has at least one member")
+    first = envelopes[0]
+    pack_id = f"{first.msg_id}+{len(envelopes)}"
+    return Envelope(first.channel, "data", encode_pack(
+        pack_id, [e.data for e in envelopes], [e.traceparent for e in envelopes]), pack_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -374,16 +374,20 @@ def compile_flow(flow: Any, max_retries: int = 3, ledger_budget: bool = False) -
 
 
 def _check_pack(where: str, node: Any, flow_type: str) -> None:
-    """pack=True is a live producer's, in a BATCH flow (Node's pack).
+    """pack=True is a live producer's, or a one-parent processor's, in a BATCH flow
+    (Node's pack).
 
     Raises:
         ValueError: anywhere else, saying why.
     """
     from videoflow.core.constants import BATCH
 
-    if node.kind != PRODUCER:
-        raise ValueError(f"{where}: pack=True is a producer's; a {node.kind}'s outputs "
-                         "go one per message")
+    if node.kind == CONSUMER:
+        raise ValueError(f"{where}: pack=True is for a node's outputs; a consumer "
+                         "publishes none")
+    if node.kind != PRODUCER and len(node.parents) != 1:
+        raise ValueError(f"{where}: pack=True on a processor needs one parent, whose "
+                         f"packs fix its own; it has {len(node.parents)}")
     if getattr(node, "replayable", False):
         raise ValueError(f"{where}: pack=True is a live producer's; a replayable one's "
                          "outputs are sent again under their ids, one per message")

@@ -47,14 +47,17 @@ class Node:
             ({"name": "jpeg", "quality": 80}), or a list of those, the first that takes
             an array encoding it; 'raw' for none. None takes the flow's (Flow's
             codec). Readers get the decoded arrays, whatever the payload store.
-        pack: a producer's small outputs (up to 16 KiB) made faster than they go out
-            travel several to a broker message (a pack: docs/WIRE.md), whose cost is
-            the broker's per message. Its readers still get each as an input of its
-            own, but take and acknowledge them a pack at a time: an input of a pack
-            retried, or in hand when its reader died, brings the pack's others back
-            too, and one replica takes a whole pack. For high-rate sensors (an IMU,
-            odometry) read by fast nodes. A live producer of a BATCH flow only
-            (compile_flow refuses it elsewhere).
+        pack: small outputs (up to 16 KiB) travel several to a broker message (a
+            pack: docs/WIRE.md), whose cost is the broker's per message. A producer's
+            made faster than they go out are packed; a processor's are packed as its
+            inputs came: the outputs of one inbound pack's members go as one pack, so
+            processing them again makes the same pack, fenced by the broker as each
+            output alone is. Readers still get each as an input of its own, but take
+            and acknowledge them a pack at a time: an input of a pack retried, or in
+            hand when its reader died, brings the pack's others back too, and one
+            replica takes a whole pack. For high-rate sensors (an IMU, odometry) read
+            by fast nodes. A live producer, or a processor with one parent, of a BATCH
+            flow only (compile_flow refuses it elsewhere).
 
     Attributes:
         parents: the nodes this one reads, set by calling it; empty for a producer.

@@ -413,11 +413,16 @@ class Deliveries:
             if done:  # the payloads of every confirmed settlement, released together
                 self.payloads.read_done_many(done)
 
-    def fail(self, handles: Sequence[Held], exc: BaseException) -> None:
+    def fail(self, handles: Sequence[Held], exc: BaseException) -> bool:
         """Execute the delivery policy's verdict for exc on every handle of one group:
         retry after the backoff, hand back without counting (worker-fatal),
         dead-letter then terminate (poison, or the retry budget spent), or terminate
-        against the terminal log and count it (best effort)."""
+        against the terminal log and count it (best effort).
+
+        Returns:
+            whether any handle comes again (retried or handed back).
+        """
+        again = False
         if self._settle_spans and handles:  # an acknowledged group whose output failed
             settled(self._settle_spans.pop(handles[-1].delivery.token, None), "failed")
         for handle in handles:
@@ -426,14 +431,17 @@ class Deliveries:
             action = self.delivery_policy.action_for(exc, self._attempts(handle, exc))
             if action.kind == "retry":
                 self.settle_later(delivery, Retry(action.delay))
+                again = True
             elif action.kind == "nak_uncounted":
                 self.settle_later(delivery, Retry(0.0))
+                again = True
             elif action.kind == "dead_letter":
                 self.dead_letter(handle, exc, action.reason)
             else:  # drop
                 self.drops["exhausted"] += 1
                 self.terminate(handle.parent, delivery, action.reason or "dropped")
         self.settle_pending()
+        return again
 
     def _attempts(self, handle: Held, exc: BaseException) -> int:
         """The attempt number the delivery policy judges: the broker's delivery count,

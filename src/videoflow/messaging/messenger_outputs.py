@@ -54,9 +54,8 @@ _Header = tuple[str, int, "dict[str, Any] | None", "float | None", Any]
 metadata, event_ts, partition_key."""
 
 PACK_MEMBER_BYTES: Final = 16 * 1024
-"""The largest output a live producer with pack=True lets travel in a pack
-(Envelope.packable): small messages, whose cost is the broker's per message, not per
-byte."""
+"""The largest output a node with pack=True lets travel in a pack: small messages,
+whose cost is the broker's per message, not per byte."""
 
 OFFSET_COMMIT_SECONDS: Final = 0.1
 """How often a replayable producer records its last confirmed source offset while its
@@ -103,9 +102,10 @@ class Outputs:
         tracing: the node replica's tracing (each output's traceparent and publish
             span); None: headers only, whatever tracer is configured.
         codecs: the codecs its outputs' arrays are encoded with.
-        packs: a live producer's small outputs may travel in packs (Node's pack):
-            Envelope.packable, in a BATCH run, for outputs without a partition key
-            or a checkpoint, of at most PACK_MEMBER_BYTES.
+        packs: small outputs may travel in packs (Node's pack), in a BATCH run, for
+            outputs without a partition key or a checkpoint, of at most
+            PACK_MEMBER_BYTES: a live producer's as Envelope.packable, a processor's
+            as PublishWindow.send's packable.
 
     Attributes:
         group_outputs: outputs published for the input group in hand; the messenger
@@ -258,13 +258,16 @@ class Outputs:
                     message if blob is None else msgspec.Raw(bytes(blob)), *header)
                 size = len(data)
                 if not self.payloads.offloads or size <= self.inline_threshold():
-                    # A live producer's small outputs may go in packs (pack=True): each
-                    # id is minted once, so no retry of an output needs a message alone.
-                    packable = (self.packs and group is None and partition_key is None
+                    # Small outputs may go in packs (pack=True). A live producer's go
+                    # in whatever packs its publisher makes: each id is minted once, so
+                    # no retry of an output needs a message alone. A processor's go in
+                    # the packs its inputs' pack fixes (PublishWindow), made again alike.
+                    packable = (self.packs and partition_key is None
                                 and pending_state is None and size <= PACK_MEMBER_BYTES)
                     self.window.send(trusted_envelope(self.channel, data, msg_id, traceparent,
-                                                      packable),
-                                     self.flow_type, on_accepted=on_accepted)
+                                                      packable and group is None),
+                                     self.flow_type, on_accepted=on_accepted,
+                                     packable=packable and group is not None)
                 else:
                     if blob is None:
                         blob = self._encode(message)

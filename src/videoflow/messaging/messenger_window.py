@@ -28,6 +28,16 @@ were already in flight behind it.
 drain() waits for everything in flight, and the messenger calls it before whatever must
 not overtake an output: an end-of-stream or abort marker, a checkpoint's commit
 (RUN-022), quiesce's hand-back (RUN-030) and the task's exit.
+
+Packs (a processor's pack=True): the small outputs (send's packable) of the members of
+one inbound pack (videoflow.messaging.packs) are held, not sent, until the messenger
+hands out an input of another pack, or none (pack_inputs, drain); then they go as packs
+(videoflow.wire.packs.pack_split) in one group with every member's inputs. What is
+packed is fixed by the inbound pack, not by timing: the same inputs processed again
+make the same packs under the same ids, which the broker's duplicate window drops as it
+drops outputs sent alone. A member whose failure brings the pack back (pack_retried)
+voids what is held: the pack is processed again whole. An output that may not be
+packed sends what is held first, so outputs keep their order.
 """
 
 from __future__ import annotations
@@ -48,6 +58,8 @@ from videoflow.backends.messaging import (
     Receipt,
     Rejected,
 )
+from videoflow.backends.messaging_types import pack_envelope
+from videoflow.core.constants import BATCH
 from videoflow.core.credit import WINDOW_GROUPS
 from videoflow.errors import VideoflowError
 from videoflow.messaging.messenger_deliveries import Deliveries, Held
@@ -57,6 +69,7 @@ from videoflow.messaging.publication import (
     due,
     publish_until_known,
 )
+from videoflow.wire.packs import pack_split
 
 WINDOW_BYTES: Final = 64 * 1024 * 1024
 """About the most envelope bytes one replica keeps in flight unconfirmed."""
@@ -92,6 +105,19 @@ class _Output:
     deadline: float  # monotonic: when the ladder stops trying
     on_accepted: OnAccepted | None
     on_refused: OnRefused | None
+    members: int = 1  # the outputs it carries (a pack's)
+
+
+@dataclass(slots=True)
+class _Packing:
+    """The members of one inbound pack handed out so far: their small outputs, held
+    (with each one's on_accepted), and their inputs to settle with them."""
+
+    key: object
+    held: list[tuple[Envelope, OnAccepted | None]]
+    handles: list[Held]
+    group_key: str = ""
+    voided: bool = False  # a member's failure brings the pack back: nothing held goes
 
 
 @dataclass(slots=True)
@@ -132,12 +158,13 @@ class PublishWindow:
         self._current: list[_Output] = []
         self._groups: deque[_Group] = deque()
         self._bytes = 0
+        self._packing: _Packing | None = None
 
     # ------------------------------------------------------------------ feeding
 
     def send(self, envelope: Envelope, flow_type: str, *,
              on_accepted: OnAccepted | None = None,
-             on_refused: OnRefused | None = None) -> None:
+             on_refused: OnRefused | None = None, packable: bool = False) -> None:
         """Start publishing one output of the group being processed.
 
         Arguments:
@@ -145,7 +172,17 @@ class PublishWindow:
             flow_type: REALTIME or BATCH: whether a full stream drops it or waits.
             on_accepted: called with its Accepted once it is stored (in order).
             on_refused: called if the broker definitely refused it.
+            packable: it may go in a pack with the outputs of the other members of
+                its inputs' pack (see the module): a small data output of the node's
+                channel, with nothing to do on a refusal.
         """
+        packing = self._packing
+        if packing is not None:
+            if packable:
+                if not packing.voided:  # else the pack comes again, and this with it
+                    packing.held.append((envelope, on_accepted))
+                return
+            self._send_held(packing)
         now = clock.monotonic()
         deadline = now + self.ack_wait
         receipt = self.backend.publish_async(envelope, min(deadline, now + ATTEMPT_SECONDS))
@@ -163,6 +200,12 @@ class PublishWindow:
             key: the group's identity, naming its settlements.
             abandoned: the node failed on the group (abandon_group).
         """
+        packing = self._packing
+        if packing is not None and not abandoned:  # settled with its pack's outputs
+            if not packing.handles:
+                packing.group_key = key
+            packing.handles.extend(handles)
+            return
         outputs, self._current = self._current, []
         # One output is the usual group (every producer's): no generator for it.
         size = (outputs[0].envelope.size if len(outputs) == 1
@@ -177,9 +220,65 @@ class PublishWindow:
     def abandon_group(self) -> None:
         """The group being processed failed in the node: what it already published
         still resolves (a redelivery deduplicates against it), with no inputs to
-        settle -- the delivery policy has them."""
-        if self._current:
+        settle -- the delivery policy has them. A member of a pack's go with the
+        pack's (pack_retried voids them)."""
+        if self._current and self._packing is None:
             self.close_group(abandoned=True)
+
+    # ------------------------------------------------------------------ packs
+
+    def pack_inputs(self, key: object | None) -> None:
+        """The group handed out next came in the inbound pack key (None: in none, or
+        no group is coming): the outputs held for another pack go now, as packs, with
+        its members' inputs; a key starts holding this pack's (see the module).
+
+        Arguments:
+            key: what names the inbound pack and its attempt, compared for equality.
+        """
+        packing = self._packing
+        if packing is not None:
+            if packing.key == key:
+                return
+            self._close_packing(packing)
+        if key is not None:
+            self._packing = _Packing(key, [], [])
+
+    def pack_retried(self) -> None:
+        """A member of the pack being held failed, and its pack comes again (a Retry):
+        what it and the other members hold is voided, never sent -- processed again
+        with the pack, it goes then, under the same ids."""
+        if self._packing is not None:
+            self._packing.voided = True
+            self._packing.held.clear()
+
+    def _close_packing(self, packing: _Packing) -> None:
+        self._packing = None
+        self._send_held(packing)
+        if packing.handles:
+            self.close_group(packing.handles, packing.group_key)
+        elif self._current:  # every member failed: what they sent still resolves
+            self.close_group(abandoned=True)
+
+    def _send_held(self, packing: _Packing) -> None:
+        """Send what packing holds, as packs in order (a run of one alone)."""
+        held, packing.held = packing.held, []
+        if not held:
+            return
+        now = clock.monotonic()
+        deadline = now + self.ack_wait
+        attempt = min(deadline, now + ATTEMPT_SECONDS)
+        start = 0
+        for count in pack_split([len(envelope.data) for envelope, _ in held]):
+            run = held[start:start + count]
+            start += count
+            if count == 1:
+                envelope, on_accepted = run[0]
+            else:
+                envelope = pack_envelope([member for member, _ in run])
+                on_accepted = _each([callback for _, callback in run])
+            receipt = self.backend.publish_async(envelope, attempt)
+            self._current.append(_Output(envelope, BATCH, receipt, deadline, on_accepted,
+                                         None, count))
 
     # ------------------------------------------------------------------ resolving
 
@@ -232,6 +331,8 @@ class PublishWindow:
         Raises:
             PublicationFailed: a producer's output was not published.
         """
+        if self._packing is not None:
+            self._close_packing(self._packing)
         if self._current:  # a group never closed: its inputs were not settled either
             self.close_group(abandoned=True)
         self.advance(wait=True)
@@ -284,7 +385,7 @@ class PublishWindow:
         except concurrent.futures.TimeoutError:
             first = PublicationUnknown("the backend did not answer before the deadline")
         if first.__class__ is Accepted:  # the usual case, kept short
-            self.stats.count_accepted(first)
+            self.stats.count_accepted(first, output.members)
             if output.on_accepted is not None:
                 output.on_accepted(first)
             return None
@@ -295,7 +396,7 @@ class PublishWindow:
                 self._ask_after_unknowns(output, siblings)
         published = publish_until_known(self.backend, output.envelope, output.flow_type,
                                         output.deadline, first=first)
-        self.stats.count(published)
+        self.stats.count(published, output.members)
         outcome = published.outcome
         if published.dropped:
             self.deliveries.drops["publish_discarded"] += 1
@@ -336,6 +437,18 @@ class PublishWindow:
             answers = list(pool.map(ask, unknown))
         for output, answer in zip(unknown, answers, strict=True):
             output.receipt = Receipt(answer)
+
+
+def _each(callbacks: list[OnAccepted | None]) -> OnAccepted | None:
+    """One on_accepted for a pack: each member's, with the pack's Accepted."""
+    called = [callback for callback in callbacks if callback is not None]
+    if not called:
+        return None
+
+    def accepted(outcome: Accepted) -> None:
+        for callback in called:
+            callback(outcome)
+    return accepted
 
 
 __all__ = ["REASK_WIDTH", "WINDOW_BYTES", "WINDOW_GROUPS", "PublicationFailed", "PublishWindow"]

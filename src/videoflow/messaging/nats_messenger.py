@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import ceil, isfinite
 from typing import Any, Final
@@ -112,6 +112,7 @@ from videoflow.messaging.messenger_join import Join
 from videoflow.messaging.messenger_outputs import Outputs, require_durable_ledger
 from videoflow.messaging.messenger_payloads import MessengerPayloads
 from videoflow.messaging.messenger_window import PublicationFailed, PublishWindow
+from videoflow.messaging.packs import PackMemberToken
 from videoflow.messaging.partitions import Partition
 from videoflow.messaging.publication import PublicationStats
 from videoflow.messaging.tracing import GroupTrace, NodeTracing, settled
@@ -165,6 +166,17 @@ class _Handle:
     delivery: Delivery
     blob_ref: str | None = None
     arrived: float = 0.0  # clock.monotonic() when it reached the assembler
+
+
+def _pack_of(handles: Sequence[_Handle]) -> tuple[object, ...] | None:
+    """The inbound pack a one-input group came in, as the attempt of its message
+    (subscription, stream_seq, attempt, generation); None for an input alone."""
+    if len(handles) != 1:
+        return None
+    token = handles[0].delivery.token
+    if not isinstance(token, PackMemberToken):
+        return None
+    return token.subscription, token.stream_seq, token.attempt, token.generation
 
 
 def _blob_ref(delivery: Delivery) -> str | None:
@@ -349,6 +361,8 @@ class NATSMessenger(Messenger):
             payload_store=payload_store, blob_reader_ids=self.blob_reader_ids,
             tracing=self.tracing, codecs=tuple(getattr(node, "codecs", ())),
             packs=bool(getattr(node, "pack", False)))
+        # A processor's small outputs go in the packs its inputs came in (PublishWindow).
+        self._packs_out = self.outputs.packs and len(self.parent_names) == 1
         self._flushed = False
         # Called between waits for input (the task's progress report): a node waiting
         # on its parents still says what it has done, not what it had at its last input.
@@ -738,6 +752,8 @@ class NATSMessenger(Messenger):
                 return {parent: end_entry(None) for parent in self.parent_names}
             group = self._next_group(join)
             if group is not None:
+                if self._packs_out:  # its outputs are held while its pack's members come
+                    self.window.pack_inputs(_pack_of(group.handles))
                 self._settle_ahead()
                 self._group = group
                 self.deliveries.hand_out(group.handles)
@@ -777,6 +793,8 @@ class NATSMessenger(Messenger):
         self.deliveries.settle_pending()
         if group is not None:
             return group
+        if self._packs_out:  # no more members of the pack being held: its outputs go
+            self.window.pack_inputs(None)
         # Asking the broker whether a parent is drained costs a round trip: only once
         # a receive came back empty -- while data arrives, it is not. Nor while outputs
         # are in flight: a refusal sends their inputs back to be retried, and a node
@@ -1009,7 +1027,8 @@ class NATSMessenger(Messenger):
             self.deliveries.hand_back()
             self._timed_group()
             settle = None if trace is None else self.tracing.end_group(trace, "nak")
-            self.deliveries.fail(group.handles, exc)
+            if self.deliveries.fail(group.handles, exc):
+                self.window.pack_retried()  # the pack comes again, its outputs with it
             settled(settle, "sent")
 
     def _timed_group(self) -> None:

@@ -163,13 +163,14 @@ class PublicationStats:
     def __init__(self) -> None:
         self._counts = dict.fromkeys(STAT_KEYS, 0)
 
-    def count(self, published: Published) -> None:
-        self._counts[published.stat] += 1
+    def count(self, published: Published, outputs: int = 1) -> None:
+        """Count one publication, carrying outputs (a pack's members)."""
+        self._counts[published.stat] += outputs
 
-    def count_accepted(self, accepted: Accepted) -> None:
+    def count_accepted(self, accepted: Accepted, outputs: int = 1) -> None:
         """count for a publication accepted at its first attempt, without building
         its Published (the usual case, once per output)."""
-        self._counts["duplicate" if accepted.duplicate else "accepted"] += 1
+        self._counts["duplicate" if accepted.duplicate else "accepted"] += outputs
 
     def as_dict(self) -> dict[str, int]:
         return dict(self._counts)

@@ -32,6 +32,13 @@ import msgspec
 from videoflow.errors import WireError
 
 PACK_TAG: Final = 4
+
+PACK_MEMBERS: Final = 64
+"""The most envelopes a videoflow writer puts in one pack."""
+
+PACK_BYTES: Final = 256 * 1024
+"""The most member bytes a videoflow writer puts in one pack (below any server's
+max_payload)."""
 PACK_PREFIX: Final = b"\x94\x04"
 """A pack's first two bytes: a msgpack fixarray of 4, then the positive fixint 4."""
 
@@ -78,6 +85,28 @@ def encode_pack(pack_id: str, members: Sequence[bytes],
     return _ENCODER.encode((PACK_TAG, pack_id, list(members), list(traceparents)))
 
 
+def pack_split(sizes: Sequence[int]) -> list[int]:
+    """How a writer splits envelopes of sizes, in order, into packs: each run as long as
+    PACK_MEMBERS and PACK_BYTES allow (a member larger than PACK_BYTES alone). The split
+    depends on the sizes only, so the same outputs made again split the same way and
+    their packs carry the same ids.
+
+    Returns:
+        each run's length, in order (a run of 1 goes as the envelope alone).
+    """
+    runs: list[int] = []
+    count = size = 0
+    for member in sizes:
+        if count and (count == PACK_MEMBERS or size + member > PACK_BYTES):
+            runs.append(count)
+            count = size = 0
+        count += 1
+        size += member
+    if count:
+        runs.append(count)
+    return runs
+
+
 def decode_pack(data: bytes | bytearray | memoryview) -> Pack:
     """A pack's parts.
 
@@ -97,4 +126,5 @@ def decode_pack(data: bytes | bytearray | memoryview) -> Pack:
     return Pack(pack_id, members, traceparents)
 
 
-__all__ = ["PACK_PREFIX", "PACK_TAG", "Pack", "decode_pack", "encode_pack", "is_pack"]
+__all__ = ["PACK_BYTES", "PACK_MEMBERS", "PACK_PREFIX", "PACK_TAG", "Pack", "decode_pack",
+           "encode_pack", "is_pack", "pack_split"]

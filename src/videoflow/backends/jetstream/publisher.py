@@ -43,21 +43,15 @@ from videoflow.backends.messaging import (
     Rejected,
     channel_subject,
 )
-from videoflow.backends.messaging_types import DUPLICATE_WINDOW_SECONDS
+from videoflow.backends.messaging_types import DUPLICATE_WINDOW_SECONDS, pack_envelope
 from videoflow.broker.loop import Handoff
 from videoflow.core.naming import dlq_stream_name
-from videoflow.wire.packs import encode_pack
+from videoflow.wire.packs import PACK_BYTES, PACK_MEMBERS
 
 logger = logging.getLogger(__name__)
 
 QueuedPublication = tuple[str, Envelope, float, Receipt[PublishOutcome]]
 """(subject, envelope, deadline, the caller's receipt)."""
-
-PACK_MEMBERS = 64
-"""The most envelopes one pack carries."""
-
-PACK_BYTES = 256 * 1024
-"""The most envelope bytes one pack carries (below any server's max_payload)."""
 
 PACKED_KEPT = 4096
 """Members of packs whose outcome was unknown, remembered for observe_publication."""
@@ -133,12 +127,8 @@ def _pack(run: list[QueuedPublication],
     """One publication for run: itself when alone, else one pack of it."""
     if len(run) == 1:
         return run[0]
-    subject, first = run[0][0], run[0][1]
-    envelopes = [item[1] for item in run]
-    pack_id = f"{first.msg_id}+{len(run)}"
-    pack = Envelope(first.channel, "data", encode_pack(
-        pack_id, [e.data for e in envelopes], [e.traceparent for e in envelopes]), pack_id)
-    return subject, pack, min(item[2] for item in run), _PackReceipt(pack, run, unknown)
+    pack = pack_envelope([item[1] for item in run])
+    return run[0][0], pack, min(item[2] for item in run), _PackReceipt(pack, run, unknown)
 
 
 class Publisher:
