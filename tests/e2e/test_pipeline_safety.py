@@ -217,23 +217,31 @@ def shrink_when_provisioned(monkeypatch: pytest.MonkeyPatch, node: str,
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("attempt", ATTEMPTS)
+@pytest.mark.parametrize("pack", [False, True], ids=["alone", "packs"])
 def test_a_processor_killed_with_unconfirmed_outputs_in_its_window_loses_nothing(
     nats_server: embedded.EmbeddedServer, out: Path, tmp_path: Path, attempt: int,
+    pack: bool,
 ) -> None:
     count = 2000
     died = tmp_path / "died"
-    numbers = Numbers(count)  # unpaced: the processor's window is busy when it dies
-    sink = Record(str(out))(DieMidWindow(500, str(died))(numbers))
+    # Unpaced: the processor's window is busy when it dies. With packs, the producer
+    # packs its bursts and the processor writes each inbound pack's outputs as one.
+    numbers = Numbers(count, pack=pack)
+    sink = Record(str(out))(DieMidWindow(500, str(died), pack=pack)(numbers))
     # ack_wait bounds how long the dead replica's leased inputs take to come back.
     report = Flow([numbers], [sink], BATCH, name="killproc").run(
         nats_server.url, view=False, ack_wait=3)
     # It died holding groups whose outputs were sent but not yet confirmed, so their
     # inputs were never acknowledged: the replacement processes them again.
-    assert marker(died)["in_flight"] >= 1
+    facts = marker(died)
+    assert facts["in_flight"] >= 1
+    if pack:  # it died with packs of outputs in flight
+        assert facts["packs"] >= 1, facts
     assert_restarted_once(report, "die_mid_window")
     seen = assert_applied_exactly(out, list(range(count)))
-    # The replacement's outputs for those groups carry the dead process's msg ids, so
-    # the broker keeps one copy: the sink, which never died, is handed each group once.
+    # The replacement's outputs for those groups carry the dead process's msg ids (its
+    # packs, the dead one's pack ids), so the broker keeps one copy: the sink, which
+    # never died, is handed each group once.
     assert_each_group_handed_once(seen)
     assert report.nodes["record"].processed == count
 

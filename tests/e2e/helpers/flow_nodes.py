@@ -276,8 +276,9 @@ class DieMidWindow(ProcessorNode):
     at the first input where its publication window holds unconfirmed groups -- with
     refused=True, groups an output of which the broker refused (a full stream) and the
     ladder has yet to send again -- so the death strands outputs in flight whose inputs
-    are not yet settled. The marker says how many groups were in flight and how many
-    of their outputs had been refused."""
+    are not yet settled. The marker says how many groups were in flight, how many
+    of their outputs had been refused, how many were packs (pack=True), and how many
+    outputs it held for the pack in hand."""
 
     def __init__(self, at: int, marker: str, refused: bool = False,
                  **options: Any) -> None:
@@ -289,7 +290,11 @@ class DieMidWindow(ProcessorNode):
             window = _messenger_of(self).window
             refused = _refused_in(window)
             if window.in_flight > 0 and (refused > 0 or not self.refused):
-                _die(self.marker, value=value, in_flight=window.in_flight, refused=refused)
+                packing = window._packing
+                _die(self.marker, value=value, in_flight=window.in_flight, refused=refused,
+                     packs=sum(output.members > 1 for group in window._groups
+                               for output in group.outputs),
+                     held=0 if packing is None else len(packing.held))
         return value
 
 
