@@ -34,9 +34,9 @@ and waits for their PubAcks, then ack_syncs the 64 inputs (gathered); the sink f
 
 ``flow_small_rate``: the same flow, BATCH, with SMALL_N (20,000) messages of 8 bytes
 (SMALL_BYTES: the index alone, as msgpack bytes; an IMU sample or an odometry tick is
-as small), all three sides. videoflow's producer packs them (Node's pack: several to
-a broker message, its processor's outputs one each), as an IMU's user would; the peer
-and dora send one per message. videoflow's streams keep their backlog bound (10,000
+as small), all three sides. videoflow's producer and processor pack them (Node's pack:
+several to a broker message; the processor's outputs of one inbound pack as one pack),
+as an IMU's user would; the peer and dora send one per message. videoflow's streams keep their backlog bound (10,000
 messages, the producer held back at it); the peer's, which hold nothing back, are as
 deep as the run, as dora's queues are. Rate: at the sink, first to last message.
 
