@@ -56,9 +56,12 @@ STRIKE_AT = COUNT * 3 // 20
 """The fault strikes once the sink has applied this many groups: mid-stream."""
 
 
-def run_linear(url: str | None, out: Path, name: str, **options: object) -> RunReport:
-    numbers = Numbers(COUNT)
-    sink = Record(str(out))(Scale(2, nb_tasks=2)(numbers))
+def run_linear(url: str | None, out: Path, name: str, pack: bool = False,
+               **options: object) -> RunReport:
+    """numbers -> scale (2 replicas) -> record; pack: numbers and scale write packs (two
+    replicas then share a stream of packs, a whole pack each)."""
+    numbers = Numbers(COUNT, pack=pack)
+    sink = Record(str(out))(Scale(2, nb_tasks=2, pack=pack)(numbers))
     return Flow([numbers], [sink], BATCH, name=name).run(url, view=False, **options)
 
 
@@ -71,11 +74,12 @@ def assert_whole(report: RunReport, out: Path) -> None:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("run", RUNS)
 @pytest.mark.parametrize("down", [3.0, 30.0] if LONG else [3.0])
+@pytest.mark.parametrize("pack", [False, True], ids=["alone", "packs"])
 def test_a_batch_flow_rides_out_a_broker_killed_and_restarted(
-    nats_server: embedded.EmbeddedServer, out: Path, down: float, run: int,
+    nats_server: embedded.EmbeddedServer, out: Path, down: float, run: int, pack: bool,
 ) -> None:
     with strike_when(out, STRIKE_AT, kill_and_restart(nats_server, down)) as fault:
-        report = run_linear(nats_server.url, out, "restarted")
+        report = run_linear(nats_server.url, out, "restarted", pack=pack)
     assert fault.error is None and fault.struck_at is not None
     assert fault.recovered_at is not None
     assert_whole(report, out)
@@ -270,11 +274,12 @@ def run_stream(cluster: Cluster, flow: str, node: str) -> str:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("run", RUNS)
 @pytest.mark.parametrize("victim", ["follower", "leader of numbers", "leader of scale",
-                                    "first in the URL list"])
+                                    "first in the URL list", "leader of scale, in packs"])
 def test_a_batch_flow_on_a_3_node_cluster_rides_out_a_node_killed(
     cluster: Cluster, out: Path, victim: str, run: int,
 ) -> None:
-    name = "cl" + "".join(word[0] for word in victim.split())
+    victim, packs = victim.removesuffix(", in packs"), victim.endswith(", in packs")
+    name = "cl" + "".join(word[0] for word in victim.split()) + ("p" if packs else "")
     pick: Callable[[], int]
     if victim == "follower":
         pick = follower_of(cluster, name, "numbers")
@@ -283,7 +288,7 @@ def test_a_batch_flow_on_a_3_node_cluster_rides_out_a_node_killed(
     else:
         pick = lambda: 0  # noqa: E731 - the URL list names node 0 first
     with strike_when(out, STRIKE_AT, kill_node(cluster, pick)) as fault:
-        report = run_linear(cluster.url, out, name, replicas=3)
+        report = run_linear(cluster.url, out, name, pack=packs, replicas=3)
     assert fault.error is None and fault.recovered_at is not None
     assert_whole(report, out)
 
