@@ -53,6 +53,13 @@ async def publish_pack(url: str, subject: str, pack_id: str, members: list[bytes
         await nc.close()
 
 
+def provision_linear(url: str) -> None:
+    """cam -> work -> sink."""
+    specs = [NodeSpec("cam", "producer"), NodeSpec("work", "processor", parents=("cam",)),
+             NodeSpec("sink", "consumer", parents=("work",))]
+    provision_flow_sync(url, specs, FLOW, RUN, BATCH, ack_wait=ACK_WAIT, timeout=30)
+
+
 async def left_on(url: str, stream: str, durable: str) -> tuple[int, int]:
     nc = await nats.connect(url)
     try:
@@ -66,9 +73,7 @@ def test_a_foreign_pack_is_read_member_by_member_and_a_retry_brings_it_whole_aga
     nats_server: embedded.EmbeddedServer,
 ) -> None:
     url = nats_server.url
-    specs = [NodeSpec("cam", "producer"), NodeSpec("work", "processor", parents=("cam",)),
-             NodeSpec("sink", "consumer", parents=("work",))]
-    provision_flow_sync(url, specs, FLOW, RUN, BATCH, ack_wait=ACK_WAIT, timeout=30)
+    provision_linear(url)
     cam = messenger(url, "cam", [])
     try:
         cam.publish_message("a")
@@ -204,9 +209,7 @@ def test_a_packing_processor_mirrors_its_inputs_packs_and_every_message_arrives_
     nats_server: embedded.EmbeddedServer,
 ) -> None:
     url = nats_server.url
-    specs = [NodeSpec("cam", "producer"), NodeSpec("work", "processor", parents=("cam",)),
-             NodeSpec("sink", "consumer", parents=("work",))]
-    provision_flow_sync(url, specs, FLOW, RUN, BATCH, ack_wait=ACK_WAIT, timeout=30)
+    provision_linear(url)
     n = 3000
     cam = messenger(url, "cam", [], pack=True)
     try:

@@ -7,6 +7,8 @@ makes the same pack under the same id, which the broker's duplicate window drops
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from messenger_flows import FAST_RETRIES, FLOW, RUN, Flow, flows, run_node, run_sink
@@ -27,15 +29,16 @@ def envelope(value: int) -> Envelope:
                                                  producer_name="cam"), f"cam:{value}")
 
 
-def publish_inputs(flow: Flow, alone_before: int, packed: list[int], alone_after: int) -> None:
-    """cam's stream: a message alone, one pack of packed, a message alone, its end."""
-    cam = flow.messenger("cam")
-    admin = flow.admin
+def packed_inputs(flows: Callable[..., Flow]) -> Flow:
+    """cam -> double -> sink, with cam's stream holding 10 alone, a pack of 1, 2 and 3,
+    4 alone, and its end."""
+    flow = flows({"cam": [], "double": ["cam"], "sink": ["double"]})
     deadline = time.monotonic() + 5
-    admin.publish(envelope(alone_before), deadline)
-    admin.publish(pack_envelope([envelope(v) for v in packed]), deadline)
-    admin.publish(envelope(alone_after), deadline)
-    cam.publish_stop_signal()
+    flow.admin.publish(envelope(10), deadline)
+    flow.admin.publish(pack_envelope([envelope(v) for v in (1, 2, 3)]), deadline)
+    flow.admin.publish(envelope(4), deadline)
+    flow.messenger("cam").publish_stop_signal()
+    return flow
 
 
 def stored(flow: Flow, node: str) -> int:
@@ -45,14 +48,18 @@ def stored(flow: Flow, node: str) -> int:
     return observed.value.last_seq
 
 
-def packing(flow: Flow, node: str, backend: Any = None, **options: Any) -> NATSMessenger:
-    if backend is None:
-        return flow.messenger(node, pack=True, **options)
-    from types import SimpleNamespace
+def packing(flow: Flow, node: str, held: bool = False,
+            **options: Any) -> tuple[NATSMessenger, HeldReceipts]:
+    """node's messenger, with pack=True, and its backend: held, its receipts wait for
+    release()."""
+    backend = HeldReceipts(flow.broker, flow_id=FLOW, run_id=RUN)
+    backend.start()
+    if not held:
+        backend.release()
     made = NATSMessenger(SimpleNamespace(name=node, pack=True), flow.edges[node],
                          "nats://unused", FLOW, flow.flow_type, RUN, backend=backend, **options)
     flow.made.append(made)
-    return made
+    return made, backend
 
 
 def sink_messages(flow: Flow) -> list[Any]:
@@ -63,11 +70,8 @@ def sink_messages(flow: Flow) -> list[Any]:
 def test_a_processor_sends_one_inbound_packs_outputs_as_one_pack_settled_with_its_members(
     flows,  # type: ignore[no-untyped-def]
 ) -> None:
-    flow = flows({"cam": [], "double": ["cam"], "sink": ["double"]})
-    publish_inputs(flow, 10, [1, 2, 3], 4)
-    backend = HeldReceipts(flow.broker, flow_id=FLOW, run_id=RUN)
-    backend.start()
-    double = packing(flow, "double", backend)
+    flow = packed_inputs(flows)
+    double, backend = packing(flow, "double", held=True)
 
     def step() -> int:
         value = double.receive_message()["cam"]["message"]
@@ -92,8 +96,7 @@ def test_a_processor_sends_one_inbound_packs_outputs_as_one_pack_settled_with_it
 def test_a_member_retried_voids_what_its_pack_held_and_the_pack_goes_once_processed_again(
     flows,  # type: ignore[no-untyped-def]
 ) -> None:
-    flow = flows({"cam": [], "double": ["cam"], "sink": ["double"]})
-    publish_inputs(flow, 10, [1, 2, 3], 4)
+    flow = packed_inputs(flows)
     processed: list[int] = []
 
     def once_flaky(inputs: dict[str, Any]) -> int:
@@ -103,7 +106,7 @@ def test_a_member_retried_voids_what_its_pack_held_and_the_pack_goes_once_proces
             raise ConnectionError("upstream service down")
         return value * 2
 
-    double = packing(flow, "double", delivery_policy=FAST_RETRIES)
+    double, _ = packing(flow, "double", delivery_policy=FAST_RETRIES)
     run_node(double, once_flaky)
     assert processed[:5] == [10, 1, 2, 3, 4]
     assert processed[5:] == [1, 2, 3]  # the pack came again whole, for 2
@@ -117,8 +120,7 @@ def test_a_member_retried_voids_what_its_pack_held_and_the_pack_goes_once_proces
 def test_a_member_given_up_on_leaves_the_others_outputs_to_go_in_the_pack(
     flows,  # type: ignore[no-untyped-def]
 ) -> None:
-    flow = flows({"cam": [], "double": ["cam"], "sink": ["double"]})
-    publish_inputs(flow, 10, [1, 2, 3], 4)
+    flow = packed_inputs(flows)
 
     def poisoned(inputs: dict[str, Any]) -> int:
         value = int(inputs["cam"]["message"])
@@ -126,7 +128,7 @@ def test_a_member_given_up_on_leaves_the_others_outputs_to_go_in_the_pack(
             raise ValueError("not a reading")  # retried to its budget, then dead-lettered
         return value * 2
 
-    double = packing(flow, "double", delivery_policy=FAST_RETRIES)
+    double, _ = packing(flow, "double", delivery_policy=FAST_RETRIES)
     run_node(double, poisoned)
     assert double.dead_lettered == 1
     assert sink_messages(flow) == [20, 2, 6, 8]
@@ -135,11 +137,8 @@ def test_a_member_given_up_on_leaves_the_others_outputs_to_go_in_the_pack(
 def test_a_pack_processed_again_after_a_crash_makes_the_same_pack_which_the_broker_drops(
     flows,  # type: ignore[no-untyped-def]
 ) -> None:
-    flow = flows({"cam": [], "double": ["cam"], "sink": ["double"]})
-    publish_inputs(flow, 10, [1, 2, 3], 4)
-    backend = HeldReceipts(flow.broker, flow_id=FLOW, run_id=RUN)
-    backend.start()
-    crashing = packing(flow, "double", backend, ack_wait=1)
+    flow = packed_inputs(flows)
+    crashing, backend = packing(flow, "double", held=True, ack_wait=1)
     for _ in range(4):
         value = crashing.receive_message()["cam"]["message"]
         crashing.publish_message(value * 2)
@@ -147,7 +146,7 @@ def test_a_pack_processed_again_after_a_crash_makes_the_same_pack_which_the_brok
     crashing.window.pack_inputs(None)  # as its next receive would: the pack goes
     assert stored(flow, "double") == 2  # 20, and the pack: stored, its PubAck not back
     backend.shutdown(hand_back=False)  # the process dies before any input is settled
-    replacement = packing(flow, "double", ack_wait=1)
+    replacement, _ = packing(flow, "double", ack_wait=1)
     run_node(replacement, lambda inputs: inputs["cam"]["message"] * 2)
     # Every input came again and was processed again: the same outputs, packed the same
     # way under the same ids, dropped as duplicates (20 and the pack's three).
