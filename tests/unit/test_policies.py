@@ -49,6 +49,7 @@ def test_join_policy_fields_are_exactly_the_documented_ones_in_order():
         "collect",
         "max_drift_ms",
         "disorder_ms",
+        "clock_offsets",
     )
 
 
@@ -77,6 +78,7 @@ def test_join_policy_to_dict_from_dict_round_trips_a_full_time_policy():
         collect={"imu": 10.0},
         max_drift_ms=250.0,
         disorder_ms=300.0,
+        clock_offsets={"cam": -0.0198},
     )
     data = policy.to_dict()
     assert data == {
@@ -89,6 +91,7 @@ def test_join_policy_to_dict_from_dict_round_trips_a_full_time_policy():
         "collect": {"imu": 10.0},
         "max_drift_ms": 250.0,
         "disorder_ms": 300.0,
+        "clock_offsets": {"cam": -0.0198},
     }
     assert JoinPolicy.from_dict(data) == policy
 

@@ -25,6 +25,11 @@ DEFAULT_MAX_DRIFT_MS = 1000.0
 Wide enough that cameras jittering, dropping frames or starting a little apart never
 meet it; narrow enough that what the join holds for a lagging camera stays small (30
 frames a camera at 30 fps)."""
+
+MAX_CLOCK_OFFSET_S = 60.0
+"""The largest clock offset a time join corrects (JoinPolicy.clock_offsets): a source a
+minute off is misconfigured, not skewed."""
+
 MISSING_POLICIES = ("drop", "dead_letter", "wait")
 
 
@@ -130,6 +135,12 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
             at most WINDOW_GROUPS (64) of them: 64 frame periods cover it, as the
             README's "Across hosts" says. It delays a group only while it lacks a
             parent or waits for a collect window.
+        clock_offsets: {parent: seconds} added to that parent's event times before
+            anything else reads them (time mode only): for a source whose clock is
+            off by a constant (a camera without PTP, a driver stamping at readout),
+            -0.0198 for one that reads 19.8 ms ahead. Matching, watermarks, the drift
+            bound, collect windows and each group's event time all go by the
+            corrected times; the node's entries carry them too.
     """
 
     mode: str = "trace"
@@ -141,6 +152,7 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
     collect: dict[str, float] = msgspec.field(default_factory=dict)
     max_drift_ms: float | None = None
     disorder_ms: float = 0.0
+    clock_offsets: dict[str, float] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in JOIN_MODES:
@@ -183,6 +195,18 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
         _finite_nonneg("disorder_ms", self.disorder_ms)
         if self.disorder_ms and self.mode != "time":
             raise ValueError("disorder_ms needs mode='time'")
+        if not isinstance(self.clock_offsets, dict):
+            raise ValueError("clock_offsets must be a dict of parent -> seconds, got "
+                             f"{self.clock_offsets!r}")
+        if self.clock_offsets and self.mode != "time":
+            raise ValueError("clock_offsets need mode='time'")
+        for parent, offset in self.clock_offsets.items():
+            if not isinstance(parent, str):
+                raise ValueError(f"clock_offsets keys must be parent names, got {parent!r}")
+            if isinstance(offset, bool) or not isinstance(offset, (int, float)) or (
+                    not math.isfinite(offset)) or abs(offset) > MAX_CLOCK_OFFSET_S:
+                raise ValueError(f"clock_offsets[{parent!r}] must be a finite number of "
+                                 f"seconds within ±{MAX_CLOCK_OFFSET_S:g}, got {offset!r}")
 
     def drift_seconds(self) -> float | None:
         """The drift bound a time join aligns its parents by, in seconds (max_drift_ms,
@@ -248,6 +272,10 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
         for name in self.collect:
             if name not in parents:
                 raise ValueError(f"collect parent {name!r} is not a parent of this node"
+                                 f"{did_you_mean(name, parents)}")
+        for name in self.clock_offsets:
+            if name not in parents:
+                raise ValueError(f"clock_offsets names {name!r}, not a parent of this node"
                                  f"{did_you_mean(name, parents)}")
         sync = self.sync_parents(parents)
         if not sync:

@@ -394,6 +394,10 @@ class NATSMessenger(Messenger):
                              self.deliveries, self._data_subs, clock=clock, epoch=epoch,
                              budget_waiting=self.payloads.budget_waiting(),
                              payload_shares=self.payloads.budget_shares())
+        # JoinPolicy.clock_offsets: each parent's event times as corrected, from decode on.
+        self._clock_offsets: dict[str, float] = (
+            dict(plan.join.clock_offsets) if self.parent_names and plan.join is not None
+            else {})
 
     def _bind(self, partitioned: bool) -> None:
         # The plan's credit and delivery cap, as provisioning created the durables
@@ -894,6 +898,9 @@ class NATSMessenger(Messenger):
                 # while its parent's data still comes.
                 raise WireError("an end marker on the data subject")
             event_ts = decoded["event_ts"]  # a float or None: the wire types it
+            if event_ts is not None and self._clock_offsets:
+                event_ts += self._clock_offsets.get(parent, 0.0)
+                decoded["event_ts"] = event_ts  # what everything after reads
         except CodecError as error:
             # Whole bytes an installed codec (or one installed later) may read:
             # kept, to be replayed.
