@@ -296,6 +296,33 @@ def test_a_live_camera_late_among_a_backlog_is_paced_and_costs_no_group(
             "producers ran ahead as a backlog") in text
 
 
+@pytest.mark.parametrize("correction", ["none", "static"])
+def test_a_camera_whose_clock_reads_20_ms_ahead_is_fused_once_its_offset_is_corrected(
+        nats_server: EmbeddedServer, correction: str) -> None:
+    # Issue 45's case: cam2's stamps are 20 ms ahead, beyond the 8 ms tolerance.
+    result = demo.run_demo(duration=SECONDS, drop_rate=DROP_RATE, seed=SEED,
+                           nats_url=nats_server.url, view=False, clock_offset=(2, 0.020),
+                           correction=correction)
+    assert result.clock_offset == ("cam2", 0.020) and result.correction == correction
+    assert result.to_dict()["skewed_camera"] == {"camera": "cam2", "seconds": 0.020}
+    text = result.format()
+    if correction == "static":  # the join takes the offset off: the seed's groups
+        check(result)
+        assert "cam2 20.0 ms ahead  (corrected: the join takes it off cam2's stamps" in text
+        return
+    e = result.expected
+    assert e is not None and result.report.outcome == "completed"
+    # Without it, no group has cam2 and its frames are dropped: the checks say so.
+    assert result.groups == result.quorum_groups != e.quorum_groups
+    assert f"quorum groups {result.quorum_groups}, expected {e.quorum_groups}" in (
+        result.failures)
+    assert result.correctness == 100.0  # what was fused is right, only not whole
+    assert result.report.nodes["fusion"].dropped["join_evicted"] > (
+        result.report.nodes["cam2"].emitted)
+    assert "not corrected: beyond the 8 ms tolerance, cam2's frames meet no group" in text
+    assert "demo FAILED" in text
+
+
 # Heavy for a 2-core machine (about 20 s, 1.9 GB of frames through shared memory), and
 # run in the normal suite all the same: it is what issue 39 was about.
 @pytest.mark.timeout(180)
@@ -360,6 +387,11 @@ def test_demo_command_prints_json_and_exits_zero() -> None:
     (("--lag", "imu:2"), "--lag is CAMERA:SECONDS"),
     (("--lag", "cam1:soon"), "--lag is CAMERA:SECONDS"),
     (("--lag", "cam1:nan"), "--lag is CAMERA:SECONDS"),
+    (("--clock-offset", "cam4:0.02"), "--clock-offset names cam4, but the cameras are cam0"),
+    (("--clock-offset", "cam1:0"), "--clock-offset must be non-zero and within ±1 s, got 0"),
+    (("--clock-offset", "cam1:-2"), "--clock-offset must be non-zero and within ±1 s, got -2"),
+    (("--clock-offset", "cam1"), "--clock-offset is CAMERA:SECONDS"),
+    (("--clock-correction", "static"), "--clock-correction corrects a --clock-offset: give one"),
 ])
 def test_demo_command_rejects_a_bad_option_in_one_line(args: tuple[str, ...],
                                                        message: str) -> None:

@@ -10,6 +10,8 @@ wind-down included)::
     videoflow demo --backlog                # the replay case: producers ahead of the join
     videoflow demo --fusion-delay 10        # the join starts 10 s late and catches up
     videoflow demo --lag cam2:3             # cam2's frames arrive 3 s after capture
+    videoflow demo --clock-offset cam2:0.020 --clock-correction static
+                                            # cam2's clock reads 20 ms ahead, corrected
 
     cam0 ─┐
     cam1 ─┤
@@ -40,6 +42,11 @@ wind-down included)::
   on the broker; and its timeout is raised to 300 ms + the lag + the start delay + 1 s
   (fusion_timeout_ms), so that the lagging camera, silent until its first frame, is
   not taken for stopped. What is fused does not change, only when it arrives.
+- With --clock-offset CAMERA:SECONDS one camera's clock reads that much ahead (behind,
+  below 0): every stamp of it is off by as much. Beyond the tolerance its frames meet
+  no group, and the recall checks fail: every group is a quorum group. With
+  --clock-correction static the join is given the offset (JoinPolicy.clock_offsets)
+  and takes it off that camera's stamps before it matches them.
 - The fusion node sees one camera frame per parent, None for a camera missing from a
   quorum group (emitted with 3 of 4 present once the missing camera's next frame
   shows its frame is not coming; after 300 ms of silence, for a camera that stopped),
@@ -89,8 +96,10 @@ from videoflow.cli.common import (
     stdout_for_the_document,
 )
 from videoflow.cli.demo_flow import (
+    CLOCK_CORRECTIONS,
     DEFAULT_SEED,
     MAX_CAMERAS,
+    MAX_CLOCK_OFFSET_S,
     MAX_FPS,
     MAX_IMU_HZ,
     MAX_LAG_S,
@@ -128,9 +137,10 @@ def _frame_size(text: str) -> tuple[int, int]:
     return int(width), int(height)
 
 
-def parse_lag(text: str) -> tuple[int, float]:
+def parse_lag(text: str, flag: str = "--lag") -> tuple[int, float]:
     """--lag CAMERA:SECONDS (cam2:3, 2:3) as (camera index, seconds); check_options
-    checks that the camera exists and the seconds are in range.
+    checks that the camera exists and the seconds are in range. flag: the option read
+    (--clock-offset takes the same form).
 
     Raises:
         ValueError: text is not CAMERA:SECONDS, naming the flag.
@@ -142,7 +152,7 @@ def parse_lag(text: str) -> tuple[int, float]:
     except ValueError:
         lag = math.nan
     if not sep or not index.isdigit() or not math.isfinite(lag):
-        raise ValueError(f"--lag is CAMERA:SECONDS, e.g. cam2:3 or 2:3, got {text!r}")
+        raise ValueError(f"{flag} is CAMERA:SECONDS, e.g. cam2:3 or 2:3, got {text!r}")
     return int(index), lag
 
 
@@ -151,8 +161,10 @@ def _command(args: argparse.Namespace) -> int:
     try:
         size = _frame_size(args.frame_size)
         lag = None if args.lag is None else parse_lag(args.lag)
+        skew = (None if args.clock_offset is None
+                else parse_lag(args.clock_offset, "--clock-offset"))
         check_options(args.cameras, args.fps, args.duration, size, args.imu_hz,
-                      args.drop_rate, args.seed, lag)
+                      args.drop_rate, args.seed, lag, skew, args.clock_correction)
         if not 0 <= args.start_delay <= 60:
             raise ValueError(f"--start-delay must be 0 to 60 s, got {args.start_delay:g}")
         if not 0 <= args.fusion_delay <= 60:
@@ -165,7 +177,8 @@ def _command(args: argparse.Namespace) -> int:
                               args.drop_rate, args.seed, args.nats_url, args.start_delay,
                               view=False if args.json else LiveView(),
                               backlog=args.backlog, fusion_delay=args.fusion_delay,
-                              metrics_port=args.metrics_port, lag=lag)
+                              metrics_port=args.metrics_port, lag=lag,
+                              clock_offset=skew, correction=args.clock_correction)
     except MetricsUnavailable as error:
         raise CommandError(str(error), EXIT_FAILED) from error
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.format(
@@ -222,6 +235,14 @@ def register(subparsers: Any) -> None:
                            "camera the others run ahead of). The join's timeout is raised "
                            "by the lag, the start delay and a second, so the lagging "
                            "camera is not taken for stopped")
+    demo.add_argument("--clock-offset", metavar="CAMERA:SECONDS",
+                      help="one camera's clock (cam2 or 2) reads SECONDS ahead (behind, "
+                           f"below 0; non-zero, within ±{MAX_CLOCK_OFFSET_S:g}): every "
+                           "stamp of it is off by as much")
+    demo.add_argument("--clock-correction", choices=CLOCK_CORRECTIONS, default="none",
+                      help="what the join does about --clock-offset: 'static' takes the "
+                           "offset off that camera's stamps (JoinPolicy.clock_offsets); "
+                           "'none' leaves them (default: none)")
     nats_url_option(demo, required_default=False)
     metrics_option(demo)
     demo.add_argument("--json", action="store_true",

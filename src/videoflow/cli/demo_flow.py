@@ -53,6 +53,12 @@ stopped (raised with --lag: fusion_timeout_ms)."""
 
 MAX_LAG_S = 60.0
 
+MAX_CLOCK_OFFSET_S = 1.0
+"""The most --clock-offset skews a camera: the join's drift bound (1 s of event time)."""
+
+CLOCK_CORRECTIONS = ("none", "static")
+"""--clock-correction: none, or the offset given to the join (JoinPolicy.clock_offsets)."""
+
 LAG_MARGIN_S = 1.0
 """What fusion_timeout_ms adds beyond the lag and the start delay: how much later than the
 fusion node the last node's process may come up (spawned one after another, each
@@ -81,7 +87,9 @@ next frame, not by the timeout."""
 
 def check_options(cameras: int, fps: float, duration: float, frame_size: tuple[int, int],
                   imu_hz: float, drop_rate: float, seed: int = DEFAULT_SEED,
-                  lag: tuple[int, float] | None = None) -> None:
+                  lag: tuple[int, float] | None = None,
+                  clock_offset: tuple[int, float] | None = None,
+                  correction: str = "none") -> None:
     """Check the demo's options (build_flow's and the command's).
 
     Raises:
@@ -113,6 +121,19 @@ def check_options(cameras: int, fps: float, duration: float, frame_size: tuple[i
         if not 0 < seconds <= MAX_LAG_S:
             raise ValueError(f"--lag must be above 0 and at most {MAX_LAG_S:g} s, "
                              f"got {seconds:g}")
+    if clock_offset is not None:
+        camera, seconds = clock_offset
+        if not 0 <= camera < cameras:
+            raise ValueError(f"--clock-offset names cam{camera}, but the cameras are cam0 "
+                             f"to cam{cameras - 1}")
+        if not 0 < abs(seconds) <= MAX_CLOCK_OFFSET_S:
+            raise ValueError(f"--clock-offset must be non-zero and within "
+                             f"±{MAX_CLOCK_OFFSET_S:g} s, got {seconds:g}")
+    if correction not in CLOCK_CORRECTIONS:
+        raise ValueError(f"--clock-correction must be one of {', '.join(CLOCK_CORRECTIONS)}, "
+                         f"got {correction!r}")
+    if correction != "none" and clock_offset is None:
+        raise ValueError("--clock-correction corrects a --clock-offset: give one")
 
 
 def fusion_timeout_ms(lag: tuple[int, float] | None,
@@ -146,7 +167,9 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
                drop_rate: float = 0.02, seed: int = DEFAULT_SEED,
                summary_path: str | None = None,
                start_delay: float = START_DELAY_S, backlog: bool = False,
-               fusion_delay: float = 0.0, lag: tuple[int, float] | None = None) -> Flow:
+               fusion_delay: float = 0.0, lag: tuple[int, float] | None = None,
+               clock_offset: tuple[int, float] | None = None,
+               correction: str = "none") -> Flow:
     """The demo flow: cameras and an IMU -> fusion -> verify.
 
     Arguments:
@@ -163,6 +186,10 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
         lag: (camera index, seconds): that camera's frames are each published that
             long after their capture, in real time even with backlog; the join's
             timeout is raised (fusion_timeout_ms) so that it is not taken for stopped.
+        clock_offset: (camera index, seconds): that camera's clock reads that much
+            ahead (behind, below 0), every stamp of it off by as much.
+        correction: 'static' gives the join the offset to take off that camera's
+            stamps (JoinPolicy.clock_offsets); 'none' leaves them as they are.
 
     Returns:
         the Flow, named 'demo', of type BATCH (nothing published is lost).
@@ -170,15 +197,20 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
     Raises:
         ValueError: an option out of range (check_options).
     """
-    check_options(cameras, fps, duration, frame_size, imu_hz, drop_rate, seed, lag)
+    check_options(cameras, fps, duration, frame_size, imu_hz, drop_rate, seed, lag,
+                  clock_offset, correction)
     if summary_path is None:
         summary_path = os.path.join(tempfile.mkdtemp(prefix="videoflow-demo-"), "summary.json")
     instants = int(duration * fps)
     names = (*(f"cam{i}" for i in range(cameras)), "imu", "fusion", "verify")
     gate = StartGate(os.path.dirname(os.path.abspath(summary_path)), names, start_delay)
     cams = [Camera(i, gate, fps, instants, frame_size, drop_rate, seed, backlog,
-                   lag[1] if lag is not None and lag[0] == i else 0.0)
+                   lag[1] if lag is not None and lag[0] == i else 0.0,
+                   clock_offset[1] if clock_offset is not None and clock_offset[0] == i
+                   else 0.0)
             for i in range(cameras)]
+    offsets = {} if clock_offset is None or correction != "static" else {
+        f"cam{clock_offset[0]}": -clock_offset[1]}
     samples = imu_range(imu_hz, instants / fps, fps)
     window_ms = imu_window_ms(imu_hz)
     imu = Imu(gate, imu_hz, samples, backlog)
@@ -186,7 +218,8 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
         "mode": "time", "tolerance_ms": timing_for(fps).tolerance_ms,
         "quorum": quorum_for(cameras), "missing": "drop",
         "timeout_ms": fusion_timeout_ms(lag, start_delay),
-        "max_pending": 1024, "collect": {"imu": window_ms}})(*cams, imu)
+        "max_pending": 1024, "collect": {"imu": window_ms},
+        "clock_offsets": offsets})(*cams, imu)
     sink = Verify(summary_path, cameras, gate)(fusion)
     return Flow([*cams, imu], [sink], flow_type=BATCH, name="demo")
 
@@ -225,6 +258,9 @@ class DemoResult:
         lag: (camera name, seconds) of the camera whose frames were published that
             late; None for none.
         timeout_ms: the join's silence backstop (TIMEOUT_MS, raised with a lag).
+        clock_offset: (camera name, seconds) of the camera whose clock read that much
+            ahead; None for none.
+        correction: how the join corrected it (CLOCK_CORRECTIONS).
     """
 
     report: RunReport
@@ -251,6 +287,8 @@ class DemoResult:
     fusion_delay: float = 0.0
     lag: tuple[str, float] | None = None
     timeout_ms: float = TIMEOUT_MS
+    clock_offset: tuple[str, float] | None = None
+    correction: str = "none"
 
     @property
     def payload_waited_seconds(self) -> dict[str, float]:
@@ -318,6 +356,9 @@ class DemoResult:
             "lag": None if self.lag is None else {"camera": self.lag[0],
                                                   "seconds": self.lag[1]},
             "timeout_ms": self.timeout_ms,
+            "skewed_camera": None if self.clock_offset is None else {
+                "camera": self.clock_offset[0], "seconds": self.clock_offset[1]},
+            "clock_correction": self.correction,
             "tolerance_ms": timing.tolerance_ms, "clock_offset_ms": timing.offset_ms,
             "jitter_ms": timing.jitter_ms, "imu_window_ms": imu_window_ms(self.imu_hz),
             "groups": self.groups,
@@ -333,6 +374,21 @@ class DemoResult:
             "expected": None if self.expected is None else vars(self.expected),
             "drops": self.drops, "report": self.report.to_dict(),
         }
+
+    def _clock_row(self) -> list[tuple[str, str, str]]:
+        """The skewed camera's row, when there is one."""
+        if self.clock_offset is None:
+            return []
+        camera, seconds = self.clock_offset
+        ahead = f"{camera} {abs(seconds) * 1000.0:.1f} ms {'ahead' if seconds > 0 else 'behind'}"
+        if self.correction == "static":
+            note = (f"corrected: the join takes it off {camera}'s stamps (clock_offsets="
+                    f"{{'{camera}': {-seconds:g}}})")
+        else:
+            note = (f"not corrected: beyond the {timing_for(self.fps).tolerance_ms:g} ms "
+                    f"tolerance, {camera}'s frames meet no group (set clock_offsets="
+                    f"{{'{camera}': {-seconds:g}}})")
+        return [("clock", ahead, note)]
 
     def format(self, width: int | None = None) -> str:
         """The figures, then the RunReport table (fitted to width, a terminal's, as
@@ -391,6 +447,7 @@ class DemoResult:
                  "" if self.lag is None else f"; every group waits for {self.lag[0]}'s, "
                  f"which comes up to {self.lag[1]:g} s after the others'")),
             ("IMU per group", imu, ""),
+            *self._clock_row(),
             ("camera lag", lag, lag_note),
             ("drops", drops, "" if e is None
              else f"expected: fusion join_evicted {e.evicted}, frames of instants below "
@@ -419,11 +476,14 @@ def run_demo(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
              start_delay: float = START_DELAY_S,
              view: LiveView | bool | None = None, backlog: bool = False,
              fusion_delay: float = 0.0, metrics_port: int | None = None,
-             lag: tuple[int, float] | None = None) -> DemoResult:
+             lag: tuple[int, float] | None = None,
+             clock_offset: tuple[int, float] | None = None,
+             correction: str = "none") -> DemoResult:
     """Build the demo flow, run it to its end and check it.
 
     Arguments:
-        cameras ... seed / start_delay / backlog / fusion_delay / lag: as build_flow.
+        cameras ... seed / start_delay / backlog / fusion_delay / lag / clock_offset /
+            correction: as build_flow.
         nats_url: the broker; None takes VIDEOFLOW_NATS_URL, else starts the embedded
             nats-server.
         view: as run_flow (None: a live view on a terminal).
@@ -439,7 +499,8 @@ def run_demo(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
     with tempfile.TemporaryDirectory(prefix="videoflow-demo-") as directory:
         summary_path = Path(directory) / "summary.json"
         flow = build_flow(cameras, fps, duration, frame_size, imu_hz, drop_rate, seed,
-                          str(summary_path), start_delay, backlog, fusion_delay, lag)
+                          str(summary_path), start_delay, backlog, fusion_delay, lag,
+                          clock_offset, correction)
         report = flow.run(nats_url, view=view, metrics_port=metrics_port)
         counts = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     instants = int(duration * fps)
@@ -447,7 +508,10 @@ def run_demo(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
                         expected=expected(cameras, instants, drop_rate, seed),
                         backlog=backlog, fusion_delay=fusion_delay,
                         lag=None if lag is None else (f"cam{lag[0]}", lag[1]),
-                        timeout_ms=fusion_timeout_ms(lag, start_delay))
+                        timeout_ms=fusion_timeout_ms(lag, start_delay),
+                        clock_offset=None if clock_offset is None else (
+                            f"cam{clock_offset[0]}", clock_offset[1]),
+                        correction=correction)
     for name in ("groups", "quorum_groups", "correct", "incorrect", "frames",
                  "imu_in_window", "imu_expected"):
         setattr(result, name, int(counts.get(name, 0)))

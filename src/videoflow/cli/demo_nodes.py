@@ -45,15 +45,17 @@ class Camera(ProducerNode):
         fps / instants / frame_size / drop_rate / seed: the simulation's.
         backlog: publish as fast as it can (ignored with a delay).
         delay: seconds each frame is published after its capture instant.
+        skew: seconds its clock reads ahead (behind, below 0) beyond its schedule's
+            small offset: every stamp carries it.
     """
 
     def __init__(self, index: int, gate: StartGate, fps: float, instants: int,
                  frame_size: tuple[int, int], drop_rate: float, seed: int,
-                 backlog: bool = False, delay: float = 0.0) -> None:
+                 backlog: bool = False, delay: float = 0.0, skew: float = 0.0) -> None:
         super().__init__(name=f"cam{index}")
         self.index, self.gate, self.fps, self.instants = index, gate, fps, instants
         self.frame_size, self.drop_rate, self.seed = frame_size, drop_rate, seed
-        self.backlog, self.delay = backlog, delay
+        self.backlog, self.delay, self.skew = backlog, delay, skew
 
     def open(self) -> None:
         self.offset, self.dropped, self.jitter = camera_schedule(
@@ -77,7 +79,7 @@ class Camera(ProducerNode):
         due = capture + self.delay
         if paced:
             _sleep_until(due)
-        stamp = capture + self.offset + float(self.jitter[k])
+        stamp = capture + self.offset + self.skew + float(self.jitter[k])
         assert self.context is not None
         self.context.set_event_timestamp(stamp)
         width, height = self.frame_size
@@ -210,10 +212,11 @@ class Fusion(ProcessorNode):
         }
 
 
-def _stamp(value: Any, event_ts: float) -> float:
-    """A demo frame's or sample's own stamp (the event time it was published with); a
-    replayed one's event time (its header stamp, else its record time)."""
-    return float(value["t"]) if isinstance(value, dict) and "t" in value else float(event_ts)
+def _stamp(value: Any, event_ts: float | None) -> float:
+    """A frame's or sample's event time as the join read it (a demo stamp corrected by
+    the join's clock_offsets; a replayed one's header stamp, else its record time), or
+    its own stamp where it came without one."""
+    return float(value["t"]) if event_ts is None else float(event_ts)
 
 
 def _gyro(sample: dict[str, Any]) -> Any:
