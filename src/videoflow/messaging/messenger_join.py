@@ -22,8 +22,10 @@ from typing import Any, Final
 from videoflow.backends.messaging import Completed, Known, MessagingBackend, SubscriptionId
 from videoflow.core.policies import JoinPolicy
 from videoflow.errors import JoinIncomplete
+from videoflow.messaging.clock_estimates import ClockEstimator
 from videoflow.messaging.grouping import (
     SUPERSEDED,
+    EnvelopeEntry,
     ReadyGroup,
     make_assembler,
 )
@@ -85,6 +87,8 @@ class Join:
             seen, per parent heard from (RunReport).
         alignment: a time join's Alignment (which parents it holds back); None in
             trace mode.
+        clocks: a time join's ClockEstimator (its sync parents' clock offsets, from
+            what it fuses and what it gives up on); None in trace mode.
     """
 
     def __init__(self, node_name: str, parent_names: list[str], policy: JoinPolicy,
@@ -136,6 +140,8 @@ class Join:
             None if policy.timeout_ms is None else policy.timeout_ms / 1000.0,
             policy.max_pending)
         self.max_pending = policy.max_pending
+        self.clocks = ClockEstimator(policy.sync_parents(parent_names),
+                                     (policy.tolerance_ms or 0.0) / 1000.0) if self._time else None
         # Inputs a receive took past their parent's bound, set aside in order (defer).
         self.deferred: dict[str, deque[Deferred]] = {}
 
@@ -350,11 +356,24 @@ class Join:
             else:
                 self._discarded(handle, reason)
 
+    def fused(self, group: ReadyGroup) -> None:
+        """A group is handed to the node: its sync members' times go to the clock
+        estimator."""
+        clocks = self.clocks
+        if clocks is None:
+            return
+        clocks.grouped({p: e.event_ts for p, e in group.entries.items()
+                        if p not in self.collect and isinstance(e, EnvelopeEntry)
+                        and e.event_ts is not None})
+
     def _discarded(self, handle: Held, reason: str) -> None:
         if handle.parent in self.collect and reason in ("expired", "flushed"):
             # A sample no group took, released once no group could: done, not lost.
             self.deliveries.settle_later(handle.delivery, Completed())
             return
+        event_ts = getattr(handle, "event_ts", None)
+        if self.clocks is not None and event_ts is not None:
+            self.clocks.missed(handle.parent, event_ts)  # a near miss, or further off
         # A late one came behind its parent's watermark and no group could take it.
         self.deliveries.drops["join_late" if reason == "late" else "join_evicted"] += 1
         if self.missing == "dead_letter":
@@ -399,6 +418,10 @@ class Join:
             "held_back": {} if self.alignment is None else dict(self.alignment.held),
             "held_back_seconds": self.held_back_seconds(),
         }
+        if self.clocks is not None:
+            estimates = self.clocks.estimates()
+            status["clock_offsets"] = {p: e.to_dict() for p, e in estimates.items()}
+            status["clock_advice"] = self.clocks.advice(estimates)
         if self.payload_shares is not None:
             shares = self.payload_shares()
             status["payload_shares"] = {p: dict(shares[p]) for p in self.data_subs

@@ -166,6 +166,7 @@ class _Handle:
     delivery: Delivery
     blob_ref: str | None = None
     arrived: float = 0.0  # clock.monotonic() when it reached the assembler
+    event_ts: float | None = None  # as the join reads it (corrected)
 
 
 def _pack_of(handles: Sequence[_Handle]) -> tuple[object, ...] | None:
@@ -771,6 +772,7 @@ class NATSMessenger(Messenger):
                     self.ack_inputs()  # already applied before the checkpoint: done
                     continue
                 self._trace = self.tracing.begin_group(group.trace_id, group.handles)
+                join.fused(group)
                 return group.entries  # the records the assembler kept, read by key
             if self._flushed:
                 return self.deliveries.stop_entries()
@@ -952,13 +954,17 @@ class NATSMessenger(Messenger):
             self.deliveries.let_go(delivery)
             self.deliveries.terminate(parent, delivery, f"undecodable: {error!r}")
             return
-        handle = _Handle(parent, sub, delivery, entry.blob_ref, clock.monotonic())
+        handle = _Handle(parent, sub, delivery, entry.blob_ref, clock.monotonic(),
+                         entry.event_ts)
         if delivery.num_delivered > 1 and self.deliveries.crash_looped(handle):
             self.deliveries.let_go(delivery)
             return  # it was in hand at each of crash_limit process deaths: dead-lettered
         self.deliveries.hold(parent, delivery.token)
-        assert self.join is not None  # data arrives only at a node with parents
-        self.join.assembler.add(parent, entry, handle)
+        join = self.join
+        assert join is not None  # data arrives only at a node with parents
+        if join.clocks is not None and entry.event_ts is not None:
+            join.clocks.arrived(parent, entry.event_ts, self.epoch())
+        join.assembler.add(parent, entry, handle)
 
     def _poison_event_time(self, parent: str, sub: SubscriptionId, delivery: Delivery,
                            ref: str | None, event_ts: float) -> None:

@@ -1,0 +1,217 @@
+"""Per-parent clock offsets a time join finds by itself (JoinPolicy's clock_offsets
+correct them; this says what to set).
+
+A camera without PTP, a driver that stamps at readout, a USB camera's constant pipeline
+delay: each shifts every event time of one parent by about a constant, and beyond the
+join's tolerance that parent's inputs meet no group at all. ClockEstimator watches a time
+join's sync parents (collect parents are not estimated: their samples spread over a
+window by design) and keeps, per parent, the last WINDOW of:
+
+- residuals: for each group it is a member of, its event time less the median of the
+  other members' (with three or more members, one parent off does not move the others'
+  median; with two, each reads off against the other);
+- near misses: each of its inputs the join gave up on, placed, when estimated, between
+  the fused groups nearest it before and after. Frames are periodic, so a miss alone
+  cannot say whether a camera is 20 ms ahead or 13 ms behind at 30 fps: the candidate
+  nearest the parent's arrival offset is taken (its event time less the wall time it
+  arrived, against the other parents' median), which tells the two apart by a whole
+  frame period. Arrivals say that only of live sources, whose event times keep pace
+  with the wall clock (their spread within LIVE_SPREAD_S); in a backlog (a replay)
+  the nearer candidate is taken, right while the offset is under half a period;
+- whether each input joined a group (matched).
+
+A parent whose inputs mostly join groups is judged by its residuals, small by
+construction (within the tolerance), whatever its arrival: a parent that lags, whose
+frames arrive late but are stamped right, is not offset. One whose inputs mostly miss is
+judged by its near misses. Medians throughout, so dropped frames, quorum groups and a
+few outliers do not move the estimate; the spread (median absolute deviation) and the
+sample count say how far to trust it. The times seen are the corrected ones: with
+clock_offsets applied, what is left is the residual offset.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from statistics import median
+from typing import Final
+
+WINDOW: Final = 64
+"""Samples kept per parent, of each kind: about two seconds of a 30 fps camera."""
+
+MIN_SAMPLES: Final = 8
+"""Samples a parent needs before its offset is estimated."""
+
+RECENT_GROUPS: Final = 512
+"""Fused groups' times kept to place near misses against."""
+
+LIVE_SPREAD_S: Final = 0.1
+"""A parent whose event times less their arrival times spread (median absolute
+deviation) within this keeps pace with the wall clock: its arrivals can tell a near
+miss's two candidates apart."""
+
+SHOWN_FRACTION: Final = 0.25
+"""An offset beyond this fraction of the tolerance is reported in words (advice)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetEstimate:
+    """One parent's estimated clock offset.
+
+    Attributes:
+        offset_s: how far its event times read ahead of the other parents' (behind
+            when negative), seconds, after any correction already applied; the
+            correction to add is -offset_s.
+        spread_s: the median absolute deviation of the samples, seconds.
+        samples: how many samples it rests on.
+        basis: 'groups' (its distance from its groups' other members) or 'near
+            misses' (its dropped inputs' distance from the nearest groups).
+        matched: the share of its recent inputs that joined a group, 0 to 1.
+    """
+
+    offset_s: float
+    spread_s: float
+    samples: int
+    basis: str
+    matched: float
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        return {"offset_s": self.offset_s, "spread_s": self.spread_s,
+                "samples": self.samples, "basis": self.basis, "matched": self.matched}
+
+
+class ClockEstimator:
+    """A time join's per-parent clock offsets (see the module).
+
+    Arguments:
+        sync_parents: the parents estimated (a collect parent is not).
+        tolerance_s: the join's tolerance, seconds (what counts as far off).
+    """
+
+    def __init__(self, sync_parents: Iterable[str], tolerance_s: float) -> None:
+        self.parents = list(sync_parents)
+        self.tolerance_s = tolerance_s
+        self._arrival = {p: deque[float](maxlen=WINDOW) for p in self.parents}
+        self._residuals = {p: deque[float](maxlen=WINDOW) for p in self.parents}
+        self._misses = {p: deque[float](maxlen=WINDOW) for p in self.parents}
+        self._matched = {p: deque[bool](maxlen=WINDOW) for p in self.parents}
+        self._groups: list[float] = []  # recent fused groups' times, sorted
+
+    def arrived(self, parent: str, event_ts: float, wall: float) -> None:
+        """An input of parent reached the join at wall (epoch seconds)."""
+        arrival = self._arrival.get(parent)
+        if arrival is not None:
+            arrival.append(event_ts - wall)
+
+    def grouped(self, times: Mapping[str, float]) -> None:
+        """A group was fused with these sync members' event times."""
+        if not times:
+            return
+        values = list(times.values())
+        if len(values) > 1:
+            for parent, t in times.items():
+                residuals = self._residuals.get(parent)
+                if residuals is None:
+                    continue
+                others = [v for p, v in times.items() if p != parent]
+                residuals.append(t - median(others))
+        for parent in times:
+            matched = self._matched.get(parent)
+            if matched is not None:
+                matched.append(True)
+        groups = self._groups
+        bisect.insort(groups, median(values))
+        if len(groups) > RECENT_GROUPS:
+            del groups[0]
+
+    def missed(self, parent: str, event_ts: float) -> None:
+        """The join gave up on an input of parent at event_ts (no group took it)."""
+        misses = self._misses.get(parent)
+        if misses is None:
+            return
+        # Placed when estimated: the groups around it may be fused after it is given
+        # up on (a receive's adds let it go before its groups are handed out).
+        misses.append(event_ts)
+        self._matched[parent].append(False)
+
+    def estimates(self) -> dict[str, OffsetEstimate]:
+        """Each parent's offset, for the parents with enough samples."""
+        out: dict[str, OffsetEstimate] = {}
+        for parent in self.parents:
+            matched = self._matched[parent]
+            if len(matched) < MIN_SAMPLES:
+                continue
+            share = sum(matched) / len(matched)
+            residuals = self._residuals[parent]
+            if share >= 0.5 and len(residuals) >= MIN_SAMPLES:
+                out[parent] = _estimate(list(residuals), "groups", share)
+                continue
+            picked = self._near_misses(parent)
+            if len(picked) >= MIN_SAMPLES:
+                out[parent] = _estimate(picked, "near misses", share)
+        return out
+
+    def _near_misses(self, parent: str) -> list[float]:
+        """Each miss's candidate offset: the one nearest the parent's arrival offset
+        against the others' (the nearer group when arrivals say nothing)."""
+        prior = self._arrival_offset(parent)
+        groups = self._groups
+        picked = []
+        for event_ts in self._misses[parent]:
+            at = bisect.bisect_left(groups, event_ts)
+            candidates = [event_ts - groups[i] for i in (at - 1, at) if 0 <= i < len(groups)]
+            if not candidates:
+                continue
+            if prior is None:
+                picked.append(min(candidates, key=abs))
+            else:
+                picked.append(min(candidates, key=lambda c: abs(c - prior)))
+        return picked
+
+    def _arrival_offset(self, parent: str) -> float | None:
+        """The parent's event times less their arrival, against the other live
+        parents' median; None unless it and some other parent are live."""
+        live = {p: m for p, d in self._arrival.items() if (m := _live_median(d)) is not None}
+        others = [m for p, m in live.items() if p != parent]
+        if parent not in live or not others:
+            return None
+        return live[parent] - median(others)
+
+    def advice(self, estimates: Mapping[str, OffsetEstimate] | None = None) -> list[str]:
+        """In words, each parent whose offset is beyond SHOWN_FRACTION of the
+        tolerance, with the clock_offsets setting that corrects it."""
+        if estimates is None:
+            estimates = self.estimates()
+        tolerance_ms = self.tolerance_s * 1000.0
+        lines = []
+        for parent, e in estimates.items():
+            if abs(e.offset_s) <= SHOWN_FRACTION * self.tolerance_s:
+                continue
+            way = "ahead of" if e.offset_s > 0 else "behind"
+            lines.append(
+                f"{parent}'s clock reads {abs(e.offset_s) * 1000.0:.1f} ms {way} the others "
+                f"(tolerance {tolerance_ms:g} ms): {100.0 * (1.0 - e.matched):.0f} % of its "
+                f"recent inputs unmatched; set clock_offsets={{'{parent}': "
+                f"{-e.offset_s:.4f}}} (from {e.samples} {e.basis}, spread "
+                f"{e.spread_s * 1000.0:.1f} ms)")
+        return lines
+
+
+def _live_median(offsets: deque[float]) -> float | None:
+    """The median of a parent's event time less arrival, if they keep pace with the
+    wall clock (LIVE_SPREAD_S); None otherwise, or with too few."""
+    if len(offsets) < MIN_SAMPLES:
+        return None
+    middle = median(offsets)
+    return middle if median(abs(d - middle) for d in offsets) <= LIVE_SPREAD_S else None
+
+
+def _estimate(samples: list[float], basis: str, share: float) -> OffsetEstimate:
+    middle = median(samples)
+    spread = median(abs(s - middle) for s in samples)
+    return OffsetEstimate(middle, spread, len(samples), basis, share)
+
+
+__all__ = ["MIN_SAMPLES", "SHOWN_FRACTION", "WINDOW", "ClockEstimator", "OffsetEstimate"]
