@@ -150,7 +150,8 @@ def test_the_join_finds_a_camera_20_ms_ahead_and_no_offset_for_the_others(
     for camera in ("cam0", "cam1", "cam3"):  # cam1's second of lag is no offset
         assert abs(found[camera]["offset_s"]) < 0.001, (camera, found[camera])
         assert found[camera]["basis"] == "groups"
-    [advice] = status["clock_advice"]
+    assert list(status["clock_advice"]) == ["cam2"]
+    advice = status["clock_advice"]["cam2"]
     assert advice.startswith("cam2's clock reads 20.")
     assert "ms ahead of the others (tolerance 8 ms)" in advice
     assert "set clock_offsets={'cam2': -0.020" in advice
@@ -163,7 +164,7 @@ def test_once_corrected_the_join_finds_no_offset_left(
     assert len(groups) > 50  # the instants with a quorum: cam2 is fused again
     found = status["clock_offsets"]
     assert all(abs(e["offset_s"]) < 0.001 and e["basis"] == "groups" for e in found.values())
-    assert status["clock_advice"] == []
+    assert status["clock_advice"] == {}
 
 
 def test_a_near_miss_is_told_from_the_next_instants_by_its_arrival() -> None:

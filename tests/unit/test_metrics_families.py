@@ -149,7 +149,10 @@ def test_a_port_must_be_a_port(bad: object) -> None:
 
 def test_alignment_and_payload_shares_are_series_of_the_join_and_of_each_writer() -> None:
     fuse = {"outcome": "running", "held_back": {"cam0": 12.5, "cam1": 0.0},
-            "held_back_now": {"cam0": "drift"}, "waiting_on": {"cam2": "silent"}}
+            "held_back_now": {"cam0": "drift"}, "waiting_on": {"cam2": "silent"},
+            "clock_offsets": {"cam2": {"offset_s": 0.0198, "spread_s": 0.0005,
+                                       "samples": 64, "basis": "near misses",
+                                       "matched": 0.0}}}
     cam = {"outcome": "running", "payload": {"held_bytes": 300, "share_bytes": 341,
                                              "waiting_seconds": 1.5, "waited_seconds": 4.0}}
     got = exposition([ReplicaSample("fuse", "0", fuse), ReplicaSample("cam0", "0", cam,
@@ -163,6 +166,7 @@ def test_alignment_and_payload_shares_are_series_of_the_join_and_of_each_writer(
     assert at("videoflow_held_back", "fuse", parent="cam0") == 1.0
     assert at("videoflow_held_back", "fuse", parent="cam1") == 0.0
     assert at("videoflow_join_waiting", "fuse", parent="cam2", why="silent") == 1.0
+    assert at("videoflow_clock_offset_seconds", "fuse", parent="cam2") == 0.0198
     assert at("videoflow_payload_held_bytes", "cam0") == 300
     assert at("videoflow_payload_share_bytes", "cam0") == 341
     assert at("videoflow_payload_waiting", "cam0") == 1.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from typing import Any
 
 import pytest
 
@@ -303,6 +304,37 @@ def test_the_report_says_who_was_held_back_who_waited_for_room_and_what_a_join_w
     assert "cam2 0.0" not in text  # never held back: not named
     assert "fuse: its oldest group waited for cam2 (budget)" in text
     assert "cam0: waited 6.2 s for room in its shared-memory payload share of 682 MB" in text
+
+
+CAM2_AHEAD = ("cam2's clock reads 19.8 ms ahead of the others (tolerance 8 ms): 100 % of "
+              "its recent inputs unmatched; set clock_offsets={'cam2': -0.0198} (from 64 "
+              "near misses, spread 0.5 ms)")
+
+
+def clock_stats() -> dict[str, Any]:
+    """A time join's word on its parents' clocks: cam2 off, cam0 within a hair."""
+    return {"processed": 3, "outcome": "running",
+            "clock_offsets": {
+                "cam0": {"offset_s": 0.0003, "spread_s": 0.0005, "samples": 60,
+                         "basis": "groups", "matched": 0.95},
+                "cam2": {"offset_s": 0.0198, "spread_s": 0.0005, "samples": 64,
+                         "basis": "near misses", "matched": 0.0}},
+            "clock_advice": {"cam2": CAM2_AHEAD}}
+
+
+def test_a_parent_whose_clock_is_off_is_named_in_the_view_the_report_and_its_json() -> None:
+    out = io.StringIO()
+    nodes = {"fuse": NodeProgress("processor", replicas={"fuse[0]": clock_stats()})}
+    LiveView(out, tty=False).update("rig r1", nodes)
+    header, row = (line.split() for line in out.getvalue().splitlines()[1:3])
+    assert header[-1] == "clock" and row[-3:] == ["cam2", "+19.8", "ms"]  # not cam0
+    out = io.StringIO()
+    LiveView(out, tty=False, json_lines=True).update("rig r1", nodes)
+    assert json.loads(out.getvalue())["nodes"][0]["clock_advice"] == {"cam2": CAM2_AHEAD}
+    fuse = NodeReport.from_replicas("processor", {"fuse[0]": clock_stats()})
+    assert fuse.clock_offsets_ms == {"cam0": pytest.approx(0.3), "cam2": pytest.approx(19.8)}
+    text = RunReport("f", "r", "batch", "nats://x", nodes={"fuse": fuse}).format()
+    assert f"  fuse: {CAM2_AHEAD}" in text
 
 
 def test_a_stopped_run_names_what_stopped_it_and_one_kept_unfinished_says_so() -> None:

@@ -110,6 +110,11 @@ class NodeReport:
         waiting_on: the parents a join's oldest incomplete group waited for as its
             replicas last reported, each with why ('budget', 'silent', 'behind'):
             what a run that stalled or was stopped waited for; {} when nothing did.
+        clock_offsets_ms: a time join's parents, each one's clock offset as its
+            replicas last estimated it (positive: its event times read ahead of the
+            other parents'), ms; {} for other nodes and parents not estimated.
+        clock_advice: per parent whose offset is worth correcting, in words, with the
+            clock_offsets setting that corrects it.
         payload_waited_seconds: how long its replicas waited for room in their shares
             of the shared-memory payload budget, in all; None when it wrote none there.
         payload_share_bytes: their shares of that budget, summed, as last reported
@@ -145,6 +150,8 @@ class NodeReport:
     unconfirmed: int = 0
     held_back_seconds: dict[str, float] = field(default_factory=dict)
     waiting_on: dict[str, str] = field(default_factory=dict)
+    clock_offsets_ms: dict[str, float] = field(default_factory=dict)
+    clock_advice: dict[str, str] = field(default_factory=dict)
     payload_waited_seconds: float | None = None
     payload_share_bytes: int | None = None
     codecs: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -207,6 +214,9 @@ class NodeReport:
                 held[parent] = max(held.get(parent, 0.0), float(seconds))
             if "~" not in key:
                 report.waiting_on.update(stats.get("waiting_on") or {})
+                for parent, estimate in (stats.get("clock_offsets") or {}).items():
+                    report.clock_offsets_ms[parent] = 1000.0 * float(estimate["offset_s"])
+                report.clock_advice.update(stats.get("clock_advice") or {})
             for name, counts in (stats.get("codecs") or {}).items():
                 into = report.codecs.setdefault(name, {})
                 for field_name, value in counts.items():
@@ -315,6 +325,7 @@ class RunReport:
                 lags = sorted(n.watermark_lag_max_ms.items(), key=lambda kv: -kv[1])
                 lines.append(f"  {name}: parents' event time behind the most advanced, at "
                              "most: " + ", ".join(f"{p} {lag:.1f} ms" for p, lag in lags))
+            lines += [f"  {name}: {advice}" for advice in n.clock_advice.values()]
         for name, n in self.nodes.items():
             held = sorted(((p, s) for p, s in n.held_back_seconds.items() if s >= 0.05),
                           key=lambda kv: -kv[1])

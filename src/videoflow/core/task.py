@@ -73,6 +73,9 @@ class TaskStats:
         waiting_on: the parents the join's oldest incomplete group waits for, each with
             why ('budget': its producer waits for payload room; 'silent': nothing came
             from it for a second or more; 'behind': its input is on its way).
+        clock_offsets: a time join's parents, each one's estimated clock offset
+            (videoflow.messaging.clock_estimates, OffsetEstimate.to_dict).
+        clock_advice: those offsets worth correcting, in words, per parent.
         payload: a replica writing payloads into a budgeted store (shared memory), its
             bytes held against its share: held_bytes, share_bytes (None until it
             writes), waiting_seconds (its current wait for room, None when it is not
@@ -105,6 +108,8 @@ class TaskStats:
     held_back: dict[str, float] = field(default_factory=dict)
     held_back_now: dict[str, str] = field(default_factory=dict)
     waiting_on: dict[str, str] = field(default_factory=dict)
+    clock_offsets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    clock_advice: dict[str, str] = field(default_factory=dict)
     payload: dict[str, Any] | None = None
     started: float = field(default_factory=lambda: clock.wall())
     ended: float | None = None
@@ -148,6 +153,8 @@ class TaskStats:
                 "held_back": dict(self.held_back),
                 "held_back_now": dict(self.held_back_now),
                 "waiting_on": dict(self.waiting_on),
+                "clock_offsets": {p: dict(e) for p, e in self.clock_offsets.items()},
+                "clock_advice": dict(self.clock_advice),
                 "payload": None if self.payload is None else dict(self.payload),
                 "started": self.started, "ended": self.ended, "first": self.first,
                 "last": self.last, "outcome": self.outcome,
@@ -256,6 +263,9 @@ class Task:
         if alignment is not None:
             stats = self.stats
             stats.held_back, stats.held_back_now, stats.waiting_on = alignment()
+        clocks = getattr(self.messenger, "clock_estimates", None)
+        if clocks is not None:
+            self.stats.clock_offsets, self.stats.clock_advice = clocks()
         payload = getattr(self.messenger, "payload_share", None)
         if payload is not None:
             self.stats.payload = payload()

@@ -179,18 +179,19 @@ class ClockEstimator:
             return None
         return live[parent] - median(others)
 
-    def advice(self, estimates: Mapping[str, OffsetEstimate] | None = None) -> list[str]:
-        """In words, each parent whose offset is beyond SHOWN_FRACTION of the
+    def advice(self, estimates: Mapping[str, OffsetEstimate] | None = None
+               ) -> dict[str, str]:
+        """In words, per parent whose offset is beyond SHOWN_FRACTION of the
         tolerance, with the clock_offsets setting that corrects it."""
         if estimates is None:
             estimates = self.estimates()
         tolerance_ms = self.tolerance_s * 1000.0
-        lines = []
+        lines = {}
         for parent, e in estimates.items():
             if abs(e.offset_s) <= SHOWN_FRACTION * self.tolerance_s:
                 continue
             way = "ahead of" if e.offset_s > 0 else "behind"
-            lines.append(
+            lines[parent] = (
                 f"{parent}'s clock reads {abs(e.offset_s) * 1000.0:.1f} ms {way} the others "
                 f"(tolerance {tolerance_ms:g} ms): {100.0 * (1.0 - e.matched):.0f} % of its "
                 f"recent inputs unmatched; set clock_offsets={{'{parent}': "

@@ -477,6 +477,16 @@ class NATSMessenger(Messenger):
         return (join.held_back_seconds(), held_now,
                 join.waiting_why(join.assembler.waiting_for()))
 
+    def clock_estimates(self) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+        """A time join's per-parent clock offsets (ClockEstimator.estimates, as dicts)
+        and its advice in words, per parent; both empty for a node without a time
+        join."""
+        clocks = None if self.join is None else self.join.clocks
+        if clocks is None:
+            return {}, {}
+        estimates = clocks.estimates()
+        return {p: e.to_dict() for p, e in estimates.items()}, clocks.advice(estimates)
+
     def payload_share(self) -> dict[str, Any] | None:
         """This replica's bytes in a budgeted payload store against its share
         (TaskStats.payload), None where it writes none there."""

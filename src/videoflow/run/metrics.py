@@ -32,6 +32,9 @@ named; the broker's counts by flow, node, parent and durable instead):
 - videoflow_held_back_seconds_total{parent}: a time join's parent, how long event-time
   alignment has left its input on the broker while it ran ahead of the slowest.
 - videoflow_held_back{parent}: 1 while it does.
+- videoflow_clock_offset_seconds{parent}: a time join's parent, how far its event
+  times read ahead of the other parents' (behind when negative), as the join estimates
+  it (videoflow.messaging.clock_estimates); absent until it has enough samples.
 - videoflow_join_waiting{parent,why}: 1 for each parent a join's oldest incomplete
   group waits for, with why: budget (its producer waits for payload room), silent
   (nothing came from it for a second or more), behind (its input is on its way).
@@ -188,6 +191,9 @@ class SnapshotCollector:
                              "parent")
         held_now = gauge("videoflow_held_back", "1 while alignment holds the parent back.",
                          "parent")
+        clock_offset = gauge("videoflow_clock_offset_seconds",
+                             "A time join's parent, how far its event times read ahead "
+                             "of the other parents', as estimated.", "parent")
         waiting_on = gauge("videoflow_join_waiting",
                            "1 per parent the oldest incomplete group waits for, with why.",
                            "parent", "why")
@@ -239,6 +245,8 @@ class SnapshotCollector:
                 held_now.add_metric([*labels, parent], 1.0 if parent in holding else 0.0)
             for parent, why in sorted((s.get("waiting_on") or {}).items()):
                 waiting_on.add_metric([*labels, parent, why], 1.0)
+            for parent, estimate in sorted((s.get("clock_offsets") or {}).items()):
+                clock_offset.add_metric([*labels, parent], float(estimate["offset_s"]))
             payload = s.get("payload")
             if payload:
                 payload_held.add_metric(labels, payload.get("held_bytes") or 0)
@@ -265,7 +273,8 @@ class SnapshotCollector:
                     unresolved.add_metric(labels, seen["unresolved"])
         yield from (received, processed, outputs, failures, dropped, dead, published,
                     waits, restarts, pending, unresolved, unknown, lag, up, join, hop,
-                    held_total, held_now, waiting_on, payload_held, payload_share,
+                    held_total, held_now, waiting_on, clock_offset, payload_held,
+                    payload_share,
                     payload_waiting, payload_waited, coded, coded_bytes, coded_seconds)
 
 

@@ -42,14 +42,16 @@ RELAY_WAIT_SECONDS = 2.0
 """How long closing the view waits for the replicas' last lines (their pipes' ends)."""
 
 _HEADERS = ("node", "done", "rate/s", "pending", "dropped", "dead-let.", "behind",
-            "restarts", "held back", "shm")
+            "restarts", "held back", "shm", "clock")
 # Which columns go first when the terminal is narrow (the highest first); a column
 # with nothing to say (only '0' and '-') goes before any that has.
 _DROP_ORDER = {"node": 0, "rate/s": 1, "pending": 1, "behind": 2, "done": 3,
-               "restarts": 3, "dropped": 4, "dead-let.": 5, "held back": 2, "shm": 1}
-_OPTIONAL = ("held back", "shm")
-"""Columns a flow without a time join holding back, or without a payload budget,
-never fills: left out of the table when every row has '-' there."""
+               "restarts": 3, "dropped": 4, "dead-let.": 5, "held back": 2, "shm": 1,
+               "clock": 3}
+_OPTIONAL = ("held back", "shm", "clock")
+"""Columns a flow without a time join holding back, without a payload budget, or
+without a parent's clock off, never fills: left out of the table when every row has
+'-' there."""
 _MB = 1024 * 1024
 
 
@@ -179,6 +181,25 @@ class NodeProgress:
         why = stalled.get(behind[0])
         return text if why is None else f"{text}, {why}"
 
+    def clock_advice(self) -> dict[str, str]:
+        """A time join's parents whose clocks are off enough to correct, in words
+        (videoflow.messaging.clock_estimates), as of the latest word of its replicas."""
+        advice: dict[str, str] = {}
+        for stats in self.replicas.values():
+            advice.update(stats.get("clock_advice") or {})
+        return advice
+
+    def clock_text(self) -> str:
+        """The parents whose clocks are off enough to correct ('cam2 +19.8 ms'), '-'
+        for none."""
+        offsets: dict[str, float] = {}
+        for stats in self.replicas.values():
+            estimates = stats.get("clock_offsets") or {}
+            for parent in stats.get("clock_advice") or {}:
+                if parent in estimates:
+                    offsets[parent] = float(estimates[parent]["offset_s"])
+        return ", ".join(f"{p} {o * 1000.0:+.1f} ms" for p, o in offsets.items()) or "-"
+
     def payload(self) -> tuple[int, int, bool] | None:
         """What the node's replicas hold of a budgeted payload store: (bytes held,
         their shares, whether one of them waits for room); None when none writes
@@ -275,7 +296,8 @@ def progress_document(name: str, progress: NodeProgress, now: float,
     dropped, dead_lettered, behind ({parent, ms} or None), waiting_on ({parent: why}
     for a join whose oldest group waits), held_back ({seconds, now} when a time join
     held it back), payload ({held_bytes, share_bytes, waiting} when it writes into a
-    budgeted store) and restarts."""
+    budgeted store), clock_advice ({parent: words} for a time join's parents whose
+    clocks are off) and restarts."""
     pending = progress.pending_count(now)
     behind = progress.behind()
     rate = progress.rate(now)
@@ -298,6 +320,9 @@ def progress_document(name: str, progress: NodeProgress, now: float,
     if payload is not None:
         document["payload"] = {"held_bytes": payload[0], "share_bytes": payload[1],
                                "waiting": payload[2]}
+    advice = progress.clock_advice()
+    if advice:
+        document["clock_advice"] = advice
     return document
 
 
@@ -477,7 +502,7 @@ class LiveView:
         table: list[tuple[str, ...]] = [
             (name, str(p.count()), rate_text(p.rate(now)), p.pending_text(now),
              str(p.drops()), str(p.total("dead_lettered")), p.behind_text(),
-             str(p.restarts), held_text(held.get(name)), p.payload_text())
+             str(p.restarts), held_text(held.get(name)), p.payload_text(), p.clock_text())
             for name, p in nodes.items()]
         headers, table = _without_empty_optional(table)
         if not self.tty:
