@@ -36,9 +36,10 @@ and waits for their PubAcks, then ack_syncs the 64 inputs (gathered); the sink f
 (SMALL_BYTES: the index alone, as msgpack bytes; an IMU sample or an odometry tick is
 as small), all three sides. videoflow's producer and processor pack them (Node's pack:
 several to a broker message; the processor's outputs of one inbound pack as one pack),
-as an IMU's user would; the peer and dora send one per message. videoflow's streams keep their backlog bound (10,000
-messages, the producer held back at it); the peer's, which hold nothing back, are as
-deep as the run, as dora's queues are. Rate: at the sink, first to last message.
+as an IMU's user would; the peer and dora send one per message. videoflow's streams
+keep their backlog bound (10,000 messages, the producer held back at it); the peer's,
+which hold nothing back, are as deep as the run, as dora's queues are. Rate: at the
+sink, first to last message.
 
 ``flow_linear_realtime``: the same flow, REALTIME, 4 x N messages from an unpaced
 producer. A REALTIME stream keeps only its newest message, so a stage slower than its

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Callable
 from functools import cache
 from types import ModuleType
@@ -31,6 +32,7 @@ from typing import Any
 import pytest
 
 from videoflow.core.policies import JoinPolicy
+from videoflow.messaging.clock_estimates import ClockEstimator
 from videoflow.messaging.grouping import (
     CollectEntry,
     EnvelopeEntry,
@@ -309,6 +311,93 @@ def test_time_join(
         # 1 kHz over a +-20 ms window around the group time.
         assert 39 <= len(window.event_ts) <= 41
         assert all(abs(s - last.event_ts) <= IMU_WINDOW_MS / 1000 for s in window.event_ts)
+
+
+def feed_with_clocks(assembler: Any, released: Released, stream: Stream,
+                     now_cell: list[float], end: float,
+                     stamps: dict[int, tuple[str, float, float]],
+                     spent: list[float]) -> tuple[int, Any]:
+    """feed, with the clock estimator a time join runs beside its assembler
+    (videoflow.messaging.clock_estimates) fed as Join feeds it: each group's time,
+    its members when the estimator wants them, and each camera entry given up on (the
+    stream's handles carry nothing: stamps gives each camera handle's parent, event
+    time and arrival, as the messenger's handles carry them). The seconds spent in
+    the estimator's calls are added to spent[0]."""
+    clocks = ClockEstimator(CAMERAS, TOLERANCE_MS / 1000.0)
+    add = assembler.add
+    pop = assembler.pop_ready
+    tick = time.perf_counter
+
+    def fused(group: Any) -> None:
+        started = tick()
+        if clocks.fused(group.event_ts, time.monotonic()):
+            clocks.members({p: (t, a) for h in group.handles
+                            if (seen := stamps.get(id(h))) is not None
+                            for p, t, a in (seen,)})
+        spent[0] += tick() - started
+
+    groups = 0
+    last = None
+    for parent, entry, handle, now in stream:
+        now_cell[0] = now
+        add(parent, entry, handle)
+        group = pop(now)
+        while group is not None:
+            groups += 1
+            last = group
+            fused(group)
+            group = pop(now)
+        if released:
+            for handle, _ in released:  # the messenger looks at each one anyway
+                seen = stamps.get(id(handle))
+                if seen is not None:
+                    started = tick()
+                    clocks.missed(*seen, time.monotonic())
+                    spent[0] += tick() - started
+            released.clear()
+    now_cell[0] = end
+    group = pop(end)
+    released.clear()
+    while group is not None:
+        groups += 1
+        last = group
+        fused(group)
+        group = pop(end)
+    return groups, last
+
+
+@each_core
+def test_time_join_with_its_clock_estimator(
+    benchmark: Any, record_throughput: Callable[..., None], grouping_core: ModuleType
+) -> None:
+    """test_time_join's 8cam-drops-imu with the clock estimator fed as a time join
+    feeds it, in the same benchmark group; extra_info has the estimator's own time
+    per entry (its calls timed) beside the round's."""
+    benchmark.group = "time-8cam-drops-imu"
+    stream, _ = camera_stream(1500, DROP_RATE, True)
+    policy = _time_policy(QUORUM, True)
+    stamps = {id(handle): (parent, entry.event_ts, now)
+              for parent, entry, handle, now in stream if parent != "imu"}
+    spent = [0.0]
+
+    def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+        cell = [0.0]
+        released: Released = []
+        assembler = TimeGroupAssembler("fuse", [*CAMERAS, "imu"], policy,
+                                       clock=lambda: cell[0], core=grouping_core,
+                                       resolver=released.extend)
+        return (assembler, released, stream, cell, stream[-1][3] + 10.0, stamps, spent), {}
+
+    rounds = ROUNDS[grouping_core.CORE_KIND]
+    groups, _ = benchmark.pedantic(feed_with_clocks, setup=setup, rounds=rounds,
+                                   warmup_rounds=1)
+    record_throughput(len(stream), grouping_core.CORE_KIND)
+    per_entry = spent[0] / (rounds + 1) / len(stream)
+    benchmark.extra_info["estimator_us_per_entry"] = round(per_entry * 1e6, 4)
+    benchmark.extra_info["round_us_per_entry"] = round(
+        benchmark.stats.stats.median / len(stream) * 1e6, 4)
+    expected_groups, _ = expected_time_counts(stream, QUORUM, stream[-1][3] + 10.0)
+    assert groups == expected_groups
 
 
 PENDING = [100, 10_000, 100_000]

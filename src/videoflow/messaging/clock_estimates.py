@@ -13,7 +13,7 @@ window by design) and keeps, per parent, the last WINDOW of:
 - near misses: each of its inputs the join gave up on, placed, when estimated, between
   the fused groups nearest it before and after. Frames are periodic, so a miss alone
   cannot say whether a camera is 20 ms ahead or 13 ms behind at 30 fps: the candidate
-  nearest the parent's arrival offset is taken (its event time less the wall time it
+  nearest the parent's arrival offset is taken (its event time less the time it
   arrived, against the other parents' median), which tells the two apart by a whole
   frame period. Arrivals say that only of live sources, whose event times keep pace
   with the wall clock (their spread within LIVE_SPREAD_S); in a backlog (a replay)
@@ -32,6 +32,7 @@ clock_offsets applied, what is left is the residual offset.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -51,6 +52,10 @@ LIVE_SPREAD_S: Final = 0.1
 """A parent whose event times less their arrival times spread (median absolute
 deviation) within this keeps pace with the wall clock: its arrivals can tell a near
 miss's two candidates apart."""
+
+SAMPLE_HZ: Final = 100.0
+"""Groups a second whose members are measured, and given-up inputs a second per parent
+(ClockEstimator: its cost is per second, not per message)."""
 
 SHOWN_FRACTION: Final = 0.25
 """An offset beyond this fraction of the tolerance is reported in words (advice)."""
@@ -85,55 +90,76 @@ class OffsetEstimate:
 class ClockEstimator:
     """A time join's per-parent clock offsets (see the module).
 
+    Its cost is bounded per second, not per message: every fused group's time is kept
+    (an append to a ring), but the members of at most sample_hz groups
+    a second are measured, and at most sample_hz given-up inputs a second per parent
+    (a rig at 30-60 fps has every one measured; a backlog replayed at thousands of
+    groups a second, a sample).
+
     Arguments:
         sync_parents: the parents estimated (a collect parent is not).
         tolerance_s: the join's tolerance, seconds (what counts as far off).
+        sample_hz: see above.
     """
 
-    def __init__(self, sync_parents: Iterable[str], tolerance_s: float) -> None:
+    def __init__(self, sync_parents: Iterable[str], tolerance_s: float,
+                 sample_hz: float = SAMPLE_HZ) -> None:
         self.parents = list(sync_parents)
         self.tolerance_s = tolerance_s
+        self._every = 1.0 / sample_hz
         self._arrival = {p: deque[float](maxlen=WINDOW) for p in self.parents}
         self._residuals = {p: deque[float](maxlen=WINDOW) for p in self.parents}
         self._misses = {p: deque[float](maxlen=WINDOW) for p in self.parents}
         self._matched = {p: deque[bool](maxlen=WINDOW) for p in self.parents}
-        self._groups: list[float] = []  # recent fused groups' times, sorted
+        self._missed_at = dict.fromkeys(self.parents, -math.inf)
+        self._sampled_at = -math.inf
+        self._groups = deque[float](maxlen=RECENT_GROUPS)  # recent fused groups' times
+        # A group's time is its earliest member's; near misses are placed against its
+        # members' median, this much later (measured on the sampled groups).
+        self._lift = deque[float](maxlen=WINDOW)
 
-    def arrived(self, parent: str, event_ts: float, wall: float) -> None:
-        """An input of parent reached the join at wall (epoch seconds)."""
-        arrival = self._arrival.get(parent)
-        if arrival is not None:
-            arrival.append(event_ts - wall)
+    def fused(self, group_time: float, now: float) -> bool:
+        """A group was fused, its time group_time (its earliest sync member's event
+        time), at now (monotonic seconds).
 
-    def grouped(self, times: Mapping[str, float]) -> None:
-        """A group was fused with these sync members' event times."""
+        Returns:
+            whether its members are wanted (members): at most sample_hz a second.
+        """
+        self._groups.append(group_time)  # sorted when estimated: nothing more per group
+        if now - self._sampled_at < self._every:
+            return False
+        self._sampled_at = now
+        return True
+
+    def members(self, times: Mapping[str, tuple[float, float]]) -> None:
+        """The sync members of a group fused wanted: per parent, (its event time, when
+        it arrived, on a clock the same for every parent)."""
         if not times:
             return
-        values = list(times.values())
-        if len(values) > 1:
-            for parent, t in times.items():
-                residuals = self._residuals.get(parent)
-                if residuals is None:
-                    continue
-                others = [v for p, v in times.items() if p != parent]
-                residuals.append(t - median(others))
-        for parent in times:
-            matched = self._matched.get(parent)
-            if matched is not None:
-                matched.append(True)
-        groups = self._groups
-        bisect.insort(groups, median(values))
-        if len(groups) > RECENT_GROUPS:
-            del groups[0]
+        ordered = sorted(t for t, _ in times.values())
+        n = len(ordered)
+        for parent, (t, arrived) in times.items():
+            if parent not in self._matched:
+                continue
+            if n > 1:
+                self._residuals[parent].append(t - _median_without(ordered, t))
+            self._arrival[parent].append(t - arrived)
+            self._matched[parent].append(True)
+        half = n // 2
+        middle = ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2.0
+        self._lift.append(middle - ordered[0])
 
-    def missed(self, parent: str, event_ts: float) -> None:
-        """The join gave up on an input of parent at event_ts (no group took it)."""
+    def missed(self, parent: str, event_ts: float, arrived: float, now: float) -> None:
+        """The join gave up on an input of parent at event_ts (no group took it), which
+        arrived at arrived (members' clock), at now (monotonic seconds)."""
         misses = self._misses.get(parent)
-        if misses is None:
+        if misses is None or now - self._missed_at[parent] < self._every:
             return
+        self._missed_at[parent] = now
         # Placed when estimated: the groups around it may be fused after it is given
         # up on (a receive's adds let it go before its groups are handed out).
         misses.append(event_ts)
+        self._arrival[parent].append(event_ts - arrived)
         self._matched[parent].append(False)
 
     def estimates(self) -> dict[str, OffsetEstimate]:
@@ -157,11 +183,13 @@ class ClockEstimator:
         """Each miss's candidate offset: the one nearest the parent's arrival offset
         against the others' (the nearer group when arrivals say nothing)."""
         prior = self._arrival_offset(parent)
-        groups = self._groups
+        lift = median(self._lift) if self._lift else 0.0
+        groups = sorted(self._groups)
         picked = []
         for event_ts in self._misses[parent]:
-            at = bisect.bisect_left(groups, event_ts)
-            candidates = [event_ts - groups[i] for i in (at - 1, at) if 0 <= i < len(groups)]
+            at = bisect.bisect_left(groups, event_ts - lift)
+            candidates = [event_ts - groups[i] - lift for i in (at - 1, at)
+                          if 0 <= i < len(groups)]
             if not candidates:
                 continue
             if prior is None:
@@ -200,6 +228,19 @@ class ClockEstimator:
         return lines
 
 
+def _median_without(ordered: list[float], value: float) -> float:
+    """The median of ordered (sorted, two or more) with one occurrence of value taken
+    out: the other members' median, without building their list."""
+    at = bisect.bisect_left(ordered, value)
+    n = len(ordered) - 1  # what is left
+
+    def left(i: int) -> float:  # the i-th of what is left
+        return ordered[i] if i < at else ordered[i + 1]
+
+    half = n // 2
+    return left(half) if n % 2 else (left(half - 1) + left(half)) / 2.0
+
+
 def _live_median(offsets: deque[float]) -> float | None:
     """The median of a parent's event time less arrival, if they keep pace with the
     wall clock (LIVE_SPREAD_S); None otherwise, or with too few."""
@@ -215,4 +256,5 @@ def _estimate(samples: list[float], basis: str, share: float) -> OffsetEstimate:
     return OffsetEstimate(middle, spread, len(samples), basis, share)
 
 
-__all__ = ["MIN_SAMPLES", "SHOWN_FRACTION", "WINDOW", "ClockEstimator", "OffsetEstimate"]
+__all__ = ["MIN_SAMPLES", "SAMPLE_HZ", "SHOWN_FRACTION", "WINDOW", "ClockEstimator",
+           "OffsetEstimate"]

@@ -15,6 +15,7 @@ run's report.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
@@ -25,7 +26,6 @@ from videoflow.errors import JoinIncomplete
 from videoflow.messaging.clock_estimates import ClockEstimator
 from videoflow.messaging.grouping import (
     SUPERSEDED,
-    EnvelopeEntry,
     ReadyGroup,
     make_assembler,
 )
@@ -357,14 +357,17 @@ class Join:
                 self._discarded(handle, reason)
 
     def fused(self, group: ReadyGroup) -> None:
-        """A group is handed to the node: its sync members' times go to the clock
-        estimator."""
+        """A group is handed to the node: the clock estimator takes its time, and its
+        sync members' times when it wants them (at most SAMPLE_HZ groups a second, on
+        the real clock: a cost per second, not per group)."""
         clocks = self.clocks
-        if clocks is None:
+        if clocks is None or group.event_ts is None:
             return
-        clocks.grouped({p: e.event_ts for p, e in group.entries.items()
-                        if p not in self.collect and isinstance(e, EnvelopeEntry)
-                        and e.event_ts is not None})
+        if clocks.fused(group.event_ts, time.monotonic()):
+            collect = self.collect
+            clocks.members({h.parent: (t, getattr(h, "arrived", 0.0))
+                            for h in group.handles if h.parent not in collect
+                            and (t := getattr(h, "event_ts", None)) is not None})
 
     def _discarded(self, handle: Held, reason: str) -> None:
         if handle.parent in self.collect and reason in ("expired", "flushed"):
@@ -372,8 +375,9 @@ class Join:
             self.deliveries.settle_later(handle.delivery, Completed())
             return
         event_ts = getattr(handle, "event_ts", None)
-        if self.clocks is not None and event_ts is not None:
-            self.clocks.missed(handle.parent, event_ts)  # a near miss, or further off
+        if self.clocks is not None and event_ts is not None:  # a near miss, or further off
+            self.clocks.missed(handle.parent, event_ts, getattr(handle, "arrived", 0.0),
+                               time.monotonic())
         # A late one came behind its parent's watermark and no group could take it.
         self.deliveries.drops["join_late" if reason == "late" else "join_evicted"] += 1
         if self.missing == "dead_letter":

@@ -166,7 +166,7 @@ class _Handle:
     delivery: Delivery
     blob_ref: str | None = None
     arrived: float = 0.0  # clock.monotonic() when it reached the assembler
-    event_ts: float | None = None  # as the join reads it (corrected)
+    event_ts: float | None = None  # as the join reads it (corrected): its clock estimator's
 
 
 def _pack_of(handles: Sequence[_Handle]) -> tuple[object, ...] | None:
@@ -970,11 +970,8 @@ class NATSMessenger(Messenger):
             self.deliveries.let_go(delivery)
             return  # it was in hand at each of crash_limit process deaths: dead-lettered
         self.deliveries.hold(parent, delivery.token)
-        join = self.join
-        assert join is not None  # data arrives only at a node with parents
-        if join.clocks is not None and entry.event_ts is not None:
-            join.clocks.arrived(parent, entry.event_ts, self.epoch())
-        join.assembler.add(parent, entry, handle)
+        assert self.join is not None  # data arrives only at a node with parents
+        self.join.assembler.add(parent, entry, handle)
 
     def _poison_event_time(self, parent: str, sub: SubscriptionId, delivery: Delivery,
                            ref: str | None, event_ts: float) -> None:
