@@ -73,12 +73,15 @@ def _entry(trace_id: str, seq: int, event_ts: float | None) -> EnvelopeEntry:
 
 
 def feed(
-    assembler: Any, released: Released, stream: Stream, now_cell: list[float], end: float
+    assembler: Any, released: Released, stream: Stream, now_cell: list[float], end: float,
+    on_group: Callable[[Any], None] | None = None,
+    on_released: Callable[[Released], None] | None = None,
 ) -> tuple[int, Any]:
     """Feeds the stream, draining after each entry, then drains at ``end``; what the
     assembler queued in ``released`` (its resolver is released.extend, as the
     messenger's) is looked at once per entry, as the messenger looks once per receive
-    batch (and dropped: the handles do nothing).
+    batch (and dropped: the handles do nothing). on_group is called with each group
+    popped, on_released with what was released, before it is dropped.
 
     Returns:
         (groups popped, the last group).
@@ -94,8 +97,12 @@ def feed(
         while group is not None:
             groups += 1
             last = group
+            if on_group is not None:
+                on_group(group)
             group = pop(now)
         if released:
+            if on_released is not None:
+                on_released(released)
             released.clear()
     now_cell[0] = end
     group = pop(end)
@@ -103,6 +110,8 @@ def feed(
     while group is not None:
         groups += 1
         last = group
+        if on_group is not None:
+            on_group(group)
         group = pop(end)
     return groups, last
 
@@ -324,8 +333,6 @@ def feed_with_clocks(assembler: Any, released: Released, stream: Stream,
     time and arrival, as the messenger's handles carry them). The seconds spent in
     the estimator's calls are added to spent[0]."""
     clocks = ClockEstimator(CAMERAS, TOLERANCE_MS / 1000.0)
-    add = assembler.add
-    pop = assembler.pop_ready
     tick = time.perf_counter
 
     def fused(group: Any) -> None:
@@ -336,34 +343,15 @@ def feed_with_clocks(assembler: Any, released: Released, stream: Stream,
                             for p, t, a in (seen,)})
         spent[0] += tick() - started
 
-    groups = 0
-    last = None
-    for parent, entry, handle, now in stream:
-        now_cell[0] = now
-        add(parent, entry, handle)
-        group = pop(now)
-        while group is not None:
-            groups += 1
-            last = group
-            fused(group)
-            group = pop(now)
-        if released:
-            for handle, _ in released:  # the messenger looks at each one anyway
-                seen = stamps.get(id(handle))
-                if seen is not None:
-                    started = tick()
-                    clocks.missed(*seen, time.monotonic())
-                    spent[0] += tick() - started
-            released.clear()
-    now_cell[0] = end
-    group = pop(end)
-    released.clear()
-    while group is not None:
-        groups += 1
-        last = group
-        fused(group)
-        group = pop(end)
-    return groups, last
+    def missed(let_go: Released) -> None:
+        for handle, _ in let_go:  # the messenger looks at each one anyway
+            seen = stamps.get(id(handle))
+            if seen is not None:
+                started = tick()
+                clocks.missed(*seen, time.monotonic())
+                spent[0] += tick() - started
+
+    return feed(assembler, released, stream, now_cell, end, fused, missed)
 
 
 @each_core
