@@ -102,17 +102,19 @@ def test_offsets_are_a_time_joins_and_name_its_parents() -> None:
                                 ).clock_offsets == {"cam_b": -0.02}
 
 
-def rig(flows: Any, offsets: dict[str, float]) -> tuple[list[Any], dict[str, Any]]:
+def rig(flows: Any, offsets: dict[str, float], instants: int = 60,
+        **policy: Any) -> tuple[list[Any], dict[str, Any]]:
     """Four live cameras at 30 fps for 60 instants, each capturing in real time on a
     thread of its own: each drops 5 % of its frames and stamps with 1 ms of jitter;
     cam2's clock reads 20 ms ahead; cam1's frames each reach the flow half a second
     after capture (a lagging camera, its stamps right). A time join, tolerance 8 ms,
-    quorum 3 of 4, fuses them as they come. Returns the groups and the join's status
-    at the end."""
+    quorum 3 of 4, fuses them as they come (policy: more of its policy). Returns the
+    groups and the join's status at the end, with its corrections (clock_corrections,
+    clock_changes)."""
     cams = [f"cam{i}" for i in range(4)]
     flow = flows({**{c: [] for c in cams}, "fuse": cams, "sink": ["fuse"]})
     messengers = {c: flow.messenger(c) for c in cams}
-    instants, lag = 60, 0.5
+    lag = 0.5
     t0 = time.time() + 0.2
 
     def capture(camera: str, seed: int) -> None:
@@ -131,13 +133,15 @@ def rig(flows: Any, offsets: dict[str, float]) -> tuple[list[Any], dict[str, Any
     threads = [threading.Thread(target=capture, args=(c, i)) for i, c in enumerate(cams)]
     fusion = flow.messenger("fuse", join_policy={
         "mode": "time", "tolerance_ms": 8.0, "quorum": 3, "missing": "drop",
-        "timeout_ms": 60_000.0, "clock_offsets": offsets})
+        "timeout_ms": 60_000.0, "clock_offsets": offsets, **policy})
     for thread in threads:
         thread.start()
-    groups = run_node(fusion, lambda inputs: None)[:-1]
+    groups = run_node(fusion, lambda inputs: inputs)[:-1]
     for thread in threads:
         thread.join()
-    return groups, fusion.join_status()
+    status = fusion.join_status()
+    status["clock_corrections"], status["clock_changes"] = fusion.clock_corrections()
+    return groups, status
 
 
 def test_the_join_finds_a_camera_20_ms_ahead_and_no_offset_for_the_others(
@@ -178,7 +182,7 @@ def test_a_near_miss_is_told_from_the_next_instants_by_its_arrival() -> None:
             t = 100.0 + k / FPS
             arrived = t + 0.005 if arrivals else 0.0  # a backlog: all at once
             if clocks.fused(t, now=k / FPS):
-                clocks.members({"a": (t, arrived), "b": (t, arrived)})
+                clocks.members({"a": (t, arrived, 0), "b": (t, arrived, 0)})
             clocks.missed("c", t + AHEAD, arrived, now=k / FPS)
         return clocks
 
@@ -194,3 +198,44 @@ def test_the_estimators_cost_is_per_second_not_per_group() -> None:
     wanted = sum(clocks.fused(100.0 + k / 1000.0, now=k / 10_000.0) for k in range(10_000))
     assert wanted == pytest.approx(SAMPLE_HZ * 1.0, abs=1)
     assert list(clocks._groups) == [100.0 + k / 1000.0 for k in range(10_000)][-RECENT_GROUPS:]
+
+
+def test_a_running_correction_follows_the_estimate_a_bounded_step_at_a_time(
+    flows, core: str, caplog: pytest.LogCaptureFixture,  # type: ignore[no-untyped-def]
+) -> None:
+    caplog.set_level("INFO", logger="videoflow.messaging.nats_messenger")
+    groups, status = rig(flows, {}, instants=150, clock_correction="running",
+                         clock_step_ms=5.0, clock_limit_ms=50.0)
+    assert status["clock_corrections"]["cam2"] == pytest.approx(-AHEAD, abs=0.001)
+    assert status["clock_changes"]["cam2"] >= 4  # 20 ms in steps of at most 5
+    moves = [re.search(r"moved from ([-+][\d.]+) ms to ([-+][\d.]+) ms", r.getMessage())
+             for r in caplog.records if "cam2's clock correction" in r.getMessage()]
+    assert len(moves) == status["clock_changes"]["cam2"]  # each change logged
+    assert all(m is not None and abs(float(m[2]) - float(m[1])) <= 5.0 + 1e-9 for m in moves)
+    # Once it caught up, cam2 is fused again: the last instants' groups have it (but
+    # for its own 5 % drops).
+    late = [g for g in groups if g["cam0"] is not None and g["cam0"]["message"] >= 120]
+    assert sum(g["cam2"] is not None for g in late) >= 0.85 * len(late) > 0
+    assert not any(abs(e["offset_s"]) > 0.002 for e in status["clock_offsets"].values())
+
+
+def test_a_running_correction_never_goes_past_its_limit(
+    flows, core: str,  # type: ignore[no-untyped-def]
+) -> None:
+    groups, status = rig(flows, {}, instants=120, clock_correction="running",
+                         clock_step_ms=5.0, clock_limit_ms=10.0)
+    assert status["clock_corrections"]["cam2"] == pytest.approx(-0.010)
+    # 10 ms short of its offset, and 2 ms beyond the tolerance: still never fused,
+    # and the estimate says what is left.
+    assert all(g["cam2"] is None for g in groups)
+    assert status["clock_offsets"]["cam2"]["offset_s"] == pytest.approx(0.010, abs=0.001)
+
+
+def test_running_correction_bounds_are_checked() -> None:
+    for bad, said in [({"clock_correction": "learned"}, "clock_correction must be one of"),
+                      ({"clock_step_ms": 0.0}, "clock_step_ms must be finite and > 0"),
+                      ({"clock_limit_ms": 61_000.0}, "clock_limit_ms must be at most 60000")]:
+        with pytest.raises(ValueError, match=said):
+            JoinPolicy(mode="time", tolerance_ms=8.0, **bad)
+    with pytest.raises(ValueError, match="clock_correction='running' needs mode='time'"):
+        JoinPolicy(clock_correction="running")

@@ -30,6 +30,9 @@ MAX_CLOCK_OFFSET_S = 60.0
 """The largest clock offset a time join corrects (JoinPolicy.clock_offsets): a source a
 minute off is misconfigured, not skewed."""
 
+CLOCK_CORRECTIONS = ("static", "running")
+"""JoinPolicy.clock_correction: clock_offsets alone, or following the join's estimate."""
+
 MISSING_POLICIES = ("drop", "dead_letter", "wait")
 
 
@@ -141,6 +144,12 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
             -0.0198 for one that reads 19.8 ms ahead. Matching, watermarks, the drift
             bound, collect windows and each group's event time all go by the
             corrected times; the node's entries carry them too.
+        clock_correction: 'static' applies clock_offsets alone; 'running' also
+            follows the join's own estimate of each parent's offset
+            (videoflow.messaging.clock_estimates), a bounded step at a time: at most
+            clock_step_ms per change, never more than clock_limit_ms in all, each
+            change logged (time mode only).
+        clock_step_ms / clock_limit_ms: those bounds.
     """
 
     mode: str = "trace"
@@ -153,6 +162,9 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
     max_drift_ms: float | None = None
     disorder_ms: float = 0.0
     clock_offsets: dict[str, float] = msgspec.field(default_factory=dict)
+    clock_correction: str = "static"
+    clock_step_ms: float = 2.0
+    clock_limit_ms: float = 100.0
 
     def __post_init__(self) -> None:
         if self.mode not in JOIN_MODES:
@@ -207,6 +219,16 @@ class JoinPolicy(msgspec.Struct, frozen=True, kw_only=True):
                     not math.isfinite(offset)) or abs(offset) > MAX_CLOCK_OFFSET_S:
                 raise ValueError(f"clock_offsets[{parent!r}] must be a finite number of "
                                  f"seconds within ±{MAX_CLOCK_OFFSET_S:g}, got {offset!r}")
+        if self.clock_correction not in CLOCK_CORRECTIONS:
+            raise ValueError(f"clock_correction must be one of {CLOCK_CORRECTIONS}, got "
+                             f"{self.clock_correction!r}")
+        if self.clock_correction != "static" and self.mode != "time":
+            raise ValueError("clock_correction='running' needs mode='time'")
+        _finite_nonneg("clock_step_ms", self.clock_step_ms, allow_zero=False)
+        _finite_nonneg("clock_limit_ms", self.clock_limit_ms)
+        if self.clock_limit_ms > MAX_CLOCK_OFFSET_S * 1000.0:
+            raise ValueError(f"clock_limit_ms must be at most {MAX_CLOCK_OFFSET_S * 1000.0:g}, "
+                             f"got {self.clock_limit_ms!r}")
 
     def drift_seconds(self) -> float | None:
         """The drift bound a time join aligns its parents by, in seconds (max_drift_ms,

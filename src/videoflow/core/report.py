@@ -115,6 +115,9 @@ class NodeReport:
             other parents'), ms; {} for other nodes and parents not estimated.
         clock_advice: per parent whose offset is worth correcting, in words, with the
             clock_offsets setting that corrects it.
+        clock_corrections_ms: a time join's corrections of its parents' event times
+            at its end, ms (clock_offsets, moved by a running correction).
+        clock_changes: how many times a running correction moved each.
         payload_waited_seconds: how long its replicas waited for room in their shares
             of the shared-memory payload budget, in all; None when it wrote none there.
         payload_share_bytes: their shares of that budget, summed, as last reported
@@ -152,6 +155,8 @@ class NodeReport:
     waiting_on: dict[str, str] = field(default_factory=dict)
     clock_offsets_ms: dict[str, float] = field(default_factory=dict)
     clock_advice: dict[str, str] = field(default_factory=dict)
+    clock_corrections_ms: dict[str, float] = field(default_factory=dict)
+    clock_changes: dict[str, int] = field(default_factory=dict)
     payload_waited_seconds: float | None = None
     payload_share_bytes: int | None = None
     codecs: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -217,6 +222,9 @@ class NodeReport:
                 for parent, estimate in (stats.get("clock_offsets") or {}).items():
                     report.clock_offsets_ms[parent] = 1000.0 * float(estimate["offset_s"])
                 report.clock_advice.update(stats.get("clock_advice") or {})
+                for parent, seconds in (stats.get("clock_corrections") or {}).items():
+                    report.clock_corrections_ms[parent] = 1000.0 * float(seconds)
+                report.clock_changes.update(stats.get("clock_changes") or {})
             for name, counts in (stats.get("codecs") or {}).items():
                 into = report.codecs.setdefault(name, {})
                 for field_name, value in counts.items():
@@ -326,6 +334,11 @@ class RunReport:
                 lines.append(f"  {name}: parents' event time behind the most advanced, at "
                              "most: " + ", ".join(f"{p} {lag:.1f} ms" for p, lag in lags))
             lines += [f"  {name}: {advice}" for advice in n.clock_advice.values()]
+            if any(n.clock_corrections_ms.values()):
+                lines.append(f"  {name}: clock corrections at the end: " + ", ".join(
+                    f"{p} {ms:+.1f} ms" + (f" ({n.clock_changes[p]} running moves)"
+                                           if n.clock_changes.get(p) else "")
+                    for p, ms in n.clock_corrections_ms.items() if ms))
         for name, n in self.nodes.items():
             held = sorted(((p, s) for p, s in n.held_back_seconds.items() if s >= 0.05),
                           key=lambda kv: -kv[1])

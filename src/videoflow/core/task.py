@@ -76,6 +76,8 @@ class TaskStats:
         clock_offsets: a time join's parents, each one's estimated clock offset
             (videoflow.messaging.clock_estimates, OffsetEstimate.to_dict).
         clock_advice: those offsets worth correcting, in words, per parent.
+        clock_corrections / clock_changes: a time join's corrections of its parents'
+            event times, seconds, and how many times a running correction moved each.
         payload: a replica writing payloads into a budgeted store (shared memory), its
             bytes held against its share: held_bytes, share_bytes (None until it
             writes), waiting_seconds (its current wait for room, None when it is not
@@ -110,6 +112,8 @@ class TaskStats:
     waiting_on: dict[str, str] = field(default_factory=dict)
     clock_offsets: dict[str, dict[str, Any]] = field(default_factory=dict)
     clock_advice: dict[str, str] = field(default_factory=dict)
+    clock_corrections: dict[str, float] = field(default_factory=dict)
+    clock_changes: dict[str, int] = field(default_factory=dict)
     payload: dict[str, Any] | None = None
     started: float = field(default_factory=lambda: clock.wall())
     ended: float | None = None
@@ -155,6 +159,8 @@ class TaskStats:
                 "waiting_on": dict(self.waiting_on),
                 "clock_offsets": {p: dict(e) for p, e in self.clock_offsets.items()},
                 "clock_advice": dict(self.clock_advice),
+                "clock_corrections": dict(self.clock_corrections),
+                "clock_changes": dict(self.clock_changes),
                 "payload": None if self.payload is None else dict(self.payload),
                 "started": self.started, "ended": self.ended, "first": self.first,
                 "last": self.last, "outcome": self.outcome,
@@ -266,6 +272,9 @@ class Task:
         clocks = getattr(self.messenger, "clock_estimates", None)
         if clocks is not None:
             self.stats.clock_offsets, self.stats.clock_advice = clocks()
+        corrections = getattr(self.messenger, "clock_corrections", None)
+        if corrections is not None:
+            self.stats.clock_corrections, self.stats.clock_changes = corrections()
         payload = getattr(self.messenger, "payload_share", None)
         if payload is not None:
             self.stats.payload = payload()

@@ -1,5 +1,6 @@
 """Per-parent clock offsets a time join finds by itself (JoinPolicy's clock_offsets
-correct them; this says what to set).
+correct them; this says what to set, and with clock_correction='running' follows them:
+RunningCorrection).
 
 A camera without PTP, a driver that stamps at readout, a USB camera's constant pipeline
 delay: each shifts every event time of one parent by about a constant, and beyond the
@@ -16,8 +17,10 @@ window by design) and keeps, per parent, the last WINDOW of:
   nearest the parent's arrival offset is taken (its event time less the time it
   arrived, against the other parents' median), which tells the two apart by a whole
   frame period. Arrivals say that only of live sources, whose event times keep pace
-  with the wall clock (their spread within LIVE_SPREAD_S); in a backlog (a replay)
-  the nearer candidate is taken, right while the offset is under half a period;
+  with the wall clock (their latest spread within LIVE_SPREAD_S): in a live flow, a
+  parent's near misses wait until its arrivals and another parent's are live. In a
+  backlog (a replay) the nearer candidate is taken, right while the offset is under
+  half a period;
 - whether each input joined a group (matched).
 
 A parent whose inputs mostly join groups is judged by its residuals, small by
@@ -48,6 +51,9 @@ MIN_SAMPLES: Final = 8
 RECENT_GROUPS: Final = 512
 """Fused groups' times kept to place near misses against."""
 
+LIVE_SAMPLES: Final = 16
+"""The latest arrivals a parent is judged live by."""
+
 LIVE_SPREAD_S: Final = 0.1
 """A parent whose event times less their arrival times spread (median absolute
 deviation) within this keeps pace with the wall clock: its arrivals can tell a near
@@ -56,6 +62,9 @@ miss's two candidates apart."""
 SAMPLE_HZ: Final = 100.0
 """Groups a second whose members are measured, and given-up inputs a second per parent
 (ClockEstimator: its cost is per second, not per message)."""
+
+DEADBAND_FRACTION: Final = 0.05
+"""The least offset, as a fraction of the tolerance, a running correction moves for."""
 
 SHOWN_FRACTION: Final = 0.25
 """An offset beyond this fraction of the tolerance is reported in words (advice)."""
@@ -117,6 +126,14 @@ class ClockEstimator:
         # A group's time is its earliest member's; near misses are placed against its
         # members' median, this much later (measured on the sampled groups).
         self._lift = deque[float](maxlen=WINDOW)
+        # Per parent, how many times its correction changed (forget): an input decoded
+        # under an earlier correction is not measured against the new one.
+        self._epochs = dict.fromkeys(self.parents, 0)
+
+    def epoch(self, parent: str) -> int:
+        """The parent's correction epoch, as its inputs are decoded now (members and
+        missed take it back, and measure only the current epoch's)."""
+        return self._epochs.get(parent, 0)
 
     def fused(self, group_time: float, now: float) -> bool:
         """A group was fused, its time group_time (its earliest sync member's event
@@ -131,14 +148,17 @@ class ClockEstimator:
         self._sampled_at = now
         return True
 
-    def members(self, times: Mapping[str, tuple[float, float]]) -> None:
+    def members(self, times: Mapping[str, tuple[float, float, int]]) -> None:
         """The sync members of a group fused wanted: per parent, (its event time, when
-        it arrived, on a clock the same for every parent)."""
-        if not times:
+        it arrived, on a clock the same for every parent, and the correction epoch it
+        was decoded in); a member decoded under an earlier correction is left out."""
+        epochs = self._epochs
+        current = {p: (t, a) for p, (t, a, e) in times.items() if epochs.get(p, 0) == e}
+        if not current:
             return
-        ordered = sorted(t for t, _ in times.values())
+        ordered = sorted(t for t, _ in current.values())
         n = len(ordered)
-        for parent, (t, arrived) in times.items():
+        for parent, (t, arrived) in current.items():
             if parent not in self._matched:
                 continue
             if n > 1:
@@ -149,11 +169,14 @@ class ClockEstimator:
         middle = ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2.0
         self._lift.append(middle - ordered[0])
 
-    def missed(self, parent: str, event_ts: float, arrived: float, now: float) -> None:
+    def missed(self, parent: str, event_ts: float, arrived: float, now: float,
+               epoch: int = 0) -> None:
         """The join gave up on an input of parent at event_ts (no group took it), which
-        arrived at arrived (members' clock), at now (monotonic seconds)."""
+        arrived at arrived (members' clock), decoded in the correction epoch epoch, at
+        now (monotonic seconds)."""
         misses = self._misses.get(parent)
-        if misses is None or now - self._missed_at[parent] < self._every:
+        if misses is None or epoch != self._epochs[parent] or (
+                now - self._missed_at[parent] < self._every):
             return
         self._missed_at[parent] = now
         # Placed when estimated: the groups around it may be fused after it is given
@@ -161,6 +184,13 @@ class ClockEstimator:
         misses.append(event_ts)
         self._arrival[parent].append(event_ts - arrived)
         self._matched[parent].append(False)
+
+    def forget(self, parent: str) -> None:
+        """Drop what was measured of parent (its correction just changed: what comes
+        next is measured against the new one)."""
+        for kept in (self._arrival, self._residuals, self._misses, self._matched):
+            kept[parent].clear()
+        self._epochs[parent] += 1
 
     def estimates(self) -> dict[str, OffsetEstimate]:
         """Each parent's offset, for the parents with enough samples."""
@@ -183,6 +213,8 @@ class ClockEstimator:
         """Each miss's candidate offset: the one nearest the parent's arrival offset
         against the others' (the nearer group when arrivals say nothing)."""
         prior = self._arrival_offset(parent)
+        if prior is None and any(_live_median(d) is not None for d in self._arrival.values()):
+            return []  # a live flow: wait until this parent's arrivals tell them apart
         lift = median(self._lift) if self._lift else 0.0
         groups = sorted(self._groups)
         picked = []
@@ -228,6 +260,58 @@ class ClockEstimator:
         return lines
 
 
+class RunningCorrection:
+    """JoinPolicy's clock_correction='running': each parent's correction follows the
+    estimator, a bounded step at a time.
+
+    A parent whose estimate is off by more than its deadband (three spreads, and at
+    least DEADBAND_FRACTION of the tolerance) has its correction moved against it by at
+    most step_s, never past limit_s either way from its static offset; its samples are
+    then dropped (ClockEstimator.forget), so the next step goes by what the new
+    correction leaves. A camera 20 ms ahead with a 5 ms step is corrected in four.
+
+    Arguments:
+        static: the policy's clock_offsets, seconds per parent.
+        step_s / limit_s: the bounds.
+
+    Attributes:
+        applied: per parent, the correction decode adds (static plus running).
+        changes: how many times the correction moved, per parent.
+    """
+
+    def __init__(self, static: Mapping[str, float], step_s: float, limit_s: float) -> None:
+        self.static = dict(static)
+        self.step_s, self.limit_s = step_s, limit_s
+        self.applied: dict[str, float] = dict(static)
+        self.changes: dict[str, int] = {}
+
+    def update(self, clocks: ClockEstimator) -> list[str]:
+        """Move the corrections the estimates call for (see the class).
+
+        Returns:
+            each change, in words, for the log.
+        """
+        said = []
+        deadband_floor = DEADBAND_FRACTION * clocks.tolerance_s
+        for parent, e in clocks.estimates().items():
+            if abs(e.offset_s) <= max(3.0 * e.spread_s, deadband_floor):
+                continue
+            base = self.static.get(parent, 0.0)
+            was = self.applied.get(parent, base)
+            step = max(-self.step_s, min(self.step_s, -e.offset_s))
+            now = max(base - self.limit_s, min(base + self.limit_s, was + step))
+            if now == was:
+                continue  # at its limit
+            self.applied[parent] = now
+            self.changes[parent] = self.changes.get(parent, 0) + 1
+            clocks.forget(parent)
+            said.append(f"{parent}'s clock correction moved from {was * 1000.0:+.1f} ms to "
+                        f"{now * 1000.0:+.1f} ms: it read {e.offset_s * 1000.0:.1f} ms "
+                        f"{'ahead' if e.offset_s > 0 else 'behind'} (from {e.samples} "
+                        f"{e.basis})")
+        return said
+
+
 def _median_without(ordered: list[float], value: float) -> float:
     """The median of ordered (sorted, two or more) with one occurrence of value taken
     out: the other members' median, without building their list."""
@@ -242,12 +326,15 @@ def _median_without(ordered: list[float], value: float) -> float:
 
 
 def _live_median(offsets: deque[float]) -> float | None:
-    """The median of a parent's event time less arrival, if they keep pace with the
-    wall clock (LIVE_SPREAD_S); None otherwise, or with too few."""
+    """The median of a parent's latest LIVE_SAMPLES event times less arrival, if they
+    keep pace with the wall clock (LIVE_SPREAD_S); None otherwise, or with too few. The
+    latest only: a live source's first inputs may come in a burst (its reader started
+    after it), which must not make it look like a backlog for long."""
     if len(offsets) < MIN_SAMPLES:
         return None
-    middle = median(offsets)
-    return middle if median(abs(d - middle) for d in offsets) <= LIVE_SPREAD_S else None
+    latest = list(offsets)[-LIVE_SAMPLES:]
+    middle = median(latest)
+    return middle if median(abs(d - middle) for d in latest) <= LIVE_SPREAD_S else None
 
 
 def _estimate(samples: list[float], basis: str, share: float) -> OffsetEstimate:
@@ -256,5 +343,5 @@ def _estimate(samples: list[float], basis: str, share: float) -> OffsetEstimate:
     return OffsetEstimate(middle, spread, len(samples), basis, share)
 
 
-__all__ = ["MIN_SAMPLES", "SAMPLE_HZ", "SHOWN_FRACTION", "WINDOW", "ClockEstimator",
-           "OffsetEstimate"]
+__all__ = ["DEADBAND_FRACTION", "MIN_SAMPLES", "SAMPLE_HZ", "SHOWN_FRACTION", "WINDOW",
+           "ClockEstimator", "OffsetEstimate", "RunningCorrection"]

@@ -365,7 +365,8 @@ class Join:
             return
         if clocks.fused(group.event_ts, time.monotonic()):
             collect = self.collect
-            clocks.members({h.parent: (t, getattr(h, "arrived", 0.0))
+            clocks.members({h.parent: (t, getattr(h, "arrived", 0.0),
+                                       getattr(h, "clock_epoch", 0))
                             for h in group.handles if h.parent not in collect
                             and (t := getattr(h, "event_ts", None)) is not None})
 
@@ -377,7 +378,7 @@ class Join:
         event_ts = getattr(handle, "event_ts", None)
         if self.clocks is not None and event_ts is not None:  # a near miss, or further off
             self.clocks.missed(handle.parent, event_ts, getattr(handle, "arrived", 0.0),
-                               time.monotonic())
+                               time.monotonic(), getattr(handle, "clock_epoch", 0))
         # A late one came behind its parent's watermark and no group could take it.
         self.deliveries.drops["join_late" if reason == "late" else "join_evicted"] += 1
         if self.missing == "dead_letter":

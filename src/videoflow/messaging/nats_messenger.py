@@ -56,11 +56,12 @@ state, and each method's wiring to the parts.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from math import ceil, isfinite
+from math import ceil, inf, isfinite
 from typing import Any, Final
 
 from videoflow import clock
@@ -97,6 +98,7 @@ from videoflow.core.naming import (
 )
 from videoflow.core.runtime import FlowRuntime
 from videoflow.errors import CodecError, PayloadMissing, WireError
+from videoflow.messaging.clock_estimates import RunningCorrection
 from videoflow.messaging.freshness import Freshness
 from videoflow.messaging.grouping import (
     EnvelopeEntry,
@@ -118,6 +120,8 @@ from videoflow.messaging.publication import PublicationStats
 from videoflow.messaging.tracing import GroupTrace, NodeTracing, settled
 from videoflow.wire.offload import BlobStore
 from videoflow.wire.serialization import ENVELOPE_VERSION, decode_envelope
+
+logger = logging.getLogger(__name__)
 
 POLL_SECONDS: Final = 0.05
 """How long one receive waits before the loop looks at timeouts and drains again."""
@@ -151,6 +155,9 @@ last group's outputs confirmed and its inputs settled before it starts the next.
 to gather until the batch filled, a sink taking 0.5 s a message settled none for 24 s,
 and a crash then would have redone every one."""
 
+CORRECT_SECONDS: Final = 0.25
+"""How often a join with clock_correction='running' looks whether to move a correction."""
+
 CONFIRM_SECONDS: Final = 0.02
 """How long such a node waits, before its next group, for its last group's outputs to
 be confirmed (a round trip; what is later is settled before the group after)."""
@@ -167,6 +174,7 @@ class _Handle:
     blob_ref: str | None = None
     arrived: float = 0.0  # clock.monotonic() when it reached the assembler
     event_ts: float | None = None  # as the join reads it (corrected): its clock estimator's
+    clock_epoch: int = 0  # the parent's correction epoch it was decoded in (running)
 
 
 def _pack_of(handles: Sequence[_Handle]) -> tuple[object, ...] | None:
@@ -399,6 +407,16 @@ class NATSMessenger(Messenger):
         self._clock_offsets: dict[str, float] = (
             dict(plan.join.clock_offsets) if self.parent_names and plan.join is not None
             else {})
+        # clock_correction='running': the corrections follow the join's estimate; the
+        # applied ones are the dict decode reads.
+        self._running: RunningCorrection | None = None
+        if self.join is not None and self.join.clocks is not None and (
+                plan.join.clock_correction == "running"):
+            self._running = RunningCorrection(plan.join.clock_offsets,
+                                              plan.join.clock_step_ms / 1000.0,
+                                              plan.join.clock_limit_ms / 1000.0)
+            self._clock_offsets = self._running.applied
+        self._corrected_at = -inf
 
     def _bind(self, partitioned: bool) -> None:
         # The plan's credit and delivery cap, as provisioning created the durables
@@ -861,7 +879,34 @@ class NATSMessenger(Messenger):
             if got and self.join.alignment is not None:
                 self.join.arrived({sub.channel.node for sub, _ in got if sub.kind == "data"})
             self.join.settle_released()  # what the batch's adds let go of, at once
+            if self._running is not None:
+                self._correct_clocks()
         self.deliveries.settle_pending()
+
+    def _correct_clocks(self) -> None:
+        """clock_correction='running': at most every CORRECT_SECONDS, move the
+        corrections the join's estimates call for (RunningCorrection), each change
+        logged."""
+        now = clock.monotonic()
+        if now - self._corrected_at < CORRECT_SECONDS:
+            return
+        self._corrected_at = now
+        assert self._running is not None and self.join is not None
+        assert self.join.clocks is not None
+        for change in self._running.update(self.join.clocks):
+            logger.info("%s: %s", self.node_name, change)
+
+    def _running_epoch(self, parent: str) -> int:
+        join = self.join
+        return 0 if join is None or join.clocks is None else join.clocks.epoch(parent)
+
+    def clock_corrections(self) -> tuple[dict[str, float], dict[str, int]]:
+        """The corrections a time join applies to its parents' event times, seconds
+        (clock_offsets, and with clock_correction='running' what it moved them to), and
+        how many times each moved; both empty for a node without a time join."""
+        if self._running is not None:
+            return dict(self._running.applied), dict(self._running.changes)
+        return dict(self._clock_offsets), {}
 
     def _freshest(self, got: list[tuple[SubscriptionId, Delivery]], called: float
                   ) -> list[tuple[SubscriptionId, Delivery]]:
@@ -913,6 +958,8 @@ class NATSMessenger(Messenger):
             if event_ts is not None and self._clock_offsets:
                 event_ts += self._clock_offsets.get(parent, 0.0)
                 decoded["event_ts"] = event_ts  # what everything after reads
+                if self._running is not None:  # the correction it was decoded with
+                    decoded["clock_epoch"] = self._running_epoch(parent)
         except CodecError as error:
             # Whole bytes an installed codec (or one installed later) may read:
             # kept, to be replayed.
@@ -965,7 +1012,7 @@ class NATSMessenger(Messenger):
             self.deliveries.terminate(parent, delivery, f"undecodable: {error!r}")
             return
         handle = _Handle(parent, sub, delivery, entry.blob_ref, clock.monotonic(),
-                         entry.event_ts)
+                         entry.event_ts, decoded.get("clock_epoch", 0))
         if delivery.num_delivered > 1 and self.deliveries.crash_looped(handle):
             self.deliveries.let_go(delivery)
             return  # it was in hand at each of crash_limit process deaths: dead-lettered
