@@ -50,6 +50,9 @@ def test_join_policy_fields_are_exactly_the_documented_ones_in_order():
         "max_drift_ms",
         "disorder_ms",
         "clock_offsets",
+        "clock_correction",
+        "clock_step_ms",
+        "clock_limit_ms",
     )
 
 
@@ -79,6 +82,9 @@ def test_join_policy_to_dict_from_dict_round_trips_a_full_time_policy():
         max_drift_ms=250.0,
         disorder_ms=300.0,
         clock_offsets={"cam": -0.0198},
+        clock_correction="running",
+        clock_step_ms=5.0,
+        clock_limit_ms=50.0,
     )
     data = policy.to_dict()
     assert data == {
@@ -92,6 +98,9 @@ def test_join_policy_to_dict_from_dict_round_trips_a_full_time_policy():
         "max_drift_ms": 250.0,
         "disorder_ms": 300.0,
         "clock_offsets": {"cam": -0.0198},
+        "clock_correction": "running",
+        "clock_step_ms": 5.0,
+        "clock_limit_ms": 50.0,
     }
     assert JoinPolicy.from_dict(data) == policy
 
