@@ -338,7 +338,7 @@ def feed_with_clocks(assembler: Any, released: Released, stream: Stream,
     def fused(group: Any) -> None:
         started = tick()
         if clocks.fused(group.event_ts, time.monotonic()):
-            clocks.members({p: (t, a) for h in group.handles
+            clocks.members({p: (t, a, 0) for h in group.handles
                             if (seen := stamps.get(id(h))) is not None
                             for p, t, a in (seen,)})
         spent[0] += tick() - started
