@@ -120,6 +120,15 @@ def end_entry(aborted: dict[str, Any] | None) -> EndEntry:
     return EndEntry(False, True, origin, error)
 
 
+COMPLETED_KEPT: Final = 8192
+"""A join's acknowledged inputs remembered for completed_before: several seconds of
+inputs at any rate the join keeps up with, the span a failover's redeliveries come in."""
+
+
+def _completed_key(parent: str, delivery: Delivery) -> tuple[str, int, int]:
+    return parent, delivery.stream_seq, member_of(delivery.token)
+
+
 class Held(Protocol):
     """What the messenger holds for one delivery (its assembler handle)."""
 
@@ -206,6 +215,10 @@ class Deliveries:
         # Deliveries of each parent the messenger holds unsettled (in the assembler or
         # in the group handed out): its own share of the durable's leases.
         self._held: dict[str, set[DeliveryToken]] = {p: set() for p in self.parent_names}
+        # A join's inputs whose groups went out and were acknowledged here, latest
+        # last (completed_before); None for a node with one parent.
+        self._completed: dict[tuple[str, int, int], None] | None = (
+            {} if len(self.parent_names) > 1 else None)
         # The local engine's crash bookkeeping (watch_crashes); None elsewhere.
         self._in_hand: Any = None
         self._crashes: Any = None
@@ -310,8 +323,11 @@ class Deliveries:
         """
         if not self._unsent:
             self._unsent_since = clock.monotonic()
+        completed = self._completed
         for index, handle in enumerate(handles):
             self.let_go(handle.delivery)
+            if completed is not None:
+                completed[_completed_key(handle.parent, handle.delivery)] = None
             if self._counted:  # only after failures: no key is built on the usual path
                 counted = delivery_key(handle.parent, handle.delivery)
                 if counted in self._counted:  # it failed before: its count is done with
@@ -324,10 +340,22 @@ class Deliveries:
                     self._to_settle.append(retried)  # sent with the next settle_pending
                 continue
             self._unsent.append(([handle], (token, _COMPLETED, f"ack:{key}:{index}")))
+        if completed is not None and len(completed) > COMPLETED_KEPT:
+            for stale in list(completed)[:len(completed) - COMPLETED_KEPT]:
+                del completed[stale]
         if len(self._unsent) >= SETTLE_BATCH or any(h.blob_ref is not None for h in handles):
             # A payload held by ref is released only once its ack is confirmed: a
             # frame's memory is worth a round trip of its own.
             self.send_completed()
+
+    def completed_before(self, parent: str, delivery: Delivery) -> bool:
+        """Whether a join already acknowledged this delivery of parent's (its group went
+        out, its outputs were accepted): a redelivery of it (the broker never got the
+        ack: a failover, a lapse of the durable's leases) is done, and must not be
+        grouped again, where it could make a second group of its instant with a member
+        that was missing from the first."""
+        completed = self._completed
+        return completed is not None and _completed_key(parent, delivery) in completed
 
     def trace_settlement(self, handles: Sequence[Held], span: Any) -> None:
         """Track one acknowledged group's settle span (videoflow.messaging.tracing):

@@ -346,6 +346,9 @@ class NATSMessenger(Messenger):
         # First deliveries per parent: against the parent's outputs, what never reached
         # this node (a REALTIME stream keeps only the newest).
         self.received: dict[str, int] = dict.fromkeys(self.parent_names, 0)
+        # A join's redeliveries of inputs it had already acknowledged, acknowledged
+        # again and not grouped (Deliveries.completed_before).
+        self.redelivered_done = 0
         self._ready: deque[ReadyGroup] = deque()
         self.deliveries = Deliveries(
             self.node_name, flow_id, run_id, self.parent_names, backend, self.runtime,
@@ -947,6 +950,12 @@ class NATSMessenger(Messenger):
         self.deliveries.data_arrived(parent)
         if delivery.num_delivered == 1:
             self.received[parent] += 1
+        elif self.deliveries.completed_before(parent, delivery):
+            # Its group went out and was acknowledged here; the ack did not reach the
+            # broker. Acknowledged again, not grouped again.
+            self.deliveries.settle_later(delivery, Completed())
+            self.redelivered_done += 1
+            return
         try:
             decoded = decode_envelope(delivery.data)
             if decoded["is_stop_signal"] or decoded["is_abort"]:
