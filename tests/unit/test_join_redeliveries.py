@@ -12,6 +12,7 @@ from messenger_flows import FLOW, RUN, flows, run_node
 
 from videoflow.backends.memory import MemoryMessagingBackend
 from videoflow.backends.messaging import Completed, SettleUnknown
+from videoflow.core.report import NodeReport, RunReport
 from videoflow.messaging.nats_messenger import NATSMessenger
 
 __all__ = ["flows"]  # the fixture, imported for the tests below
@@ -60,3 +61,13 @@ def test_an_input_whose_ack_was_lost_comes_back_and_is_acknowledged_not_grouped_
     assert sum(fuse.take_drops().values()) == 0
     *groups, _ = run_node(flow.messenger("sink"), None)
     assert len(groups) == 2
+
+
+def test_the_report_says_how_many_inputs_came_again_after_they_were_acknowledged() -> None:
+    fuse = NodeReport.from_replicas("processor", {
+        "fuse[0]": {"processed": 90, "redelivered_done": 7, "outcome": "ended"},
+        "fuse[0]~1": {"processed": 3, "redelivered_done": 2, "outcome": "restarted"}})
+    assert fuse.redelivered_done == 9
+    text = RunReport("f", "r", "batch", "nats://x", nodes={"fuse": fuse}).format()
+    assert ("  fuse: 9 inputs came again after it had acknowledged them (the acks lost on "
+            "their way): acknowledged again, not grouped again") in text

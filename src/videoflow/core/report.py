@@ -100,6 +100,9 @@ class NodeReport:
         publications: the outcomes of what it published, its end markers included,
             summed: accepted, duplicate, unknown (no receipt came: on the broker's
             stream or not), dropped, rejected.
+        redelivered_done: a join's inputs that came again after it had acknowledged
+            them (the ack lost on its way: a failover), acknowledged again and not
+            grouped again, summed over its processes.
         unconfirmed: outputs handed to the broker whose outcome never came, by the
             final reports of its replicas (a process that failed with outputs in
             flight, its broker lost): on the broker's stream or not. What a process
@@ -151,6 +154,7 @@ class NodeReport:
     errors: dict[str, str] = field(default_factory=dict)
     publications: dict[str, int] = field(default_factory=dict)
     unconfirmed: int = 0
+    redelivered_done: int = 0
     held_back_seconds: dict[str, float] = field(default_factory=dict)
     waiting_on: dict[str, str] = field(default_factory=dict)
     clock_offsets_ms: dict[str, float] = field(default_factory=dict)
@@ -188,6 +192,7 @@ class NodeReport:
             report.emitted += stats.get("emitted", 0)
             report.failed += stats.get("failed", 0)
             report.dead_lettered += stats.get("dead_lettered", 0)
+            report.redelivered_done += int(stats.get("redelivered_done", 0))
             for reason, n in (stats.get("drops") or {}).items():
                 report.dropped[reason] = report.dropped.get(reason, 0) + n
             for parent, n in (stats.get("received") or {}).items():
@@ -368,6 +373,10 @@ class RunReport:
             lines.append("  the counts hold what each process that died last reported "
                          "(once a second): what it did after that is not in them")
         for name, n in self.nodes.items():
+            if n.redelivered_done:
+                lines.append(f"  {name}: {n.redelivered_done} inputs came again after it had "
+                             "acknowledged them (the acks lost on their way): acknowledged "
+                             "again, not grouped again")
             unsure = n.unconfirmed + n.publications.get("unknown", 0)
             if unsure:
                 lines.append(f"  {name}: {unsure} of its {n.emitted} outputs unconfirmed: "

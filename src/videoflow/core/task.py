@@ -63,6 +63,8 @@ class TaskStats:
         publications: the messenger's publication outcomes by kind (accepted,
             duplicate, unknown, dropped, rejected).
         budget_waits: times receiving paused because the byte budget was full.
+        redelivered_done: a join's redeliveries of inputs it had already acknowledged
+            (the ack lost on its way), acknowledged again and not grouped again.
         codecs: what each codec did in this replica's process (wire.codecs'
             counts_snapshot): arrays encoded, their raw and coded bytes and the seconds
             it took; arrays decoded and the seconds it took.
@@ -106,6 +108,7 @@ class TaskStats:
     hop_latency: Histogram = field(default_factory=Histogram)
     publications: dict[str, int] = field(default_factory=dict)
     budget_waits: int = 0
+    redelivered_done: int = 0
     codecs: dict[str, dict[str, float]] = field(default_factory=dict)
     held_back: dict[str, float] = field(default_factory=dict)
     held_back_now: dict[str, str] = field(default_factory=dict)
@@ -153,6 +156,7 @@ class TaskStats:
                 "hop_latency": self.hop_latency.as_dict(),
                 "publications": dict(self.publications),
                 "budget_waits": self.budget_waits,
+                "redelivered_done": self.redelivered_done,
                 "codecs": {name: dict(c) for name, c in self.codecs.items()},
                 "held_back": dict(self.held_back),
                 "held_back_now": dict(self.held_back_now),
@@ -264,6 +268,7 @@ class Task:
         self.stats.watermark_lag_max = dict(getattr(self.messenger, "watermark_lag_max", {}))
         self.stats.publications = dict(getattr(self.messenger, "publication_stats", {}))
         self.stats.budget_waits = int(getattr(self.messenger, "budget_waits", 0))
+        self.stats.redelivered_done = int(getattr(self.messenger, "redelivered_done", 0))
         self.stats.codecs = codec_counts()
         alignment = getattr(self.messenger, "alignment_state", None)
         if alignment is not None:
