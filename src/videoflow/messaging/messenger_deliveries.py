@@ -24,7 +24,7 @@ marker was confirmed before the marker was sent, so it is in the stream.
 from __future__ import annotations
 
 import concurrent.futures
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
@@ -217,8 +217,8 @@ class Deliveries:
         self._held: dict[str, set[DeliveryToken]] = {p: set() for p in self.parent_names}
         # A join's inputs whose groups went out and were acknowledged here, latest
         # last (completed_before); None for a node with one parent.
-        self._completed: dict[tuple[str, int, int], None] | None = (
-            {} if len(self.parent_names) > 1 else None)
+        self._completed: OrderedDict[tuple[str, int, int], None] | None = (
+            OrderedDict() if len(self.parent_names) > 1 else None)
         # The local engine's crash bookkeeping (watch_crashes); None elsewhere.
         self._in_hand: Any = None
         self._crashes: Any = None
@@ -340,9 +340,9 @@ class Deliveries:
                     self._to_settle.append(retried)  # sent with the next settle_pending
                 continue
             self._unsent.append(([handle], (token, _COMPLETED, f"ack:{key}:{index}")))
-        if completed is not None and len(completed) > COMPLETED_KEPT:
-            for stale in list(completed)[:len(completed) - COMPLETED_KEPT]:
-                del completed[stale]
+        if completed is not None:
+            while len(completed) > COMPLETED_KEPT:  # the oldest, one at a time: O(1) each
+                completed.popitem(last=False)
         if len(self._unsent) >= SETTLE_BATCH or any(h.blob_ref is not None for h in handles):
             # A payload held by ref is released only once its ack is confirmed: a
             # frame's memory is worth a round trip of its own.
