@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from messenger_flows import Flow, flows, run_node
 
+from videoflow.core.engine import CLOCK_OFFSETS_METADATA_KEY
 from videoflow.core.policies import JoinPolicy
 from videoflow.messaging import _grouping_ref, grouping
 from videoflow.messaging.clock_estimates import RECENT_GROUPS, SAMPLE_HZ, ClockEstimator
@@ -239,3 +240,95 @@ def test_running_correction_bounds_are_checked() -> None:
             JoinPolicy(mode="time", tolerance_ms=8.0, **bad)
     with pytest.raises(ValueError, match="clock_correction='running' needs mode='time'"):
         JoinPolicy(clock_correction="running")
+
+
+# ------------------------------------------------------------------ corrections said
+
+
+def test_outputs_say_the_corrections_their_group_was_fused_with(
+    flows, core: str,  # type: ignore[no-untyped-def]
+) -> None:
+    flow = flows({"cam_a": [], "cam_b": [], "fuse": ["cam_a", "cam_b"], "sink": ["fuse"]})
+    capture(flow)
+    fusion = flow.messenger("fuse", join_policy={
+        "mode": "time", "tolerance_ms": 8.0, "missing": "drop", "timeout_ms": 60_000.0,
+        "clock_offsets": {"cam_a": 0.0, "cam_b": -AHEAD}})
+    infos: list[Any] = []
+
+    def work(inputs: dict[str, Any]) -> int:
+        infos.append(fusion.last_input_info())
+        return int(inputs["cam_a"]["message"])
+
+    run_node(fusion, work)
+    # The node sees what was added to each member's time: cam_a's zero is not said on
+    # the wire, cam_b's is.
+    assert [(i["cam_a"]["clock_offset"], i["cam_b"]["clock_offset"]) for i in infos] == [
+        (0.0, -AHEAD)] * FRAMES
+    outputs = run_node(flow.messenger("sink"), None)[:-1]
+    assert [o["fuse"]["metadata"] for o in outputs] == [
+        {CLOCK_OFFSETS_METADATA_KEY: {"cam_b": -AHEAD}}] * FRAMES
+
+
+def test_a_join_that_corrects_nothing_says_nothing(
+    flows, core: str,  # type: ignore[no-untyped-def]
+) -> None:
+    flow = flows({"cam_a": [], "cam_b": [], "fuse": ["cam_a", "cam_b"], "sink": ["fuse"]})
+    for camera in ("cam_a", "cam_b"):
+        messenger = flow.messenger(camera)
+        for k in range(FRAMES):
+            messenger.set_output_event_timestamp(100.0 + k / FPS)
+            messenger.publish_message(k)
+        messenger.publish_stop_signal()
+    fusion = flow.messenger("fuse", join_policy={"mode": "time", "tolerance_ms": 8.0})
+    run_node(fusion, lambda inputs: inputs["cam_a"]["message"])
+    outputs = run_node(flow.messenger("sink"), None)[:-1]
+    assert len(outputs) == FRAMES and all(o["fuse"]["metadata"] is None for o in outputs)
+
+
+def test_a_running_corrections_outputs_say_where_it_stood_for_each_group(
+    flows, core: str,  # type: ignore[no-untyped-def]
+) -> None:
+    seen: list[Any] = []
+    cams = [f"cam{i}" for i in range(4)]
+    flow = flows({**{c: [] for c in cams}, "fuse": cams, "sink": ["fuse"]})
+    messengers = {c: flow.messenger(c) for c in cams}
+    t0 = time.time() + 0.2
+
+    def camera(name: str) -> None:
+        messenger = messengers[name]
+        for k in range(120):
+            time.sleep(max(0.0, t0 + k / FPS - time.time()))
+            messenger.set_output_event_timestamp(t0 + k / FPS + (AHEAD if name == "cam2" else 0.0))
+            messenger.publish_message(k)
+        messenger.publish_stop_signal()
+
+    threads = [threading.Thread(target=camera, args=(c,)) for c in cams]
+    fusion = flow.messenger("fuse", join_policy={
+        "mode": "time", "tolerance_ms": 8.0, "quorum": 3, "missing": "drop",
+        "timeout_ms": 60_000.0, "clock_correction": "running", "clock_step_ms": 5.0})
+    for thread in threads:
+        thread.start()
+
+    def work(inputs: dict[str, Any]) -> int:
+        seen.append((inputs, fusion.last_input_info()))
+        return len(seen) - 1
+
+    run_node(fusion, work)
+    for thread in threads:
+        thread.join()
+    said = [o["fuse"]["metadata"] for o in run_node(flow.messenger("sink"), None)[:-1]]
+    assert len(said) == len(seen) > 0
+    steps = []
+    for (inputs, info), metadata in zip(seen, said, strict=True):
+        applied = (metadata or {}).get(CLOCK_OFFSETS_METADATA_KEY, {})
+        assert set(applied) <= {"cam2"}  # only the camera that is off was moved
+        steps.append(applied.get("cam2", 0.0))
+        # Each member's own stamp with the offset said added is the time the join
+        # fused it at: replayed with these offsets, the same inputs group alike.
+        replayed = {p: t0 + e["message"] / FPS + (AHEAD if p == "cam2" else 0.0)
+                    + applied.get(p, 0.0) for p, e in inputs.items() if e is not None}
+        assert replayed == pytest.approx(
+            {p: i["event_ts"] for p, i in info.items() if i is not None}, abs=1e-9)
+        assert max(replayed.values()) - min(replayed.values()) <= 0.008
+    assert steps[-1] == pytest.approx(-AHEAD, abs=0.001)  # it caught up, in steps
+    assert len(set(steps)) >= 3

@@ -136,7 +136,9 @@ class RuntimeContext:
 
     @property
     def input_info(self) -> dict[str, Any] | None:
-        """Per parent: event_ts, metadata, trace_id and seq of the current group."""
+        """Per parent: event_ts, metadata, trace_id, seq and clock_offset (seconds a
+        time join added to the event time, JoinPolicy.clock_offsets) of the current
+        group."""
         info = getattr(self._messenger, "last_input_info", None)
         return None if info is None else info()
 

@@ -34,6 +34,13 @@ publishes that node's output (RuntimeContext.checkpoint): the messenger takes it
 commits it with the output in one ledger write (RUN-022), and never puts it on the
 wire."""
 
+CLOCK_OFFSETS_METADATA_KEY: Final = "videoflow.clock_offsets"
+"""The metadata key under which a time join's outputs say the clock corrections it
+applied to their group (JoinPolicy.clock_offsets, clock_correction): {parent: seconds
+added to its event time}, the parents corrected by a non-zero amount only. Replayed
+with these as static clock_offsets, the same inputs make the same groups. On the
+wire, in the output's metadata."""
+
 
 class Messenger(abc.ABC):
     """What a node's task loop talks to: input groups in, outputs out, settlement of

@@ -87,6 +87,7 @@ from videoflow.core.credit import (
     WINDOW_GROUPS,
 )
 from videoflow.core.engine import (
+    CLOCK_OFFSETS_METADATA_KEY,
     STOP_CONTROL,
     STOP_QUIESCE,
     Messenger,
@@ -175,6 +176,18 @@ class _Handle:
     arrived: float = 0.0  # clock.monotonic() when it reached the assembler
     event_ts: float | None = None  # as the join reads it (corrected): its clock estimator's
     clock_epoch: int = 0  # the parent's correction epoch it was decoded in (running)
+    clock_offset: float = 0.0  # seconds the join added to its event time (clock_offsets)
+
+
+def _saying_corrections(metadata: dict[str, Any] | None, handles: Sequence[_Handle]
+                        ) -> dict[str, Any] | None:
+    """An output's metadata with the clock corrections applied to its group's members
+    under CLOCK_OFFSETS_METADATA_KEY (none said when none was non-zero); the node's own
+    dict is not changed."""
+    applied = {h.parent: h.clock_offset for h in handles if h.clock_offset}
+    if not applied:
+        return metadata
+    return {**(metadata or {}), CLOCK_OFFSETS_METADATA_KEY: applied}
 
 
 def _pack_of(handles: Sequence[_Handle]) -> tuple[object, ...] | None:
@@ -640,8 +653,10 @@ class NATSMessenger(Messenger):
             DurabilityUnavailable: metadata carries a checkpoint this runtime cannot
                 keep (RUN-022): nothing was published.
         """
-        self.outputs.publish(message, metadata, self._group, self.last_input_key(),
-                             self._trace)
+        group = self._group
+        if self._clock_offsets and group is not None:
+            metadata = _saying_corrections(metadata, group.handles)
+        self.outputs.publish(message, metadata, group, self.last_input_key(), self._trace)
 
     def publish_external(self, subject: str, data: bytes, headers: dict[str, str],
                          msg_id: str | None = None) -> None:
@@ -965,8 +980,10 @@ class NATSMessenger(Messenger):
                 raise WireError("an end marker on the data subject")
             event_ts = decoded["event_ts"]  # a float or None: the wire types it
             if event_ts is not None and self._clock_offsets:
-                event_ts += self._clock_offsets.get(parent, 0.0)
+                offset = self._clock_offsets.get(parent, 0.0)
+                event_ts += offset
                 decoded["event_ts"] = event_ts  # what everything after reads
+                decoded["clock_offset"] = offset  # said with the group's outputs
                 if self._running is not None:  # the correction it was decoded with
                     decoded["clock_epoch"] = self._running_epoch(parent)
         except CodecError as error:
@@ -1021,7 +1038,8 @@ class NATSMessenger(Messenger):
             self.deliveries.terminate(parent, delivery, f"undecodable: {error!r}")
             return
         handle = _Handle(parent, sub, delivery, entry.blob_ref, clock.monotonic(),
-                         entry.event_ts, decoded.get("clock_epoch", 0))
+                         entry.event_ts, decoded.get("clock_epoch", 0),
+                         decoded.get("clock_offset", 0.0))
         if delivery.num_delivered > 1 and self.deliveries.crash_looped(handle):
             self.deliveries.let_go(delivery)
             return  # it was in hand at each of crash_limit process deaths: dead-lettered
@@ -1058,22 +1076,27 @@ class NATSMessenger(Messenger):
         return None if group is None else f"{group.trace_id}:{group.seq}"
 
     def last_input_info(self) -> dict[str, dict[str, Any] | None] | None:
-        """Per parent: event_ts, metadata, trace_id and seq of the group last
-        returned; None for a parent missing from a quorum emission; None for a
-        producer."""
+        """Per parent: event_ts (as the join read it, corrected), metadata, trace_id,
+        seq, and clock_offset (the seconds added to its event time, 0.0 for none) of
+        the group last returned; None for a parent missing from a quorum emission;
+        None for a producer."""
         group = self._group
         if group is None:
             return None
         info: dict[str, dict[str, Any] | None] = {}
+        offsets = {h.parent: h.clock_offset for h in group.handles} if (
+            self._clock_offsets) else {}
         for parent, entry in group.entries.items():
             if isinstance(entry, EnvelopeEntry):
                 info[parent] = {"event_ts": entry.event_ts, "metadata": entry.metadata,
-                                "trace_id": entry.trace_id, "seq": entry.seq}
+                                "trace_id": entry.trace_id, "seq": entry.seq,
+                                "clock_offset": offsets.get(parent, 0.0)}
             elif entry is None:
                 info[parent] = None
             else:  # a collect window: lists over its samples
                 info[parent] = {"event_ts": entry.event_ts, "metadata": entry.metadata,
-                                "trace_id": None, "seq": None}
+                                "trace_id": None, "seq": None,
+                                "clock_offset": offsets.get(parent, 0.0)}
         return info
 
     # ------------------------------------------------------------------ settlement
