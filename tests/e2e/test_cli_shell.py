@@ -235,6 +235,28 @@ def test_tap_prints_each_output_of_a_node_decoded_as_the_flow_runs(
     assert err.strip().startswith("tap: 10 messages in ")
 
 
+def test_tap_logs_each_output_to_a_rerun_file_as_it_prints_it(
+        nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
+    pytest.importorskip("rerun", reason="rerun-sdk (the 'rerun' extra) not installed")
+    from rerun_files import read_back
+
+    path = tmp_path / "scale.rrd"
+    _, _, out, _ = watch_a_run(
+        ["tap", "cli", "scale", "--count", "10", "--json", "--seconds", "60",
+         "--rerun", str(path)], nats_server.url, tmp_path, count=30, pace=0.01)
+    printed = [json.loads(line) for line in out.splitlines()]
+    scale = read_back(path, timed=False)["/scale"]
+    assert [list(v) for v in scale["Scalars:scalars"]] == [[2.0 * n] for n in range(10)]
+    assert scale["event_time"] == [line["event_ts"] for line in printed]
+
+
+def test_tap_refuses_a_rerun_target_it_cannot_write_before_listening(tmp_path: Path) -> None:
+    tapped = videoflow("tap", "cli", "scale", "--nats-url", "nats://127.0.0.1:1",
+                       "--rerun", str(tmp_path / "scale.txt"))
+    assert tapped.returncode == 2
+    assert "a Rerun target is a path ending in .rrd" in tapped.stderr
+
+
 def test_hz_reports_a_paced_producers_rate_each_window(
         nats_server: embedded.EmbeddedServer, tmp_path: Path) -> None:
     _, _, out, _ = watch_a_run(

@@ -52,9 +52,12 @@ def check(result: demo.DemoResult) -> None:
     lags = result.report.nodes["fusion"].watermark_lag_max_ms
     assert set(lags) == {f"cam{i}" for i in range(result.cameras)} | {"imu"}, lags
     assert all(lag >= 0.0 for lag in lags.values()) and max(lags.values()) > 0.0
-    # The only drops: frames of instants below the quorum, dropped by the join.
-    assert set(result.drops) <= {"fusion"}
+    # The only drops: frames of instants below the quorum, dropped by the join (and
+    # alike by the Rerun sink's, which joins the same inputs under the same policy).
+    assert set(result.drops) <= {"fusion", "rerun"}
     evicted = result.drops.get("fusion", {})
+    if "rerun" in result.report.nodes:
+        assert result.drops.get("rerun", {}) == evicted
     assert set(evicted) <= {"join_evicted"}
     assert result.frames + evicted.get("join_evicted", 0) == result.expected.frames
     # Every window full: +-20 ms at 400 Hz. A window closes on the IMU's event time, and
@@ -458,3 +461,35 @@ def test_build_flow_rejects_options_out_of_range() -> None:
         demo.build_flow(drop_rate=1.0)
     with pytest.raises(ValueError, match="--duration 0.01 s at 30 fps captures no frame"):
         demo.build_flow(duration=0.01)
+
+
+def test_the_demos_groups_read_back_from_rerun_as_the_join_fused_them(
+        nats_server: EmbeddedServer, tmp_path: Path) -> None:
+    pytest.importorskip("rerun", reason="rerun-sdk (the 'rerun' extra) not installed")
+    from rerun_files import read_back, texts
+
+    path = tmp_path / "groups.rrd"
+    result = demo.run_demo(duration=SECONDS, drop_rate=DROP_RATE, seed=SEED,
+                           nats_url=nats_server.url, view=False, rerun=str(path),
+                           clock_offset=(2, 0.02), correction="static")
+    check(result)
+    got = read_back(path)
+    cameras = [f"/rerun/cam{i}" for i in range(4)]
+    # Each group is one instant on the timeline: every camera has a row there, its
+    # frame (the frame entity of its message) or, missing from a quorum group, a clear
+    # of its entity; one clear per quorum group.
+    def at(entity: str) -> set[float]:
+        return {round(t, 6) for t in got[entity]["event_time"]} if entity in got else set()
+
+    instants = set().union(*(at(c) | at(f"{c}/frame") for c in cameras))
+    assert len(instants) == result.groups
+    for camera in cameras:
+        frames, cleared = at(f"{camera}/frame"), at(camera)
+        assert frames | cleared == instants and not frames & cleared, camera
+    missing = sum(len(got[c]["event_time"]) for c in cameras if c in got)
+    assert missing == result.quorum_groups
+    # The IMU's windows, each sample at its own time, as the fusion's held them.
+    assert len(got["/rerun/imu/gyro"]["event_time"]) == result.imu_in_window
+    notes = texts(got["/rerun/notes"])
+    assert notes[0].startswith("cam2's clock corrected by -20.0 ms")
+    assert sum(n.count(" missing") for n in notes) == result.quorum_groups

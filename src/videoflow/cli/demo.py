@@ -12,6 +12,7 @@ wind-down included)::
     videoflow demo --lag cam2:3             # cam2's frames arrive 3 s after capture
     videoflow demo --clock-offset cam2:0.020 --clock-correction static
                                             # cam2's clock reads 20 ms ahead, corrected
+    videoflow demo --rerun groups.rrd       # each group in the Rerun viewer's file
 
     cam0 ─┐
     cam1 ─┤
@@ -125,6 +126,8 @@ from videoflow.cli.demo_truth import (
     quorum_for,
     timing_for,
 )
+from videoflow.errors import MissingDependency
+from videoflow.io.rerun_log import check_target, require_rerun
 from videoflow.io.start_gate import StartGate
 from videoflow.run.metrics import MetricsUnavailable
 from videoflow.run.progress import LiveView
@@ -169,7 +172,10 @@ def _command(args: argparse.Namespace) -> int:
             raise ValueError(f"--start-delay must be 0 to 60 s, got {args.start_delay:g}")
         if not 0 <= args.fusion_delay <= 60:
             raise ValueError(f"--fusion-delay must be 0 to 60 s, got {args.fusion_delay:g}")
-    except ValueError as error:
+        if args.rerun is not None:
+            check_target(args.rerun)
+            require_rerun()  # before anything starts: the extra is named
+    except (ValueError, MissingDependency) as error:
         raise CommandError(str(error)) from error
     try:
         with stdout_for_the_document(args.json):
@@ -178,7 +184,8 @@ def _command(args: argparse.Namespace) -> int:
                               view=False if args.json else LiveView(),
                               backlog=args.backlog, fusion_delay=args.fusion_delay,
                               metrics_port=args.metrics_port, lag=lag,
-                              clock_offset=skew, correction=args.clock_correction)
+                              clock_offset=skew, correction=args.clock_correction,
+                              rerun=args.rerun)
     except MetricsUnavailable as error:
         raise CommandError(str(error), EXIT_FAILED) from error
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.format(
@@ -243,6 +250,11 @@ def register(subparsers: Any) -> None:
                       help="what the join does about --clock-offset: 'static' takes the "
                            "offset off that camera's stamps (JoinPolicy.clock_offsets); "
                            "'none' leaves them (default: none)")
+    demo.add_argument("--rerun", metavar="TARGET",
+                      help="also show each fused group in the Rerun viewer: a file "
+                           "(FILE.rrd, open it with `rerun FILE.rrd`), 'spawn' (starts "
+                           "a viewer) or a viewer's URL (rerun+http://HOST:PORT/proxy); "
+                           "needs the rerun extra")
     nats_url_option(demo, required_default=False)
     metrics_option(demo)
     demo.add_argument("--json", action="store_true",

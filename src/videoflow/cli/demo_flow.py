@@ -35,6 +35,7 @@ from videoflow.cli.demo_truth import (
 from videoflow.core.constants import BATCH
 from videoflow.core.report import RunReport
 from videoflow.flow import Flow
+from videoflow.io.rerun_sink import RerunSink
 from videoflow.io.start_gate import StartGate
 from videoflow.run.progress import LiveView
 
@@ -169,8 +170,9 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
                start_delay: float = START_DELAY_S, backlog: bool = False,
                fusion_delay: float = 0.0, lag: tuple[int, float] | None = None,
                clock_offset: tuple[int, float] | None = None,
-               correction: str = "none") -> Flow:
-    """The demo flow: cameras and an IMU -> fusion -> verify.
+               correction: str = "none", rerun: str | None = None) -> Flow:
+    """The demo flow: cameras and an IMU -> fusion -> verify; with rerun, also cameras
+    and IMU -> a RerunSink of the same join.
 
     Arguments:
         cameras / fps / duration / frame_size (width, height) / imu_hz / drop_rate /
@@ -190,6 +192,9 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
             ahead (behind, below 0), every stamp of it off by as much.
         correction: 'static' gives the join the offset to take off that camera's
             stamps (JoinPolicy.clock_offsets); 'none' leaves them as they are.
+        rerun: a Rerun target (RerunSink's: FILE.rrd, 'spawn', a viewer's URL): a
+            node named 'rerun' joins the same inputs under the same policy and logs
+            each group there.
 
     Returns:
         the Flow, named 'demo', of type BATCH (nothing published is lost).
@@ -214,14 +219,16 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
     samples = imu_range(imu_hz, instants / fps, fps)
     window_ms = imu_window_ms(imu_hz)
     imu = Imu(gate, imu_hz, samples, backlog)
-    fusion = Fusion(gate, imu_hz, samples, window_ms, fusion_delay, name="fusion", join_policy={
-        "mode": "time", "tolerance_ms": timing_for(fps).tolerance_ms,
-        "quorum": quorum_for(cameras), "missing": "drop",
-        "timeout_ms": fusion_timeout_ms(lag, start_delay),
-        "max_pending": 1024, "collect": {"imu": window_ms},
-        "clock_offsets": offsets})(*cams, imu)
-    sink = Verify(summary_path, cameras, gate)(fusion)
-    return Flow([*cams, imu], [sink], flow_type=BATCH, name="demo")
+    join = {"mode": "time", "tolerance_ms": timing_for(fps).tolerance_ms,
+            "quorum": quorum_for(cameras), "missing": "drop",
+            "timeout_ms": fusion_timeout_ms(lag, start_delay),
+            "max_pending": 1024, "collect": {"imu": window_ms}, "clock_offsets": offsets}
+    fusion = Fusion(gate, imu_hz, samples, window_ms, fusion_delay, name="fusion",
+                    join_policy=join)(*cams, imu)
+    sinks = [Verify(summary_path, cameras, gate)(fusion)]
+    if rerun is not None:
+        sinks.append(RerunSink(rerun, name="rerun", join_policy=join)(*cams, imu))
+    return Flow([*cams, imu], sinks, flow_type=BATCH, name="demo")
 
 
 @dataclass
@@ -478,12 +485,12 @@ def run_demo(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
              fusion_delay: float = 0.0, metrics_port: int | None = None,
              lag: tuple[int, float] | None = None,
              clock_offset: tuple[int, float] | None = None,
-             correction: str = "none") -> DemoResult:
+             correction: str = "none", rerun: str | None = None) -> DemoResult:
     """Build the demo flow, run it to its end and check it.
 
     Arguments:
         cameras ... seed / start_delay / backlog / fusion_delay / lag / clock_offset /
-            correction: as build_flow.
+            correction / rerun: as build_flow.
         nats_url: the broker; None takes VIDEOFLOW_NATS_URL, else starts the embedded
             nats-server.
         view: as run_flow (None: a live view on a terminal).
@@ -500,7 +507,7 @@ def run_demo(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
         summary_path = Path(directory) / "summary.json"
         flow = build_flow(cameras, fps, duration, frame_size, imu_hz, drop_rate, seed,
                           str(summary_path), start_delay, backlog, fusion_delay, lag,
-                          clock_offset, correction)
+                          clock_offset, correction, rerun)
         report = flow.run(nats_url, view=view, metrics_port=metrics_port)
         counts = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     instants = int(duration * fps)

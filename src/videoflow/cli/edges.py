@@ -2,12 +2,17 @@
 (videoflow.ops.tap), as `ros2 topic echo` and `ros2 topic hz` show a topic.
 
     videoflow tap FLOW NODE [--run RUN] [--count N] [--seconds S] [--json]
+                            [--rerun FILE.rrd|spawn|URL]
     videoflow hz FLOW NODE [--run RUN] [--window S] [--seconds S] [--json]
 
 Both end at --count / --seconds or on Ctrl-C, which is how a tap is usually ended: it
 then says what it saw and exits 0. Given no broker URL, they follow the runs on the
 embedded broker's store: they wait for a `videoflow run` there, watch it until its
 broker stops, and wait for the next (RunBrokers), saying so on stderr.
+
+`tap --rerun` also logs each message to the Rerun viewer (videoflow.io.rerun_log),
+under the node's name at its event time; one that went by ref is noted, not fetched
+(the tap reads no payload store).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from videoflow import logs
 from videoflow.cli.common import EXIT_OK, positive_seconds, whole_number
 from videoflow.cli.decoded import input_summary
 from videoflow.cli.ops import broker_options, given_url, guarded
+from videoflow.io.rerun_log import RerunLog, open_recording
 from videoflow.ops.embedded import RunBrokers
 from videoflow.ops.tap import Rate, Tapped, tap
 
@@ -48,8 +54,12 @@ def _document(message: Tapped) -> dict[str, Any]:
 
 @guarded
 def cmd_tap(args: argparse.Namespace) -> int:
+    shown = None if args.rerun is None else _rerun(args)
+
     def seen(message: Tapped) -> None:
         print(json.dumps(_document(message)) if args.json else _line(message), flush=True)
+        if shown is not None:
+            _show(shown, message)
 
     started, got = time.monotonic(), 0
     try:
@@ -58,6 +68,10 @@ def cmd_tap(args: argparse.Namespace) -> int:
                   ready=_listening, status=_status)
     except KeyboardInterrupt:
         got = -1  # the count is in the lines already printed
+    finally:
+        if shown is not None:
+            shown.recording.flush()
+            shown.recording.disconnect()
     if got >= 0:
         _status(f"tap: {got} message{'s' if got != 1 else ''} in "
                 f"{time.monotonic() - started:.1f} s")
@@ -89,6 +103,28 @@ def cmd_hz(args: argparse.Namespace) -> int:
             seconds=args.seconds, timeout=args.timeout, every=args.window, tick=tick,
             ready=_listening, status=_status)
     return EXIT_OK
+
+
+def _rerun(args: argparse.Namespace) -> RerunLog:
+    """The tap's Rerun log, made before anything is tapped.
+
+    Raises:
+        ValueError: a bad target (exit 2).
+        MissingDependency: rerun-sdk is not installed; the message names the extra.
+    """
+    return RerunLog(open_recording(args.rerun, f"videoflow {args.flow}", args.run),
+                    args.node)
+
+
+def _show(shown: RerunLog, message: Tapped) -> None:
+    envelope = message.envelope
+    if envelope is None:
+        shown.note(None, f"undecodable: {message.error}")
+    elif envelope["blob_ref"] is not None:
+        shown.note(envelope["event_ts"], f"seq {envelope['seq']} went by ref "
+                   f"({envelope['blob_ref']}): not fetched", level="INFO")
+    else:
+        shown.message(envelope["event_ts"], envelope["message"])
 
 
 def _broker(args: argparse.Namespace) -> str | RunBrokers:
@@ -128,6 +164,11 @@ def register(subparsers: Any) -> None:
         if name == "tap":
             command.add_argument("--count", type=whole_number(1), default=None,
                                  help="stop after this many messages")
+            command.add_argument("--rerun", metavar="TARGET", default=None,
+                                 help="also log each message to Rerun: FILE.rrd, 'spawn' "
+                                      "(starts a viewer) or a viewer's URL "
+                                      "(rerun+http://HOST:PORT/proxy); needs the rerun "
+                                      "extra")
             command.set_defaults(func=cmd_tap)
         else:
             command.add_argument("--window", type=positive_seconds, default=1.0,

@@ -162,6 +162,14 @@ class RuntimeContext:
         self._messenger.publish_external(  # type: ignore[attr-defined]
             subject, data, headers, msg_id)
 
+    @property
+    def dropped(self) -> dict[str, int]:
+        """The inputs this replica of the node gave up on so far, by reason (a join's
+        join_evicted, a REALTIME node's superseded, ...): what the run report will
+        count for it. Empty for a producer."""
+        dropped = getattr(self._messenger, "dropped", None)
+        return {} if dropped is None else dropped()
+
     def count_drop(self, reason: str) -> None:
         """Count one input the node gave up on itself, by reason ('undecodable' for a
         source's record it cannot read): it shows in the run report's drops.

@@ -195,6 +195,7 @@ class Deliveries:
         self.eos_quiescence = eos_quiescence
         self.clock = clock
         self.drops = dict.fromkeys(DROP_REASONS, 0)
+        self._dropped_before: dict[str, int] = {}  # what take_drops handed over
         self.dead_lettered = 0  # inputs this process dead-lettered (records accepted)
         self.unconfirmed_acks = 0  # acks the broker did not confirm (redelivered later)
         self._counted: set[str] = set()  # inputs whose failures this process counted
@@ -607,7 +608,14 @@ class Deliveries:
     def take_drops(self) -> dict[str, int]:
         """Inputs given up on since the last call, by reason (DROP_REASONS)."""
         drops, self.drops = self.drops, dict.fromkeys(DROP_REASONS, 0)
+        for reason, n in drops.items():
+            self._dropped_before[reason] = self._dropped_before.get(reason, 0) + n
         return drops
+
+    def dropped(self) -> dict[str, int]:
+        """Inputs given up on so far, by reason, whoever took them (take_drops)."""
+        return {reason: self._dropped_before.get(reason, 0) + n
+                for reason, n in self.drops.items()}
 
     # ------------------------------------------------------------------ end of stream
 

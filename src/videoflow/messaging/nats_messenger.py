@@ -1185,6 +1185,10 @@ class NATSMessenger(Messenger):
         """Inputs given up on since the last call, by reason (DROP_REASONS)."""
         return self.deliveries.take_drops()
 
+    def dropped(self) -> dict[str, int]:
+        """Inputs given up on so far, by reason (DROP_REASONS)."""
+        return self.deliveries.dropped()
+
     def terminal_entries(self) -> list[dict[str, Any]]:
         """The node's terminal log (DELIV-15): every delivery it ended without a dead
         letter."""
