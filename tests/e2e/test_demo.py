@@ -299,7 +299,7 @@ def test_a_live_camera_late_among_a_backlog_is_paced_and_costs_no_group(
             "producers ran ahead as a backlog") in text
 
 
-@pytest.mark.parametrize("correction", ["none", "static"])
+@pytest.mark.parametrize("correction", ["none", "static", "running"])
 def test_a_camera_whose_clock_reads_20_ms_ahead_is_fused_once_its_offset_is_corrected(
         nats_server: EmbeddedServer, correction: str) -> None:
     # Issue 45's case: cam2's stamps are 20 ms ahead, beyond the 8 ms tolerance.
@@ -312,6 +312,21 @@ def test_a_camera_whose_clock_reads_20_ms_ahead_is_fused_once_its_offset_is_corr
     if correction == "static":  # the join takes the offset off: the seed's groups
         check(result)
         assert "cam2 20.0 ms ahead  (corrected: the join takes it off cam2's stamps" in text
+        return
+    if correction == "running":  # the join finds it, before its first group: the same
+        check(result)
+        fusion = result.report.nodes["fusion"]
+        # What it found is cam2's offset against the others' median: 20 ms and the
+        # demo's own camera offsets (+-1.5 ms each), within a step's rounding.
+        own = [demo.camera_schedule(SEED, i, 90, DROP_RATE)[0] for i in range(4)]
+        relative = 20.0 + 1000.0 * (own[2] - sorted(own[:2] + own[3:])[1])
+        assert abs(fusion.clock_corrections_ms["cam2"] + relative) <= 1.5, (
+            fusion.clock_corrections_ms, relative)
+        assert fusion.clock_changes["cam2"] >= 9  # at most 2 ms a step
+        said = (f"cam2 20.0 ms ahead  (the join's running correction: "
+                f"{fusion.clock_corrections_ms['cam2']:+.1f} ms at the end, found in "
+                f"{fusion.clock_changes['cam2']} steps)")
+        assert said in text, text
         return
     e = result.expected
     assert e is not None and result.report.outcome == "completed"

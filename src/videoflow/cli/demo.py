@@ -12,6 +12,8 @@ wind-down included)::
     videoflow demo --lag cam2:3             # cam2's frames arrive 3 s after capture
     videoflow demo --clock-offset cam2:0.020 --clock-correction static
                                             # cam2's clock reads 20 ms ahead, corrected
+    videoflow demo --clock-offset cam2:0.020 --clock-correction running
+                                            # the same, found and corrected by the join
     videoflow demo --rerun groups.rrd       # each group in the Rerun viewer's file
 
     cam0 ─┐
@@ -47,7 +49,9 @@ wind-down included)::
   below 0): every stamp of it is off by as much. Beyond the tolerance its frames meet
   no group, and the recall checks fail: every group is a quorum group. With
   --clock-correction static the join is given the offset (JoinPolicy.clock_offsets)
-  and takes it off that camera's stamps before it matches them.
+  and takes it off that camera's stamps before it matches them; with running it finds
+  the offset itself and corrects it 2 ms a step, holding its first groups until it
+  has (clock_correction='running').
 - The fusion node sees one camera frame per parent, None for a camera missing from a
   quorum group (emitted with 3 of 4 present once the missing camera's next frame
   shows its frame is not coming; after 300 ms of silence, for a camera that stopped),
@@ -249,7 +253,9 @@ def register(subparsers: Any) -> None:
     demo.add_argument("--clock-correction", choices=CLOCK_CORRECTIONS, default="none",
                       help="what the join does about --clock-offset: 'static' takes the "
                            "offset off that camera's stamps (JoinPolicy.clock_offsets); "
-                           "'none' leaves them (default: none)")
+                           "'running' finds it and corrects it itself "
+                           "(clock_correction='running'); 'none' leaves them (default: "
+                           "none)")
     demo.add_argument("--rerun", metavar="TARGET",
                       help="also show each fused group in the Rerun viewer: a file "
                            "(FILE.rrd, open it with `rerun FILE.rrd`), 'spawn' (starts "

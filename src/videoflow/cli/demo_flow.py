@@ -57,8 +57,9 @@ MAX_LAG_S = 60.0
 MAX_CLOCK_OFFSET_S = 1.0
 """The most --clock-offset skews a camera: the join's drift bound (1 s of event time)."""
 
-CLOCK_CORRECTIONS = ("none", "static")
-"""--clock-correction: none, or the offset given to the join (JoinPolicy.clock_offsets)."""
+CLOCK_CORRECTIONS = ("none", "static", "running")
+"""--clock-correction: none; the offset given to the join (JoinPolicy.clock_offsets);
+or the join left to find it and follow it (clock_correction='running')."""
 
 LAG_MARGIN_S = 1.0
 """What fusion_timeout_ms adds beyond the lag and the start delay: how much later than the
@@ -191,7 +192,9 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
         clock_offset: (camera index, seconds): that camera's clock reads that much
             ahead (behind, below 0), every stamp of it off by as much.
         correction: 'static' gives the join the offset to take off that camera's
-            stamps (JoinPolicy.clock_offsets); 'none' leaves them as they are.
+            stamps (JoinPolicy.clock_offsets); 'running' leaves the join to find it
+            (clock_correction='running', its default steps and limit); 'none' leaves
+            them as they are.
         rerun: a Rerun target (RerunSink's: FILE.rrd, 'spawn', a viewer's URL): a
             node named 'rerun' joins the same inputs under the same policy and logs
             each group there.
@@ -222,7 +225,8 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
     join = {"mode": "time", "tolerance_ms": timing_for(fps).tolerance_ms,
             "quorum": quorum_for(cameras), "missing": "drop",
             "timeout_ms": fusion_timeout_ms(lag, start_delay),
-            "max_pending": 1024, "collect": {"imu": window_ms}, "clock_offsets": offsets}
+            "max_pending": 1024, "collect": {"imu": window_ms}, "clock_offsets": offsets,
+            "clock_correction": "running" if correction == "running" else "static"}
     fusion = Fusion(gate, imu_hz, samples, window_ms, fusion_delay, name="fusion",
                     join_policy=join)(*cams, imu)
     sinks = [Verify(summary_path, cameras, gate)(fusion)]
@@ -391,6 +395,13 @@ class DemoResult:
         if self.correction == "static":
             note = (f"corrected: the join takes it off {camera}'s stamps (clock_offsets="
                     f"{{'{camera}': {-seconds:g}}})")
+        elif self.correction == "running":
+            fusion = self.report.nodes.get("fusion")
+            found = None if fusion is None else fusion.clock_corrections_ms.get(camera)
+            steps = 0 if fusion is None else fusion.clock_changes.get(camera, 0)
+            note = ("the join's running correction: " + (
+                f"{found:+.1f} ms at the end, found in {steps} steps" if found
+                else "found none"))
         else:
             note = (f"not corrected: beyond the {timing_for(self.fps).tolerance_ms:g} ms "
                     f"tolerance, {camera}'s frames meet no group (set clock_offsets="

@@ -19,8 +19,11 @@ window by design) and keeps, per parent, the last WINDOW of:
   frame period. Arrivals say that only of live sources, whose event times keep pace
   with the wall clock (their latest spread within LIVE_SPREAD_S): in a live flow, a
   parent's near misses wait until its arrivals and another parent's are live. In a
-  backlog (a replay) the nearer candidate is taken, right while the offset is under
-  half a period;
+  backlog (a replay) the nearer candidate is taken. Either way a miss counts only
+  when the candidate taken is within a quarter of the parent's frame period of what
+  was expected (a backlog's offsets must then be under a quarter period): an input
+  whose own instant was not fused at all (below quorum) is a period from the groups
+  around it and says nothing of its clock;
 - whether each input joined a group (matched).
 
 A parent whose inputs mostly join groups is judged by its residuals, small by
@@ -192,42 +195,69 @@ class ClockEstimator:
             kept[parent].clear()
         self._epochs[parent] += 1
 
+    def restart(self) -> None:
+        """Drop every sample and fused group's time, and the rate gates, keeping the
+        correction epochs: a learning join (ClockLearning) is about to group what it
+        holds again, and measures it afresh."""
+        for kept in (self._arrival, self._residuals, self._misses, self._matched):
+            for samples in kept.values():
+                samples.clear()
+        self._groups.clear()
+        self._lift.clear()
+        self._missed_at = dict.fromkeys(self.parents, -math.inf)
+        self._sampled_at = -math.inf
+
     def estimates(self) -> dict[str, OffsetEstimate]:
         """Each parent's offset, for the parents with enough samples."""
         out: dict[str, OffsetEstimate] = {}
+        groups = sorted(self._groups)
         for parent in self.parents:
             matched = self._matched[parent]
             if len(matched) < MIN_SAMPLES:
                 continue
-            share = sum(matched) / len(matched)
+            # The share counts the near misses only: an input given up with no group
+            # near it (an instant below quorum, whose members all went) says nothing
+            # of its clock.
+            picked = self._near_misses(parent, groups)
+            matches = sum(matched)
+            if matches + len(picked) < MIN_SAMPLES:
+                continue
+            share = matches / (matches + len(picked))
             residuals = self._residuals[parent]
             if share >= 0.5 and len(residuals) >= MIN_SAMPLES:
                 out[parent] = _estimate(list(residuals), "groups", share)
-                continue
-            picked = self._near_misses(parent)
-            if len(picked) >= MIN_SAMPLES:
+            elif len(picked) >= MIN_SAMPLES:
                 out[parent] = _estimate(picked, "near misses", share)
         return out
 
-    def _near_misses(self, parent: str) -> list[float]:
-        """Each miss's candidate offset: the one nearest the parent's arrival offset
-        against the others' (the nearer group when arrivals say nothing)."""
+    def _near_misses(self, parent: str, groups: list[float]) -> list[float]:
+        """Each near miss's offset from the fused group (groups: their times, sorted)
+        it missed: of the groups just before and after it, the one whose offset is
+        nearest the parent's arrival offset against the others' (nearest zero when
+        arrivals say nothing). A miss is taken only when that offset is within a
+        quarter of the parent's frame period of what was expected: an input whose own
+        instant was not fused (below quorum) is a period or more from the groups
+        around it, and says nothing of its clock."""
         prior = self._arrival_offset(parent)
         if prior is None and any(_live_median(d) is not None for d in self._arrival.values()):
             return []  # a live flow: wait until this parent's arrivals tell them apart
+        misses = self._misses[parent]
+        own = sorted(misses)
+        gaps = sorted(b - a for a, b in zip(own, own[1:], strict=False) if b > a)
+        if not gaps:
+            return []
+        reach = gaps[len(gaps) // 4] / 4.0  # a low quartile: a dropped frame doubles a gap
+        expected = 0.0 if prior is None else prior
         lift = median(self._lift) if self._lift else 0.0
-        groups = sorted(self._groups)
         picked = []
-        for event_ts in self._misses[parent]:
+        for event_ts in misses:
             at = bisect.bisect_left(groups, event_ts - lift)
             candidates = [event_ts - groups[i] - lift for i in (at - 1, at)
                           if 0 <= i < len(groups)]
-            if not candidates:
-                continue
-            if prior is None:
-                picked.append(min(candidates, key=abs))
-            else:
-                picked.append(min(candidates, key=lambda c: abs(c - prior)))
+            if candidates:
+                best = min(candidates, key=lambda c: abs(c - expected))
+                if abs(best - expected) <= reach:
+                    picked.append(best)
         return picked
 
     def _arrival_offset(self, parent: str) -> float | None:

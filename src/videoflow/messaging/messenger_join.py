@@ -24,6 +24,7 @@ from videoflow.backends.messaging import Completed, Known, MessagingBackend, Sub
 from videoflow.core.policies import JoinPolicy
 from videoflow.errors import JoinIncomplete
 from videoflow.messaging.clock_estimates import ClockEstimator
+from videoflow.messaging.clock_learning import ClockLearning
 from videoflow.messaging.grouping import (
     SUPERSEDED,
     ReadyGroup,
@@ -144,6 +145,30 @@ class Join:
                                      (policy.tolerance_ms or 0.0) / 1000.0) if self._time else None
         # Inputs a receive took past their parent's bound, set aside in order (defer).
         self.deferred: dict[str, deque[Deferred]] = {}
+        # clock_correction='running': what the join holds while it learns its parents'
+        # clocks, before its first group goes out (the messenger's to start and end).
+        self.learning: ClockLearning | None = None
+        self._make_assembler = lambda: make_assembler(
+            node_name, parent_names, policy, clock=clock, epoch=epoch,
+            resolver=self._released.extend)
+
+    def regroup(self) -> list[Held]:
+        """While learning: everything the join holds -- the groups it formed, what it
+        gave up on, what its assembler still buffers -- taken out, in arrival order,
+        for the messenger to add again under new corrections; the assembler starts
+        afresh, and so do the clock estimator's samples."""
+        learning = self.learning
+        assert learning is not None
+        flushed = self.assembler.flush()
+        self.settle_released()  # the rest of what it held: into learning.discards
+        held = [h for g in (*learning.groups, *flushed) for h in g.handles]
+        held += [h for h, _ in learning.discards]
+        learning.groups.clear()
+        learning.discards.clear()
+        self.assembler = self._make_assembler()
+        if self.clocks is not None:
+            self.clocks.restart()
+        return sorted(held, key=lambda h: getattr(h, "arrived", 0.0))
 
     def defers(self, parent: str, event_ts: float) -> bool:
         """Whether an input of parent's at event_ts must be set aside rather than
@@ -356,21 +381,35 @@ class Join:
             else:
                 self._discarded(handle, reason)
 
-    def fused(self, group: ReadyGroup) -> None:
+    def fused(self, group: ReadyGroup, now: float | None = None) -> None:
         """A group is handed to the node: the clock estimator takes its time, and its
         sync members' times when it wants them (at most SAMPLE_HZ groups a second, on
-        the real clock: a cost per second, not per group)."""
+        the real clock -- a cost per second, not per group -- or on now, monotonic)."""
         clocks = self.clocks
         if clocks is None or group.event_ts is None:
             return
-        if clocks.fused(group.event_ts, time.monotonic()):
+        if clocks.fused(group.event_ts, time.monotonic() if now is None else now):
             collect = self.collect
             clocks.members({h.parent: (t, getattr(h, "arrived", 0.0),
                                        getattr(h, "clock_epoch", 0))
                             for h in group.handles if h.parent not in collect
                             and (t := getattr(h, "event_ts", None)) is not None})
 
+    def dispose(self, handle: Held, reason: str) -> None:
+        """What the join gave up on while it learned: settled now, as its rules say."""
+        self._discarded(handle, reason)
+
     def _discarded(self, handle: Held, reason: str) -> None:
+        learning = self.learning
+        if learning is not None:  # measured as it would be, and kept for the regrouping
+            event_ts = getattr(handle, "event_ts", None)
+            if self.clocks is not None and event_ts is not None and (
+                    handle.parent not in self.collect):
+                arrived = getattr(handle, "arrived", 0.0)
+                self.clocks.missed(handle.parent, event_ts, arrived, arrived,
+                                   getattr(handle, "clock_epoch", 0))
+            learning.discards.append((handle, reason))
+            return
         if handle.parent in self.collect and reason in ("expired", "flushed"):
             # A sample no group took, released once no group could: done, not lost.
             self.deliveries.settle_later(handle.delivery, Completed())

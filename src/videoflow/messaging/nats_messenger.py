@@ -64,6 +64,8 @@ from dataclasses import dataclass
 from math import ceil, inf, isfinite
 from typing import Any, Final
 
+import msgspec
+
 from videoflow import clock
 from videoflow.backends.messaging import (
     ChannelId,
@@ -100,6 +102,7 @@ from videoflow.core.naming import (
 from videoflow.core.runtime import FlowRuntime
 from videoflow.errors import CodecError, PayloadMissing, WireError
 from videoflow.messaging.clock_estimates import RunningCorrection
+from videoflow.messaging.clock_learning import ClockLearning
 from videoflow.messaging.freshness import Freshness
 from videoflow.messaging.grouping import (
     EnvelopeEntry,
@@ -159,6 +162,11 @@ and a crash then would have redone every one."""
 CORRECT_SECONDS: Final = 0.25
 """How often a join with clock_correction='running' looks whether to move a correction."""
 
+LEARN_PASSES: Final = 64
+"""The most correction steps (each with its regrouping) a learning join takes on one
+look: a 20 ms offset at 2 ms a step takes ten; estimates that kept calling for steps
+beyond (flipping between two frame periods, say) are left to the next look."""
+
 CONFIRM_SECONDS: Final = 0.02
 """How long such a node waits, before its next group, for its last group's outputs to
 be confirmed (a round trip; what is later is settled before the group after)."""
@@ -177,6 +185,8 @@ class _Handle:
     event_ts: float | None = None  # as the join reads it (corrected): its clock estimator's
     clock_epoch: int = 0  # the parent's correction epoch it was decoded in (running)
     clock_offset: float = 0.0  # seconds the join added to its event time (clock_offsets)
+    entry: Any = None  # the EnvelopeEntry the assembler holds (a learning join adds it again)
+    stamp: float | None = None  # its event time as stamped, before any correction
 
 
 def _saying_corrections(metadata: dict[str, Any] | None, handles: Sequence[_Handle]
@@ -432,6 +442,8 @@ class NATSMessenger(Messenger):
                                               plan.join.clock_step_ms / 1000.0,
                                               plan.join.clock_limit_ms / 1000.0)
             self._clock_offsets = self._running.applied
+            # Its first groups wait until the corrections have caught up.
+            self.join.learning = ClockLearning(max(1, plan.join.max_pending // 2))
         self._corrected_at = -inf
 
     def _bind(self, partitioned: bool) -> None:
@@ -839,6 +851,8 @@ class NATSMessenger(Messenger):
         self.deliveries.send_completed_due(mean)
 
     def _next_group(self, join: Join) -> ReadyGroup | None:
+        if join.learning is not None and self._learning(join):
+            return None
         if self._ready:
             return self._ready.popleft()
         group = join.pop_ready()
@@ -851,14 +865,59 @@ class NATSMessenger(Messenger):
         # a receive came back empty -- while data arrives, it is not. Nor while outputs
         # are in flight: a refusal sends their inputs back to be retried, and a node
         # that had ended would leave them on the broker unprocessed.
-        if not self._flushed and self._idle and not self.window.in_flight and (
-                not join.deferred) and all(
-                self.deliveries.drained(p, self._data_subs[p]) for p in self.parent_names):
+        if not self._flushed and self._inputs_ended(join):
             self._ready.extend(join.flush())
             self._flushed = True
             self.deliveries.settle_pending()
             return self._ready.popleft() if self._ready else None
         return None
+
+    def _inputs_ended(self, join: Join) -> bool:
+        return self._idle and not self.window.in_flight and not join.deferred and all(
+            self.deliveries.drained(p, self._data_subs[p]) for p in self.parent_names)
+
+    def _learning(self, join: Join) -> bool:
+        """A learning join (ClockLearning): hold what it forms, step the corrections
+        its estimates call for, each step followed by a regrouping of everything held;
+        once none is called for (or a bound is reached), end learning, the groups
+        formed under the final corrections ready in order. Whether it still learns."""
+        learning = join.learning
+        assert learning is not None and self._running is not None
+        clocks = join.clocks
+        assert clocks is not None
+        for _ in range(LEARN_PASSES):
+            while (group := join.pop_ready()) is not None:
+                learning.groups.append(group)
+                join.fused(group, max(getattr(h, "arrived", 0.0) for h in group.handles))
+            changes = self._running.update(clocks)
+            if not changes:
+                break
+            for change in changes:
+                logger.info("%s: %s (learning)", self.node_name, change)
+            learning.steps += len(changes)
+            for handle in join.regroup():  # everything held, under the new corrections
+                assert isinstance(handle, _Handle)
+                self._recorrect(handle)
+                join.assembler.add(handle.parent, handle.entry, handle)
+        estimates = clocks.estimates()
+        why = ("its parents' clocks were learned" if set(clocks.parents) <= set(estimates)
+               else learning.bound_reached(clock.monotonic(), join.assembler.pending_count()))
+        if why is None and self._inputs_ended(join):
+            why = "its inputs ended"
+        if why is None:
+            return True
+        join.learning = None
+        clocks.restart()  # its groups are measured again as they are handed out
+        corrected = {p: f"{o * 1000.0:+.1f} ms" for p, o in self._clock_offsets.items() if o}
+        logger.info("%s: stopped learning clocks (%s) after %d correction step%s: "
+                    "corrections %s; its first %d groups go out", self.node_name, why,
+                    learning.steps, "" if learning.steps == 1 else "s", corrected or "none",
+                    len(learning.groups))
+        self._ready.extend(learning.groups)
+        for handle, reason in learning.discards:  # as the join's rules say, now
+            join.dispose(handle, reason)
+        self.deliveries.settle_pending()
+        return False
 
     def _receive_once(self) -> None:
         self.reconciled += self.payloads.reconcile()  # PAY-006, at most once per ack_wait
@@ -906,8 +965,9 @@ class NATSMessenger(Messenger):
         corrections the join's estimates call for (RunningCorrection), each change
         logged."""
         now = clock.monotonic()
-        if now - self._corrected_at < CORRECT_SECONDS:
-            return
+        if now - self._corrected_at < CORRECT_SECONDS or (
+                self.join is not None and self.join.learning is not None):
+            return  # a learning join steps as it regroups (_learning)
         self._corrected_at = now
         assert self._running is not None and self.join is not None
         assert self.join.clocks is not None
@@ -979,8 +1039,9 @@ class NATSMessenger(Messenger):
                 # while its parent's data still comes.
                 raise WireError("an end marker on the data subject")
             event_ts = decoded["event_ts"]  # a float or None: the wire types it
-            if event_ts is not None and self._clock_offsets:
+            if event_ts is not None and (self._clock_offsets or self._running is not None):
                 offset = self._clock_offsets.get(parent, 0.0)
+                decoded["stamp"] = event_ts  # as its producer stamped it
                 event_ts += offset
                 decoded["event_ts"] = event_ts  # what everything after reads
                 decoded["clock_offset"] = offset  # said with the group's outputs
@@ -1039,13 +1100,31 @@ class NATSMessenger(Messenger):
             return
         handle = _Handle(parent, sub, delivery, entry.blob_ref, clock.monotonic(),
                          entry.event_ts, decoded.get("clock_epoch", 0),
-                         decoded.get("clock_offset", 0.0))
+                         decoded.get("clock_offset", 0.0), entry, decoded.get("stamp"))
+        if self._running is not None:
+            # Set aside (deferred) under an earlier correction: under the current one.
+            self._recorrect(handle)
+            learning = self.join.learning if self.join is not None else None
+            if learning is not None and learning.started is None:
+                learning.started = handle.arrived
         if delivery.num_delivered > 1 and self.deliveries.crash_looped(handle):
             self.deliveries.let_go(delivery)
             return  # it was in hand at each of crash_limit process deaths: dead-lettered
         self.deliveries.hold(parent, delivery.token)
         assert self.join is not None  # data arrives only at a node with parents
-        self.join.assembler.add(parent, entry, handle)
+        self.join.assembler.add(parent, handle.entry, handle)
+
+    def _recorrect(self, handle: _Handle) -> None:
+        """A held input as the current running correction would have decoded it: its
+        event time moved by the change of its parent's correction since, its epoch the
+        current one."""
+        parent = handle.parent
+        offset = self._clock_offsets.get(parent, 0.0)
+        if handle.stamp is not None and offset != handle.clock_offset:
+            event_ts = handle.stamp + offset  # as decode adds it
+            handle.entry = msgspec.structs.replace(handle.entry, event_ts=event_ts)
+            handle.event_ts, handle.clock_offset = event_ts, offset
+        handle.clock_epoch = self._running_epoch(parent)
 
     def _poison_event_time(self, parent: str, sub: SubscriptionId, delivery: Delivery,
                            ref: str | None, event_ts: float) -> None:
