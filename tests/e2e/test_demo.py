@@ -327,6 +327,10 @@ def test_a_camera_whose_clock_reads_20_ms_ahead_is_fused_once_its_offset_is_corr
                 f"{fusion.clock_corrections_ms['cam2']:+.1f} ms at the end, found in "
                 f"{fusion.clock_changes['cam2']} steps)")
         assert said in text, text
+        (learned,) = fusion.clock_learning  # the report says how the learning went
+        assert learned.startswith("learned its parents' clocks for ") and (
+            "until every parent's clock was estimated" in learned), learned
+        assert f"  fusion: {learned}" in result.report.format()
         return
     e = result.expected
     assert e is not None and result.report.outcome == "completed"

@@ -142,6 +142,7 @@ def rig(flows: Any, offsets: dict[str, float], instants: int = 60,
         thread.join()
     status = fusion.join_status()
     status["clock_corrections"], status["clock_changes"] = fusion.clock_corrections()
+    status["clock_learning"] = fusion.clock_learned
     return groups, status
 
 
@@ -374,10 +375,12 @@ def test_a_running_correction_makes_the_groups_a_static_offset_makes(
     assert members(running) == members(static)
     assert status["clock_corrections"]["cam2"] == pytest.approx(-AHEAD, abs=0.001)
     assert status["clock_changes"]["cam2"] >= 10  # 20 ms, 2 ms a step
-    learned = [r.getMessage() for r in caplog.records if "stopped learning" in r.getMessage()]
+    learned = [r.getMessage() for r in caplog.records if "learned its parents'" in r.getMessage()]
     assert len(learned) == 1
-    assert re.search(r"\(its parents' clocks were learned\) after \d+ correction steps: "
-                     r"corrections \{'cam2': '-(19\.\d|20\.\d) ms'\}", learned[0]), learned
+    assert re.search(r"learned its parents' clocks for \d\.\d\d s, until every parent's "
+                     r"clock was estimated: \d+ correction steps \(cam2 -(19|20)\.\d ms\); "
+                     r"its first \d+ groups held meanwhile", learned[0]), learned
+    assert status["clock_learning"] == learned[0][len("fuse: "):]
 
 
 def test_a_learning_join_whose_inputs_end_lets_what_it_holds_go(

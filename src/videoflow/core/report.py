@@ -121,6 +121,8 @@ class NodeReport:
         clock_corrections_ms: a time join's corrections of its parents' event times
             at its end, ms (clock_offsets, moved by a running correction).
         clock_changes: how many times a running correction moved each.
+        clock_learning: per replica whose running correction learned before its
+            first group, how that ended, in words.
         payload_waited_seconds: how long its replicas waited for room in their shares
             of the shared-memory payload budget, in all; None when it wrote none there.
         payload_share_bytes: their shares of that budget, summed, as last reported
@@ -161,6 +163,7 @@ class NodeReport:
     clock_advice: dict[str, str] = field(default_factory=dict)
     clock_corrections_ms: dict[str, float] = field(default_factory=dict)
     clock_changes: dict[str, int] = field(default_factory=dict)
+    clock_learning: list[str] = field(default_factory=list)
     payload_waited_seconds: float | None = None
     payload_share_bytes: int | None = None
     codecs: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -230,6 +233,8 @@ class NodeReport:
                 for parent, seconds in (stats.get("clock_corrections") or {}).items():
                     report.clock_corrections_ms[parent] = 1000.0 * float(seconds)
                 report.clock_changes.update(stats.get("clock_changes") or {})
+                if stats.get("clock_learning"):
+                    report.clock_learning.append(str(stats["clock_learning"]))
             for name, counts in (stats.get("codecs") or {}).items():
                 into = report.codecs.setdefault(name, {})
                 for field_name, value in counts.items():
@@ -339,6 +344,7 @@ class RunReport:
                 lines.append(f"  {name}: parents' event time behind the most advanced, at "
                              "most: " + ", ".join(f"{p} {lag:.1f} ms" for p, lag in lags))
             lines += [f"  {name}: {advice}" for advice in n.clock_advice.values()]
+            lines += [f"  {name}: {learned}" for learned in n.clock_learning]
             if any(n.clock_corrections_ms.values()):
                 lines.append(f"  {name}: clock corrections at the end: " + ", ".join(
                     f"{p} {ms:+.1f} ms" + (f" ({n.clock_changes[p]} running moves)"

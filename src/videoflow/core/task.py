@@ -80,6 +80,8 @@ class TaskStats:
         clock_advice: those offsets worth correcting, in words, per parent.
         clock_corrections / clock_changes: a time join's corrections of its parents'
             event times, seconds, and how many times a running correction moved each.
+        clock_learning: how a running correction's learning ended, in words ('' for
+            none: videoflow.messaging.clock_learning).
         payload: a replica writing payloads into a budgeted store (shared memory), its
             bytes held against its share: held_bytes, share_bytes (None until it
             writes), waiting_seconds (its current wait for room, None when it is not
@@ -117,6 +119,7 @@ class TaskStats:
     clock_advice: dict[str, str] = field(default_factory=dict)
     clock_corrections: dict[str, float] = field(default_factory=dict)
     clock_changes: dict[str, int] = field(default_factory=dict)
+    clock_learning: str = ""
     payload: dict[str, Any] | None = None
     started: float = field(default_factory=lambda: clock.wall())
     ended: float | None = None
@@ -165,6 +168,7 @@ class TaskStats:
                 "clock_advice": dict(self.clock_advice),
                 "clock_corrections": dict(self.clock_corrections),
                 "clock_changes": dict(self.clock_changes),
+                "clock_learning": self.clock_learning,
                 "payload": None if self.payload is None else dict(self.payload),
                 "started": self.started, "ended": self.ended, "first": self.first,
                 "last": self.last, "outcome": self.outcome,
@@ -280,6 +284,7 @@ class Task:
         corrections = getattr(self.messenger, "clock_corrections", None)
         if corrections is not None:
             self.stats.clock_corrections, self.stats.clock_changes = corrections()
+        self.stats.clock_learning = getattr(self.messenger, "clock_learned", "")
         payload = getattr(self.messenger, "payload_share", None)
         if payload is not None:
             self.stats.payload = payload()

@@ -54,9 +54,9 @@ class ClockLearning:
     def bound_reached(self, now: float, pending: int) -> str | None:
         """Why learning must end now (a time bound or the held groups), or None."""
         if self.started is not None and now - self.started >= LEARN_SECONDS:
-            return f"{LEARN_SECONDS:g} s passed"
+            return f"{LEARN_SECONDS:g} s had passed"
         if len(self.groups) + pending >= self.max_groups:
-            return f"{self.max_groups} groups held"
+            return f"it held {self.max_groups} groups"
         return None
 
 

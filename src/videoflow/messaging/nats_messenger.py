@@ -445,6 +445,7 @@ class NATSMessenger(Messenger):
             # Its first groups wait until the corrections have caught up.
             self.join.learning = ClockLearning(max(1, plan.join.max_pending // 2))
         self._corrected_at = -inf
+        self.clock_learned = ""  # how a running correction's learning ended (ClockLearning)
 
     def _bind(self, partitioned: bool) -> None:
         # The plan's credit and delivery cap, as provisioning created the durables
@@ -900,7 +901,7 @@ class NATSMessenger(Messenger):
                 self._recorrect(handle)
                 join.assembler.add(handle.parent, handle.entry, handle)
         estimates = clocks.estimates()
-        why = ("its parents' clocks were learned" if set(clocks.parents) <= set(estimates)
+        why = ("every parent's clock was estimated" if set(clocks.parents) <= set(estimates)
                else learning.bound_reached(clock.monotonic(), join.assembler.pending_count()))
         if why is None and self._inputs_ended(join):
             why = "its inputs ended"
@@ -908,11 +909,15 @@ class NATSMessenger(Messenger):
             return True
         join.learning = None
         clocks.restart()  # its groups are measured again as they are handed out
-        corrected = {p: f"{o * 1000.0:+.1f} ms" for p, o in self._clock_offsets.items() if o}
-        logger.info("%s: stopped learning clocks (%s) after %d correction step%s: "
-                    "corrections %s; its first %d groups go out", self.node_name, why,
-                    learning.steps, "" if learning.steps == 1 else "s", corrected or "none",
-                    len(learning.groups))
+        corrected = ", ".join(f"{p} {o * 1000.0:+.1f} ms"
+                              for p, o in self._clock_offsets.items() if o)
+        took = 0.0 if learning.started is None else clock.monotonic() - learning.started
+        self.clock_learned = (
+            f"learned its parents' clocks for {took:.2f} s, until {why}: "
+            f"{learning.steps} correction step{'' if learning.steps == 1 else 's'} "
+            f"({corrected or 'none'}); its first {len(learning.groups)} groups held "
+            f"meanwhile")
+        logger.info("%s: %s", self.node_name, self.clock_learned)
         self._ready.extend(learning.groups)
         for handle, reason in learning.discards:  # as the join's rules say, now
             join.dispose(handle, reason)
