@@ -511,4 +511,7 @@ def test_the_demos_groups_read_back_from_rerun_as_the_join_fused_them(
     assert len(got["/rerun/imu/gyro"]["event_time"]) == result.imu_in_window
     notes = texts(got["/rerun/notes"])
     assert notes[0].startswith("cam2's clock corrected by -20.0 ms")
+    assert "/rerun/cam0/t" not in got and "/rerun/imu/t" not in got  # left out
+    from rerun.chunk import RrdReader
+    assert RrdReader(path).blueprints()  # the layout: a view per camera, series, notes
     assert sum(n.count(" missing") for n in notes) == result.quorum_groups

@@ -231,7 +231,9 @@ def build_flow(cameras: int = 4, fps: float = 30.0, duration: float = 10.0,
                     join_policy=join)(*cams, imu)
     sinks = [Verify(summary_path, cameras, gate)(fusion)]
     if rerun is not None:
-        sinks.append(RerunSink(rerun, name="rerun", join_policy=join)(*cams, imu))
+        # Shown: each frame and its lag, the IMU's gyro; not the stamps and indices.
+        sinks.append(RerunSink(rerun, name="rerun", join_policy=join,
+                               leave_out=("camera", "k", "t"))(*cams, imu))
     return Flow([*cams, imu], sinks, flow_type=BATCH, name="demo")
 
 

@@ -22,7 +22,7 @@ group.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -96,18 +96,45 @@ def open_recording(target: str, application_id: str, recording_id: str | None = 
     return recording
 
 
+def group_layout(root: str, sync: list[str], collect: list[str]) -> Any:
+    """The viewer's layout for a join's groups (a rerun blueprint): each sync parent's
+    entity in a 2D view of its own, in a grid (a camera's frame), each collect parent's
+    series in a time series view, and the notes, under them.
+
+    Raises:
+        MissingDependency: rerun-sdk is not installed.
+    """
+    require_rerun()
+    import rerun.blueprint as rrb
+
+    part = require_rerun().escape_entity_path_part
+    root = part(root)
+    below: list[Any] = [rrb.TimeSeriesView(origin=f"/{root}/{part(p)}", name=p)
+                        for p in collect]
+    below.append(rrb.TextLogView(origin=f"/{root}/{NOTES}", name=NOTES))
+    return rrb.Blueprint(
+        rrb.Vertical(rrb.Grid(*(rrb.Spatial2DView(origin=f"/{root}/{part(p)}", name=p)
+                                for p in sync)),
+                     rrb.Horizontal(*below), row_shares=[3, 1]),
+        collapse_panels=True)
+
+
 class RerunLog:
     """Logs input groups, or single messages, to one recording (module docstring).
 
     Arguments:
         recording: the rerun.RecordingStream (open_recording).
         root: the entity path everything goes under (the node's name).
+        leave_out: keys of dict messages not logged, at any depth (a timestamp
+            field, say, whose epoch seconds would dwarf every other series).
     """
 
-    def __init__(self, recording: rerun.RecordingStream, root: str) -> None:
+    def __init__(self, recording: rerun.RecordingStream, root: str,
+                 leave_out: Iterable[str] = ()) -> None:
         self.rr = require_rerun()
         self.recording = recording
         self.root = self.rr.escape_entity_path_part(root)
+        self.leave_out = frozenset(leave_out)
         self._corrections: dict[str, float] = {}
 
     def group(self, event_ts: float | None, members: Mapping[str, Any],
@@ -191,7 +218,8 @@ class RerunLog:
             log(path, rr.Scalars(float(value)))
         elif isinstance(value, Mapping):
             for key, item in value.items():
-                self._value(f"{path}/{rr.escape_entity_path_part(str(key))}", item)
+                if key not in self.leave_out:
+                    self._value(f"{path}/{rr.escape_entity_path_part(str(key))}", item)
         elif isinstance(value, (list, tuple)):
             if 0 < len(value) <= MAX_SERIES and all(
                     isinstance(v, (int, float)) and math.isfinite(v) for v in value):
@@ -218,4 +246,4 @@ def _is_image(array: np.ndarray) -> bool:
 
 
 __all__ = ["EXTRA", "MAX_SERIES", "NOTES", "TIMELINE", "RerunLog", "check_target",
-           "open_recording", "require_rerun"]
+           "group_layout", "open_recording", "require_rerun"]

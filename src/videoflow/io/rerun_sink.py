@@ -4,10 +4,17 @@ and policy, any node's outputs when it has one parent."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from videoflow.core.node import ConsumerNode
-from videoflow.io.rerun_log import RerunLog, check_target, open_recording, require_rerun
+from videoflow.io.rerun_log import (
+    RerunLog,
+    check_target,
+    group_layout,
+    open_recording,
+    require_rerun,
+)
 
 
 class RerunSink(ConsumerNode):
@@ -26,6 +33,7 @@ class RerunSink(ConsumerNode):
             URL (rerun+http://HOST:PORT/proxy).
         recording_id: the recording's id (default: the run's, so a replica's groups
             and a rerun of the same flow land apart).
+        leave_out: keys of dict messages not logged (RerunLog).
         options: the node's (name, join, delivery, ...).
 
     Raises:
@@ -34,11 +42,12 @@ class RerunSink(ConsumerNode):
     """
 
     def __init__(self, target: str, *, recording_id: str | None = None,
-                 **options: Any) -> None:
+                 leave_out: Iterable[str] = (), **options: Any) -> None:
         super().__init__(**options)
         require_rerun()
         self.target = check_target(target)
         self.recording_id = recording_id
+        self.leave_out = tuple(leave_out)
 
     def open(self) -> None:
         context = self.context
@@ -48,7 +57,12 @@ class RerunSink(ConsumerNode):
             target = f"{target[:-4]}.{context.replica_id}.rrd"
         self._recording = open_recording(target, f"videoflow {context.flow_id}",
                                          self.recording_id or context.run_id or None)
-        self._log = RerunLog(self._recording, self.name)
+        self._log = RerunLog(self._recording, self.name, self.leave_out)
+        collect = set((self.join_policy or {}).get("collect") or {})
+        parents = list(context.parents)
+        self._recording.send_blueprint(group_layout(
+            self.name, [p for p in parents if p not in collect],
+            [p for p in parents if p in collect]))
         self._dropped: dict[str, int] = {}
 
     def consume(self, *inputs: Any) -> None:
