@@ -22,7 +22,12 @@ from messenger_flows import Flow, flows, run_node
 from videoflow.core.engine import CLOCK_OFFSETS_METADATA_KEY
 from videoflow.core.policies import JoinPolicy
 from videoflow.messaging import _grouping_ref, grouping
-from videoflow.messaging.clock_estimates import RECENT_GROUPS, SAMPLE_HZ, ClockEstimator
+from videoflow.messaging.clock_estimates import (
+    RECENT_GROUPS,
+    SAMPLE_HZ,
+    ClockEstimator,
+    RunningCorrection,
+)
 
 __all__ = ["flows"]  # the fixture, imported for the tests below
 
@@ -409,3 +414,28 @@ def test_a_learning_join_whose_inputs_end_lets_what_it_holds_go(
         "mode": "time", "tolerance_ms": 8.0, "clock_correction": "running"})
     (ends,) = run_node(idle, None)  # only the end entries: no input, no hang
     assert all(e["is_stop_signal"] for e in ends.values())
+
+
+def test_a_collect_parents_clock_is_told_by_its_arrivals_and_never_followed() -> None:
+    # An IMU joined by window: no grouping can tell its offset (its samples fill the
+    # window wherever they fall); its arrivals, beside the cameras', can.
+    def estimator(ahead: float) -> ClockEstimator:
+        clocks = ClockEstimator(["a", "b"], 0.008, collect_parents=["imu"])
+        for k in range(40):
+            t = 100.0 + k / FPS
+            if clocks.fused(t, now=k / FPS):
+                clocks.members({"a": (t, t + 0.004, 0), "b": (t, t + 0.005, 0)})
+                for j in range(8):  # its samples, stamped `ahead` of the true time
+                    s = t - 0.02 + j * 0.005
+                    clocks.collected("imu", s + ahead, s + 0.0045)
+        return clocks
+
+    off = estimator(0.02)
+    found = off.estimates()["imu"]
+    assert found.basis == "arrivals" and found.offset_s == pytest.approx(0.02, abs=0.001)
+    assert off.advice()["imu"].startswith(
+        "imu's samples arrive as if its clock read 20.0 ms ahead of the others'")
+    running = RunningCorrection({}, 0.002, 0.1)
+    assert running.update(off) == [] and running.applied == {}  # reported, not followed
+    aligned = estimator(0.0)
+    assert abs(aligned.estimates()["imu"].offset_s) < 0.001 and aligned.advice() == {}

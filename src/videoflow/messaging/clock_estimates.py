@@ -29,10 +29,19 @@ window by design) and keeps, per parent, the last WINDOW of:
 A parent whose inputs mostly join groups is judged by its residuals, small by
 construction (within the tolerance), whatever its arrival: a parent that lags, whose
 frames arrive late but are stamped right, is not offset. One whose inputs mostly miss is
-judged by its near misses. Medians throughout, so dropped frames, quorum groups and a
-few outliers do not move the estimate; the spread (median absolute deviation) and the
-sample count say how far to trust it. The times seen are the corrected ones: with
-clock_offsets applied, what is left is the residual offset.
+judged by its near misses.
+
+A collect parent (an IMU joined by window) has neither: its samples fill each group's
+window wherever its clock puts them, so no grouping can tell its offset. What can is
+its arrivals, live: its samples' event times less their arrival, against the sync
+parents' (basis 'arrivals'). That also holds each source's own delay to the join, so
+it is reported, in words only beyond the tolerance and its noise and with that
+caveat, and never followed by a running correction.
+
+Medians throughout, so dropped frames, quorum groups and a few outliers do not move the
+estimate; the spread (median absolute deviation) and the sample count say how far to
+trust it. The times seen are the corrected ones: with clock_offsets applied, what is
+left is the residual offset.
 """
 
 from __future__ import annotations
@@ -115,8 +124,10 @@ class ClockEstimator:
     """
 
     def __init__(self, sync_parents: Iterable[str], tolerance_s: float,
-                 sample_hz: float = SAMPLE_HZ) -> None:
+                 sample_hz: float = SAMPLE_HZ, collect_parents: Iterable[str] = ()) -> None:
         self.parents = list(sync_parents)
+        self.collect = list(collect_parents)
+        self._collected = {p: deque[float](maxlen=WINDOW) for p in self.collect}
         self.tolerance_s = tolerance_s
         self._every = 1.0 / sample_hz
         self._arrival = {p: deque[float](maxlen=WINDOW) for p in self.parents}
@@ -150,6 +161,14 @@ class ClockEstimator:
             return False
         self._sampled_at = now
         return True
+
+    def collected(self, parent: str, event_ts: float, arrived: float) -> None:
+        """A sample of collect parent parent, at event_ts, arrived at arrived (the
+        members' clock): taken for a group's members were wanted (fused), so at most
+        sample_hz groups' worth a second."""
+        samples = self._collected.get(parent)
+        if samples is not None:
+            samples.append(event_ts - arrived)
 
     def members(self, times: Mapping[str, tuple[float, float, int]]) -> None:
         """The sync members of a group fused wanted: per parent, (its event time, when
@@ -199,7 +218,8 @@ class ClockEstimator:
         """Drop every sample and fused group's time, and the rate gates, keeping the
         correction epochs: a learning join (ClockLearning) is about to group what it
         holds again, and measures it afresh."""
-        for kept in (self._arrival, self._residuals, self._misses, self._matched):
+        for kept in (self._arrival, self._residuals, self._misses, self._matched,
+                     self._collected):
             for samples in kept.values():
                 samples.clear()
         self._groups.clear()
@@ -228,6 +248,12 @@ class ClockEstimator:
                 out[parent] = _estimate(list(residuals), "groups", share)
             elif len(picked) >= MIN_SAMPLES:
                 out[parent] = _estimate(picked, "near misses", share)
+        sync = [m for p in self.parents if (m := _live_median(self._arrival[p])) is not None]
+        for parent, samples in self._collected.items():
+            live = _live_median(samples)
+            if live is not None and sync:
+                got = list(samples)
+                out[parent] = _estimate([s - median(sync) for s in got], "arrivals", 1.0)
         return out
 
     def _near_misses(self, parent: str, groups: list[float]) -> list[float]:
@@ -281,6 +307,19 @@ class ClockEstimator:
             if abs(e.offset_s) <= SHOWN_FRACTION * self.tolerance_s:
                 continue
             way = "ahead of" if e.offset_s > 0 else "behind"
+            if e.basis == "arrivals":
+                # Said only past the tolerance and its own noise: sources' delays to the
+                # join differ by a few ms (a 2 kHz IMU's batches, say) with no clock off.
+                if abs(e.offset_s) <= max(self.tolerance_s, 3.0 * e.spread_s):
+                    continue
+                lines[parent] = (
+                    f"{parent}'s samples arrive as if its clock read "
+                    f"{abs(e.offset_s) * 1000.0:.1f} ms {way} the others' (its window is "
+                    f"{'late' if e.offset_s > 0 else 'early'} by as much if so); its "
+                    f"arrivals also hold its own delay to the join: if its clock is the "
+                    f"one off, set clock_offsets={{'{parent}': {-e.offset_s:.4f}}} (from "
+                    f"{e.samples} arrivals, spread {e.spread_s * 1000.0:.1f} ms)")
+                continue
             lines[parent] = (
                 f"{parent}'s clock reads {abs(e.offset_s) * 1000.0:.1f} ms {way} the others "
                 f"(tolerance {tolerance_ms:g} ms): {100.0 * (1.0 - e.matched):.0f} % of its "
@@ -324,8 +363,9 @@ class RunningCorrection:
         said = []
         deadband_floor = DEADBAND_FRACTION * clocks.tolerance_s
         for parent, e in clocks.estimates().items():
-            if abs(e.offset_s) <= max(3.0 * e.spread_s, deadband_floor):
-                continue
+            if e.basis == "arrivals" or abs(e.offset_s) <= max(3.0 * e.spread_s,
+                                                                 deadband_floor):
+                continue  # arrivals hold the source's own delay too: not followed
             base = self.static.get(parent, 0.0)
             was = self.applied.get(parent, base)
             step = max(-self.step_s, min(self.step_s, -e.offset_s))

@@ -141,8 +141,9 @@ class Join:
             None if policy.timeout_ms is None else policy.timeout_ms / 1000.0,
             policy.max_pending)
         self.max_pending = policy.max_pending
-        self.clocks = ClockEstimator(policy.sync_parents(parent_names),
-                                     (policy.tolerance_ms or 0.0) / 1000.0) if self._time else None
+        self.clocks = ClockEstimator(
+            policy.sync_parents(parent_names), (policy.tolerance_ms or 0.0) / 1000.0,
+            collect_parents=self.collect) if self._time else None
         # Inputs a receive took past their parent's bound, set aside in order (defer).
         self.deferred: dict[str, deque[Deferred]] = {}
         # clock_correction='running': what the join holds while it learns its parents'
@@ -394,6 +395,9 @@ class Join:
                                        getattr(h, "clock_epoch", 0))
                             for h in group.handles if h.parent not in collect
                             and (t := getattr(h, "event_ts", None)) is not None})
+            for h in group.handles:  # the samples this group is the last to use
+                if h.parent in collect and (t := getattr(h, "event_ts", None)) is not None:
+                    clocks.collected(h.parent, t, getattr(h, "arrived", 0.0))
 
     def dispose(self, handle: Held, reason: str) -> None:
         """What the join gave up on while it learned: settled now, as its rules say."""
