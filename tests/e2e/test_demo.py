@@ -345,6 +345,20 @@ def test_a_camera_whose_clock_reads_20_ms_ahead_is_fused_once_its_offset_is_corr
     assert "demo FAILED" in text
 
 
+def test_a_running_correction_learns_from_a_backlog_the_fusion_catches_up_on(
+        nats_server: EmbeddedServer) -> None:
+    # The fusion starts 2 s into a 5 s capture: it learns on a backlog, which says
+    # nothing of cam2's clock until the fusion caught up and arrivals are live again,
+    # holding seconds of an IMU's samples meanwhile and grouping them again after
+    # each step without losing one.
+    result = demo.run_demo(duration=5.0, drop_rate=DROP_RATE, seed=SEED,
+                           nats_url=nats_server.url, view=False, clock_offset=(2, 0.020),
+                           correction="running", fusion_delay=2.0)
+    check(result)
+    (learned,) = result.report.nodes["fusion"].clock_learning
+    assert "until every parent's clock was estimated" in learned, learned
+
+
 # Heavy for a 2-core machine (about 20 s, 1.9 GB of frames through shared memory), and
 # run in the normal suite all the same: it is what issue 39 was about.
 @pytest.mark.timeout(180)

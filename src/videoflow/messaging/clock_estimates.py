@@ -66,10 +66,12 @@ RECENT_GROUPS: Final = 512
 LIVE_SAMPLES: Final = 16
 """The latest arrivals a parent is judged live by."""
 
-LIVE_SPREAD_S: Final = 0.1
+LIVE_SPREAD_S: Final = 0.01
 """A parent whose event times less their arrival times spread (median absolute
 deviation) within this keeps pace with the wall clock: its arrivals can tell a near
-miss's two candidates apart."""
+miss's two candidates apart. Tight: a backlog being caught up on comes in bursts whose
+latest inputs can spread under a tenth of a second, and a prior taken from them put a
+camera 20 ms ahead on the instant after (live cameras spread 1-3 ms here)."""
 
 SAMPLE_HZ: Final = 100.0
 """Groups a second whose members are measured, and given-up inputs a second per parent
@@ -268,11 +270,17 @@ class ClockEstimator:
         if prior is None and any(_live_median(d) is not None for d in self._arrival.values()):
             return []  # a live flow: wait until this parent's arrivals tell them apart
         misses = self._misses[parent]
+        # The frame period: the least gap between fused groups, or between its own
+        # misses, further apart than the tolerance (sampled misses, instants not
+        # fused and dropped frames only make gaps of several periods).
         own = sorted(misses)
-        gaps = sorted(b - a for a, b in zip(own, own[1:], strict=False) if b > a)
-        if not gaps:
+        tolerance = self.tolerance_s
+        period = min((b - a for ordered in (groups, own)
+                      for a, b in zip(ordered, ordered[1:], strict=False) if b - a > tolerance),
+                     default=None)
+        if period is None:
             return []
-        reach = gaps[len(gaps) // 4] / 4.0  # a low quartile: a dropped frame doubles a gap
+        reach = period / 4.0
         expected = 0.0 if prior is None else prior
         lift = median(self._lift) if self._lift else 0.0
         picked = []

@@ -155,9 +155,9 @@ class Join:
 
     def regroup(self) -> list[Held]:
         """While learning: everything the join holds -- the groups it formed, what it
-        gave up on, what its assembler still buffers -- taken out, in arrival order,
-        for the messenger to add again under new corrections; the assembler starts
-        afresh, and so do the clock estimator's samples."""
+        gave up on, what its assembler still buffers -- taken out, for the messenger
+        to add again under new corrections; the assembler starts afresh, and so do the
+        clock estimator's samples."""
         learning = self.learning
         assert learning is not None
         flushed = self.assembler.flush()
@@ -169,7 +169,7 @@ class Join:
         self.assembler = self._make_assembler()
         if self.clocks is not None:
             self.clocks.restart()
-        return sorted(held, key=lambda h: getattr(h, "arrived", 0.0))
+        return held
 
     def defers(self, parent: str, event_ts: float) -> bool:
         """Whether an input of parent's at event_ts must be set aside rather than

@@ -887,19 +887,24 @@ class NATSMessenger(Messenger):
         clocks = join.clocks
         assert clocks is not None
         for _ in range(LEARN_PASSES):
-            while (group := join.pop_ready()) is not None:
-                learning.groups.append(group)
-                join.fused(group, max(getattr(h, "arrived", 0.0) for h in group.handles))
+            self._hold_ready(join, learning)
             changes = self._running.update(clocks)
             if not changes:
                 break
             for change in changes:
                 logger.info("%s: %s (learning)", self.node_name, change)
             learning.steps += len(changes)
-            for handle in join.regroup():  # everything held, under the new corrections
-                assert isinstance(handle, _Handle)
+            held = [h for h in join.regroup() if isinstance(h, _Handle)]  # all of them
+            for handle in held:  # under the new corrections
                 self._recorrect(handle)
-                join.assembler.add(handle.parent, handle.entry, handle)
+            # Added again in event-time order, its groups taken as they form, as a
+            # receive's batches are: all at once, a parent far ahead in the backlog (an
+            # IMU's samples) would overflow its buffer before any group took them.
+            held.sort(key=lambda h: -inf if h.event_ts is None else h.event_ts)
+            for at in range(0, len(held), RECEIVE_BATCH):
+                for handle in held[at:at + RECEIVE_BATCH]:
+                    join.assembler.add(handle.parent, handle.entry, handle)
+                self._hold_ready(join, learning)
         estimates = clocks.estimates()
         why = ("every parent's clock was estimated" if set(clocks.parents) <= set(estimates)
                else learning.bound_reached(clock.monotonic(), join.assembler.pending_count()))
@@ -919,10 +924,18 @@ class NATSMessenger(Messenger):
             f"meanwhile")
         logger.info("%s: %s", self.node_name, self.clock_learned)
         self._ready.extend(learning.groups)
-        for handle, reason in learning.discards:  # as the join's rules say, now
-            join.dispose(handle, reason)
+        for given_up, reason in learning.discards:  # as the join's rules say, now
+            join.dispose(given_up, reason)
         self.deliveries.settle_pending()
         return False
+
+    @staticmethod
+    def _hold_ready(join: Join, learning: ClockLearning) -> None:
+        """The groups a learning join has formed, held and measured (at their members'
+        arrival: the estimator's rate bound goes by when they came)."""
+        while (group := join.pop_ready()) is not None:
+            learning.groups.append(group)
+            join.fused(group, max(getattr(h, "arrived", 0.0) for h in group.handles))
 
     def _receive_once(self) -> None:
         self.reconciled += self.payloads.reconcile()  # PAY-006, at most once per ack_wait
