@@ -250,12 +250,12 @@ def test_a_running_correction_never_goes_past_its_limit(
     flows, core: str,  # type: ignore[no-untyped-def]
 ) -> None:
     groups, status = rig(flows, {}, instants=120, clock_correction="running",
-                         clock_step_ms=5.0, clock_limit_ms=10.0)
-    assert status["clock_corrections"]["cam2"] == pytest.approx(-0.010)
-    # 10 ms short of its offset, and 2 ms beyond the tolerance: still never fused,
-    # and the estimate says what is left.
+                         clock_step_ms=3.0, clock_limit_ms=6.0)
+    assert status["clock_corrections"]["cam2"] == pytest.approx(-0.006)
+    # 14 ms short of its offset, 6 ms beyond the tolerance (more than the cameras'
+    # +-1 ms jitter can close): still never fused, and the estimate says what is left.
     assert all(g["cam2"] is None for g in groups)
-    assert status["clock_offsets"]["cam2"]["offset_s"] == pytest.approx(0.010, abs=0.001)
+    assert status["clock_offsets"]["cam2"]["offset_s"] == pytest.approx(0.014, abs=0.001)
 
 
 def test_running_correction_bounds_are_checked() -> None:

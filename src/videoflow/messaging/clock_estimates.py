@@ -17,8 +17,9 @@ window by design) and keeps, per parent, the last WINDOW of:
   nearest the parent's arrival offset is taken (its event time less the time it
   arrived, against the other parents' median), which tells the two apart by a whole
   frame period. Arrivals say that only of live sources, whose event times keep pace
-  with the wall clock (their latest spread within LIVE_SPREAD_S): in a live flow, a
-  parent's near misses wait until its arrivals and another parent's are live. In a
+  with the wall clock (their latest arrivals span their stamps' span): in a live
+  flow, a parent's near misses wait until its arrivals and another parent's are
+  live. In a
   backlog (a replay) the nearer candidate is taken. Either way a miss counts only
   when the candidate taken is within a quarter of the parent's frame period of what
   was expected (a backlog's offsets must then be under a quarter period): an input
@@ -66,12 +67,17 @@ RECENT_GROUPS: Final = 512
 LIVE_SAMPLES: Final = 16
 """The latest arrivals a parent is judged live by."""
 
-LIVE_SPREAD_S: Final = 0.01
-"""A parent whose event times less their arrival times spread (median absolute
-deviation) within this keeps pace with the wall clock: its arrivals can tell a near
-miss's two candidates apart. Tight: a backlog being caught up on comes in bursts whose
-latest inputs can spread under a tenth of a second, and a prior taken from them put a
-camera 20 ms ahead on the instant after (live cameras spread 1-3 ms here)."""
+LIVE_PACE: Final = 0.2
+"""A parent keeps pace with the wall clock -- its arrivals can tell a near miss's two
+candidates apart -- when its latest inputs' arrivals span their event times' span
+within this fraction. A backlog being caught up on arrives in bursts: its latest
+inputs came in a small part of the time they cover (once, judged by their spread
+alone, within 100 ms, that put a camera 20 ms ahead on the instant after). A loaded
+host's delays move single arrivals, not the span of sixteen."""
+
+LIVE_SPREAD_S: Final = 0.1
+"""And their event times less their arrival times spread (median absolute deviation)
+within this."""
 
 SAMPLE_HZ: Final = 100.0
 """Groups a second whose members are measured, and given-up inputs a second per parent
@@ -129,10 +135,12 @@ class ClockEstimator:
                  sample_hz: float = SAMPLE_HZ, collect_parents: Iterable[str] = ()) -> None:
         self.parents = list(sync_parents)
         self.collect = list(collect_parents)
-        self._collected = {p: deque[float](maxlen=WINDOW) for p in self.collect}
+        self._collected = {p: deque[tuple[float, float]](maxlen=WINDOW)
+                           for p in self.collect}
         self.tolerance_s = tolerance_s
         self._every = 1.0 / sample_hz
-        self._arrival = {p: deque[float](maxlen=WINDOW) for p in self.parents}
+        # Per parent, (event time, arrival) of its latest measured inputs.
+        self._arrival = {p: deque[tuple[float, float]](maxlen=WINDOW) for p in self.parents}
         self._residuals = {p: deque[float](maxlen=WINDOW) for p in self.parents}
         self._misses = {p: deque[float](maxlen=WINDOW) for p in self.parents}
         self._matched = {p: deque[bool](maxlen=WINDOW) for p in self.parents}
@@ -170,7 +178,7 @@ class ClockEstimator:
         sample_hz groups' worth a second."""
         samples = self._collected.get(parent)
         if samples is not None:
-            samples.append(event_ts - arrived)
+            samples.append((event_ts, arrived))
 
     def members(self, times: Mapping[str, tuple[float, float, int]]) -> None:
         """The sync members of a group fused wanted: per parent, (its event time, when
@@ -187,7 +195,7 @@ class ClockEstimator:
                 continue
             if n > 1:
                 self._residuals[parent].append(t - _median_without(ordered, t))
-            self._arrival[parent].append(t - arrived)
+            self._arrival[parent].append((t, arrived))
             self._matched[parent].append(True)
         half = n // 2
         middle = ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2.0
@@ -206,7 +214,7 @@ class ClockEstimator:
         # Placed when estimated: the groups around it may be fused after it is given
         # up on (a receive's adds let it go before its groups are handed out).
         misses.append(event_ts)
-        self._arrival[parent].append(event_ts - arrived)
+        self._arrival[parent].append((event_ts, arrived))
         self._matched[parent].append(False)
 
     def forget(self, parent: str) -> None:
@@ -255,7 +263,8 @@ class ClockEstimator:
             live = _live_median(samples)
             if live is not None and sync:
                 got = list(samples)
-                out[parent] = _estimate([s - median(sync) for s in got], "arrivals", 1.0)
+                out[parent] = _estimate([e - a - median(sync) for e, a in got], "arrivals",
+                                        1.0)
         return out
 
     def _near_misses(self, parent: str, groups: list[float]) -> list[float]:
@@ -403,16 +412,22 @@ def _median_without(ordered: list[float], value: float) -> float:
     return left(half) if n % 2 else (left(half - 1) + left(half)) / 2.0
 
 
-def _live_median(offsets: deque[float]) -> float | None:
+def _live_median(offsets: deque[tuple[float, float]]) -> float | None:
     """The median of a parent's latest LIVE_SAMPLES event times less arrival, if they
-    keep pace with the wall clock (LIVE_SPREAD_S); None otherwise, or with too few. The
-    latest only: a live source's first inputs may come in a burst (its reader started
-    after it), which must not make it look like a backlog for long."""
+    keep pace with the wall clock (LIVE_PACE, LIVE_SPREAD_S); None otherwise, or with
+    too few. The latest only: a live source's first inputs may come in a burst (its
+    reader started after it), which must not make it look like a backlog for long."""
     if len(offsets) < MIN_SAMPLES:
         return None
     latest = list(offsets)[-LIVE_SAMPLES:]
-    middle = median(latest)
-    return middle if median(abs(d - middle) for d in latest) <= LIVE_SPREAD_S else None
+    stamps = [e for e, _ in latest]
+    arrivals = [a for _, a in latest]
+    covered = max(stamps) - min(stamps)
+    if not covered > 0 or abs(max(arrivals) - min(arrivals) - covered) > LIVE_PACE * covered:
+        return None
+    offsets_now = [e - a for e, a in latest]
+    middle = median(offsets_now)
+    return middle if median(abs(d - middle) for d in offsets_now) <= LIVE_SPREAD_S else None
 
 
 def _estimate(samples: list[float], basis: str, share: float) -> OffsetEstimate:
