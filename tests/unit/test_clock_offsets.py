@@ -28,6 +28,7 @@ from videoflow.messaging.clock_estimates import (
     ClockEstimator,
     RunningCorrection,
 )
+from videoflow.messaging.clock_learning import LEARN_SECONDS, ClockLearning
 
 __all__ = ["flows"]  # the fixture, imported for the tests below
 
@@ -439,3 +440,14 @@ def test_a_collect_parents_clock_is_told_by_its_arrivals_and_never_followed() ->
     assert running.update(off) == [] and running.applied == {}  # reported, not followed
     aligned = estimator(0.0)
     assert abs(aligned.estimates()["imu"].offset_s) < 0.001 and aligned.advice() == {}
+
+
+def test_learning_is_bounded_by_time_once_caught_up_and_by_what_it_holds() -> None:
+    learning = ClockLearning(max_groups=10)
+    assert learning.bound_reached(now=100.0, pending=0) is None  # no input yet
+    learning.first = learning.started = 100.0
+    assert learning.bound_reached(now=100.0 + LEARN_SECONDS - 0.01, pending=9) is None
+    learning.started = 101.0  # a full receive came back then: still catching up
+    assert learning.bound_reached(now=100.0 + LEARN_SECONDS, pending=0) is None
+    assert learning.bound_reached(now=101.0 + LEARN_SECONDS, pending=0) == "2 s had passed"
+    assert learning.bound_reached(now=101.0, pending=10) == "it held 10 groups"

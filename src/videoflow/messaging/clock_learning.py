@@ -13,10 +13,11 @@ parent estimated and within its deadband, or at its limit -- the groups formed u
 the final corrections go out in order, and what they left is settled as the join's
 rules say: as if the corrections had been there from the first input.
 
-Learning is bounded: it ends, whatever the estimates, after LEARN_SECONDS from the
-first input, once the held groups reach half the policy's max_pending, or once every
-parent's input ended. What is held then goes out as it stands, and the correction goes
-on running as usual.
+Learning is bounded: it ends, whatever the estimates, LEARN_SECONDS after its input
+caught up (its first input, or the last receive that came back full: a backlog being
+caught up on says nothing of clocks until it is), once the held groups reach half the
+policy's max_pending, or once every parent's input ended. What is held then goes out
+as it stands, and the correction goes on running as usual.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from videoflow.messaging.grouping import ReadyGroup
 from videoflow.messaging.messenger_deliveries import Held
 
 LEARN_SECONDS: Final = 2.0
-"""The longest a join learns from its first input (monotonic seconds)."""
+"""The longest a join learns once its input caught up (monotonic seconds)."""
 
 
 class ClockLearning:
@@ -40,7 +41,9 @@ class ClockLearning:
     Attributes:
         groups: the groups formed since the last regrouping, in order.
         discards: what the join gave up on since then, with the reason.
-        started: when the first input was added (monotonic), None before.
+        first: when the first input was added (monotonic), None before.
+        started: that, or when the last full receive came back after it: what the
+            time bound counts from.
         steps: the corrections' moves made while learning.
     """
 
@@ -48,6 +51,7 @@ class ClockLearning:
         self.max_groups = max_groups
         self.groups: list[ReadyGroup] = []
         self.discards: list[tuple[Held, str]] = []
+        self.first: float | None = None
         self.started: float | None = None
         self.steps = 0
 

@@ -916,7 +916,7 @@ class NATSMessenger(Messenger):
         clocks.restart()  # its groups are measured again as they are handed out
         corrected = ", ".join(f"{p} {o * 1000.0:+.1f} ms"
                               for p, o in self._clock_offsets.items() if o)
-        took = 0.0 if learning.started is None else clock.monotonic() - learning.started
+        took = 0.0 if learning.first is None else clock.monotonic() - learning.first
         self.clock_learned = (
             f"learned its parents' clocks for {took:.2f} s, until {why}: "
             f"{learning.steps} correction step{'' if learning.steps == 1 else 's'} "
@@ -960,8 +960,8 @@ class NATSMessenger(Messenger):
             if held:  # left on the broker until the slowest parent catches up
                 subs = [s for s in subs if s.kind == "eos" or s.channel.node not in held]
         called = clock.monotonic()
-        got = self.deliveries.packs.expand(self.backend.receive_any(
-            subs, credit, 0, called + poll))
+        received = self.backend.receive_any(subs, credit, 0, called + poll)
+        got = self.deliveries.packs.expand(received)
         self._idle = not got
         if self.freshness is not None:
             got = self._freshest(got, called)
@@ -976,6 +976,10 @@ class NATSMessenger(Messenger):
             self.join.settle_released()  # what the batch's adds let go of, at once
             if self._running is not None:
                 self._correct_clocks()
+            learning = self.join.learning
+            if learning is not None and learning.started is not None and (
+                    len(received) >= credit):  # catching up: its time starts after
+                learning.started = clock.monotonic()
         self.deliveries.settle_pending()
 
     def _correct_clocks(self) -> None:
@@ -1123,8 +1127,8 @@ class NATSMessenger(Messenger):
             # Set aside (deferred) under an earlier correction: under the current one.
             self._recorrect(handle)
             learning = self.join.learning if self.join is not None else None
-            if learning is not None and learning.started is None:
-                learning.started = handle.arrived
+            if learning is not None and learning.first is None:
+                learning.first = learning.started = handle.arrived
         if delivery.num_delivered > 1 and self.deliveries.crash_looped(handle):
             self.deliveries.let_go(delivery)
             return  # it was in hand at each of crash_limit process deaths: dead-lettered
