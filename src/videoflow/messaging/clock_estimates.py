@@ -67,13 +67,16 @@ RECENT_GROUPS: Final = 512
 LIVE_SAMPLES: Final = 16
 """The latest arrivals a parent is judged live by."""
 
-LIVE_PACE: Final = 0.2
+LIVE_PACE: Final = 0.35
 """A parent keeps pace with the wall clock -- its arrivals can tell a near miss's two
 candidates apart -- when its latest inputs' arrivals span their event times' span
-within this fraction. A backlog being caught up on arrives in bursts: its latest
-inputs came in a small part of the time they cover (once, judged by their spread
-alone, within 100 ms, that put a camera 20 ms ahead on the instant after). A loaded
-host's delays move single arrivals, not the span of sixteen."""
+within this fraction. A backlog being caught up on arrives in bursts, its inputs in a
+small part of the time they cover: the latest sixteen pass only once a burst is at
+most about a third of them, so that their median is the live ones'. (Judged by their
+spread alone, within 100 ms, a burst once put a camera 20 ms ahead on the instant
+after.) A loaded host's delays move single arrivals, not the span of sixteen; what a
+parent was last judged live at is kept while a stall makes its latest look
+otherwise (_live)."""
 
 LIVE_SPREAD_S: Final = 0.1
 """And their event times less their arrival times spread (median absolute deviation)
@@ -153,6 +156,9 @@ class ClockEstimator:
         # Per parent, how many times its correction changed (forget): an input decoded
         # under an earlier correction is not measured against the new one.
         self._epochs = dict.fromkeys(self.parents, 0)
+        # Per parent (sync or collect), its event times less arrival when it was last
+        # judged live: a prior is a property of the source, not of its latest stall.
+        self._live: dict[str, float] = {}
 
     def epoch(self, parent: str) -> int:
         """The parent's correction epoch, as its inputs are decoded now (members and
@@ -222,6 +228,7 @@ class ClockEstimator:
         next is measured against the new one)."""
         for kept in (self._arrival, self._residuals, self._misses, self._matched):
             kept[parent].clear()
+        self._live.pop(parent, None)  # its event times moved with the correction
         self._epochs[parent] += 1
 
     def restart(self) -> None:
@@ -234,6 +241,7 @@ class ClockEstimator:
                 samples.clear()
         self._groups.clear()
         self._lift.clear()
+        self._live.clear()
         self._missed_at = dict.fromkeys(self.parents, -math.inf)
         self._sampled_at = -math.inf
 
@@ -241,6 +249,7 @@ class ClockEstimator:
         """Each parent's offset, for the parents with enough samples."""
         out: dict[str, OffsetEstimate] = {}
         groups = sorted(self._groups)
+        live = self._live_now()
         for parent in self.parents:
             matched = self._matched[parent]
             if len(matched) < MIN_SAMPLES:
@@ -248,7 +257,7 @@ class ClockEstimator:
             # The share counts the near misses only: an input given up with no group
             # near it (an instant below quorum, whose members all went) says nothing
             # of its clock.
-            picked = self._near_misses(parent, groups)
+            picked = self._near_misses(parent, groups, live)
             matches = sum(matched)
             if matches + len(picked) < MIN_SAMPLES:
                 continue
@@ -258,16 +267,24 @@ class ClockEstimator:
                 out[parent] = _estimate(list(residuals), "groups", share)
             elif len(picked) >= MIN_SAMPLES:
                 out[parent] = _estimate(picked, "near misses", share)
-        sync = [m for p in self.parents if (m := _live_median(self._arrival[p])) is not None]
+        sync = [m for p, m in live.items() if p not in self._collected]
         for parent, samples in self._collected.items():
-            live = _live_median(samples)
-            if live is not None and sync:
-                got = list(samples)
-                out[parent] = _estimate([e - a - median(sync) for e, a in got], "arrivals",
-                                        1.0)
+            if parent in live and sync:
+                out[parent] = _estimate([e - a - median(sync) for e, a in samples],
+                                        "arrivals", 1.0)
         return out
 
-    def _near_misses(self, parent: str, groups: list[float]) -> list[float]:
+    def _live_now(self) -> dict[str, float]:
+        """Each parent's event times less arrival as last judged live (_live_median),
+        taken afresh where its latest are."""
+        for parent, samples in (*self._arrival.items(), *self._collected.items()):
+            middle = _live_median(samples)
+            if middle is not None:
+                self._live[parent] = middle
+        return dict(self._live)
+
+    def _near_misses(self, parent: str, groups: list[float],
+                     live: Mapping[str, float]) -> list[float]:
         """Each near miss's offset from the fused group (groups: their times, sorted)
         it missed: of the groups just before and after it, the one whose offset is
         nearest the parent's arrival offset against the others' (nearest zero when
@@ -275,8 +292,9 @@ class ClockEstimator:
         quarter of the parent's frame period of what was expected: an input whose own
         instant was not fused (below quorum) is a period or more from the groups
         around it, and says nothing of its clock."""
-        prior = self._arrival_offset(parent)
-        if prior is None and any(_live_median(d) is not None for d in self._arrival.values()):
+        others = [m for p, m in live.items() if p != parent and p in self._arrival]
+        prior = live[parent] - median(others) if parent in live and others else None
+        if prior is None and any(p in self._arrival for p in live):
             return []  # a live flow: wait until this parent's arrivals tell them apart
         misses = self._misses[parent]
         # The frame period: the least gap between fused groups, or between its own
@@ -302,15 +320,6 @@ class ClockEstimator:
                 if abs(best - expected) <= reach:
                     picked.append(best)
         return picked
-
-    def _arrival_offset(self, parent: str) -> float | None:
-        """The parent's event times less their arrival, against the other live
-        parents' median; None unless it and some other parent are live."""
-        live = {p: m for p, d in self._arrival.items() if (m := _live_median(d)) is not None}
-        others = [m for p, m in live.items() if p != parent]
-        if parent not in live or not others:
-            return None
-        return live[parent] - median(others)
 
     def advice(self, estimates: Mapping[str, OffsetEstimate] | None = None
                ) -> dict[str, str]:
