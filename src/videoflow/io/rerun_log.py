@@ -104,10 +104,9 @@ def group_layout(root: str, sync: list[str], collect: list[str]) -> Any:
     Raises:
         MissingDependency: rerun-sdk is not installed.
     """
-    require_rerun()
+    part = require_rerun().escape_entity_path_part
     import rerun.blueprint as rrb
 
-    part = require_rerun().escape_entity_path_part
     root = part(root)
     below: list[Any] = [rrb.TimeSeriesView(origin=f"/{root}/{part(p)}", name=p)
                         for p in collect]
@@ -153,13 +152,14 @@ class RerunLog:
                 ones are said).
         """
         self._at(event_ts)
-        notes = []
+        lost: list[str] = []  # what is missing or dropped: a warning
+        notes: list[str] = []  # corrections: information
         for parent, value in members.items():
             path = f"{self.root}/{self.rr.escape_entity_path_part(parent)}"
             one = info.get(parent)
             if value is None:
                 self.recording.log(path, self.rr.Clear(recursive=True))
-                notes.append(f"{parent} missing")
+                lost.append(f"{parent} missing")
                 continue
             times = None if one is None else one.get("event_ts")
             if isinstance(times, list) and isinstance(value, list):
@@ -171,14 +171,13 @@ class RerunLog:
             if self._corrections.get(parent, 0.0) != offset:
                 self._corrections[parent] = offset
                 notes.append(f"{parent}'s clock corrected by {offset * 1e3:+.1f} ms")
-        lost = {reason: n for reason, n in dropped.items() if n}
-        if lost:
-            notes.append("dropped since the last group: " + ", ".join(
-                f"{n} {reason}" for reason, n in sorted(lost.items())))
-        if notes:
-            level = "WARN" if len(notes) > sum("corrected" in n for n in notes) else "INFO"
-            self.recording.log(f"{self.root}/{NOTES}",
-                               self.rr.TextLog("; ".join(notes), level=level))
+        drops = sorted((reason, n) for reason, n in dropped.items() if n)
+        if drops:
+            lost.append("dropped since the last group: " + ", ".join(
+                f"{n} {reason}" for reason, n in drops))
+        if lost or notes:
+            self.recording.log(f"{self.root}/{NOTES}", self.rr.TextLog(
+                "; ".join(notes + lost), level="WARN" if lost else "INFO"))
 
     def message(self, event_ts: float | None, value: Any, name: str | None = None) -> None:
         """Log one message under the root (or root/name) at its event time."""

@@ -380,15 +380,21 @@ class RunningCorrection:
         self.applied: dict[str, float] = dict(static)
         self.changes: dict[str, int] = {}
 
-    def update(self, clocks: ClockEstimator) -> list[str]:
+    def update(self, clocks: ClockEstimator,
+               estimates: Mapping[str, OffsetEstimate] | None = None) -> list[str]:
         """Move the corrections the estimates call for (see the class).
+
+        Arguments:
+            estimates: clocks.estimates(), when the caller has them already.
 
         Returns:
             each change, in words, for the log.
         """
         said = []
         deadband_floor = DEADBAND_FRACTION * clocks.tolerance_s
-        for parent, e in clocks.estimates().items():
+        if estimates is None:
+            estimates = clocks.estimates()
+        for parent, e in estimates.items():
             if e.basis == "arrivals" or abs(e.offset_s) <= max(3.0 * e.spread_s,
                                                                  deadband_floor):
                 continue  # arrivals hold the source's own delay too: not followed

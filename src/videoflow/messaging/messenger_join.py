@@ -105,9 +105,11 @@ class Join:
         # receive batch's adds let go of is settled together after the batch.
         self._released: list[tuple[Held, str]] = []
         # On the messenger's clocks: the backstops on the monotonic one the caller
-        # chose, a missing event time on its epoch clock.
-        self.assembler = make_assembler(node_name, parent_names, policy, clock=clock,
-                                        epoch=epoch, resolver=self._released.extend)
+        # chose, a missing event time on its epoch clock. Made again by regroup.
+        self._make_assembler = lambda: make_assembler(
+            node_name, parent_names, policy, clock=clock, epoch=epoch,
+            resolver=self._released.extend)
+        self.assembler = self._make_assembler()
         self.backend, self.deliveries, self.data_subs = backend, deliveries, data_subs
         self.clock = clock
         self.missing = policy.missing
@@ -149,9 +151,6 @@ class Join:
         # clock_correction='running': what the join holds while it learns its parents'
         # clocks, before its first group goes out (the messenger's to start and end).
         self.learning: ClockLearning | None = None
-        self._make_assembler = lambda: make_assembler(
-            node_name, parent_names, policy, clock=clock, epoch=epoch,
-            resolver=self._released.extend)
 
     def regroup(self) -> list[Held]:
         """While learning: everything the join holds -- the groups it formed, what it

@@ -888,7 +888,8 @@ class NATSMessenger(Messenger):
         assert clocks is not None
         for _ in range(LEARN_PASSES):
             self._hold_ready(join, learning)
-            changes = self._running.update(clocks)
+            estimates = clocks.estimates()
+            changes = self._running.update(clocks, estimates)
             if not changes:
                 break
             for change in changes:
@@ -905,7 +906,7 @@ class NATSMessenger(Messenger):
                 for handle in held[at:at + RECEIVE_BATCH]:
                     join.assembler.add(handle.parent, handle.entry, handle)
                 self._hold_ready(join, learning)
-        estimates = clocks.estimates()
+            estimates = clocks.estimates()  # what the last step left
         why = ("every parent's clock was estimated" if set(clocks.parents) <= set(estimates)
                else learning.bound_reached(clock.monotonic(), join.assembler.pending_count()))
         if why is None and self._inputs_ended(join):
@@ -978,7 +979,7 @@ class NATSMessenger(Messenger):
                 self._correct_clocks()
             learning = self.join.learning
             if learning is not None and learning.started is not None and (
-                    len(received) >= credit):  # catching up: its time starts after
+                    0 < credit <= len(received)):  # catching up: its time starts after
                 learning.started = clock.monotonic()
         self.deliveries.settle_pending()
 
