@@ -13,12 +13,14 @@ from __future__ import annotations
 import re
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
-from messenger_flows import Flow, flows, run_node
+from messenger_flows import FLOW, RUN, Flow, flows, run_node
 
+from videoflow.backends.memory import MemoryMessagingBackend
 from videoflow.core.engine import CLOCK_OFFSETS_METADATA_KEY
 from videoflow.core.policies import JoinPolicy
 from videoflow.messaging import _grouping_ref, grouping
@@ -29,6 +31,7 @@ from videoflow.messaging.clock_estimates import (
     RunningCorrection,
 )
 from videoflow.messaging.clock_learning import LEARN_SECONDS, ClockLearning
+from videoflow.messaging.nats_messenger import NATSMessenger
 
 __all__ = ["flows"]  # the fixture, imported for the tests below
 
@@ -451,3 +454,45 @@ def test_learning_is_bounded_by_time_once_caught_up_and_by_what_it_holds() -> No
     assert learning.bound_reached(now=100.0 + LEARN_SECONDS, pending=0) is None
     assert learning.bound_reached(now=101.0 + LEARN_SECONDS, pending=0) == "2 s had passed"
     assert learning.bound_reached(now=101.0, pending=10) == "it held 10 groups"
+
+
+def test_a_learning_join_that_dies_loses_nothing(
+    flows, core: str,  # type: ignore[no-untyped-def]
+) -> None:
+    # Learning holds inputs unacknowledged: a process that dies mid-way leaves them to
+    # the broker, and its replacement, learning afresh, has every one of them: each
+    # instant is a group of cam_a and cam_c, and each of cam_b's frames (6 ms off, a
+    # backlog read faster than the estimator samples: not learned here) is fused or
+    # counted as dropped.
+    cams = ["cam_a", "cam_b", "cam_c"]
+    flow = flows({**{c: [] for c in cams}, "fuse": cams, "sink": ["fuse"]})
+    for camera in cams:
+        messenger = flow.messenger(camera)
+        for k in range(40):
+            messenger.set_output_event_timestamp(
+                100.0 + k / FPS + (0.006 if camera == "cam_b" else 0.0))
+            messenger.publish_message(k)
+        messenger.publish_stop_signal()
+    policy = {"mode": "time", "tolerance_ms": 3.0, "quorum": 2, "missing": "drop",
+              "timeout_ms": 60_000.0, "clock_correction": "running", "clock_step_ms": 2.0}
+    backend = MemoryMessagingBackend(flow.broker, flow_id=FLOW, run_id=RUN)
+    backend.start()
+    dying = NATSMessenger(SimpleNamespace(name="fuse", pack=False), flow.edges["fuse"],
+                          "nats://unused", FLOW, flow.flow_type, RUN, backend=backend,
+                          ack_wait=1, join_policy=policy)
+    flow.made.append(dying)
+    assert dying.join is not None and dying.join.learning is not None
+    for _ in range(20):  # the first inputs in: learning holds them
+        dying._receive_once()
+        if dying.join.learning.first is not None:
+            break
+    assert dying.join.learning.first is not None
+    backend.shutdown(hand_back=False)  # the process dies holding them, settling none
+    time.sleep(1.1)  # their leases lapse (ack_wait): they come again, in order
+    fusion = flow.messenger("fuse", ack_wait=1, join_policy=policy)
+    groups = run_node(fusion, lambda inputs: inputs["cam_a"]["message"])[:-1]
+    assert [(g["cam_a"]["message"], g["cam_c"]["message"]) for g in groups] == [
+        (k, k) for k in range(40)]
+    fused_b = sum(g["cam_b"] is not None for g in groups)
+    assert fused_b + sum(fusion.take_drops().values()) == 40, fused_b
+    assert fusion.join is not None and fusion.join.learning is None
