@@ -94,7 +94,7 @@ def parsed(parser_class: type[Parser], reads: list[bytes]) -> list[tuple[Any, ..
 
 def split(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({0, len(data), *(c for c in cuts if 0 < c < len(data))})
-    return [data[a:b] for a, b in zip(points, points[1:])]
+    return [data[a:b] for a, b in zip(points, points[1:], strict=False)]
 
 
 EXPECTED = parsed(Parser, [STREAM])

@@ -171,7 +171,7 @@ class GatheringParser(nats_parser.Parser):
         self._payload = 0  # the payload's size
         self._header: bytes | None = None
 
-    async def parse(self, data: bytes | memoryview = b"") -> None:
+    async def parse(self, data: bytes = b"") -> None:
         parts = self._parts
         if parts is not None:
             parts.append(data)
@@ -190,19 +190,19 @@ class GatheringParser(nats_parser.Parser):
                 and self.needed >= GATHERED_PAYLOAD
                 and self.header_needed <= len(buf) < self.needed + nats_parser.CRLF_SIZE):
             # Taken over from nats-py: its payload bytes so far start the parts.
-            header = self.header_needed
-            self._header = bytes(buf[:header]) if header else None
-            self._payload = self.needed - header
-            self._parts, self._have = [bytes(buf[header:])], len(buf) - header
+            block = self.header_needed
+            self._header = bytes(buf[:block]) if block else None
+            self._payload = self.needed - block
+            self._parts, self._have = [bytes(buf[block:])], len(buf) - block
             self.buf = bytearray()
             self.header_needed = 0
 
-    def _whole(self, parts: list[bytes | memoryview]) -> tuple[bytes, memoryview]:
+    def _whole(self, parts: list[bytes | memoryview]) -> tuple[bytes, bytes]:
         """The gathered message's payload, joined, and what its last read holds after
         it (for the parser to go on with)."""
         last = parts[-1]
         beyond = self._have - self._payload - nats_parser.CRLF_SIZE
-        rest = memoryview(last)[len(last) - beyond:] if beyond else memoryview(b"")
+        rest = bytes(memoryview(last)[len(last) - beyond:]) if beyond else b""
         drop = beyond + nats_parser.CRLF_SIZE
         while drop:  # the CRLF after the payload can straddle two reads
             last = parts[-1]
