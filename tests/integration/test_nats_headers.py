@@ -11,6 +11,8 @@ import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 
+from videoflow.backends.jetstream.outcomes import publish_headers
+from videoflow.backends.messaging_types import ChannelId, Envelope
 from videoflow.broker import client as fast
 from videoflow.broker.link import connect as link_connect
 from videoflow.broker.loop import registered
@@ -151,6 +153,77 @@ async def test_jetstream_deduplicates_on_an_encoded_msg_id(nats_server: Embedded
         assert (bool(first.duplicate), again.duplicate, again.seq) == (False, True, first.seq)
         stored = await js.get_msg("H", first.seq)
         assert stored.headers == {"Nats-Msg-Id": "one", "traceparent": TRACEPARENT}
+    finally:
+        await client.close()
+
+
+MSG_IDS = ["numbers:src:41", "cam0:7f3a:12", "a b", " lead", "trail ", "caf\u00e9",
+           "tab\there"]
+
+
+@pytest.mark.parametrize("msg_id", MSG_IDS)
+@pytest.mark.parametrize("traceparent", [TRACEPARENT, " " + TRACEPARENT])
+def test_an_outputs_headers_are_the_block_encode_headers_makes(msg_id: str,
+                                                                traceparent: str) -> None:
+    # publish_headers writes an output's Nats-Msg-Id and traceparent itself: the same
+    # pairs, and the same block where encode_headers makes one (which the test above
+    # holds to nats-py's), else the plain pairs for nats-py to encode.
+    envelope = Envelope(ChannelId("f", "r", "n"), "data", b"x", msg_id=msg_id,
+                        traceparent=traceparent)
+    made = publish_headers(envelope)
+    pairs = {"Nats-Msg-Id": msg_id, "traceparent": traceparent}
+    expected = fast.encode_headers(pairs)
+    assert made == pairs and type(made) is type(expected)
+    if isinstance(expected, fast.HeaderBlock):
+        assert isinstance(made, fast.HeaderBlock) and made.block == expected.block
+
+
+@pytest.mark.asyncio
+async def test_publish_now_writes_what_publish_writes(nats_server: EmbeddedServer) -> None:
+    reader = await nats.connect(nats_server.url)
+    sub = await reader.subscribe("now.>")
+    await registered(reader, 5)
+    client = await fast.connect(nats_server.url)
+    try:
+        assert isinstance(client, fast.FastHeadersClient)
+        headers = fast.encode_headers({"Nats-Msg-Id": "m-1", "traceparent": TRACEPARENT})
+        sent = [("now.a", "_INBOX.r.1", b"payload", headers), ("now.b", "", b"", None),
+                ("now.c", "_INBOX.r.2", bytes(range(256)) * 200, None)]
+        client.hold_writes()
+        for subject, reply, payload, block in sent:
+            await client.publish(subject, payload, reply=reply, headers=block)
+        theirs, client._pending = client._pending, []
+        client._pending_data_size = 0
+        for subject, reply, payload, block in sent:
+            assert client.publish_now(subject, reply, payload, block) is False
+        assert b"".join(client._pending) == b"".join(theirs)
+        client.write_held()
+        for subject, reply, payload, block in sent:
+            got = await sub.next_msg(timeout=5)
+            assert (got.subject, got.reply, got.data) == (subject, reply, payload)
+            assert got.headers == (None if block is None else dict(block))
+    finally:
+        await client.close()
+        await reader.close()
+    with pytest.raises(nats.errors.ConnectionClosedError):
+        client.publish_now("now.a", "", b"x", None)
+
+
+@pytest.mark.asyncio
+async def test_publish_now_refuses_what_publish_refuses(nats_server: EmbeddedServer) -> None:
+    client = await fast.connect(nats_server.url)
+    try:
+        assert isinstance(client, fast.FastHeadersClient)
+        with pytest.raises(ValueError, match="under"):
+            client.publish_now("now.a", "", bytes(fast.LARGE_PAYLOAD), None)
+        with pytest.raises(ValueError, match="HeaderBlock"):
+            client.publish_now("now.a", "", b"x", {"X-Padded": " v "})
+        client._max_payload = 4  # as a server with a small max_payload says
+        with pytest.raises(nats.errors.MaxPayloadError):
+            client.publish_now("now.a", "", b"12345", None)
+        if fast._VALIDATE_SUBJECT is not None:  # nats-py 2.16 on checks subjects
+            with pytest.raises(nats.errors.BadSubjectError):
+                client.publish_now("now a", "", b"x", None)
     finally:
         await client.close()
 

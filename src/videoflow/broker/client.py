@@ -49,6 +49,7 @@ import re
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
+import nats.aio.client
 import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -82,6 +83,12 @@ class HeaderBlock(dict[str, str]):
         self.block = block
 
 
+def written_as_is(value: str) -> bool:
+    """Whether nats-py writes a header value unchanged: printable ASCII without
+    spaces at its ends."""
+    return value.isascii() and value.isprintable() and value == value.strip()
+
+
 def encode_headers(pairs: dict[str, str]) -> dict[str, str]:
     """Headers to publish: a HeaderBlock when nats-py would write every pair unchanged
     (a token name; a printable ASCII value without spaces at its ends), else a plain
@@ -97,7 +104,7 @@ def encode_headers(pairs: dict[str, str]) -> dict[str, str]:
                 return dict(pairs)
             if len(_TOKENS) < _REMEMBERED:
                 _TOKENS.add(name)
-        if not (value.isascii() and value.isprintable()) or value != value.strip():
+        if not written_as_is(value):
             return dict(pairs)
         lines += f"{name}: {value}\r\n"
     return HeaderBlock(pairs, (lines + "\r\n").encode())
@@ -142,6 +149,10 @@ def _has(method: str, parameters: tuple[str, ...]) -> bool:
     return (inspect.iscoroutinefunction(found)
             and tuple(inspect.signature(found).parameters) == parameters)
 
+
+_VALIDATE_SUBJECT: Final[Callable[[str], None] | None] = getattr(
+    nats.aio.client, "_validate_subject", None)
+"""nats-py's own check of a subject it publishes to (2.16 on; before, it checked none)."""
 
 GATHERED_PAYLOAD: Final = 256 * 1024
 """Message bytes (headers and payload) from which a received message is gathered by
@@ -292,6 +303,7 @@ class FastHeadersClient(TlsClient):
     def __init__(self) -> None:
         super().__init__()
         self._ps = GatheringParser(self)
+        self._subjects_checked: set[str] = set()  # publish_now's
 
     async def _send_publish(self, subject: str, reply: str, payload: bytes,
                             payload_size: int, headers: dict[str, Any] | None) -> None:
@@ -313,6 +325,76 @@ class FastHeadersClient(TlsClient):
                                      else hpub_cmd(subject, reply, block, payload))
         if not self._holding and self._flush_queue is not None and self._flush_queue.empty():
             await self._flush_pending()
+
+    def publish_now(self, subject: str, reply: str, payload: bytes,
+                    headers: dict[str, str] | None, *, repeated: bool = True) -> bool:
+        """Publish a small message as Client.publish does, with its checks and its
+        errors, without its coroutines: its command joins the pending buffer, for the
+        held write or nats-py's flusher. A publisher calls it once per message, and the
+        two coroutines nats-py makes and awaits for each were a tenth of a producer's
+        time. The subject is checked as nats-py checks it, once per client for a
+        repeated one (a node publishes to a few, over and over); reply must be one of
+        the client's own inboxes (new_inbox), which nats-py's check always passes.
+
+        Arguments:
+            subject / reply / payload: as Client.publish's; payload under LARGE_PAYLOAD.
+            headers: None or a HeaderBlock (encode_headers).
+            repeated: the subject is published to again and again, and its check is
+                remembered; False for one used once (an acknowledgement's).
+
+        Returns:
+            whether the pending buffer is over its bound: the caller then awaits
+            flush_over before publishing more, as nats-py's publish would have.
+
+        Raises:
+            as Client.publish: BadSubjectError, ConnectionClosedError,
+            ConnectionDrainingError, OutboundBufferLimitError, MaxPayloadError.
+            ValueError: a payload of LARGE_PAYLOAD or more, or headers that are not a
+                HeaderBlock.
+        """
+        if subject not in self._subjects_checked:
+            if _VALIDATE_SUBJECT is not None and not getattr(
+                    self, "_skip_subject_validation", False):
+                _VALIDATE_SUBJECT(subject)
+            if repeated and len(self._subjects_checked) < _REMEMBERED:
+                self._subjects_checked.add(subject)
+        if self.is_closed:
+            raise nats.errors.ConnectionClosedError
+        if self.is_draining_pubs:
+            raise nats.errors.ConnectionDrainingError
+        size = len(payload)
+        if size >= LARGE_PAYLOAD:
+            raise ValueError(f"publish_now takes payloads under {LARGE_PAYLOAD} bytes")
+        if not self.is_connected and (self._max_pending_size <= 0 or size + self._pending_data_size
+                                      > self._max_pending_size):
+            raise nats.errors.OutboundBufferLimitError
+        if size > self._max_payload:
+            raise nats.errors.MaxPayloadError
+        stats = self.stats
+        stats["out_msgs"] += 1
+        stats["out_bytes"] += size
+        if headers is None:
+            command = b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply.encode(), size,
+                                                     payload)
+        elif type(headers) is HeaderBlock:
+            block = headers.block
+            command = b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
+                subject.encode(), reply.encode(), len(block), len(block) + size, block,
+                payload)
+        else:
+            raise ValueError("publish_now takes a HeaderBlock or no headers")
+        self._pending.append(command)
+        self._pending_data_size += len(command)
+        if 0 < self._max_pending_size < self._pending_data_size:
+            return True
+        if not self._holding and self._flush_queue is not None and self._flush_queue.empty():
+            self._flush_queue.put_nowait(asyncio.get_running_loop().create_future())
+        return False
+
+    async def flush_over(self) -> None:
+        """What nats-py's publish does with a pending buffer over its bound: force a
+        flush (publish_now returned True)."""
+        await self._flush_pending(force_flush=True)
 
     async def _write_large(self, subject: str, reply: str, block: bytes | None,
                            payload: bytes) -> None:
@@ -529,5 +611,6 @@ async def connect(servers: str | list[str], **options: Any) -> NatsClient:
     return client
 
 
-__all__ = ["CLIENT_CLASS", "FAST_HEADERS", "FastHeadersClient", "HeaderBlock", "TlsClient",
-           "connect", "encode_headers", "plain_headers"]
+__all__ = ["CLIENT_CLASS", "FAST_HEADERS", "GATHERED_PAYLOAD", "LARGE_PAYLOAD",
+           "FastHeadersClient", "GatheringParser", "HeaderBlock", "TlsClient", "connect",
+           "encode_headers", "plain_headers", "written_as_is"]

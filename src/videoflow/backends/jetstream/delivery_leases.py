@@ -49,6 +49,7 @@ from videoflow.backends.messaging import (
     SubscriptionId,
     Terminal,
 )
+from videoflow.broker.client import FastHeadersClient
 
 ACK: Final = b"+ACK"
 NAK: Final = b"-NAK"
@@ -179,6 +180,15 @@ class DeliveryLeases:
         self.stopping = False  # set once the binding stops: nothing is renewed after
         self._keepalive: asyncio.Task[None] | None = None
 
+    async def _publish(self, subject: str, payload: bytes, reply: str = "") -> None:
+        """Send one settlement (or its request): through the fast client's publish_now
+        where it is one, sparing the two coroutines nats-py's publish makes for each."""
+        client = self.client
+        if isinstance(client, FastHeadersClient):
+            if client.publish_now(subject, reply, payload, None, repeated=False):
+                await client.flush_over()
+        else:
+            await client.publish(subject, payload, reply=reply)
     def live(self, token: DeliveryToken) -> bool:
         """Whether token is the newest attempt of its message this binding handed out
         and has not settled (MSG-011)."""
@@ -301,11 +311,11 @@ class DeliveryLeases:
             for run in runs:
                 for send in run:
                     if not send.request:
-                        await self.client.publish(send.subject, send.payload)
+                        await self._publish(send.subject, send.payload)
                         continue
                     subject, reply = self.replies.expect()
                     try:
-                        await self.client.publish(send.subject, send.payload, reply=subject)
+                        await self._publish(send.subject, send.payload, subject)
                     except BaseException:
                         self.replies.abandon(subject)
                         raise
@@ -416,7 +426,7 @@ class DeliveryLeases:
         """
         subjects = list(self._recent_acks)
         for subject in subjects:
-            await self.client.publish(subject, ACK)
+            await self._publish(subject, ACK)
         return len(subjects)
 
     async def reack_unknown(self) -> int:

@@ -34,7 +34,13 @@ from videoflow.backends.messaging import (
     Rejected,
 )
 from videoflow.backends.messaging_types import trusted_accepted
-from videoflow.broker.client import encode_headers
+from videoflow.broker.client import (
+    LARGE_PAYLOAD,
+    FastHeadersClient,
+    HeaderBlock,
+    encode_headers,
+    written_as_is,
+)
 from videoflow.broker.failures import JSErrorCode
 
 MSG_ID_HEADER: Final = "Nats-Msg-Id"
@@ -42,6 +48,9 @@ MSG_ID_HEADER: Final = "Nats-Msg-Id"
 
 TRACEPARENT_HEADER: Final = "traceparent"
 """The header an envelope's W3C trace context travels in (Envelope.traceparent)."""
+
+_ID_AND_TRACE: Final = b"NATS/1.0\r\nNats-Msg-Id: %s\r\ntraceparent: %s\r\n\r\n"
+"""The header block of an output with both (publish_headers)."""
 
 
 def rejection_for(error: nats.js.errors.APIError) -> Rejected:
@@ -97,6 +106,11 @@ def publish_headers(envelope: Envelope) -> dict[str, str] | None:
         return None if msg_id is None else encode_headers({MSG_ID_HEADER: msg_id})
     if msg_id is None:
         return encode_headers({TRACEPARENT_HEADER: traceparent})
+    if written_as_is(msg_id) and written_as_is(traceparent):
+        # Every output's pair: its block written here, as encode_headers would write
+        # it, without going through the pairs (a third of a producer's header cost).
+        return HeaderBlock({MSG_ID_HEADER: msg_id, TRACEPARENT_HEADER: traceparent},
+                           _ID_AND_TRACE % (msg_id.encode(), traceparent.encode()))
     return encode_headers({MSG_ID_HEADER: msg_id, TRACEPARENT_HEADER: traceparent})
 
 
@@ -197,6 +211,9 @@ async def publish_pipelined(
                 receipt.set_result(refused)
             return
         now = time.monotonic()
+        # A small message goes through the fast client's publish_now where it can:
+        # nats-py's publish makes and awaits two coroutines for each.
+        fast = client if isinstance(client, FastHeadersClient) else None
         for subject, envelope, deadline, receipt in batch:
             if deadline <= now:
                 receipt.set_result(Rejected("the deadline passed before the send; "
@@ -205,8 +222,14 @@ async def publish_pipelined(
             headers = publish_headers(envelope)
             inbox = replies.expect_call(functools.partial(_fill, subject, receipt, js,
                                                           expiry))
+            data = envelope.data
             try:
-                await client.publish(subject, envelope.data, reply=inbox, headers=headers)
+                if (fast is not None and len(data) < LARGE_PAYLOAD
+                        and (headers is None or type(headers) is HeaderBlock)):
+                    if fast.publish_now(subject, inbox, data, headers):
+                        await fast.flush_over()
+                else:
+                    await client.publish(subject, data, reply=inbox, headers=headers)
             except nats.errors.MaxPayloadError as error:
                 outcome: PublishOutcome = Rejected(
                     f"larger than the server's max_payload: {error}", retryable=False)
