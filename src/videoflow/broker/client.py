@@ -387,7 +387,10 @@ class FastHeadersClient(TlsClient):
         self._pending_data_size += len(command)
         if 0 < self._max_pending_size < self._pending_data_size:
             return True
-        if not self._holding and self._flush_queue is not None and self._flush_queue.empty():
+        if (not self._holding and self.is_connected and self._flush_queue is not None
+                and self._flush_queue.empty()):
+            # nats-py's _flush_pending: the flusher is kicked; not while disconnected
+            # (the reconnect writes what is pending).
             self._flush_queue.put_nowait(asyncio.get_running_loop().create_future())
         return False
 
