@@ -19,6 +19,15 @@ nats-py's way otherwise:
   directly (plain_headers); anything else (a status line such as a pull's 408, an
   undecodable byte, a malformed line) goes to nats-py's parser.
 
+And for the bytes themselves (FastHeadersClient):
+
+- a small publication (publish_now: a node's output, a settlement) goes straight into
+  the pending buffer, with nats-py's checks, without the two coroutines its publish
+  makes and awaits per message;
+- a large message received (a frame, an object's chunk) is gathered (GatheringParser):
+  its reads kept as they come and joined once, where nats-py's parser copies it out of
+  one growing buffer twice.
+
 Two more spare the loop a pass per message each way (FastHeadersClient):
 
 - reads: the bytes a read of the socket brings are parsed inside the transport's read
@@ -33,8 +42,8 @@ only offers it, refused before CONNECT when it does not (nats-py goes by the ser
 INFO alone).
 
 These override private methods of nats-py's Client (_send_publish, _process_headers,
-_process_info, _read_loop, _process_msg) and read its pending buffer and its stream's
-state.
+_process_info, _read_loop, _process_msg) and its parser's parse, and read its pending
+buffer and its stream's state.
 They are used only when nats-py has them with the signatures they were written
 against (FAST_HEADERS); with another nats-py, Client is nats-py's own and only speed
 differs. tests/integration/test_nats_headers.py holds both paths to nats-py's results.
@@ -229,6 +238,7 @@ class GatheringParser(nats_parser.Parser):
 _PARSER_STATE: Final = ("buf", "state", "needed", "header_needed", "msg_arg")
 """What GatheringParser reads and sets of nats-py's parser (nats-py 2.9 to 2.16)."""
 
+
 def _parser_as_written() -> bool:
     """Whether nats-py's parser keeps the state GatheringParser takes over."""
     parser = nats_parser.Parser()
@@ -365,8 +375,11 @@ class FastHeadersClient(TlsClient):
         size = len(payload)
         if size >= LARGE_PAYLOAD:
             raise ValueError(f"publish_now takes payloads under {LARGE_PAYLOAD} bytes")
-        if not self.is_connected and (self._max_pending_size <= 0 or size + self._pending_data_size
-                                      > self._max_pending_size):
+        if headers is not None and type(headers) is not HeaderBlock:
+            raise ValueError("publish_now takes a HeaderBlock or no headers")
+        if not self.is_connected and (
+                self._max_pending_size <= 0
+                or size + self._pending_data_size > self._max_pending_size):
             raise nats.errors.OutboundBufferLimitError
         if size > self._max_payload:
             raise nats.errors.MaxPayloadError
@@ -376,13 +389,11 @@ class FastHeadersClient(TlsClient):
         if headers is None:
             command = b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply.encode(), size,
                                                      payload)
-        elif type(headers) is HeaderBlock:
+        else:
             block = headers.block
             command = b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
                 subject.encode(), reply.encode(), len(block), len(block) + size, block,
                 payload)
-        else:
-            raise ValueError("publish_now takes a HeaderBlock or no headers")
         self._pending.append(command)
         self._pending_data_size += len(command)
         if 0 < self._max_pending_size < self._pending_data_size:

@@ -189,6 +189,7 @@ class DeliveryLeases:
                 await client.flush_over()
         else:
             await client.publish(subject, payload, reply=reply)
+
     def live(self, token: DeliveryToken) -> bool:
         """Whether token is the newest attempt of its message this binding handed out
         and has not settled (MSG-011)."""
