@@ -452,7 +452,8 @@ def test_learning_is_bounded_by_time_once_caught_up_and_by_what_it_holds() -> No
     assert learning.bound_reached(now=100.0 + LEARN_SECONDS - 0.01, pending=9) is None
     learning.started = 101.0  # a full receive came back then: still catching up
     assert learning.bound_reached(now=100.0 + LEARN_SECONDS, pending=0) is None
-    assert learning.bound_reached(now=101.0 + LEARN_SECONDS, pending=0) == "2 s had passed"
+    assert learning.bound_reached(now=101.0 + LEARN_SECONDS, pending=0) == (
+        f"{LEARN_SECONDS:g} s had passed")
     assert learning.bound_reached(now=101.0, pending=10) == "it held 10 groups"
 
 
