@@ -15,6 +15,7 @@ import pytest
 import videoflow.serialization as shim
 import videoflow.wire.serialization as wire
 from videoflow.errors import WireError
+from videoflow.wire.offload import GATHER_ABOVE_BYTES, holds_large_array
 from videoflow.wire.serialization import (
     BlobStore,
     MemoryBlobStore,
@@ -887,6 +888,50 @@ def test_output_encoder_writes_what_encode_envelope_writes(fields: dict[str, Any
     encoder = wire.OutputEncoder(**_FIXED)
     assert (encoder.encode(message, "trace", 9, **fields)
             == encode_envelope(message, trace_id="trace", seq=9, **_FIXED, **fields))
+
+
+def _large_messages() -> list[Any]:
+    frame = np.arange(480 * 640 * 3, dtype=np.uint32).astype(np.uint8).reshape(480, 640, 3)
+    return [
+        frame,  # an array alone
+        {"frame": frame, "i": 7, "t": 1.5},
+        {"left": frame, "right": frame[::-1].copy(), "depth": np.ones((256, 256), ">f4")},
+        {"strided": frame[:, ::2]},  # not contiguous: copied into order, then joined
+        {"nested": {"frame": frame}},  # deeper than holds_large_array looks: as before
+        [frame, 1],
+    ]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_output_encoder_joins_a_large_array_into_the_same_bytes(index: int) -> None:
+    # A frame is copied once (encode_joined) instead of twice; the bytes are
+    # encode_envelope's all the same, and decode to the same arrays.
+    message = _large_messages()[index]
+    encoder = wire.OutputEncoder(**_FIXED)
+    data = encoder.encode(message, "trace", 9, event_ts=2.5)
+    assert type(data) is bytes
+    assert data == encode_envelope(message, trace_id="trace", seq=9, event_ts=2.5, **_FIXED)
+    assert _same(wire.decode_envelope(data)["message"], message)
+
+
+def _same(got: Any, sent: Any) -> bool:
+    """Whether a decoded message is the one sent: arrays equal in dtype and values."""
+    if isinstance(sent, np.ndarray):
+        return bool(got.dtype == sent.dtype and np.array_equal(got, sent))
+    if isinstance(sent, dict):
+        return got.keys() == sent.keys() and all(_same(got[k], v) for k, v in sent.items())
+    if isinstance(sent, (list, tuple)):
+        return len(got) == len(sent) and all(_same(a, b) for a, b in zip(got, sent,
+                                                                          strict=True))
+    return bool(got == sent)
+
+
+def test_holds_large_array_looks_at_the_message_and_its_dict_values_only() -> None:
+    big, small = np.zeros(GATHER_ABOVE_BYTES, np.uint8), np.zeros(16, np.uint8)
+    assert holds_large_array(big) and holds_large_array({"a": 1, "f": big})
+    assert not holds_large_array(small) and not holds_large_array({"f": small, "i": 1})
+    assert not holds_large_array({"deep": {"f": big}}) and not holds_large_array([big])
+    assert not holds_large_array(np.zeros(GATHER_ABOVE_BYTES - 1, np.uint8))
 
 
 @pytest.mark.parametrize(

@@ -76,7 +76,9 @@ from videoflow.wire.offload import (
     BlobStore,
     MemoryBlobStore,
     decode_message,
+    encode_joined,
     encode_message,
+    holds_large_array,
     offload_message,
     restore_message,
 )
@@ -287,9 +289,12 @@ class OutputEncoder:
             return encode_envelope(message, trace_id=trace_id, seq=seq, metadata=metadata,
                                    event_ts=event_ts, partition_key=partition_key,
                                    blob_ref=blob_ref, **self._fixed)
-        return _encoder.encode(_EnvelopeV3(trace_id, seq, message, metadata, False,
-                                           event_ts=event_ts, partition_key=partition_key,
-                                           blob_ref=blob_ref, **self._fixed))
+        envelope = _EnvelopeV3(trace_id, seq, message, metadata, False, event_ts=event_ts,
+                               partition_key=partition_key, blob_ref=blob_ref,
+                               **self._fixed)
+        if holds_large_array(message):  # a frame: copied once, not twice
+            return encode_joined(envelope)
+        return _encoder.encode(envelope)
 
 
 def decode_envelope(data: bytes | bytearray | memoryview) -> dict[str, Any]:
