@@ -52,7 +52,7 @@ def payload_of(size: int, seed: int) -> bytes:
 
 
 HEADER = b"NATS/1.0\r\nNats-Msg-Id: m-1\r\n\r\n"
-STREAM = b"".join([
+PARTS = [
     msg("small", 1, b"hello"),
     hmsg("frames.cam0", 2, "_INBOX.x", HEADER, payload_of(LARGE, 1)),
     b"PING\r\n",
@@ -61,18 +61,15 @@ STREAM = b"".join([
     hmsg("frames.cam1", 2, "_INBOX.z", HEADER, payload_of(LARGE, 4)),  # back to back
     hmsg("small.h", 4, "_INBOX.w", HEADER, b"x"),
     b"PONG\r\n",
-])
+]
+STREAM = b"".join(PARTS)
+FIRST_LARGE = PARTS[1]
 
 
 def ends_of_large_payloads() -> list[int]:
     """Where each large message's payload ends in STREAM (its CRLF starts there)."""
     ends, start = [], 0
-    for part in (msg("small", 1, b"hello"),
-                 hmsg("frames.cam0", 2, "_INBOX.x", HEADER, payload_of(LARGE, 1)),
-                 b"PING\r\n",
-                 msg("frames.raw", 3, payload_of(LARGE + 1, 2)),
-                 hmsg("frames.cam1", 2, "_INBOX.y", HEADER, payload_of(LARGE, 3)),
-                 hmsg("frames.cam1", 2, "_INBOX.z", HEADER, payload_of(LARGE, 4))):
+    for part in PARTS:
         start += len(part)
         if len(part) > LARGE:
             ends.append(start - 2)
@@ -136,12 +133,11 @@ def test_reads_split_at_random(seed: int) -> None:
 def test_a_large_message_is_gathered_not_grown_in_nats_pys_buffer() -> None:
     recorder = Recorder()
     parser = GatheringParser(recorder)
-    first = hmsg("frames.cam0", 2, "_INBOX.x", HEADER, payload_of(LARGE, 1))
 
     async def feed() -> None:
-        await parser.parse(first[:65_536])
+        await parser.parse(FIRST_LARGE[:65_536])
         assert not parser.buf  # taken over: the reads wait in their own list
-        await parser.parse(first[65_536:])
+        await parser.parse(FIRST_LARGE[65_536:])
 
     asyncio.run(feed())
     assert recorder.events == [EXPECTED[1]]
@@ -151,12 +147,11 @@ def test_a_reset_mid_message_drops_what_was_gathered() -> None:
     # nats-py resets its parser on a reconnect: the new connection starts afresh.
     recorder = Recorder()
     parser = GatheringParser(recorder)
-    first = hmsg("frames.cam0", 2, "_INBOX.x", HEADER, payload_of(LARGE, 1))
 
     async def feed() -> None:
-        await parser.parse(first[:100_000])
+        await parser.parse(FIRST_LARGE[:100_000])
         parser.reset()
-        await parser.parse(msg("small", 1, b"hello"))
+        await parser.parse(PARTS[0])
 
     asyncio.run(feed())
     assert recorder.events == [EXPECTED[0]]
