@@ -88,15 +88,18 @@ def shared_budget_waits(node: Any) -> dict[str, int | None]:
 
 
 class Frames(ProducerNode):
-    """count frames {"i": i, "frame": pool_frame(i % POOL)}, unpaced. The pool is made
-    at open(); the first next() waits for the readers to be started (wait_ready).
-    Records the time of its first next() call (after that wait) and of the call that
-    ends its stream, so its rate covers count frames handed to the task."""
+    """count frames {"i": i, "frame": pool_frame(i % POOL)}, unpaced, or paced at fps
+    frames a second (a camera's rate), each then stamped with its wall-clock time when
+    handed out ("t", time.time()) for the sink's latency. The pool is made at open();
+    the first next() waits for the readers to be started (wait_ready). Records the time
+    of its first next() call (after that wait) and of the call that ends its stream, so
+    its rate covers count frames handed to the task."""
 
     def __init__(self, count: int, out: str, readers: list[str], camera: bool = False,
-                 **options: Any) -> None:
+                 fps: float = 0.0, **options: Any) -> None:
         super().__init__(**options)
         self.count, self.out, self.readers, self.camera = count, out, readers, camera
+        self.fps = fps
 
     def open(self) -> None:
         self.pool = [pool_frame(k, self.camera) for k in range(POOL)]
@@ -112,7 +115,10 @@ class Frames(ProducerNode):
         if self.i >= self.count:
             self.ended = time.monotonic()
             raise StopIteration
-        value = {"i": self.i, "frame": self.pool[self.i % POOL]}
+        value: dict[str, Any] = {"i": self.i, "frame": self.pool[self.i % POOL]}
+        if self.fps:
+            time.sleep(max(0.0, self.first + self.i / self.fps - time.monotonic()))
+            value["t"] = time.time()
         self.i += 1
         return value
 
@@ -147,12 +153,15 @@ class FrameSink(ConsumerNode):
     its sampled bytes those of pool frame i % POOL. Records its window (first to last
     frame received), the frames received, distinct, duplicated, out of range and bad
     (wrong shape, dtype or bytes; up to 5 described), and how many arrived as
-    read-only views of a mapping (the shared-memory store's zero-copy read)."""
+    read-only views of a mapping (the shared-memory store's zero-copy read). With
+    latency, each frame's receive time minus its camera's stamp (paced Frames), in
+    seconds."""
 
     def __init__(self, out: str, count: int, camera: bool = False, lossy: bool = False,
-                 **options: Any) -> None:
+                 latency: bool = False, **options: Any) -> None:
         super().__init__(**options)
         self.out, self.count, self.camera, self.lossy = out, count, camera, lossy
+        self.latency = latency
 
     def open(self) -> None:
         self.expected = pool_samples(self.camera)
@@ -160,9 +169,12 @@ class FrameSink(ConsumerNode):
         self.seen = np.zeros(self.count, dtype=bool)
         self.duplicates = self.out_of_range = self.bad = self.mapped = 0
         self.bad_examples: list[str] = []
+        self.latencies: list[float] = []
         mark_ready(self.out, self.name)
 
     def consume(self, value: dict[str, Any]) -> None:
+        if self.latency:
+            self.latencies.append(time.time() - value["t"])
         self.window.tick()
         i, frame = value["i"], value["frame"]
         if not 0 <= i < self.count:
@@ -201,4 +213,4 @@ class FrameSink(ConsumerNode):
                     distinct=int(self.seen.sum()), duplicates=self.duplicates,
                     out_of_range=self.out_of_range, bad=self.bad,
                     bad_examples=self.bad_examples, mapped=self.mapped,
-                    **shared_budget_waits(self))
+                    latencies=self.latencies, **shared_budget_waits(self))

@@ -34,6 +34,14 @@ are camera-like (gradients, soft shapes, sensor noise) instead of noise, whose J
 its worst case, and the sink checks each is close to its own pool frame. Its bytes/s count the raw
 frames delivered, as the others do.
 
+``object_store_30fps``: the inline flow at a camera's pace instead of as fast as it
+goes: the camera hands out 30 frames a second (one 1080p camera, 187 MB/s), each
+stamped with its time, for 10 s a round. The unpaced rounds above are short bursts
+(60 frames: the camera is done early and the pass-through then has the machine to
+itself); this one says whether the flow keeps up with a camera for good, and how
+late each frame reaches the sink: the latency per frame, camera to sink (two hops),
+p50 and p99.
+
 ``natspy_core`` and ``natspy_object_store``: the ceilings, camera -> sink with nats-py
 alone (bench/frame_peers.py), each side a process: plain core publish -> subscribe of
 one frame per message, and nats-py's own object store (put, name sent, get, delete);
@@ -56,13 +64,14 @@ own object store, from the best rounds and from the medians. Compare ratios with
 one run, never absolute figures across runs. The pytest-benchmark times themselves
 are whole runs (process start-up included) and are not the figures.
 
-Sizes: with timing on, 300 frames per round for memcpy and shm and 60 for every case
-through the broker (a frame there is several megabytes through a socket per hop, so 300
-would make its rounds minutes long), 3 rounds per case; with --benchmark-disable, 10
-frames per case in one round, a smoke check that still asserts every frame arrived
-once, whole and unmixed. Overrides: VF_BENCH_FRAMES_N (memcpy and shm frames),
-VF_BENCH_FRAMES_OBJECT_N (frames through the broker; default the smaller of 60 and N),
-VF_BENCH_FRAMES_ROUNDS.
+Sizes: with timing on, 300 frames per round for memcpy and shm and 60 for every
+unpaced case through the broker (a frame there is several megabytes through a socket
+per hop, so 300 would make its rounds minutes long), 300 for the paced one (10 s at
+30 fps), 3 rounds per case; with --benchmark-disable, 10 frames per case in one round,
+a smoke check that still asserts every frame arrived once, whole and unmixed.
+Overrides: VF_BENCH_FRAMES_N (memcpy and shm frames), VF_BENCH_FRAMES_OBJECT_N (frames
+through the broker; default the smaller of 60 and N), VF_BENCH_FRAMES_PACED_N (the
+paced case's frames; default N), VF_BENCH_FRAMES_ROUNDS.
 """
 
 from __future__ import annotations
@@ -97,11 +106,14 @@ from videoflow.flow import Flow
 pytestmark = pytest.mark.timeout(900)
 
 CASES = ["memcpy", "shm", "object_store", "object_store_chunks", "object_store_jpeg",
-         "natspy_core", "natspy_object_store"]
+         "object_store_30fps", "natspy_core", "natspy_object_store"]
 PEERS = {"natspy_core": "core", "natspy_object_store": "object_store"}
 STAGES = ["camera", "pass", "sink"]
 OBJECT_STORE_FRAMES = 60
 """Default frames per object-store round with timing on (see Sizes in the docstring)."""
+
+PACED = {"object_store_30fps": 30.0}
+"""The paced cases and their camera's frames per second: one 1080p camera."""
 
 # case -> {"best", "median", "frames", "rounds"}; printed by `summary`.
 _RESULTS: dict[str, dict[str, Any]] = {}
@@ -116,15 +128,18 @@ class Sizes:
 
     frames: int
     object_frames: int
+    paced_frames: int
     rounds: int
 
     def for_case(self, case: str) -> int:
+        if case in PACED:
+            return self.paced_frames
         return self.frames if case in ("memcpy", "shm") else self.object_frames
 
 
 def sizes_for(benchmark: Any) -> Sizes:
     """Small sizes when timing is off (a smoke check), meaningful ones when it is on;
-    either overridden by VF_BENCH_FRAMES_N / _OBJECT_N / _ROUNDS.
+    either overridden by VF_BENCH_FRAMES_N / _OBJECT_N / _PACED_N / _ROUNDS.
 
     Raises:
         pytest.UsageError: a frame count below 2 (no window to time) or at or above a
@@ -134,11 +149,13 @@ def sizes_for(benchmark: Any) -> Sizes:
     frames = int(os.environ.get("VF_BENCH_FRAMES_N", 10 if off else 300))
     object_frames = int(os.environ.get("VF_BENCH_FRAMES_OBJECT_N",
                                        min(frames, OBJECT_STORE_FRAMES)))
-    sizes = Sizes(frames, object_frames,
+    paced_frames = int(os.environ.get("VF_BENCH_FRAMES_PACED_N", frames))
+    sizes = Sizes(frames, object_frames, paced_frames,
                   1 if off else int(os.environ.get("VF_BENCH_FRAMES_ROUNDS", 3)))
-    if not all(1 < n < BATCH_MAX_MSGS for n in (sizes.frames, sizes.object_frames)):
+    if not all(1 < n < BATCH_MAX_MSGS
+               for n in (sizes.frames, sizes.object_frames, sizes.paced_frames)):
         raise pytest.UsageError(
-            f"VF_BENCH_FRAMES_N / _OBJECT_N must be in 2..{BATCH_MAX_MSGS - 1}")
+            f"VF_BENCH_FRAMES_N / _OBJECT_N / _PACED_N must be in 2..{BATCH_MAX_MSGS - 1}")
     return sizes
 
 
@@ -180,27 +197,32 @@ def write_summary(write: Callable[[str], None]) -> None:
     write("")
     write(f"1080p frames ({FRAME_BYTES:,} bytes) producer -> processor -> sink: bytes/s "
           "at the sink, best round (median in brackets)")
-    write(f"  {'case':<14}{'frames':>8}{'rounds':>8}{'best':>14}{'median':>14}")
+    write(f"  {'case':<20}{'frames':>8}{'rounds':>8}{'best':>14}{'median':>14}")
     for case in CASES:
         kept = _RESULTS.get(case)
         if kept is None:
             continue
-        write(f"  {case:<14}{kept['frames']:>8}{len(kept['rounds']):>8}"
+        write(f"  {case:<20}{kept['frames']:>8}{len(kept['rounds']):>8}"
               f"{bytes_rate(kept['best']):>14}{bytes_rate(kept['median']):>14}")
         rounds = kept["rounds"]
         if case == "memcpy":
             continue
         fps = [median_of(rounds, f"{stage}_fps") for stage in STAGES]
-        write(f"  {'':<14}frames/s camera / pass / sink (median): "
+        write(f"  {'':<20}frames/s camera / pass / sink (median): "
               + " / ".join("-" if f is None else f"{f:,.1f}" for f in fps))
         cpu = [median_of(rounds, f"{stage}_cpu_ms_per_frame") for stage in STAGES]
-        write(f"  {'':<14}CPU ms/frame camera / pass / sink (median): "
+        write(f"  {'':<20}CPU ms/frame camera / pass / sink (median): "
               + " / ".join("-" if c is None else f"{c:,.2f}" for c in cpu))
+        if case in PACED:
+            latency = [median_of(rounds, f"latency_{q}_ms") for q in ("p50", "p99")]
+            if None not in latency:
+                write(f"  {'':<20}paced at {PACED[case]:g} fps: latency camera -> sink "
+                      f"(two hops, median) p50 {latency[0]:,.1f} ms, p99 {latency[1]:,.1f} ms")
         if case == "object_store_jpeg":
             jpeg = [median_of(rounds, f"jpeg_{key}") for key in
                     ("bytes_per_frame", "encode_ms", "decode_ms")]
             if None not in jpeg:
-                write(f"  {'':<14}jpeg (median): {jpeg[0] / 1e3:,.0f} KB a frame, encode "
+                write(f"  {'':<20}jpeg (median): {jpeg[0] / 1e3:,.0f} KB a frame, encode "
                       f"{jpeg[1]:.1f} ms, decode {jpeg[2]:.1f} ms; bytes/s counts raw frames")
         if case in PEERS:
             continue
@@ -209,7 +231,7 @@ def write_summary(write: Callable[[str], None]) -> None:
                   for key in ("put_budget_waits", "receive_budget_waits", "mapped")}
         puts = (f"shm puts that waited for room {_known(totals['put_budget_waits'])}, "
                 if case == "shm" else "")  # the object store keeps no budget
-        write(f"  {'':<14}over its rounds: {puts}receives paused on the byte budget "
+        write(f"  {'':<20}over its rounds: {puts}receives paused on the byte budget "
               f"{_known(totals['receive_budget_waits'])}, frames read as mapped views "
               f"{_known(totals['mapped'])}")
     for top, bottom in (("shm", "memcpy"), ("shm", "object_store"),
@@ -265,20 +287,23 @@ def per_second(stats: dict[str, Any], intervals: int) -> float | None:
 
 
 def flow_round(url: str, out: Path, n: int, payloads: str,
-               codec: str | None = None) -> dict[str, Any]:
+               codec: str | None = None, fps: float = 0.0) -> dict[str, Any]:
     """camera -> pass -> sink as a videoflow flow with the given payload store; checks
     that every frame arrived once, whole and unmixed. With a codec (the flow's: every hop
     encodes), the camera sends camera-like frames, and the sink checks each is close to
-    its own.
+    its own. With fps, the camera is paced at that rate and the sink times each frame
+    from its camera's stamp.
 
     Returns:
         the round's figures: bytes/s at the sink, every stage's frames/s and CPU
-        ms/frame, frames read as mapped views, budget waits.
+        ms/frame, frames read as mapped views, budget waits; paced, the latency per
+        frame camera -> sink, p50 and p99 (ms).
     """
     lossy = codec is not None
-    camera = Frames(n, str(out), ["pass", "sink"], camera=lossy, name="camera")
+    camera = Frames(n, str(out), ["pass", "sink"], camera=lossy, fps=fps, name="camera")
     passed = PassThrough(str(out), name="pass")(camera)
-    sink = FrameSink(str(out), n, camera=lossy, lossy=lossy, name="sink")(passed)
+    sink = FrameSink(str(out), n, camera=lossy, lossy=lossy, latency=bool(fps),
+                     name="sink")(passed)
     flow = Flow([camera], [sink], BATCH, name=f"bench-frames-{payloads.replace('_', '-')}",
                 codec=codec)
     report = flow.run(url, view=False, payloads=payloads)
@@ -296,6 +321,11 @@ def flow_round(url: str, out: Path, n: int, payloads: str,
         if got["last"] > got["first"] else None,
         "mapped": got["mapped"],
     }
+    if fps:
+        latencies = got["latencies"]
+        assert len(latencies) == n, f"{len(latencies)} latencies for {n} frames"
+        figures["latency_p50_ms"] = 1e3 * statistics.median(latencies)
+        figures["latency_p99_ms"] = 1e3 * float(np.percentile(latencies, 99))
     if codec is not None:
         counts = report.nodes["camera"].codecs[codec]
         figures.update({f"{codec}_bytes_per_frame": counts["coded_bytes"] / counts["encoded"],
@@ -361,6 +391,7 @@ def test_frames_1080p(benchmark: Any, summary: None, server: embedded.EmbeddedSe
         url = server_1mib.url if case == "object_store_chunks" else server.url
         payloads = "shm" if case == "shm" else "object_store"
         codec = "jpeg" if case == "object_store_jpeg" else None
-        run_rounds(benchmark, sizes.rounds,
-                   lambda: rounds.append(flow_round(url, rounds_dir(), n, payloads, codec)))
+        fps = PACED.get(case, 0.0)
+        run_rounds(benchmark, sizes.rounds, lambda: rounds.append(
+            flow_round(url, rounds_dir(), n, payloads, codec, fps)))
     record(benchmark, case, n, rounds)
