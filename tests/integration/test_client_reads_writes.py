@@ -7,10 +7,14 @@ on the batch's own pass."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import sys
 from typing import Any
 
 import nats
+import nats.aio.client
 import nats.errors
+import numpy as np
 import pytest
 
 from videoflow.broker import client as fast
@@ -275,3 +279,83 @@ async def test_a_large_payload_published_while_the_link_is_down_waits_for_the_re
         await writer.close()
         await reader.close()
     assert got.data == payload
+
+
+def counted_reads(client: nats.aio.client.Client) -> list[int]:
+    """The size of every read the client's connection hands its parser from now on."""
+    reader = client._transport._io_reader  # type: ignore[union-attr]
+    sizes: list[int] = []
+    feed = reader.feed_data
+
+    def counted(data: bytes) -> None:
+        sizes.append(len(data))
+        feed(data)
+
+    reader.feed_data = counted
+    return sizes
+
+
+def read_mark(client: nats.aio.client.Client) -> int:
+    """The client socket's SO_RCVLOWAT: how many bytes it waits for before a read."""
+    transport = client._transport._io_reader._transport  # type: ignore[union-attr]
+    return int(transport.get_extra_info("socket").getsockopt(socket.SOL_SOCKET,
+                                                             socket.SO_RCVLOWAT))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="read-ahead is Linux's (SO_RCVLOWAT)")
+@pytest.mark.asyncio
+async def test_a_large_message_is_read_in_a_few_reads_and_what_follows_at_once(
+        nats_server: EmbeddedServer) -> None:
+    # The server writes a large message 64 KiB at a time; a reader woken for each piece
+    # read a 6 MB one in about a hundred reads. Gathered, its rest is waited for
+    # (GATHERED_READ at a time), and the socket then wakes for any byte again: a small
+    # message after it, with nothing behind it, arrives at once.
+    reader = await fast.connect(nats_server.url)
+    writer = await nats.connect(nats_server.url)
+    frame = np.random.default_rng(7).integers(0, 256, 6 << 20, dtype=np.uint8).tobytes()
+    try:
+        sub = await reader.subscribe("ahead.>")
+        await registered(reader, 5)
+        sizes = counted_reads(reader)
+        await writer.publish("ahead.large", frame, headers={"K": "v"})
+        await writer.flush()
+        large = await sub.next_msg(timeout=5)
+        reads_of_large = len(sizes)
+        assert read_mark(reader) == 1  # the message whole, back to reads as they come
+        await writer.publish("ahead.small", b"after")
+        await writer.flush()
+        small = await sub.next_msg(timeout=1)
+    finally:
+        await writer.close()
+        await reader.close()
+    assert (large.subject, large.headers, large.data == frame) == ("ahead.large",
+                                                                    {"K": "v"}, True)
+    assert reads_of_large <= 12, sizes
+    assert (small.subject, small.data) == ("ahead.small", b"after")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="read-ahead is Linux's (SO_RCVLOWAT)")
+@pytest.mark.asyncio
+async def test_large_and_small_messages_back_to_back_arrive_whole_and_in_order(
+        nats_server: EmbeddedServer) -> None:
+    # Large messages one after another and small ones between them, all written before
+    # the reader reads: each read takes at most the rest of the message being gathered,
+    # and everything after it is parsed as it comes.
+    reader = await fast.connect(nats_server.url)
+    writer = await nats.connect(nats_server.url)
+    rng = np.random.default_rng(8)
+    sent = [(f"mix.{i}", rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+            for i, size in enumerate([3 << 20, 17, 5 << 20, 6 << 20, 300 << 10, 1, 1 << 20])]
+    try:
+        sub = await reader.subscribe("mix.>")
+        await registered(reader, 5)
+        for subject, data in sent:
+            await writer.publish(subject, data)
+        await writer.flush()
+        got = [await sub.next_msg(timeout=5) for _ in sent]
+        mark = read_mark(reader)
+    finally:
+        await writer.close()
+        await reader.close()
+    assert [(m.subject, m.data) for m in got] == sent
+    assert mark == 1

@@ -26,7 +26,9 @@ And for the bytes themselves (FastHeadersClient):
   makes and awaits per message;
 - a large message received (a frame, an object's chunk) is gathered (GatheringParser):
   its reads kept as they come and joined once, where nats-py's parser copies it out of
-  one growing buffer twice.
+  one growing buffer twice; and on Linux its rest is read in a few large reads, the
+  socket waking the loop only once it holds it (SO_RCVLOWAT, _InlineReads), where a
+  wake-up and a pass of the loop came with each 64 KiB the server wrote.
 
 Two more spare the loop a pass per message each way (FastHeadersClient):
 
@@ -55,6 +57,8 @@ import asyncio
 import inspect
 import logging
 import re
+import socket
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
@@ -172,6 +176,16 @@ bytes (two more): for a 6.2 MB frame, four passes over its bytes per hop where o
 does."""
 
 
+GATHERED_READ: Final = 1 << 20
+"""The most bytes of a message being gathered that one read waits for (SO_RCVLOWAT,
+_InlineReads): the server writes a large message in pieces of 64 KiB, and a reader
+woken for each one read a 6.2 MB frame in about a hundred reads, each a pass of the
+loop; at 1 MiB it takes seven. Measured here, a subscriber's CPU per 6.2 MB frame went
+from 2.3-3.4 ms to 2.0-2.3 at 30 frames a second, and from 2.4-3.0 to 2.3-2.6 flat
+out. Larger marks saved no more, and the last read, which the message waits for once
+its last byte is in, grows with them."""
+
+
 class GatheringParser(nats_parser.Parser):
     """nats-py's protocol parser, except that a message of GATHERED_PAYLOAD bytes or
     more is gathered: once its header block has arrived, the reads that bring the rest
@@ -216,6 +230,13 @@ class GatheringParser(nats_parser.Parser):
             self._parts, self._have = [bytes(buf[block:])], len(buf) - block
             self.buf = bytearray()
             self.header_needed = 0
+
+    def left(self) -> int:
+        """Bytes of the message being gathered still to come (its payload's rest and
+        the CRLF after it); 0 when none is."""
+        if self._parts is None:
+            return 0
+        return self._payload + nats_parser.CRLF_SIZE - self._have
 
     def _whole(self, parts: list[bytes | memoryview]) -> tuple[bytes, bytes]:
         """The gathered message's payload, joined, and what its last read holds after
@@ -566,15 +587,21 @@ class _InlineReads:
         reader: the stream its read loop reads from (one per connection).
     """
 
-    __slots__ = ("_later", "client", "reader")
+    __slots__ = ("_later", "_transport", "_waits_for", "client", "reader")
 
     def __init__(self, client: FastHeadersClient, reader: asyncio.StreamReader) -> None:
         self.client, self.reader = client, reader
         self._later: list[bytes] | None = None  # read while a parse waits; None: none waits
+        self._transport = _read_ahead_transport(reader)
+        self._waits_for = 0  # the socket's SO_RCVLOWAT when above 1 (_read_ahead)
         reader.feed_data = self.feed_data  # type: ignore[method-assign,assignment]  # this stream's
 
     def feed_data(self, data: bytes) -> None:
         """What the stream's protocol calls with each read."""
+        if self._waits_for:
+            # Whoever parses these bytes, the next wake-up comes for any that follow
+            # until the parser has them and says again what it waits for.
+            self._read_ahead(0)
         if self._later is not None:
             self._later.append(bytes(data))
             return
@@ -599,11 +626,61 @@ class _InlineReads:
         finally:
             self._later = None
             self.client.parsing_inline = False
+            parser = self.client._ps
+            reader = self.reader
+            if (self._transport is not None and isinstance(parser, GatheringParser)
+                    and not reader._buffer):  # type: ignore[attr-defined]
+                # Every byte read so far parsed: what the message being gathered
+                # still lacks is on its way, and the socket may wait for it whole.
+                self._read_ahead(parser.left())
             # Even when cancelled: a ring left for the read's end is rung, or the
             # receiver would wait for it for good.
             after = self.client.after_reads
             if after is not None:
                 after()
+
+    def _read_ahead(self, left: int) -> None:
+        """Have the socket wake the loop only once `left` more bytes (at most
+        GATHERED_READ) have arrived, and the read then take them all, or, for 0 (or
+        less than a gathered message's worth), as soon as any arrive, as it does by
+        default. Set only while every byte read has been parsed and a message is
+        being gathered, so the mark is never more than what the server is sending
+        anyway: the rest of that message. A socket that refuses it reads as before."""
+        transport = self._transport
+        if transport is None:
+            return
+        # Linux grows the receive buffer to hold the mark where it is smaller (its
+        # window clamped to the mark until autotuning grows it further).
+        want = min(left, GATHERED_READ) if left >= GATHERED_PAYLOAD else 0
+        if want == self._waits_for:
+            return
+        try:
+            transport.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(1, want))
+        except (OSError, AttributeError) as error:
+            logger.debug("reads of large messages as they come: %r", error)
+            self._transport = None
+            return
+        default = type(transport).max_size  # type: ignore[attr-defined]
+        transport.max_size = max(want, default)  # type: ignore[attr-defined]
+        self._waits_for = want
+
+
+def _read_ahead_transport(reader: asyncio.StreamReader) -> asyncio.Transport | None:
+    """The stream's transport if a read of it can wait for a large message's rest:
+    plain TCP on Linux (whose poll honours SO_RCVLOWAT for TCP) read by asyncio's
+    selector transport, whose reads take up to its max_size. None elsewhere (TLS,
+    another loop, another system): reads come as the socket has them."""
+    transport = getattr(reader, "_transport", None)
+    if (sys.platform != "linux" or transport is None
+            or not isinstance(getattr(type(transport), "max_size", None), int)
+            or transport.get_extra_info("sslcontext") is not None):
+        return None
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.type != socket.SOCK_STREAM or sock.family not in (
+            socket.AF_INET, socket.AF_INET6):
+        return None
+    return transport
 
 
 _CARRIED: set[asyncio.Task[None]] = set()
