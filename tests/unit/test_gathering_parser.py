@@ -1,4 +1,4 @@
-"""broker.client.GatheringParser against nats-py's own parser: the same protocol bytes,
+"""broker.reads.GatheringParser against nats-py's own parser: the same protocol bytes,
 split into reads anywhere (a large message's header block, its payload, the CRLF after
 it, what follows it in the same read), hand on the same messages, pings and pongs, in
 the same order, each payload bytes."""
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from nats.protocol.parser import Parser
 
-from videoflow.broker.client import GATHERED_PAYLOAD, GatheringParser
+from videoflow.broker.reads import GATHERED_PAYLOAD, GatheringParser
 
 LARGE = GATHERED_PAYLOAD + 4_321
 

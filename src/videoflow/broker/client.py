@@ -24,17 +24,14 @@ And for the bytes themselves (FastHeadersClient):
 - a small publication (publish_now: a node's output, a settlement) goes straight into
   the pending buffer, with nats-py's checks, without the two coroutines its publish
   makes and awaits per message;
-- a large message received (a frame, an object's chunk) is gathered (GatheringParser):
-  its reads kept as they come and joined once, where nats-py's parser copies it out of
-  one growing buffer twice; and on Linux its rest is read in a few large reads, the
-  socket waking the loop only once it holds it (SO_RCVLOWAT, _InlineReads), where a
-  wake-up and a pass of the loop came with each 64 KiB the server wrote.
+- a large message received (a frame, an object's chunk) is gathered, and read in a
+  few large reads (broker.reads: GatheringParser, InlineReads).
 
 Two more spare the loop a pass per message each way (FastHeadersClient):
 
 - reads: the bytes a read of the socket brings are parsed inside the transport's read
-  callback (_InlineReads), where nats-py's read-loop task would be woken to parse them
-  on the loop's next pass;
+  callback (broker.reads.InlineReads), where nats-py's read-loop task would be woken to
+  parse them on the loop's next pass;
 - writes: publications and settlements made while a drain of the loop's wake-up holds
   the writes (hold_writes) leave in one socket write at its end (write_held), where
   nats-py's flusher task would write them on the next pass.
@@ -57,20 +54,17 @@ import asyncio
 import inspect
 import logging
 import re
-import socket
-import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, Final
 
 import nats.aio.client
 import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.protocol import parser as nats_parser
 from nats.protocol.command import hpub_cmd, pub_cmd
 
-from videoflow.broker.eager import start_eagerly
 from videoflow.broker.options import AskedTls
+from videoflow.broker.reads import READER_STATE, GatheringParser, InlineReads, parser_as_written
 from videoflow.errors import TLSRefused
 
 logger = logging.getLogger(__name__)
@@ -167,108 +161,6 @@ _VALIDATE_SUBJECT: Final[Callable[[str], None] | None] = getattr(
     nats.aio.client, "_validate_subject", None)
 """nats-py's own check of a subject it publishes to (2.16 on; before, it checked none)."""
 
-GATHERED_PAYLOAD: Final = 256 * 1024
-"""Message bytes (headers and payload) from which a received message is gathered by
-GatheringParser: its reads are kept as they come and joined once, into the payload's
-own bytes. nats-py's parser appends every read to one growing buffer (a copy, and the
-buffer's own regrowths), then slices the payload out of it and copies the slice into
-bytes (two more): for a 6.2 MB frame, four passes over its bytes per hop where one
-does."""
-
-
-GATHERED_READ: Final = 1 << 20
-"""The most bytes of a message being gathered that one read waits for (SO_RCVLOWAT,
-_InlineReads): the server writes a large message in pieces of 64 KiB, and a reader
-woken for each one read a 6.2 MB frame in about a hundred reads, each a pass of the
-loop; at 1 MiB it takes seven. Measured here, a subscriber's CPU per 6.2 MB frame went
-from 2.3-3.4 ms to 2.0-2.3 at 30 frames a second, and from 2.4-3.0 to 2.3-2.6 flat
-out. Larger marks saved no more, and the last read, which the message waits for once
-its last byte is in, grows with them."""
-
-
-class GatheringParser(nats_parser.Parser):
-    """nats-py's protocol parser, except that a message of GATHERED_PAYLOAD bytes or
-    more is gathered: once its header block has arrived, the reads that bring the rest
-    of it are kept (bytes, as the socket gave them) until it is whole, and joined into
-    its payload in one copy. Handed on as nats-py hands a message on (_process_msg,
-    payload bytes, header block bytes or None); what follows it in the last read is
-    parsed as nats-py parses it.
-
-    Arguments:
-        nc: the client (nats-py's parser calls back into it).
-    """
-
-    def reset(self) -> None:
-        super().reset()
-        self._parts: list[bytes | memoryview] | None = None  # a message being gathered
-        self._have = 0  # bytes gathered: payload and the CRLF after it
-        self._payload = 0  # the payload's size
-        self._header: bytes | None = None
-
-    async def parse(self, data: bytes = b"") -> None:
-        parts = self._parts
-        if parts is not None:
-            parts.append(data)
-            self._have += len(data)
-            if self._have < self._payload + nats_parser.CRLF_SIZE:
-                return
-            payload, data = self._whole(parts)
-            header, args = self._header, self.msg_arg
-            self._parts, self._header, self._have = None, None, 0
-            self.state, self.needed = nats_parser.AWAITING_CONTROL_LINE, 0
-            await self.nc._process_msg(args["sid"], args["subject"], args["reply"],
-                                       payload, header)
-        await super().parse(data)
-        buf = self.buf
-        if (self.state == nats_parser.AWAITING_MSG_PAYLOAD
-                and self.needed >= GATHERED_PAYLOAD
-                and self.header_needed <= len(buf) < self.needed + nats_parser.CRLF_SIZE):
-            # Taken over from nats-py: its payload bytes so far start the parts.
-            block = self.header_needed
-            self._header = bytes(buf[:block]) if block else None
-            self._payload = self.needed - block
-            self._parts, self._have = [bytes(buf[block:])], len(buf) - block
-            self.buf = bytearray()
-            self.header_needed = 0
-
-    def left(self) -> int:
-        """Bytes of the message being gathered still to come (its payload's rest and
-        the CRLF after it); 0 when none is."""
-        if self._parts is None:
-            return 0
-        return self._payload + nats_parser.CRLF_SIZE - self._have
-
-    def _whole(self, parts: list[bytes | memoryview]) -> tuple[bytes, bytes]:
-        """The gathered message's payload, joined, and what its last read holds after
-        it (for the parser to go on with)."""
-        last = parts[-1]
-        beyond = self._have - self._payload - nats_parser.CRLF_SIZE
-        rest = bytes(memoryview(last)[len(last) - beyond:]) if beyond else b""
-        drop = beyond + nats_parser.CRLF_SIZE
-        while drop:  # the CRLF after the payload can straddle two reads
-            last = parts[-1]
-            if len(last) <= drop:
-                parts.pop()
-                drop -= len(last)
-            else:
-                parts[-1] = memoryview(last)[:len(last) - drop]
-                drop = 0
-        return b"".join(parts), rest
-
-
-_PARSER_STATE: Final = ("buf", "state", "needed", "header_needed", "msg_arg")
-"""What GatheringParser reads and sets of nats-py's parser (nats-py 2.9 to 2.16)."""
-
-
-def _parser_as_written() -> bool:
-    """Whether nats-py's parser keeps the state GatheringParser takes over."""
-    parser = nats_parser.Parser()
-    return (inspect.iscoroutinefunction(nats_parser.Parser.parse)
-            and all(hasattr(parser, name) for name in _PARSER_STATE)
-            and (nats_parser.AWAITING_CONTROL_LINE, nats_parser.AWAITING_MSG_PAYLOAD,
-                 nats_parser.CRLF_SIZE) == (1, 2, 2))
-
-
 FAST_HEADERS: Final = (
     _has("_send_publish", ("self", "subject", "reply", "payload", "payload_size", "headers"))
     and _has("_process_headers", ("self", "headers"))
@@ -278,7 +170,7 @@ FAST_HEADERS: Final = (
     and _has("_process_msg", ("self", "sid", "subject", "reply", "data", "headers"))
     and tuple(inspect.signature(NatsClient._build_message).parameters)
     == ("self", "sid", "subject", "reply", "data", "headers")
-    and _parser_as_written())
+    and parser_as_written())
 """Whether this nats-py has the private methods the fast paths override, as written
 against (nats-py 2.9 to 2.16)."""
 
@@ -493,8 +385,8 @@ class FastHeadersClient(TlsClient):
     async def _read_loop(self) -> None:
         reader = getattr(self._transport, "_io_reader", None)
         if isinstance(reader, asyncio.StreamReader) and all(
-                hasattr(reader, name) for name in _READER_STATE):
-            _InlineReads(self, reader)
+                hasattr(reader, name) for name in READER_STATE):
+            InlineReads(self, reader)
         await super()._read_loop()
 
     def hold_writes(self) -> None:
@@ -567,126 +459,6 @@ class InlineQueue:
         return None
 
 
-_READER_STATE: Final = ("_waiter", "_buffer", "_eof", "_exception")
-"""What _InlineReads reads of an asyncio.StreamReader (Python 3.10 to 3.13)."""
-
-
-class _InlineReads:
-    """Bytes read from the socket parsed as they arrive, inside the transport's read
-    callback, instead of by nats-py's read-loop task, woken through the stream's
-    buffer on the loop's next pass. Only when that task waits on an empty buffer:
-    bytes already waiting, or an end of stream or error, go its way, in order.
-
-    A parse that has to wait (nats-py's handlers can) goes on as a task (broker.eager),
-    and bytes read meanwhile are kept for it. What a parse raises is set on the
-    stream, so the read loop meets it and does what nats-py does (a protocol error:
-    reconnect).
-
-    Arguments:
-        client: the client whose parser gets the bytes.
-        reader: the stream its read loop reads from (one per connection).
-    """
-
-    __slots__ = ("_later", "_transport", "_waits_for", "client", "reader")
-
-    def __init__(self, client: FastHeadersClient, reader: asyncio.StreamReader) -> None:
-        self.client, self.reader = client, reader
-        self._later: list[bytes] | None = None  # read while a parse waits; None: none waits
-        self._transport = _read_ahead_transport(reader)
-        self._waits_for = 0  # the socket's SO_RCVLOWAT when above 1 (_read_ahead)
-        reader.feed_data = self.feed_data  # type: ignore[method-assign,assignment]  # this stream's
-
-    def feed_data(self, data: bytes) -> None:
-        """What the stream's protocol calls with each read."""
-        if self._waits_for:
-            # Whoever parses these bytes, the next wake-up comes for any that follow
-            # until the parser has them and says again what it waits for.
-            self._read_ahead(0)
-        if self._later is not None:
-            self._later.append(bytes(data))
-            return
-        reader = self.reader
-        if (reader._waiter is None or reader._buffer or reader._eof  # type: ignore[attr-defined]
-                or reader._exception is not None):  # type: ignore[attr-defined]
-            asyncio.StreamReader.feed_data(reader, data)
-            return
-        self._later = []  # until the parse is done: bytes read meanwhile wait for it
-        self.client.parsing_inline = True
-        start_eagerly(self._carry_on(self.client._ps.parse(
-            data if type(data) is bytes else bytes(data))), _CARRIED)
-
-    async def _carry_on(self, parse: Coroutine[Any, Any, None]) -> None:
-        try:
-            await parse
-            while self._later:
-                later, self._later = b"".join(self._later), []
-                await self.client._ps.parse(later)
-        except Exception as error:
-            self.reader.set_exception(error)
-        finally:
-            self._later = None
-            self.client.parsing_inline = False
-            parser = self.client._ps
-            reader = self.reader
-            if (self._transport is not None and isinstance(parser, GatheringParser)
-                    and not reader._buffer):  # type: ignore[attr-defined]
-                # Every byte read so far parsed: what the message being gathered
-                # still lacks is on its way, and the socket may wait for it whole.
-                self._read_ahead(parser.left())
-            # Even when cancelled: a ring left for the read's end is rung, or the
-            # receiver would wait for it for good.
-            after = self.client.after_reads
-            if after is not None:
-                after()
-
-    def _read_ahead(self, left: int) -> None:
-        """Have the socket wake the loop only once `left` more bytes (at most
-        GATHERED_READ) have arrived, and the read then take them all, or, for 0 (or
-        less than a gathered message's worth), as soon as any arrive, as it does by
-        default. Set only while every byte read has been parsed and a message is
-        being gathered, so the mark is never more than what the server is sending
-        anyway: the rest of that message. A socket that refuses it reads as before."""
-        transport = self._transport
-        if transport is None:
-            return
-        # Linux grows the receive buffer to hold the mark where it is smaller (its
-        # window clamped to the mark until autotuning grows it further).
-        want = min(left, GATHERED_READ) if left >= GATHERED_PAYLOAD else 0
-        if want == self._waits_for:
-            return
-        try:
-            transport.get_extra_info("socket").setsockopt(
-                socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(1, want))
-        except (OSError, AttributeError) as error:
-            logger.debug("reads of large messages as they come: %r", error)
-            self._transport = None
-            return
-        default = type(transport).max_size  # type: ignore[attr-defined]
-        transport.max_size = max(want, default)  # type: ignore[attr-defined]
-        self._waits_for = want
-
-
-def _read_ahead_transport(reader: asyncio.StreamReader) -> asyncio.Transport | None:
-    """The stream's transport if a read of it can wait for a large message's rest:
-    plain TCP on Linux (whose poll honours SO_RCVLOWAT for TCP) read by asyncio's
-    selector transport, whose reads take up to its max_size. None elsewhere (TLS,
-    another loop, another system): reads come as the socket has them."""
-    transport = getattr(reader, "_transport", None)
-    if (sys.platform != "linux" or transport is None
-            or not isinstance(getattr(type(transport), "max_size", None), int)
-            or transport.get_extra_info("sslcontext") is not None):
-        return None
-    sock = transport.get_extra_info("socket")
-    if sock is None or sock.type != socket.SOCK_STREAM or sock.family not in (
-            socket.AF_INET, socket.AF_INET6):
-        return None
-    return transport
-
-
-_CARRIED: set[asyncio.Task[None]] = set()
-"""Parses that had to wait, going on as tasks."""
-
-
 CLIENT_CLASS: Final[type[TlsClient]] = FastHeadersClient if FAST_HEADERS else TlsClient
 """The client class to connect with: FastHeadersClient where this nats-py allows."""
 
@@ -702,6 +474,6 @@ async def connect(servers: str | list[str], **options: Any) -> NatsClient:
     return client
 
 
-__all__ = ["CLIENT_CLASS", "FAST_HEADERS", "GATHERED_PAYLOAD", "LARGE_PAYLOAD",
-           "FastHeadersClient", "GatheringParser", "HeaderBlock", "TlsClient", "connect",
+__all__ = ["CLIENT_CLASS", "FAST_HEADERS", "LARGE_PAYLOAD",
+           "FastHeadersClient", "HeaderBlock", "TlsClient", "connect",
            "encode_headers", "plain_headers", "written_as_is"]
