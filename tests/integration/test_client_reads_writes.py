@@ -7,8 +7,10 @@ on the batch's own pass."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
@@ -295,6 +297,20 @@ def counted_reads(client: nats.aio.client.Client) -> list[int]:
     return sizes
 
 
+@contextlib.asynccontextmanager
+async def fast_reader(url: str) -> AsyncIterator[tuple[nats.aio.client.Client,
+                                                        nats.aio.client.Client]]:
+    """(reader, writer): the fast client that reads, nats-py's that writes; both closed
+    after."""
+    reader = await fast.connect(url)
+    writer = await nats.connect(url)
+    try:
+        yield reader, writer
+    finally:
+        await writer.close()
+        await reader.close()
+
+
 def read_mark(client: nats.aio.client.Client) -> int:
     """The client socket's SO_RCVLOWAT: how many bytes it waits for before a read."""
     transport = client._transport._io_reader._transport  # type: ignore[union-attr]
@@ -310,10 +326,8 @@ async def test_a_large_message_is_read_in_a_few_reads_and_what_follows_at_once(
     # read a 6 MB one in about a hundred reads. Gathered, its rest is waited for
     # (GATHERED_READ at a time), and the socket then wakes for any byte again: a small
     # message after it, with nothing behind it, arrives at once.
-    reader = await fast.connect(nats_server.url)
-    writer = await nats.connect(nats_server.url)
     frame = np.random.default_rng(7).integers(0, 256, 6 << 20, dtype=np.uint8).tobytes()
-    try:
+    async with fast_reader(nats_server.url) as (reader, writer):
         sub = await reader.subscribe("ahead.>")
         await registered(reader, 5)
         sizes = counted_reads(reader)
@@ -325,9 +339,6 @@ async def test_a_large_message_is_read_in_a_few_reads_and_what_follows_at_once(
         await writer.publish("ahead.small", b"after")
         await writer.flush()
         small = await sub.next_msg(timeout=1)
-    finally:
-        await writer.close()
-        await reader.close()
     assert (large.subject, large.headers, large.data == frame) == ("ahead.large",
                                                                     {"K": "v"}, True)
     assert reads_of_large <= 12, sizes
@@ -341,12 +352,10 @@ async def test_large_and_small_messages_back_to_back_arrive_whole_and_in_order(
     # Large messages one after another and small ones between them, all written before
     # the reader reads: each read takes at most the rest of the message being gathered,
     # and everything after it is parsed as it comes.
-    reader = await fast.connect(nats_server.url)
-    writer = await nats.connect(nats_server.url)
     rng = np.random.default_rng(8)
     sent = [(f"mix.{i}", rng.integers(0, 256, size, dtype=np.uint8).tobytes())
             for i, size in enumerate([3 << 20, 17, 5 << 20, 6 << 20, 300 << 10, 1, 1 << 20])]
-    try:
+    async with fast_reader(nats_server.url) as (reader, writer):
         sub = await reader.subscribe("mix.>")
         await registered(reader, 5)
         for subject, data in sent:
@@ -354,8 +363,5 @@ async def test_large_and_small_messages_back_to_back_arrive_whole_and_in_order(
         await writer.flush()
         got = [await sub.next_msg(timeout=5) for _ in sent]
         mark = read_mark(reader)
-    finally:
-        await writer.close()
-        await reader.close()
     assert [(m.subject, m.data) for m in got] == sent
     assert mark == 1
