@@ -31,15 +31,6 @@ from videoflow.broker.eager import start_eagerly
 
 logger = logging.getLogger(__name__)
 
-
-class Reading(Protocol):
-    """What InlineReads reads and sets of its client (FastHeadersClient): the parser,
-    whether a read is being parsed inline, and what to call once it is."""
-
-    _ps: nats_parser.Parser
-    parsing_inline: bool
-    after_reads: Callable[[], None] | None
-
 GATHERED_PAYLOAD: Final = 256 * 1024
 """Message bytes (headers and payload) from which a received message is gathered by
 GatheringParser: its reads are kept as they come and joined once, into the payload's
@@ -47,7 +38,6 @@ own bytes. nats-py's parser appends every read to one growing buffer (a copy, an
 buffer's own regrowths), then slices the payload out of it and copies the slice into
 bytes (two more): for a 6.2 MB frame, four passes over its bytes per hop where one
 does."""
-
 
 GATHERED_READ: Final = 1 << 20
 """The most bytes of a message being gathered that one read waits for (SO_RCVLOWAT,
@@ -146,6 +136,15 @@ READER_STATE: Final = ("_waiter", "_buffer", "_eof", "_exception")
 """What InlineReads reads of an asyncio.StreamReader (Python 3.10 to 3.13)."""
 
 
+class Reading(Protocol):
+    """What InlineReads reads and sets of its client (FastHeadersClient): the parser,
+    whether a read is being parsed inline, and what to call once it is."""
+
+    _ps: nats_parser.Parser
+    parsing_inline: bool
+    after_reads: Callable[[], None] | None
+
+
 class InlineReads:
     """Bytes read from the socket parsed as they arrive, inside the transport's read
     callback, instead of by nats-py's read-loop task, woken through the stream's
@@ -234,7 +233,7 @@ class InlineReads:
                 socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(1, want))
         except (OSError, AttributeError) as error:
             logger.debug("reads of large messages as they come: %r", error)
-            self._transport = None
+            self._transport, self._waits_for = None, 0
             return
         default = type(transport).max_size  # type: ignore[attr-defined]
         transport.max_size = max(want, default)  # type: ignore[attr-defined]
