@@ -166,7 +166,9 @@ class InlineReads:
     def __init__(self, client: Reading, reader: asyncio.StreamReader) -> None:
         self.client, self.reader = client, reader
         self._later: list[bytes] | None = None  # read while a parse waits; None: none waits
-        self._transport = _read_ahead_transport(reader)
+        # Only a gathering parser says how much of a message is still to come.
+        self._transport = (_read_ahead_transport(reader)
+                           if isinstance(client._ps, GatheringParser) else None)
         self._waits_for = 0  # the socket's SO_RCVLOWAT when above 1 (_read_ahead)
         reader.feed_data = self.feed_data  # type: ignore[method-assign,assignment]  # this stream's
 
@@ -200,13 +202,11 @@ class InlineReads:
         finally:
             self._later = None
             self.client.parsing_inline = False
-            parser = self.client._ps
-            reader = self.reader
-            if (self._transport is not None and isinstance(parser, GatheringParser)
-                    and not reader._buffer):  # type: ignore[attr-defined]
+            if (self._transport is not None
+                    and not self.reader._buffer):  # type: ignore[attr-defined]
                 # Every byte read so far parsed: what the message being gathered
                 # still lacks is on its way, and the socket may wait for it whole.
-                self._read_ahead(parser.left())
+                self._read_ahead(self.client._ps.left())  # type: ignore[attr-defined]
             # Even when cancelled: a ring left for the read's end is rung, or the
             # receiver would wait for it for good.
             after = self.client.after_reads
