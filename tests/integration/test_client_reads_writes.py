@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 
 from videoflow.broker import client as fast
+from videoflow.broker import server as embedded
 from videoflow.broker.loop import registered
+from videoflow.broker.reads import GATHERED_READ, InlineReads
 from videoflow.broker.server import EmbeddedServer
 
 pytestmark = pytest.mark.timeout(30)
@@ -365,3 +367,33 @@ async def test_large_and_small_messages_back_to_back_arrive_whole_and_in_order(
         mark = read_mark(reader)
     assert [(m.subject, m.data) for m in got] == sent
     assert mark == 1
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="read-ahead is Linux's (SO_RCVLOWAT)")
+@pytest.mark.asyncio
+async def test_a_broker_that_dies_mid_message_is_seen_at_once_whatever_the_mark(
+        tmp_path: Any) -> None:
+    # The mark is set only while a large message is under way; should the broker die
+    # then, its rest never comes. The socket's end wakes the read all the same, and
+    # the client sees the connection lost at once, not when the mark is reached.
+    lost = asyncio.Event()
+
+    async def on_disconnect() -> None:
+        lost.set()
+
+    server = embedded.start(tmp_path / "store")
+    reader = await fast.connect(server.url, disconnected_cb=on_disconnect,
+                                max_reconnect_attempts=0)
+    try:
+        await reader.flush()
+        reads = reader._transport._io_reader.feed_data.__self__  # type: ignore[union-attr]
+        assert isinstance(reads, InlineReads)
+        reads._read_ahead(GATHERED_READ)  # as when a message's rest is 1 MiB or more
+        assert read_mark(reader) == GATHERED_READ
+        assert server.process is not None
+        server.process.kill()
+        await asyncio.wait_for(lost.wait(), 2)
+    finally:
+        await reader.close()
+        server.stop()
+    assert not reader.is_connected
